@@ -1,0 +1,180 @@
+/*
+ * flashc.h — exact scaled-dot-product attention, forward and backward, from C.
+ *
+ *   O = softmax(scale · Q·Kᵀ + mask) · V
+ *
+ * The one public header of libflashc. C11, usable from C++ and with no CUDA header: a CUDA stream is passed
+ * as a `void *` (a `cudaStream_t`).
+ *
+ * Shapes (one sequence of a batch, one head):
+ *   q, o, dq, do : [batch, seqlen_q, heads_q,  head_dim]   (any strides, see flashc_tensor)
+ *   k, v, dk, dv : [batch, seqlen_k, heads_kv, head_dim]
+ *   lse          : [batch, heads_q, seqlen_q], fp32, contiguous; natural log of Σ_j exp(scale·q·k_j)
+ * heads_q must be a multiple of heads_kv (GQA; MQA when heads_kv = 1): query head h reads key/value head
+ * h / (heads_q / heads_kv).
+ *
+ * Variable length (as FlashAttention's cu_seqlens): set params.cu_seqlens_q/k to host arrays of num_seqs + 1
+ * non-decreasing offsets starting at 0. Then every tensor has batch = 1 and seqlen = the total number of
+ * tokens, sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]) of it, and lse is [heads_q, total_q].
+ *
+ * Rows of the score matrix that see no key (a causal mask with seqlen_q > seqlen_k, or a window) give
+ * output 0, lse −inf and zero gradients: never NaN.
+ *
+ * Every function returns a status. On failure, flashc_last_error() returns a message for this thread that
+ * names the operation and the offending value. No function writes output before all input was validated.
+ */
+#ifndef FLASHC_H
+#define FLASHC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- version -------------------------------------------------------------------------------------- */
+#define FLASHC_VERSION_MAJOR 0
+#define FLASHC_VERSION_MINOR 1
+#define FLASHC_VERSION_PATCH 0
+/* One comparable number that cannot collide as the parts grow: MAJOR·1e6 + MINOR·1e3 + PATCH. */
+#define FLASHC_VERSION_CODE(major, minor, patch) ((major) * 1000000 + (minor) * 1000 + (patch))
+#define FLASHC_VERSION FLASHC_VERSION_CODE(FLASHC_VERSION_MAJOR, FLASHC_VERSION_MINOR, FLASHC_VERSION_PATCH)
+
+/* The version of the library actually linked (compare with FLASHC_VERSION, the header's). */
+int flashc_version(void);
+/* "0.1.0" */
+const char *flashc_version_string(void);
+
+/* ---- statuses ------------------------------------------------------------------------------------- */
+typedef enum flashc_status {
+  FLASHC_OK = 0,
+  FLASHC_ERR_INVALID_ARGUMENT = 1, /* the caller's input is wrong: a null pointer, a shape mismatch ... */
+  FLASHC_ERR_UNSUPPORTED = 2,      /* valid, but this backend (or build) cannot do it               */
+  FLASHC_ERR_OUT_OF_MEMORY = 3,    /* host or device allocation failed; the message says how much   */
+  FLASHC_ERR_CUDA = 4,             /* a CUDA call failed; the message carries CUDA's own words      */
+  FLASHC_ERR_COMMUNICATION = 5,    /* NCCL/MPI failed, a peer died or timed out                     */
+  FLASHC_ERR_INTERNAL = 6          /* a bug in flashc: please report it with the message            */
+} flashc_status;
+
+/* A fixed name for a status ("invalid argument"). Never NULL. */
+const char *flashc_status_string(flashc_status status);
+/* The message of the last failed call on this thread ("" if none). Valid until the next call on this
+ * thread. */
+const char *flashc_last_error(void);
+
+/* ---- tensors -------------------------------------------------------------------------------------- */
+typedef enum flashc_dtype {
+  FLASHC_F32 = 0,
+  FLASHC_F16 = 1,
+  FLASHC_BF16 = 2,
+  FLASHC_F64 = 3 /* the reference backend only */
+} flashc_dtype;
+
+/* "f32", "f16", "bf16", "f64"; NULL for an unknown value. */
+const char *flashc_dtype_name(flashc_dtype dtype);
+/* Bytes per element; 0 for an unknown value. */
+size_t flashc_dtype_size(flashc_dtype dtype);
+
+/* A 4-d view [batch, seqlen, heads, head_dim] of memory the caller owns. Strides are in elements;
+ * stride[3] (along head_dim) must be 1, the others are free (BSHD, BHSD, slices of a packed QKV ...).
+ * Output tensors must not overlap themselves or each other. `data` is host memory for CPU backends and
+ * device memory for CUDA backends. */
+typedef struct flashc_tensor {
+  void *data;
+  flashc_dtype dtype;
+  int64_t size[4];   /* batch, seqlen, heads, head_dim */
+  int64_t stride[4]; /* in elements */
+} flashc_tensor;
+
+/* A contiguous [batch, seqlen, heads, head_dim] tensor (the layout of FlashAttention and of flashc's
+ * .npy files). */
+flashc_tensor flashc_tensor_bshd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                                 int64_t head_dim);
+/* A contiguous [batch, heads, seqlen, head_dim] tensor (PyTorch's SDPA layout), described as BSHD. */
+flashc_tensor flashc_tensor_bhsd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                                 int64_t head_dim);
+
+/* ---- attention parameters ------------------------------------------------------------------------- */
+typedef enum flashc_causal_align {
+  /* Query i sees keys j ≤ i + seqlen_k − seqlen_q: the last query sees the last key (FlashAttention). */
+  FLASHC_ALIGN_BOTTOM_RIGHT = 0,
+  /* Query i sees keys j ≤ i (PyTorch's is_causal). */
+  FLASHC_ALIGN_TOP_LEFT = 1
+} flashc_causal_align;
+
+/* Start from flashc_params_default() and change what you need. The mask, for query row i and key j of one
+ * sequence, with d = i + (align == BOTTOM_RIGHT ? seqlen_k − seqlen_q : 0) the row's diagonal:
+ *   causal       : j ≤ d
+ *   window (L,R) : d − L ≤ j ≤ d + R, a negative L or R meaning unbounded on that side
+ * Causal and a window combine (causal sets R to 0). */
+typedef struct flashc_params {
+  float scale;                      /* 0: 1/sqrt(head_dim) */
+  int causal;                       /* 0 or 1 */
+  flashc_causal_align align;        /* where the diagonal sits when seqlen_q ≠ seqlen_k */
+  int64_t window_left;              /* −1: unbounded */
+  int64_t window_right;             /* −1: unbounded */
+  const int32_t *cu_seqlens_q;      /* NULL, or host array of num_seqs + 1 offsets (varlen) */
+  const int32_t *cu_seqlens_k;      /* NULL, or host array of num_seqs + 1 offsets (varlen) */
+  int64_t num_seqs;                 /* with cu_seqlens */
+  int deterministic;                /* backward: bit-identical gradients run to run (may be slower) */
+} flashc_params;
+
+flashc_params flashc_params_default(void);
+
+/* ---- backends ------------------------------------------------------------------------------------- */
+typedef enum flashc_device { FLASHC_DEVICE_CPU = 0, FLASHC_DEVICE_CUDA = 1 } flashc_device;
+
+typedef struct flashc_backend_info {
+  const char *name;        /* "cpu-ref", "cpu", "cuda-naive", ... */
+  const char *summary;     /* one line: what the rung adds */
+  flashc_device device;    /* where the tensors must live */
+  int has_backward;        /* 1 if flashc_backward works */
+  unsigned dtypes;         /* bit (1u << flashc_dtype) per supported dtype */
+  int min_head_dim;        /* inclusive */
+  int max_head_dim;        /* inclusive */
+  int usable;              /* compiled in and runnable on this machine now */
+  const char *why_unusable; /* "" when usable, else the reason ("no CUDA device") */
+} flashc_backend_info;
+
+/* The number of backends compiled into this library (usable here or not). */
+int flashc_backend_count(void);
+/* Fills *info for backend index 0 ≤ i < flashc_backend_count(); the order is best first. */
+flashc_status flashc_backend_get(int i, flashc_backend_info *info);
+
+/* ---- handle --------------------------------------------------------------------------------------- */
+/* A handle carries the backend, the CPU thread count, the CUDA stream and a workspace that grows as
+ * needed (so repeated calls of one shape allocate nothing). A handle is not thread-safe: use one per
+ * thread. */
+typedef struct flashc_handle_s *flashc_handle;
+
+/* backend: a name from flashc_backend_get, or "auto" (or NULL): per call, the best usable backend that
+ * supports the call and the memory its tensors live in. */
+flashc_status flashc_create(flashc_handle *handle, const char *backend);
+flashc_status flashc_destroy(flashc_handle handle); /* NULL is fine */
+/* CPU threads; 0 = all online processors (the default). */
+flashc_status flashc_set_threads(flashc_handle handle, int threads);
+/* CUDA stream (a cudaStream_t) for the work of CUDA backends; NULL = the legacy default stream. Calls
+ * return once the work is enqueued on it. */
+flashc_status flashc_set_stream(flashc_handle handle, void *cuda_stream);
+/* The backend the handle was created with ("auto" or a name). */
+const char *flashc_handle_backend(flashc_handle handle);
+/* The backend the last successful call on this handle actually ran ("" before any). */
+const char *flashc_handle_last_backend(flashc_handle handle);
+
+/* ---- attention ------------------------------------------------------------------------------------ */
+/* Forward: o = attention(q, k, v); lse may be NULL. q, k, v, o share one dtype. */
+flashc_status flashc_forward(flashc_handle handle, const flashc_params *params, const flashc_tensor *q,
+                             const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *o, float *lse);
+
+/* Backward: from the forward's o and lse and the output gradient dout, write dq, dk, dv (same shapes as
+ * q, k, v; overwritten, not accumulated). All tensors share one dtype; lse is the forward's. */
+flashc_status flashc_backward(flashc_handle handle, const flashc_params *params, const flashc_tensor *q,
+                              const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o,
+                              const float *lse, const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk,
+                              flashc_tensor *dv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHC_H */

@@ -1,0 +1,192 @@
+/* api.c — the public entry points: version, tensors, params, handles, forward and backward. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
+                         const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
+                         const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
+                         const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen);
+
+int flashc_version(void) { return FLASHC_VERSION; }
+
+#define FC_STR2(x) #x
+#define FC_STR(x) FC_STR2(x)
+const char *flashc_version_string(void) {
+  return FC_STR(FLASHC_VERSION_MAJOR) "." FC_STR(FLASHC_VERSION_MINOR) "." FC_STR(FLASHC_VERSION_PATCH);
+}
+
+const char *flashc_dtype_name(flashc_dtype dtype) {
+  switch (dtype) {
+  case FLASHC_F32: return "f32";
+  case FLASHC_F16: return "f16";
+  case FLASHC_BF16: return "bf16";
+  case FLASHC_F64: return "f64";
+  }
+  return NULL;
+}
+
+size_t flashc_dtype_size(flashc_dtype dtype) {
+  switch (dtype) {
+  case FLASHC_F32: return 4;
+  case FLASHC_F16:
+  case FLASHC_BF16: return 2;
+  case FLASHC_F64: return 8;
+  }
+  return 0;
+}
+
+flashc_tensor flashc_tensor_bshd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                                 int64_t head_dim) {
+  flashc_tensor t = {data, dtype, {batch, seqlen, heads, head_dim},
+                     {seqlen * heads * head_dim, heads * head_dim, head_dim, 1}};
+  return t;
+}
+
+flashc_tensor flashc_tensor_bhsd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                                 int64_t head_dim) {
+  flashc_tensor t = {data, dtype, {batch, seqlen, heads, head_dim},
+                     {heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1}};
+  return t;
+}
+
+flashc_params flashc_params_default(void) {
+  flashc_params p;
+  memset(&p, 0, sizeof p);
+  p.scale = 0.0f;
+  p.align = FLASHC_ALIGN_BOTTOM_RIGHT;
+  p.window_left = -1;
+  p.window_right = -1;
+  return p;
+}
+
+/* ---- backends -------------------------------------------------------------------------------------- */
+int flashc_backend_count(void) {
+  int n = 0;
+  for (int i = 0; i < fc_backend_total; i++) n += fc_backends[i] != NULL;
+  return n;
+}
+
+flashc_status flashc_backend_get(int i, flashc_backend_info *info) {
+  if (!info) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_backend_get: info is NULL");
+  int seen = 0;
+  for (int j = 0; j < fc_backend_total; j++) {
+    const fc_backend *b = fc_backends[j];
+    if (!b) continue;
+    if (seen++ != i) continue;
+    static _Thread_local char why[160];
+    why[0] = '\0';
+    info->name = b->name;
+    info->summary = b->summary;
+    info->device = b->device;
+    info->has_backward = b->backward != NULL;
+    info->dtypes = b->dtypes;
+    info->min_head_dim = b->min_head_dim;
+    info->max_head_dim = b->max_head_dim;
+    info->usable = b->usable ? b->usable(why, sizeof why) : 1;
+    info->why_unusable = info->usable ? "" : why;
+    return FLASHC_OK;
+  }
+  return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_backend_get: index %d is outside [0, %d)", i,
+                  flashc_backend_count());
+}
+
+const fc_backend *fc_backend_find(const char *name) {
+  for (int i = 0; i < fc_backend_total; i++)
+    if (fc_backends[i] && strcmp(fc_backends[i]->name, name) == 0) return fc_backends[i];
+  return NULL;
+}
+
+/* ---- handle ---------------------------------------------------------------------------------------- */
+flashc_status flashc_create(flashc_handle *handle, const char *backend) {
+  if (!handle) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_create: handle is NULL");
+  *handle = NULL;
+  if (!backend) backend = "auto";
+  const fc_backend *fixed = NULL;
+  if (strcmp(backend, "auto") != 0) {
+    fixed = fc_backend_find(backend);
+    if (!fixed) {
+      char names[400] = "";
+      size_t used = 0;
+      for (int i = 0; i < fc_backend_total && used < sizeof names; i++)
+        if (fc_backends[i])
+          used += (size_t)snprintf(names + used, sizeof names - used, ", %s", fc_backends[i]->name);
+      return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_create: unknown backend '%.64s' (known: auto%s)",
+                      backend, names);
+    }
+    char why[160];
+    if (fixed->usable && !fixed->usable(why, sizeof why))
+      return fc_error(FLASHC_ERR_UNSUPPORTED, "flashc_create: backend %s is not usable here: %s", fixed->name, why);
+  }
+  struct flashc_handle_s *h = calloc(1, sizeof *h);
+  if (!h) return fc_error(FLASHC_ERR_OUT_OF_MEMORY, "flashc_create: %zu bytes", sizeof *h);
+  snprintf(h->backend, sizeof h->backend, "%s", fixed ? fixed->name : "auto");
+  h->fixed = fixed;
+  h->last_backend = "";
+  *handle = h;
+  return FLASHC_OK;
+}
+
+void fc_device_workspace_free(struct flashc_handle_s *h); /* src/cuda/runtime.cu, or the stub below */
+
+flashc_status flashc_destroy(flashc_handle h) {
+  if (!h) return FLASHC_OK;
+  free(h->host_ws);
+  fc_device_workspace_free(h);
+  free(h);
+  return FLASHC_OK;
+}
+
+flashc_status flashc_set_threads(flashc_handle h, int threads) {
+  if (!h) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_set_threads: handle is NULL");
+  if (threads < 0) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_set_threads: threads is %d", threads);
+  h->threads = threads;
+  return FLASHC_OK;
+}
+
+flashc_status flashc_set_stream(flashc_handle h, void *stream) {
+  if (!h) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_set_stream: handle is NULL");
+  h->stream = stream;
+  return FLASHC_OK;
+}
+
+const char *flashc_handle_backend(flashc_handle h) { return h ? h->backend : ""; }
+const char *flashc_handle_last_backend(flashc_handle h) { return h ? h->last_backend : ""; }
+
+flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr) {
+  struct flashc_handle_s *h = p->handle;
+  if (bytes > h->host_ws_size) {
+    void *m = malloc(bytes);
+    if (!m) return fc_error(FLASHC_ERR_OUT_OF_MEMORY, "host workspace of %zu bytes could not be allocated", bytes);
+    free(h->host_ws);
+    h->host_ws = m;
+    h->host_ws_size = bytes;
+  }
+  *ptr = h->host_ws;
+  return FLASHC_OK;
+}
+
+/* ---- attention ------------------------------------------------------------------------------------- */
+flashc_status flashc_forward(flashc_handle h, const flashc_params *params, const flashc_tensor *q,
+                             const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *o, float *lse) {
+  fc_problem p;
+  const fc_backend *b;
+  FC_CHECK(fc_prepare("flashc_forward", h, params, q, k, v, o, lse, NULL, NULL, NULL, NULL, 0, &p, &b));
+  flashc_status s = b->forward(&p);
+  if (s == FLASHC_OK) h->last_backend = b->name;
+  return s;
+}
+
+flashc_status flashc_backward(flashc_handle h, const flashc_params *params, const flashc_tensor *q,
+                              const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o,
+                              const float *lse, const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk,
+                              flashc_tensor *dv) {
+  fc_problem p;
+  const fc_backend *b;
+  FC_CHECK(fc_prepare("flashc_backward", h, params, q, k, v, o, lse, dout, dq, dk, dv, 1, &p, &b));
+  flashc_status s = b->backward(&p);
+  if (s == FLASHC_OK) h->last_backend = b->name;
+  return s;
+}

@@ -1,0 +1,266 @@
+/*
+ * internal.h — what every backend sees: the validated problem, the backend table entry, errors, workspace.
+ *
+ * Data flows one way: caller → api.c → validate.c (builds an fc_problem, checks everything) → the backend
+ * table (backends.c) → a backend's forward/backward. A backend receives only validated problems; it may
+ * still refuse one with FLASHC_ERR_UNSUPPORTED through its `supports` hook, before anything is written.
+ */
+#ifndef FLASHC_INTERNAL_H
+#define FLASHC_INTERNAL_H
+
+#include "flashc.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---------------------------------------------------------------------------------------- */
+/* Sets this thread's last-error message (printf format) and returns `status`, so that
+ *   return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_forward: q is NULL");
+ * reads as one statement. */
+flashc_status fc_error(flashc_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fc_clear_error(void);
+
+/* Carry a non-OK status up. */
+#define FC_CHECK(call)                                                                                       \
+  do {                                                                                                       \
+    flashc_status fc_check_status_ = (call);                                                                 \
+    if (fc_check_status_ != FLASHC_OK) return fc_check_status_;                                              \
+  } while (0)
+
+/* ---- the validated problem ------------------------------------------------------------------------- */
+/* One tensor after validation: base pointer and strides in elements for batch, seq and head (the head_dim
+ * stride is 1). For varlen problems stride_b is 0 and a sequence starts at row cu_seqlens[s]. */
+typedef struct fc_view {
+  void *data;
+  int64_t stride_b, stride_s, stride_h;
+} fc_view;
+
+typedef struct fc_problem {
+  flashc_dtype dtype;
+  int64_t batch;      /* number of sequences (num_seqs for varlen) */
+  int64_t seqlen_q;   /* dense: the seqlen; varlen: the longest sequence */
+  int64_t seqlen_k;
+  int64_t total_q;    /* rows of q over all sequences (batch·seqlen_q when dense) */
+  int64_t total_k;
+  int64_t heads_q, heads_kv, head_dim;
+  float scale;        /* resolved: never 0 */
+  /* Mask, per sequence: key j is visible to query i iff
+   *   (window_left  < 0 || j >= i + shift − window_left) && (window_right < 0 || j <= i + shift + window_right)
+   * with shift = fc_mask_shift(p, seqlen_q_of_seq, seqlen_k_of_seq). Causal is folded in as window_right = 0. */
+  int64_t window_left, window_right;
+  int bottom_right;   /* 1: shift = sk − sq (+ mask_offset); 0: shift = mask_offset */
+  int64_t mask_offset; /* extra diagonal shift (ring attention: a block's position); 0 from the public API */
+  const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL when dense; host arrays of batch + 1 */
+  int deterministic;
+
+  fc_view q, k, v, o;          /* forward and backward */
+  fc_view dout, dq, dk, dv;    /* backward only */
+  float *lse;                  /* dense: [batch, heads_q, seqlen_q]; varlen: [heads_q, total_q]. May be NULL
+                                  in forward. Contiguous. */
+  int is_backward;
+
+  /* from the handle */
+  int threads;                 /* ≥ 1, resolved */
+  void *stream;                /* cudaStream_t */
+  struct flashc_handle_s *handle; /* for fc_workspace */
+} fc_problem;
+
+/* Rows of sequence s: [*start, *start + *len) of the packed tensor (varlen), or [0, seqlen) of batch s. */
+static inline void fc_seq_q(const fc_problem *p, int64_t s, int64_t *start, int64_t *len) {
+  if (p->cu_seqlens_q) {
+    *start = p->cu_seqlens_q[s];
+    *len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+  } else {
+    *start = 0;
+    *len = p->seqlen_q;
+  }
+}
+static inline void fc_seq_k(const fc_problem *p, int64_t s, int64_t *start, int64_t *len) {
+  if (p->cu_seqlens_k) {
+    *start = p->cu_seqlens_k[s];
+    *len = (int64_t)p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s];
+  } else {
+    *start = 0;
+    *len = p->seqlen_k;
+  }
+}
+
+/* Element offset of row `row` (within sequence s, which starts at `start`), head h, in view v. */
+static inline int64_t fc_offset(const fc_view *v, int64_t s, int64_t start, int64_t row, int64_t h) {
+  return s * v->stride_b + (start + row) * v->stride_s + h * v->stride_h;
+}
+
+/* Index into lse of (sequence s starting at q row `start`, head h, row i). */
+static inline int64_t fc_lse_index(const fc_problem *p, int64_t s, int64_t start, int64_t h, int64_t i) {
+  if (p->cu_seqlens_q) return h * p->total_q + start + i;
+  return (s * p->heads_q + h) * p->seqlen_q + i;
+}
+
+/* The diagonal shift of one sequence of sq queries and sk keys. */
+static inline int64_t fc_mask_shift(const fc_problem *p, int64_t sq, int64_t sk) {
+  return (p->bottom_right ? sk - sq : 0) + p->mask_offset;
+}
+
+/* Visible keys of query row i: [*lo, *hi) clipped to [0, sk). Empty when *lo >= *hi. */
+static inline void fc_key_range(const fc_problem *p, int64_t shift, int64_t i, int64_t sk, int64_t *lo,
+                                int64_t *hi) {
+  int64_t d = i + shift;
+  int64_t a = p->window_left < 0 ? 0 : d - p->window_left;
+  int64_t b = p->window_right < 0 ? sk : d + p->window_right + 1;
+  if (a < 0) a = 0;
+  if (b > sk) b = sk;
+  *lo = a;
+  *hi = b;
+}
+
+static inline bool fc_visible(const fc_problem *p, int64_t shift, int64_t i, int64_t j) {
+  int64_t d = i + shift;
+  return (p->window_left < 0 || j >= d - p->window_left) && (p->window_right < 0 || j <= d + p->window_right);
+}
+
+/* ---- dtype conversion (software, so the C library needs no half-precision compiler support) -------- */
+static inline float fc_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else { /* subnormal: normalise */
+      int e = -1;
+      do {
+        e++;
+        man <<= 1;
+      } while (!(man & 0x400u));
+      bits = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* Round to nearest even, with overflow to inf and correct subnormals. */
+static inline uint16_t fc_f32_to_f16(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0)); /* inf/nan */
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                                   /* overflow */
+  if (ax < 0x38800000u) { /* below 2^-14: an f16 subnormal (or zero) in units of 2^-24 */
+    float a;
+    __builtin_memcpy(&a, &ax, 4);
+    return (uint16_t)(sign | (uint32_t)rintf(a * 16777216.0f)); /* exact scaling; round to nearest even */
+  }
+  uint32_t r = ax + 0xc8000fffu + ((ax >> 13) & 1u); /* rebias exponent (−112 << 23) and round to even */
+  return (uint16_t)(sign | (r >> 13));
+}
+
+static inline float fc_bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t fc_f32_to_bf16(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+  x += 0x7fffu + ((x >> 16) & 1u);                                           /* round to nearest even */
+  return (uint16_t)(x >> 16);
+}
+
+/* Load element i of a buffer of `dtype` as double / store a double into it (rounding once). */
+static inline double fc_load(const void *base, flashc_dtype dtype, int64_t i) {
+  switch (dtype) {
+  case FLASHC_F32: return ((const float *)base)[i];
+  case FLASHC_F16: return fc_f16_to_f32(((const uint16_t *)base)[i]);
+  case FLASHC_BF16: return fc_bf16_to_f32(((const uint16_t *)base)[i]);
+  case FLASHC_F64: return ((const double *)base)[i];
+  }
+  return NAN;
+}
+static inline void fc_store(void *base, flashc_dtype dtype, int64_t i, double x) {
+  switch (dtype) {
+  case FLASHC_F32: ((float *)base)[i] = (float)x; break;
+  case FLASHC_F16: ((uint16_t *)base)[i] = fc_f32_to_f16((float)x); break;
+  case FLASHC_BF16: ((uint16_t *)base)[i] = fc_f32_to_bf16((float)x); break;
+  case FLASHC_F64: ((double *)base)[i] = x; break;
+  }
+}
+
+/* ---- backends -------------------------------------------------------------------------------------- */
+typedef struct fc_backend {
+  const char *name;
+  const char *summary;
+  flashc_device device;
+  unsigned dtypes; /* 1u << flashc_dtype */
+  int min_head_dim, max_head_dim;
+  /* NULL, or: is this backend runnable on this machine? Writes a reason into why[len] when not. */
+  bool (*usable)(char *why, size_t len);
+  /* NULL, or: can it run this validated problem? FLASHC_OK, or FLASHC_ERR_UNSUPPORTED with fc_error's
+   * message ("head_dim 300 exceeds 256 on backend cuda-mma"). Called before any data is touched. */
+  flashc_status (*supports)(const fc_problem *p);
+  flashc_status (*forward)(const fc_problem *p);
+  flashc_status (*backward)(const fc_problem *p); /* NULL: forward only */
+} fc_backend;
+
+/* The table, best first (backends.c). */
+extern const fc_backend *const fc_backends[];
+extern const int fc_backend_total;
+const fc_backend *fc_backend_find(const char *name);
+
+/* ---- the handle ----------------------------------------------------------------------------------- */
+struct flashc_handle_s {
+  char backend[32];            /* as created: "auto" or a backend name */
+  const fc_backend *fixed;     /* NULL for auto */
+  const char *last_backend;    /* name of the backend the last successful call ran */
+  int threads;                 /* 0 = all processors */
+  void *stream;
+  void *host_ws;
+  size_t host_ws_size;
+  void *device_ws;
+  size_t device_ws_size;
+  int device_ws_device;        /* the CUDA device device_ws lives on */
+};
+
+/* ---- workspace and threads ------------------------------------------------------------------------- */
+/* Host scratch memory owned by the handle, grown on demand (so a repeated call allocates nothing).
+ * Returns FLASHC_ERR_OUT_OF_MEMORY with the byte count on failure. Valid until the next call on the handle. */
+flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr);
+/* The same for device memory (CUDA builds only; defined in src/cuda/runtime.cu). */
+flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr);
+
+/* Runs fn(ctx, i) for i in [0, n) on up to `threads` threads (the calling thread included) and returns
+ * when all are done. Work is handed out dynamically, one index at a time. */
+void fc_parallel_for(int threads, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
+
+/* Online processors of this machine (≥ 1). */
+int fc_cpu_count(void);
+
+/* Where a pointer lives, for builds with CUDA: 1 device (or managed) memory, 0 host, −1 unknown. Without
+ * CUDA it returns 0. Lets `auto` pick a backend that can touch the caller's tensors. */
+int fc_pointer_is_device(const void *ptr);
+
+/* Checked size arithmetic: false on overflow. */
+static inline bool fc_mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool fc_add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHC_INTERNAL_H */

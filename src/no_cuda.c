@@ -1,0 +1,17 @@
+/* no_cuda.c — what the CUDA runtime part provides, for builds without it: every pointer is host memory
+ * and there is no device workspace. */
+#include "internal.h"
+
+int fc_pointer_is_device(const void *ptr) {
+  (void)ptr;
+  return 0;
+}
+
+flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr) {
+  (void)p;
+  (void)bytes;
+  *ptr = NULL;
+  return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
+}
+
+void fc_device_workspace_free(struct flashc_handle_s *h) { (void)h; }

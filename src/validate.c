@@ -1,0 +1,293 @@
+/*
+ * validate.c — every check of the caller's input, before any data is touched, and the choice of backend.
+ *
+ * fc_prepare turns the public arguments of flashc_forward/flashc_backward into an fc_problem and picks the
+ * backend that will run it. It reads only shapes, strides, params and the host cu_seqlens arrays; it never
+ * dereferences a tensor's data. Every failure names the operation and the offending value.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define INVALID(...) fc_error(FLASHC_ERR_INVALID_ARGUMENT, __VA_ARGS__)
+
+static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+/* One tensor: non-null, known dtype, positive sizes, stride[3] == 1, non-negative strides, and the
+ * furthest element addressable without overflow. */
+static flashc_status check_tensor(const char *op, const char *name, const flashc_tensor *t, int64_t *span) {
+  if (!t) return INVALID("%s: %s is NULL", op, name);
+  if (!t->data) return INVALID("%s: %s.data is NULL", op, name);
+  if (flashc_dtype_size(t->dtype) == 0) return INVALID("%s: %s.dtype %d is not a flashc_dtype", op, name, (int)t->dtype);
+  int64_t last = 0; /* offset of the last element */
+  for (int d = 0; d < 4; d++) {
+    if (t->size[d] < 1)
+      return INVALID("%s: %s.size[%d] (%s) is %lld; sizes must be >= 1", op, name, d, dim_names[d],
+                     (long long)t->size[d]);
+    if (t->stride[d] < 0)
+      return INVALID("%s: %s.stride[%d] (%s) is %lld; strides must be >= 0", op, name, d, dim_names[d],
+                     (long long)t->stride[d]);
+    int64_t reach;
+    if (!fc_mul_ok(t->size[d] - 1, t->stride[d], &reach) || !fc_add_ok(last, reach, &last))
+      return INVALID("%s: %s's sizes and strides overflow a 64-bit offset", op, name);
+  }
+  if (t->stride[3] != 1 && t->size[3] > 1)
+    return INVALID("%s: %s.stride[3] (head_dim) is %lld; it must be 1", op, name, (long long)t->stride[3]);
+  int64_t bytes;
+  if (!fc_add_ok(last, 1, &bytes) || !fc_mul_ok(bytes, (int64_t)flashc_dtype_size(t->dtype), &bytes) ||
+      (uint64_t)bytes > (uint64_t)SIZE_MAX)
+    return INVALID("%s: %s spans more bytes than this machine can address", op, name);
+  *span = last;
+  return FLASHC_OK;
+}
+
+/* An output must not alias itself (two indices, one address): with dims sorted by stride, each stride must
+ * pass the reach of the dims inside it. Sufficient, and true of every layout a framework produces. */
+static flashc_status check_no_self_overlap(const char *op, const char *name, const flashc_tensor *t) {
+  int order[4] = {0, 1, 2, 3};
+  for (int a = 1; a < 4; a++) /* insertion sort by stride, size-1 dims first (they never alias) */
+    for (int b = a; b > 0; b--) {
+      const flashc_tensor *x = t;
+      int i = order[b - 1], j = order[b];
+      int64_t ki = x->size[i] == 1 ? -1 : x->stride[i], kj = x->size[j] == 1 ? -1 : x->stride[j];
+      if (ki <= kj) break;
+      order[b - 1] = j;
+      order[b] = i;
+    }
+  int64_t reach = 0;
+  for (int a = 0; a < 4; a++) {
+    int d = order[a];
+    if (t->size[d] == 1) continue;
+    if (t->stride[d] <= reach)
+      return INVALID("%s: output %s overlaps itself (stride[%d] = %lld for %s); outputs need distinct "
+                     "addresses", op, name, d, (long long)t->stride[d], dim_names[d]);
+    reach += (t->size[d] - 1) * t->stride[d]; /* no overflow: bounded by the span checked above */
+  }
+  return FLASHC_OK;
+}
+
+static flashc_status same_size(const char *op, const char *a_name, const flashc_tensor *a, const char *b_name,
+                               const flashc_tensor *b, int d) {
+  if (a->size[d] != b->size[d])
+    return INVALID("%s: %s.size[%d] (%s) is %lld but %s.size[%d] is %lld", op, b_name, d, dim_names[d],
+                   (long long)b->size[d], a_name, d, (long long)a->size[d]);
+  return FLASHC_OK;
+}
+
+static flashc_status check_cu_seqlens(const char *op, const char *name, const int32_t *cu, int64_t n,
+                                      int64_t total, int64_t *longest) {
+  if (cu[0] != 0) return INVALID("%s: %s[0] is %d; it must be 0", op, name, cu[0]);
+  *longest = 0;
+  for (int64_t s = 0; s < n; s++) {
+    if (cu[s + 1] < cu[s])
+      return INVALID("%s: %s decreases at index %lld (%d after %d)", op, name, (long long)s + 1, cu[s + 1], cu[s]);
+    int64_t len = (int64_t)cu[s + 1] - cu[s];
+    if (len > *longest) *longest = len;
+  }
+  if (cu[n] != total)
+    return INVALID("%s: %s[%lld] is %d but the packed tensor has %lld rows", op, name, (long long)n, cu[n],
+                   (long long)total);
+  return FLASHC_OK;
+}
+
+static fc_view view_of(const flashc_tensor *t, bool varlen) {
+  fc_view v = {t->data, varlen ? 0 : t->stride[0], t->stride[1], t->stride[2]};
+  return v;
+}
+
+/* Does backend `b` accept problem `p` whose tensors live on `device`? On refusal, the last-error message
+ * says why. */
+static flashc_status backend_accepts(const fc_backend *b, const fc_problem *p, const char *op, int on_device) {
+  char why[160];
+  if (b->usable && !b->usable(why, sizeof why))
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: backend %s is not usable here: %s", op, b->name, why);
+  if (p->is_backward && !b->backward)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: backend %s has no backward pass", op, b->name);
+  if (!(b->dtypes & (1u << p->dtype)))
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: dtype %s is not supported on backend %s", op,
+                    flashc_dtype_name(p->dtype), b->name);
+  if (p->head_dim > b->max_head_dim)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld exceeds %d on backend %s", op,
+                    (long long)p->head_dim, b->max_head_dim, b->name);
+  if (p->head_dim < b->min_head_dim)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld is below %d on backend %s", op,
+                    (long long)p->head_dim, b->min_head_dim, b->name);
+  if (on_device >= 0 && on_device != (b->device == FLASHC_DEVICE_CUDA))
+    return INVALID("%s: the tensors are in %s memory but backend %s needs %s memory", op,
+                   on_device ? "CUDA device" : "host", b->name, b->device == FLASHC_DEVICE_CUDA ? "device" : "host");
+  if (b->supports) FC_CHECK(b->supports(p));
+  return FLASHC_OK;
+}
+
+/* Where the tensors live: 1 device, 0 host, -1 unknown; mixed is an error. */
+static flashc_status locate(const char *op, const void *const *ptrs, const char *const *names, int n, int *where) {
+  *where = -1;
+  for (int i = 0; i < n; i++) {
+    if (!ptrs[i]) continue;
+    int w = fc_pointer_is_device(ptrs[i]);
+    if (w < 0) continue;
+    if (*where >= 0 && w != *where)
+      return INVALID("%s: %s is in %s memory but the tensors before it are not", op, names[i], w ? "device" : "host");
+    *where = w;
+  }
+  return FLASHC_OK;
+}
+
+flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
+                         const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
+                         const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
+                         const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen) {
+  if (!h) return INVALID("%s: handle is NULL", op);
+  flashc_params defaults = flashc_params_default();
+  const flashc_params *pa = params ? params : &defaults;
+  memset(p, 0, sizeof *p);
+  p->is_backward = is_backward;
+
+  /* Each tensor alone. */
+  const flashc_tensor *ts[8] = {q, k, v, o, dout, dq, dk, dv};
+  const char *names[8] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+  int nt = is_backward ? 8 : 4;
+  int64_t span[8];
+  for (int i = 0; i < nt; i++) FC_CHECK(check_tensor(op, names[i], ts[i], &span[i]));
+  if (is_backward && !lse) return INVALID("%s: lse is NULL; backward needs the forward's lse", op);
+
+  /* One dtype for all. */
+  for (int i = 1; i < nt; i++)
+    if (ts[i]->dtype != q->dtype)
+      return INVALID("%s: %s.dtype is %s but q.dtype is %s; all tensors share one dtype", op, names[i],
+                     flashc_dtype_name(ts[i]->dtype), flashc_dtype_name(q->dtype));
+
+  /* Shapes: q-like tensors match q, kv-like match k. */
+  for (int d = 0; d < 4; d++) {
+    FC_CHECK(same_size(op, "q", q, "o", o, d));
+    FC_CHECK(same_size(op, "k", k, "v", v, d));
+    if (d != 1 && d != 2) FC_CHECK(same_size(op, "q", q, "k", k, d));
+    if (is_backward) {
+      FC_CHECK(same_size(op, "q", q, "dout", dout, d));
+      FC_CHECK(same_size(op, "q", q, "dq", dq, d));
+      FC_CHECK(same_size(op, "k", k, "dk", dk, d));
+      FC_CHECK(same_size(op, "v", v, "dv", dv, d));
+    }
+  }
+  int64_t hq = q->size[2], hkv = k->size[2];
+  if (hq % hkv != 0)
+    return INVALID("%s: heads_q %lld is not a multiple of heads_kv %lld", op, (long long)hq, (long long)hkv);
+
+  /* Outputs (o in forward; dq, dk, dv in backward): no self-aliasing, and not the memory of an input. */
+  const flashc_tensor *outs[3] = {o, NULL, NULL};
+  const char *out_names[3] = {"o", NULL, NULL};
+  int n_out = 1;
+  if (is_backward) {
+    outs[0] = dq, outs[1] = dk, outs[2] = dv;
+    out_names[0] = "dq", out_names[1] = "dk", out_names[2] = "dv";
+    n_out = 3;
+  }
+  for (int i = 0; i < n_out; i++) {
+    FC_CHECK(check_no_self_overlap(op, out_names[i], outs[i]));
+    for (int j = 0; j < nt; j++)
+      if (ts[j] != outs[i] && ts[j]->data == outs[i]->data)
+        return INVALID("%s: output %s has the same data pointer as %s", op, out_names[i], names[j]);
+  }
+
+  /* Params. */
+  if (!isfinite(pa->scale)) return INVALID("%s: params.scale is not finite", op);
+  if (pa->causal != 0 && pa->causal != 1) return INVALID("%s: params.causal is %d; use 0 or 1", op, pa->causal);
+  if (pa->align != FLASHC_ALIGN_BOTTOM_RIGHT && pa->align != FLASHC_ALIGN_TOP_LEFT)
+    return INVALID("%s: params.align %d is not a flashc_causal_align", op, (int)pa->align);
+  if (pa->deterministic != 0 && pa->deterministic != 1)
+    return INVALID("%s: params.deterministic is %d; use 0 or 1", op, pa->deterministic);
+
+  bool varlen = pa->cu_seqlens_q || pa->cu_seqlens_k;
+  p->dtype = q->dtype;
+  p->heads_q = hq;
+  p->heads_kv = hkv;
+  p->head_dim = q->size[3];
+  if (varlen) {
+    if (!pa->cu_seqlens_q || !pa->cu_seqlens_k)
+      return INVALID("%s: params.cu_seqlens_%s is NULL but cu_seqlens_%s is set; varlen needs both", op,
+                     pa->cu_seqlens_q ? "k" : "q", pa->cu_seqlens_q ? "q" : "k");
+    if (pa->num_seqs < 1 || pa->num_seqs > INT32_MAX)
+      return INVALID("%s: params.num_seqs is %lld; varlen needs 1 .. 2^31-1 sequences", op, (long long)pa->num_seqs);
+    if (q->size[0] != 1)
+      return INVALID("%s: varlen tensors are packed with batch 1, but q.size[0] is %lld", op, (long long)q->size[0]);
+    p->batch = pa->num_seqs;
+    p->total_q = q->size[1];
+    p->total_k = k->size[1];
+    FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_q", pa->cu_seqlens_q, pa->num_seqs, p->total_q, &p->seqlen_q));
+    FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_k", pa->cu_seqlens_k, pa->num_seqs, p->total_k, &p->seqlen_k));
+    p->cu_seqlens_q = pa->cu_seqlens_q;
+    p->cu_seqlens_k = pa->cu_seqlens_k;
+  } else {
+    p->batch = q->size[0];
+    p->seqlen_q = q->size[1];
+    p->seqlen_k = k->size[1];
+    p->total_q = p->batch * p->seqlen_q; /* no overflow: q's span was checked */
+    p->total_k = p->batch * p->seqlen_k;
+  }
+  int64_t lse_elems;
+  if (!fc_mul_ok(p->total_q, hq, &lse_elems) || (uint64_t)lse_elems > SIZE_MAX / sizeof(float))
+    return INVALID("%s: lse would need more than 2^63 bytes", op);
+  if (p->seqlen_q > INT32_MAX || p->seqlen_k > INT32_MAX)
+    return INVALID("%s: a sequence of %lld rows exceeds 2^31-1", op,
+                   (long long)(p->seqlen_q > p->seqlen_k ? p->seqlen_q : p->seqlen_k));
+
+  p->scale = pa->scale != 0.0f ? pa->scale : (float)(1.0 / sqrt((double)p->head_dim));
+  p->window_left = pa->window_left < 0 ? -1 : pa->window_left;
+  p->window_right = pa->window_right < 0 ? -1 : pa->window_right;
+  if (pa->causal) p->window_right = 0; /* causal: no key right of the diagonal */
+  p->bottom_right = pa->align == FLASHC_ALIGN_BOTTOM_RIGHT;
+  p->deterministic = pa->deterministic;
+
+  p->q = view_of(q, varlen);
+  p->k = view_of(k, varlen);
+  p->v = view_of(v, varlen);
+  p->o = view_of(o, varlen);
+  if (is_backward) {
+    p->dout = view_of(dout, varlen);
+    p->dq = view_of(dq, varlen);
+    p->dk = view_of(dk, varlen);
+    p->dv = view_of(dv, varlen);
+  }
+  p->lse = (float *)lse;
+  p->threads = h->threads > 0 ? h->threads : fc_cpu_count();
+  p->stream = h->stream;
+  p->handle = h;
+
+  /* Where the data lives decides which backends can touch it. */
+  const void *ptrs[9];
+  const char *pnames[9];
+  int np = 0;
+  for (int i = 0; i < nt; i++) {
+    ptrs[np] = ts[i]->data;
+    pnames[np++] = names[i];
+  }
+  ptrs[np] = lse;
+  pnames[np++] = "lse";
+  int on_device;
+  FC_CHECK(locate(op, ptrs, pnames, np, &on_device));
+
+  if (h->fixed) {
+    FC_CHECK(backend_accepts(h->fixed, p, op, on_device));
+    *chosen = h->fixed;
+    return FLASHC_OK;
+  }
+  /* auto: the best backend that accepts the call; if none does, say why each refused. */
+  char reasons[400] = "";
+  size_t used = 0;
+  for (int i = 0; i < fc_backend_total; i++) {
+    const fc_backend *b = fc_backends[i];
+    if (!b) continue;
+    if (backend_accepts(b, p, op, on_device) == FLASHC_OK) {
+      fc_clear_error();
+      *chosen = b;
+      return FLASHC_OK;
+    }
+    const char *msg = flashc_last_error();
+    size_t skip = strlen(op) + 2; /* drop the repeated "op: " */
+    if (strncmp(msg, op, strlen(op)) != 0) skip = 0;
+    if (used < sizeof reasons)
+      used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%s%s", used ? "; " : "", msg + skip);
+  }
+  return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: no backend accepts this call (%s)", op, reasons);
+}
