@@ -38,8 +38,8 @@ extern "C" {
 #define FLASHC_VERSION_MINOR 1
 #define FLASHC_VERSION_PATCH 0
 /* One comparable number that cannot collide as the parts grow: MAJOR·1e6 + MINOR·1e3 + PATCH. */
-#define FLASHC_VERSION_CODE(major, minor, patch) ((major) * 1000000 + (minor) * 1000 + (patch))
-#define FLASHC_VERSION FLASHC_VERSION_CODE(FLASHC_VERSION_MAJOR, FLASHC_VERSION_MINOR, FLASHC_VERSION_PATCH)
+#define FLASHC_VERSION_CODE(major, minor, patch) ((major)*1000000 + (minor)*1000 + (patch))
+#define FLASHC_VERSION                           FLASHC_VERSION_CODE(FLASHC_VERSION_MAJOR, FLASHC_VERSION_MINOR, FLASHC_VERSION_PATCH)
 
 /* The version of the library actually linked (compare with FLASHC_VERSION, the header's). */
 int flashc_version(void);
@@ -109,15 +109,15 @@ typedef enum flashc_causal_align {
  *   window (L,R) : d − L ≤ j ≤ d + R, a negative L or R meaning unbounded on that side
  * Causal and a window combine (causal sets R to 0). */
 typedef struct flashc_params {
-  float scale;                      /* 0: 1/sqrt(head_dim) */
-  int causal;                       /* 0 or 1 */
-  flashc_causal_align align;        /* where the diagonal sits when seqlen_q ≠ seqlen_k */
-  int64_t window_left;              /* −1: unbounded */
-  int64_t window_right;             /* −1: unbounded */
-  const int32_t *cu_seqlens_q;      /* NULL, or host array of num_seqs + 1 offsets (varlen) */
-  const int32_t *cu_seqlens_k;      /* NULL, or host array of num_seqs + 1 offsets (varlen) */
-  int64_t num_seqs;                 /* with cu_seqlens */
-  int deterministic;                /* backward: bit-identical gradients run to run (may be slower) */
+  float scale;                 /* 0: 1/sqrt(head_dim) */
+  int causal;                  /* 0 or 1 */
+  flashc_causal_align align;   /* where the diagonal sits when seqlen_q ≠ seqlen_k */
+  int64_t window_left;         /* −1: unbounded */
+  int64_t window_right;        /* −1: unbounded */
+  const int32_t *cu_seqlens_q; /* NULL, or host array of num_seqs + 1 offsets (varlen) */
+  const int32_t *cu_seqlens_k; /* NULL, or host array of num_seqs + 1 offsets (varlen) */
+  int64_t num_seqs;            /* with cu_seqlens */
+  int deterministic;           /* backward: bit-identical gradients run to run (may be slower) */
 } flashc_params;
 
 flashc_params flashc_params_default(void);
@@ -126,14 +126,14 @@ flashc_params flashc_params_default(void);
 typedef enum flashc_device { FLASHC_DEVICE_CPU = 0, FLASHC_DEVICE_CUDA = 1 } flashc_device;
 
 typedef struct flashc_backend_info {
-  const char *name;        /* "cpu-ref", "cpu", "cuda-naive", ... */
-  const char *summary;     /* one line: what the rung adds */
-  flashc_device device;    /* where the tensors must live */
-  int has_backward;        /* 1 if flashc_backward works */
-  unsigned dtypes;         /* bit (1u << flashc_dtype) per supported dtype */
-  int min_head_dim;        /* inclusive */
-  int max_head_dim;        /* inclusive */
-  int usable;              /* compiled in and runnable on this machine now */
+  const char *name;         /* "cpu-ref", "cpu", "cuda-naive", ... */
+  const char *summary;      /* one line: what the rung adds */
+  flashc_device device;     /* where the tensors must live */
+  int has_backward;         /* 1 if flashc_backward works */
+  unsigned dtypes;          /* bit (1u << flashc_dtype) per supported dtype */
+  int min_head_dim;         /* inclusive */
+  int max_head_dim;         /* inclusive */
+  int usable;               /* compiled in and runnable on this machine now */
   const char *why_unusable; /* "" when usable, else the reason ("no CUDA device") */
 } flashc_backend_info;
 
@@ -170,9 +170,8 @@ flashc_status flashc_forward(flashc_handle handle, const flashc_params *params, 
 /* Backward: from the forward's o and lse and the output gradient dout, write dq, dk, dv (same shapes as
  * q, k, v; overwritten, not accumulated). All tensors share one dtype; lse is the forward's. */
 flashc_status flashc_backward(flashc_handle handle, const flashc_params *params, const flashc_tensor *q,
-                              const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o,
-                              const float *lse, const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk,
-                              flashc_tensor *dv);
+                              const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
+                              const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,7 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
 int flashc_version(void) { return FLASHC_VERSION; }
 
 #define FC_STR2(x) #x
-#define FC_STR(x) FC_STR2(x)
+#define FC_STR(x)  FC_STR2(x)
 const char *flashc_version_string(void) {
   return FC_STR(FLASHC_VERSION_MAJOR) "." FC_STR(FLASHC_VERSION_MINOR) "." FC_STR(FLASHC_VERSION_PATCH);
 }
@@ -40,15 +40,15 @@ size_t flashc_dtype_size(flashc_dtype dtype) {
 
 flashc_tensor flashc_tensor_bshd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
                                  int64_t head_dim) {
-  flashc_tensor t = {data, dtype, {batch, seqlen, heads, head_dim},
-                     {seqlen * heads * head_dim, heads * head_dim, head_dim, 1}};
+  flashc_tensor t = {
+      data, dtype, {batch, seqlen, heads, head_dim}, {seqlen * heads * head_dim, heads * head_dim, head_dim, 1}};
   return t;
 }
 
 flashc_tensor flashc_tensor_bhsd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
                                  int64_t head_dim) {
-  flashc_tensor t = {data, dtype, {batch, seqlen, heads, head_dim},
-                     {heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1}};
+  flashc_tensor t = {
+      data, dtype, {batch, seqlen, heads, head_dim}, {heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1}};
   return t;
 }
 
@@ -111,10 +111,9 @@ flashc_status flashc_create(flashc_handle *handle, const char *backend) {
       char names[400] = "";
       size_t used = 0;
       for (int i = 0; i < fc_backend_total && used < sizeof names; i++)
-        if (fc_backends[i])
-          used += (size_t)snprintf(names + used, sizeof names - used, ", %s", fc_backends[i]->name);
-      return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_create: unknown backend '%.64s' (known: auto%s)",
-                      backend, names);
+        if (fc_backends[i]) used += (size_t)snprintf(names + used, sizeof names - used, ", %s", fc_backends[i]->name);
+      return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_create: unknown backend '%.64s' (known: auto%s)", backend,
+                      names);
     }
     char why[160];
     if (fixed->usable && !fixed->usable(why, sizeof why))
@@ -180,9 +179,8 @@ flashc_status flashc_forward(flashc_handle h, const flashc_params *params, const
 }
 
 flashc_status flashc_backward(flashc_handle h, const flashc_params *params, const flashc_tensor *q,
-                              const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o,
-                              const float *lse, const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk,
-                              flashc_tensor *dv) {
+                              const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
+                              const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv) {
   fc_problem p;
   const fc_backend *b;
   FC_CHECK(fc_prepare("flashc_backward", h, params, q, k, v, o, lse, dout, dq, dk, dv, 1, &p, &b));

@@ -31,10 +31,10 @@ flashc_status fc_error(flashc_status status, const char *fmt, ...)
 void fc_clear_error(void);
 
 /* Carry a non-OK status up. */
-#define FC_CHECK(call)                                                                                       \
-  do {                                                                                                       \
-    flashc_status fc_check_status_ = (call);                                                                 \
-    if (fc_check_status_ != FLASHC_OK) return fc_check_status_;                                              \
+#define FC_CHECK(call)                                                                                                 \
+  do {                                                                                                                 \
+    flashc_status fc_check_status_ = (call);                                                                           \
+    if (fc_check_status_ != FLASHC_OK) return fc_check_status_;                                                        \
   } while (0)
 
 /* ---- the validated problem ------------------------------------------------------------------------- */
@@ -47,31 +47,31 @@ typedef struct fc_view {
 
 typedef struct fc_problem {
   flashc_dtype dtype;
-  int64_t batch;      /* number of sequences (num_seqs for varlen) */
-  int64_t seqlen_q;   /* dense: the seqlen; varlen: the longest sequence */
+  int64_t batch;    /* number of sequences (num_seqs for varlen) */
+  int64_t seqlen_q; /* dense: the seqlen; varlen: the longest sequence */
   int64_t seqlen_k;
-  int64_t total_q;    /* rows of q over all sequences (batch·seqlen_q when dense) */
+  int64_t total_q; /* rows of q over all sequences (batch·seqlen_q when dense) */
   int64_t total_k;
   int64_t heads_q, heads_kv, head_dim;
-  float scale;        /* resolved: never 0 */
+  float scale; /* resolved: never 0 */
   /* Mask, per sequence: key j is visible to query i iff
    *   (window_left  < 0 || j >= i + shift − window_left) && (window_right < 0 || j <= i + shift + window_right)
    * with shift = fc_mask_shift(p, seqlen_q_of_seq, seqlen_k_of_seq). Causal is folded in as window_right = 0. */
   int64_t window_left, window_right;
-  int bottom_right;   /* 1: shift = sk − sq (+ mask_offset); 0: shift = mask_offset */
+  int bottom_right;    /* 1: shift = sk − sq (+ mask_offset); 0: shift = mask_offset */
   int64_t mask_offset; /* extra diagonal shift (ring attention: a block's position); 0 from the public API */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL when dense; host arrays of batch + 1 */
   int deterministic;
 
-  fc_view q, k, v, o;          /* forward and backward */
-  fc_view dout, dq, dk, dv;    /* backward only */
-  float *lse;                  /* dense: [batch, heads_q, seqlen_q]; varlen: [heads_q, total_q]. May be NULL
-                                  in forward. Contiguous. */
+  fc_view q, k, v, o;       /* forward and backward */
+  fc_view dout, dq, dk, dv; /* backward only */
+  float *lse;               /* dense: [batch, heads_q, seqlen_q]; varlen: [heads_q, total_q]. May be NULL
+                               in forward. Contiguous. */
   int is_backward;
 
   /* from the handle */
-  int threads;                 /* ≥ 1, resolved */
-  void *stream;                /* cudaStream_t */
+  int threads;                    /* ≥ 1, resolved */
+  void *stream;                   /* cudaStream_t */
   struct flashc_handle_s *handle; /* for fc_workspace */
 } fc_problem;
 
@@ -112,8 +112,7 @@ static inline int64_t fc_mask_shift(const fc_problem *p, int64_t sq, int64_t sk)
 }
 
 /* Visible keys of query row i: [*lo, *hi) clipped to [0, sk). Empty when *lo >= *hi. */
-static inline void fc_key_range(const fc_problem *p, int64_t shift, int64_t i, int64_t sk, int64_t *lo,
-                                int64_t *hi) {
+static inline void fc_key_range(const fc_problem *p, int64_t shift, int64_t i, int64_t sk, int64_t *lo, int64_t *hi) {
   int64_t d = i + shift;
   int64_t a = p->window_left < 0 ? 0 : d - p->window_left;
   int64_t b = p->window_right < 0 ? sk : d + p->window_right + 1;
@@ -226,16 +225,16 @@ const fc_backend *fc_backend_find(const char *name);
 
 /* ---- the handle ----------------------------------------------------------------------------------- */
 struct flashc_handle_s {
-  char backend[32];            /* as created: "auto" or a backend name */
-  const fc_backend *fixed;     /* NULL for auto */
-  const char *last_backend;    /* name of the backend the last successful call ran */
-  int threads;                 /* 0 = all processors */
+  char backend[32];         /* as created: "auto" or a backend name */
+  const fc_backend *fixed;  /* NULL for auto */
+  const char *last_backend; /* name of the backend the last successful call ran */
+  int threads;              /* 0 = all processors */
   void *stream;
   void *host_ws;
   size_t host_ws_size;
   void *device_ws;
   size_t device_ws_size;
-  int device_ws_device;        /* the CUDA device device_ws lives on */
+  int device_ws_device; /* the CUDA device device_ws lives on */
 };
 
 /* ---- workspace and threads ------------------------------------------------------------------------- */

@@ -19,7 +19,8 @@ static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"}
 static flashc_status check_tensor(const char *op, const char *name, const flashc_tensor *t, int64_t *span) {
   if (!t) return INVALID("%s: %s is NULL", op, name);
   if (!t->data) return INVALID("%s: %s.data is NULL", op, name);
-  if (flashc_dtype_size(t->dtype) == 0) return INVALID("%s: %s.dtype %d is not a flashc_dtype", op, name, (int)t->dtype);
+  if (flashc_dtype_size(t->dtype) == 0)
+    return INVALID("%s: %s.dtype %d is not a flashc_dtype", op, name, (int)t->dtype);
   int64_t last = 0; /* offset of the last element */
   for (int d = 0; d < 4; d++) {
     if (t->size[d] < 1)
@@ -61,7 +62,8 @@ static flashc_status check_no_self_overlap(const char *op, const char *name, con
     if (t->size[d] == 1) continue;
     if (t->stride[d] <= reach)
       return INVALID("%s: output %s overlaps itself (stride[%d] = %lld for %s); outputs need distinct "
-                     "addresses", op, name, d, (long long)t->stride[d], dim_names[d]);
+                     "addresses",
+                     op, name, d, (long long)t->stride[d], dim_names[d]);
     reach += (t->size[d] - 1) * t->stride[d]; /* no overflow: bounded by the span checked above */
   }
   return FLASHC_OK;
@@ -75,8 +77,8 @@ static flashc_status same_size(const char *op, const char *a_name, const flashc_
   return FLASHC_OK;
 }
 
-static flashc_status check_cu_seqlens(const char *op, const char *name, const int32_t *cu, int64_t n,
-                                      int64_t total, int64_t *longest) {
+static flashc_status check_cu_seqlens(const char *op, const char *name, const int32_t *cu, int64_t n, int64_t total,
+                                      int64_t *longest) {
   if (cu[0] != 0) return INVALID("%s: %s[0] is %d; it must be 0", op, name, cu[0]);
   *longest = 0;
   for (int64_t s = 0; s < n; s++) {
@@ -108,11 +110,11 @@ static flashc_status backend_accepts(const fc_backend *b, const fc_problem *p, c
     return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: dtype %s is not supported on backend %s", op,
                     flashc_dtype_name(p->dtype), b->name);
   if (p->head_dim > b->max_head_dim)
-    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld exceeds %d on backend %s", op,
-                    (long long)p->head_dim, b->max_head_dim, b->name);
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld exceeds %d on backend %s", op, (long long)p->head_dim,
+                    b->max_head_dim, b->name);
   if (p->head_dim < b->min_head_dim)
-    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld is below %d on backend %s", op,
-                    (long long)p->head_dim, b->min_head_dim, b->name);
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld is below %d on backend %s", op, (long long)p->head_dim,
+                    b->min_head_dim, b->name);
   if (on_device >= 0 && on_device != (b->device == FLASHC_DEVICE_CUDA))
     return INVALID("%s: the tensors are in %s memory but backend %s needs %s memory", op,
                    on_device ? "CUDA device" : "host", b->name, b->device == FLASHC_DEVICE_CUDA ? "device" : "host");

@@ -9,17 +9,17 @@
 #include "../internal.h"
 
 /* A failed CUDA call becomes FLASHC_ERR_CUDA (or OUT_OF_MEMORY) with the call, place and CUDA's words. */
-#define FC_CUDA_CHECK(call)                                                                                  \
-  do {                                                                                                       \
-    cudaError_t fc_e_ = (call);                                                                              \
-    if (fc_e_ != cudaSuccess) return fc_cuda_error(fc_e_, #call, __FILE__, __LINE__);                        \
+#define FC_CUDA_CHECK(call)                                                                                            \
+  do {                                                                                                                 \
+    cudaError_t fc_e_ = (call);                                                                                        \
+    if (fc_e_ != cudaSuccess) return fc_cuda_error(fc_e_, #call, __FILE__, __LINE__);                                  \
   } while (0)
 
 /* After every launch: configuration errors show up here, not in the launch statement. */
-#define FC_LAUNCH_CHECK(kernel_name)                                                                         \
-  do {                                                                                                       \
-    cudaError_t fc_e_ = cudaGetLastError();                                                                  \
-    if (fc_e_ != cudaSuccess) return fc_cuda_error(fc_e_, "launch of " kernel_name, __FILE__, __LINE__);     \
+#define FC_LAUNCH_CHECK(kernel_name)                                                                                   \
+  do {                                                                                                                 \
+    cudaError_t fc_e_ = cudaGetLastError();                                                                            \
+    if (fc_e_ != cudaSuccess) return fc_cuda_error(fc_e_, "launch of " kernel_name, __FILE__, __LINE__);               \
   } while (0)
 
 #ifdef __cplusplus
