@@ -244,9 +244,10 @@ flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr);
 /* The same for device memory (CUDA builds only; defined in src/cuda/runtime.cu). */
 flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr);
 
-/* Runs fn(ctx, i) for i in [0, n) on up to `threads` threads (the calling thread included) and returns
- * when all are done. Work is handed out dynamically, one index at a time. */
-void fc_parallel_for(int threads, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx);
+/* Runs fn(ctx, i, worker) for i in [0, n) on up to `threads` threads (the calling thread included) and
+ * returns when all are done. Work is handed out dynamically, one index at a time. `worker` in
+ * [0, threads) identifies the thread, so a task can use per-thread scratch (slice worker of a workspace). */
+void fc_parallel_for(int threads, int64_t n, void (*fn)(void *ctx, int64_t i, int worker), void *ctx);
 
 /* Online processors of this machine (≥ 1). */
 int fc_cpu_count(void);

@@ -11,18 +11,23 @@
 #include <unistd.h>
 
 typedef struct {
-  void (*fn)(void *ctx, int64_t i);
+  void (*fn)(void *ctx, int64_t i, int worker);
   void *ctx;
   int64_t n;
   atomic_llong next;
 } fc_job;
 
+typedef struct {
+  fc_job *job;
+  int worker;
+} fc_worker;
+
 static void *run_job(void *arg) {
-  fc_job *job = arg;
+  fc_worker *w = arg;
   for (;;) {
-    int64_t i = atomic_fetch_add(&job->next, 1);
-    if (i >= job->n) break;
-    job->fn(job->ctx, i);
+    int64_t i = atomic_fetch_add(&w->job->next, 1);
+    if (i >= w->job->n) break;
+    w->job->fn(w->job->ctx, i, w->worker);
   }
   return NULL;
 }
@@ -32,18 +37,22 @@ int fc_cpu_count(void) {
   return n < 1 ? 1 : (int)n;
 }
 
-void fc_parallel_for(int threads, int64_t n, void (*fn)(void *ctx, int64_t i), void *ctx) {
+void fc_parallel_for(int threads, int64_t n, void (*fn)(void *ctx, int64_t i, int worker), void *ctx) {
   enum { MAX_THREADS = 256 };
   fc_job job = {.fn = fn, .ctx = ctx, .n = n};
   atomic_init(&job.next, 0);
   if (threads > MAX_THREADS) threads = MAX_THREADS;
   if (threads > n) threads = (int)n;
+  if (threads < 1) threads = 1;
   pthread_t tid[MAX_THREADS];
+  fc_worker workers[MAX_THREADS];
   int started = 0;
   for (int t = 1; t < threads; t++) {
-    if (pthread_create(&tid[started], NULL, run_job, &job) != 0) break; /* fewer threads, same result */
+    workers[t] = (fc_worker){&job, t};
+    if (pthread_create(&tid[started], NULL, run_job, &workers[t]) != 0) break; /* fewer threads, same result */
     started++;
   }
-  run_job(&job);
+  workers[0] = (fc_worker){&job, 0};
+  run_job(&workers[0]);
   for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
 }
