@@ -173,6 +173,78 @@ flashc_status flashc_backward(flashc_handle handle, const flashc_params *params,
                               const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
                               const flashc_tensor *dout, flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv);
 
+/* ==== ring attention (context parallelism) ============================================================ */
+/* N ranks each hold one shard of the sequence of q, k, v (and of o, lse, dout, dq, dk, dv). K and V travel
+ * around the ring while every rank attends its queries to the block it holds, so each rank ends with its
+ * shard of exact attention over the whole sequence: the same result as one device, up to rounding.
+ *
+ * Host tensors run on a CPU backend over MPI; device tensors on a CUDA backend over NCCL (one GPU per rank).
+ * Every ring function except the shard helpers is collective: all ranks call it, in the same order, with
+ * the same shapes, params and layout (checked: a mismatch fails on every rank with
+ * FLASHC_ERR_INVALID_ARGUMENT). A rank that dies or never arrives makes the others fail with
+ * FLASHC_ERR_COMMUNICATION once no progress was made for the timeout; the ring is then unusable (destroy
+ * it). Params (causal, window, align) describe the whole sequence of seqlen N·(local seqlen); varlen
+ * (cu_seqlens) is not supported. dtypes f32, f16, bf16; heads and head dims as the backend supports. */
+typedef struct flashc_ring_s *flashc_ring;
+
+typedef enum flashc_ring_layout {
+  /* rank r holds rows [r·L, (r+1)·L) of the whole sequence (L = the local seqlen) */
+  FLASHC_RING_CONTIGUOUS = 0,
+  /* the sequence in 2N chunks of L/2 rows; rank r holds chunk r, then chunk 2N−1−r: every rank gets the
+   * same share of a causal mask's work. L must be even. */
+  FLASHC_RING_ZIGZAG = 1
+} flashc_ring_layout;
+
+/* A ring over the ranks of an MPI communicator: mpi_comm points to an MPI_Comm (pass &comm), so this header
+ * needs no mpi.h. MPI must be initialised (MPI_Init is enough: the ring calls MPI only from the thread that
+ * calls it). The ring duplicates the communicator and sets MPI_ERRORS_RETURN on its copy only.
+ * backend: as flashc_create ("auto", NULL, or a name). For device tensors the ring creates an NCCL
+ * communicator from this one at the first device call, on CUDA device local_rank % device count (see
+ * flashc_ring_device); device tensors must live there. */
+flashc_status flashc_ring_create_mpi(flashc_ring *ring, const void *mpi_comm, const char *backend);
+/* A ring over a caller's NCCL communicator (an ncclComm_t), for device tensors only, on the communicator's
+ * device. The ring borrows it: destroy does not free it, but a timeout aborts it (ncclCommAbort). A blocking
+ * communicator (NCCL's default) can block the host inside NCCL while connecting to a peer that is gone; one
+ * made non-blocking (ncclConfig_t.blocking = 0) lets the timeout cover that too. */
+flashc_status flashc_ring_create_nccl(flashc_ring *ring, void *nccl_comm, const char *backend);
+flashc_status flashc_ring_destroy(flashc_ring ring); /* NULL is fine; not collective for MPI rings */
+
+/* This rank and the number of ranks. */
+flashc_status flashc_ring_info(flashc_ring ring, int *rank, int *world);
+/* The CUDA device device calls use: −1 when there is none. */
+int flashc_ring_device(flashc_ring ring);
+/* The handle the ring computes with: set its threads (CPU) or stream (CUDA) with flashc_set_threads /
+ * flashc_set_stream. Owned by the ring. NULL for a NULL ring. */
+flashc_handle flashc_ring_handle(flashc_ring ring);
+/* Give up on a peer after timeout_ms without progress; 0 waits forever. Default: the environment variable
+ * FLASHC_RING_TIMEOUT_MS, else 300000 (5 minutes). Local: set the same on every rank. */
+flashc_status flashc_ring_set_timeout(flashc_ring ring, int64_t timeout_ms);
+
+/* Forward on this rank's shards: q [batch, L_q, heads_q, d], k, v [batch, L_k, heads_kv, d] → o (as q)
+ * and lse [batch, heads_q, L_q] (may be NULL). Device calls return once the result is complete. */
+flashc_status flashc_ring_forward(flashc_ring ring, const flashc_params *params, flashc_ring_layout layout,
+                                  const flashc_tensor *q, const flashc_tensor *k, const flashc_tensor *v,
+                                  flashc_tensor *o, float *lse);
+/* Backward on this rank's shards, from the ring forward's o and lse: dq, dk, dv (overwritten). */
+flashc_status flashc_ring_backward(flashc_ring ring, const flashc_params *params, flashc_ring_layout layout,
+                                   const flashc_tensor *q, const flashc_tensor *k, const flashc_tensor *v,
+                                   const flashc_tensor *o, const float *lse, const flashc_tensor *dout,
+                                   flashc_tensor *dq, flashc_tensor *dk, flashc_tensor *dv);
+
+/* Host-memory helpers, not collective. shard copies rank `rank`'s rows of a whole tensor [b, S, h, d] into
+ * shard [b, S/world, h, d] (same dtype); unshard copies them back into their place in `full`. S must be a
+ * multiple of world (contiguous) or of 2·world (zigzag). */
+flashc_status flashc_ring_shard(flashc_ring_layout layout, int world, int rank, const flashc_tensor *full,
+                                flashc_tensor *shard);
+flashc_status flashc_ring_unshard(flashc_ring_layout layout, int world, int rank, const flashc_tensor *shard,
+                                  flashc_tensor *full);
+/* The same for lse: full [batch, heads, seqlen], shard [batch, heads, seqlen / world], contiguous fp32. */
+flashc_status flashc_ring_shard_lse(flashc_ring_layout layout, int world, int rank, int64_t batch, int64_t heads,
+                                    int64_t seqlen, const float *full, float *shard);
+flashc_status flashc_ring_unshard_lse(flashc_ring_layout layout, int world, int rank, int64_t batch, int64_t heads,
+                                      int64_t seqlen, const float *shard, float *full);
+/* ==== end of ring attention =========================================================================== */
+
 #ifdef __cplusplus
 }
 #endif

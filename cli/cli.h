@@ -1,0 +1,244 @@
+/*
+ * cli.h — what the parts of the `flashc` command-line tool share.
+ *
+ *   flashc.c    the subcommand table (drives dispatch and --help) and main
+ *   options.c   the option table: every flag, which subcommands take it, its parser and its help line
+ *   convert.c   f32 <-> f16/bf16/f64 conversion (round to nearest even)
+ *   data.c      the attention inputs: generate, load from a directory, save; meta.json
+ *   runner.c    one backend on one problem: buffers (host or CUDA device), forward, backward, timing
+ *   device.c    the CUDA runtime calls (FLASHC_CLI_CUDA builds only) and the device's name
+ *   metrics.c   error metrics against the fp64 reference and the per-dtype tolerances
+ *   cmd_*.c     one file per subcommand
+ *
+ * Tensors are [batch, seqlen, heads, head_dim] in C order (flashc_tensor_bshd); lse is [batch, heads_q,
+ * seqlen_q] fp32. Exit codes: 0 ok, 1 a check failed, 2 a usage, input or runtime error.
+ */
+#ifndef FLASHC_CLI_H
+#define FLASHC_CLI_H
+
+#include "flashc.h"
+#include "npy.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { CLI_OK = 0, CLI_CHECK_FAILED = 1, CLI_ERROR = 2 };
+
+/* ---- messages ----------------------------------------------------------------------------------------- */
+/* The running subcommand ("run"), for message prefixes. */
+extern const char *cli_command;
+/* Prints "flashc <command>: <message>\n" on stderr and returns CLI_ERROR. */
+int cli_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* ---- options ------------------------------------------------------------------------------------------ */
+typedef enum { CLI_MODE_FWD = 1, CLI_MODE_BWD = 2, CLI_MODE_BOTH = 3 } cli_mode;
+enum { CLI_MAX_LIST = 32 };
+
+/* Every option of every subcommand; options.c knows which subcommand accepts which. */
+typedef struct cli_options {
+  const char *data;    /* --data DIR */
+  const char *backend; /* --backend NAME (bench: NAME,... or all) */
+  cli_mode mode;
+  int dtype; /* a flashc_dtype, or -1: from the data */
+  int causal;
+  flashc_causal_align align;
+  int64_t window_left, window_right;
+  float scale;
+  int threads; /* 0: all online processors */
+  int64_t batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
+  uint64_t seed;
+  int64_t seqlens[CLI_MAX_LIST];
+  int n_seqlens;
+  int repeats, warmup;
+  const char *csv;
+  int check; /* bench: 1 yes, 0 no, -1 auto */
+  /* which of the generation flags were given (check: they exclude --data) */
+  int gen_flags_given;
+  int seqlen_k_given, heads_kv_given;
+} cli_options;
+
+typedef enum {
+  CLI_GEN = 1u << 0,
+  CLI_RUN = 1u << 1,
+  CLI_CHECK = 1u << 2,
+  CLI_BENCH = 1u << 3,
+  CLI_LIST = 1u << 4,
+  CLI_DEMO = 1u << 5
+} cli_command_bit;
+
+/* Defaults for subcommand `bit`, then argv parsed into *o. Returns CLI_OK, CLI_ERROR (a message was
+ * printed) or -1 when --help was asked for (the caller prints help). */
+int cli_parse_options(unsigned bit, int argc, char **argv, cli_options *o);
+/* The option lines of subcommand `bit`'s help. */
+void cli_print_options(unsigned bit);
+
+/* ---- dtype conversion (convert.c) --------------------------------------------------------------------- */
+uint16_t cli_f32_to_f16(float x);
+float cli_f16_to_f32(uint16_t h);
+uint16_t cli_f32_to_bf16(float x);
+float cli_bf16_to_f32(uint16_t h);
+/* x rounded to `dtype` and back (f32 and f64: unchanged). */
+float cli_round_to(flashc_dtype dtype, float x);
+/* n values of f32 into a buffer of `dtype` (rounding once). */
+void cli_pack(const float *src, void *dst, flashc_dtype dtype, int64_t n);
+/* n values of a buffer of `dtype` into doubles (exact). */
+void cli_unpack(const void *src, flashc_dtype dtype, double *dst, int64_t n);
+/* "f32" "f16" "bf16" → *dtype; false for anything else. */
+bool cli_parse_dtype(const char *s, flashc_dtype *dtype);
+
+/* ---- the problem and its data (data.c) ----------------------------------------------------------------- */
+typedef struct cli_shape {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+} cli_shape;
+
+static inline int64_t cli_q_elems(const cli_shape *s) { return s->batch * s->seqlen_q * s->heads_q * s->head_dim; }
+static inline int64_t cli_k_elems(const cli_shape *s) { return s->batch * s->seqlen_k * s->heads_kv * s->head_dim; }
+static inline int64_t cli_lse_elems(const cli_shape *s) { return s->batch * s->heads_q * s->seqlen_q; }
+
+/* The inputs on the host as f32, already representable in `dtype` (bf16/f16 values are rounded). */
+typedef struct cli_inputs {
+  cli_shape shape;
+  flashc_dtype dtype;      /* compute dtype */
+  npy_dtype file_dtype;    /* of the files read or written: outputs use it */
+  uint64_t seed;           /* 0 when unknown (loaded data without meta.json) */
+  float *q, *k, *v, *dout; /* dout NULL when the data has none (forward only) */
+} cli_inputs;
+
+/* Checks the shape flags (ranges, heads_q % heads_kv); CLI_OK or CLI_ERROR with a message. */
+int cli_check_shape(const cli_shape *s);
+/* Random N(0, 1) inputs from a seed, rounded to dtype. */
+int cli_generate(const cli_shape *s, flashc_dtype dtype, uint64_t seed, cli_inputs *in);
+/* q.npy k.npy v.npy [do.npy] and meta.json of dir; dtype: a flashc_dtype or -1 (meta.json's, else the
+ * files'). need_dout: do.npy must exist. */
+int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in);
+/* Writes q k v do .npy and meta.json into dir (created). */
+int cli_save(const char *dir, const cli_inputs *in);
+void cli_inputs_free(cli_inputs *in);
+/* Writes a tensor of doubles to dir/name as npy dtype `file_dtype`, shape [ndim] dims. */
+int cli_write_tensor(const char *dir, const char *name, const double *x, npy_dtype file_dtype, int ndim,
+                     const int64_t *dims);
+/* Creates a directory and its parents (mkdir -p). */
+int cli_mkdirs(const char *dir);
+
+/* ---- one backend on one problem (runner.c) ------------------------------------------------------------ */
+enum { CLI_MAX_SETS = 4 };
+
+/* Outputs as doubles on the host (NULL for what was not computed). */
+typedef struct cli_outputs {
+  double *o, *lse, *dq, *dk, *dv;
+} cli_outputs;
+
+typedef struct cli_set {
+  void *q, *k, *v, *dout, *o, *dq, *dk, *dv; /* compute dtype; device memory for CUDA backends */
+  float *lse;
+} cli_set;
+
+typedef struct cli_runner {
+  flashc_handle handle;
+  flashc_backend_info info;
+  flashc_dtype dtype;
+  int on_device; /* 1: the sets live in CUDA device memory */
+  int n_sets;
+  int backward; /* buffers for backward were allocated */
+  cli_shape shape;
+  flashc_params params;
+  cli_set set[CLI_MAX_SETS];
+} cli_runner;
+
+/* The backend's info by name; CLI_ERROR with a message when unknown. */
+int cli_backend_info(const char *name, flashc_backend_info *info);
+/* Can this CLI run the backend? (usable, and a CUDA backend needs a FLASHC_CLI_CUDA build). why[len]. */
+bool cli_backend_runnable(const flashc_backend_info *info, char *why, size_t len);
+
+/* Opens a runner: a handle on `backend`, `n_sets` copies of the inputs converted to `dtype` (on the device
+ * for CUDA backends), output buffers (backward ones when `backward`). */
+int cli_runner_open(cli_runner *r, const char *backend, flashc_dtype dtype, int threads, const cli_inputs *in,
+                    const flashc_params *params, int n_sets, bool backward);
+void cli_runner_close(cli_runner *r);
+/* Fills the outputs of set s (o and lse, or with `backward` dq, dk, dv) with NaN, so that an output the
+ * backend forgets to write cannot pass. */
+int cli_runner_poison(cli_runner *r, int s, bool backward);
+int cli_runner_forward(cli_runner *r, int s);
+int cli_runner_backward(cli_runner *r, int s);
+/* Copies set s's outputs into freshly allocated doubles (backward ones when `backward`). */
+int cli_runner_fetch(cli_runner *r, int s, bool backward, cli_outputs *out);
+void cli_outputs_free(cli_outputs *out);
+/* Runs `warmup` untimed then `repeats` timed calls of forward (backward when `backward`), rotating over
+ * the sets, and writes each call's milliseconds into ms[repeats]. Allocates nothing inside the loop. */
+int cli_runner_time(cli_runner *r, bool backward, int warmup, int repeats, double *ms);
+/* Forward then backward with poisoned outputs on set 0, fetching the results: the whole job of run,
+ * check and demo. Milliseconds of each pass (wall clock, including device sync) into ms_fwd/ms_bwd. */
+int cli_compute(const char *backend, flashc_dtype dtype, int threads, const cli_inputs *in, const flashc_params *params,
+                bool backward, cli_outputs *out, double *ms_fwd, double *ms_bwd);
+
+/* ---- CUDA (device.c) ----------------------------------------------------------------------------------- */
+/* All return CLI_OK or CLI_ERROR with a message; without FLASHC_CLI_CUDA they fail with "built without
+ * CUDA". */
+int cli_device_alloc(void **ptr, size_t bytes);
+void cli_device_free(void *ptr);
+int cli_device_upload(void *dst, const void *src, size_t bytes);
+int cli_device_download(void *dst, const void *src, size_t bytes);
+int cli_device_fill_nan(void *ptr, size_t bytes);
+int cli_device_sync(void);
+/* Per-call device timing with events recorded on the default stream: n pairs, created before the loop. */
+typedef struct cli_device_timer cli_device_timer;
+int cli_device_timer_create(cli_device_timer **t, int n);
+int cli_device_timer_start(cli_device_timer *t, int i);
+int cli_device_timer_stop(cli_device_timer *t, int i);
+/* After the loop: waits for the events, ms[n]. */
+int cli_device_timer_read(cli_device_timer *t, double *ms);
+void cli_device_timer_destroy(cli_device_timer *t);
+/* The GPU's name, or "" without CUDA. */
+void cli_device_name(char *out, size_t len);
+/* The CPU's model name from /proc/cpuinfo ("unknown CPU" if absent). */
+void cli_cpu_name(char *out, size_t len);
+double cli_now_ms(void);
+
+/* ---- errors against the reference (metrics.c) ----------------------------------------------------------- */
+typedef struct cli_error_stats {
+  double max_abs, mean_abs, mse, max_rel, rel_l2;
+  double ref_max_abs; /* max |ref| */
+  double scale;       /* what max_abs is judged against: max(max|ref|, floor) */
+  int64_t bad;        /* NaN, or ±inf where the reference differs */
+} cli_error_stats;
+
+typedef struct cli_tolerance {
+  double rel_l2;  /* ‖x − ref‖₂ / ‖ref‖₂ (floored, see cli_compare) */
+  double max_abs; /* max |x − ref| / scale */
+} cli_tolerance;
+
+/* Statistics of x against ref; floor_rms (>= 0) is the least RMS the errors are judged on: rel_l2 divides
+ * by max(‖ref‖₂, floor_rms·√n) and `scale` = max(max|ref|, floor_rms). */
+void cli_compare(const double *x, const double *ref, int64_t n, double floor_rms, cli_error_stats *st);
+/* The tolerance of an output ("o", "lse", "dq", ...) computed in `dtype`. */
+cli_tolerance cli_tolerance_for(flashc_dtype dtype, const char *output);
+bool cli_within(const cli_error_stats *st, cli_tolerance tol);
+/* The help text paragraph that states the tolerances. */
+void cli_print_tolerances(void);
+
+/* Compares every output of `out` with `ref` (those present in both), prints a table, returns CLI_OK or
+ * CLI_CHECK_FAILED. worst_* receive the largest max_abs and rel_l2 (may be NULL). */
+int cli_report(const cli_outputs *out, const cli_outputs *ref, const cli_shape *s, flashc_dtype dtype, bool quiet,
+               double *worst_abs, double *worst_rel_l2);
+
+/* ---- subcommands ---------------------------------------------------------------------------------------- */
+int cmd_gen(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_list(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+/* Prints the help of a subcommand by name (from the table in flashc.c). */
+void cli_print_command_help(const char *name);
+
+/* Params from the options (causal, align, window, scale). */
+flashc_params cli_params(const cli_options *o);
+/* Runs the reference (cpu-ref, in f64 when it has it) on the inputs. */
+int cli_reference(const cli_inputs *in, const flashc_params *params, bool backward, int threads, cli_outputs *ref);
+
+#endif /* FLASHC_CLI_H */

@@ -1,0 +1,78 @@
+# cmake/ring.cmake — ring attention (src/ring): the API in every build; MPI for host tensors when MPI is
+# found, NCCL for device tensors when CUDA and NCCL are; its MPI tests (tests/ring) as ctests run by mpiexec.
+#
+# Included by CMakeLists.txt after the tests block (it needs the flashc target and enable_testing):
+#   include(cmake/ring.cmake)
+# Options: FLASHC_MPI (AUTO/ON/OFF, declared in CMakeLists.txt) for MPI; FLASHC_NCCL (AUTO/ON/OFF) below.
+
+set(FLASHC_NCCL AUTO CACHE STRING "Ring attention over NCCL for device tensors: AUTO (with CUDA, when nccl.h is found), ON or OFF")
+set_property(CACHE FLASHC_NCCL PROPERTY STRINGS AUTO ON OFF)
+
+# ---- the comm-agnostic part: the public ring API, the algorithm, sharding, host buffers --------------
+target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/create.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/ring.c
+                              ${CMAKE_CURRENT_LIST_DIR}/../src/ring/shard.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_host.c)
+
+# ---- MPI --------------------------------------------------------------------------------------------------
+set(FLASHC_HAVE_MPI OFF)
+if(NOT FLASHC_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(FLASHC_HAVE_MPI ON)
+    target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_mpi.c)
+    target_link_libraries(flashc PRIVATE MPI::MPI_C)
+    target_compile_definitions(flashc PRIVATE FLASHC_RING_MPI=1)
+  elseif(FLASHC_MPI STREQUAL "ON")
+    message(FATAL_ERROR "FLASHC_MPI=ON but no MPI was found (apt-get install openmpi-bin libopenmpi-dev)")
+  endif()
+endif()
+message(STATUS "flashc: ring attention over MPI ${FLASHC_HAVE_MPI}")
+
+# ---- NCCL (from the CUDA toolkit's directories, or the system's) -----------------------------------------
+set(FLASHC_HAVE_NCCL OFF)
+if(FLASHC_HAVE_CUDA AND NOT FLASHC_NCCL STREQUAL "OFF")
+  find_path(FLASHC_NCCL_INCLUDE_DIR nccl.h
+            HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include /usr/local/cuda/include /usr/include)
+  find_library(FLASHC_NCCL_LIBRARY NAMES nccl
+               HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64
+                     /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+  if(FLASHC_NCCL_INCLUDE_DIR AND FLASHC_NCCL_LIBRARY)
+    set(FLASHC_HAVE_NCCL ON)
+    add_library(flashc_nccl UNKNOWN IMPORTED) # imported: its headers are system headers (-isystem)
+    set_target_properties(flashc_nccl PROPERTIES IMPORTED_LOCATION ${FLASHC_NCCL_LIBRARY}
+                                                 INTERFACE_INCLUDE_DIRECTORIES ${FLASHC_NCCL_INCLUDE_DIR})
+    target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_nccl.c
+                                  ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_device.cu)
+    target_link_libraries(flashc PRIVATE flashc_nccl)
+    target_compile_definitions(flashc PRIVATE FLASHC_RING_NCCL=1)
+  elseif(FLASHC_NCCL STREQUAL "ON")
+    message(FATAL_ERROR "FLASHC_NCCL=ON but nccl.h or libnccl was not found next to the CUDA toolkit")
+  endif()
+elseif(FLASHC_NCCL STREQUAL "ON")
+  message(FATAL_ERROR "FLASHC_NCCL=ON needs the CUDA backends (FLASHC_CUDA)")
+endif()
+message(STATUS "flashc: ring attention over NCCL ${FLASHC_HAVE_NCCL} ${FLASHC_NCCL_LIBRARY}")
+
+# ---- tests: one program, run by mpiexec on 1..4 ranks, and the peer-failure test -------------------------
+if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_MPI)
+  add_executable(test_ring ${CMAKE_CURRENT_LIST_DIR}/../tests/ring/test_ring.c)
+  target_include_directories(test_ring PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
+  target_compile_definitions(test_ring PRIVATE _POSIX_C_SOURCE=200809L)
+  target_compile_options(test_ring PRIVATE ${FLASHC_C_WARNINGS} -O2)
+  target_link_libraries(test_ring PRIVATE flashc MPI::MPI_C m)
+  # Open MPI refuses root and more ranks than cores unless told, and in containers its shared-memory
+  # single-copy (CMA, ptrace) is often forbidden; these variables say so and are ignored by other MPIs.
+  set(FLASHC_RING_TEST_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+                           OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader
+                           OMPI_MCA_btl_vader_single_copy_mechanism=none ASAN_OPTIONS=detect_leaks=0)
+  foreach(np 1 2 3 4)
+    add_test(NAME ring_np${np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS}
+                                       $<TARGET_FILE:test_ring> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(ring_np${np} PROPERTIES TIMEOUT 600 ENVIRONMENT "${FLASHC_RING_TEST_ENV}")
+  endforeach()
+  foreach(mode exit stall)
+    add_test(NAME ring_fault_${mode}
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/../scripts/ring-test --fault ${mode} --bin $<TARGET_FILE:test_ring>
+                     --mpiexec ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(ring_fault_${mode} PROPERTIES TIMEOUT 300 ENVIRONMENT "${FLASHC_RING_TEST_ENV}")
+  endforeach()
+endif()

@@ -1,0 +1,636 @@
+"""The Python API: attention forward and backward (dense and varlen), prepared calls, backends.
+
+A call is built in two steps. `_build_*` checks in Python only what ctypes or the C library cannot check
+(types, ranks, the sizes of lse and cu_seqlens, devices), allocates the outputs that were not given, and
+fills the ctypes structs; `Call.__call__` then runs the C function on the thread's cached handle. The
+public functions do both at once; prepare_forward/prepare_backward return the Call so that a loop or a
+benchmark repeats only the C call. Every other check (shapes against each other, the mask, what a backend
+supports) is the C library's, and its message comes back in the exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+import threading
+import weakref
+
+import numpy as np
+
+from . import _arrays, _lib
+from ._lib import InvalidArgumentError, UnsupportedError
+
+_ALIGNS = {"bottom-right": _lib.ALIGN_BOTTOM_RIGHT, "top-left": _lib.ALIGN_TOP_LEFT}
+
+
+# ---- handles: one per thread and backend, so the workspace is reused between calls ---------------------
+class _Handle:
+    def __init__(self, backend: str):
+        h = _lib.Handle()
+        _lib.check(_lib.lib.flashc_create(ctypes.byref(h), backend.encode()))
+        self.ptr = h
+        # flashc_destroy also frees the workspace; the finalizer runs at thread end and at exit.
+        self._finalizer = weakref.finalize(self, _lib.lib.flashc_destroy, h)
+
+
+_local = threading.local()
+
+
+def _handle(backend: str) -> _Handle:
+    cache = getattr(_local, "handles", None)
+    if cache is None:
+        cache = _local.handles = {}
+    h = cache.get(backend)
+    if h is None:
+        h = cache[backend] = _Handle(backend)
+    return h
+
+
+def last_backend() -> str:
+    """The backend that the last successful flashc call on this thread ran ("" before any): with
+    backend="auto", the one that was picked."""
+    return getattr(_local, "last_backend", "")
+
+
+# ---- options -------------------------------------------------------------------------------------------
+def _params(causal, window, scale, causal_align, deterministic) -> _lib.Params:
+    p = _lib.lib.flashc_params_default()
+    if causal not in (True, False, 0, 1):
+        raise TypeError(f"flashc: causal must be a bool, not {causal!r}")
+    p.causal = int(bool(causal))
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"flashc: window must be None or (left, right), not {window!r}")
+        sides = []
+        for side, w in zip(("left", "right"), window):
+            if w is None:
+                w = -1
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+                raise TypeError(f"flashc: window {side} must be an int or None, not {w!r}")
+            if not -(2**63) <= int(w) < 2**63:
+                raise ValueError(f"flashc: window {side} {w} does not fit in 64 bits")
+            sides.append(max(int(w), -1))
+        p.window_left, p.window_right = sides
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"flashc: scale must be a float or None, not {scale!r}")
+        if not math.isfinite(float(scale)) or float(scale) == 0.0:
+            # 0 means "1/sqrt(head_dim)" in the C API, so a real 0 cannot be passed.
+            raise ValueError(f"flashc: scale is {scale}; it must be finite and non-zero (None: 1/sqrt(head_dim))")
+        if not float(np.finfo(np.float32).tiny) <= abs(float(scale)) <= float(np.finfo(np.float32).max):
+            raise ValueError(f"flashc: scale {scale} is outside float32 range")
+        p.scale = float(scale)
+    if causal_align not in _ALIGNS:
+        raise ValueError(
+            f"flashc: causal_align is {causal_align!r}; use 'bottom-right' (FlashAttention: the "
+            "last query sees the last key) or 'top-left' (PyTorch's is_causal)"
+        )
+    p.align = _ALIGNS[causal_align]
+    if deterministic not in (True, False, 0, 1):
+        raise TypeError(f"flashc: deterministic must be a bool, not {deterministic!r}")
+    p.deterministic = int(bool(deterministic))
+    return p
+
+
+def _check_backend(backend, device: str) -> str:
+    """A str, and one whose memory is where the tensors are. The C library finds out where a pointer lives
+    through the CUDA runtime, which a build without CUDA lacks: there, a CUDA tensor would be read as host
+    memory. So Python refuses device tensors for host backends (and the other way round) itself."""
+    if not isinstance(backend, str):
+        raise TypeError(
+            f"flashc: backend must be a str ('auto' or a name from flashc.backends()), not {type(backend).__name__}"
+        )
+    on_cuda = device.startswith("cuda")
+    known = _backend_devices()  # usable backends only: the library says why the others cannot run
+    if backend == "auto":
+        if on_cuda and "cuda" not in known.values():
+            raise UnsupportedError(
+                f"flashc: the tensors are on {device} but this libflashc has no usable CUDA backend "
+                "(built with FLASHC_CUDA=OFF or without nvcc, or no device)"
+            )
+    elif backend in known and (known[backend] == "cuda") != on_cuda:
+        raise InvalidArgumentError(
+            f"flashc: the tensors are on {device} but backend {backend} needs "
+            f"{'CUDA device' if known[backend] == 'cuda' else 'host'} memory"
+        )
+    return backend
+
+
+_devices_cache = None
+
+
+def _backend_devices() -> dict:
+    global _devices_cache
+    if _devices_cache is None:
+        _devices_cache = {b.name: b.device for b in backends() if b.usable}
+    return _devices_cache
+
+
+def _check_threads(threads) -> int:
+    if threads is None:
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"flashc: threads must be an int or None, not {threads!r}")
+    if not 0 <= int(threads) <= 2**31 - 1:
+        raise ValueError(f"flashc: threads is {threads}; use 0 or None for all processors, or a positive count")
+    return int(threads)
+
+
+# ---- a prepared call -----------------------------------------------------------------------------------
+class Call:
+    """A forward or backward call with its arguments converted once: calling it runs only the C function
+    (for loops and benchmarks). Its outputs are the arrays in `outputs`, overwritten by every call. It keeps
+    the arrays it describes alive; use it on one thread at a time."""
+
+    def __init__(
+        self,
+        backward: bool,
+        backend: str,
+        threads: int,
+        params: _lib.Params,
+        tensors,
+        lse_ptr,
+        keep,
+        outputs,
+        device: str,
+    ):
+        self._backward = backward
+        self.backend = backend
+        self._threads = threads
+        self._params = params
+        self._tensors = tensors
+        self._lse = lse_ptr
+        self._keep = keep  # the arrays and host arrays (cu_seqlens) the structs point into
+        self.outputs = outputs
+        self._cuda = None
+        if device.startswith("cuda"):
+            import torch
+
+            self._cuda = torch.cuda
+            self._device = torch.device(device)
+
+    def __call__(self):
+        h = _handle(self.backend)
+        lib = _lib.lib
+        _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
+        t = self._tensors
+        ref = ctypes.byref
+        if self._cuda is None:
+            _lib.check(lib.flashc_set_stream(h.ptr, None))
+            status = self._run(lib, h, t, ref)
+        elif self._cuda.current_device() == self._device.index:
+            _lib.check(lib.flashc_set_stream(h.ptr, self._cuda.current_stream(self._device).cuda_stream))
+            status = self._run(lib, h, t, ref)
+        else:
+            with self._cuda.device(self._device):  # the C library works on the current device: the tensors'
+                _lib.check(lib.flashc_set_stream(h.ptr, self._cuda.current_stream(self._device).cuda_stream))
+                status = self._run(lib, h, t, ref)
+        _lib.check(status)
+        _local.last_backend = lib.flashc_handle_last_backend(h.ptr).decode()
+        return self.outputs
+
+    def _run(self, lib, h, t, ref):
+        if self._backward:
+            q, k, v, o, dout, dq, dk, dv = t
+            return lib.flashc_backward(
+                h.ptr,
+                ref(self._params),
+                ref(q),
+                ref(k),
+                ref(v),
+                ref(o),
+                self._lse,
+                ref(dout),
+                ref(dq),
+                ref(dk),
+                ref(dv),
+            )
+        q, k, v, o = t
+        return lib.flashc_forward(h.ptr, ref(self._params), ref(q), ref(k), ref(v), ref(o), self._lse)
+
+
+def _float_ptr(x):
+    return ctypes.cast(_arrays.data_ptr(x), ctypes.POINTER(ctypes.c_float))
+
+
+def _same_kind_and_device(named: dict) -> str:
+    """All arrays one kind (numpy or torch) on one device; returns the device."""
+    items = list(named.items())
+    first_name, first = items[0]
+    k0, d0 = _arrays.kind(first_name, first), _arrays.device_of(first)
+    for name, x in items[1:]:
+        if _arrays.kind(name, x) != k0:
+            raise TypeError(f"flashc: {name} is a {_arrays.kind(name, x)} array but {first_name} is a {k0} array")
+        if _arrays.device_of(x) != d0:
+            raise ValueError(f"flashc: {name} is on {_arrays.device_of(x)} but {first_name} is on {d0}")
+    return d0
+
+
+def _varlen(cu_seqlens_q, cu_seqlens_k, params: _lib.Params, q, k):
+    """Attach cu_seqlens to params; returns the host arrays (to keep alive) and lse's shape."""
+    cq = _arrays.as_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    ck = _arrays.as_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+    if cq.size != ck.size:
+        raise ValueError(
+            f"flashc: cu_seqlens_q has {cq.size} offsets but cu_seqlens_k has {ck.size}; both need num_seqs + 1"
+        )
+    params.cu_seqlens_q = cq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+    params.cu_seqlens_k = ck.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+    params.num_seqs = cq.size - 1
+    return (cq, ck), (q.shape[1], q.shape[0])
+
+
+def _build_forward(
+    q,
+    k,
+    v,
+    *,
+    causal,
+    window,
+    scale,
+    backend,
+    causal_align,
+    threads,
+    deterministic,
+    out,
+    lse,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    varlen=False,
+) -> Call:
+    ndim = 3 if varlen else 4
+    q, k, v = (_arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v)))
+    device = _same_kind_and_device({"q": q, "k": k, "v": v})
+    dtype = _arrays.dtype_code("q", q)
+    params = _params(causal, window, scale, causal_align, deterministic)
+    backend, threads = _check_backend(backend, device), _check_threads(threads)
+    keep = [q, k, v]
+    if varlen:
+        hosts, lse_shape = _varlen(cu_seqlens_q, cu_seqlens_k, params, q, k)
+        keep += hosts
+    else:
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    if out is None:
+        out = _arrays.empty(tuple(q.shape), q)
+    else:
+        _arrays.check_output("out", out, tuple(q.shape), dtype, q)
+    if lse is None:
+        lse = _arrays.empty(lse_shape, q, float32=True)
+    else:
+        _arrays.check_output("lse", lse, lse_shape, _lib.F32, q)
+        if not _is_contiguous(lse):
+            raise ValueError("flashc: lse must be contiguous (the C library writes it densely)")
+    keep += [out, lse]
+    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out))
+    return Call(False, backend, threads, params, tensors, _float_ptr(lse), keep, (out, lse), device)
+
+
+def _is_contiguous(x) -> bool:
+    return x.flags.c_contiguous if isinstance(x, np.ndarray) else x.is_contiguous()
+
+
+def _build_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    causal,
+    window,
+    scale,
+    backend,
+    causal_align,
+    threads,
+    deterministic,
+    dq,
+    dk,
+    dv,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+) -> Call:
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    ndim = 3 if varlen else 4
+    named = {n: _arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout))}
+    q, k, v, out, dout = named["q"], named["k"], named["v"], named["out"], named["dout"]
+    device = _same_kind_and_device(named)
+    dtype = _arrays.dtype_code("q", q)
+    params = _params(causal, window, scale, causal_align, deterministic)
+    backend, threads = _check_backend(backend, device), _check_threads(threads)
+    keep = [q, k, v, out, dout]
+    if varlen:
+        hosts, lse_shape = _varlen(cu_seqlens_q, cu_seqlens_k, params, q, k)
+        keep += hosts
+    else:
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    lse = _arrays.as_lse(lse, lse_shape, q)
+    grads = []
+    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if g is None:
+            g = _arrays.empty(tuple(like.shape), q)
+        else:
+            _arrays.check_output(name, g, tuple(like.shape), dtype, q)
+        grads.append(g)
+    keep += [lse] + grads
+    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out, dout, *grads))
+    return Call(True, backend, threads, params, tensors, _float_ptr(lse), keep, tuple(grads), device)
+
+
+# ---- public functions ----------------------------------------------------------------------------------
+def attention(
+    q,
+    k,
+    v,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    return_lse=False,
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+    out=None,
+    lse=None,
+):
+    """Exact attention O = softmax(scale·Q·Kᵀ + mask)·V, as FlashAttention's flash_attn_func.
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim], heads_q a multiple
+    of heads_kv (GQA/MQA). numpy arrays (float32, float16, ml_dtypes.bfloat16, float64) or torch tensors on
+    the CPU or a CUDA device (float32, float16, bfloat16, float64), any strides with a unit last stride
+    (others are copied once). Results are new arrays of q's kind, device and dtype, unless `out` (and `lse`)
+    are given, which are then written in place.
+
+    causal: mask keys after the diagonal; causal_align puts the diagonal at the bottom-right of the score
+      matrix (FlashAttention: query i sees keys j <= i + seqlen_k - seqlen_q) or the top-left (PyTorch).
+    window: (left, right) keys each side of the diagonal (None or -1: unbounded); combines with causal.
+    scale: None for 1/sqrt(head_dim).
+    backend: "auto" (the best usable backend that supports the call) or a name from flashc.backends().
+    return_lse: also return lse, float32 [batch, heads_q, seqlen_q] (natural log of the softmax sum;
+      -inf where a row sees no key), which attention_backward needs.
+    threads: CPU threads (None: all). deterministic: bit-identical backward, run to run.
+
+    Rows that see no key give output 0. Errors raise flashc.Error subclasses: ValueError (invalid
+    argument), NotImplementedError (the backend cannot do it), MemoryError, RuntimeError; the message is
+    the C library's, naming the offending value.
+    """
+    call = _build_forward(
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window,
+        scale=scale,
+        backend=backend,
+        causal_align=causal_align,
+        threads=threads,
+        deterministic=deterministic,
+        out=out,
+        lse=lse,
+    )
+    o, lse_out = call()
+    return (o, lse_out) if return_lse else o
+
+
+def attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    return_lse=False,
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+    out=None,
+    lse=None,
+):
+    """attention() over packed variable-length sequences, as flash_attn_varlen_func.
+
+    q: [total_q, heads_q, head_dim], k, v: [total_k, heads_kv, head_dim]; sequence s owns rows
+    cu_seqlens[s] : cu_seqlens[s+1]. cu_seqlens_q/k: num_seqs + 1 non-decreasing int offsets from 0 (a list,
+    numpy array or torch tensor on any device: the C API reads them on the host). lse: [heads_q, total_q].
+    The mask (causal, window) applies within each sequence.
+    """
+    call = _build_forward(
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window,
+        scale=scale,
+        backend=backend,
+        causal_align=causal_align,
+        threads=threads,
+        deterministic=deterministic,
+        out=out,
+        lse=lse,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        varlen=True,
+    )
+    o, lse_out = call()
+    return (o, lse_out) if return_lse else o
+
+
+def attention_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    dq=None,
+    dk=None,
+    dv=None,
+):
+    """Gradients (dq, dk, dv) of attention() from the forward's out and lse and the output gradient dout.
+
+    Same options as the forward (pass the same ones). dout, q, k, v, out share one dtype; lse is the
+    forward's float32 lse. With cu_seqlens_q/k the tensors are packed as in attention_varlen. dq, dk, dv
+    may be given to be written in place (overwritten, not accumulated).
+    """
+    call = _build_backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        causal=causal,
+        window=window,
+        scale=scale,
+        backend=backend,
+        causal_align=causal_align,
+        threads=threads,
+        deterministic=deterministic,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+    )
+    return call()
+
+
+def attention_varlen_backward(
+    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False, window=None, scale=None, backend="auto", **kwargs
+):
+    """attention_backward for attention_varlen's packed tensors."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise TypeError("flashc: attention_varlen_backward needs cu_seqlens_q and cu_seqlens_k")
+    return attention_backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        causal,
+        window,
+        scale,
+        backend,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        **kwargs,
+    )
+
+
+def prepare_forward(
+    q,
+    k,
+    v,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+    out=None,
+    lse=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+) -> Call:
+    """attention() converted once: `call()` runs the forward again on the same arrays and returns
+    (out, lse), written in place. q, k, v must not be moved or freed while the call is kept (it keeps a
+    reference). With cu_seqlens_q/k the arrays are packed (varlen)."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    return _build_forward(
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window,
+        scale=scale,
+        backend=backend,
+        causal_align=causal_align,
+        threads=threads,
+        deterministic=deterministic,
+        out=out,
+        lse=lse,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        varlen=varlen,
+    )
+
+
+def prepare_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+    dq=None,
+    dk=None,
+    dv=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+) -> Call:
+    """attention_backward() converted once: `call()` returns (dq, dk, dv), written in place."""
+    return _build_backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        causal=causal,
+        window=window,
+        scale=scale,
+        backend=backend,
+        causal_align=causal_align,
+        threads=threads,
+        deterministic=deterministic,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+    )
+
+
+# ---- backends ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One backend of libflashc (flashc_backend_info)."""
+
+    name: str
+    summary: str
+    device: str  # "cpu" or "cuda"
+    has_backward: bool
+    dtypes: tuple  # ("f32", "f16", ...)
+    min_head_dim: int
+    max_head_dim: int
+    usable: bool
+    why_unusable: str
+
+
+def backends() -> list:
+    """Every backend compiled into the library, best first, usable here or not."""
+    lib = _lib.lib
+    result = []
+    for i in range(lib.flashc_backend_count()):
+        info = _lib.BackendInfo()
+        _lib.check(lib.flashc_backend_get(i, ctypes.byref(info)))
+        result.append(
+            Backend(
+                name=info.name.decode(),
+                summary=(info.summary or b"").decode(),
+                device="cuda" if info.device == _lib.DEVICE_CUDA else "cpu",
+                has_backward=bool(info.has_backward),
+                dtypes=tuple(n for c, n in _lib.DTYPE_NAMES.items() if info.dtypes & (1 << c)),
+                min_head_dim=info.min_head_dim,
+                max_head_dim=info.max_head_dim,
+                usable=bool(info.usable),
+                why_unusable=(info.why_unusable or b"").decode(),
+            )
+        )
+    return result

@@ -1,0 +1,278 @@
+"""What the framework runs: flashc backends and the PyTorch peers, behind one interface.
+
+An Impl says whether it can run a case (`skip` returns the reason when it cannot) and prepares a Runner per
+pass: one callable per input set (the timed calls) and the outputs of the first set after a checked run.
+Preparing does every conversion and allocation, so a timed call is the kernel call and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+
+import ml_dtypes
+import numpy as np
+
+import flashc
+
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
+TORCH_SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+
+def torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+@dataclasses.dataclass
+class Case:
+    cfg: object  # configs.Config
+    dtype: str
+    causal: bool
+    window: object = None
+    scale: object = None
+    align: str = "bottom-right"
+    threads: int = 0  # host threads, 0 = all
+
+
+class Inputs:
+    """One set of random inputs of a case, in the case's dtype (rounded once, so that every implementation
+    and the reference see the same numbers): numpy arrays, and torch tensors per device on demand."""
+
+    def __init__(self, case: Case, seed: int):
+        cfg, rng = case.cfg, np.random.default_rng(seed)
+        dt = NUMPY_DTYPES[case.dtype]
+
+        def randn(*shape):
+            return rng.standard_normal(shape, dtype=np.float32).astype(dt)
+
+        self.q = randn(cfg.batch, cfg.seqlen, cfg.heads, cfg.head_dim)
+        self.k = randn(cfg.batch, cfg.sk, cfg.hkv, cfg.head_dim)
+        self.v = randn(cfg.batch, cfg.sk, cfg.hkv, cfg.head_dim)
+        self.dout = randn(cfg.batch, cfg.seqlen, cfg.heads, cfg.head_dim)
+        self._torch = {}
+
+    def numpy(self):
+        return self.q, self.k, self.v, self.dout
+
+    def torch(self, device: str):
+        """(q, k, v, dout) as torch tensors [b, s, h, d] on `device` (the host ones share numpy's memory)."""
+        if device not in self._torch:
+            import torch
+
+            def conv(a):
+                t = (
+                    torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+                    if a.dtype == ml_dtypes.bfloat16
+                    else torch.from_numpy(a)
+                )
+                return t.to(device) if device != "cpu" else t
+
+            self._torch[device] = tuple(conv(a) for a in self.numpy())
+        return self._torch[device]
+
+
+def to_numpy64(x) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64)
+    return x.detach().to("cpu").double().numpy()
+
+
+def _poison(x) -> None:
+    if isinstance(x, np.ndarray):
+        x[...] = np.nan
+    else:
+        x.fill_(float("nan"))
+
+
+@dataclasses.dataclass
+class Runner:
+    calls: list  # one per input set; each runs the pass once
+    outputs: object  # () -> outputs of input set 0, as float64 numpy arrays
+    poison: object = None  # () -> None: fill set 0's outputs with NaN before the checked run
+    context: object = contextlib.nullcontext  # entered around the checked run and the timed loop
+
+
+class Impl:
+    name = ""
+    device = "cpu"
+
+    def skip(self, case: Case, pass_: str) -> str | None:
+        return None
+
+    def prepare(self, inputs: list, case: Case, pass_: str) -> Runner:
+        raise NotImplementedError
+
+
+# ---- flashc --------------------------------------------------------------------------------------------
+class FlashcImpl(Impl):
+    """One flashc backend. On the host it runs on the numpy arrays; on a GPU on the torch CUDA tensors."""
+
+    def __init__(self, info: flashc.Backend, max_seqlen: int | None = None):
+        self.info = info
+        self.name = f"flashc:{info.name}"
+        self.device = info.device
+        self.max_seqlen = max_seqlen  # cpu-ref is O(s²) fp64 without tiling: too slow to time past this
+
+    def skip(self, case, pass_):
+        b, cfg = self.info, case.cfg
+        if not b.usable:
+            return f"not usable here: {b.why_unusable}"
+        if case.dtype not in b.dtypes:
+            return f"no {case.dtype} kernel (has {', '.join(b.dtypes)})"
+        if not b.min_head_dim <= cfg.head_dim <= b.max_head_dim:
+            return f"head_dim {cfg.head_dim} outside [{b.min_head_dim}, {b.max_head_dim}]"
+        if pass_ == "bwd" and not b.has_backward:
+            return "no backward"
+        if self.max_seqlen is not None and max(cfg.seqlen, cfg.sk) > self.max_seqlen:
+            return f"seqlen above --max-ref-seqlen {self.max_seqlen} (the fp64 oracle is too slow to time here)"
+        return None
+
+    def _arrays(self, inp: Inputs):
+        return inp.numpy() if self.device == "cpu" else inp.torch("cuda")
+
+    def _opts(self, case):
+        return dict(
+            causal=case.causal,
+            window=case.window,
+            scale=case.scale,
+            backend=self.info.name,
+            causal_align=case.align,
+            threads=case.threads or None,
+        )
+
+    def prepare(self, inputs, case, pass_):
+        calls = []
+        for inp in inputs:
+            q, k, v, dout = self._arrays(inp)
+            fwd = flashc.prepare_forward(q, k, v, **self._opts(case))
+            if pass_ == "fwd":
+                calls.append(fwd)
+            else:
+                o, lse = fwd()  # this backend's own forward gives the backward its o and lse
+                calls.append(flashc.prepare_backward(dout, q, k, v, o, lse, **self._opts(case)))
+        first = calls[0]
+
+        def poison():
+            for x in first.outputs:
+                _poison(x)
+
+        def outputs():
+            return tuple(to_numpy64(x) for x in first.outputs)
+
+        return Runner(calls=calls, outputs=outputs, poison=poison)
+
+
+# ---- PyTorch -------------------------------------------------------------------------------------------
+class TorchSDPA(Impl):
+    """torch.nn.functional.scaled_dot_product_attention: on the host with PyTorch's own choice ('cpu'), or on
+    a GPU pinned to one backend through torch.nn.attention.sdpa_kernel ('flash', 'efficient', 'cudnn',
+    'math'). The inputs are flashc's [b, s, h, d] tensors seen as [b, h, s, d] (a transposed view, as a
+    FlashAttention user would pass them)."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.name = f"torch:{backend}"
+        self.device = "cpu" if backend == "cpu" else "cuda"
+
+    def skip(self, case, pass_):
+        torch = torch_or_none()
+        if torch is None:
+            return "torch is not installed"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            return "no CUDA device"
+        if case.window is not None:
+            return "SDPA has no sliding window"
+        if case.causal and case.cfg.seqlen != case.cfg.sk and case.align != "top-left":
+            return "SDPA's is_causal is top-left aligned; this case is bottom-right"
+        return None
+
+    def _context(self):
+        if self.backend == "cpu":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        which = {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "math": SDPBackend.MATH,
+        }[self.backend]
+        return sdpa_kernel(which)
+
+    def prepare(self, inputs, case, pass_):
+        import torch
+        import torch.nn.functional as F
+
+        cfg = case.cfg
+        gqa = cfg.heads != cfg.hkv
+        kwargs = dict(is_causal=bool(case.causal), scale=case.scale)
+        if gqa:
+            kwargs["enable_gqa"] = True
+        calls, firsts = [], []
+        for inp in inputs:
+            q, k, v, dout = inp.torch(self.device)
+            if pass_ == "fwd":
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                calls.append(lambda qt=qt, kt=kt, vt=vt: F.scaled_dot_product_attention(qt, kt, vt, **kwargs))
+                firsts.append(None)
+            else:
+                leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+                with self._context():
+                    o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), **kwargs)
+                g = dout.transpose(1, 2)
+                calls.append(lambda o=o, leaves=leaves, g=g: torch.autograd.grad(o, leaves, g, retain_graph=True))
+                firsts.append(leaves)
+        first_call = calls[0]
+
+        def outputs():
+            with self._context():
+                r = first_call()
+            if pass_ == "fwd":
+                return (to_numpy64(r.transpose(1, 2)),)
+            return tuple(to_numpy64(x) for x in r)
+
+        if self.backend == "cpu" and case.threads:
+            torch.set_num_threads(case.threads)
+        return Runner(calls=calls, outputs=outputs, context=self._context)
+
+
+def flashc_impls(device: str, names=None, max_seqlen: int | None = None) -> list:
+    """The flashc backends for a device (or the named ones, in the given order)."""
+    known = {b.name: b for b in flashc.backends()}
+    if names:
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise SystemExit(f"unknown flashc backend(s) {', '.join(missing)}; this library has: {', '.join(known)}")
+        chosen = [known[n] for n in names]
+    else:
+        chosen = [b for b in known.values() if b.device == device]
+    return [FlashcImpl(b, max_seqlen if b.name == "cpu-ref" else None) for b in chosen]
+
+
+def peer_impls(device: str, gpu: bool = True, which=None) -> list:
+    """PyTorch peers: torch:cpu always (it is skipped without torch), the GPU SDPA backends on a GPU run."""
+    peers = [TorchSDPA("cpu")]
+    if device == "cuda" and gpu:
+        peers += [TorchSDPA(b) for b in TORCH_SDPA_BACKENDS]
+    if which is not None:
+        peers = [p for p in peers if p.backend in which]
+    return peers
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        torch = torch_or_none()
+        return torch.cuda.get_device_name() if torch is not None and torch.cuda.is_available() else "cuda"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return sys.platform

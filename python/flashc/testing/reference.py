@@ -1,0 +1,296 @@
+"""The fp64 reference: attention forward and backward done plainly in float64, and sampling for shapes
+where the full reference would be too slow.
+
+Three engines compute the same thing:
+  numpy      — this file, materialised scores in numpy float64; independent of libflashc (the tests use it
+               to check cpu-ref itself);
+  cpu-ref    — flashc's own fp64 oracle backend, on float64 copies of the inputs (the default on the host);
+  torch-fp64 — materialised scores in torch float64 on the GPU, with autograd for the backward (fast where
+               a GPU is there).
+All take the inputs as the kernel saw them (already rounded to its dtype) and upcast them to float64, so the
+error measured is the kernel's alone.
+
+Sampling: a (batch, kv-head) slice — one sequence, one key/value head and the query heads that read it — is
+independent of every other. For a large shape the reference is computed on a few such slices, and the
+kernel's output is compared on those slices only (Reference.slices says which).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+def effective_scale(scale, head_dim: int) -> float:
+    """The scale as the C API carries it (flashc_params.scale is a float): 1/sqrt(head_dim) or the given one,
+    rounded to float32. The reference uses exactly that number, so fp64 results agree to fp64 rounding."""
+    return float(np.float32(1.0 / np.sqrt(head_dim) if scale is None else scale))
+
+
+# ---- masks ---------------------------------------------------------------------------------------------
+def visible(sq: int, sk: int, causal: bool, window=None, align: str = "bottom-right") -> np.ndarray:
+    """[sq, sk] bool: key j visible to query i (flashc.h: d = i + (sk − sq if bottom-right else 0);
+    causal: j ≤ d; window (L, R): d − L ≤ j ≤ d + R, negative or None meaning unbounded)."""
+    left, right = (-1, -1) if window is None else tuple(-1 if w is None or w < 0 else int(w) for w in window)
+    if causal:
+        right = 0
+    d = np.arange(sq)[:, None] + (sk - sq if align == "bottom-right" else 0)
+    j = np.arange(sk)[None, :]
+    m = np.ones((sq, sk), dtype=bool)
+    if left >= 0:
+        m &= j >= d - left
+    if right >= 0:
+        m &= j <= d + right
+    return m
+
+
+# ---- numpy engine --------------------------------------------------------------------------------------
+def _scores(q, k, scale, mask):
+    """S[b, h, i, j] = scale · q_i · k_j for query head h (k head h / group), −inf where masked."""
+    hq, hkv = q.shape[2], k.shape[2]
+    kk = np.repeat(k, hq // hkv, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, kk) * scale
+    return np.where(mask[None, None], s, -np.inf), kk
+
+
+def numpy_forward(q, k, v, causal=False, window=None, scale=None, align="bottom-right"):
+    """(o, lse) in float64 for [b, s, h, d] arrays; rows that see no key give o = 0, lse = −inf."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    scale = effective_scale(scale, q.shape[3])
+    mask = visible(q.shape[1], k.shape[1], causal, window, align)
+    s, _ = _scores(q, k, scale, mask)
+    m = s.max(axis=3, keepdims=True)
+    empty = np.isneginf(m)
+    p = np.exp(s - np.where(empty, 0.0, m))
+    rowsum = p.sum(axis=3, keepdims=True)
+    p = p / np.where(empty, 1.0, rowsum)
+    vv = np.repeat(v, q.shape[2] // v.shape[2], axis=2)
+    o = np.einsum("bhij,bjhd->bihd", p, vv)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, rowsum)))[..., 0]
+    return o, lse
+
+
+def numpy_backward(dout, q, k, v, causal=False, window=None, scale=None, align="bottom-right"):
+    """(dq, dk, dv) in float64: dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale·dS·K,
+    dK = scale·dSᵀ·Q, dV = Pᵀ·dO, with the query heads of a group summed into their key/value head."""
+    dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
+    scale = effective_scale(scale, q.shape[3])
+    g = q.shape[2] // k.shape[2]
+    mask = visible(q.shape[1], k.shape[1], causal, window, align)
+    s, kk = _scores(q, k, scale, mask)
+    m = s.max(axis=3, keepdims=True)
+    empty = np.isneginf(m)
+    p = np.exp(s - np.where(empty, 0.0, m))
+    p = p / np.where(empty, 1.0, p.sum(axis=3, keepdims=True))
+    vv = np.repeat(v, g, axis=2)
+    o = np.einsum("bhij,bjhd->bihd", p, vv)
+    dp = np.einsum("bihd,bjhd->bhij", dout, vv)
+    delta = np.einsum("bihd,bihd->bhi", dout, o)[..., None]
+    ds = p * (dp - delta)
+    dq = scale * np.einsum("bhij,bjhd->bihd", ds, kk)
+    dk = scale * np.einsum("bhij,bihd->bjhd", ds, q)
+    dv = np.einsum("bhij,bihd->bjhd", p, dout)
+    b, sk, hkv, d = k.shape
+    dk = dk.reshape(b, sk, hkv, g, d).sum(axis=3)
+    dv = dv.reshape(b, sk, hkv, g, d).sum(axis=3)
+    return dq, dk, dv
+
+
+# ---- slices --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """Sequence b and key/value head g, with the query heads g·G … (g+1)·G − 1 that read it."""
+
+    b: int
+    g: int
+    group: int
+
+    def q(self, x):  # [b, s, hq, d] → [1, s, G, d]
+        return x[self.b : self.b + 1, :, self.g * self.group : (self.g + 1) * self.group]
+
+    def kv(self, x):  # [b, s, hkv, d] → [1, s, 1, d]
+        return x[self.b : self.b + 1, :, self.g : self.g + 1]
+
+    def lse(self, x):  # [b, hq, s] → [1, G, s]
+        return x[self.b : self.b + 1, self.g * self.group : (self.g + 1) * self.group]
+
+
+def choose_slices(batch: int, heads_q: int, heads_kv: int, samples: int | None, seed: int = 0) -> list:
+    """All (batch, kv-head) slices, or `samples` of them spread over the batch and heads (always the first
+    and, when there are two or more, the last, so the edges of the tensors are covered)."""
+    group = heads_q // heads_kv
+    pairs = [(b, g) for b in range(batch) for g in range(heads_kv)]
+    if samples is None or samples >= len(pairs):
+        return [Slice(b, g, group) for b, g in pairs]
+    rng = np.random.default_rng(seed)
+    picked = {0, len(pairs) - 1} if samples >= 2 else {0}
+    rest = [i for i in range(len(pairs)) if i not in picked]
+    picked |= set(rng.choice(rest, size=max(0, samples - len(picked)), replace=False).tolist()) if rest else set()
+    return [Slice(*pairs[i], group) for i in sorted(picked)]
+
+
+# ---- the reference of one case -------------------------------------------------------------------------
+class Reference:
+    """fp64 forward (o, lse) and backward (dq, dk, dv) of one set of inputs, on all slices or a sample.
+
+    The arrays passed in are numpy arrays in the kernel's dtype (bf16 as ml_dtypes.bfloat16). Results are
+    kept per slice; `compare_*` slice a kernel's full output the same way and return error metrics.
+    """
+
+    def __init__(self, q, k, v, dout, causal, window, scale, align, samples=None, engine="cpu-ref", seed=0):
+        self.q, self.k, self.v, self.dout = q, k, v, dout
+        self.opts = dict(causal=causal, window=window, scale=scale, align=align)
+        b, _, hq, _ = q.shape
+        self.slices = choose_slices(b, hq, k.shape[2], samples, seed)
+        self.total_slices = b * k.shape[2]
+        self.engine = engine
+        self._fwd = None
+        self._bwd = None
+
+    @property
+    def sampled(self) -> bool:
+        return len(self.slices) < self.total_slices
+
+    def describe(self) -> str:
+        what = f"{self.engine} f64"
+        if self.sampled:
+            what += f", {len(self.slices)}/{self.total_slices} (batch, kv-head) slices"
+        return what
+
+    # Whole tensors at once when nothing is sampled (one call, all threads busy), else slice by slice.
+    def _parts(self):
+        if not self.sampled:
+            return [None]
+        return self.slices
+
+    @staticmethod
+    def _cut(part, x, kind):
+        if part is None:
+            return x
+        return {"q": part.q, "kv": part.kv, "lse": part.lse}[kind](x)
+
+    def forward(self):
+        if self._fwd is None:
+            out = []
+            for part in self._parts():
+                q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
+                out.append(_ENGINES[self.engine].forward(q, k, v, **self.opts))
+            self._fwd = out
+        return self._fwd
+
+    def backward(self):
+        if self._bwd is None:
+            out = []
+            for part, (o, lse) in zip(self._parts(), self.forward()):
+                q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
+                dout = self._cut(part, self.dout, "q")
+                out.append(_ENGINES[self.engine].backward(dout, q, k, v, o, lse, **self.opts))
+            self._bwd = out
+        return self._bwd
+
+    def pick_forward(self, o, lse=None):
+        """The kernel's (o, lse) cut to the reference's slices, as lists aligned with forward()."""
+        parts = self._parts()
+        os_ = [np.asarray(self._cut(p, o, "q")) for p in parts]
+        ls = None if lse is None else [np.asarray(self._cut(p, lse, "lse")) for p in parts]
+        return os_, ls
+
+    def pick_backward(self, dq, dk, dv):
+        parts = self._parts()
+        return [
+            (np.asarray(self._cut(p, dq, "q")), np.asarray(self._cut(p, dk, "kv")), np.asarray(self._cut(p, dv, "kv")))
+            for p in parts
+        ]
+
+
+# ---- engines -------------------------------------------------------------------------------------------
+class _Numpy:
+    @staticmethod
+    def forward(q, k, v, causal, window, scale, align):
+        return numpy_forward(q, k, v, causal, window, scale, align)
+
+    @staticmethod
+    def backward(dout, q, k, v, o, lse, causal, window, scale, align):
+        return numpy_backward(dout, q, k, v, causal, window, scale, align)
+
+
+class _CpuRef:
+    @staticmethod
+    def forward(q, k, v, causal, window, scale, align):
+        import flashc
+
+        q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+        return flashc.attention(
+            q, k, v, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref", return_lse=True
+        )
+
+    @staticmethod
+    def backward(dout, q, k, v, o, lse, causal, window, scale, align):
+        import flashc
+
+        dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
+        return flashc.attention_backward(
+            dout, q, k, v, o, lse, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref"
+        )
+
+
+class _TorchFp64:
+    """Materialised scores in torch float64 (on the GPU when there is one), one (batch, kv-head) slice at a
+    time, so that memory stays at one slice's scores (16k × 16k × 8 bytes per query head at most)."""
+
+    @staticmethod
+    def _one(q, k, v, causal, window, scale, align, dout=None):
+        import torch
+
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        t = [torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float64))).to(dev) for x in (q, k, v)]
+        for x in t:
+            x.requires_grad_(dout is not None)
+        q_, k_, v_ = t
+        g = q_.shape[2] // k_.shape[2]
+        sc = effective_scale(scale, q_.shape[3])
+        mask = torch.from_numpy(visible(q_.shape[1], k_.shape[1], causal, window, align)).to(dev)
+        kk, vv = k_.repeat_interleave(g, dim=2), v_.repeat_interleave(g, dim=2)
+        s = torch.einsum("bihd,bjhd->bhij", q_, kk) * sc
+        s = s.masked_fill(~mask, float("-inf"))
+        # Softmax written out so that a row that sees no key gives p = 0 and finite gradients.
+        m = s.detach().amax(dim=3, keepdim=True)
+        empty = torch.isneginf(m)
+        e = torch.exp(s - m.masked_fill(empty, 0.0))
+        rowsum = e.sum(dim=3, keepdim=True)
+        p = e / rowsum.masked_fill(empty, 1.0)
+        lse = (m + torch.log(rowsum.detach())).masked_fill(empty, float("-inf"))[..., 0]
+        o = torch.einsum("bhij,bjhd->bihd", p, vv)
+        if dout is None:
+            return o.detach().cpu().numpy(), lse.detach().cpu().numpy()
+        d = torch.from_numpy(np.ascontiguousarray(np.asarray(dout, dtype=np.float64))).to(dev)
+        grads = torch.autograd.grad(o, (q_, k_, v_), d)
+        return tuple(x.cpu().numpy() for x in grads)
+
+    @staticmethod
+    def _each_slice(q, k):
+        group = q.shape[2] // k.shape[2]
+        return [Slice(b, g, group) for b in range(q.shape[0]) for g in range(k.shape[2])]
+
+    @classmethod
+    def forward(cls, q, k, v, causal, window, scale, align):
+        o = np.empty(q.shape, dtype=np.float64)
+        lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float64)
+        for sl in cls._each_slice(q, k):
+            sl.q(o)[...], sl.lse(lse)[...] = cls._one(sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align)
+        return o, lse
+
+    @classmethod
+    def backward(cls, dout, q, k, v, o, lse, causal, window, scale, align):
+        dq, dk, dv = (np.empty(x.shape, dtype=np.float64) for x in (q, k, v))
+        for sl in cls._each_slice(q, k):
+            sl.q(dq)[...], sl.kv(dk)[...], sl.kv(dv)[...] = cls._one(
+                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, sl.q(dout)
+            )
+        return dq, dk, dv
+
+
+_ENGINES = {"numpy": _Numpy, "cpu-ref": _CpuRef, "torch-fp64": _TorchFp64}
+ENGINES = tuple(_ENGINES)

@@ -1,0 +1,204 @@
+/*
+ * ref.c — cpu-ref: the fp64 oracle every other backend is checked against.
+ *
+ * Plain loops in the order of the definition, every product and sum in fp64, so that the only rounding
+ * that matters is the final store into the caller's dtype. It supports every feature of fc_problem (all
+ * dtypes including f64, head_dim 1..256, GQA/MQA, varlen, windows and causal in both alignments, any strides)
+ * and reads the mask element by element through fc_visible, independently of the key ranges the fast
+ * backends derive from it. Speed is not a goal; being obviously right is.
+ *
+ * Forward: one task per (sequence, query head). Backward: one task per (sequence, kv head), which owns the
+ * dk/dv rows of its kv head and the dq rows of the query heads that share it, so no two tasks write the same
+ * row and the result does not depend on the thread count.
+ */
+#include "scratch.h"
+
+#include <string.h>
+
+/* One row of head_dim elements of view v, as fp64. */
+static void load_row(const fc_view *v, flashc_dtype dtype, int64_t offset, int64_t d, double *out) {
+  for (int64_t c = 0; c < d; c++) out[c] = fc_load(v->data, dtype, offset + c);
+}
+
+static void store_row(const fc_view *v, flashc_dtype dtype, int64_t offset, int64_t d, const double *in) {
+  for (int64_t c = 0; c < d; c++) fc_store(v->data, dtype, offset + c, in[c]);
+}
+
+static double dot(const double *a, const double *b, int64_t d) {
+  double s = 0.0;
+  for (int64_t c = 0; c < d; c++) s += a[c] * b[c];
+  return s;
+}
+
+/* ---- forward ---------------------------------------------------------------------------------------- */
+/* For query row i of one (sequence, head), over the keys j it may see (fc_visible):
+ *   S_ij = scale · q_i·k_j                    (1)
+ *   m_i = max_j S_ij,  l_i = Σ_j exp(S_ij − m_i)
+ *   P_ij = exp(S_ij − m_i) / l_i              (2)
+ *   o_i = Σ_j P_ij v_j                        (3)
+ *   lse_i = m_i + log l_i
+ * A row that sees no key has no softmax: o_i = 0, lse_i = −inf. */
+
+typedef struct {
+  const fc_problem *p;
+  fc_scratch scratch;
+} ref_ctx;
+
+/* K, V of kv head hk of sequence s (sk rows) as fp64 rows of d: read once per task instead of once per
+ * query row. */
+static void load_kv(const fc_problem *p, int64_t s, int64_t k0, int64_t sk, int64_t hk, double *K, double *V) {
+  for (int64_t j = 0; j < sk; j++) {
+    load_row(&p->k, p->dtype, fc_offset(&p->k, s, k0, j, hk), p->head_dim, K + j * p->head_dim);
+    load_row(&p->v, p->dtype, fc_offset(&p->v, s, k0, j, hk), p->head_dim, V + j * p->head_dim);
+  }
+}
+
+/* Per-worker fp64 scratch of the forward: K, V (seqlen_k × d each) | S (seqlen_k) | q_i, o_i (d each). */
+static size_t forward_scratch_bytes(const fc_problem *p) {
+  return (size_t)(2 * p->seqlen_k * p->head_dim + p->seqlen_k + 2 * p->head_dim) * sizeof(double);
+}
+
+/* q, o: [B, Sq, Hq, D]; k, v: [B, Sk, Hkv, D]; lse: [B, Hq, Sq] (varlen: [Hq, total_q]). */
+static void forward_task(void *vctx, int64_t t, int worker) {
+  const ref_ctx *ctx = vctx;
+  const fc_problem *p = ctx->p;
+  const int64_t s = t / p->heads_q, h = t % p->heads_q, hk = h / (p->heads_q / p->heads_kv), d = p->head_dim;
+  int64_t q0, sq, k0, sk;
+  fc_seq_q(p, s, &q0, &sq);
+  fc_seq_k(p, s, &k0, &sk);
+  const int64_t shift = fc_mask_shift(p, sq, sk);
+  double *K = fc_scratch_worker(&ctx->scratch, worker), *V = K + p->seqlen_k * d, *S = V + p->seqlen_k * d,
+         *q = S + p->seqlen_k, *o = q + d;
+  load_kv(p, s, k0, sk, hk, K, V);
+
+  for (int64_t i = 0; i < sq; i++) {
+    load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
+    double m = -INFINITY;
+    for (int64_t j = 0; j < sk; j++) { /* (1) */
+      if (!fc_visible(p, shift, i, j)) continue;
+      S[j] = (double)p->scale * dot(q, K + j * d, d);
+      if (S[j] > m) m = S[j];
+    }
+    double l = 0.0;
+    memset(o, 0, (size_t)d * sizeof *o);
+    if (m > -INFINITY) {
+      for (int64_t j = 0; j < sk; j++) { /* (2) and (3), with the division by l_i left to the end */
+        if (!fc_visible(p, shift, i, j)) continue;
+        const double e = exp(S[j] - m);
+        l += e;
+        for (int64_t c = 0; c < d; c++) o[c] += e * V[j * d + c];
+      }
+      for (int64_t c = 0; c < d; c++) o[c] /= l;
+    }
+    store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), d, o);
+    if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i)] = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
+  }
+}
+
+static flashc_status ref_forward(const fc_problem *p) {
+  ref_ctx ctx = {.p = p};
+  const int64_t tasks = p->batch * p->heads_q;
+  FC_CHECK(fc_scratch_get(p, tasks, 0, forward_scratch_bytes(p), &ctx.scratch));
+  fc_parallel_for(ctx.scratch.threads, tasks, forward_task, &ctx);
+  return FLASHC_OK;
+}
+
+/* ---- backward --------------------------------------------------------------------------------------- */
+/* Everything is recomputed in fp64 from q, k, v and dout: the oracle must not inherit the rounding of the
+ * o and lse it is given. With L the loss and dX = ∂L/∂X, each gradient undoes one forward line:
+ *   (3) o_i = Σ_j P_ij v_j        →  dv_j += P_ij do_i                 dP_ij = do_i·v_j
+ *   (2) P_ij = softmax_j(S_ij)    →  dS_ij = P_ij (dP_ij − D_i),       D_i = Σ_j P_ij dP_ij  (= do_i·o_i)
+ *   (1) S_ij = scale · q_i·k_j    →  dq_i = scale Σ_j dS_ij k_j,       dk_j += scale dS_ij q_i
+ * For GQA, dk_j and dv_j sum over every query head of the group that reads kv head hk. */
+
+/* Per-worker fp64 scratch of the backward: K, V, dK, dV (seqlen_k × d each) | P, dP (seqlen_k) | q_i, do_i,
+ * dq_i (d each). */
+static size_t backward_scratch_bytes(const fc_problem *p) {
+  return (size_t)(4 * p->seqlen_k * p->head_dim + 2 * p->seqlen_k + 3 * p->head_dim) * sizeof(double);
+}
+
+/* One task: sequence s, kv head hk, and the query heads h of its group. */
+static void backward_task(void *vctx, int64_t t, int worker) {
+  const ref_ctx *ctx = vctx;
+  const fc_problem *p = ctx->p;
+  const int64_t s = t / p->heads_kv, hk = t % p->heads_kv, group = p->heads_q / p->heads_kv, d = p->head_dim;
+  int64_t q0, sq, k0, sk;
+  fc_seq_q(p, s, &q0, &sq);
+  fc_seq_k(p, s, &k0, &sk);
+  const int64_t shift = fc_mask_shift(p, sq, sk), n = p->seqlen_k * d;
+  const double scale = p->scale;
+  double *K = fc_scratch_worker(&ctx->scratch, worker), *V = K + n, *dK = V + n, *dV = dK + n, *P = dV + n,
+         *dP = P + p->seqlen_k, *q = dP + p->seqlen_k, *dout = q + d, *dq = dout + d;
+  load_kv(p, s, k0, sk, hk, K, V);
+  memset(dK, 0, (size_t)(sk * d) * sizeof *dK);
+  memset(dV, 0, (size_t)(sk * d) * sizeof *dV);
+
+  for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+    for (int64_t i = 0; i < sq; i++) {
+      load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
+      load_row(&p->dout, p->dtype, fc_offset(&p->dout, s, q0, i, h), d, dout);
+      memset(dq, 0, (size_t)d * sizeof *dq);
+
+      /* The forward again: S_ij (1) into P, m_i, then P_ij = exp(S_ij − m_i) / l_i (2). */
+      double m = -INFINITY;
+      for (int64_t j = 0; j < sk; j++) {
+        P[j] = 0.0;
+        if (!fc_visible(p, shift, i, j)) continue;
+        P[j] = scale * dot(q, K + j * d, d);
+        if (P[j] > m) m = P[j];
+      }
+      if (m > -INFINITY) { /* else the row sees no key: P = 0 and every gradient of the row is 0 */
+        double l = 0.0;
+        for (int64_t j = 0; j < sk; j++)
+          if (fc_visible(p, shift, i, j)) l += P[j] = exp(P[j] - m);
+        for (int64_t j = 0; j < sk; j++) P[j] /= l;
+
+        /* Undo (3): dv_j += P_ij do_i, dP_ij = do_i·v_j; D_i = Σ_j P_ij dP_ij. */
+        double D = 0.0;
+        for (int64_t j = 0; j < sk; j++) {
+          dP[j] = 0.0;
+          if (P[j] == 0.0) continue; /* masked (or underflowed: then its terms are 0 as well) */
+          dP[j] = dot(dout, V + j * d, d);
+          D += P[j] * dP[j];
+          for (int64_t c = 0; c < d; c++) dV[j * d + c] += P[j] * dout[c];
+        }
+
+        /* Undo (2) and (1): dS_ij = P_ij (dP_ij − D_i); dq_i = scale Σ_j dS_ij k_j; dk_j += scale dS_ij q_i. */
+        for (int64_t j = 0; j < sk; j++) {
+          if (P[j] == 0.0) continue;
+          const double dS = P[j] * (dP[j] - D);
+          for (int64_t c = 0; c < d; c++) {
+            dq[c] += scale * dS * K[j * d + c];
+            dK[j * d + c] += scale * dS * q[c];
+          }
+        }
+      }
+      store_row(&p->dq, p->dtype, fc_offset(&p->dq, s, q0, i, h), d, dq);
+    }
+  }
+  for (int64_t j = 0; j < sk; j++) { /* every key row is written, those no query sees with 0 */
+    store_row(&p->dk, p->dtype, fc_offset(&p->dk, s, k0, j, hk), d, dK + j * d);
+    store_row(&p->dv, p->dtype, fc_offset(&p->dv, s, k0, j, hk), d, dV + j * d);
+  }
+}
+
+static flashc_status ref_backward(const fc_problem *p) {
+  ref_ctx ctx = {.p = p};
+  const int64_t tasks = p->batch * p->heads_kv;
+  FC_CHECK(fc_scratch_get(p, tasks, 0, backward_scratch_bytes(p), &ctx.scratch));
+  fc_parallel_for(ctx.scratch.threads, tasks, backward_task, &ctx);
+  return FLASHC_OK;
+}
+
+const fc_backend fc_backend_cpu_ref = {
+    .name = "cpu-ref",
+    .summary = "fp64 reference: plain loops, the oracle every backend is checked against",
+    .device = FLASHC_DEVICE_CPU,
+    .dtypes = (1u << FLASHC_F32) | (1u << FLASHC_F16) | (1u << FLASHC_BF16) | (1u << FLASHC_F64),
+    .min_head_dim = 1,
+    .max_head_dim = 256,
+    .usable = NULL,
+    .supports = NULL,
+    .forward = ref_forward,
+    .backward = ref_backward,
+};

@@ -1,0 +1,79 @@
+/*
+ * tile.h — what the tiled `cpu` forward and backward share: tiles moved between the caller's tensors (any
+ * dtype, any strides) and fp32 scratch, the mask of a tile, the ranges of keys and queries that a block can
+ * see, and the numbering of the row blocks of every sequence as one list of tasks.
+ *
+ * A tile of `rows` rows of head_dim d is stored with a row length (leading dimension) of at least
+ * fc_pad8(d): the kernels work on whole vectors of 8 floats, so the padding columns are written as 0.
+ */
+#ifndef FLASHC_CPU_TILE_H
+#define FLASHC_CPU_TILE_H
+
+#include "../internal.h"
+
+static inline int64_t fc_pad8(int64_t n) { return (n + 7) / 8 * 8; }
+
+/* dst[r·ld + c] = mul · v[row0 + r][c] for r < rows, c < d, of head h of sequence s (which starts at packed
+ * row `start`); columns [d, fc_pad8(d)) are set to 0. */
+void fc_tile_load(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
+                  int64_t h, float mul, float *dst, int64_t ld);
+
+/* The transpose: dst[c·ld + r] = mul · v[row0 + r][c] for c < d; columns [rows, fc_pad8(rows)) of every
+ * row c are set to 0. */
+void fc_tile_load_t(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
+                    int64_t h, float mul, float *dst, int64_t ld);
+
+/* Asks the CPU to start fetching the rows that a later fc_tile_load(_t) will read (one hint per 64-byte
+ * line), so that the next tile arrives while this one is being computed on. */
+void fc_tile_prefetch(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
+                      int64_t h);
+
+/* v[row0 + r][c] = mul · src[r·ld + c] for r < rows, c < d, rounded once into the caller's dtype. */
+void fc_tile_store(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
+                   int64_t h, float mul, const float *src, int64_t ld);
+
+/* S[r][c] = −inf where query i0 + r may not see key j0 + c, and for the padding columns c in
+ * [valid_cols, cols): S = Q_i K_jᵀ becomes the masked score tile. sk is the sequence's key count. */
+void fc_tile_mask(const fc_problem *p, int64_t shift, int64_t sk, int64_t i0, int64_t rows, int64_t j0,
+                  int64_t valid_cols, int64_t cols, float *S, int64_t lds);
+
+/* [*j_lo, *j_hi): a superset of the keys that any of the queries [i0, i1) may see (the mask's bounds grow
+ * with i, so it runs from the first row's lower bound to the last row's upper bound). Empty if lo ≥ hi. */
+static inline void fc_keys_seen(const fc_problem *p, int64_t shift, int64_t sk, int64_t i0, int64_t i1, int64_t *j_lo,
+                                int64_t *j_hi) {
+  int64_t unused;
+  fc_key_range(p, shift, i0, sk, j_lo, &unused);
+  fc_key_range(p, shift, i1 - 1, sk, &unused, j_hi);
+}
+
+/* [*i_lo, *i_hi): the queries of a sequence of sq rows that may see one of the keys [j0, j1). Query i sees
+ * [i + shift − L, i + shift + R]; it meets [j0, j1) iff i ≥ j0 − shift − R and i < j1 − shift + L (a negative
+ * L or R removes that bound). */
+static inline void fc_rows_seeing(const fc_problem *p, int64_t shift, int64_t sq, int64_t j0, int64_t j1, int64_t *i_lo,
+                                  int64_t *i_hi) {
+  /* A window wider than any sequence is unbounded in effect; capping it keeps the sums below from overflowing. */
+  const int64_t cap = INT64_C(1) << 40, L = p->window_left < cap ? p->window_left : cap,
+                R = p->window_right < cap ? p->window_right : cap;
+  int64_t lo = R < 0 ? 0 : j0 - shift - R;
+  int64_t hi = L < 0 ? sq : j1 - shift + L;
+  *i_lo = lo < 0 ? 0 : lo;
+  *i_hi = hi > sq ? sq : hi;
+}
+
+/* The blocks of `size` rows of every sequence, numbered 0 .. total−1 in sequence order, so that one
+ * fc_parallel_for index names (sequence, block). */
+typedef struct fc_blocks {
+  int64_t size;
+  int64_t batch;
+  int64_t total;
+  int64_t per_seq;      /* dense: blocks per sequence */
+  const int64_t *first; /* varlen: first[s] = blocks of the sequences before s (batch + 1 entries), else NULL */
+} fc_blocks;
+
+/* `first_storage`: batch + 1 int64 when cu_seqlens is not NULL (unused otherwise). */
+void fc_blocks_init(fc_blocks *b, const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size,
+                    int64_t *first_storage);
+/* Block g → its sequence *s and its index *block within that sequence. */
+void fc_blocks_find(const fc_blocks *b, int64_t g, int64_t *s, int64_t *block);
+
+#endif /* FLASHC_CPU_TILE_H */

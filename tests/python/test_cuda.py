@@ -1,0 +1,83 @@
+"""The torch path on a GPU: CUDA tensors by data_ptr and strides, on the current stream, results on the same
+device. Skipped, with the reason, where torch or a CUDA device is missing."""
+
+import numpy as np
+import pytest
+
+import flashc
+from flashc.testing.reference import numpy_backward, numpy_forward
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import flashc.torch as ft  # noqa: E402
+
+CUDA_BACKENDS = [b for b in flashc.backends() if b.device == "cuda"]
+if not CUDA_BACKENDS:
+    pytest.skip("this libflashc was built without CUDA backends (FLASHC_CUDA=OFF or no nvcc)", allow_module_level=True)
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+TOL = {"f32": 1e-3, "f16": 1e-2, "bf16": 4e-2}
+
+
+def params():
+    out = []
+    for b in CUDA_BACKENDS:
+        for d in b.dtypes:
+            if d in DTYPES:
+                marks = [] if b.usable else [pytest.mark.skip(reason=f"{b.name}: {b.why_unusable}")]
+                out.append(pytest.param(b, d, id=f"{b.name}-{d}", marks=marks))
+    return out
+
+
+def close(got, want, tol):
+    got = got.detach().double().cpu().numpy()
+    assert np.all(np.isfinite(got))
+    err = np.abs(got - want).max()
+    assert err <= tol * max(1.0, np.abs(want).max()), f"max |error| {err:.3g}"
+
+
+@pytest.mark.parametrize("b,dtype", params())
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_backend_matches_reference(b, dtype, causal, rng):
+    d = 64 if b.min_head_dim <= 64 <= b.max_head_dim else b.min_head_dim
+    dt = DTYPES[dtype]
+    q = torch.from_numpy(rng.standard_normal((2, 97, 4, d))).to("cuda", dt)
+    k = torch.from_numpy(rng.standard_normal((2, 130, 2, d))).to("cuda", dt)
+    v = torch.from_numpy(rng.standard_normal((2, 130, 2, d))).to("cuda", dt)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # flashc runs on the current stream: here a side stream
+        side.wait_stream(torch.cuda.default_stream())
+        o, lse = flashc.attention(q, k, v, causal=causal, backend=b.name, return_lse=True)
+    side.synchronize()
+    assert o.device == q.device and o.dtype == dt and lse.device == q.device
+    assert flashc.last_backend() == b.name
+    n = [x.double().cpu().numpy() for x in (q, k, v)]
+    close(o, numpy_forward(*n, causal)[0], TOL[dtype])
+    if b.has_backward:
+        dout = torch.randn_like(q)
+        grads = flashc.attention_backward(dout, q, k, v, o, lse, causal=causal, backend=b.name)
+        torch.cuda.synchronize()
+        for g, w in zip(grads, numpy_backward(dout.double().cpu().numpy(), *n, causal)):
+            close(g, w, 2 * TOL[dtype])
+
+
+def test_autograd_on_cuda(rng):
+    b = next((b for b in CUDA_BACKENDS if b.usable and b.has_backward and "f32" in b.dtypes), None)
+    if b is None:
+        pytest.skip("no usable CUDA backend with an f32 backward")
+    q, k, v = (torch.randn(1, 64, 2, 64, device="cuda", requires_grad=True) for _ in range(3))
+    ft.attention(q, k, v, causal=True, backend=b.name).sum().backward()
+    assert q.grad.device == q.device and torch.isfinite(q.grad).all()
+
+
+def test_host_memory_on_a_cuda_backend_is_refused(rng):
+    b = next((b for b in CUDA_BACKENDS if b.usable), None)
+    if b is None:
+        pytest.skip("no usable CUDA backend")
+    q = rng.standard_normal((1, 8, 1, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="host memory"):
+        flashc.attention(q, q, q, backend=b.name)
+    qt = torch.from_numpy(q)
+    with pytest.raises(ValueError, match="is on cpu but q is on cuda"):
+        flashc.attention(qt.cuda(), qt, qt.cuda(), backend=b.name)

@@ -1,0 +1,493 @@
+/*
+ * test_errors.c — every bad input is refused with its status and a message that names the offending value,
+ * and a refused call writes nothing: its outputs still hold the poison, its inputs their values.
+ *
+ * Each check starts from a valid call (the fixture), breaks one thing, and expects a status and substrings
+ * of flashc_last_error(). Argument errors are found before any backend is chosen, so they are checked on
+ * an "auto" handle; what depends on a backend (f64 on cpu, head_dim beyond a limit) on that backend.
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the fixture: a valid forward and backward call ------------------------------------------------ */
+enum { B = 2, SQ = 4, SK = 5, H = 2, D = 8 };
+
+typedef struct fixture {
+  flashc_dtype dtype;
+  th_tensor q, k, v, o, dout, dq, dk, dv;
+  float lse[B * 4 * SQ]; /* room for every fixture (heads_q up to 4) */
+  uint8_t *saved[5];     /* the inputs' bytes, to see that nothing wrote them */
+} fixture;
+
+/* One call: views copied from the fixture (a check changes them), and what to pass. */
+typedef struct call {
+  flashc_handle handle;
+  flashc_params params;
+  const flashc_params *pparams;
+  flashc_tensor q, k, v, o, dout, dq, dk, dv;
+  const flashc_tensor *pq, *pk, *pv, *pdout;
+  flashc_tensor *po, *pdq, *pdk, *pdv;
+  float *lse;
+} call;
+
+static fixture fx;
+static flashc_handle h_auto;
+
+static void fixture_init(fixture *f, flashc_dtype dtype, int64_t hq, int64_t hkv, int64_t d, th_rng *r) {
+  memset(f, 0, sizeof *f);
+  f->dtype = dtype;
+  f->q = th_tensor_new(dtype, TH_BSHD, B, SQ, hq, d);
+  f->k = th_tensor_new(dtype, TH_BSHD, B, SK, hkv, d);
+  f->v = th_tensor_new(dtype, TH_BSHD, B, SK, hkv, d);
+  f->o = th_tensor_new(dtype, TH_BSHD, B, SQ, hq, d);
+  f->dout = th_tensor_new(dtype, TH_BSHD, B, SQ, hq, d);
+  f->dq = th_tensor_new(dtype, TH_BSHD, B, SQ, hq, d);
+  f->dk = th_tensor_new(dtype, TH_BSHD, B, SK, hkv, d);
+  f->dv = th_tensor_new(dtype, TH_BSHD, B, SK, hkv, d);
+  th_fill_normal(&f->q, r), th_fill_normal(&f->k, r), th_fill_normal(&f->v, r), th_fill_normal(&f->dout, r);
+  th_fill_normal(&f->o, r); /* the backward's input o; a forward check poisons it first */
+  const th_tensor *in[5] = {&f->q, &f->k, &f->v, &f->dout, &f->o};
+  for (int i = 0; i < 5; i++) {
+    f->saved[i] = malloc(in[i]->alloc_bytes);
+    if (!f->saved[i]) abort();
+    memcpy(f->saved[i], in[i]->alloc, in[i]->alloc_bytes);
+  }
+}
+
+static void fixture_free(fixture *f) {
+  th_tensor *t[8] = {&f->q, &f->k, &f->v, &f->o, &f->dout, &f->dq, &f->dk, &f->dv};
+  for (int i = 0; i < 8; i++) th_tensor_free(t[i]);
+  for (int i = 0; i < 5; i++) free(f->saved[i]);
+}
+
+/* In place: the call points into itself. */
+static void valid_call(call *c, const fixture *f, flashc_handle h) {
+  memset(c, 0, sizeof *c);
+  c->handle = h;
+  c->params = flashc_params_default();
+  c->pparams = &c->params;
+  c->q = f->q.view, c->k = f->k.view, c->v = f->v.view, c->o = f->o.view;
+  c->dout = f->dout.view, c->dq = f->dq.view, c->dk = f->dk.view, c->dv = f->dv.view;
+  c->pq = &c->q, c->pk = &c->k, c->pv = &c->v, c->po = &c->o, c->pdout = &c->dout;
+  c->pdq = &c->dq, c->pdk = &c->dk, c->pdv = &c->dv;
+  c->lse = (float *)f->lse;
+}
+
+/* Every needle must be in the message. */
+static bool has_all(const char *msg, const char *needles[], int n, const char **missing) {
+  for (int i = 0; i < n; i++)
+    if (!strstr(msg, needles[i])) {
+      *missing = needles[i];
+      return false;
+    }
+  return true;
+}
+
+/* Runs the call (forward or backward) and checks status, message and that nothing was written. The needles
+ * follow the expected status, NULL-terminated. */
+static void expect(const char *what, fixture *f, call *c, int backward, flashc_status want, ...) {
+  th_tensor *outs[3] = {&f->o, NULL, NULL};
+  int n_out = 1;
+  if (backward) {
+    outs[0] = &f->dq, outs[1] = &f->dk, outs[2] = &f->dv;
+    n_out = 3;
+    memcpy(f->o.alloc, f->saved[4], f->o.alloc_bytes); /* an input here; a forward check poisoned it */
+  } else {
+    memset(f->lse, TH_POISON_BYTE, sizeof f->lse);
+  }
+  for (int i = 0; i < n_out; i++) th_poison(outs[i]);
+  flashc_status s = backward ? flashc_backward(c->handle, c->pparams, c->pq, c->pk, c->pv, c->po, c->lse, c->pdout,
+                                               c->pdq, c->pdk, c->pdv)
+                             : flashc_forward(c->handle, c->pparams, c->pq, c->pk, c->pv, c->po, c->lse);
+  const char *msg = flashc_last_error();
+  const char *needles[8];
+  int n = 0;
+  va_list ap;
+  va_start(ap, want);
+  for (const char *x; n < 8 && (x = va_arg(ap, const char *)) != NULL;) needles[n++] = x;
+  va_end(ap);
+  const char *missing = "";
+  bool ok = th_check(s == want, "%s: status %s, expected %s (message: \"%s\")", what, flashc_status_string(s),
+                     flashc_status_string(want), msg);
+  if (want != FLASHC_OK) {
+    ok &= th_check(has_all(msg, needles, n, &missing), "%s: message \"%s\" lacks \"%s\"", what, msg, missing);
+    bool untouched = true;
+    for (int i = 0; i < n_out; i++) untouched &= th_all_poison(outs[i]);
+    if (!backward)
+      for (size_t i = 0; i < sizeof f->lse; i++) untouched &= ((unsigned char *)f->lse)[i] == TH_POISON_BYTE;
+    ok &= th_check(untouched, "%s: a refused call wrote to its outputs", what);
+  }
+  const th_tensor *in[5] = {&f->q, &f->k, &f->v, &f->dout, backward ? &f->o : NULL};
+  for (int i = 0; i < 5; i++)
+    if (in[i])
+      ok &= th_check(memcmp(in[i]->alloc, f->saved[i], in[i]->alloc_bytes) == 0, "%s: an input was written", what);
+  if (ok) printf("ok   %-52s %s: %s\n", what, flashc_status_string(s), want == FLASHC_OK ? "" : msg);
+}
+
+#define INVALID FLASHC_ERR_INVALID_ARGUMENT
+#define UNSUPP  FLASHC_ERR_UNSUPPORTED
+
+/* ---- the checks ------------------------------------------------------------------------------------- */
+static const char *const dim[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+static void null_pointers(void) {
+  call c;
+  valid_call(&c, &fx, NULL);
+  expect("forward: handle NULL", &fx, &c, 0, INVALID, "handle is NULL", NULL);
+  valid_call(&c, &fx, NULL);
+  expect("backward: handle NULL", &fx, &c, 1, INVALID, "handle is NULL", NULL);
+  const char *names[8] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+  for (int i = 0; i < 8; i++) {
+    char what[96], needle[32];
+    int bwd = i >= 4;
+    valid_call(&c, &fx, h_auto);
+    switch (i) {
+    case 0: c.pq = NULL; break;
+    case 1: c.pk = NULL; break;
+    case 2: c.pv = NULL; break;
+    case 3: c.po = NULL; break;
+    case 4: c.pdout = NULL; break;
+    case 5: c.pdq = NULL; break;
+    case 6: c.pdk = NULL; break;
+    default: c.pdv = NULL; break;
+    }
+    snprintf(what, sizeof what, "%s: %s NULL", bwd ? "backward" : "forward", names[i]);
+    snprintf(needle, sizeof needle, "%s is NULL", names[i]);
+    expect(what, &fx, &c, bwd, INVALID, needle, NULL);
+
+    valid_call(&c, &fx, h_auto);
+    flashc_tensor *t[8] = {&c.q, &c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv};
+    t[i]->data = NULL;
+    snprintf(what, sizeof what, "%s: %s.data NULL", bwd ? "backward" : "forward", names[i]);
+    snprintf(needle, sizeof needle, "%s.data is NULL", names[i]);
+    expect(what, &fx, &c, bwd, INVALID, needle, NULL);
+  }
+  valid_call(&c, &fx, h_auto);
+  c.lse = NULL;
+  expect("backward: lse NULL", &fx, &c, 1, INVALID, "lse is NULL", NULL);
+}
+
+static void shapes(void) {
+  char what[96], n1[32], n2[32];
+  for (int d = 0; d < 4; d++) {
+    call c;
+    valid_call(&c, &fx, h_auto); /* o against q */
+    c.o.size[d] += 3;
+    snprintf(what, sizeof what, "forward: o.size[%d] (%s) differs from q", d, dim[d]);
+    snprintf(n1, sizeof n1, "o.size[%d]", d);
+    snprintf(n2, sizeof n2, "%lld", (long long)c.o.size[d]);
+    expect(what, &fx, &c, 0, INVALID, n1, n2, dim[d], NULL);
+
+    valid_call(&c, &fx, h_auto); /* v against k */
+    c.v.size[d] += 2;
+    snprintf(what, sizeof what, "forward: v.size[%d] (%s) differs from k", d, dim[d]);
+    snprintf(n1, sizeof n1, "v.size[%d]", d);
+    snprintf(n2, sizeof n2, "%lld", (long long)c.v.size[d]);
+    expect(what, &fx, &c, 0, INVALID, n1, n2, NULL);
+  }
+  /* k and v together against q: batch and head_dim must match (seqlen and heads may differ) */
+  int dims[2] = {0, 3};
+  for (int i = 0; i < 2; i++) {
+    int d = dims[i];
+    call c;
+    valid_call(&c, &fx, h_auto);
+    c.k.size[d] += 1, c.v.size[d] += 1;
+    snprintf(what, sizeof what, "forward: k and v %s differ from q", dim[d]);
+    snprintf(n1, sizeof n1, "k.size[%d]", d);
+    snprintf(n2, sizeof n2, "%lld", (long long)c.k.size[d]);
+    expect(what, &fx, &c, 0, INVALID, n1, n2, dim[d], NULL);
+  }
+  /* backward: dout and dq against q, dk against k, dv against v */
+  const char *names[4] = {"dout", "dq", "dk", "dv"};
+  for (int t = 0; t < 4; t++)
+    for (int d = 0; d < 4; d++) {
+      call c;
+      valid_call(&c, &fx, h_auto);
+      flashc_tensor *x[4] = {&c.dout, &c.dq, &c.dk, &c.dv};
+      x[t]->size[d] += 1;
+      snprintf(what, sizeof what, "backward: %s.size[%d] (%s) differs", names[t], d, dim[d]);
+      snprintf(n1, sizeof n1, "%s.size[%d]", names[t], d);
+      snprintf(n2, sizeof n2, "%lld", (long long)x[t]->size[d]);
+      expect(what, &fx, &c, 1, INVALID, n1, n2, NULL);
+    }
+  call c;
+  valid_call(&c, &fx, h_auto);
+  c.q.size[1] = 0, c.o.size[1] = 0;
+  expect("forward: q.size[1] = 0", &fx, &c, 0, INVALID, "q.size[1]", "is 0", NULL);
+}
+
+/* Tensors of heads_q 3 against heads_kv 2. */
+static void gqa_heads(th_rng *r) {
+  fixture f3;
+  fixture_init(&f3, FLASHC_F32, 3, 2, D, r);
+  call c;
+  valid_call(&c, &f3, h_auto);
+  expect("forward: heads_q 3, heads_kv 2", &f3, &c, 0, INVALID, "heads_q 3", "heads_kv 2", NULL);
+  fixture_free(&f3);
+}
+
+static void strides(void) {
+  call c;
+  valid_call(&c, &fx, h_auto);
+  c.q.stride[3] = 2;
+  expect("forward: q.stride[3] = 2", &fx, &c, 0, INVALID, "q.stride[3]", "2", "must be 1", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dk.stride[3] = 0;
+  expect("backward: dk.stride[3] = 0", &fx, &c, 1, INVALID, "dk.stride[3]", "must be 1", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.k.stride[1] = -16;
+  expect("forward: negative k.stride[1]", &fx, &c, 0, INVALID, "k.stride[1]", "-16", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.o.stride[0] = -1;
+  expect("forward: negative o.stride[0]", &fx, &c, 0, INVALID, "o.stride[0]", "-1", NULL);
+
+  /* Sizes near 2^62: (size − 1)·stride overflows int64 ... */
+  valid_call(&c, &fx, h_auto);
+  c.q.size[1] = (int64_t)1 << 62, c.o.size[1] = c.q.size[1];
+  c.q.stride[1] = 16;
+  expect("forward: q offsets overflow (size 2^62, stride 16)", &fx, &c, 0, INVALID, "q", "overflow", NULL);
+  /* ... or the sum over dimensions does */
+  valid_call(&c, &fx, h_auto);
+  c.v.size[1] = 2, c.v.stride[1] = (int64_t)1 << 62; /* each product fits: 2^62; batch adds another 2^62 */
+  c.v.stride[0] = (int64_t)1 << 62;
+  c.k.size[1] = 2;
+  expect("forward: v offsets overflow in the sum", &fx, &c, 0, INVALID, "v", "overflow", NULL);
+  /* offsets fit int64 but the bytes do not */
+  valid_call(&c, &fx, h_auto);
+  c.q.size[1] = (int64_t)1 << 61, c.o.size[1] = c.q.size[1];
+  c.q.stride[1] = 2;
+  expect("forward: q spans more than 2^63 bytes", &fx, &c, 0, INVALID, "q", "bytes", NULL);
+
+  /* outputs must not alias themselves */
+  valid_call(&c, &fx, h_auto);
+  c.o.stride[1] = 0;
+  expect("forward: o.stride[1] = 0 (rows overlap)", &fx, &c, 0, INVALID, "o", "overlaps itself", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dv.stride[2] = D / 2;
+  expect("backward: dv heads overlap (stride[2] = head_dim/2)", &fx, &c, 1, INVALID, "dv", "overlaps itself", NULL);
+  /* ... nor share memory with an input or another output */
+  valid_call(&c, &fx, h_auto);
+  c.o.data = c.q.data;
+  expect("forward: o.data == q.data", &fx, &c, 0, INVALID, "o", "same data pointer", "q", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dq.data = c.dout.data;
+  expect("backward: dq.data == dout.data", &fx, &c, 1, INVALID, "dq", "same data pointer", "dout", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dv.data = c.dk.data;
+  expect("backward: dv.data == dk.data", &fx, &c, 1, INVALID, "same data pointer", NULL);
+}
+
+static void dtypes(void) {
+  call c;
+  valid_call(&c, &fx, h_auto);
+  c.k.dtype = FLASHC_F16;
+  expect("forward: k f16, q f32", &fx, &c, 0, INVALID, "k.dtype", "f16", "f32", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dv.dtype = FLASHC_BF16;
+  expect("backward: dv bf16, q f32", &fx, &c, 1, INVALID, "dv.dtype", "bf16", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.q.dtype = (flashc_dtype)7;
+  expect("forward: q.dtype 7", &fx, &c, 0, INVALID, "q.dtype", "7", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.o.dtype = (flashc_dtype)-1;
+  expect("forward: o.dtype -1", &fx, &c, 0, INVALID, "o.dtype", "-1", NULL);
+}
+
+static void params(void) {
+  call c;
+  valid_call(&c, &fx, h_auto);
+  c.params.causal = 2;
+  expect("forward: causal 2", &fx, &c, 0, INVALID, "causal", "2", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.params.align = (flashc_causal_align)5;
+  expect("forward: align 5", &fx, &c, 0, INVALID, "align", "5", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.params.deterministic = 3;
+  expect("backward: deterministic 3", &fx, &c, 1, INVALID, "deterministic", "3", NULL);
+  float bad[3] = {NAN, INFINITY, -INFINITY};
+  const char *names[3] = {"NaN", "inf", "-inf"};
+  for (int i = 0; i < 3; i++) {
+    char what[64];
+    valid_call(&c, &fx, h_auto);
+    c.params.scale = bad[i];
+    snprintf(what, sizeof what, "forward: scale %s", names[i]);
+    expect(what, &fx, &c, 0, INVALID, "scale", "not finite", NULL);
+  }
+}
+
+/* Packed tensors of 6 query rows and 7 key rows in two sequences. */
+static void varlen(th_rng *r) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  f.dtype = FLASHC_F32;
+  f.q = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 6, H, D);
+  f.o = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 6, H, D);
+  f.dout = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 6, H, D);
+  f.dq = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 6, H, D);
+  f.k = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 7, H, D);
+  f.v = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 7, H, D);
+  f.dk = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 7, H, D);
+  f.dv = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 7, H, D);
+  th_fill_normal(&f.q, r), th_fill_normal(&f.k, r), th_fill_normal(&f.v, r), th_fill_normal(&f.dout, r);
+  th_fill_normal(&f.o, r);
+  const th_tensor *in[5] = {&f.q, &f.k, &f.v, &f.dout, &f.o};
+  for (int i = 0; i < 5; i++) {
+    f.saved[i] = malloc(in[i]->alloc_bytes);
+    if (!f.saved[i]) abort();
+    memcpy(f.saved[i], in[i]->alloc, in[i]->alloc_bytes);
+  }
+  int32_t cq[] = {0, 2, 6}, ck[] = {0, 3, 7};
+  call c;
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = cq, c.params.num_seqs = 2;
+  expect("varlen: only cu_seqlens_q set", &f, &c, 0, INVALID, "cu_seqlens_k is NULL", NULL);
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_k = ck, c.params.num_seqs = 2;
+  expect("varlen: only cu_seqlens_k set", &f, &c, 0, INVALID, "cu_seqlens_q is NULL", NULL);
+
+  int32_t c0[] = {1, 2, 6};
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = c0, c.params.cu_seqlens_k = ck, c.params.num_seqs = 2;
+  expect("varlen: cu_seqlens_q[0] = 1", &f, &c, 0, INVALID, "cu_seqlens_q[0] is 1", NULL);
+  int32_t dec[] = {0, 4, 3, 7};
+  int32_t cq3[] = {0, 2, 4, 6};
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = cq3, c.params.cu_seqlens_k = dec, c.params.num_seqs = 3;
+  expect("varlen: cu_seqlens_k decreases", &f, &c, 0, INVALID, "cu_seqlens_k", "decreases", "index 2", NULL);
+  int32_t last[] = {0, 2, 5};
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = last, c.params.cu_seqlens_k = ck, c.params.num_seqs = 2;
+  expect("varlen: cu_seqlens_q ends at 5 of 6 rows", &f, &c, 0, INVALID, "cu_seqlens_q[2] is 5", "6 rows", NULL);
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = cq, c.params.cu_seqlens_k = ck, c.params.num_seqs = 0;
+  expect("varlen: num_seqs 0", &f, &c, 0, INVALID, "num_seqs is 0", NULL);
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = cq, c.params.cu_seqlens_k = ck, c.params.num_seqs = -3;
+  expect("varlen: num_seqs -3", &f, &c, 0, INVALID, "num_seqs is -3", NULL);
+  valid_call(&c, &f, h_auto);
+  c.params.cu_seqlens_q = cq, c.params.cu_seqlens_k = ck, c.params.num_seqs = 2;
+  /* batch 2 of 3 rows each: the same memory, described as two batches */
+  c.q.size[0] = c.o.size[0] = c.dout.size[0] = c.dq.size[0] = 2;
+  c.q.size[1] = c.o.size[1] = c.dout.size[1] = c.dq.size[1] = 3;
+  c.k.size[0] = c.v.size[0] = c.dk.size[0] = c.dv.size[0] = 2;
+  c.k.size[1] = c.v.size[1] = c.dk.size[1] = c.dv.size[1] = 3;
+  expect("varlen: batch 2", &f, &c, 1, INVALID, "batch 1", "q.size[0] is 2", NULL);
+  fixture_free(&f);
+}
+
+/* What only a backend can refuse: f64 on cpu, a head_dim beyond a backend's limit. */
+static void backend_limits(th_rng *r) {
+  int n = flashc_backend_count();
+  for (int i = 0; i < n; i++) {
+    flashc_backend_info info;
+    if (flashc_backend_get(i, &info) != FLASHC_OK || !info.usable || info.device != FLASHC_DEVICE_CPU) continue;
+    flashc_handle h;
+    if (!th_check(flashc_create(&h, info.name) == FLASHC_OK, "flashc_create(%s): %s", info.name, flashc_last_error()))
+      continue;
+    char what[96], lim[32], hd[32];
+    if (!(info.dtypes & (1u << FLASHC_F64))) {
+      fixture f;
+      fixture_init(&f, FLASHC_F64, H, H, D, r);
+      call c;
+      valid_call(&c, &f, h);
+      snprintf(what, sizeof what, "%s: f64", info.name);
+      expect(what, &f, &c, 0, UNSUPP, "f64", info.name, NULL);
+      fixture_free(&f);
+    }
+    /* head_dim 300, and one past the backend's limit when that is not 300 */
+    int dims[2] = {300, info.max_head_dim + 1};
+    for (int j = 0; j < 2; j++) {
+      if (dims[j] <= info.max_head_dim || (j == 1 && dims[1] == 300) || dims[j] > 4096) continue;
+      fixture f;
+      fixture_init(&f, FLASHC_F32, H, H, dims[j], r);
+      call c;
+      valid_call(&c, &f, h);
+      snprintf(what, sizeof what, "%s: head_dim %d (limit %d)", info.name, dims[j], info.max_head_dim);
+      snprintf(hd, sizeof hd, "%d", dims[j]);
+      snprintf(lim, sizeof lim, "%d", info.max_head_dim);
+      expect(what, &f, &c, 0, UNSUPP, hd, lim, info.name, NULL);
+      fixture_free(&f);
+    }
+    if (info.max_head_dim >= 300)
+      printf("note %s: max_head_dim %d, so head_dim 300 is supported there\n", info.name, info.max_head_dim);
+    flashc_destroy(h);
+  }
+}
+
+/* The valid call itself: it runs (params NULL means the defaults). */
+static void valid_calls(void) {
+  call c;
+  valid_call(&c, &fx, h_auto);
+  c.pparams = NULL;
+  if (flashc_backend_count() == 0) {
+    printf("note no backend is built: the valid calls are refused as unsupported\n");
+    expect("forward: valid, no backend", &fx, &c, 0, UNSUPP, "no backend", NULL);
+    return;
+  }
+  expect("forward: params NULL (defaults)", &fx, &c, 0, FLASHC_OK, NULL);
+  th_check(th_check_output(&fx.o, "o of the valid forward") == 0, "the valid forward wrote o");
+  memcpy(fx.saved[4], fx.o.alloc, fx.o.alloc_bytes); /* the backward's o is now this forward's */
+  valid_call(&c, &fx, h_auto);
+  c.pparams = NULL;
+  expect("backward: params NULL (defaults)", &fx, &c, 1, FLASHC_OK, NULL);
+}
+
+static void expect_status(const char *what, flashc_status got, flashc_status want, const char *needle1,
+                          const char *needle2) {
+  const char *msg = flashc_last_error();
+  bool ok = th_check(got == want, "%s: status %s, expected %s (\"%s\")", what, flashc_status_string(got),
+                     flashc_status_string(want), msg);
+  ok &= th_check(!needle1 || strstr(msg, needle1), "%s: message \"%s\" lacks \"%s\"", what, msg, needle1);
+  ok &= th_check(!needle2 || strstr(msg, needle2), "%s: message \"%s\" lacks \"%s\"", what, msg, needle2);
+  if (ok) printf("ok   %-52s %s: %s\n", what, flashc_status_string(got), msg);
+}
+
+static void handles(void) {
+  flashc_handle h = (flashc_handle)&h; /* not NULL: a failed create must reset it */
+  expect_status("flashc_create: unknown backend", flashc_create(&h, "no-such-backend"), INVALID,
+                "unknown backend 'no-such-backend'", "auto");
+  th_check(h == NULL, "flashc_create: a failed create leaves *handle NULL");
+  const char *msg = flashc_last_error();
+  for (int i = 0; i < flashc_backend_count(); i++) {
+    flashc_backend_info info;
+    if (flashc_backend_get(i, &info) == FLASHC_OK)
+      th_check(strstr(msg, info.name) != NULL, "flashc_create: the message \"%s\" does not list backend %s", msg,
+               info.name);
+  }
+  expect_status("flashc_create: handle pointer NULL", flashc_create(NULL, "auto"), INVALID, "handle", NULL);
+  expect_status("flashc_set_threads: -1", flashc_set_threads(h_auto, -1), INVALID, "threads", "-1");
+  expect_status("flashc_set_threads: handle NULL", flashc_set_threads(NULL, 1), INVALID, "handle", NULL);
+  expect_status("flashc_set_stream: handle NULL", flashc_set_stream(NULL, NULL), INVALID, "handle", NULL);
+  flashc_backend_info info;
+  expect_status("flashc_backend_get: index -1", flashc_backend_get(-1, &info), INVALID, "-1", NULL);
+  expect_status("flashc_backend_get: index count", flashc_backend_get(flashc_backend_count(), &info), INVALID, "index",
+                NULL);
+  expect_status("flashc_backend_get: info NULL", flashc_backend_get(0, NULL), INVALID, "info", NULL);
+}
+
+int main(void) {
+  th_begin("test_errors");
+  th_rng rng;
+  th_rng_init(&rng, th_seed());
+  if (!th_check(flashc_create(&h_auto, "auto") == FLASHC_OK, "flashc_create(auto): %s", flashc_last_error()))
+    return th_end();
+  fixture_init(&fx, FLASHC_F32, H, H, D, &rng);
+  null_pointers();
+  shapes();
+  gqa_heads(&rng);
+  strides();
+  dtypes();
+  params();
+  varlen(&rng);
+  backend_limits(&rng);
+  handles();
+  valid_calls();
+  fixture_free(&fx);
+  flashc_destroy(h_auto);
+  return th_end();
+}
