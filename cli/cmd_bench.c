@@ -150,7 +150,7 @@ static void print_row(const bench_row *r, flashc_dtype dtype, bool causal) {
     snprintf(abs_s, sizeof abs_s, "%.2e", r->max_abs);
     snprintf(l2_s, sizeof l2_s, "%.2e", r->rel_l2);
   }
-  printf("%-12s %-5s %-20s %-6s %-4s %10.3f %9.3f %9.2f %10s %10s  %s\n", r->info->name, flashc_dtype_name(dtype),
+  printf("%-12s %-5s %-20s %-6s %-4s %10.3f %9.4g %9.4g %10s %10s  %s\n", r->info->name, flashc_dtype_name(dtype),
          shape, causal ? "causal" : "full", r->backward ? "bwd" : "fwd", r->ms, r->tflops, r->gbps, abs_s, l2_s,
          !r->checked             ? "-"
          : r->check_rc == CLI_OK ? "PASS"
@@ -177,7 +177,7 @@ static void csv_row(FILE *f, const bench_row *r, const cli_options *o, flashc_dt
   fputc(',', f);
   csv_field(f, impl);
   const cli_shape *s = r->shape;
-  fprintf(f, ",%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,1,%d,%.4f,%.4f,%.3f,", flashc_dtype_name(dtype),
+  fprintf(f, ",%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%s,1,%d,%.6g,%.6g,%.6g,", flashc_dtype_name(dtype),
           (long long)s->batch, (long long)s->heads_q, (long long)s->heads_kv, (long long)s->seqlen_q,
           (long long)s->seqlen_k, (long long)s->head_dim, o->causal, r->backward ? "bwd" : "fwd", threads, r->ms,
           r->tflops, r->gbps);

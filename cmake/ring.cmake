@@ -52,15 +52,27 @@ elseif(FLASHC_NCCL STREQUAL "ON")
 endif()
 message(STATUS "flashc: ring attention over NCCL ${FLASHC_HAVE_NCCL} ${FLASHC_NCCL_LIBRARY}")
 
-# ---- tests: one program, run by mpiexec on 1..4 ranks, and the peer-failure test -------------------------
+# ---- tests ------------------------------------------------------------------------------------------------
+set(FLASHC_RING_TEST_DIR ${CMAKE_CURRENT_LIST_DIR}/../tests/ring)
+function(flashc_ring_test name)
+  add_executable(${name} ${FLASHC_RING_TEST_DIR}/${name}.c ${FLASHC_RING_TEST_DIR}/harness.c)
+  target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../src)
+  target_compile_definitions(${name} PRIVATE _POSIX_C_SOURCE=200809L)
+  target_compile_options(${name} PRIVATE ${FLASHC_C_WARNINGS} -O2)
+  target_link_libraries(${name} PRIVATE flashc Threads::Threads m)
+  if(FLASHC_HAVE_CUDA) # shards in GPU memory (the NCCL path)
+    target_link_libraries(${name} PRIVATE CUDA::cudart_static)
+    target_compile_definitions(${name} PRIVATE FLASHC_TEST_CUDA=1)
+  endif()
+endfunction()
+
+# test_ring: the ranks as MPI processes, on 1..4 ranks (host tensors), and the peer-failure checks.
 if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_MPI)
-  add_executable(test_ring ${CMAKE_CURRENT_LIST_DIR}/../tests/ring/test_ring.c)
-  target_include_directories(test_ring PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
-  target_compile_definitions(test_ring PRIVATE _POSIX_C_SOURCE=200809L)
-  target_compile_options(test_ring PRIVATE ${FLASHC_C_WARNINGS} -O2)
-  target_link_libraries(test_ring PRIVATE flashc MPI::MPI_C m)
+  flashc_ring_test(test_ring)
+  target_link_libraries(test_ring PRIVATE MPI::MPI_C)
   # Open MPI refuses root and more ranks than cores unless told, and in containers its shared-memory
   # single-copy (CMA, ptrace) is often forbidden; these variables say so and are ignored by other MPIs.
+  # LeakSanitizer is off for these: Open MPI's own allocations at exit would fail every run.
   set(FLASHC_RING_TEST_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
                            OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader
                            OMPI_MCA_btl_vader_single_copy_mechanism=none ASAN_OPTIONS=detect_leaks=0)
@@ -75,4 +87,18 @@ if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_MPI)
                      --mpiexec ${MPIEXEC_EXECUTABLE})
     set_tests_properties(ring_fault_${mode} PROPERTIES TIMEOUT 300 ENVIRONMENT "${FLASHC_RING_TEST_ENV}")
   endforeach()
+endif()
+
+# test_ring_nccl: the NCCL path without MPI, one thread per GPU; skipped (exit 77) where there is no GPU.
+if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_NCCL)
+  flashc_ring_test(test_ring_nccl)
+  target_link_libraries(test_ring_nccl PRIVATE flashc_nccl)
+  add_test(NAME ring_nccl_threads COMMAND test_ring_nccl)
+  set_tests_properties(ring_nccl_threads PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+endif()
+
+# ---- the CLI's `flashc ring` (cli/ring.c) needs MPI in the flashc executable --------------------------------
+if(TARGET flashc_cli AND FLASHC_HAVE_MPI)
+  target_link_libraries(flashc_cli PRIVATE MPI::MPI_C)
+  target_compile_definitions(flashc_cli PRIVATE FLASHC_CLI_MPI=1)
 endif()

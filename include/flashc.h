@@ -203,9 +203,10 @@ typedef enum flashc_ring_layout {
  * flashc_ring_device); device tensors must live there. */
 flashc_status flashc_ring_create_mpi(flashc_ring *ring, const void *mpi_comm, const char *backend);
 /* A ring over a caller's NCCL communicator (an ncclComm_t), for device tensors only, on the communicator's
- * device. The ring borrows it: destroy does not free it, but a timeout aborts it (ncclCommAbort). A blocking
- * communicator (NCCL's default) can block the host inside NCCL while connecting to a peer that is gone; one
- * made non-blocking (ncclConfig_t.blocking = 0) lets the timeout cover that too. */
+ * device. The ring borrows it: destroy does not free it. But once a call returned FLASHC_ERR_COMMUNICATION the
+ * ring has aborted it (ncclCommAbort, which frees it): do not use or destroy it then. A blocking communicator
+ * (NCCL's default) can block the host inside NCCL while connecting to a peer that is gone; one made
+ * non-blocking (ncclConfig_t.blocking = 0) lets the timeout cover that too. */
 flashc_status flashc_ring_create_nccl(flashc_ring *ring, void *nccl_comm, const char *backend);
 flashc_status flashc_ring_destroy(flashc_ring ring); /* NULL is fine; not collective for MPI rings */
 

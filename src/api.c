@@ -40,15 +40,20 @@ size_t flashc_dtype_size(flashc_dtype dtype) {
 
 flashc_tensor flashc_tensor_bshd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
                                  int64_t head_dim) {
-  flashc_tensor t = {
-      data, dtype, {batch, seqlen, heads, head_dim}, {seqlen * heads * head_dim, heads * head_dim, head_dim, 1}};
+  /* Absurd sizes must not overflow here: saturate, and validation names the overflow. */
+  int64_t hd, shd;
+  if (!fc_mul_ok(heads, head_dim, &hd)) hd = INT64_MAX;
+  if (!fc_mul_ok(seqlen, hd, &shd)) shd = INT64_MAX;
+  flashc_tensor t = {data, dtype, {batch, seqlen, heads, head_dim}, {shd, hd, head_dim, 1}};
   return t;
 }
 
 flashc_tensor flashc_tensor_bhsd(void *data, flashc_dtype dtype, int64_t batch, int64_t seqlen, int64_t heads,
                                  int64_t head_dim) {
-  flashc_tensor t = {
-      data, dtype, {batch, seqlen, heads, head_dim}, {heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1}};
+  int64_t sd, hsd;
+  if (!fc_mul_ok(seqlen, head_dim, &sd)) sd = INT64_MAX;
+  if (!fc_mul_ok(heads, sd, &hsd)) hsd = INT64_MAX;
+  flashc_tensor t = {data, dtype, {batch, seqlen, heads, head_dim}, {hsd, head_dim, sd, 1}};
   return t;
 }
 

@@ -69,6 +69,57 @@ static flashc_status check_no_self_overlap(const char *op, const char *name, con
   return FLASHC_OK;
 }
 
+/* Can tensors a and b (same element size) share an element? Their address sets are
+ *   a.data + Σ i_k·sa_k   and   b.data + Σ j_k·sb_k.
+ * With equal strides that nest (each stride passes the reach of the smaller ones, over both tensors'
+ * sizes), a shared element means δ = b − a (in elements) = Σ c_k·s_k with −(nb_k−1) ≤ c_k ≤ na_k−1, and
+ * nesting leaves two candidates for each c_k (floor or ceil of δ/s_k): a search of at most 2^4 paths.
+ * This accepts what frameworks produce (slices of one packed dQKV buffer interleave without sharing) and
+ * reports anything it cannot decide as overlapping. */
+static bool share_element(const int64_t *na, const int64_t *nb, const int64_t *s, const int *order, int depth,
+                          int64_t delta) {
+  if (depth < 0) return delta == 0;
+  int d = order[depth];
+  int64_t st = s[d], lo = -(nb[d] - 1), hi = na[d] - 1;
+  if (st == 0) return share_element(na, nb, s, order, depth - 1, delta); /* only size-1 dims reach here */
+  int64_t c0 = delta / st - (delta % st < 0);                            /* floor */
+  for (int64_t c = c0; c <= c0 + 1; c++)
+    if (c >= lo && c <= hi && share_element(na, nb, s, order, depth - 1, delta - c * st)) return true;
+  return false;
+}
+
+static bool may_overlap(const flashc_tensor *a, int64_t span_a, const flashc_tensor *b, int64_t span_b) {
+  size_t es = flashc_dtype_size(a->dtype);
+  uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+  uintptr_t a1 = a0 + (uintptr_t)(span_a + 1) * es, b1 = b0 + (uintptr_t)(span_b + 1) * es;
+  if (a1 <= b0 || b1 <= a0) return false; /* disjoint byte ranges: the common case */
+  if ((a0 > b0 ? a0 - b0 : b0 - a0) % es != 0) return true;
+  int64_t s[4], na[4], nb[4];
+  int order[4], n = 0;
+  for (int d = 0; d < 4; d++) {
+    na[d] = a->size[d], nb[d] = b->size[d];
+    s[d] = na[d] == 1 && nb[d] == 1 ? 0 : a->stride[d]; /* size-1 dims never move an address */
+    if (s[d] != 0 && a->stride[d] != b->stride[d]) return true;
+    order[n++] = d;
+  }
+  for (int x = 1; x < 4; x++) /* sort by stride, ascending */
+    for (int y = x; y > 0 && s[order[y - 1]] > s[order[y]]; y--) {
+      int t = order[y - 1];
+      order[y - 1] = order[y];
+      order[y] = t;
+    }
+  int64_t reach = 0; /* nesting over both tensors' index ranges */
+  for (int x = 0; x < 4; x++) {
+    int d = order[x];
+    if (s[d] == 0) continue;
+    if (s[d] <= reach) return true;
+    int64_t n_max = na[d] > nb[d] ? na[d] : nb[d];
+    if (!fc_mul_ok(n_max - 1, s[d], &n_max) || !fc_add_ok(reach, n_max, &reach)) return true;
+  }
+  int64_t delta = b0 >= a0 ? (int64_t)((b0 - a0) / es) : -(int64_t)((a0 - b0) / es);
+  return share_element(na, nb, s, order, 3, delta);
+}
+
 static flashc_status same_size(const char *op, const char *a_name, const flashc_tensor *a, const char *b_name,
                                const flashc_tensor *b, int d) {
   if (a->size[d] != b->size[d])
@@ -176,22 +227,6 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   if (hq % hkv != 0)
     return INVALID("%s: heads_q %lld is not a multiple of heads_kv %lld", op, (long long)hq, (long long)hkv);
 
-  /* Outputs (o in forward; dq, dk, dv in backward): no self-aliasing, and not the memory of an input. */
-  const flashc_tensor *outs[3] = {o, NULL, NULL};
-  const char *out_names[3] = {"o", NULL, NULL};
-  int n_out = 1;
-  if (is_backward) {
-    outs[0] = dq, outs[1] = dk, outs[2] = dv;
-    out_names[0] = "dq", out_names[1] = "dk", out_names[2] = "dv";
-    n_out = 3;
-  }
-  for (int i = 0; i < n_out; i++) {
-    FC_CHECK(check_no_self_overlap(op, out_names[i], outs[i]));
-    for (int j = 0; j < nt; j++)
-      if (ts[j] != outs[i] && ts[j]->data == outs[i]->data)
-        return INVALID("%s: output %s has the same data pointer as %s", op, out_names[i], names[j]);
-  }
-
   /* Params. */
   if (!isfinite(pa->scale)) return INVALID("%s: params.scale is not finite", op);
   if (pa->causal != 0 && pa->causal != 1) return INVALID("%s: params.causal is %d; use 0 or 1", op, pa->causal);
@@ -240,6 +275,27 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   if (pa->causal) p->window_right = 0; /* causal: no key right of the diagonal */
   p->bottom_right = pa->align == FLASHC_ALIGN_BOTTOM_RIGHT;
   p->deterministic = pa->deterministic;
+
+  /* Outputs (o in forward; dq, dk, dv in backward): no self-aliasing, and not the memory of an input. */
+  const flashc_tensor *outs[3] = {o, NULL, NULL};
+  const char *out_names[3] = {"o", NULL, NULL};
+  int n_out = 1;
+  if (is_backward) {
+    outs[0] = dq, outs[1] = dk, outs[2] = dv;
+    out_names[0] = "dq", out_names[1] = "dk", out_names[2] = "dv";
+    n_out = 3;
+  }
+  for (int i = 0; i < n_out; i++) {
+    FC_CHECK(check_no_self_overlap(op, out_names[i], outs[i]));
+    for (int j = 0; j < nt; j++) {
+      if (ts[j] == outs[i]) continue;
+      int oi = 0;
+      while (ts[oi] != outs[i]) oi++;
+      if (ts[j]->data == outs[i]->data || may_overlap(outs[i], span[oi], ts[j], span[j]))
+        return INVALID("%s: output %s shares memory with %s; outputs need memory of their own", op, out_names[i],
+                       names[j]);
+    }
+  }
 
   p->q = view_of(q, varlen);
   p->k = view_of(k, varlen);

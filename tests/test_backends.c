@@ -77,7 +77,9 @@ static const tcase cases[] = {
     DENSE("s7", 2, 7, 7, 2, 2, 32, 0, BR, -1, -1, TH_BSHD, LOW | F64, QUICK | DETERM),
     DENSE("s100", 1, 100, 100, 2, 2, 64, 0, BR, -1, -1, TH_BSHD, LOW | F64, 0),
     DENSE("s129-causal", 2, 129, 129, 2, 2, 64, 1, BR, -1, -1, TH_BSHD, LOW, DETERM),
+    DENSE("s257", 1, 257, 257, 2, 2, 64, 0, BR, -1, -1, TH_BSHD, F32 | BF16, 0),
     DENSE("s1000", 1, 1000, 1000, 1, 1, 64, 0, BR, -1, -1, TH_BSHD, F16, 0),
+    DENSE("s1025-causal", 1, 1025, 1025, 1, 1, 64, 1, BR, -1, -1, TH_BSHD, F16, 0),
     DENSE("s1000-causal", 1, 1000, 1000, 1, 1, 64, 1, BR, -1, -1, TH_BSHD, F32, 0),
     /* seqlen_q ≠ seqlen_k, both ways */
     DENSE("113x203", 1, 113, 203, 2, 2, 64, 0, BR, -1, -1, TH_BSHD, LOW, 0),
@@ -165,7 +167,7 @@ typedef struct runner {
   int nb;
   th_backend *ref;
   th_rng rng;
-  int pass, fail, unsupported;
+  int *pass, *fail, *unsupported; /* per backend */
 } runner;
 
 typedef struct problem {
@@ -349,11 +351,11 @@ static bool call_ran(runner *r, const th_backend *b, const problem *p, const cha
   if (s == FLASHC_OK) return true;
   if (s == FLASHC_ERR_UNSUPPORTED && !is_strict(b, p->dt)) {
     printf("skip %-12s %s %s unsupported: %s\n", b->info.name, p->label, pass, flashc_last_error());
-    r->unsupported++;
+    r->unsupported[b - r->backends]++;
     return false;
   }
   th_fail("%-12s %s %s: %s: %s", b->info.name, p->label, pass, flashc_status_string(s), flashc_last_error());
-  r->fail++;
+  r->fail[b - r->backends]++;
   return false;
 }
 
@@ -361,9 +363,9 @@ static void verdict_line(runner *r, const th_backend *b, const problem *p, const
                          const char *detail) {
   if (th_check(ok, "%-12s %s %s %s", b->info.name, p->label, pass, detail)) {
     printf("PASS %-12s %s %s %s\n", b->info.name, p->label, pass, detail);
-    r->pass++;
+    r->pass[b - r->backends]++;
   } else {
-    r->fail++;
+    r->fail[b - r->backends]++;
   }
 }
 
@@ -491,8 +493,13 @@ static void race_test(runner *r, const th_backend *b) {
   memset(&a, 0, sizeof a);
   a.params = flashc_params_default();
   a.params.causal = 1;
-  a.batch = 1, a.seqlen_q = quick ? 70 : 257, a.seqlen_k = quick ? 70 : 257, a.heads_q = 4, a.heads_kv = 2;
-  a.head_dim = 64;
+  /* A GPU needs enough blocks in flight to race (b2 h8 s1025: 72 row blocks of 128 and more); a CPU backend
+   * is checked on a shape its threads still split several ways. */
+  bool gpu = b->info.device == FLASHC_DEVICE_CUDA;
+  int64_t len = quick ? 70 : gpu ? 1025 : 257;
+  a.batch = gpu ? 2 : 1, a.seqlen_q = len, a.seqlen_k = len, a.heads_q = gpu ? 8 : 4, a.heads_kv = 2;
+  a.head_dim = gpu ? 128 : 64;
+  if (a.head_dim > b->info.max_head_dim) a.head_dim = 64;
   th_tensor q = th_tensor_new(dt, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, a.head_dim);
   th_tensor k = th_tensor_new(dt, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, a.head_dim);
   th_tensor v = th_tensor_new(dt, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, a.head_dim);
@@ -502,8 +509,8 @@ static void race_test(runner *r, const th_backend *b) {
   int64_t nlse = th_lse_numel(&a);
   float *lse0 = xcalloc((size_t)nlse, sizeof *lse0), *lse = xcalloc((size_t)nlse, sizeof *lse);
   char label[128];
-  snprintf(label, sizeof label, "races: b1 h4/2 s%lld d64 causal %s, %d repeats", (long long)a.seqlen_q,
-           flashc_dtype_name(dt), repeats);
+  snprintf(label, sizeof label, "races: b%lld h%lld/2 s%lld d%lld causal %s, %d repeats", (long long)a.batch,
+           (long long)a.heads_q, (long long)a.seqlen_q, (long long)a.head_dim, flashc_dtype_name(dt), repeats);
   flashc_status s = th_forward(b, &a.params, &q, &k, &v, &o0, lse0, nlse);
   if (s == FLASHC_OK) {
     int moved = 0;
@@ -514,24 +521,40 @@ static void race_test(runner *r, const th_backend *b) {
     }
     if (s != FLASHC_OK) {
       th_fail("%-12s %s: %s: %s", b->info.name, label, flashc_status_string(s), flashc_last_error());
-      r->fail++;
+      r->fail[b - r->backends]++;
     } else if (moved) {
       th_fail("%-12s %s: %d of %d repeats differ from the first (a race?)", b->info.name, label, moved, repeats - 1);
-      r->fail++;
+      r->fail[b - r->backends]++;
     } else {
       th_check(true, "races");
       printf("PASS %-12s %s: identical\n", b->info.name, label);
-      r->pass++;
+      r->pass[b - r->backends]++;
     }
   } else if (s == FLASHC_ERR_UNSUPPORTED && !is_strict(b, dt)) {
     printf("skip %-12s %s unsupported: %s\n", b->info.name, label, flashc_last_error());
-    r->unsupported++;
+    r->unsupported[b - r->backends]++;
   } else {
     th_fail("%-12s %s: %s: %s", b->info.name, label, flashc_status_string(s), flashc_last_error());
-    r->fail++;
+    r->fail[b - r->backends]++;
   }
   th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&o0), th_tensor_free(&o);
   free(lse0), free(lse);
+}
+
+/* A name in FLASHC_TEST_BACKENDS that no compiled backend has (a typo, or a CUDA rung in a CPU build). */
+static void warn_unknown_backends(void) {
+  const char *list = getenv("FLASHC_TEST_BACKENDS");
+  if (!list || !*list) return;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *tok = strtok(buf, ", "); tok; tok = strtok(NULL, ", ")) {
+    bool known = false;
+    for (int i = 0; i < flashc_backend_count(); i++) {
+      flashc_backend_info info;
+      if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, tok) == 0) known = true;
+    }
+    if (!known) printf("note: FLASHC_TEST_BACKENDS names %s, which this build of libflashc lacks\n", tok);
+  }
 }
 
 int main(void) {
@@ -571,6 +594,10 @@ int main(void) {
   }
   r.backends = backends;
   r.nb = nb;
+  r.pass = xcalloc((size_t)count, sizeof(int)), r.fail = xcalloc((size_t)count, sizeof(int));
+  r.unsupported = xcalloc((size_t)count, sizeof(int));
+  warn_unknown_backends();
+  if (nb == 0) printf("note: no backend selected\n");
   r.ref = &ref;
 
   for (int ci = 0; ci < NCASES; ci++) {
@@ -591,8 +618,15 @@ int main(void) {
   }
   for (int i = 0; i < nb; i++) race_test(&r, &backends[i]);
 
-  printf("test_backends: %d passed, %d failed, %d unsupported (skipped) on %d backends in %.1f s\n", r.pass, r.fail,
-         r.unsupported, nb, th_now() - t0);
+  int pass = 0, fail = 0, unsupported = 0;
+  for (int i = 0; i < nb; i++) {
+    printf("summary %-12s %4d passed, %3d failed, %3d unsupported\n", backends[i].info.name, r.pass[i], r.fail[i],
+           r.unsupported[i]);
+    pass += r.pass[i], fail += r.fail[i], unsupported += r.unsupported[i];
+  }
+  printf("test_backends: %d passed, %d failed, %d unsupported (skipped) on %d backends in %.1f s\n", pass, fail,
+         unsupported, nb, th_now() - t0);
+  free(r.pass), free(r.fail), free(r.unsupported);
   for (int i = 0; i < nb; i++) th_backend_close(&backends[i]);
   th_backend_close(&ref);
   free(backends);

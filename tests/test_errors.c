@@ -273,13 +273,46 @@ static void strides(void) {
   /* ... nor share memory with an input or another output */
   valid_call(&c, &fx, h_auto);
   c.o.data = c.q.data;
-  expect("forward: o.data == q.data", &fx, &c, 0, INVALID, "o", "same data pointer", "q", NULL);
+  expect("forward: o.data == q.data", &fx, &c, 0, INVALID, "o", "shares memory with", "q", NULL);
   valid_call(&c, &fx, h_auto);
   c.dq.data = c.dout.data;
-  expect("backward: dq.data == dout.data", &fx, &c, 1, INVALID, "dq", "same data pointer", "dout", NULL);
+  expect("backward: dq.data == dout.data", &fx, &c, 1, INVALID, "dq", "shares memory with", "dout", NULL);
   valid_call(&c, &fx, h_auto);
   c.dv.data = c.dk.data;
-  expect("backward: dv.data == dk.data", &fx, &c, 1, INVALID, "same data pointer", NULL);
+  expect("backward: dv.data == dk.data", &fx, &c, 1, INVALID, "shares memory with", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.o.data = (char *)c.q.data + D * flashc_dtype_size(c.q.dtype); /* one head further: rows overlap */
+  expect("forward: o starts one head into q", &fx, &c, 0, INVALID, "o", "shares memory with", "q", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dk.data = (char *)c.dq.data + 3 * flashc_dtype_size(c.q.dtype); /* misaligned by 3 elements */
+  expect("backward: dk starts 3 elements into dq", &fx, &c, 1, INVALID, "dk", "shares memory with", "dq", NULL);
+}
+
+/* The converse: gradients written as slices of one packed [b, s, 3, h, d] buffer interleave without
+ * sharing an element, and must be accepted (FlashAttention's qkvpacked layout). */
+static void packed_gradients_accepted(void) {
+  enum { S = 6 };
+  float in[4][B * S * H * D], dqkv[B * S * 3 * H * D], lse[B * H * S];
+  th_rng r;
+  th_rng_init(&r, th_seed() + 7);
+  for (int t = 0; t < 4; t++)
+    for (int i = 0; i < B * S * H * D; i++) in[t][i] = (float)th_rng_normal(&r);
+  flashc_tensor q = flashc_tensor_bshd(in[0], FLASHC_F32, B, S, H, D), k = q, v = q, dout = q;
+  k.data = in[1], v.data = in[2], dout.data = in[3];
+  flashc_tensor o = flashc_tensor_bshd(dqkv, FLASHC_F32, B, S, H, D); /* scratch for the forward's o */
+  float o_buf[B * S * H * D];
+  o.data = o_buf;
+  flashc_handle h;
+  th_check(flashc_create(&h, "cpu-ref") == FLASHC_OK, "create cpu-ref");
+  th_check(flashc_forward(h, NULL, &q, &k, &v, &o, lse) == FLASHC_OK, "packed: forward: %s", flashc_last_error());
+  flashc_tensor g[3];
+  for (int t = 0; t < 3; t++) {
+    g[t] = flashc_tensor_bshd(dqkv + t * H * D, FLASHC_F32, B, S, H, D);
+    g[t].stride[0] = S * 3 * H * D, g[t].stride[1] = 3 * H * D;
+  }
+  flashc_status st = flashc_backward(h, NULL, &q, &k, &v, &o, lse, &dout, &g[0], &g[1], &g[2]);
+  th_check(st == FLASHC_OK, "packed dq/dk/dv slices of one buffer are accepted: %s", flashc_last_error());
+  flashc_destroy(h);
 }
 
 static void dtypes(void) {
@@ -487,6 +520,7 @@ int main(void) {
   backend_limits(&rng);
   handles();
   valid_calls();
+  packed_gradients_accepted();
   fixture_free(&fx);
   flashc_destroy(h_auto);
   return th_end();

@@ -79,6 +79,10 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   fc_keys_seen(p, shift, sk, i0, i0 + in, &j_lo, &j_hi);
   for (int64_t j0 = j_lo; j0 < j_hi; j0 += BC) {
     const int64_t jn = j_hi - j0 < BC ? j_hi - j0 : BC, nc = fc_pad8(jn);
+    /* Only rows [a, b) of Q_i see a key of K_j; the others keep their m, l and O_i. */
+    int64_t a, b;
+    fc_tile_rows(p, shift, sq, i0, in, j0, jn, &a, &b);
+    if (a >= b) continue;
     fc_tile_load_t(p, &p->k, s, k0, j0, jn, hk, 1.0f, T.Kt, BC);
     fc_tile_load(p, &p->v, s, k0, j0, jn, hk, 1.0f, T.V, dp);
     if (j0 + BC < j_hi) { /* the next K_j, V_j: fetched while this tile is computed */
@@ -88,11 +92,11 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     }
 
     /* S = Q_i K_jᵀ, −inf where the mask hides a key (and in the padding columns). */
-    kern->gemm(in, nc, d, T.Q, dp, 1, T.Kt, BC, T.S, BC, 0);
-    fc_tile_mask(p, shift, sk, i0, in, j0, jn, nc, T.S, BC);
+    kern->gemm(b - a, nc, d, T.Q + a * dp, dp, 1, T.Kt, BC, T.S + a * BC, BC, 0);
+    fc_tile_mask(p, shift, sk, i0 + a, b - a, j0, jn, nc, T.S + a * BC, BC);
 
     /* m_new = max(m, rowmax S), P = 2^(S − m_new), l = 2^(m − m_new) l + rowsum P, O_i = 2^(m − m_new) O_i. */
-    for (int64_t r = 0; r < in; r++) {
+    for (int64_t r = a; r < b; r++) {
       float *S_r = T.S + r * BC, *O_r = T.O + r * dp;
       const float row_max = kern->row_max(S_r, nc), m_new = row_max > T.m[r] ? row_max : T.m[r];
       /* A row that has seen no key yet has m_new = −inf; subtracting 0 instead gives 2^(−inf) = 0 where
@@ -105,7 +109,7 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     }
 
     /* O_i += P V_j */
-    kern->gemm(in, dp, jn, T.S, BC, 1, T.V, dp, T.O, dp, 1);
+    kern->gemm(b - a, dp, jn, T.S + a * BC, BC, 1, T.V, dp, T.O + a * dp, dp, 1);
   }
 
   /* O_i /= l, lse = (m + log2 l)·ln 2. A row that saw no key has l = 0: it keeps O = 0 and lse = −inf. */

@@ -25,7 +25,8 @@
 /* Block sizes, per call. Each pass streams one operand pair from the caller's tensors (Q_i, dO_i in pass 1;
  * K_j, V_j in pass 2) and keeps its own block in scratch, so a larger own block streams less: at head_dim
  * ≤ 64, 256-row blocks against 128-row (pass 1) and 64-key (pass 2) chunks ran ~5% faster than 128-row
- * blocks, with a task's tiles at ~450 KB (a core's L2 is 512 KB). Wider heads halve them to stay there. */
+ * blocks, although pass 1's tiles (580 KB) pass a core's 512 KB L2. Wider heads use half the rows (tiles of
+ * 384 KB at head_dim 128, ~700 KB at 256). */
 typedef struct {
   int64_t k_block; /* pass 1: keys per task */
   int64_t q_chunk; /* pass 1: query rows per step */
@@ -109,31 +110,33 @@ static void d_task(void *vctx, int64_t t, int worker) {
 }
 
 /* ---- the tile both passes share ---------------------------------------------------------------------- */
-/* Rows [i0, i0+in) of query head h against keys [j0, j0+jn), with Q_i, dO_i, K_jᵀ, V_jᵀ loaded (one of Q_i,
- * K_jᵀ carrying scale·log2 e) and lse2, D of the rows in T:
+/* Tile row r is query i0 + r and tile column c is key j0 + c, with Q_i, dO_i, K_jᵀ, V_jᵀ loaded (one of Q_i,
+ * K_jᵀ carrying scale·log2 e) and lse2, D of the rows in T. For rows [r0, r1) and columns [c0, c1) (c0 a
+ * multiple of 8; the columns run on to a multiple of 8, masked):
  *   S = Q_i K_jᵀ (masked),  P = 2^(S − lse·log2 e)   → T->S
  *   dP = dO_i V_jᵀ,  dS = P ∘ (dP − D_i)              → T->dP */
-static void p_and_ds(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q, int64_t i0, int64_t in, int64_t j0,
-                     int64_t jn) {
+static void p_and_ds(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q, int64_t i0, int64_t r0, int64_t r1,
+                     int64_t j0, int64_t c0, int64_t c1) {
   const fc_problem *p = ctx->p;
   const fc_cpu_kernels *kern = ctx->kern;
-  const int64_t d = p->head_dim, dp = fc_pad8(d), nc = fc_pad8(jn), bc = T->bc;
+  const int64_t d = p->head_dim, dp = fc_pad8(d), bc = T->bc, rows = r1 - r0, w = fc_pad8(c1) - c0;
+  float *S = T->S + r0 * bc + c0, *dS = T->dP + r0 * bc + c0;
 
-  kern->gemm(in, nc, d, T->Q, dp, 1, T->Kt, bc, T->S, bc, 0);
-  fc_tile_mask(p, q->shift, q->sk, i0, in, j0, jn, nc, T->S, bc);
-  for (int64_t r = 0; r < in; r++) {
-    float *P_r = T->S + r * bc;
-    if (T->lse2[r] == -INFINITY) /* the row sees no key: P = 0 (2^(S + inf) would be inf or NaN) */
-      memset(P_r, 0, (size_t)nc * sizeof *P_r);
+  kern->gemm(rows, w, d, T->Q + r0 * dp, dp, 1, T->Kt + c0, bc, S, bc, 0);
+  fc_tile_mask(p, q->shift, q->sk, i0 + r0, rows, j0 + c0, c1 - c0, w, S, bc);
+  for (int64_t r = 0; r < rows; r++) {
+    float *P_r = S + r * bc;
+    if (T->lse2[r0 + r] == -INFINITY) /* the row sees no key: P = 0 (2^(S + inf) would be inf or NaN) */
+      memset(P_r, 0, (size_t)w * sizeof *P_r);
     else
-      kern->exp2_row(P_r, nc, T->lse2[r]);
+      kern->exp2_row(P_r, w, T->lse2[r0 + r]);
   }
 
-  kern->gemm(in, nc, d, T->dO, dp, 1, T->Vt, bc, T->dP, bc, 0);
-  for (int64_t r = 0; r < in; r++) {
-    const float *P_r = T->S + r * bc;
-    float *dS_r = T->dP + r * bc;
-    for (int64_t c = 0; c < nc; c++) dS_r[c] = P_r[c] * (dS_r[c] - T->D[r]);
+  kern->gemm(rows, w, d, T->dO + r0 * dp, dp, 1, T->Vt + c0, bc, dS, bc, 0);
+  for (int64_t r = 0; r < rows; r++) {
+    const float *P_r = S + r * bc, D = T->D[r0 + r];
+    float *dS_r = dS + r * bc;
+    for (int64_t c = 0; c < w; c++) dS_r[c] = P_r[c] * (dS_r[c] - D);
   }
 }
 
@@ -179,11 +182,16 @@ static void dkdv_task(void *vctx, int64_t t, int worker) {
         fc_tile_prefetch(p, &p->dout, s, q.q0, i0 + Br, next, h);
       }
       load_row_stats(ctx, &T, &q, h, i0, in);
-      p_and_ds(ctx, &T, &q, i0, in, j0, jn);
+      /* Only keys [c0, c1) of K_j are seen by these rows (c0 rounded down to whole vectors). */
+      int64_t lo, hi;
+      fc_keys_seen(p, q.shift, q.sk, i0, i0 + in, &lo, &hi);
+      const int64_t c0 = (lo > j0 ? lo - j0 : 0) / 8 * 8, c1 = hi - j0 < jn ? hi - j0 : jn;
+      if (c0 >= c1) continue;
+      p_and_ds(ctx, &T, &q, i0, 0, in, j0, c0, c1);
       /* dV_j += Pᵀ dO_i */
-      kern->gemm(jn, dp, in, T.S, 1, Bc, T.dO, dp, T.dV, dp, 1);
+      kern->gemm(c1 - c0, dp, in, T.S + c0, 1, Bc, T.dO, dp, T.dV + c0 * dp, dp, 1);
       /* dK_j += dSᵀ Q_i  (scale at the store) */
-      kern->gemm(jn, dp, in, T.dP, 1, Bc, T.Q, dp, T.dK, dp, 1);
+      kern->gemm(c1 - c0, dp, in, T.dP + c0, 1, Bc, T.Q, dp, T.dK + c0 * dp, dp, 1);
     }
   }
   /* Every key row is written, those that no query sees with 0. */
@@ -224,6 +232,10 @@ static void dq_task(void *vctx, int64_t t, int worker) {
   fc_keys_seen(p, q.shift, q.sk, i0, i0 + in, &j_lo, &j_hi);
   for (int64_t j0 = j_lo; j0 < j_hi; j0 += Bc) {
     const int64_t jn = j_hi - j0 < Bc ? j_hi - j0 : Bc;
+    /* Only rows [a, b) of Q_i see a key of K_j. */
+    int64_t a, b;
+    fc_tile_rows(p, q.shift, q.sq, i0, in, j0, jn, &a, &b);
+    if (a >= b) continue;
     fc_tile_load(p, &p->k, s, q.k0, j0, jn, hk, 1.0f, T.K_j, dp);
     transpose(T.K_j, jn, d, dp, T.Kt, Bc);
     fc_tile_load_t(p, &p->v, s, q.k0, j0, jn, hk, 1.0f, T.Vt, Bc);
@@ -232,9 +244,9 @@ static void dq_task(void *vctx, int64_t t, int worker) {
       fc_tile_prefetch(p, &p->k, s, q.k0, j0 + Bc, next, hk);
       fc_tile_prefetch(p, &p->v, s, q.k0, j0 + Bc, next, hk);
     }
-    p_and_ds(ctx, &T, &q, i0, in, j0, jn);
+    p_and_ds(ctx, &T, &q, i0, a, b, j0, 0, jn);
     /* dQ_i += dS K_j  (scale at the store) */
-    kern->gemm(in, dp, jn, T.dP, Bc, 1, T.K_j, dp, T.dQ, dp, 1);
+    kern->gemm(b - a, dp, jn, T.dP + a * Bc, Bc, 1, T.K_j, dp, T.dQ + a * dp, dp, 1);
   }
   fc_tile_store(p, &p->dq, s, q.q0, i0, in, h, p->scale, T.dQ, dp);
 }

@@ -60,6 +60,17 @@ static inline void fc_rows_seeing(const fc_problem *p, int64_t shift, int64_t sq
   *i_hi = hi > sq ? sq : hi;
 }
 
+/* The rows of a tile, queries [i0, i0+in) against keys [j0, j0+jn), that may see one of its keys, as
+ * [*r_lo, *r_hi) relative to i0 (empty if r_lo ≥ r_hi): a causal diagonal or a window's edge cuts a tile,
+ * and the rows above the cut need no work. */
+static inline void fc_tile_rows(const fc_problem *p, int64_t shift, int64_t sq, int64_t i0, int64_t in, int64_t j0,
+                                int64_t jn, int64_t *r_lo, int64_t *r_hi) {
+  int64_t lo, hi;
+  fc_rows_seeing(p, shift, sq, j0, j0 + jn, &lo, &hi);
+  *r_lo = (lo > i0 ? lo : i0) - i0;
+  *r_hi = (hi < i0 + in ? hi : i0 + in) - i0;
+}
+
 /* The blocks of `size` rows of every sequence, numbered 0 .. total−1 in sequence order, so that one
  * fc_parallel_for index names (sequence, block). */
 typedef struct fc_blocks {

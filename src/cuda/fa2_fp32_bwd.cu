@@ -22,7 +22,7 @@
  *
  * Tiles per head-dim bucket, shared memory of the main kernel (K, V, Q, dO, P, dS tiles; lse and D), and the
  * CTAs per SM that registers are budgeted for (__launch_bounds__):
- *   D 64 : Br 32, Bc 64 — 71 KB, 3 CTAs per SM (168 registers)
+ *   D 64 : Br 32, Bc 64 — 71 KB, 3 CTAs per SM (168 registers), or 2 for grids under two waves
  *   D 128: Br 32, Bc 32 — 78 KB, 2 CTAs per SM
  *   D 256: Br 32, Bc 16 — 102 KB, 2 CTAs per SM
  * Br 32 rather than 64 for D 64: with Br 64 the P, dP and dK, dV accumulators need more than 255 registers.
@@ -247,8 +247,10 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
 
 /* ---- deterministic dQ: one CTA per (sequence, head, query block) ------------------------------------- */
 
-template <int D, int BR, int BC, int MINB>
-__global__ void __launch_bounds__(FA2_THREADS, MINB)
+/* Deterministic mode only: budgeted for 2 CTAs per SM whatever the main kernel uses, so that one instantiation
+ * serves every register budget of the main kernel. */
+template <int D, int BR, int BC>
+__global__ void __launch_bounds__(FA2_THREADS, 2)
     fa2_bwd_dq_kernel(fc_cc_args a, const float *Dbuf, int32_t nqb, int vec) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
   constexpr int TM = C::TM, TN = C::TN, NC = C::NC, LD = C::LD, LDP = C::LDP;
@@ -371,9 +373,9 @@ template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run(cons
   if (p->deterministic) { /* dQ without atomics */
     const int32_t nqb = (int32_t)fc_cdiv(p->seqlen_q, BR);
     const size_t smem_dq = C::DQ_FLOATS * sizeof(float);
-    FC_CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_dq_kernel<D, BR, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem_dq));
-    fa2_bwd_dq_kernel<D, BR, BC, MINB>
+    FC_CUDA_CHECK(
+        cudaFuncSetAttribute(fa2_bwd_dq_kernel<D, BR, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dq));
+    fa2_bwd_dq_kernel<D, BR, BC>
         <<<(unsigned)((int64_t)nqb * p->heads_q * b), FA2_THREADS, smem_dq, st>>>(a, Dbuf, nqb, vec);
     FC_LAUNCH_CHECK("fa2_bwd_dq_kernel");
   } else { /* post-pass: dq = scale·accumulator */
@@ -385,7 +387,17 @@ template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run(cons
 
 flashc_status fc_fa2_fp32_backward(const fc_problem *p) {
   switch (fa2_head_bucket(p->head_dim)) {
-  case 64: return fa2_bwd_run<64, 32, 64, 3>(p);
+  case 64: {
+    /* 3 CTAs per SM (168 registers, a few reloads from local memory) do more per SM than 2 (255 registers), but
+     * a grid of fewer than two waves of 3 per SM ends with a partial wave that leaves SMs with one CTA, too few
+     * warps to hide latency; 2 per SM pack such grids better (measured on an H200: s1024 b4 h8, 512 CTAs,
+     * 0.80 ms with 3 and 0.67 ms with 2; b8 h16 s2048, 4096 CTAs, 9.4 ms with 3 and 10.0 ms with 2). */
+    fc_device_props props;
+    FC_CHECK(fc_device_get_props(&props));
+    const int64_t ctas = fc_cdiv(p->seqlen_k, 64) * p->heads_kv * p->batch;
+    if (ctas < 2 * 3 * (int64_t)props.num_sms) return fa2_bwd_run<64, 32, 64, 2>(p);
+    return fa2_bwd_run<64, 32, 64, 3>(p);
+  }
   case 128: return fa2_bwd_run<128, 32, 32, 2>(p);
   default: return fa2_bwd_run<256, 32, 16, 2>(p);
   }

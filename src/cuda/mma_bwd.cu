@@ -1,34 +1,28 @@
-/* mma_bwd.cu — cuda-mma backward: FlashAttention-2's backward on tensor cores
- * (mma.sync, sm_80+).
+/* mma_bwd.cu — cuda-mma backward: FlashAttention-2's backward on tensor cores (mma.sync, sm_80+).
  *
- * With P = softmax(scale·Q·Kᵀ) recomputed from the forward's lse, and D =
- * rowsum(dO∘O): dV = Pᵀ·dO      dP = dO·Vᵀ      dS = P∘(dP − D)      dK =
- * scale·dSᵀ·Q      dQ = scale·dS·K
+ * With P = softmax(scale·Q·Kᵀ) recomputed from the forward's lse, and D = rowsum(dO∘O):
+ *   dV = Pᵀ·dO      dP = dO·Vᵀ      dS = P∘(dP − D)      dK = scale·dSᵀ·Q      dQ = scale·dS·K
  *
- * Three kernels (four in deterministic mode):
- *   1. prep:  per query row, D = rowsum(dO∘O) and lse·log2(e) into fp32 buffers
- * padded per sequence to 128 rows (+inf and 0 on padding and on rows that see
- * no key, so that their P is 0).
- *   2. dkdv:  one CTA per key block K_j, V_j (Bc keys) and kv head; it walks
- * the query blocks Q_i (Br rows) of every query head of its GQA group that see
- * the block, and keeps dK_j, dV_j in registers: Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ
- * (warps: 16 keys × Br/WN queries each) Pᵀ = 2^(Sᵀ·scale·log2e − lse·log2e),
- * dSᵀ = Pᵀ∘(dPᵀ − D)  → shared memory (16-bit) dV_j += Pᵀ·dO_i,  dK_j +=
- * dSᵀ·Q_i              (warps: 16 keys × D/WN columns each) dQ_i += dS·K_j into
- * an fp32 buffer with atomicAdd (warps: 16 queries × D/WQ columns)
- *   3. dq:    (deterministic mode only) dQ without atomics: one CTA per query
- * block walks the key blocks in order, as the forward does: S, dP = dO·V_jᵀ,
- * dS, dQ += dS·K_j, all in registers.
- *   4. convert: dQ = scale·(fp32 buffer) → 16-bit (atomic mode).
- * The fp32 buffers are O(b·h·s) (lse, D) and O(b·h·s·d) (dQ, atomic mode): no
- * s² anywhere.
+ * Kernels, in order:
+ *   1. prep:    per query row, D = rowsum(dO∘O) and lse·log2(e) into fp32 buffers padded per sequence to
+ *               128 rows (0 and +inf on padding and on rows that see no key, so that their P is 0).
+ *   2. dkdv:    one CTA per key block K_j, V_j (Bc keys) and kv head. It walks the query blocks Q_i (Br rows)
+ *               that see the block, for every query head of its GQA group, and keeps dK_j, dV_j in registers:
+ *                 Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ            warps: 16 keys × Br/WN queries
+ *                 Pᵀ = 2^(c·Sᵀ − lse·log2 e), dSᵀ = Pᵀ∘(dPᵀ − D)   → shared memory, 16-bit
+ *                 dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i           warps: 16 keys × D/WN columns
+ *                 dQ_i += dS·K_j into an fp32 buffer          warps: 16 queries × D/WQ columns; red.v4
+ *   3. convert: dQ = scale·(fp32 buffer) → 16-bit.
+ * Deterministic mode (bit-identical gradients run to run) replaces the atomic dQ of 2 and 3 by
+ *   3'. dq:     one CTA per query block walks the key blocks in order, as the forward does: S, dP = dO·V_jᵀ,
+ *               dS, dQ += dS·K_j, all in registers. More work (S and dP are computed twice), no atomics.
+ * The fp32 buffers are O(b·h·s) (lse, D) and O(b·h·s·d) (dQ): nothing grows with s².
  *
  * Shared memory of dkdv (16-bit, XOR-swizzled rows as in mma_tile.cuh):
- *   sK, sV [Bc][DS]    the CTA's key block, loaded once; A operands of Sᵀ and
- * dPᵀ, B operand of dS·K_j sQ, sdO [QSTAGES][Br][DS]   the query block,
- * double-buffered by cp.async when shared memory allows sP, sdS [Bc][Br]   Pᵀ
- * and dSᵀ: A operands of dV and dK, and (read with ldmatrix.trans) dS for dQ
- *   sL, sD [QSTAGES][Br] fp32   lse·log2(e) and D of the query block */
+ *   sK, sV [Bc][DS]           the CTA's key block, loaded once: A of Sᵀ and dPᵀ, B of dS·K_j
+ *   sQ, sdO [QSTAGES][Br][DS] the query block, double-buffered by cp.async where shared memory allows
+ *   sP, sdS [Bc][Br]          Pᵀ and dSᵀ: A of dV and dK; dSᵀ read with ldmatrix.trans is dS, A of dQ
+ *   sL, sD [QSTAGES][Br] fp32 lse·log2(e) and D of the query block */
 #include "common.cuh"
 #include "mma_host.cuh"
 #include "mma_tile.cuh"
@@ -36,24 +30,18 @@
 #include <math.h>
 #include <string.h>
 
-enum {
-  FC_BWD_PADR = 128,
-  FC_BWD_DQ_WARPS = 8,
-  FC_BWD_DQ_THREADS = FC_BWD_DQ_WARPS * 32,
-  FC_BWD_DQ_BR = 128
-};
+enum { FC_BWD_PADR = 128, FC_BWD_DQ_WARPS = 8, FC_BWD_DQ_THREADS = FC_BWD_DQ_WARPS * 32, FC_BWD_DQ_BR = 128 };
 
 typedef struct fc_mma_bwd_args {
   const uint16_t *q, *k, *v, *o, *dout;
   uint16_t *dq, *dk, *dv;
-  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss,
-      o_sh, do_sb, do_ss, do_sh;
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, do_sb, do_ss, do_sh;
   int64_t dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
-  const float
-      *lse; /* the forward's: [b, hq, sq], or [hq, total_q] when varlen */
+  const float *lse;   /* the forward's: [b, hq, sq], or [hq, total_q] when varlen */
   float *lse2, *dsum; /* [hq][total_pad]: lse·log2(e) (+inf: P = 0) and D, rows
                          padded per sequence */
-  float *dq_accum;    /* [total_q][hq][d] fp32 (atomic mode) */
+  float *dq_accum;    /* [total_q][hq][dq_ld] fp32 (atomic mode); dq_ld = D, so rows are 16-byte aligned */
+  int dq_ld;
   const int32_t *cu_q, *cu_k;
   const int64_t *cu_pad; /* varlen: first padded row of each sequence in
                             lse2/dsum; NULL when dense */
@@ -75,9 +63,9 @@ typedef struct fc_bwd_seq {
   int sq, sk;
 } fc_bwd_seq;
 
-static __device__ __forceinline__ fc_bwd_seq
-fc_bwd_seq_of(const int32_t *cu_q, const int32_t *cu_k, const int64_t *cu_pad,
-              int seqlen_q, int seqlen_k, int64_t sq_pad, int64_t b) {
+static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_of(const int32_t *cu_q, const int32_t *cu_k,
+                                                           const int64_t *cu_pad, int seqlen_q, int seqlen_k,
+                                                           int64_t sq_pad, int64_t b) {
   fc_bwd_seq s;
   if (cu_q) {
     s.q_start = cu_q[b], s.sq = cu_q[b + 1] - (int)s.q_start;
@@ -89,21 +77,16 @@ fc_bwd_seq_of(const int32_t *cu_q, const int32_t *cu_k, const int64_t *cu_pad,
   }
   return s;
 }
-#define FC_BWD_SEQ(a, b)                                                       \
-  fc_bwd_seq_of(a.cu_q, a.cu_k, a.cu_pad, a.seqlen_q, a.seqlen_k, a.sq_pad, b)
+#define FC_BWD_SEQ(a, b) fc_bwd_seq_of(a.cu_q, a.cu_k, a.cu_pad, a.seqlen_q, a.seqlen_k, a.sq_pad, b)
 
-static __device__ __forceinline__ bool
-fc_bwd_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
+static __device__ __forceinline__ bool fc_bwd_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
 }
 
-/* ---- 1. prep: D = rowsum(dO∘O), lse2 = lse·log2(e)
- * ------------------------------------------------ */
+/* ---- 1. prep: D = rowsum(dO∘O), lse2 = lse·log2(e) ----------------------------------------------------- */
 /* 8 warps × 16 rows per CTA of 128 padded rows; grid: row blocks × hq ×
  * sequences. */
-template <typename T>
-__global__ void __launch_bounds__(256)
-    fc_mma_bwd_prep_kernel(const fc_mma_bwd_args a) {
+template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_prep_kernel(const fc_mma_bwd_args a) {
   const int blk = (int)(blockIdx.x % a.n_blocks);
   const int64_t bh = blockIdx.x / a.n_blocks;
   const int h = (int)(bh % a.heads_q);
@@ -111,28 +94,20 @@ __global__ void __launch_bounds__(256)
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pad_rows = (s.sq + FC_BWD_PADR - 1) / FC_BWD_PADR * FC_BWD_PADR;
-  const uint16_t *O =
-      a.o + b * a.o_sb + s.q_start * a.o_ss + (int64_t)h * a.o_sh;
-  const uint16_t *dO =
-      a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
+  const uint16_t *O = a.o + b * a.o_sb + s.q_start * a.o_ss + (int64_t)h * a.o_sh;
+  const uint16_t *dO = a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
   for (int r = 0; r < 16; r++) {
     const int i = blk * FC_BWD_PADR + warp * 16 + r;
-    if (i >= pad_rows)
-      break;
+    if (i >= pad_rows) break;
     float d = 0.0f, l2 = INFINITY;
     if (i < s.sq) {
       for (int c = lane; c < a.head_dim; c += 32)
-        d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) *
-             fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
-      for (int off = 16; off > 0; off /= 2)
-        d += __shfl_xor_sync(0xffffffffu, d, off);
+        d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) * fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
       const float lse =
-          a.lse[a.cu_q ? (int64_t)h * a.total_q + s.q_start + i
-                       : ((int64_t)b * a.heads_q + h) * a.seqlen_q + i];
-      l2 = lse == -INFINITY
-               ? INFINITY
-               : lse * 1.4426950408889634f; /* a row that saw no key: P = 2^−inf
-                                               = 0 */
+          a.lse[a.cu_q ? (int64_t)h * a.total_q + s.q_start + i : ((int64_t)b * a.heads_q + h) * a.seqlen_q + i];
+      l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f; /* a row that saw no key: P = 2^−inf
+                                                                       = 0 */
     }
     if (lane == 0) {
       a.lse2[(int64_t)h * a.total_pad + s.pad0 + i] = l2;
@@ -141,59 +116,41 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/* ---- 2. dkdv
- * -----------------------------------------------------------------------------------------
- */
+/* ---- 2. dkdv ------------------------------------------------------------------------------------------- */
 /* One query block of one head for dkdv: Q_i and dO_i tiles (cp.async when
  * ALIGNED) and the 16-byte-aligned padded lse2, D rows (always present: the
  * buffers are padded to whole blocks). */
 template <int BR, int D, int NT, bool ALIGNED>
 static __device__ __forceinline__ void
-fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD,
-              const uint16_t *q, const uint16_t *dout, const float *lse2,
-              const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss,
-              int64_t do_ss, int64_t q_sh, int64_t do_sh, int hh, int q0,
-              int sq, int d, int64_t total_pad, int64_t pad0, int tid) {
-  const uint16_t *Q = q + q_seq + q0 * q_ss + hh * q_sh,
-                 *dO = dout + do_seq + q0 * do_ss + hh * do_sh;
+fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
+              const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
+              int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int64_t total_pad, int64_t pad0, int tid) {
+  const uint16_t *Q = q + q_seq + q0 * q_ss + hh * q_sh, *dO = dout + do_seq + q0 * do_ss + hh * do_sh;
   fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q, q_ss, sq - q0, d, tid, Q);
   fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO, do_ss, sq - q0, d, tid, dO);
   const int64_t at = hh * total_pad + pad0 + q0;
   if (tid < BR / 4)
     fc_cp_async16(fc_smem_u32(sL + 4 * tid), lse2 + at + 4 * tid, 16);
   else if (tid < BR / 2)
-    fc_cp_async16(fc_smem_u32(sD + 4 * (tid - BR / 4)),
-                  dsum + at + 4 * (tid - BR / 4), 16);
+    fc_cp_async16(fc_smem_u32(sD + 4 * (tid - BR / 4)), dsum + at + 4 * (tid - BR / 4), 16);
 }
 
-template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ALIGNED,
-          bool ATOMIC_DQ>
-__global__ void __launch_bounds__(NW * 32, 1)
-    fc_mma_bwd_dkdv_kernel(const fc_mma_bwd_args a) {
+template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ALIGNED, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mma_bwd_args a) {
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
-  constexpr int KG = BC / 16,
-                WN = NW / KG; /* key groups; warps per key group */
-  constexpr int SQ_N = BR / WN,
-                NSX = SQ_N / 8; /* Sᵀ, dPᵀ: each warp 16 keys × SQ_N queries */
-  constexpr int DV_N = D / WN,
-                NDV = DV_N / 8; /* dK, dV: each warp 16 keys × DV_N columns */
-  constexpr int QG = BR / 16,
-                WQ = NW / QG; /* dQ: query groups; warps per query group */
-  constexpr int DQ_N = D / WQ,
-                NDQ = DQ_N / 8; /* each warp 16 queries × DQ_N columns */
-  static_assert(NW % KG == 0 && NW % QG == 0,
-                "warps must tile the key and query groups");
-  static_assert(SQ_N % 16 == 0 && DV_N % 16 == 0 && DQ_N % 16 == 0,
-                "warp tiles are pairs of n-blocks");
-  static_assert(QSTAGES * BR >= BC,
-                "dK and dV are staged through the sQ and sdO buffers");
+  constexpr int KG = BC / 16, WN = NW / KG;     /* key groups; warps per key group */
+  constexpr int SQ_N = BR / WN, NSX = SQ_N / 8; /* Sᵀ, dPᵀ: each warp 16 keys × SQ_N queries */
+  constexpr int DV_N = D / WN, NDV = DV_N / 8;  /* dK, dV: each warp 16 keys × DV_N columns */
+  constexpr int QG = BR / 16, WQ = NW / QG;     /* dQ: query groups; warps per query group */
+  constexpr int DQ_N = D / WQ, NDQ = DQ_N / 8;  /* each warp 16 queries × DQ_N columns */
+  static_assert(NW % KG == 0 && NW % QG == 0, "warps must tile the key and query groups");
+  static_assert(SQ_N % 16 == 0 && DV_N % 16 == 0 && DQ_N % 16 == 0, "warp tiles are pairs of n-blocks");
+  static_assert(QSTAGES * BR >= BC, "dK and dV are staged through the sQ and sdO buffers");
   extern __shared__ __align__(128) uint16_t smem[];
-  uint16_t *sK = smem, *sV = sK + BC * DS, *sQ = sV + BC * DS,
-           *sdO = sQ + QSTAGES * BR * DS;
+  uint16_t *sK = smem, *sV = sK + BC * DS, *sQ = sV + BC * DS, *sdO = sQ + QSTAGES * BR * DS;
   uint16_t *sP = sdO + QSTAGES * BR * DS, *sdS = sP + BC * PS;
   float *sL = (float *)(sdS + BC * PS), *sD = sL + QSTAGES * BR;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4,
-            t = lane % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int kg = warp % KG, wn = warp / KG; /* Sᵀ and dK/dV role */
   const int qg = warp % QG, wq = warp / QG; /* dQ role */
 
@@ -203,70 +160,50 @@ __global__ void __launch_bounds__(NW * 32, 1)
   const int64_t b = bh / a.heads_kv;
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int k0 = jb * BC;
-  if (k0 >= s.sk)
-    return;
-  const int64_t shift =
-      (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
+  if (k0 >= s.sk) return;
+  const int64_t shift = (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
 
   /* Query rows that see some key of [k0, k0 + Bc): i − wr ≤ j − shift ≤ i + wl.
    */
   int64_t i_lo = a.window_right < 0 ? 0 : k0 - shift - a.window_right;
-  int64_t i_hi = a.window_left < 0 ? s.sq
-                                   : (int64_t)min(k0 + BC, s.sk) - 1 - shift +
-                                         a.window_left + 1;
+  int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
-  const int i_begin = (int)(i_lo / BR),
-            n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
-  const int n_iter =
-      a.group * n_i; /* (query head, query block) pairs, head-major */
+  const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
+  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
 
-  const uint16_t *K =
-      a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V =
-      a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)hk * a.v_sh;
-  fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid,
-                                   K);
-  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid,
-                                   V);
+  const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)hk * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)hk * a.v_sh;
+  fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
+  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
 
   /* Q_i, dO_i, lse2_i, D_i of iteration `it` into buffer `st`. */
-#define FC_BWD_ISSUE(it, st)                                                   \
-  fc_bwd_load_q<BR, D, NT, ALIGNED>(                                           \
-      sQ + (st)*BR * DS, sdO + (st)*BR * DS, sL + (st)*BR, sD + (st)*BR, a.q,  \
-      a.dout, a.lse2, a.dsum, b * a.q_sb + s.q_start * a.q_ss,                 \
-      b * a.do_sb + s.q_start * a.do_ss, a.q_ss, a.do_ss, a.q_sh, a.do_sh,     \
-      hk * a.group + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq,            \
-      a.head_dim, a.total_pad, s.pad0, tid)
-  if (n_iter > 0)
-    FC_BWD_ISSUE(0, 0);
+#define FC_BWD_ISSUE(it, st)                                                                                           \
+  fc_bwd_load_q<BR, D, NT, ALIGNED>(                                                                                   \
+      sQ + (st)*BR * DS, sdO + (st)*BR * DS, sL + (st)*BR, sD + (st)*BR, a.q, a.dout, a.lse2, a.dsum,                  \
+      b * a.q_sb + s.q_start * a.q_ss, b * a.do_sb + s.q_start * a.do_ss, a.q_ss, a.do_ss, a.q_sh, a.do_sh,            \
+      hk * a.group + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim, a.total_pad, s.pad0, tid)
+  if (n_iter > 0) FC_BWD_ISSUE(0, 0);
   fc_cp_async_commit();
 
   const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
-  uint32_t kv_lane[4], qb_lane[4], p_lane[4], bt_cols[NDV / 2],
-      kt_cols[NDQ / 2], ds_t;
-  fc_frag_lane<DS>(kv_lane, FC_FRAG_A, lane); /* K_j, V_j rows as A (Sᵀ, dPᵀ) */
-  fc_frag_lane<DS>(qb_lane, FC_FRAG_B,
-                   lane); /* Q_i, dO_i rows as B (Sᵀ, dPᵀ) */
-  fc_frag_lane<PS>(p_lane, FC_FRAG_A, lane); /* Pᵀ, dSᵀ as A (dV, dK) */
-  fc_frag_cols<DS, NDV / 2>(bt_cols, FC_FRAG_BT, lane,
-                            wn * (DV_N / 16)); /* dO_i, Q_i as B (dV, dK) */
-  fc_frag_cols<DS, NDQ / 2>(kt_cols, FC_FRAG_BT, lane,
-                            wq * (DQ_N / 16)); /* K_j as B (dQ) */
+  uint32_t kv_lane[4], qb_lane[4], p_lane[4], bt_cols[NDV / 2], kt_cols[NDQ / 2], ds_t;
+  fc_frag_lane<DS>(kv_lane, FC_FRAG_A, lane);                             /* K_j, V_j rows as A (Sᵀ, dPᵀ) */
+  fc_frag_lane<DS>(qb_lane, FC_FRAG_B, lane);                             /* Q_i, dO_i rows as B (Sᵀ, dPᵀ) */
+  fc_frag_lane<PS>(p_lane, FC_FRAG_A, lane);                              /* Pᵀ, dSᵀ as A (dV, dK) */
+  fc_frag_cols<DS, NDV / 2>(bt_cols, FC_FRAG_BT, lane, wn * (DV_N / 16)); /* dO_i, Q_i as B (dV, dK) */
+  fc_frag_cols<DS, NDQ / 2>(kt_cols, FC_FRAG_BT, lane, wq * (DQ_N / 16)); /* K_j as B (dQ) */
   {
     uint32_t tmp[1];
-    fc_frag_cols<PS, 1>(tmp, FC_FRAG_B, lane,
-                        qg); /* dSᵀ read transposed: dS as A (dQ) */
+    fc_frag_cols<PS, 1>(tmp, FC_FRAG_B, lane, qg); /* dSᵀ read transposed: dS as A (dQ) */
     ds_t = tmp[0];
   }
-  const uint32_t sK_u = fc_smem_u32(sK), sV_u = fc_smem_u32(sV),
-                 sP_u = fc_smem_u32(sP), sdS_u = fc_smem_u32(sdS);
+  const uint32_t sK_u = fc_smem_u32(sK), sV_u = fc_smem_u32(sV), sP_u = fc_smem_u32(sP), sdS_u = fc_smem_u32(sdS);
 
   float dk[NDV][4], dv[NDV][4];
 #pragma unroll
   for (int x = 0; x < NDV; x++)
 #pragma unroll
-    for (int e = 0; e < 4; e++)
-      dk[x][e] = dv[x][e] = 0.0f;
+    for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.0f;
 
   for (int it = 0; it < n_iter; it++) {
     const int st = QSTAGES == 2 ? it % 2 : 0;
@@ -275,12 +212,10 @@ __global__ void __launch_bounds__(NW * 32, 1)
     /* Everyone's copies are visible, and every warp is done with iteration it −
      * 1: its Q/dO buffer and sP, sdS may be overwritten. */
     __syncthreads();
-    if (QSTAGES == 2 && it + 1 < n_iter)
-      FC_BWD_ISSUE(it + 1, (it + 1) % 2);
+    if (QSTAGES == 2 && it + 1 < n_iter) FC_BWD_ISSUE(it + 1, (it + 1) % 2);
     fc_cp_async_commit();
     const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
-    const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS),
-                   sdO_u = fc_smem_u32(sdO + st * BR * DS);
+    const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
     const float *L = sL + st * BR, *Dr = sD + st * BR;
 
     /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warp's 16 keys × SQ_N queries.
@@ -289,8 +224,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
 #pragma unroll
     for (int x = 0; x < NSX; x++)
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        sT[x][e] = dpT[x][e] = 0.0f;
+      for (int e = 0; e < 4; e++) sT[x][e] = dpT[x][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
       uint32_t ka[4], va[4];
@@ -299,10 +233,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
 #pragma unroll
       for (int p = 0; p < NSX / 2; p++) {
         uint32_t qb[4], ob[4];
-        fc_ldmatrix_x4(qb,
-                       fc_frag_addr<DS>(sQ_u, qb_lane, wn * SQ_N + 16 * p, kk));
-        fc_ldmatrix_x4(
-            ob, fc_frag_addr<DS>(sdO_u, qb_lane, wn * SQ_N + 16 * p, kk));
+        fc_ldmatrix_x4(qb, fc_frag_addr<DS>(sQ_u, qb_lane, wn * SQ_N + 16 * p, kk));
+        fc_ldmatrix_x4(ob, fc_frag_addr<DS>(sdO_u, qb_lane, wn * SQ_N + 16 * p, kk));
         fc_mma<T>(sT[2 * p], ka, qb[0] ^ neg, qb[1] ^ neg);
         fc_mma<T>(sT[2 * p + 1], ka, qb[2] ^ neg, qb[3] ^ neg);
         fc_mma<T>(dpT[2 * p], va, ob[0], ob[1]);
@@ -312,20 +244,17 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
     /* Pᵀ = 2^(Sᵀ·c − lse2), dSᵀ = Pᵀ∘(dPᵀ − D); masked pairs only in blocks the
      * mask cuts. */
-    const bool full =
-        k0 + BC <= s.sk && q0 + BR <= s.sq &&
-        (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
-        (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
+    const bool full = k0 + BC <= s.sk && q0 + BR <= s.sq &&
+                      (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
+                      (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
 #pragma unroll
     for (int x = 0; x < NSX; x++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int qi = wn * SQ_N + 8 * x + 2 * t + (e & 1),
-                  kj = 16 * kg + g + 8 * (e >> 1);
+        const int qi = wn * SQ_N + 8 * x + 2 * t + (e & 1), kj = 16 * kg + g + 8 * (e >> 1);
         float p = fc_exp2(fmaf(sT[x][e], a.scale_log2, -L[qi]));
         if (!full && !(k0 + kj < s.sk && q0 + qi < s.sq &&
-                       fc_bwd_visible(q0 + qi, k0 + kj, shift, a.window_left,
-                                      a.window_right)))
+                       fc_bwd_visible(q0 + qi, k0 + kj, shift, a.window_left, a.window_right)))
           p = 0.0f;
         sT[x][e] = p;
         dpT[x][e] = p * (dpT[x][e] - Dr[qi]);
@@ -335,10 +264,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         const int r = 16 * kg + g + 8 * rh, c = wn * SQ_N + 8 * x;
-        *(uint32_t *)(sP + fc_tile_off<PS>(r, c / 8) + 2 * t) =
-            fc_pack2<T>(sT[x][2 * rh], sT[x][2 * rh + 1]);
-        *(uint32_t *)(sdS + fc_tile_off<PS>(r, c / 8) + 2 * t) =
-            fc_pack2<T>(dpT[x][2 * rh], dpT[x][2 * rh + 1]);
+        *(uint32_t *)(sP + fc_tile_off<PS>(r, c / 8) + 2 * t) = fc_pack2<T>(sT[x][2 * rh], sT[x][2 * rh + 1]);
+        *(uint32_t *)(sdS + fc_tile_off<PS>(r, c / 8) + 2 * t) = fc_pack2<T>(dpT[x][2 * rh], dpT[x][2 * rh + 1]);
       }
     __syncthreads(); /* Pᵀ and dSᵀ of all warps are in shared memory */
 
@@ -352,10 +279,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
 #pragma unroll
       for (int i = 0; i < NDV / 2; i++) {
         uint32_t ob[4], qb[4];
-        fc_ldmatrix_x4_trans(ob,
-                             fc_frag_addr_at<DS>(sdO_u, bt_cols[i], 16 * kk));
-        fc_ldmatrix_x4_trans(qb,
-                             fc_frag_addr_at<DS>(sQ_u, bt_cols[i], 16 * kk));
+        fc_ldmatrix_x4_trans(ob, fc_frag_addr_at<DS>(sdO_u, bt_cols[i], 16 * kk));
+        fc_ldmatrix_x4_trans(qb, fc_frag_addr_at<DS>(sQ_u, bt_cols[i], 16 * kk));
         fc_mma<T>(dv[2 * i], pa, ob[0], ob[1]);
         fc_mma<T>(dv[2 * i + 1], pa, ob[2], ob[3]);
         fc_mma<T>(dk[2 * i], da, qb[0], qb[1]);
@@ -368,8 +293,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
     if constexpr (ATOMIC_DQ) {
       float dq[NDQ][4];
 #pragma unroll
-      for (int x = 0; x < NDQ; x++)
-        dq[x][0] = dq[x][1] = dq[x][2] = dq[x][3] = 0.0f;
+      for (int x = 0; x < NDQ; x++) dq[x][0] = dq[x][1] = dq[x][2] = dq[x][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < BC / 16; kk++) {
         uint32_t dsa[4];
@@ -377,26 +301,25 @@ __global__ void __launch_bounds__(NW * 32, 1)
 #pragma unroll
         for (int i = 0; i < NDQ / 2; i++) {
           uint32_t kb[4];
-          fc_ldmatrix_x4_trans(kb,
-                               fc_frag_addr_at<DS>(sK_u, kt_cols[i], 16 * kk));
+          fc_ldmatrix_x4_trans(kb, fc_frag_addr_at<DS>(sK_u, kt_cols[i], 16 * kk));
           fc_mma<T>(dq[2 * i], dsa, kb[0], kb[1]);
           fc_mma<T>(dq[2 * i + 1], dsa, kb[2], kb[3]);
         }
       }
+      /* Four consecutive columns per red: lanes t and t^1 swap halves, so that the even lane holds row g
+       * and the odd lane row g + 8, columns 8x + 4·(t/2) .. +3 of each. Columns past d add zeros. */
+      const bool odd = t & 1;
+      const int i = q0 + 16 * qg + g + (odd ? 8 : 0);
+      float *row = a.dq_accum + ((s.q_row0 + i) * a.heads_q + hh) * (int64_t)D + wq * DQ_N + 4 * (t >> 1);
 #pragma unroll
-      for (int rh = 0; rh < 2; rh++) {
-        const int i = q0 + 16 * qg + g + 8 * rh;
-        if (i >= s.sq)
-          continue;
-        float *row =
-            a.dq_accum + ((s.q_row0 + i) * a.heads_q + hh) * a.head_dim;
-#pragma unroll
-        for (int x = 0; x < NDQ; x++) {
-          const int c = wq * DQ_N + 8 * x + 2 * t;
-          if (c < a.head_dim)
-            atomicAdd(row + c, dq[x][2 * rh]);
-          if (c + 1 < a.head_dim)
-            atomicAdd(row + c + 1, dq[x][2 * rh + 1]);
+      for (int x = 0; x < NDQ; x++) {
+        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[x][0] : dq[x][2], 1);
+        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[x][1] : dq[x][3], 1);
+        if (i < s.sq) {
+          if (odd)
+            fc_red_add4(row + 8 * x, r0, r1, dq[x][2], dq[x][3]);
+          else
+            fc_red_add4(row + 8 * x, dq[x][0], dq[x][1], r0, r1);
         }
       }
     }
@@ -423,47 +346,34 @@ __global__ void __launch_bounds__(NW * 32, 1)
       const int r = 16 * kg + g + 8 * rh, c = wn * DV_N + 8 * x;
       *(uint32_t *)(sdK + fc_tile_off<DS>(r, c / 8) + 2 * t) =
           fc_pack2<T>(a.scale * dk[x][2 * rh], a.scale * dk[x][2 * rh + 1]);
-      *(uint32_t *)(sdV + fc_tile_off<DS>(r, c / 8) + 2 * t) =
-          fc_pack2<T>(dv[x][2 * rh], dv[x][2 * rh + 1]);
+      *(uint32_t *)(sdV + fc_tile_off<DS>(r, c / 8) + 2 * t) = fc_pack2<T>(dv[x][2 * rh], dv[x][2 * rh + 1]);
     }
   __syncthreads();
-  uint16_t *dK =
-      a.dk + b * a.dk_sb + (s.k_start + k0) * a.dk_ss + (int64_t)hk * a.dk_sh;
-  uint16_t *dV =
-      a.dv + b * a.dv_sb + (s.k_start + k0) * a.dv_ss + (int64_t)hk * a.dv_sh;
+  uint16_t *dK = a.dk + b * a.dk_sb + (s.k_start + k0) * a.dk_ss + (int64_t)hk * a.dk_sh;
+  uint16_t *dV = a.dv + b * a.dv_sb + (s.k_start + k0) * a.dv_ss + (int64_t)hk * a.dv_sh;
   for (int idx = tid; idx < BC * (D / 8); idx += NT) {
-    const int r = idx / (D / 8), c = idx % (D / 8),
-              cols = min(a.head_dim - 8 * c, 8);
-    if (k0 + r >= s.sk || cols <= 0)
-      continue;
-    const uint16_t *fk = sdK + fc_tile_off<DS>(r, c),
-                   *fv = sdV + fc_tile_off<DS>(r, c);
-    uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c,
-             *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
+    const int r = idx / (D / 8), c = idx % (D / 8), cols = min(a.head_dim - 8 * c, 8);
+    if (k0 + r >= s.sk || cols <= 0) continue;
+    const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
+    uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
     if (ALIGNED && cols == 8) {
       *(uint4 *)tk = *(const uint4 *)fk;
       *(uint4 *)tv = *(const uint4 *)fv;
     } else {
-      for (int x = 0; x < cols; x++)
-        tk[x] = fk[x], tv[x] = fv[x];
+      for (int x = 0; x < cols; x++) tk[x] = fk[x], tv[x] = fv[x];
     }
   }
 }
 
-/* ---- 3. dq (deterministic mode)
- * ---------------------------------------------------------------------- */
+/* ---- 3. dq (deterministic mode) ------------------------------------------------------------------------ */
 /* The forward's structure with dS in place of P: Br = 128 queries (8 warps × 16
  * rows), K_j/V_j ring. */
 template <typename T, int D, int BC, int STAGES, bool ALIGNED>
-__global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
-    fc_mma_bwd_dq_kernel(const fc_mma_bwd_args a) {
-  constexpr int BR = FC_BWD_DQ_BR, NT = FC_BWD_DQ_THREADS,
-                DS = fc_tile_stride(D), NS = BC / 8, NO = D / 8;
+__global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(const fc_mma_bwd_args a) {
+  constexpr int BR = FC_BWD_DQ_BR, NT = FC_BWD_DQ_THREADS, DS = fc_tile_stride(D), NS = BC / 8, NO = D / 8;
   extern __shared__ __align__(128) uint16_t smem[];
-  uint16_t *sQ = smem, *sdO = sQ + BR * DS, *sK = sdO + BR * DS,
-           *sV = sK + STAGES * BC * DS;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4,
-            t = lane % 4;
+  uint16_t *sQ = smem, *sdO = sQ + BR * DS, *sK = sdO + BR * DS, *sV = sK + STAGES * BC * DS;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
   const int mb = a.n_blocks - 1 - (int)(blockIdx.x % a.n_blocks);
   const int64_t bh = blockIdx.x / a.n_blocks;
@@ -471,55 +381,41 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
   const int64_t b = bh / a.heads_q;
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int i0 = mb * BR;
-  if (i0 >= s.sq)
-    return;
+  if (i0 >= s.sq) return;
   const int hk = h / a.group;
-  const uint16_t *Q =
-      a.q + b * a.q_sb + s.q_start * a.q_ss + (int64_t)h * a.q_sh;
-  const uint16_t *dO =
-      a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
-  const uint16_t *K =
-      a.k + b * a.k_sb + s.k_start * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V =
-      a.v + b * a.v_sb + s.k_start * a.v_ss + (int64_t)hk * a.v_sh;
+  const uint16_t *Q = a.q + b * a.q_sb + s.q_start * a.q_ss + (int64_t)h * a.q_sh;
+  const uint16_t *dO = a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
+  const uint16_t *K = a.k + b * a.k_sb + s.k_start * a.k_ss + (int64_t)hk * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + s.k_start * a.v_ss + (int64_t)hk * a.v_sh;
 
-  const int64_t shift =
-      (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
+  const int64_t shift = (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
   const int i_last = min(i0 + BR, s.sq) - 1;
   int lo_first, hi_first, lo_last, hi_last;
-  fc_row_keys(i0, shift, a.window_left, a.window_right, s.sk, &lo_first,
-              &hi_first);
-  fc_row_keys(i_last, shift, a.window_left, a.window_right, s.sk, &lo_last,
-              &hi_last);
+  fc_row_keys(i0, shift, a.window_left, a.window_right, s.sk, &lo_first, &hi_first);
+  fc_row_keys(i_last, shift, a.window_left, a.window_right, s.sk, &lo_last, &hi_last);
   const int j_begin = lo_first / BC;
   const int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
   int row_lo[2], row_hi[2];
   float l2[2], dr[2];
   for (int rh = 0; rh < 2; rh++) {
     const int i = i0 + warp * 16 + g + 8 * rh;
-    fc_row_keys(i, shift, a.window_left, a.window_right, s.sk, &row_lo[rh],
-                &row_hi[rh]);
-    const int64_t at = (int64_t)h * a.total_pad + s.pad0 +
-                       i; /* padded: rows up to i0 + BR exist */
+    fc_row_keys(i, shift, a.window_left, a.window_right, s.sk, &row_lo[rh], &row_hi[rh]);
+    const int64_t at = (int64_t)h * a.total_pad + s.pad0 + i; /* padded: rows up to i0 + BR exist */
     l2[rh] = a.lse2[at];
     dr[rh] = a.dsum[at];
   }
 
-  fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss,
-                                   s.sq - i0, a.head_dim, tid, Q);
-  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO + (int64_t)i0 * a.do_ss, a.do_ss,
-                                   s.sq - i0, a.head_dim, tid, dO);
+  fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, s.sq - i0, a.head_dim, tid, Q);
+  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO + (int64_t)i0 * a.do_ss, a.do_ss, s.sq - i0, a.head_dim, tid, dO);
   fc_cp_async_commit();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
     const int j = j_begin + st;
     if (j < j_end) {
-      fc_load_tile<BC, D, NT, ALIGNED>(sK + st * BC * DS,
-                                       K + (int64_t)j * BC * a.k_ss, a.k_ss,
-                                       s.sk - j * BC, a.head_dim, tid, K);
-      fc_load_tile<BC, D, NT, ALIGNED>(sV + st * BC * DS,
-                                       V + (int64_t)j * BC * a.v_ss, a.v_ss,
-                                       s.sk - j * BC, a.head_dim, tid, V);
+      fc_load_tile<BC, D, NT, ALIGNED>(sK + st * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, s.sk - j * BC,
+                                       a.head_dim, tid, K);
+      fc_load_tile<BC, D, NT, ALIGNED>(sV + st * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, s.sk - j * BC,
+                                       a.head_dim, tid, V);
     }
     fc_cp_async_commit();
   }
@@ -532,8 +428,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
   const uint32_t sQ_u = fc_smem_u32(sQ), sdO_u = fc_smem_u32(sdO);
   float dq[NO][4];
 #pragma unroll
-  for (int x = 0; x < NO; x++)
-    dq[x][0] = dq[x][1] = dq[x][2] = dq[x][3] = 0.0f;
+  for (int x = 0; x < NO; x++) dq[x][0] = dq[x][1] = dq[x][2] = dq[x][3] = 0.0f;
 
   for (int j = j_begin; j < j_end; j++) {
     const int n = j - j_begin;
@@ -543,33 +438,28 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
     {
       const int jp = j + STAGES - 1, sp = (n + STAGES - 1) % STAGES;
       if (jp < j_end) {
-        fc_load_tile<BC, D, NT, ALIGNED>(sK + sp * BC * DS,
-                                         K + (int64_t)jp * BC * a.k_ss, a.k_ss,
-                                         s.sk - jp * BC, a.head_dim, tid, K);
-        fc_load_tile<BC, D, NT, ALIGNED>(sV + sp * BC * DS,
-                                         V + (int64_t)jp * BC * a.v_ss, a.v_ss,
-                                         s.sk - jp * BC, a.head_dim, tid, V);
+        fc_load_tile<BC, D, NT, ALIGNED>(sK + sp * BC * DS, K + (int64_t)jp * BC * a.k_ss, a.k_ss, s.sk - jp * BC,
+                                         a.head_dim, tid, K);
+        fc_load_tile<BC, D, NT, ALIGNED>(sV + sp * BC * DS, V + (int64_t)jp * BC * a.v_ss, a.v_ss, s.sk - jp * BC,
+                                         a.head_dim, tid, V);
       }
       fc_cp_async_commit();
     }
-    const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS),
-                   Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
+    const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS), Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
 
     /* S = Q_i·K_jᵀ, dP = dO_i·V_jᵀ */
     float sc[NS][4], dp[NS][4];
 #pragma unroll
     for (int x = 0; x < NS; x++)
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        sc[x][e] = dp[x][e] = 0.0f;
+      for (int e = 0; e < 4; e++) sc[x][e] = dp[x][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
       uint32_t qa[4], oa[4];
       fc_ldmatrix_x4(qa, fc_frag_addr<DS>(sQ_u, a_lane, warp * 16, kk));
       fc_ldmatrix_x4(oa, fc_frag_addr<DS>(sdO_u, a_lane, warp * 16, kk));
 #pragma unroll
-      for (int x = 0; x < 4; x++)
-        qa[x] ^= neg;
+      for (int x = 0; x < 4; x++) qa[x] ^= neg;
 #pragma unroll
       for (int p = 0; p < NS / 2; p++) {
         uint32_t kb[4], vb[4];
@@ -588,8 +478,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
       for (int e = 0; e < 4; e++) {
         const int key = j * BC + 8 * x + 2 * t + (e & 1), rh = e >> 1;
         float p = fc_exp2(fmaf(sc[x][e], a.scale_log2, -l2[rh]));
-        if (key < row_lo[rh] || key >= row_hi[rh])
-          p = 0.0f;
+        if (key < row_lo[rh] || key >= row_hi[rh]) p = 0.0f;
         sc[x][e] = p * (dp[x][e] - dr[rh]);
       }
       /* dQ_i += dS·K_j: dS packed as the A operand, K_j read transposed as B.
@@ -616,8 +505,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
    * still be in flight: wait for all. */
   fc_cp_async_wait<0>();
   __syncthreads();
-  uint16_t *dQ =
-      a.dq + b * a.dq_sb + s.q_start * a.dq_ss + (int64_t)h * a.dq_sh;
+  uint16_t *dQ = a.dq + b * a.dq_sb + s.q_start * a.dq_ss + (int64_t)h * a.dq_sh;
 #pragma unroll
   for (int x = 0; x < NO; x++)
 #pragma unroll
@@ -628,77 +516,54 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1)
     }
   __syncwarp();
   for (int idx = lane; idx < 16 * NO; idx += 32) {
-    const int r = warp * 16 + idx / NO, c = idx % NO, row = i0 + r,
-              cols = min(a.head_dim - 8 * c, 8);
-    if (row >= s.sq || cols <= 0)
-      continue;
+    const int r = warp * 16 + idx / NO, c = idx % NO, row = i0 + r, cols = min(a.head_dim - 8 * c, 8);
+    if (row >= s.sq || cols <= 0) continue;
     const uint16_t *from = sQ + fc_tile_off<DS>(r, c);
     uint16_t *to = dQ + (int64_t)row * a.dq_ss + 8 * c;
     if (ALIGNED && cols == 8) {
       *(uint4 *)to = *(const uint4 *)from;
     } else {
-      for (int x = 0; x < cols; x++)
-        to[x] = from[x];
+      for (int x = 0; x < cols; x++) to[x] = from[x];
     }
   }
 }
 
-/* ---- 4. convert: dQ = scale·dQ_accum
- * --------------------------------------------------------------- */
-template <typename T>
-__global__ void __launch_bounds__(256)
-    fc_mma_bwd_convert_kernel(const fc_mma_bwd_args a) {
+/* ---- 4. convert: dQ = scale·dQ_accum ------------------------------------------------------------------- */
+template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_kernel(const fc_mma_bwd_args a) {
   const int64_t n = a.total_q * a.heads_q * a.head_dim;
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
-       idx += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
     const int c = (int)(idx % a.head_dim);
-    const int64_t rh = idx / a.head_dim,
-                  row =
-                      rh / a.heads_q; /* row of [total_q]: (b, i) when dense */
+    const int64_t rh = idx / a.head_dim, row = rh / a.heads_q; /* row of [total_q]: (b, i) when dense */
     const int h = (int)(rh % a.heads_q);
-    const int64_t b = a.cu_q ? 0 : row / a.seqlen_q,
-                  i = a.cu_q ? row : row % a.seqlen_q;
+    const int64_t b = a.cu_q ? 0 : row / a.seqlen_q, i = a.cu_q ? row : row % a.seqlen_q;
     a.dq[b * a.dq_sb + i * a.dq_ss + (int64_t)h * a.dq_sh + c] =
-        fc_from_float<T>(a.scale * a.dq_accum[idx]);
+        fc_from_float<T>(a.scale * a.dq_accum[rh * a.dq_ld + c]);
   }
 }
 
-/* ---- launch
- * ------------------------------------------------------------------------------------------
- */
+/* ---- launch -------------------------------------------------------------------------------------------- */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int DQ_BC>
-static flashc_status fc_mma_bwd_launch(const fc_problem *p,
-                                       const fc_mma_bwd_args *a0,
-                                       bool aligned) {
+static flashc_status fc_mma_bwd_launch(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
   const char *what = "flashc_backward: backend cuda-mma";
   int grid = 0;
 
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_PADR);
-  FC_CHECK(
-      fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
   fc_mma_bwd_prep_kernel<T><<<grid, 256, 0, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_prep_kernel");
 
   const bool atomic = !p->deterministic;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
-  FC_CHECK(
-      fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
-  const size_t smem =
-      (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 +
-      (size_t)2 * BC * fc_tile_stride(BR) * 2 +
-      (size_t)2 * QSTAGES * BR * sizeof(float);
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
+  const size_t smem = (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 +
+                      (size_t)2 * BC * fc_tile_stride(BR) * 2 + (size_t)2 * QSTAGES * BR * sizeof(float);
   void (*dkdv)(const fc_mma_bwd_args) =
-      aligned
-          ? (atomic
-                 ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, true>
-                 : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true,
-                                          false>)
-          : (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false,
-                                             true>
-                    : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false,
-                                             false>);
+      aligned ? (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, true>
+                        : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, false>)
+              : (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, true>
+                        : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, false>);
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, what));
   dkdv<<<grid, NW * 32, smem, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dkdv_kernel");
@@ -711,13 +576,10 @@ static flashc_status fc_mma_bwd_launch(const fc_problem *p,
     return FLASHC_OK;
   }
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_DQ_BR);
-  FC_CHECK(
-      fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
-  const size_t smem_dq =
-      (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * DQ_BC) * fc_tile_stride(D) * 2;
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
+  const size_t smem_dq = (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * DQ_BC) * fc_tile_stride(D) * 2;
   void (*dq)(const fc_mma_bwd_args) =
-      aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true>
-              : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false>;
+      aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true> : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false>;
   FC_CHECK(fc_mma_smem((const void *)dq, smem_dq, what));
   dq<<<grid, FC_BWD_DQ_THREADS, smem_dq, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dq_kernel");
@@ -727,27 +589,17 @@ static flashc_status fc_mma_bwd_launch(const fc_problem *p,
 /* Tile shapes per head dim: <D, Br, Bc, warps, Q/dO stages, deterministic dQ's
  * Bc>. */
 template <typename T>
-static flashc_status fc_mma_bwd_dispatch(const fc_problem *p,
-                                         const fc_mma_bwd_args *a,
-                                         bool aligned) {
+static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned) {
   switch (fc_mma_compiled_dim(p->head_dim)) {
-  case 32:
-    return fc_mma_bwd_launch<T, 32, 64, 128, 8, 2, 64>(p, a, aligned);
-  case 64:
-    return fc_mma_bwd_launch<T, 64, 64, 128, 8, 2, 64>(p, a, aligned);
-  case 96:
-    return fc_mma_bwd_launch<T, 96, 64, 64, 8, 2, 64>(p, a, aligned);
-  case 128:
-    return fc_mma_bwd_launch<T, 128, 64, 64, 8, 2, 64>(p, a, aligned);
-  case 160:
-    return fc_mma_bwd_launch<T, 160, 64, 64, 8, 2, 32>(p, a, aligned);
-  case 192:
-    return fc_mma_bwd_launch<T, 192, 64, 64, 8, 2, 32>(p, a, aligned);
-  case 256:
-    return fc_mma_bwd_launch<T, 256, 64, 64, 8, 1, 32>(p, a, aligned);
+  case 32: return fc_mma_bwd_launch<T, 32, 64, 128, 8, 2, 64>(p, a, aligned);
+  case 64: return fc_mma_bwd_launch<T, 64, 64, 128, 8, 2, 64>(p, a, aligned);
+  case 96: return fc_mma_bwd_launch<T, 96, 64, 64, 8, 2, 64>(p, a, aligned);
+  case 128: return fc_mma_bwd_launch<T, 128, 64, 64, 8, 2, 64>(p, a, aligned);
+  case 160: return fc_mma_bwd_launch<T, 160, 64, 64, 8, 2, 32>(p, a, aligned);
+  case 192: return fc_mma_bwd_launch<T, 192, 64, 64, 8, 2, 32>(p, a, aligned);
+  case 256: return fc_mma_bwd_launch<T, 256, 64, 64, 8, 1, 32>(p, a, aligned);
   }
-  return fc_error(FLASHC_ERR_INTERNAL,
-                  "flashc_backward: cuda-mma has no kernel for head_dim %lld",
+  return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no kernel for head_dim %lld",
                   (long long)p->head_dim);
 }
 
@@ -760,14 +612,12 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   int64_t *cu_pad_host = NULL;
   if (p->cu_seqlens_q) {
     void *h;
-    FC_CHECK(
-        fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
+    FC_CHECK(fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
     cu_pad_host = (int64_t *)h;
     cu_pad_host[0] = 0;
     for (int64_t s = 0; s < p->batch; s++) {
       const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
-      cu_pad_host[s + 1] =
-          cu_pad_host[s] + (len + FC_BWD_PADR - 1) / FC_BWD_PADR * FC_BWD_PADR;
+      cu_pad_host[s + 1] = cu_pad_host[s] + (len + FC_BWD_PADR - 1) / FC_BWD_PADR * FC_BWD_PADR;
     }
     a.total_pad = cu_pad_host[p->batch];
   } else {
@@ -775,22 +625,16 @@ flashc_status fc_mma_backward(const fc_problem *p) {
     a.total_pad = p->batch * a.sq_pad;
   }
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
-  const size_t pad_bytes =
-      cu_pad_host ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
-  const size_t row_bytes =
-      fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));
-  const size_t dq_bytes =
-      p->deterministic
-          ? 0
-          : (size_t)(p->total_q * p->heads_q * p->head_dim) * sizeof(float);
+  const size_t pad_bytes = cu_pad_host ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
+  const size_t row_bytes = fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));
+  a.dq_ld = fc_mma_compiled_dim(p->head_dim);
+  const size_t dq_bytes = p->deterministic ? 0 : (size_t)(p->total_q * p->heads_q * a.dq_ld) * sizeof(float);
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(
-      p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes, (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes, (void **)&ws));
   const cudaStream_t stream = fc_stream(p);
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
   if (cu_pad_host) {
-    FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host,
-                                  (size_t)(p->batch + 1) * sizeof(int64_t),
+    FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
                                   cudaMemcpyHostToDevice, stream));
     a.cu_pad = (const int64_t *)(ws + cu_bytes);
   }
@@ -800,38 +644,30 @@ flashc_status fc_mma_backward(const fc_problem *p) {
     a.dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
     FC_CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream));
   }
-  a.q = (const uint16_t *)p->q.data, a.k = (const uint16_t *)p->k.data,
-  a.v = (const uint16_t *)p->v.data;
+  a.q = (const uint16_t *)p->q.data, a.k = (const uint16_t *)p->k.data, a.v = (const uint16_t *)p->v.data;
   a.o = (const uint16_t *)p->o.data, a.dout = (const uint16_t *)p->dout.data;
-  a.dq = (uint16_t *)p->dq.data, a.dk = (uint16_t *)p->dk.data,
-  a.dv = (uint16_t *)p->dv.data;
+  a.dq = (uint16_t *)p->dq.data, a.dk = (uint16_t *)p->dk.data, a.dv = (uint16_t *)p->dv.data;
   a.q_sb = p->q.stride_b, a.q_ss = p->q.stride_s, a.q_sh = p->q.stride_h;
   a.k_sb = p->k.stride_b, a.k_ss = p->k.stride_s, a.k_sh = p->k.stride_h;
   a.v_sb = p->v.stride_b, a.v_ss = p->v.stride_s, a.v_sh = p->v.stride_h;
   a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
-  a.do_sb = p->dout.stride_b, a.do_ss = p->dout.stride_s,
-  a.do_sh = p->dout.stride_h;
+  a.do_sb = p->dout.stride_b, a.do_ss = p->dout.stride_s, a.do_sh = p->dout.stride_h;
   a.dq_sb = p->dq.stride_b, a.dq_ss = p->dq.stride_s, a.dq_sh = p->dq.stride_h;
   a.dk_sb = p->dk.stride_b, a.dk_ss = p->dk.stride_s, a.dk_sh = p->dk.stride_h;
   a.dv_sb = p->dv.stride_b, a.dv_ss = p->dv.stride_s, a.dv_sh = p->dv.stride_h;
   a.lse = p->lse;
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.total_q = p->total_q;
-  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv,
-  a.group = (int)(p->heads_q / p->heads_kv);
+  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv, a.group = (int)(p->heads_q / p->heads_kv);
   a.head_dim = (int)p->head_dim;
   a.scale = p->scale;
   a.scale_log2 = fabsf(p->scale) * 1.4426950408889634f;
   a.negate_q = p->scale < 0.0f;
-  a.window_left = p->window_left, a.window_right = p->window_right,
-  a.mask_offset = p->mask_offset;
+  a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  const bool aligned =
-      fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) &&
-      fc_mma_view_aligned(&p->v) && fc_mma_view_aligned(&p->dout) &&
-      fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&p->dk) &&
-      fc_mma_view_aligned(&p->dv);
-  if (p->dtype == FLASHC_F16)
-    return fc_mma_bwd_dispatch<__half>(p, &a, aligned);
+  const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
+                       fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&p->dk) &&
+                       fc_mma_view_aligned(&p->dv);
+  if (p->dtype == FLASHC_F16) return fc_mma_bwd_dispatch<__half>(p, &a, aligned);
   return fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned);
 }

@@ -205,7 +205,12 @@ static void release(nccl_transport *t) {
     if (!t->dead) cudaStreamSynchronize(t->stream);
     cudaStreamDestroy(t->stream);
   }
-  if (t->owned && !t->dead && t->comm) ncclCommDestroy(t->comm);
+  if (t->owned && !t->dead && t->comm) {
+    /* Finalize flushes what is queued (a non-blocking communicator reports it as in progress), then the
+     * communicator is freed; a finalize that does not settle in time ends in an abort instead. */
+    if (settle(t, ncclCommFinalize(t->comm), "ncclCommFinalize") == FLASHC_OK) ncclCommDestroy(t->comm);
+    fc_clear_error();
+  }
   if (t->queued) cudaEventDestroy(t->queued);
   for (int ch = 0; ch < FC_RING_CHANNELS; ch++)
     if (t->done[ch]) cudaEventDestroy(t->done[ch]);

@@ -91,16 +91,17 @@ flashc_status th_forward(const th_backend *b, const flashc_params *params, const
   if (b->info.device != FLASHC_DEVICE_CUDA)
     return flashc_forward(b->handle, params, &q->view, &k->view, &v->view, &o->view, lse);
 #ifdef FLASHC_TEST_CUDA
-  mirror dq = {0}, dk = {0}, dv = {0}, dout = {0}, dlse = {0}; /* zeroed: a failed start frees only what it got */
+  mirror mq = {0}, mk = {0}, mv = {0}, mo = {0}, mlse = {0}; /* zeroed: a failed start frees only what it got */
   flashc_status s = FLASHC_ERR_CUDA;
-  bool ok = mirror_tensor(&dq, q, true) && mirror_tensor(&dk, k, true) && mirror_tensor(&dv, v, true) &&
-            mirror_tensor(&dout, o, false) &&
-            (!lse || mirror_new(&dlse, NULL, (size_t)lse_numel * sizeof(float), NULL, NULL, false));
+  bool ok = mirror_tensor(&mq, q, true) && mirror_tensor(&mk, k, true) && mirror_tensor(&mv, v, true) &&
+            mirror_tensor(&mo, o, false) &&
+            (!lse || mirror_new(&mlse, NULL, (size_t)lse_numel * sizeof(float), NULL, NULL, false));
   if (ok) {
-    s = flashc_forward(b->handle, params, &dq.view, &dk.view, &dv.view, &dout.view, lse ? dlse.dev : NULL);
-    if (!cuda_sync() || !mirror_back(&dout, o->alloc) || (lse && !mirror_back(&dlse, lse))) s = FLASHC_ERR_CUDA;
+    s = flashc_forward(b->handle, params, &mq.view, &mk.view, &mv.view, &mo.view, lse ? mlse.dev : NULL);
+    /* the outputs come back even from a refused call: it must not have written them */
+    if (!cuda_sync() || !mirror_back(&mo, o->alloc) || (lse && !mirror_back(&mlse, lse))) s = FLASHC_ERR_CUDA;
   }
-  mirror_free(&dq), mirror_free(&dk), mirror_free(&dv), mirror_free(&dout), mirror_free(&dlse);
+  mirror_free(&mq), mirror_free(&mk), mirror_free(&mv), mirror_free(&mo), mirror_free(&mlse);
   return s;
 #else
   th_fail("backend %s needs device memory but the tests were built without CUDA", b->info.name);
