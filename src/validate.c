@@ -272,6 +272,11 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   p->scale = pa->scale != 0.0f ? pa->scale : (float)(1.0 / sqrt((double)p->head_dim));
   p->window_left = pa->window_left < 0 ? -1 : pa->window_left;
   p->window_right = pa->window_right < 0 ? -1 : pa->window_right;
+  /* A window wider than both sequences changes nothing; capping it keeps i + shift ± window inside int64
+   * in fc_key_range and fc_visible whatever the caller passes (INT64_MAX included). */
+  const int64_t window_cap = (int64_t)1 << 40;
+  if (p->window_left > window_cap) p->window_left = window_cap;
+  if (p->window_right > window_cap) p->window_right = window_cap;
   if (pa->causal) p->window_right = 0; /* causal: no key right of the diagonal */
   p->bottom_right = pa->align == FLASHC_ALIGN_BOTTOM_RIGHT;
   p->deterministic = pa->deterministic;
