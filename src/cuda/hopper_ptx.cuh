@@ -1,0 +1,143 @@
+/* hopper_ptx.cuh — the sm_90a instructions of cuda-hopper other than wgmma.mma_async itself: mbarriers, the
+ * bulk tensor copy (TMA), wgmma fences and groups, shared-memory matrix descriptors, setmaxnreg, named
+ * barriers. One small inline function each, operating on 32-bit shared-memory addresses.
+ *
+ * Everything here is compiled only in the sm_90a device pass (FC_HOPPER_ARCH = 1): the library is also built
+ * for sm_80, where none of these instructions exist, and there the kernels that would use them have empty
+ * bodies (the host never launches them: see hopper_usable). */
+#ifndef FLASHC_CUDA_HOPPER_PTX_CUH
+#define FLASHC_CUDA_HOPPER_PTX_CUH
+
+#include <cuda.h> /* CUtensorMap (a type only: no driver call is linked) */
+#include <stdint.h>
+
+/* __CUDA_ARCH_FEAT_SM90_ALL: nvcc's mark of the architecture-specific target sm_90a (wgmma and setmaxnreg
+ * exist only there; plain sm_90 has TMA and mbarriers but not these). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FC_HOPPER_ARCH 1
+#else
+#define FC_HOPPER_ARCH 0
+#endif
+
+#if FC_HOPPER_ARCH
+
+static __device__ __forceinline__ uint32_t fc_hp_smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* ---- mbarrier ------------------------------------------------------------------------------------------ */
+/* A barrier in shared memory (8 bytes, 8-byte aligned) whose phase completes when `count` arrivals have
+ * been made and every byte announced by arrive.expect_tx has landed. Phases alternate parity 0, 1, 0 ... */
+static __device__ __forceinline__ void fc_mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Makes the initialisations visible to the other threads and to the async proxy (the copy engine), before the
+ * CTA barrier that follows. */
+static __device__ __forceinline__ void fc_mbar_fence_init(void) {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* One arrival that also announces `bytes` more bytes to come from the copy engine in this phase. */
+static __device__ __forceinline__ void fc_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void fc_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the phase
+ * "before" it (parity 1) counts as completed. try_wait suspends the thread for a while before it says no. */
+static __device__ __forceinline__ void fc_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
+/* ---- TMA: cp.async.bulk.tensor ------------------------------------------------------------------------- */
+static __device__ __forceinline__ void fc_tma_prefetch_map(const CUtensorMap *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+/* Copies the box of the 4-d tensor `map` whose first element has coordinates (c0, c1, c2, c3) (innermost
+ * first) into shared memory at dst, laid out as the map says (here: rows of 128 bytes, 128-byte swizzle);
+ * elements outside the tensor land as zeros. Completion: the box's bytes count against `bar`'s expected
+ * transaction bytes. */
+static __device__ __forceinline__ void fc_tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                      int c3, uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+               "%5}], [%6];\n" ::"r"(dst),
+               "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+               : "memory");
+}
+
+/* ---- wgmma: fences, groups, descriptors ---------------------------------------------------------------- */
+/* Orders this thread's earlier register accesses (accumulators, A fragments) before the wgmma.mma_async that
+ * follow. Needed before the first wgmma and whenever those registers were touched by other instructions. */
+static __device__ __forceinline__ void fc_wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+/* Closes the wgmma.mma_async issued since the last commit into one group. */
+static __device__ __forceinline__ void fc_wgmma_commit(void) {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+/* Waits until at most N committed groups are pending. */
+template <int N> static __device__ __forceinline__ void fc_wgmma_wait(void) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* The compiler sees a wgmma's accumulators as written when the asm statement runs, not when the group
+ * completes: passing each one through an empty volatile asm after the wait (and before the next fence) keeps
+ * every use of them on the right side of the wait. */
+template <int N> static __device__ __forceinline__ void fc_fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> static __device__ __forceinline__ void fc_fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int x = 0; x < 4; x++) asm volatile("" : "+r"(r[i][x])::"memory");
+}
+
+/* Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"), 128-byte swizzle:
+ *   bits  0–13 start address >> 4     bits 16–29 leading-dimension byte offset >> 4
+ *   bits 32–45 stride-dimension byte offset >> 4     bits 49–51 base offset (0: the swizzle pattern repeats
+ *   from 1024-byte boundaries, which all our tiles start on)     bits 62–63 swizzle mode (1 = 128 bytes).
+ * K-major operand (Q_i, K_j): rows of 128 bytes (64 elements of the head dim), 8-row groups 1024 bytes apart
+ * (stride offset); the leading offset is unused with swizzling. MN-major operand (V_j): the 8-row groups of
+ * the k dimension are 1024 bytes apart (stride offset) and the leading offset jumps between 64-column
+ * blocks of the n dimension. */
+static __device__ __forceinline__ uint64_t fc_wgmma_desc(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((leading_bytes & 0x3FFFF) >> 4) << 16 |
+         (uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+/* ---- registers and barriers ---------------------------------------------------------------------------- */
+/* Hands registers back to (dec) or takes them from (inc) the CTA's pool; every thread of the warpgroup runs it. */
+template <int N> static __device__ __forceinline__ void fc_setmaxnreg_dec(void) {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> static __device__ __forceinline__ void fc_setmaxnreg_inc(void) {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+/* A barrier among `threads` threads only (a warpgroup), on hardware barrier `id` (0 is __syncthreads'). */
+static __device__ __forceinline__ void fc_named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/* Orders this thread's generic-proxy shared-memory accesses against the async proxy (TMA, wgmma). */
+static __device__ __forceinline__ void fc_fence_proxy_async(void) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void fc_st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+static __device__ __forceinline__ uint4 fc_ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+#endif /* FC_HOPPER_ARCH */
+#endif /* FLASHC_CUDA_HOPPER_PTX_CUH */
