@@ -233,6 +233,8 @@ int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_ring(int argc, char **argv); /* ring.c: ring attention across MPI ranks */
+void cmd_ring_help(void);            /* its options, for the help of its row */
 /* Prints the help of a subcommand by name (from the table in flashc.c). */
 void cli_print_command_help(const char *name);
 

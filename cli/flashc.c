@@ -84,7 +84,11 @@ static const cli_subcommand subcommands[] = {
      "For each sequence length (seqlen_q = seqlen_k) and backend: validates against cpu-ref (see --check),\n"
      "then times the forward and/or backward pass and prints backend, shape, median ms, TFLOP/s and GB/s.",
      bench_extra_help},
-    /* "ring" (ring attention across GPUs or ranks) takes its row here, in a later issue. */
+    {"ring", 0, cmd_ring, "ring attention across MPI ranks: mpirun -np N flashc ring ... (--check, --bench)",
+     "mpirun -np N flashc ring [--data DIR | generation flags] [--backend NAME] [--layout contiguous|zigzag] ...",
+     "Ring attention over the MPI ranks (CPU backends over MPI, CUDA backends over NCCL, one GPU per rank):\n"
+     "every rank takes its shard of the whole inputs, rank 0 gathers the outputs.",
+     cmd_ring_help},
 };
 enum { N_SUBCOMMANDS = sizeof subcommands / sizeof subcommands[0] };
 
