@@ -111,8 +111,8 @@ def _check_backend(backend, device: str) -> str:
             )
     elif backend in known and (known[backend] == "cuda") != on_cuda:
         raise InvalidArgumentError(
-            f"flashc: the tensors are on {device} but backend {backend} needs "
-            f"{'CUDA device' if known[backend] == 'cuda' else 'host'} memory"
+            f"flashc: the tensors are in {'CUDA device' if on_cuda else 'host'} memory ({device}) but backend "
+            f"{backend} needs {'CUDA device' if known[backend] == 'cuda' else 'host'} memory"
         )
     return backend
 

@@ -305,6 +305,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
   /* Store O through shared memory, so that global stores are whole 16-byte chunks of a row. Each warp uses
    * the rows of sQ that only it has read (its Q fragments): a warp barrier is enough. */
   uint16_t *sO = sQ;
+  __syncwarp(); /* lanes wrote rows other lanes read through ldmatrix at the start: order them explicitly */
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
