@@ -40,19 +40,22 @@ static __device__ __forceinline__ void fc_mbar_fence_init(void) {
 static __device__ __forceinline__ void fc_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-static __device__ __forceinline__ void fc_mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+/* One arrival from this thread when `pred` holds. Predicated inside the asm, not branched around: a branch
+ * between a wgmma and its wait makes ptxas serialise the wgmma pipeline (C7513). */
+static __device__ __forceinline__ void fc_mbar_arrive_if(uint32_t bar, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+               "r"((int)pred)
+               : "memory");
 }
 /* Waits until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and the phase
- * "before" it (parity 1) counts as completed. try_wait suspends the thread for a while before it says no. */
+ * "before" it (parity 1) counts as completed. try_wait suspends the thread for a while before it says no.
+ * The retry loop lives inside the asm statement: written as a C loop, it lets the compiler move register
+ * work across it, and ptxas then serialises the wgmma pipeline around it (C7513). */
 static __device__ __forceinline__ void fc_mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  } while (!done);
+  asm volatile("{\n.reg .pred p;\nFC_MBAR_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra FC_MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
 }
 
 /* ---- TMA: cp.async.bulk.tensor ------------------------------------------------------------------------- */
@@ -74,7 +77,9 @@ static __device__ __forceinline__ void fc_tma_load_4d(uint32_t dst, const CUtens
 /* ---- wgmma: fences, groups, descriptors ---------------------------------------------------------------- */
 /* Orders this thread's earlier register accesses (accumulators, A fragments) before the wgmma.mma_async that
  * follow. Needed before the first wgmma and whenever those registers were touched by other instructions. */
-static __device__ __forceinline__ void fc_wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void fc_wgmma_fence(void) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 /* Closes the wgmma.mma_async issued since the last commit into one group. */
 static __device__ __forceinline__ void fc_wgmma_commit(void) {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
