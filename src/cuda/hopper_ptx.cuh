@@ -21,10 +21,6 @@
 
 #if FC_HOPPER_ARCH
 
-static __device__ __forceinline__ uint32_t fc_hp_smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 /* ---- mbarrier ------------------------------------------------------------------------------------------ */
 /* A barrier in shared memory (8 bytes, 8-byte aligned) whose phase completes when `count` arrivals have
  * been made and every byte announced by arrive.expect_tx has landed. Phases alternate parity 0, 1, 0 ... */
@@ -126,6 +122,13 @@ template <int N> static __device__ __forceinline__ void fc_setmaxnreg_inc(void) 
 /* A barrier among `threads` threads only (a warpgroup), on hardware barrier `id` (0 is __syncthreads'). */
 static __device__ __forceinline__ void fc_named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/* Counts this thread's warp towards barrier `id` of `threads` without waiting, when `pred` holds (predicated
+ * inside the asm: no branch near the wgmma pipeline). */
+static __device__ __forceinline__ void fc_named_barrier_arrive_if(int id, int threads, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(id), "r"(threads),
+               "r"((int)pred)
+               : "memory");
 }
 /* Orders this thread's generic-proxy shared-memory accesses against the async proxy (TMA, wgmma). */
 static __device__ __forceinline__ void fc_fence_proxy_async(void) {
