@@ -1,0 +1,681 @@
+/* hopper.cu — cuda-hopper forward: FlashAttention on H100/H200 (sm_90a) with TMA, wgmma and warp
+ * specialisation, after the FlashAttention-3 paper (Shah et al., 2024). UNVERIFIED ON A GPU: the backend
+ * stays unusable unless FLASHC_ENABLE_HOPPER=1 (see docs/hopper.md).
+ *
+ *   CTA = one query block Q_i (Br = 128 rows) of one head of one sequence; 3 warpgroups (384 threads):
+ *     warpgroup 0, producer (24 registers): one thread issues every TMA copy: Q_i once, then K_j and V_j
+ *       into a ring of STAGES stages, each stage handed over through mbarriers (full: the bytes landed;
+ *       empty: both consumers are done with it);
+ *     warpgroups 1, 2, consumers (240 registers): rows 64·c .. 64·c + 63 of Q_i each, for every visible
+ *       key block j (Bc = 128 keys):
+ *         S = Q_i·K_jᵀ                       wgmma m64n128k16, Q_i and K_j from shared memory
+ *         m' = max(m, rowmax S);  P = 2^(c·S − c·m');  l = 2^(c·(m − m'))·l + rowsum P   (c = scale·log2 e)
+ *         O = 2^(c·(m − m'))·O + P·V_j        wgmma m64nDk16, P from registers, V_j from shared memory
+ *       where S_{j+1} = Q_i·K_{j+1}ᵀ and O += P_j·V_j are issued back to back, and the softmax of block
+ *       j + 1 runs on the CUDA cores while P_j·V_j is still in flight on the tensor cores (intra-warpgroup
+ *       overlap), and the two consumers take turns to issue their GEMMs, so that one's softmax runs during
+ *       the other's GEMMs (ping-pong). Variants (FLASHC_HOPPER_VARIANT, for bring-up): pingpong (default),
+ *       overlap (no turns), simple (every wgmma group waited for at once);
+ *     O /= l;  lse = scale·m + ln l;  O goes out through shared memory (the warpgroup's rows of Q_i).
+ *
+ * Shared memory (each tile in 64-column halves of rows of 128 bytes, 128-byte swizzle as TMA writes it and
+ * wgmma reads it; all tiles start on 1024-byte boundaries):
+ *   sQ [D/64][Br][64]            Q_i; at the end each consumer stages its O rows in its own rows
+ *   sK [STAGES][D/64][Bc][64]    K_j ring
+ *   sV [STAGES][D/64][Bc][64]    V_j ring
+ *   mbarriers: q_full, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES]
+ *
+ * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
+ * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128: the copy
+ * engine fills the columns past d with zeros. */
+#include "common.cuh"
+#include "hopper_ptx.cuh"
+#include "hopper_wgmma.cuh"
+#include "mma_host.cuh"
+#include "mma_ptx.cuh"
+
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  FC_HP_BR = 128,               /* query rows per CTA: 2 consumer warpgroups × 64 */
+  FC_HP_BC = 128,               /* keys per block */
+  FC_HP_THREADS = 384,          /* producer + 2 consumer warpgroups */
+  FC_HP_CONSUMER_WARPS = 8,     /* arrivals that release a stage */
+  FC_HP_ROW_BYTES = 128,        /* one swizzled row: 64 16-bit elements */
+  FC_HP_HALF_BYTES = 128 * 128, /* one 64-column half of a 128-row tile */
+  FC_HP_REGS_PRODUCER = 24,     /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
+  FC_HP_REGS_CONSUMER = 240,
+  FC_HP_BAR_EPILOGUE = 1, /* named barriers 1, 2: one consumer warpgroup each */
+  FC_HP_BAR_TURN = 3,     /* named barriers 3, 4: consumer c may issue its GEMMs */
+};
+
+/* Kernel variants, each one step further (bring-up bisects a failure to a step). */
+enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
+
+typedef struct fc_hopper_fwd_args {
+  uint16_t *o;
+  float *lse; /* NULL: not wanted */
+  int64_t o_sb, o_ss, o_sh;
+  const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
+  int seqlen_q, seqlen_k;     /* dense sizes */
+  int64_t total_q;            /* varlen lse row stride */
+  int heads_q, group;         /* group = heads_q / heads_kv */
+  int head_dim, m_blocks;
+  float scale;      /* > 0 (supports refuses a negative one) */
+  float scale_log2; /* scale·log2(e): exponent of S in base 2 */
+  int64_t window_left, window_right, mask_offset;
+  int bottom_right;
+  int o_aligned; /* rows of o start on 16-byte boundaries: 16-byte stores */
+} fc_hopper_fwd_args;
+
+/* 1 in the sm_90a image of this file, 0 in the others: tells the host whether the kernels it would launch on
+ * this device have bodies. */
+__constant__ int fc_hopper_built_for_sm90a = FC_HOPPER_ARCH;
+
+#if FC_HOPPER_ARCH
+/* Visible keys of query row i: [*lo, *hi), clipped to [0, sk] (empty when *lo >= *hi). */
+static __device__ __forceinline__ void fc_hp_row_keys(int64_t i, int64_t shift, int64_t wl, int64_t wr, int sk, int *lo,
+                                                      int *hi) {
+  const int64_t d = i + shift;
+  int64_t a = wl < 0 ? 0 : d - wl, b = wr < 0 ? sk : d + wr + 1;
+  a = a < 0 ? 0 : (a > sk ? sk : a);
+  b = b < 0 ? 0 : (b > sk ? sk : b);
+  *lo = (int)a;
+  *hi = (int)b;
+}
+
+static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) { return a / b - (a % b < 0); }
+
+/* S = Q_i·K_jᵀ for this warpgroup's 64 rows: D/16 k-steps of 16 columns of the head dim. Step kk reads
+ * columns 16·kk .. 16·kk + 15, which sit 32·(kk % 4) bytes into the rows of half kk / 4 (the hardware
+ * applies the swizzle to the address bits, so an offset inside the 128-byte row composes with it). The
+ * first step writes S without reading it: S is a fresh value per key block, and the softmax's writes into
+ * it never land on registers of a wgmma still in flight. */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hp_qk(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t off = (kk / 4) * FC_HP_HALF_BYTES + (kk % 4) * 32;
+    const uint64_t da = fc_wgmma_desc(q_rows + off, 16, 1024), db = fc_wgmma_desc(k_tile + off, 16, 1024);
+    if (kk == 0)
+      fc_wgmma_ss_zero<T, FC_HP_BC>(s, da, db);
+    else
+      fc_wgmma_ss<T, FC_HP_BC>(s, da, db);
+  }
+}
+
+/* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
+ * bytes apart), both column halves (FC_HP_HALF_BYTES apart). */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_t (&p)[FC_HP_BC / 16][4],
+                                                uint32_t v_tile) {
+#pragma unroll
+  for (int kb = 0; kb < FC_HP_BC / 16; kb++)
+    fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc(v_tile + kb * 16 * FC_HP_ROW_BYTES, FC_HP_HALF_BYTES, 1024));
+}
+
+/* Masks S (keys outside each row's range → −inf), then the online softmax of one block:
+ *   m' = max(m, rowmax S);  alpha = 2^(c·m − c·m');  P = 2^(c·S − c·m');  l = alpha·l + rowsum P
+ * P goes out packed to 16 bits in the A-fragment layout of the P·V wgmma: the accumulators of S columns
+ * 16·kb .. 16·kb + 15 (8-column blocks 2kb, 2kb + 1) are exactly A's registers for k-step kb. A row that has
+ * seen only masked keys keeps m = −inf and uses 0 as its base, so every exponent is −inf and P = 0. This
+ * thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows (rh = 0, 1); the 4 threads t of a row share its
+ * max, and each sums only its own columns of l (summed over the 4 at the end). */
+template <typename T>
+static __device__ __forceinline__ void fc_hp_softmax(float (&s)[64], bool mask, int k0, const int (&lo)[2],
+                                                     const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
+                                                     float (&alpha)[2], uint32_t (&p)[FC_HP_BC / 16][4]) {
+  if (mask) {
+#pragma unroll
+    for (int x = 0; x < FC_HP_BC / 8; x++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + 8 * x + 2 * t + (e & 1), rh = e >> 1;
+        if (key < lo[rh] || key >= hi[rh]) s[4 * x + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    float mx = m[rh];
+#pragma unroll
+    for (int x = 0; x < FC_HP_BC / 8; x++) mx = fmaxf(mx, fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float base = mx == -INFINITY ? 0.0f : mx * c;
+    alpha[rh] = fc_exp2(m[rh] * c - base); /* m = −inf: 0, and O, l are still 0 */
+    m[rh] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int x = 0; x < FC_HP_BC / 8; x++) {
+      s[4 * x + 2 * rh] = fc_exp2(fmaf(s[4 * x + 2 * rh], c, -base));
+      s[4 * x + 2 * rh + 1] = fc_exp2(fmaf(s[4 * x + 2 * rh + 1], c, -base));
+      sum += s[4 * x + 2 * rh] + s[4 * x + 2 * rh + 1];
+    }
+    l[rh] = alpha[rh] * l[rh] + sum;
+  }
+#pragma unroll
+  for (int kb = 0; kb < FC_HP_BC / 16; kb++) {
+    p[kb][0] = fc_pack2<T>(s[8 * kb + 0], s[8 * kb + 1]);
+    p[kb][1] = fc_pack2<T>(s[8 * kb + 2], s[8 * kb + 3]);
+    p[kb][2] = fc_pack2<T>(s[8 * kb + 4], s[8 * kb + 5]);
+    p[kb][3] = fc_pack2<T>(s[8 * kb + 6], s[8 * kb + 7]);
+  }
+}
+
+template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int x = 0; x < D / 8; x++) {
+    o[4 * x + 0] *= alpha[0];
+    o[4 * x + 1] *= alpha[0];
+    o[4 * x + 2] *= alpha[1];
+    o[4 * x + 3] *= alpha[1];
+  }
+}
+#endif /* FC_HOPPER_ARCH */
+
+template <typename T, int D, int STAGES, int VARIANT>
+__global__ void __launch_bounds__(FC_HP_THREADS, 1)
+    fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a) {
+#if FC_HOPPER_ARCH
+  constexpr int HALVES = D / 64;
+  constexpr bool OVERLAP = VARIANT >= FC_HP_OVERLAP, PINGPONG = VARIANT == FC_HP_PINGPONG;
+  constexpr uint32_t Q_BYTES = FC_HP_BR * D * 2, KV_BYTES = FC_HP_BC * D * 2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  /* The swizzle pattern repeats every 1024 bytes of address, for TMA and wgmma alike: align by hand (the
+   * launch adds 1024 bytes of slack), whatever the toolchain gives the dynamic block. */
+  const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
+  const uint32_t q_full = bars;
+#define FULL_K(s)  (bars + 8u * (1 + (s)))
+#define FULL_V(s)  (bars + 8u * (1 + STAGES + (s)))
+#define EMPTY_K(s) (bars + 8u * (1 + 2 * STAGES + (s)))
+#define EMPTY_V(s) (bars + 8u * (1 + 3 * STAGES + (s)))
+
+  /* Which tile: row blocks vary fastest (CTAs running together share K and V in L2), the heaviest causal
+   * block of each head first (a short tail). */
+  const int mb = a.m_blocks - 1 - (int)(blockIdx.x % a.m_blocks);
+  const int64_t bh = blockIdx.x / a.m_blocks;
+  const int h = (int)(bh % a.heads_q);
+  const int64_t b = bh / a.heads_q;
+  int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
+  if (a.cu_q) {
+    q_start = a.cu_q[b];
+    sq = a.cu_q[b + 1] - q_start;
+    k_start = a.cu_k[b];
+    sk = a.cu_k[b + 1] - k_start;
+  }
+  const int i0 = mb * FC_HP_BR;
+  if (i0 >= sq) return;                                 /* the whole CTA, before any barrier */
+  const int hk = h / a.group, bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
+
+  /* Key blocks visible to some row of Q_i: [j_begin, j_end). */
+  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
+  int lo_first, hi_first, lo_last, hi_last;
+  fc_hp_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
+  fc_hp_row_keys(min(i0 + FC_HP_BR, sq) - 1, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
+  const int j_begin = lo_first / FC_HP_BC;
+  const int n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - j_begin : 0;
+
+  if (threadIdx.x == 0) {
+    fc_mbar_init(q_full, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      fc_mbar_init(FULL_K(s), 1); /* the producer's arrive.expect_tx, then the bytes */
+      fc_mbar_init(FULL_V(s), 1);
+      fc_mbar_init(EMPTY_K(s), FC_HP_CONSUMER_WARPS); /* one arrival per consumer warp */
+      fc_mbar_init(EMPTY_V(s), FC_HP_CONSUMER_WARPS);
+    }
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+
+  if (threadIdx.x < 128) {
+    /* ---- producer ---------------------------------------------------------------------------------- */
+    fc_setmaxnreg_dec<FC_HP_REGS_PRODUCER>();
+    if (threadIdx.x == 0) {
+      fc_tma_prefetch_map(&tm_q);
+      fc_tma_prefetch_map(&tm_k);
+      fc_tma_prefetch_map(&tm_v);
+      fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
+#pragma unroll
+      for (int hf = 0; hf < HALVES; hf++)
+        fc_tma_load_4d(sQ + hf * FC_HP_HALF_BYTES, &tm_q, 64 * hf, q_start + i0, h, bt, q_full);
+      /* In the order the consumers use them: K_0, K_1, V_0, K_2, V_1, ... A stage is refilled once both
+       * consumers released its previous tile (fill u of a stage waits for the end of use u − 1). */
+      for (int n = 0; n <= n_blocks; n++) {
+        if (n < n_blocks) {
+          const int s = n % STAGES, u = n / STAGES;
+          if (u > 0) fc_mbar_wait(EMPTY_K(s), (u - 1) & 1);
+          fc_mbar_arrive_expect_tx(FULL_K(s), KV_BYTES);
+          const int row = k_start + (j_begin + n) * FC_HP_BC;
+#pragma unroll
+          for (int hf = 0; hf < HALVES; hf++)
+            fc_tma_load_4d(sK + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_k, 64 * hf, row, hk, bt, FULL_K(s));
+        }
+        if (n > 0) {
+          const int s = (n - 1) % STAGES, u = (n - 1) / STAGES;
+          if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
+          fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
+          const int row = k_start + (j_begin + n - 1) * FC_HP_BC;
+#pragma unroll
+          for (int hf = 0; hf < HALVES; hf++)
+            fc_tma_load_4d(sV + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
+        }
+      }
+    }
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HP_REGS_CONSUMER>();
+    /* The warpgroup index through a shuffle: provably the same in every lane, so that the shared-memory
+     * descriptors derived from it live in uniform registers (else ptxas moves each into the one uniform
+     * register the wgmma reads, between wgmmas, and serialises them). */
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wg_row0 = i0 + 64 * cw;                       /* this warpgroup's first query row */
+    const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
+    const float c = a.scale_log2;
+    int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++)
+      fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, shift, a.window_left, a.window_right, sk, &lo[rh], &hi[rh]);
+    /* Key blocks that need no mask for any row of this warpgroup: [j_full_lo, j_full_hi). Block j is whole
+     * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row
+     * ((j + 1)·Bc − 1 ≤ wg_row0 + shift + wr) and right of its left edge for the last row
+     * (j·Bc ≥ wg_row0 + 63 + shift − wl). Worked out once here, so that the loop tests two ints. */
+    int64_t full_hi = sk / FC_HP_BC, full_lo = 0; /* 64-bit: the ring's mask_offset may be far away */
+    if (a.window_right >= 0) full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + shift + a.window_right + 1, FC_HP_BC));
+    if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + shift - a.window_left), FC_HP_BC);
+    const int j_full_hi = (int)max(full_hi, (int64_t)0),
+              j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
+    auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
+    /* Ping-pong: before issuing its GEMMs a consumer waits for its turn (barrier FC_HP_BAR_TURN + c, completed
+     * by the other consumer's arrival); after issuing them it hands the turn over. Both issue n_blocks + 1
+     * groups (block 0's S, the loop's S + P·V, the last P·V); consumer 0 goes first (consumer 1 arrives once at
+     * the start), and consumer 1's last hand-over is skipped so that no arrival is left pending at exit. */
+    auto my_turn = [&]() {
+      if constexpr (PINGPONG) fc_named_barrier(FC_HP_BAR_TURN + cw, 256);
+    };
+    auto your_turn = [&](bool last) {
+      if constexpr (PINGPONG) fc_named_barrier_arrive_if(FC_HP_BAR_TURN + (cw ^ 1), 256, !(last && cw == 1));
+    };
+
+    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+    uint32_t p[FC_HP_BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
+#pragma unroll
+    for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
+    fc_mbar_wait(q_full, 0); /* Q_i has landed */
+
+    if (n_blocks > 0) {
+      if constexpr (PINGPONG) fc_named_barrier_arrive_if(FC_HP_BAR_TURN, 256, cw == 1); /* consumer 0 first */
+      /* Block 0: S = Q_i·K_0ᵀ, softmax; O is still 0, nothing to rescale. */
+      {
+        float s[64];
+        fc_mbar_wait(FULL_K(0), 0);
+        my_turn();
+        fc_wgmma_fence();
+        fc_hp_qk<T, D>(s, q_rows, sK);
+        fc_wgmma_commit();
+        your_turn(false);
+        fc_wgmma_wait<0>();
+        fc_fence_regs(s);
+        fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
+        fc_hp_softmax<T>(s, needs_mask(j_begin), j_begin * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+      }
+
+      for (int n = 1; n < n_blocks; n++) {
+        const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
+        float s[64];
+        if constexpr (OVERLAP) {
+          /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
+           * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
+          uint32_t pn[FC_HP_BC / 16][4];
+          fc_mbar_wait(FULL_K(sn), un & 1);
+          fc_mbar_wait(FULL_V(sp), up & 1); /* before the fence: no branch inside a wgmma pipeline stage */
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          my_turn();
+          fc_wgmma_fence();
+          fc_hp_qk<T, D>(s, q_rows, sK + sn * KV_BYTES);
+          fc_wgmma_commit();
+          fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
+          fc_wgmma_commit();
+          your_turn(false);
+          fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
+          fc_fence_regs(s);
+          /* K_n is read. V_{n−2} was read by the P·V that the last iteration waited for; V_{n−1} is released
+           * one iteration late, here, and not after the wait below: an arrive there makes ptxas serialise the
+           * wgmma pipeline (C7513), and the producer refills V stages two blocks ahead anyway. */
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
+          fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);
+          fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          fc_hp_rescale<D>(o, alpha);
+#pragma unroll
+          for (int kb = 0; kb < FC_HP_BC / 16; kb++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) p[kb][x] = pn[kb][x];
+        } else {
+          /* One step after the other: O += P_{n−1}·V_{n−1}, then S = Q_i·K_nᵀ and its softmax. */
+          fc_mbar_wait(FULL_V(sp), up & 1);
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          fc_wgmma_fence();
+          fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
+          fc_wgmma_commit();
+          fc_wgmma_wait<0>();
+          fc_fence_regs(o);
+          fc_mbar_arrive_if(EMPTY_V(sp), lane == 0);
+          fc_mbar_wait(FULL_K(sn), un & 1);
+          fc_wgmma_fence();
+          fc_hp_qk<T, D>(s, q_rows, sK + sn * KV_BYTES);
+          fc_wgmma_commit();
+          fc_wgmma_wait<0>();
+          fc_fence_regs(s);
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+          fc_hp_rescale<D>(o, alpha);
+        }
+      }
+
+      /* The last O += P·V. */
+      const int sl = (n_blocks - 1) % STAGES, ul = (n_blocks - 1) / STAGES;
+      fc_mbar_wait(FULL_V(sl), ul & 1);
+      fc_fence_regs(o);
+      fc_fence_regs(p);
+      my_turn();
+      fc_wgmma_fence();
+      fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
+      fc_wgmma_commit();
+      your_turn(true);
+      fc_wgmma_wait<0>();
+      fc_fence_regs(o);
+      /* The last V stages are not released: no fill waits for them. */
+    }
+
+    /* O = O / l and lse = scale·m + ln l; a row that saw no key has l = 0: O = 0, lse = −inf. */
+    uint16_t *O = a.o + b * a.o_sb + (int64_t)q_start * a.o_ss + (int64_t)h * a.o_sh;
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      float lr = l[rh];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+#pragma unroll
+      for (int x = 0; x < D / 8; x++) {
+        o[4 * x + 2 * rh] *= inv;
+        o[4 * x + 2 * rh + 1] *= inv;
+      }
+      const int row = wg_row0 + 16 * warp + g + 8 * rh;
+      if (a.lse && t == 0 && row < sq) {
+        const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + row : (b * a.heads_q + h) * a.seqlen_q + row;
+        a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
+      }
+    }
+
+    /* Stage O in this warpgroup's rows of sQ (no wgmma reads them any more: all groups were waited for), in
+     * the same swizzled layout, so that the global stores are whole 16-byte chunks of a row. Row r of the
+     * warpgroup, 16-byte chunk x (columns 8x .. 8x + 7) lives at half x / 8, byte r·128 + ((x % 8) ^ (r % 8))·16;
+     * this thread's rows have r % 8 = g. */
+    fc_fence_proxy_async(); /* after the async proxy's reads of sQ, before these generic writes */
+    /* Every warp of the warpgroup is past its last wgmma wait before any overwrites the rows of Q_i. */
+    fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
+#pragma unroll
+    for (int x = 0; x < D / 8; x++)
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        const int r = 16 * warp + g + 8 * rh;
+        fc_st_shared_u32(q_rows + (x / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
+                         fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]));
+      }
+    fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
+    for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
+      const int r = idx / (D / 8), x = idx % (D / 8), row = wg_row0 + r;
+      const int cols = min(a.head_dim - 8 * x, 8);
+      if (row >= sq || cols <= 0) continue;
+      const uint4 v =
+          fc_ld_shared_v4(q_rows + (x / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ (r % 8)) << 4));
+      uint16_t *to = O + (int64_t)row * a.o_ss + 8 * x;
+      if (a.o_aligned && cols == 8) {
+        *(uint4 *)to = v;
+      } else {
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          if (e < cols) to[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+      }
+    }
+  }
+#undef FULL_K
+#undef FULL_V
+#undef EMPTY_K
+#undef EMPTY_V
+#endif /* FC_HOPPER_ARCH */
+}
+
+/* ---- host ------------------------------------------------------------------------------------------------ */
+/* Dynamic shared memory of one CTA: the tiles, the barriers, and 1024 bytes of slack for the alignment. */
+static size_t fc_hp_smem_bytes(int d, int stages) {
+  return (size_t)(FC_HP_BR + 2 * stages * FC_HP_BC) * d * 2 + 8 * (1 + 4 * stages) + 1024;
+}
+
+static bool hopper_enabled(void) {
+  const char *e = getenv("FLASHC_ENABLE_HOPPER");
+  return e && strcmp(e, "1") == 0;
+}
+
+/* cuTensorMapEncodeTiled, from the driver the runtime already loaded: the library links no libcuda. */
+static flashc_status fc_hp_encoder(PFN_cuTensorMapEncodeTiled_v12000 *fn) {
+  static PFN_cuTensorMapEncodeTiled_v12000 cached = NULL;
+  if (!cached) {
+    void *ptr = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !ptr) {
+      cudaGetLastError();
+      return fc_error(FLASHC_ERR_CUDA, "backend cuda-hopper: the driver has no cuTensorMapEncodeTiled (%s, query %d)",
+                      cudaGetErrorString(e), (int)q);
+    }
+    cached = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+  }
+  *fn = cached;
+  return FLASHC_OK;
+}
+
+/* The 4-d tensor map of one of q, k, v: dims (head_dim, rows, heads, batch), innermost first, boxes of 64
+ * columns × 128 rows of one head, 128-byte swizzle, zeros outside. A dim of size 1 gets a stride that TMA
+ * accepts (its coordinate is always 0). */
+typedef struct fc_hp_map_shape {
+  int64_t size[4];   /* elements: head_dim, rows, heads, batch */
+  int64_t stride[4]; /* elements; stride[0] = 1 */
+} fc_hp_map_shape;
+
+static fc_hp_map_shape fc_hp_shape(const fc_problem *p, const fc_view *v, bool is_q) {
+  fc_hp_map_shape s;
+  s.size[0] = p->head_dim;
+  s.size[1] = is_q ? (p->cu_seqlens_q ? p->total_q : p->seqlen_q) : (p->cu_seqlens_k ? p->total_k : p->seqlen_k);
+  s.size[2] = is_q ? p->heads_q : p->heads_kv;
+  s.size[3] = p->cu_seqlens_q ? 1 : p->batch;
+  s.stride[0] = 1;
+  s.stride[1] = v->stride_s;
+  s.stride[2] = v->stride_h;
+  s.stride[3] = v->stride_b;
+  int64_t widest = 8;
+  for (int d = 1; d < 4; d++)
+    if (s.size[d] > 1 && s.stride[d] > widest) widest = s.stride[d];
+  for (int d = 1; d < 4; d++)
+    if (s.size[d] == 1) s.stride[d] = (widest + 7) / 8 * 8;
+  return s;
+}
+
+/* Can TMA address this view? 16-byte aligned base, strides of multiples of 16 bytes below 2^40, sizes that fit
+ * its 32-bit coordinates. */
+static flashc_status fc_hp_check_view(const fc_problem *p, const fc_view *v, bool is_q, const char *name) {
+  const fc_hp_map_shape s = fc_hp_shape(p, v, is_q);
+  if ((uintptr_t)v->data % 16 != 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s.data is not 16-byte aligned; backend cuda-hopper loads it with TMA",
+                    name);
+  static const char *const dim_names[4] = {"head_dim", "seqlen", "heads", "batch"};
+  for (int d = 1; d < 4; d++) {
+    if (s.stride[d] % 8 != 0 || s.stride[d] >= ((int64_t)1 << 39))
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "%s's %s stride is %lld elements; backend cuda-hopper (TMA) needs a multiple of 8 below 2^39",
+                      name, dim_names[d], (long long)s.stride[d]);
+    if (s.size[d] > INT32_MAX)
+      return fc_error(FLASHC_ERR_UNSUPPORTED, "%s has %lld %s; backend cuda-hopper addresses at most 2^31-1", name,
+                      (long long)s.size[d], dim_names[d]);
+  }
+  return FLASHC_OK;
+}
+
+static flashc_status fc_hp_encode(const fc_problem *p, const fc_view *v, bool is_q, const char *name,
+                                  CUtensorMap *map) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+  FC_CHECK(fc_hp_encoder(&encode));
+  const fc_hp_map_shape s = fc_hp_shape(p, v, is_q);
+  cuuint64_t dims[4], strides[3];
+  for (int d = 0; d < 4; d++) dims[d] = (cuuint64_t)s.size[d];
+  for (int d = 1; d < 4; d++) strides[d - 1] = (cuuint64_t)s.stride[d] * 2;
+  const cuuint32_t box[4] = {64, (cuuint32_t)(is_q ? FC_HP_BR : FC_HP_BC), 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r =
+      encode(map, p->dtype == FLASHC_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+             v->data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fc_error(FLASHC_ERR_CUDA,
+                    "flashc_forward: backend cuda-hopper: cuTensorMapEncodeTiled failed for %s (CUresult %d; dims "
+                    "%llu %llu %llu %llu, byte strides %llu %llu %llu)",
+                    name, (int)r, (unsigned long long)dims[0], (unsigned long long)dims[1], (unsigned long long)dims[2],
+                    (unsigned long long)dims[3], (unsigned long long)strides[0], (unsigned long long)strides[1],
+                    (unsigned long long)strides[2]);
+  return FLASHC_OK;
+}
+
+template <typename T, int D, int STAGES>
+static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a, int grid,
+                                  int variant) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
+      variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE>
+      : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP>
+                                 : fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONG>;
+  const size_t smem = fc_hp_smem_bytes(D, STAGES);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
+  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
+  FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
+  return FLASHC_OK;
+}
+
+/* Tile shapes per head dim: <D, K/V stages>. D = 128: 32 + 2·2·32 = 160 KB; D = 64: 16 + 2·3·16 = 112 KB. */
+template <typename T>
+static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
+                                    int grid, int variant) {
+  if (p->head_dim <= 64) return fc_hp_launch<T, 64, 3>(p, maps, a, grid, variant);
+  return fc_hp_launch<T, 128, 2>(p, maps, a, grid, variant);
+}
+
+/* FLASHC_HOPPER_VARIANT (bring-up): simple, overlap, or pingpong (the default, and for any other value). */
+static int fc_hp_variant(void) {
+  const char *v = getenv("FLASHC_HOPPER_VARIANT");
+  if (v && strcmp(v, "simple") == 0) return FC_HP_SIMPLE;
+  if (v && strcmp(v, "overlap") == 0) return FC_HP_OVERLAP;
+  return FC_HP_PINGPONG;
+}
+
+static bool hopper_usable(char *why, size_t len) {
+  if (!hopper_enabled()) {
+    if (why) snprintf(why, len, "unverified on a GPU: set FLASHC_ENABLE_HOPPER=1 to try it");
+    return false;
+  }
+  if (!fc_cuda_usable_sm(90, why, len)) return false;
+  fc_device_props props;
+  if (fc_device_get_props(&props) != FLASHC_OK) {
+    if (why) snprintf(why, len, "%s", flashc_last_error());
+    return false;
+  }
+  if (props.sm != 90) { /* sm_90a code runs on compute capability 9.0 only */
+    if (why)
+      snprintf(why, len, "device %d is sm_%d; backend cuda-hopper runs on sm_90 (H100, H200) only", props.device,
+               props.sm);
+    return false;
+  }
+  int built = 0;
+  if (cudaMemcpyFromSymbol(&built, fc_hopper_built_for_sm90a, sizeof built) != cudaSuccess || !built) {
+    cudaGetLastError();
+    if (why) snprintf(why, len, "this libflashc was built without sm_90a code (add 90a to FLASHC_CUDA_ARCHITECTURES)");
+    return false;
+  }
+  return true;
+}
+
+static flashc_status hopper_supports(const fc_problem *p) {
+  if (p->head_dim > 128)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 128 on backend cuda-hopper", (long long)p->head_dim);
+  if (p->scale < 0.0f)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "scale %g is negative; backend cuda-hopper needs a positive scale",
+                    (double)p->scale);
+  if (p->heads_q > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-hopper",
+                    (long long)p->heads_q);
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("cuda-hopper", fc_cdiv(p->seqlen_q, FC_HP_BR), p->heads_q, p->batch, &grid));
+  FC_CHECK(fc_hp_check_view(p, &p->q, true, "q"));
+  FC_CHECK(fc_hp_check_view(p, &p->k, false, "k"));
+  FC_CHECK(fc_hp_check_view(p, &p->v, false, "v"));
+  return FLASHC_OK;
+}
+
+static flashc_status hopper_forward(const fc_problem *p) {
+  const int m_blocks = (int)fc_cdiv(p->seqlen_q, FC_HP_BR);
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
+  CUtensorMap maps[3];
+  FC_CHECK(fc_hp_encode(p, &p->q, true, "q", &maps[0]));
+  FC_CHECK(fc_hp_encode(p, &p->k, false, "k", &maps[1]));
+  FC_CHECK(fc_hp_encode(p, &p->v, false, "v", &maps[2]));
+  void *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, fc_mma_cu_seqlens_bytes(p), &ws));
+  fc_hopper_fwd_args a;
+  memset(&a, 0, sizeof a);
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  a.o = (uint16_t *)p->o.data;
+  a.lse = p->lse;
+  a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
+  a.seqlen_q = (int)p->seqlen_q;
+  a.seqlen_k = (int)p->seqlen_k;
+  a.total_q = p->total_q;
+  a.heads_q = (int)p->heads_q;
+  a.group = (int)(p->heads_q / p->heads_kv);
+  a.head_dim = (int)p->head_dim;
+  a.m_blocks = m_blocks;
+  a.scale = p->scale;
+  a.scale_log2 = p->scale * 1.4426950408889634f;
+  a.window_left = p->window_left;
+  a.window_right = p->window_right;
+  a.mask_offset = p->mask_offset;
+  a.bottom_right = p->bottom_right;
+  a.o_aligned = fc_mma_view_aligned(&p->o);
+  const int variant = fc_hp_variant();
+  if (p->dtype == FLASHC_F16) return fc_hp_dispatch<__half>(p, maps, &a, grid, variant);
+  return fc_hp_dispatch<__nv_bfloat16>(p, maps, &a, grid, variant);
+}
+
+extern "C" const fc_backend fc_backend_cuda_hopper = {
+    "cuda-hopper",
+    "FlashAttention-3 style forward: TMA, wgmma, warp-specialised producer/consumers, mbarrier ring "
+    "(sm_90a; unverified: FLASHC_ENABLE_HOPPER=1)",
+    FLASHC_DEVICE_CUDA,
+    (1u << FLASHC_F16) | (1u << FLASHC_BF16),
+    1,
+    128,
+    hopper_usable,
+    hopper_supports,
+    hopper_forward,
+    NULL,
+};
