@@ -5,6 +5,7 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_library_path_override_is_honoured():
 def test_missing_library_is_an_import_error(tmp_path):
     env = dict(os.environ, FLASHC_LIBRARY=str(tmp_path / "nope.so"))
     r = subprocess.run(
-        [shutil.which("python") or "python", "-c", "import flashc"], env=env, capture_output=True, text=True
+        [sys.executable, "-c", "import flashc"], env=env, capture_output=True, text=True
     )
     assert r.returncode != 0 and "ImportError" in r.stderr and "nope.so" in r.stderr
 
