@@ -5,11 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
-                         const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
-                         const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
-                         const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen);
-
 int flashc_version(void) { return FLASHC_VERSION; }
 
 #define FC_STR2(x) #x

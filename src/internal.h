@@ -237,6 +237,15 @@ struct flashc_handle_s {
   int device_ws_device; /* the CUDA device device_ws lives on */
 };
 
+/* ---- validation (validate.c) ---------------------------------------------------------------------- */
+/* Checks every argument of a forward (is_backward 0: dout/dq/dk/dv NULL) or backward call, fills *p and
+ * picks the backend (*chosen): the handle's own, or for "auto" the best one that accepts the call. `op`
+ * names the entry point in messages. Touches no tensor data. */
+flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
+                         const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
+                         const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
+                         const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen);
+
 /* ---- workspace and threads ------------------------------------------------------------------------- */
 /* Host scratch memory owned by the handle, grown on demand (so a repeated call allocates nothing).
  * Returns FLASHC_ERR_OUT_OF_MEMORY with the byte count on failure. Valid until the next call on the handle. */

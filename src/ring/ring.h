@@ -140,12 +140,6 @@ struct flashc_ring_s {
 /* Tests: compute host partials in the input dtype (1), as the device path does, instead of f32 (0). */
 flashc_status fc_ring_set_native_partials(flashc_ring ring, int native);
 
-/* From validate.c: the validated single-device problem of a call and the backend that would run it. */
-flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
-                         const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
-                         const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
-                         const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen);
-
 #ifdef __cplusplus
 }
 #endif
