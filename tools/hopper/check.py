@@ -1,0 +1,320 @@
+"""GPU check of cuda-hopper (H100/H200): correctness against an fp64 reference, then timings against PyTorch
+SDPA (flash, cudnn) on the shapes of /work/shared/TARGETS.md. Run through tools/hopper/gpu.sh, or:
+
+    FLASHC_ENABLE_HOPPER=1 python3 tools/hopper/check.py --lib build-gpu/libflashc.so [--quick] [--no-bench]
+
+Correctness rule (FlashAttention's): the kernel's max |error| against the fp64 reference is at most 2x the error
+of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax in fp32), + 1e-4.
+Outputs and lse are poisoned with NaN before every call; lse must match to 2e-3 and be -inf exactly where a
+row sees no key. Every case runs for each kernel variant (FLASHC_HOPPER_VARIANT): simple (each wgmma group
+waited for at once), overlap (+ intra-warpgroup pipelining), pingpong (+ the two consumers taking turns, the
+default), so that a failure points at the step that brought it.
+"""
+import argparse
+import ctypes
+import math
+import os
+import sys
+import time
+
+import torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--lib", default="build-gpu/libflashc.so")
+ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+ap.add_argument("--no-check", action="store_true")
+ap.add_argument("--no-bench", action="store_true")
+ap.add_argument("--variants", default="simple,overlap,pingpong")
+args = ap.parse_args()
+
+os.environ["FLASHC_ENABLE_HOPPER"] = "1"
+lib = ctypes.CDLL(os.path.abspath(args.lib))
+I64 = ctypes.c_int64
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("size", I64 * 4), ("stride", I64 * 4)]
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("align", ctypes.c_int),
+                ("window_left", I64), ("window_right", I64),
+                ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
+                ("num_seqs", I64), ("deterministic", ctypes.c_int)]
+
+
+lib.flashc_last_error.restype = ctypes.c_char_p
+lib.flashc_params_default.restype = Params
+lib.flashc_handle_last_backend.restype = ctypes.c_char_p
+lib.flashc_handle_last_backend.argtypes = [ctypes.c_void_p]
+DTYPE = {torch.float16: 1, torch.bfloat16: 2}
+OK, UNSUPPORTED = 0, 2
+
+
+def as_tensor(x):
+    """A torch [b, s, h, d] view (any strides) as a flashc_tensor."""
+    t = Tensor(x.data_ptr(), DTYPE[x.dtype])
+    for i in range(4):
+        t.size[i], t.stride[i] = x.shape[i], x.stride(i)
+    return t
+
+
+_handles = {}
+
+
+def handle(name):
+    if name not in _handles:
+        h = ctypes.c_void_p()
+        if lib.flashc_create(ctypes.byref(h), name.encode()) != OK:
+            sys.exit(f"flashc_create({name}): {lib.flashc_last_error().decode()}")
+        _handles[name] = h
+    return _handles[name]
+
+
+def params(causal=0, align=0, wl=-1, wr=-1, scale=0.0, cu=None):
+    p = lib.flashc_params_default()
+    p.scale, p.causal, p.align, p.window_left, p.window_right = scale, causal, align, wl, wr
+    keep = None
+    if cu is not None:
+        keep = [(ctypes.c_int32 * len(c))(*c) for c in cu]
+        p.cu_seqlens_q = ctypes.cast(keep[0], ctypes.POINTER(ctypes.c_int32))
+        p.cu_seqlens_k = ctypes.cast(keep[1], ctypes.POINTER(ctypes.c_int32))
+        p.num_seqs = len(cu[0]) - 1
+    return p, keep
+
+
+def forward(backend, p, q, k, v, o, lse):
+    ts = [as_tensor(x) for x in (q, k, v, o)]
+    lp = ctypes.c_void_p(lse.data_ptr()) if lse is not None else None
+    return lib.flashc_forward(handle(backend), ctypes.byref(p), *[ctypes.byref(t) for t in ts], lp)
+
+
+def set_variant(name):
+    os.environ["FLASHC_HOPPER_VARIANT"] = name  # read by the library at every call
+
+
+# ---- reference ---------------------------------------------------------------------------------------------
+def visible(sq, sk, causal, align, wl, wr):
+    """[sq, sk] bool: key j visible to query i (flashc.h's mask)."""
+    i = torch.arange(sq, device="cuda")[:, None]
+    j = torch.arange(sk, device="cuda")[None, :]
+    d = i + (sk - sq if align == 0 else 0)
+    if causal:
+        wr = 0
+    vis = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
+    if wl >= 0:
+        vis &= j >= d - wl
+    if wr >= 0:
+        vis &= j <= d + wr
+    return vis
+
+
+def reference(q, k, v, scale, vis, low=None):
+    """o [b, sq, hq, d] and lse [b, hq, sq] in fp64; with low = a 16-bit dtype, the plain low-precision
+    computation instead (matmuls in that dtype, softmax in fp32), whose error sets the tolerance."""
+    g = q.shape[2] // k.shape[2]
+    dt = low or torch.float64
+    qq = q.to(dt).transpose(1, 2)
+    kk = k.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
+    vv = v.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
+    s = (qq @ kk.transpose(-1, -2)).to(torch.float32 if low else torch.float64) * scale
+    s = s.masked_fill(~vis, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    pr = torch.where(l > 0, e / l.clamp_min(1e-300 if not low else 1e-30), torch.zeros_like(e))
+    o = (pr.to(dt) @ vv).to(torch.float64).transpose(1, 2)
+    lse = torch.where(l[..., 0] > 0, m[..., 0] + torch.log(l[..., 0].clamp_min(1e-300 if not low else 1e-30)),
+                      torch.full_like(l[..., 0], float("-inf"))).to(torch.float64)
+    return o, lse
+
+
+def make(b, s, h, d, dtype, layout):
+    if layout == "bshd":
+        x = torch.randn(b, s, h, d, device="cuda")
+    elif layout == "bhsd":
+        x = torch.randn(b, h, s, d, device="cuda").transpose(1, 2)
+    elif layout == "padded":  # heads padded to a multiple of 8 elements, + 8: TMA-friendly, not contiguous
+        x = torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda")[..., :d]
+    elif layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> cuda-hopper must refuse
+        x = torch.randn(b, s, h, d + 1, device="cuda")[..., :d]
+    return x.to(dtype)
+
+
+results, failures = [], []
+
+
+def record(tag, ok, info):
+    results.append((tag, ok, info))
+    if not ok:
+        failures.append((tag, info))
+        print("FAIL", tag, info, flush=True)
+
+
+def check(variant, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
+          varlen=None, expect=OK):
+    tag = (f"{variant:9s} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
+           f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else ""))
+    set_variant(variant)
+    if varlen:
+        cu_q, cu_k = [0], [0]
+        for lq, lk in zip(*varlen):
+            cu_q.append(cu_q[-1] + lq)
+            cu_k.append(cu_k[-1] + lk)
+        q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
+        seqs = [(0, cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)]
+        p, keep = params(causal, align, wl, wr, cu=(cu_q, cu_k))
+    else:
+        q, k, v = make(b, sq, hq, d, dtype, layout), make(b, sk, hkv, d, dtype, layout), make(b, sk, hkv, d, dtype, layout)
+        seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
+        p, keep = params(causal, align, wl, wr)
+    o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
+    rows = q.shape[0] * q.shape[1]
+    lse = torch.full((hq * rows,), float("nan"), device="cuda") if want_lse else None
+    st = forward("cuda-hopper", p, q, k, v, o, lse)
+    torch.cuda.synchronize()
+    if expect != OK:
+        msg = lib.flashc_last_error().decode()
+        h = handle("auto")
+        o2 = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
+        st2 = lib.flashc_forward(h, ctypes.byref(p), *[ctypes.byref(as_tensor(x)) for x in (q, k, v, o2)], None)
+        fell_back = lib.flashc_handle_last_backend(h).decode()
+        record(tag + " (must refuse)", st == expect and st2 == OK and fell_back != "cuda-hopper",
+               f"status {st} ({msg}); auto ran {fell_back!r} with status {st2}")
+        return
+    if st != OK:
+        record(tag, False, f"status {st}: {lib.flashc_last_error().decode()}")
+        return
+    scale = 1.0 / math.sqrt(d)
+    err = err_plain = err_lse = 0.0
+    bad = []
+    for bb, qs, ql, ks, kl in seqs:
+        if ql == 0:
+            continue
+        ox = o[bb:bb + 1, qs:qs + ql].double()
+        lx = (lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse else None
+        if kl == 0:  # no key at all: output 0, lse -inf
+            if torch.isnan(ox).any() or ox.abs().max() != 0:
+                bad.append("rows with no key are not 0")
+            if want_lse and not bool((torch.isinf(lx) & (lx < 0)).all()):
+                bad.append("rows with no key: lse is not -inf")
+            continue
+        vis = visible(ql, kl, causal, align, wl, wr)
+        args_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl], scale, vis)
+        o_ref, lse_ref = reference(*args_)
+        o_plain, _ = reference(*args_, low=dtype)
+        if torch.isnan(ox).any():
+            bad.append("NaN in o")
+        err = max(err, (ox - o_ref).abs().max().item())
+        err_plain = max(err_plain, (o_plain - o_ref).abs().max().item())
+        if want_lse:
+            if torch.isnan(lx).any():
+                bad.append("NaN in lse")
+            inf_ref = torch.isinf(lse_ref)
+            if not torch.equal(torch.isinf(lx) & (lx < 0), inf_ref):
+                bad.append("lse -inf pattern differs")
+            if (~inf_ref).any():
+                err_lse = max(err_lse, (lx.double()[~inf_ref] - lse_ref[~inf_ref]).abs().max().item())
+    tol = 2 * err_plain + 1e-4
+    ok = not bad and err <= tol and err_lse <= 2e-3
+    record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
+
+
+def correctness():
+    torch.manual_seed(0)
+    shapes = [(1, 1), (97, 97), (1025, 1025), (4096, 4096), (113, 203), (203, 113), (1, 147), (1024, 1023)]
+    masks = [dict(), dict(causal=1, align=0), dict(causal=1, align=1), dict(wl=32, wr=16), dict(wl=200, wr=0)]
+    layouts = ["bshd", "bhsd", "padded"]
+    if args.quick:
+        shapes, masks = [(97, 97), (1025, 1025), (203, 113)], [dict(), dict(causal=1)]
+    n = 0
+    for variant in args.variants.split(","):
+        for dtype in (torch.bfloat16, torch.float16):
+            for d in (64, 128):
+                for sq, sk in shapes:
+                    for m in masks:
+                        n += 1
+                        b, h = (1, 2) if max(sq, sk) >= 4096 else (2, 4)
+                        check(variant, dtype, b, sq, sk, h, h // 2, d, layout=layouts[n % 3], **m)  # GQA 2:1
+            if args.quick:
+                continue
+            check(variant, dtype, 1, 300, 300, 8, 1, 128)  # MQA
+            check(variant, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)
+            check(variant, dtype, 1, 257, 300, 4, 2, 100, layout="padded")  # d = 100 runs as D = 128
+            check(variant, dtype, 1, 257, 300, 4, 2, 40, causal=1, layout="padded")  # d = 40 runs as D = 64
+            check(variant, dtype, 1, 0, 0, 4, 2, 128, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+            check(variant, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
+                  varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
+            check(variant, dtype, 1, 300, 300, 4, 4, 64, layout="odd", expect=UNSUPPORTED)  # TMA cannot: auto falls back
+            check(variant, dtype, 1, 300, 300, 4, 4, 192, expect=UNSUPPORTED)  # head dim 192: not yet
+    print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
+
+
+# ---- timings -----------------------------------------------------------------------------------------------
+def timeit(fn, reps=30):
+    """Median ms of `reps` calls after warm-up, L2 flushed before each."""
+    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def bench():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    print(f"\n== forward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 ==", flush=True)
+    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'pingpong':>8} {'overlap':>8} {'simple':>8} {'flash':>8} "
+          f"{'cudnn':>8} {'pp/cudnn':>8} {'pp/flash':>8}", flush=True)
+    seqlens = (1024, 4096, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
+    for d in (64, 128):
+        for causal in (0, 1):
+            for s in seqlens:
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                res = {}
+                qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))  # [b, s, h, d] views of the same memory
+                o = torch.empty_like(qv)
+                lse = torch.empty(b * h * s, device="cuda")
+                p, _ = params(causal=causal, align=1)
+                for variant in ("pingpong", "overlap", "simple"):
+                    set_variant(variant)
+                    if forward("cuda-hopper", p, qv, kv, vv, o, lse) != OK:
+                        print(variant, lib.flashc_last_error().decode())
+                        res[variant] = float("nan")
+                        continue
+                    res[variant] = timeit(lambda: forward("cuda-hopper", p, qv, kv, vv, o, lse))
+                set_variant("pingpong")
+                for be, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
+                    try:
+                        with sdpa_kernel(be):
+                            res[name] = timeit(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
+                    except Exception:  # noqa: BLE001 - a peer that cannot run this shape is reported as nan
+                        res[name] = float("nan")
+                tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
+                print(f"{d:4d} {causal:6d} {s:6d} {tf['pingpong']:8.1f} {tf['overlap']:8.1f} {tf['simple']:8.1f} "
+                      f"{tf['flash']:8.1f} {tf['cudnn']:8.1f} {tf['pingpong'] / tf['cudnn']:8.2f} "
+                      f"{tf['pingpong'] / tf['flash']:8.2f}", flush=True)
+                del q, k, v, o
+
+
+t0 = time.time()
+if not args.no_check:
+    correctness()
+if not args.no_bench:
+    bench()
+print(f"\n== summary ({time.time() - t0:.0f} s) ==")
+print(f"checks: {len(results) - len(failures)}/{len(results)} passed")
+for tag, info in failures[:20]:
+    print("  FAIL", tag, info)
+sys.exit(1 if failures else 0)

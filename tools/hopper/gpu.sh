@@ -1,0 +1,52 @@
+#!/bin/bash
+# cuda-hopper's first runs on an H100/H200, in steps that fit the device tool's 10-minute calls:
+#   bash tools/hopper/gpu.sh build smoke sanitize     (~4 min: does it run at all, and cleanly)
+#   bash tools/hopper/gpu.sh build check              (~4 min: all shapes, masks, layouts, variants)
+#   bash tools/hopper/gpu.sh build bench              (~3 min: TFLOP/s against SDPA flash and cudnn)
+# build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
+# barrier protocol hangs rather than fails. Logs go to $OUT (default /tmp/out).
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+export FLASHC_ENABLE_HOPPER=1 PYTHONUNBUFFERED=1
+LIB=build-gpu/libflashc.so
+CHECK="python3 tools/hopper/check.py --lib $LIB"
+
+run() { # run NAME TIMEOUT COMMAND...: keeps the log, says how it ended, shows the interesting lines
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ]; then echo "== $name: TIMED OUT after ${limit}s (a hang: barrier protocol?)"; else echo "== $name: rc=$rc"; fi
+  grep -E "^FAIL|passed|TFLOP|^ *(64|128) +[01] |ERROR SUMMARY|RACECHECK SUMMARY|Error|error" "$OUT/$name.log" | head -60
+  return $rc
+}
+
+for step in "$@"; do
+  case $step in
+  build)
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+    cmake -S . -B build-gpu -G Ninja -DFLASHC_CUDA=ON -DFLASHC_CUDA_ARCHITECTURES=90a -DFLASHC_BUILD_TESTS=OFF \
+      -DFLASHC_BUILD_CLI=OFF >"$OUT/build.log" 2>&1
+    cmake --build build-gpu --target flashc -j16 >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    grep -E "C75[0-9][0-9]" "$OUT/build.log" && echo "WARNING: ptxas serialised or ignored something (above)"
+    echo "build ok at $(($(date +%s) - T0))s"
+    ;;
+  smoke)
+    run smoke 120 $CHECK --quick --no-bench || { tail -20 "$OUT/smoke.log"; echo "smoke failed: stopping"; exit 1; }
+    ;;
+  check)
+    run check 420 $CHECK --no-bench
+    ;;
+  sanitize)
+    for tool in memcheck racecheck synccheck; do
+      run "san-$tool" 150 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong
+    done
+    ;;
+  bench)
+    run bench 400 $CHECK --no-check
+    ;;
+  *) echo "unknown step $step (build smoke check sanitize bench)"; exit 2 ;;
+  esac
+  echo "-- $step done at $(($(date +%s) - T0))s"
+done

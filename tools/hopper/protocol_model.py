@@ -1,0 +1,243 @@
+"""A model of cuda-hopper's mbarrier protocol (src/cuda/hopper.cu), run under random interleavings: the producer
+thread and the 8 consumer warps (2 warpgroups x 4) execute the kernel's barrier operations in the kernel's
+order; TMA copies land at random later times. Checks: no deadlock, every consumer read finds the tile it
+expects in its stage, and no copy overwrites a stage that a consumer is still reading.
+
+    python3 tools/hopper/protocol_model.py          (all variants, stages 2 and 3, 0..9 key blocks)
+
+A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
+the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
+also runs itself against deliberately broken protocols (MUTATIONS) and fails if it does not catch them.
+
+mbarrier semantics modelled (PTX ISA): a phase completes when its pending arrival count reaches 0 and its
+transaction count is 0; try_wait.parity(P) succeeds once the phase of parity P has completed, i.e. when the
+current phase's parity differs from P (a fresh barrier is in phase 0, so parity 1 passes at once).
+Named barriers of the ping-pong are modelled too (bar.sync counts itself and waits; bar.arrive counts only).
+"""
+import random
+import sys
+
+
+class MBar:
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self, expect_tx=0):
+        assert self.pending > 0, "more arrivals than the count in one phase"
+        self.tx += expect_tx
+        self.pending -= 1
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        assert self.tx >= 0, "bytes landed before they were announced"
+        self._maybe_complete()
+
+    def passed(self, parity):
+        return (self.phase & 1) != parity
+
+
+class NamedBar:
+    def __init__(self, threads):
+        self.threads, self.arrived, self.generation = threads, 0, 0
+
+    def add(self, n):
+        self.arrived += n
+        assert self.arrived <= self.threads, "named barrier over-subscribed"
+        if self.arrived == self.threads:
+            self.arrived = 0
+            self.generation += 1
+
+
+MUTATIONS = {
+    "v_released_at_wait1": "overlap loop releases V_{n-1} after wait_group 1 (its P.V may still run)",
+    "producer_skips_empty_wait": "producer refills a K stage without waiting for its release",
+    "consumer_wrong_parity": "consumers wait for full_k with the parity of the next use",
+    "pingpong_no_skip": "consumer 1 hands the turn over after its last group too",
+}
+
+
+def simulate(n_blocks, stages, variant, seed, mutation=None):
+    rng = random.Random(seed)
+    q_full = MBar(1)
+    full_k = [MBar(1) for _ in range(stages)]
+    full_v = [MBar(1) for _ in range(stages)]
+    empty_k = [MBar(8) for _ in range(stages)]
+    empty_v = [MBar(8) for _ in range(stages)]
+    turn = [NamedBar(256), NamedBar(256)]  # barriers 3, 4 (per consumer warpgroup); counted in warps of 32
+    buf_k, buf_v = [None] * stages, [None] * stages
+    readers = {("K", s): set() for s in range(stages)} | {("V", s): set() for s in range(stages)}
+    in_flight = []  # TMA copies: (bar, kind, stage, tile)
+    log = []
+
+    def tma(bar, kind, stage, tile):
+        if readers[(kind, stage)]:
+            raise AssertionError(f"TMA overwrites {kind} stage {stage} while {readers[(kind, stage)]} read it")
+        in_flight.append((bar, kind, stage, tile))
+
+    def wait(bar, parity):
+        while not bar.passed(parity):
+            yield "blocked"
+
+    def producer():
+        q_full.arrive(expect_tx=1)
+        in_flight.append((q_full, "Q", 0, 0))
+        for n in range(n_blocks + 1):
+            if n < n_blocks:
+                s, u = n % stages, n // stages
+                if u > 0 and mutation != "producer_skips_empty_wait":
+                    yield from wait(empty_k[s], (u - 1) & 1)
+                full_k[s].arrive(expect_tx=1)
+                tma(full_k[s], "K", s, n)
+            if n > 0:
+                s, u = (n - 1) % stages, (n - 1) // stages
+                if u > 0:
+                    yield from wait(empty_v[s], (u - 1) & 1)
+                full_v[s].arrive(expect_tx=1)
+                tma(full_v[s], "V", s, n - 1)
+            yield "step"
+
+    def read(kind, s, tile, who):
+        buf = buf_k if kind == "K" else buf_v
+        assert buf[s] == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{buf[s]}"
+        readers[(kind, s)].add(who)
+
+    def done(kind, s, who):  # the wgmma.wait_group covering the read of this tile
+        readers[(kind, s)].discard(who)
+
+    def release(bar):
+        bar.arrive()
+
+    def consumer(cw, warp):
+        who = (cw, warp)
+        pingpong = variant == "pingpong"
+        gen = [0]  # turns taken
+
+        def my_turn():
+            if pingpong:
+                b = turn[cw]
+                target = b.generation + 1
+                b.add(32)
+                while b.generation < target:
+                    yield "blocked"
+
+        def your_turn(last):
+            if pingpong and (mutation == "pingpong_no_skip" or not (last and cw == 1)):
+                turn[cw ^ 1].add(32)
+
+        yield from wait(q_full, 0)
+        if n_blocks == 0:
+            return
+        if pingpong and cw == 1:
+            turn[0].add(32)  # consumer 0 first
+        # block 0
+        yield from wait(full_k[0], 0)
+        yield from my_turn()
+        read("K", 0, 0, who)
+        your_turn(False)
+        yield "wgmma"
+        done("K", 0, who)  # wait_group 0
+        release(empty_k[0])
+        for n in range(1, n_blocks):
+            sn, un, sp, up = n % stages, n // stages, (n - 1) % stages, (n - 1) // stages
+            pk = (un + 1) & 1 if mutation == "consumer_wrong_parity" else un & 1
+            if variant == "simple":
+                yield from wait(full_v[sp], up & 1)
+                read("V", sp, n - 1, who)
+                yield "wgmma"
+                done("V", sp, who)
+                release(empty_v[sp])
+                yield from wait(full_k[sn], pk)
+                read("K", sn, n, who)
+                yield "wgmma"
+                done("K", sn, who)
+                release(empty_k[sn])
+            else:
+                yield from wait(full_k[sn], pk)
+                yield from wait(full_v[sp], up & 1)
+                yield from my_turn()
+                read("K", sn, n, who)
+                read("V", sp, n - 1, who)
+                your_turn(False)
+                yield "wgmma"
+                done("K", sn, who)  # wait_group 1: S done, P.V may still run
+                release(empty_k[sn])
+                if mutation == "v_released_at_wait1":
+                    release(empty_v[sp])
+                elif n >= 2:  # V_{n-2}: its P.V was waited for in the last iteration
+                    release(empty_v[(n - 2) % stages])
+                yield "softmax"
+                yield "wgmma"
+                done("V", sp, who)  # wait_group 0: P.V done
+        sl, ul = (n_blocks - 1) % stages, (n_blocks - 1) // stages
+        yield from wait(full_v[sl], ul & 1)
+        yield from my_turn()
+        read("V", sl, n_blocks - 1, who)
+        your_turn(True)
+        yield "wgmma"
+        done("V", sl, who)  # V_{N-1} (and in the overlap variants V_{N-2}) is never released: no fill waits
+
+    actors = [producer()] + [consumer(cw, w) for cw in (0, 1) for w in range(4)]
+    alive = list(range(len(actors)))
+    stuck = 0
+    while alive or in_flight:
+        if in_flight and (not alive or rng.random() < 0.3):
+            bar, kind, s, tile = in_flight.pop(rng.randrange(len(in_flight)))
+            if kind == "K":
+                buf_k[s] = tile
+            elif kind == "V":
+                buf_v[s] = tile
+            bar.complete_tx(1)
+            stuck = 0
+            continue
+        i = rng.choice(alive)
+        try:
+            r = next(actors[i])
+            stuck = stuck + 1 if r == "blocked" else 0
+        except StopIteration:
+            alive.remove(i)
+            stuck = 0
+        if stuck > 5000 and not in_flight:
+            raise AssertionError(f"deadlock: actors {alive} blocked forever")
+    # nothing left pending on the turn barriers
+    assert all(b.arrived == 0 for b in turn), f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
+    return log
+
+
+def run_all(mutation=None, seeds=60):
+    """None when every run passes, else the first failure's description."""
+    runs = 0
+    for variant in ("simple", "overlap", "pingpong"):
+        for stages in (2, 3):
+            for n_blocks in range(0, 10):
+                for seed in range(seeds):
+                    try:
+                        simulate(n_blocks, stages, variant, seed, mutation)
+                    except AssertionError as e:
+                        return f"variant={variant} stages={stages} n_blocks={n_blocks} seed={seed}: {e}", runs
+                    runs += 1
+    return None, runs
+
+
+def main():
+    failures = 0
+    for mutation, what in MUTATIONS.items():  # the model must catch each of these
+        err, _ = run_all(mutation, seeds=20)
+        print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
+        failures += err is None
+    err, runs = run_all()
+    if err:
+        print("FAIL", err)
+        failures += 1
+    print(f"{runs} passed, {failures} failed (protocol model: simple/overlap/pingpong, stages 2 and 3, 0..9 key "
+          f"blocks; {len(MUTATIONS)} broken protocols must be caught)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
