@@ -152,7 +152,8 @@ typedef struct flashc_handle_s *flashc_handle;
  * supports the call and the memory its tensors live in. */
 flashc_status flashc_create(flashc_handle *handle, const char *backend);
 flashc_status flashc_destroy(flashc_handle handle); /* NULL is fine */
-/* CPU threads; 0 = all online processors (the default). */
+/* CPU threads; 0 = the processors this process may run on (its CPU affinity; the default). The `cpu`
+ * backend's results do not depend on the count: they are bit-identical at every thread count. */
 flashc_status flashc_set_threads(flashc_handle handle, int threads);
 /* CUDA stream (a cudaStream_t) for the work of CUDA backends; NULL = the legacy default stream. Calls
  * return once the work is enqueued on it. */

@@ -254,11 +254,13 @@ flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr);
 flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr);
 
 /* Runs fn(ctx, i, worker) for i in [0, n) on up to `threads` threads (the calling thread included) and
- * returns when all are done. Work is handed out dynamically, one index at a time. `worker` in
- * [0, threads) identifies the thread, so a task can use per-thread scratch (slice worker of a workspace). */
+ * returns when all are done. Work is handed out dynamically, one index at a time and in increasing order, each
+ * to a thread that runs it to the end: a task may wait for one with a smaller index (the `cpu` backward does),
+ * which is running or done. `worker` in [0, threads) identifies the thread, so a task can use per-thread
+ * scratch (slice worker of a workspace). */
 void fc_parallel_for(int threads, int64_t n, void (*fn)(void *ctx, int64_t i, int worker), void *ctx);
 
-/* Online processors of this machine (≥ 1). */
+/* The processors this process may run on (its CPU affinity on Linux, else the online ones), ≥ 1. */
 int fc_cpu_count(void);
 
 /* Where a pointer lives, for builds with CUDA: 1 device (or managed) memory, 0 host, −1 unknown. Without

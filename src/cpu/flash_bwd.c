@@ -4,79 +4,97 @@
  * P is recomputed tile by tile from the forward's lse, so no s×s matrix is kept:
  *   P = 2^(S − lse·log2 e) with S = (scale·log2 e) Q_i K_jᵀ, masked
  *   dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ∘ (dP − D_i),  dK_j += scale dSᵀ Q_i,  dQ_i += scale dS K_j
- * with D_i = rowsum(dO_i ∘ O_i) (= Σ_j P_ij dP_ij, the softmax Jacobian's correction).
+ * with D_i = rowsum(dO_i ∘ O_i) (= Σ_j P_ij dP_ij, the softmax Jacobian's correction): five tile products.
  *
- * For bit-identical gradients without atomics, each gradient row is written by exactly one task, in three
- * passes over fc_parallel_for:
- *   0. D_i, one task per (sequence, query head, query block);
- *   1. dK_j, dV_j, one task per (sequence, kv head, key block of Bc rows): it loops over the query heads of
- *      the kv head's group (GQA sums over them) and over the query rows that may see K_j;
- *   2. dQ_i, one task per (sequence, query head, query block of Br rows), over the key blocks it may see.
- * This recomputes S and dP twice (7 tile products per tile instead of FlashAttention-2's 5) and buys
- * determinism at every thread count.
+ * Two passes over fc_parallel_for:
+ *   0. per (sequence, query head, query block): D_i, and the block's dQ accumulator set to 0;
+ *   1. per (sequence, kv head, key block K_j): K_jᵀ, K_j and V_jᵀ packed once, dK_j and dV_j accumulated in
+ *      the task's scratch over every query head of the kv head's group (GQA sums over them) and every query
+ *      block that sees K_j, then stored. dQ_i += dS K_j goes to an fp32 accumulator shared by the key blocks
+ *      of row block i.
+ * The dQ accumulation is deterministic without atomics on the data: each accumulator block has a ticket,
+ * the number of key blocks that have added to it, and key block j adds its product only when every key block
+ * before it has (it waits for its turn, then adds and passes the ticket on). So dQ_i is summed in the order
+ * j = 0, 1, 2 ... whatever the threads and their timing: bit-identical results run to run and at every
+ * thread count. The product itself is computed before the wait, into scratch; only the addition waits.
+ * Waits are short and never circular: tasks are handed out in increasing order with the key blocks of one
+ * head in increasing order, so the block a task waits for started before it and is running or done; and
+ * ordering tasks by key block first (j-major, over heads and sequences) keeps the key blocks in flight far
+ * apart. The last key block to add stores dQ_i.
  */
 #include "flash.h"
 #include "kernels.h"
 #include "scratch.h"
 #include "tile.h"
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
-/* Block sizes, per call. Each pass streams one operand pair from the caller's tensors (Q_i, dO_i in pass 1;
- * K_j, V_j in pass 2) and keeps its own block in scratch, so a larger own block streams less: at head_dim
- * ≤ 64, 256-row blocks against 128-row (pass 1) and 64-key (pass 2) chunks ran ~5% faster than 128-row
- * blocks, although pass 1's tiles (580 KB) pass a core's 512 KB L2. Wider heads use half the rows (tiles of
- * 384 KB at head_dim 128, ~700 KB at 256). */
-typedef struct {
-  int64_t k_block; /* pass 1: keys per task */
-  int64_t q_chunk; /* pass 1: query rows per step */
-  int64_t q_block; /* passes 0 and 2: query rows per task */
-  int64_t k_chunk; /* pass 2: keys per step */
-} bwd_blocks;
-
-static bwd_blocks blocks_for(int64_t dp) {
-  if (dp <= 64) return (bwd_blocks){.k_block = 256, .q_chunk = 128, .q_block = 256, .k_chunk = 64};
-  return (bwd_blocks){.k_block = 128, .q_chunk = 64, .q_block = 128, .k_chunk = 64};
-}
-
-/* The tiles of one task: `br` query rows against `bc` keys (pass 1: q_chunk × k_block; pass 2:
- * q_block × k_chunk). */
+/* Keys per task (Bc) and query rows per step (Br). Per step the task streams Q_i and dO_i (converted once,
+ * the left operands of S and dP and the right ones of dK and dV) against its K_j, V_j, packed once; a wide
+ * K_j amortises that streaming over more keys. Measured on Zen 3 (one thread, s 2048): Br 96 against Bc 256
+ * ran 8–12% faster than 64 × 128 at head_dim 64 and 128; the tiles of a worker then take ~600 KB at head_dim
+ * 64 (K_jᵀ, K_j, V_jᵀ, dK_j, dV_j are 64 KB each), more than L2, and still ran faster than smaller ones.
+ * Br = 96 is a multiple of the micro-tiles' rows (6 and 8). Bc is lowered (128, 64) while there would be
+ * fewer than 32 tasks, so that small problems still spread over threads; it depends on the shape only, not
+ * on the thread count, so that dQ (summed per key block) is bit-identical at every thread count. */
 typedef struct {
   int64_t br, bc;
-  float *Q, *dO;   /* Q_i, dO_i  [br][dp]  (pass 0: O_i in Q) */
-  float *Kt, *Vt;  /* K_jᵀ, V_jᵀ [dp][bc] */
+} bwd_sizes;
+
+static bwd_sizes sizes_for(const fc_problem *p) {
+  bwd_sizes z = {.br = 96, .bc = 256};
+  while (z.bc > 64 && p->heads_kv * fc_blocks_count(p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc) < 32) z.bc /= 2;
+  return z;
+}
+
+typedef struct {
+  float *Q, *dO;   /* Q_i, dO_i  [br][ld]  (pass 0: O_i in Q) */
+  float *Kt, *Vt;  /* K_jᵀ (carrying scale·log2 e), V_jᵀ: panels of keys [d rows], stride d·nr */
+  float *K;        /* K_j  [bc][ld] */
   float *S, *dP;   /* S then P; dP then dS  [br][bc] */
+  float *dK, *dV;  /* dK_j, dV_j  [bc][dp] */
+  float *dQ;       /* dS K_j  [br][dp], before it is added to the accumulator */
   float *lse2, *D; /* lse·log2 e, D_i  [br] */
-  float *dK, *dV;  /* pass 1: dK_j, dV_j  [bc][dp] */
-  float *K_j, *dQ; /* pass 2: K_j [bc][dp], dQ_i [br][dp] (the same memory as dK, dV) */
 } bwd_tiles;
 
-static size_t bwd_tiles_carve(int64_t dp, int64_t br, int64_t bc, char *base, bwd_tiles *t) {
+static size_t bwd_tiles_carve(const fc_cpu_kernels *kern, int64_t d, bwd_sizes z, char *base, bwd_tiles *t) {
+  const int64_t dp = fc_pad8(d), ld = fc_tile_ld(dp), bcn = fc_round_up(z.bc, kern->nr);
   fc_carve c = {base, 0};
-  t->br = br, t->bc = bc;
-  t->Q = fc_carve_floats(&c, br * dp);
-  t->dO = fc_carve_floats(&c, br * dp);
-  t->Kt = fc_carve_floats(&c, dp * bc);
-  t->Vt = fc_carve_floats(&c, dp * bc);
-  t->S = fc_carve_floats(&c, br * bc);
-  t->dP = fc_carve_floats(&c, br * bc);
-  t->lse2 = fc_carve_floats(&c, br);
-  t->D = fc_carve_floats(&c, br);
-  t->dK = t->K_j = fc_carve_floats(&c, bc * dp);
-  t->dV = t->dQ = fc_carve_floats(&c, (br > bc ? br : bc) * dp);
+  t->Q = fc_carve_floats(&c, z.br * ld);
+  t->dO = fc_carve_floats(&c, z.br * ld);
+  t->Kt = fc_carve_floats(&c, bcn * d);
+  t->Vt = fc_carve_floats(&c, bcn * d);
+  t->K = fc_carve_floats(&c, z.bc * ld);
+  t->S = fc_carve_floats(&c, z.br * z.bc);
+  t->dP = fc_carve_floats(&c, z.br * z.bc);
+  t->dK = fc_carve_floats(&c, z.bc * dp);
+  t->dV = fc_carve_floats(&c, z.bc * dp);
+  t->dQ = fc_carve_floats(&c, z.br * dp);
+  t->lse2 = fc_carve_floats(&c, z.br);
+  t->D = fc_carve_floats(&c, z.br);
   return c.used;
 }
+
+/* The turn of a dQ accumulator block: how many key blocks have added to it. One per cache line, so that
+ * passing one on does not disturb the neighbours. */
+typedef struct {
+  _Alignas(64) atomic_int added;
+} dq_ticket;
 
 typedef struct {
   const fc_problem *p;
   const fc_cpu_kernels *kern;
-  bwd_blocks sizes;
+  bwd_sizes z;
   fc_blocks q_blocks, k_blocks;
-  float *D; /* D_i for every row and query head, indexed like lse */
+  float *D;          /* D_i for every row and query head, indexed like lse */
+  float *dq_acc;     /* dQ (without the scale) for every row and query head: row fc_lse_index of dp floats */
+  dq_ticket *ticket; /* per (query head, query block): h·q_blocks.total + g */
   fc_scratch scratch;
 } bwd_ctx;
 
-/* One sequence and head pair, as every task needs it. */
+/* One sequence, as every task needs it. */
 typedef struct {
   int64_t s, q0, sq, k0, sk, shift;
 } seq_info;
@@ -89,193 +107,190 @@ static seq_info seq_of(const fc_problem *p, int64_t s) {
   return q;
 }
 
-/* ---- pass 0: D_i = rowsum(dO_i ∘ O_i) ---------------------------------------------------------------- */
+/* The keys that row block ib of a sequence sees, exactly: [*lo, *hi), empty if lo ≥ hi. (Each row sees an
+ * interval whose ends grow with the row, and neighbouring rows' intervals touch, so the union over the block
+ * is one interval from the first row's start to the last row's end.) Key block jb adds to the block's dQ iff
+ * it meets this range, so the key blocks that add are the consecutive ones from lo / bc to (hi − 1) / bc. */
+static void block_keys(const bwd_ctx *ctx, const seq_info *q, int64_t ib, int64_t *lo, int64_t *hi) {
+  const int64_t i0 = ib * ctx->z.br, in = q->sq - i0 < ctx->z.br ? q->sq - i0 : ctx->z.br;
+  fc_keys_seen(ctx->p, q->shift, q->sk, i0, i0 + in, lo, hi);
+}
+
+/* ---- pass 0: D_i = rowsum(dO_i ∘ O_i), dQ accumulator = 0 --------------------------------------------- */
 static void d_task(void *vctx, int64_t t, int worker) {
   const bwd_ctx *ctx = vctx;
   const fc_problem *p = ctx->p;
-  const int64_t h = t / ctx->q_blocks.total, d = p->head_dim, dp = fc_pad8(d);
+  const fc_cpu_kernels *kern = ctx->kern;
+  const int64_t h = t / ctx->q_blocks.total, g = t % ctx->q_blocks.total, d = p->head_dim, dp = fc_pad8(d);
   int64_t s, ib;
-  fc_blocks_find(&ctx->q_blocks, t % ctx->q_blocks.total, &s, &ib);
+  fc_blocks_find(&ctx->q_blocks, g, &s, &ib);
   const seq_info q = seq_of(p, s);
-  const int64_t Br = ctx->sizes.q_block, i0 = ib * Br, in = q.sq - i0 < Br ? q.sq - i0 : Br;
+  const int64_t Br = ctx->z.br, i0 = ib * Br, in = q.sq - i0 < Br ? q.sq - i0 : Br;
   bwd_tiles T;
-  bwd_tiles_carve(dp, Br, ctx->sizes.k_chunk, fc_scratch_worker(&ctx->scratch, worker), &T);
-  fc_tile_load(p, &p->o, s, q.q0, i0, in, h, 1.0f, T.Q, dp);
-  fc_tile_load(p, &p->dout, s, q.q0, i0, in, h, 1.0f, T.dO, dp);
-  for (int64_t r = 0; r < in; r++) {
-    float D = 0.0f;
-    for (int64_t c = 0; c < d; c++) D += T.dO[r * dp + c] * T.Q[r * dp + c];
-    ctx->D[fc_lse_index(p, s, q.q0, h, i0 + r)] = D;
+  bwd_tiles_carve(kern, d, ctx->z, fc_scratch_worker(&ctx->scratch, worker), &T);
+  fc_tile_load(kern, p, (fc_rows){&p->o, s, q.q0, i0, in, h}, 1.0f, T.Q, dp);
+  fc_tile_load(kern, p, (fc_rows){&p->dout, s, q.q0, i0, in, h}, 1.0f, T.dO, dp);
+  const int64_t first = fc_lse_index(p, s, q.q0, h, i0); /* the block's rows are consecutive in lse */
+  for (int64_t r = 0; r < in; r++) ctx->D[first + r] = kern->dot(T.dO + r * dp, T.Q + r * dp, d);
+  memset(ctx->dq_acc + first * dp, 0, (size_t)(in * dp) * sizeof(float));
+  atomic_init(&ctx->ticket[h * ctx->q_blocks.total + g].added, 0);
+  int64_t lo, hi;
+  block_keys(ctx, &q, ib, &lo, &hi);
+  if (lo >= hi) /* no key block will add to it: its rows see no key, dq = 0 */
+    fc_tile_store(kern, p, (fc_rows){&p->dq, s, q.q0, i0, in, h}, 0.0f, ctx->dq_acc + first * dp, dp);
+}
+
+/* ---- pass 1: dK_j, dV_j, and dQ_i through the accumulators --------------------------------------------- */
+static void wait_for_turn(atomic_int *added, int turn) {
+  for (int spins = 0; atomic_load_explicit(added, memory_order_acquire) != turn; spins++) {
+    if (spins < 100) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      sched_yield(); /* the key block before this one is computing, maybe on a core this thread shares */
+    }
   }
 }
 
-/* ---- the tile both passes share ---------------------------------------------------------------------- */
-/* Tile row r is query i0 + r and tile column c is key j0 + c, with Q_i, dO_i, K_jᵀ, V_jᵀ loaded (one of Q_i,
- * K_jᵀ carrying scale·log2 e) and lse2, D of the rows in T. For rows [r0, r1) and columns [c0, c1) (c0 a
- * multiple of 8; the columns run on to a multiple of 8, masked):
- *   S = Q_i K_jᵀ (masked),  P = 2^(S − lse·log2 e)   → T->S
- *   dP = dO_i V_jᵀ,  dS = P ∘ (dP − D_i)              → T->dP */
-static void p_and_ds(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q, int64_t i0, int64_t r0, int64_t r1,
-                     int64_t j0, int64_t c0, int64_t c1) {
+/* Task t → (sequence s, kv head hk, key block jb): key block first, so that each head's key blocks come in
+ * increasing order and the first key blocks, which see the most queries under a causal mask, start first. */
+static void task_block(const bwd_ctx *ctx, int64_t t, int64_t *s, int64_t *hk, int64_t *jb) {
+  const fc_blocks *b = &ctx->k_blocks;
+  const int64_t hkv = ctx->p->heads_kv;
+  if (b->first) { /* varlen: global key block numbers are in order within each sequence */
+    *hk = t % hkv;
+    fc_blocks_find(b, t / hkv, s, jb);
+    return;
+  }
+  const int64_t chains = b->batch * hkv, c = t % chains;
+  *jb = t / chains;
+  *s = c / hkv;
+  *hk = c % hkv;
+}
+
+/* The five products of tile (i, j) for query head h: rows [a, b) of Q_i see keys of K_j, and those rows
+ * see keys [c0, c1) of it (c0 rounded down to a panel). Leaves dS K_j in T->dQ rows [a, b). */
+static void tile_step(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q, int64_t h, int64_t i0, int64_t a,
+                      int64_t b, int64_t j0, int64_t jn) {
   const fc_problem *p = ctx->p;
   const fc_cpu_kernels *kern = ctx->kern;
-  const int64_t d = p->head_dim, dp = fc_pad8(d), bc = T->bc, rows = r1 - r0, w = fc_pad8(c1) - c0;
-  float *S = T->S + r0 * bc + c0, *dS = T->dP + r0 * bc + c0;
+  const int64_t d = p->head_dim, dp = fc_pad8(d), ld = fc_tile_ld(dp), nr = kern->nr, Bc = ctx->z.bc, rows = b - a;
+  int64_t lo, hi;
+  fc_keys_seen(p, q->shift, q->sk, i0 + a, i0 + b, &lo, &hi);
+  const int64_t c0 = (lo > j0 ? lo - j0 : 0) / nr * nr, c1 = hi - j0 < jn ? hi - j0 : jn, w = fc_pad8(c1) - c0;
 
-  kern->gemm(rows, w, d, T->Q + r0 * dp, dp, 1, T->Kt + c0, bc, S, bc, 0);
-  fc_tile_mask(p, q->shift, q->sk, i0 + r0, rows, j0 + c0, c1 - c0, w, S, bc);
+  /* Q_i, dO_i rows [a, b): the left operand of S and dP, the right one (read in place as panels of their
+   * columns) of dK and dV. */
+  float *Q = T->Q + a * ld, *dO = T->dO + a * ld;
+  fc_tile_load(kern, p, (fc_rows){&p->q, q->s, q->q0, i0 + a, rows, h}, 1.0f, Q, ld);
+  fc_tile_load(kern, p, (fc_rows){&p->dout, q->s, q->q0, i0 + a, rows, h}, 1.0f, dO, ld);
+  const int64_t first = fc_lse_index(p, q->s, q->q0, h, i0 + a);
   for (int64_t r = 0; r < rows; r++) {
-    float *P_r = S + r * bc;
-    if (T->lse2[r0 + r] == -INFINITY) /* the row sees no key: P = 0 (2^(S + inf) would be inf or NaN) */
-      memset(P_r, 0, (size_t)w * sizeof *P_r);
-    else
-      kern->exp2_row(P_r, w, T->lse2[r0 + r]);
+    T->lse2[a + r] = p->lse[first + r] * FC_LOG2E;
+    T->D[a + r] = ctx->D[first + r];
   }
 
-  kern->gemm(rows, w, d, T->dO + r0 * dp, dp, 1, T->Vt + c0, bc, dS, bc, 0);
+  /* S = Q_i K_jᵀ (masked), dP = dO_i V_jᵀ, over columns [c0, c0 + w). */
+  float *S = T->S + a * Bc + c0, *dS = T->dP + a * Bc + c0;
+  kern->gemm(rows, w, d, Q, ld, 1, T->Kt + c0 / nr * d * nr, d * nr, nr, S, Bc, 0);
+  fc_tile_mask(p, q->shift, q->sk, i0 + a, rows, j0 + c0, c1 - c0, w, S, Bc);
+  kern->gemm(rows, w, d, dO, ld, 1, T->Vt + c0 / nr * d * nr, d * nr, nr, dS, Bc, 0);
+
+  /* P = 2^(S − lse·log2 e), dS = P ∘ (dP − D_i) */
   for (int64_t r = 0; r < rows; r++) {
-    const float *P_r = S + r * bc, D = T->D[r0 + r];
-    float *dS_r = dS + r * bc;
-    for (int64_t c = 0; c < w; c++) dS_r[c] = P_r[c] * (dS_r[c] - D);
+    if (T->lse2[a + r] == -INFINITY) { /* a row that saw no key in the forward: P = 0 (2^(S + inf) is not) */
+      memset(S + r * Bc, 0, (size_t)w * sizeof(float));
+      memset(dS + r * Bc, 0, (size_t)w * sizeof(float));
+    } else {
+      kern->softmax_grad_row(S + r * Bc, dS + r * Bc, w, T->lse2[a + r], T->D[a + r]);
+    }
   }
+
+  /* dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i (scale at the store), over key rows [c0, c1) */
+  kern->gemm(c1 - c0, dp, rows, S, 1, Bc, dO, nr, ld, T->dV + c0 * dp, dp, 1);
+  kern->gemm(c1 - c0, dp, rows, dS, 1, Bc, Q, nr, ld, T->dK + c0 * dp, dp, 1);
+  /* dS K_j, added to dQ_i in the caller's turn (scale at the store) */
+  kern->gemm(rows, dp, c1 - c0, dS, Bc, 1, T->K + c0 * ld, nr, ld, T->dQ + a * dp, dp, 0);
 }
 
-/* lse·log2 e and D_i of rows [i0, i0+in) of query head h. */
-static void load_row_stats(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q, int64_t h, int64_t i0,
-                           int64_t in) {
-  for (int64_t r = 0; r < in; r++) {
-    const int64_t at = fc_lse_index(ctx->p, q->s, q->q0, h, i0 + r);
-    T->lse2[r] = ctx->p->lse[at] * FC_LOG2E;
-    T->D[r] = ctx->D[at];
-  }
-}
-
-/* ---- pass 1: dK_j, dV_j ------------------------------------------------------------------------------- */
 static void dkdv_task(void *vctx, int64_t t, int worker) {
   const bwd_ctx *ctx = vctx;
   const fc_problem *p = ctx->p;
   const fc_cpu_kernels *kern = ctx->kern;
-  const int64_t hk = t / ctx->k_blocks.total, group = p->heads_q / p->heads_kv, d = p->head_dim, dp = fc_pad8(d);
-  int64_t s, jb;
-  fc_blocks_find(&ctx->k_blocks, t % ctx->k_blocks.total, &s, &jb);
+  const int64_t group = p->heads_q / p->heads_kv, d = p->head_dim, dp = fc_pad8(d), nr = kern->nr;
+  int64_t s, hk, jb;
+  task_block(ctx, t, &s, &hk, &jb);
   const seq_info q = seq_of(p, s);
-  const int64_t Bc = ctx->sizes.k_block, Br = ctx->sizes.q_chunk, j0 = jb * Bc, jn = q.sk - j0 < Bc ? q.sk - j0 : Bc;
+  const int64_t Bc = ctx->z.bc, Br = ctx->z.br, j0 = jb * Bc, jn = q.sk - j0 < Bc ? q.sk - j0 : Bc;
   bwd_tiles T;
-  bwd_tiles_carve(dp, Br, Bc, fc_scratch_worker(&ctx->scratch, worker), &T);
+  bwd_tiles_carve(kern, d, ctx->z, fc_scratch_worker(&ctx->scratch, worker), &T);
 
-  /* K_jᵀ carries scale·log2 e, so that Q_i stays plain for dK_j += dSᵀ Q_i. */
-  fc_tile_load_t(p, &p->k, s, q.k0, j0, jn, hk, p->scale * FC_LOG2E, T.Kt, Bc);
-  fc_tile_load_t(p, &p->v, s, q.k0, j0, jn, hk, 1.0f, T.Vt, Bc);
+  /* K_jᵀ carries scale·log2 e, so that S is in base 2 while Q_i, and K_j for dQ, stay plain. */
+  fc_tile_pack_t(kern, p, (fc_rows){&p->k, s, q.k0, j0, jn, hk}, p->scale * FC_LOG2E, T.Kt, d * nr);
+  fc_tile_pack_t(kern, p, (fc_rows){&p->v, s, q.k0, j0, jn, hk}, 1.0f, T.Vt, d * nr);
+  fc_tile_load(kern, p, (fc_rows){&p->k, s, q.k0, j0, jn, hk}, 1.0f, T.K, fc_tile_ld(dp));
   memset(T.dK, 0, (size_t)(jn * dp) * sizeof *T.dK);
   memset(T.dV, 0, (size_t)(jn * dp) * sizeof *T.dV);
 
   int64_t i_lo, i_hi;
   fc_rows_seeing(p, q.shift, q.sq, j0, j0 + jn, &i_lo, &i_hi);
+  const int64_t g0 = ctx->q_blocks.first ? ctx->q_blocks.first[s] : s * ctx->q_blocks.per_seq;
   for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
-    for (int64_t i0 = i_lo; i0 < i_hi; i0 += Br) {
-      const int64_t in = i_hi - i0 < Br ? i_hi - i0 : Br;
-      fc_tile_load(p, &p->q, s, q.q0, i0, in, h, 1.0f, T.Q, dp);
-      fc_tile_load(p, &p->dout, s, q.q0, i0, in, h, 1.0f, T.dO, dp);
-      if (i0 + Br < i_hi) { /* the next Q_i, dO_i: fetched while this tile is computed */
-        const int64_t next = i_hi - (i0 + Br) < Br ? i_hi - (i0 + Br) : Br;
-        fc_tile_prefetch(p, &p->q, s, q.q0, i0 + Br, next, h);
-        fc_tile_prefetch(p, &p->dout, s, q.q0, i0 + Br, next, h);
-      }
-      load_row_stats(ctx, &T, &q, h, i0, in);
-      /* Only keys [c0, c1) of K_j are seen by these rows (c0 rounded down to whole vectors). */
+    for (int64_t ib = i_lo / Br; ib * Br < i_hi; ib++) {
       int64_t lo, hi;
-      fc_keys_seen(p, q.shift, q.sk, i0, i0 + in, &lo, &hi);
-      const int64_t c0 = (lo > j0 ? lo - j0 : 0) / 8 * 8, c1 = hi - j0 < jn ? hi - j0 : jn;
-      if (c0 >= c1) continue;
-      p_and_ds(ctx, &T, &q, i0, 0, in, j0, c0, c1);
-      /* dV_j += Pᵀ dO_i */
-      kern->gemm(c1 - c0, dp, in, T.S + c0, 1, Bc, T.dO, dp, T.dV + c0 * dp, dp, 1);
-      /* dK_j += dSᵀ Q_i  (scale at the store) */
-      kern->gemm(c1 - c0, dp, in, T.dP + c0, 1, Bc, T.Q, dp, T.dK + c0 * dp, dp, 1);
+      block_keys(ctx, &q, ib, &lo, &hi);
+      if (lo >= hi || lo >= j0 + jn || hi <= j0) continue; /* this key block does not add to dQ_i */
+      const int64_t i0 = ib * Br, in = q.sq - i0 < Br ? q.sq - i0 : Br;
+      int64_t a, b;
+      fc_tile_rows(p, q.shift, q.sq, i0, in, j0, jn, &a, &b);
+      if (a < b) tile_step(ctx, &T, &q, h, i0, a, b, j0, jn);
+
+      /* dQ_i += dS K_j, in turn: after key blocks lo / Bc .. jb − 1 */
+      dq_ticket *ticket = &ctx->ticket[h * ctx->q_blocks.total + g0 + ib];
+      const int turn = (int)(jb - lo / Bc), adders = (int)((hi - 1) / Bc - lo / Bc + 1);
+      wait_for_turn(&ticket->added, turn);
+      float *acc = ctx->dq_acc + fc_lse_index(p, s, q.q0, h, i0) * dp;
+      for (int64_t r = a; r < b; r++)
+        for (int64_t c = 0; c < dp; c++) acc[r * dp + c] += T.dQ[r * dp + c];
+      if (turn + 1 == adders) /* the last: dQ_i is complete */
+        fc_tile_store(kern, p, (fc_rows){&p->dq, s, q.q0, i0, in, h}, p->scale, acc, dp);
+      atomic_store_explicit(&ticket->added, turn + 1, memory_order_release);
     }
   }
   /* Every key row is written, those that no query sees with 0. */
-  fc_tile_store(p, &p->dk, s, q.k0, j0, jn, hk, p->scale, T.dK, dp);
-  fc_tile_store(p, &p->dv, s, q.k0, j0, jn, hk, 1.0f, T.dV, dp);
-}
-
-/* ---- pass 2: dQ_i ------------------------------------------------------------------------------------- */
-/* dst[c·ld + r] = src[r·dp + c]: K_jᵀ from K_j, already converted, instead of a second pass over memory. */
-static void transpose(const float *src, int64_t rows, int64_t d, int64_t dp, float *dst, int64_t ld) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < d; c++) dst[c * ld + r] = src[r * dp + c];
-  for (int64_t c = 0; c < d; c++)
-    for (int64_t r = rows; r < fc_pad8(rows); r++) dst[c * ld + r] = 0.0f;
-}
-
-static void dq_task(void *vctx, int64_t t, int worker) {
-  const bwd_ctx *ctx = vctx;
-  const fc_problem *p = ctx->p;
-  const fc_cpu_kernels *kern = ctx->kern;
-  /* Longest tasks (last blocks, under a causal mask) first, as in the forward. */
-  const int64_t h = t / ctx->q_blocks.total, g = ctx->q_blocks.total - 1 - t % ctx->q_blocks.total;
-  const int64_t hk = h / (p->heads_q / p->heads_kv), d = p->head_dim, dp = fc_pad8(d);
-  int64_t s, ib;
-  fc_blocks_find(&ctx->q_blocks, g, &s, &ib);
-  const seq_info q = seq_of(p, s);
-  const int64_t Br = ctx->sizes.q_block, Bc = ctx->sizes.k_chunk, i0 = ib * Br, in = q.sq - i0 < Br ? q.sq - i0 : Br;
-  bwd_tiles T;
-  bwd_tiles_carve(dp, Br, Bc, fc_scratch_worker(&ctx->scratch, worker), &T);
-
-  /* Q_i carries scale·log2 e here; K_j (and K_jᵀ) is plain, for dQ_i += dS K_j. */
-  fc_tile_load(p, &p->q, s, q.q0, i0, in, h, p->scale * FC_LOG2E, T.Q, dp);
-  fc_tile_load(p, &p->dout, s, q.q0, i0, in, h, 1.0f, T.dO, dp);
-  load_row_stats(ctx, &T, &q, h, i0, in);
-  memset(T.dQ, 0, (size_t)(in * dp) * sizeof *T.dQ);
-
-  int64_t j_lo, j_hi;
-  fc_keys_seen(p, q.shift, q.sk, i0, i0 + in, &j_lo, &j_hi);
-  for (int64_t j0 = j_lo; j0 < j_hi; j0 += Bc) {
-    const int64_t jn = j_hi - j0 < Bc ? j_hi - j0 : Bc;
-    /* Only rows [a, b) of Q_i see a key of K_j. */
-    int64_t a, b;
-    fc_tile_rows(p, q.shift, q.sq, i0, in, j0, jn, &a, &b);
-    if (a >= b) continue;
-    fc_tile_load(p, &p->k, s, q.k0, j0, jn, hk, 1.0f, T.K_j, dp);
-    transpose(T.K_j, jn, d, dp, T.Kt, Bc);
-    fc_tile_load_t(p, &p->v, s, q.k0, j0, jn, hk, 1.0f, T.Vt, Bc);
-    if (j0 + Bc < j_hi) { /* the next K_j, V_j: fetched while this tile is computed */
-      const int64_t next = j_hi - (j0 + Bc) < Bc ? j_hi - (j0 + Bc) : Bc;
-      fc_tile_prefetch(p, &p->k, s, q.k0, j0 + Bc, next, hk);
-      fc_tile_prefetch(p, &p->v, s, q.k0, j0 + Bc, next, hk);
-    }
-    p_and_ds(ctx, &T, &q, i0, a, b, j0, 0, jn);
-    /* dQ_i += dS K_j  (scale at the store) */
-    kern->gemm(b - a, dp, jn, T.dP + a * Bc, Bc, 1, T.K_j, dp, T.dQ + a * dp, dp, 1);
-  }
-  fc_tile_store(p, &p->dq, s, q.q0, i0, in, h, p->scale, T.dQ, dp);
+  fc_tile_store(kern, p, (fc_rows){&p->dk, s, q.k0, j0, jn, hk}, p->scale, T.dK, dp);
+  fc_tile_store(kern, p, (fc_rows){&p->dv, s, q.k0, j0, jn, hk}, 1.0f, T.dV, dp);
 }
 
 flashc_status fc_cpu_flash_backward(const fc_problem *p) {
-  const int64_t dp = fc_pad8(p->head_dim);
-  bwd_ctx ctx = {.p = p, .kern = fc_cpu_kernels_pick(), .sizes = blocks_for(dp)};
-  const bwd_blocks z = ctx.sizes;
+  const fc_cpu_kernels *kern = fc_cpu_kernels_pick();
+  const int64_t d = p->head_dim, dp = fc_pad8(d);
+  bwd_ctx ctx = {.p = p, .kern = kern, .z = sizes_for(p)};
+  const bwd_sizes z = ctx.z;
   const int varlen = p->cu_seqlens_q != NULL;
-  /* Shared: D for every (row, query head), then the block numberings of varlen sequences. */
+  const int64_t q_blocks = fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, z.br),
+                k_blocks = fc_blocks_count(p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc);
+  /* Shared: D and the dQ accumulators for every (row, query head), the tickets, the block numberings of
+   * varlen sequences. */
   const size_t D_bytes = fc_align_up((size_t)(p->heads_q * p->total_q) * sizeof(float));
+  const size_t acc_bytes = fc_align_up((size_t)(p->heads_q * p->total_q * dp) * sizeof(float));
+  const size_t ticket_bytes = (size_t)(p->heads_q * q_blocks) * sizeof(dq_ticket);
   const size_t first_bytes = fc_align_up(varlen ? (size_t)(p->batch + 1) * sizeof(int64_t) : 0);
-  /* Sized before the workspace holds the varlen numbering, so the thread count uses an upper bound. */
-  const int64_t tasks_bound =
-      varlen ? p->heads_q * (p->total_q + p->total_k)
-             : p->heads_q * p->batch *
-                   ((p->seqlen_q + z.q_block - 1) / z.q_block + (p->seqlen_k + z.k_block - 1) / z.k_block);
   bwd_tiles unused;
-  const size_t pass1 = bwd_tiles_carve(dp, z.q_chunk, z.k_block, NULL, &unused),
-               pass2 = bwd_tiles_carve(dp, z.q_block, z.k_chunk, NULL, &unused);
-  FC_CHECK(fc_scratch_get(p, tasks_bound, D_bytes + 2 * first_bytes, pass1 > pass2 ? pass1 : pass2, &ctx.scratch));
-  ctx.D = (float *)ctx.scratch.shared;
-  int64_t *q_first = (int64_t *)(ctx.scratch.shared + D_bytes), *k_first = q_first + first_bytes / sizeof(int64_t);
-  fc_blocks_init(&ctx.q_blocks, p->cu_seqlens_q, p->batch, p->seqlen_q, z.q_block, q_first);
-  fc_blocks_init(&ctx.k_blocks, p->cu_seqlens_k, p->batch, p->seqlen_k, z.k_block, k_first);
+  FC_CHECK(fc_scratch_get(p, p->heads_kv * k_blocks, D_bytes + acc_bytes + ticket_bytes + 2 * first_bytes,
+                          bwd_tiles_carve(kern, d, z, NULL, &unused), &ctx.scratch));
+  char *shared = ctx.scratch.shared;
+  ctx.D = (float *)shared;
+  ctx.dq_acc = (float *)(shared + D_bytes);
+  ctx.ticket = (dq_ticket *)(shared + D_bytes + acc_bytes);
+  int64_t *q_first = (int64_t *)(shared + D_bytes + acc_bytes + ticket_bytes),
+          *k_first = q_first + first_bytes / sizeof(int64_t);
+  fc_blocks_init(&ctx.q_blocks, p->cu_seqlens_q, p->batch, p->seqlen_q, z.br, q_first);
+  fc_blocks_init(&ctx.k_blocks, p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc, k_first);
 
   const int threads = ctx.scratch.threads;
   if (ctx.q_blocks.total > 0) fc_parallel_for(threads, p->heads_q * ctx.q_blocks.total, d_task, &ctx);
   if (ctx.k_blocks.total > 0) fc_parallel_for(threads, p->heads_kv * ctx.k_blocks.total, dkdv_task, &ctx);
-  if (ctx.q_blocks.total > 0) fc_parallel_for(threads, p->heads_q * ctx.q_blocks.total, dq_task, &ctx);
   return FLASHC_OK;
 }

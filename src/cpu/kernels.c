@@ -1,50 +1,84 @@
 /*
- * kernels.c — the portable inner loops of the `cpu` backend (plain C that compilers vectorise for whatever
- * they target) and the run-time choice between them and the AVX2+FMA ones. The contracts are in kernels.h.
+ * kernels.c — which kernels of kernels.h this CPU runs: what CPUID and the OS report, read once, and the
+ * choice per call.
  */
 #include "kernels.h"
 
-#include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* C = (accumulate ? C : 0) + A·B, one row of C at a time: the inner loop runs along a row of B and of C,
- * contiguous, so it vectorises on any target. */
-static void gemm_portable(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs, int64_t a_cs, const float *B,
-                          int64_t ldb, float *C, int64_t ldc, int accumulate) {
-  for (int64_t r = 0; r < M; r++) {
-    float *restrict c_r = C + r * ldc;
-    if (!accumulate) memset(c_r, 0, (size_t)N * sizeof *c_r);
-    for (int64_t k = 0; k < K; k++) {
-      const float a = A[r * a_rs + k * a_cs];
-      const float *restrict b_k = B + k * ldb;
-      for (int64_t n = 0; n < N; n++) c_r[n] += a * b_k[n];
-    }
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+/* The AVX-512 kernels are built and can be asked for by name, but the automatic choice skips them until
+ * they have passed the tests on an AVX-512 machine (none was at hand when they were written):
+ *   FLASHC_CPU_KERNELS=avx512 ctest --test-dir build       (test_backends runs `cpu` on them)
+ * then set this to 1. Their layout logic is already tested through kernels_wide.c. */
+enum { AVX512_VERIFIED_ON_HARDWARE = 0 };
+
+/* ---- CPU features -------------------------------------------------------------------------------------- */
+#if defined(__x86_64__) || defined(__i386__)
+/* The register state the OS saves on a context switch (XCR0): AVX needs SSE and ymm (bits 1, 2), AVX-512
+ * also the mask and zmm registers (bits 5, 6, 7). Only valid when CPUID says OSXSAVE. */
+static unsigned long long xcr0(void) {
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return ((unsigned long long)hi << 32) | lo;
+}
+
+static fc_cpu_features detect(void) {
+  fc_cpu_features f = {0, 0, 0};
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+  if (!osxsave || !avx) return f;
+  const unsigned long long xcr = xcr0();
+  if ((xcr & 0x6) != 0x6 || __get_cpuid_max(0, NULL) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1;
+  __cpuid_count(7, 1, a, b, c, d);
+  const int avx512_bf16 = (a >> 5) & 1;
+  f.avx2_fma_f16c = avx2 && fma && f16c;
+  f.avx512 = avx512f && (xcr & 0xe0) == 0xe0;
+  f.avx512_bf16 = f.avx512 && avx512_bf16;
+  return f;
+}
+#else
+static fc_cpu_features detect(void) { return (fc_cpu_features){0, 0, 0}; }
+#endif
+
+fc_cpu_features fc_cpu_features_get(void) {
+  /* Packed into one atomic word: threads that race to fill it in store the same value. */
+  static atomic_int cached = 0; /* bit 0: filled in; bits 1–3: the features */
+  int bits = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (!bits) {
+    const fc_cpu_features f = detect();
+    bits = 1 | f.avx2_fma_f16c << 1 | f.avx512 << 2 | f.avx512_bf16 << 3;
+    atomic_store_explicit(&cached, bits, memory_order_relaxed);
   }
+  return (fc_cpu_features){(bits >> 1) & 1, (bits >> 2) & 1, (bits >> 3) & 1};
 }
 
-static float row_max_portable(const float *x, int64_t n) {
-  float m = x[0];
-  for (int64_t j = 1; j < n; j++) m = x[j] > m ? x[j] : m;
-  return m;
+/* ---- the choice ---------------------------------------------------------------------------------------- */
+static const fc_cpu_kernels *by_name(const char *name) {
+  if (strcmp(name, "avx512") == 0) return fc_cpu_kernels_avx512();
+  if (strcmp(name, "avx2") == 0) return fc_cpu_kernels_avx2();
+  if (strcmp(name, "neon") == 0) return fc_cpu_kernels_neon();
+  if (strcmp(name, "wide") == 0) return fc_cpu_kernels_wide();
+  if (strcmp(name, "portable") == 0) return fc_cpu_kernels_portable();
+  return NULL;
 }
-
-static float exp2_row_portable(float *x, int64_t n, float shift) {
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; j++) sum += x[j] = exp2f(x[j] - shift);
-  return sum;
-}
-
-const fc_cpu_kernels fc_cpu_kernels_portable = {
-    .name = "portable",
-    .gemm = gemm_portable,
-    .row_max = row_max_portable,
-    .exp2_row = exp2_row_portable,
-};
 
 const fc_cpu_kernels *fc_cpu_kernels_pick(void) {
   const char *force = getenv("FLASHC_CPU_KERNELS");
-  if (force && strcmp(force, "portable") == 0) return &fc_cpu_kernels_portable;
-  const fc_cpu_kernels *avx2 = fc_cpu_kernels_avx2();
-  return avx2 ? avx2 : &fc_cpu_kernels_portable;
+  if (force && *force) {
+    const fc_cpu_kernels *k = by_name(force);
+    if (k) return k;
+  }
+  const fc_cpu_kernels *k = AVX512_VERIFIED_ON_HARDWARE ? fc_cpu_kernels_avx512() : NULL;
+  if (!k) k = fc_cpu_kernels_avx2();
+  if (!k) k = fc_cpu_kernels_neon();
+  return k ? k : fc_cpu_kernels_portable();
 }

@@ -1,36 +1,45 @@
 /*
  * tile.h — what the tiled `cpu` forward and backward share: tiles moved between the caller's tensors (any
- * dtype, any strides) and fp32 scratch, the mask of a tile, the ranges of keys and queries that a block can
+ * dtype, any strides) and fp32 scratch, in the two layouts the kernels read (row-major for a left operand,
+ * panels for a right one: kernels.h), the mask of a tile, the ranges of keys and queries that a block can
  * see, and the numbering of the row blocks of every sequence as one list of tasks.
  *
- * A tile of `rows` rows of head_dim d is stored with a row length (leading dimension) of at least
- * fc_pad8(d): the kernels work on whole vectors of 8 floats, so the padding columns are written as 0.
+ * A row-major tile of head_dim d has a row length (leading dimension) of at least fc_pad8(d) with the
+ * padding columns written as 0: the kernels work on whole groups of 8 floats.
  */
 #ifndef FLASHC_CPU_TILE_H
 #define FLASHC_CPU_TILE_H
 
 #include "../internal.h"
+#include "kernels.h"
 
 static inline int64_t fc_pad8(int64_t n) { return (n + 7) / 8 * 8; }
+static inline int64_t fc_round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-/* dst[r·ld + c] = mul · v[row0 + r][c] for r < rows, c < d, of head h of sequence s (which starts at packed
- * row `start`); columns [d, fc_pad8(d)) are set to 0. */
-void fc_tile_load(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
-                  int64_t h, float mul, float *dst, int64_t ld);
+/* The row length of a row-major tile that the kernels stream down (a right operand): rows of a power-of-two
+ * number of cache lines would all fall in a few of L1's sets (64 sets of 64 bytes: rows of 256 bytes use
+ * 16 of them, rows of 512 bytes 8) and evict each other long before L1 is full; one more line per row
+ * spreads them over all sets. */
+static inline int64_t fc_tile_ld(int64_t dp) { return dp % 32 == 0 ? dp + 16 : dp; }
 
-/* The transpose: dst[c·ld + r] = mul · v[row0 + r][c] for c < d; columns [rows, fc_pad8(rows)) of every
- * row c are set to 0. */
-void fc_tile_load_t(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
-                    int64_t h, float mul, float *dst, int64_t ld);
+/* Rows [row0, row0 + rows) of head h of sequence s (which starts at packed row `start`) of view v. In
+ * every function below, element (r, c) is mul · v[row0 + r][c], converted once from the caller's dtype. */
+typedef struct fc_rows {
+  const fc_view *v;
+  int64_t s, start, row0, rows, h;
+} fc_rows;
 
-/* Asks the CPU to start fetching the rows that a later fc_tile_load(_t) will read (one hint per 64-byte
- * line), so that the next tile arrives while this one is being computed on. */
-void fc_tile_prefetch(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
-                      int64_t h);
+/* Row-major: dst[r·ld + c] for c < d; columns [d, fc_pad8(d)) are set to 0. */
+void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ld);
 
-/* v[row0 + r][c] = mul · src[r·ld + c] for r < rows, c < d, rounded once into the caller's dtype. */
-void fc_tile_store(const fc_problem *p, const fc_view *v, int64_t s, int64_t start, int64_t row0, int64_t rows,
-                   int64_t h, float mul, const float *src, int64_t ld);
+/* Packed panels (kernels.h) of the rows, for a right operand B = the rows transposed (K = d, N = the rows):
+ * element (r, c) at dst[(r / nr)·ps + c·nr + r % nr]; rows [rows, ⌈rows/nr⌉·nr) are set to 0. ps ≥ d·nr.
+ * A row-major tile (fc_tile_load) is already a right operand B = the rows (K = the rows, N = d). */
+void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps);
+
+/* v[row0 + r][c] = mul · src[r·ld + c] for c < d, rounded once into the caller's dtype. */
+void fc_tile_store(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, const float *src,
+                   int64_t ld);
 
 /* S[r][c] = −inf where query i0 + r may not see key j0 + c, and for the padding columns c in
  * [valid_cols, cols): S = Q_i K_jᵀ becomes the masked score tile. sk is the sequence's key count. */
@@ -80,6 +89,10 @@ typedef struct fc_blocks {
   int64_t per_seq;      /* dense: blocks per sequence */
   const int64_t *first; /* varlen: first[s] = blocks of the sequences before s (batch + 1 entries), else NULL */
 } fc_blocks;
+
+/* The number of blocks of `size` rows over all sequences (what fc_blocks_init's total will be), before any
+ * storage exists. */
+int64_t fc_blocks_count(const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size);
 
 /* `first_storage`: batch + 1 int64 when cu_seqlens is not NULL (unused otherwise). */
 void fc_blocks_init(fc_blocks *b, const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size,

@@ -1,0 +1,108 @@
+/*
+ * kernels_avx512.c — the `cpu` kernels for x86 CPUs with AVX-512F (Skylake-SP and later Xeons, Zen 4): the
+ * primitives of kernels_simd.h on 16-lane zmm vectors, and bf16 stores by AVX-512 BF16's vcvtneps2bf16 when
+ * the CPU has it. Built with a target attribute, run only after CPUID said yes (kernels.c).
+ *
+ * kernels_wide.c runs kernels_simd.h with this file's shape (16 lanes, 8 × 2 micro-tiles, 32-float panels) on
+ * AVX2, so the layout logic is tested wherever AVX2 is; what only hardware can test is the primitives below.
+ */
+#include "kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define FC_TARGET       __attribute__((target("avx512f,avx2,fma,f16c")))
+#define FC_KERNELS_NAME "avx512"
+#define FC_V            __m512
+#define FC_VL           16
+/* 8 rows × 2 vectors: 16 accumulators + 2 panel vectors + 1 broadcast of the 32 zmm registers; 16
+ * independent FMAs cover the latency of two FMA pipes. */
+#define FC_MR 8
+#define FC_NV 2
+
+#define V_ZERO()        _mm512_setzero_ps()
+#define V_SET1(x)       _mm512_set1_ps(x)
+#define V_LOAD(p)       _mm512_loadu_ps(p)
+#define V_STORE(p, v)   _mm512_storeu_ps(p, v)
+#define V_BCAST(p)      _mm512_set1_ps(*(p))
+#define V_ADD(a, b)     _mm512_add_ps(a, b)
+#define V_SUB(a, b)     _mm512_sub_ps(a, b)
+#define V_MUL(a, b)     _mm512_mul_ps(a, b)
+#define V_MAX(a, b)     _mm512_max_ps(a, b)
+#define V_FMA(a, b, c)  _mm512_fmadd_ps(a, b, c)
+#define V_HMAX(v)       _mm512_reduce_max_ps(v)
+#define V_HSUM(v)       _mm512_reduce_add_ps(v)
+#define V_ROUND(x)      _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define V_MIN_NAN(x, b) _mm512_min_ps(b, x) /* NaN passes through (the second operand) */
+#define V_POW2_MINUS1(n)                                                                                               \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(126)), 23))
+#define V_ZERO_BELOW(r, x, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(b), _CMP_NLT_UQ), r)
+#define V_LOADN(p, n)         _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), p)
+#define V_STOREN(p, v, n)     _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1u), v)
+#define V_LOAD_F16(p)         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define V_STORE_F16(p, v)                                                                                              \
+  _mm256_storeu_si256((__m256i *)(void *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#define V_LOAD_BF16(p)                                                                                                 \
+  _mm512_castsi512_ps(                                                                                                 \
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16))
+#define V_STORE_BF16(p, v) store_bf16_v(p, v)
+
+/* fp32 → bf16 in integers, as kernels_avx2.c: round to nearest even, NaN quieted. */
+FC_TARGET __attribute__((always_inline)) static inline void store_bf16_v(uint16_t *p, __m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256((__m256i *)(void *)p, _mm512_cvtepi32_epi16(r));
+}
+
+#include "kernels_simd.h"
+
+/* bf16 stores with AVX-512 BF16: one instruction per 16 values, round to nearest even. It flushes subnormal
+ * inputs and results to zero (values under 1.2e-38, where the integer path keeps bf16 subnormals). */
+__attribute__((target("avx512f,avx512bf16"))) static void store_bf16_native(const float *x, uint16_t *y, int64_t n,
+                                                                            float mul) {
+  const __m512 m = _mm512_set1_ps(mul);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_mul_ps(m, _mm512_loadu_ps(x + j)));
+    memcpy(y + j, &b, sizeof b);
+  }
+  if (j < n) {
+    const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_mul_ps(m, _mm512_maskz_loadu_ps(k, x + j)));
+    uint16_t out[16];
+    memcpy(out, &b, sizeof b);
+    memcpy(y + j, out, (size_t)(n - j) * sizeof *y);
+  }
+}
+
+static const fc_cpu_kernels kernels_bf16 = {
+    .name = FC_KERNELS_NAME,
+    .nr = FC_NR,
+    .gemm = gemm,
+    .row_max = row_max,
+    .exp2_row = exp2_row,
+    .scale_row = scale_row,
+    .softmax_grad_row = softmax_grad_row,
+    .dot = dot,
+    .load_f32 = copy_f32,
+    .load_f16 = load_f16,
+    .load_bf16 = load_bf16,
+    .store_f32 = copy_f32,
+    .store_f16 = store_f16,
+    .store_bf16 = store_bf16_native,
+};
+
+const fc_cpu_kernels *fc_cpu_kernels_avx512(void) {
+  const fc_cpu_features f = fc_cpu_features_get();
+  if (!f.avx512 || !f.avx2_fma_f16c) return NULL;
+  return f.avx512_bf16 ? &kernels_bf16 : &kernels;
+}
+
+#else /* not x86-64 */
+
+const fc_cpu_kernels *fc_cpu_kernels_avx512(void) { return NULL; }
+
+#endif
