@@ -1,7 +1,8 @@
 /*
  * kernels_avx512.c — the `cpu` kernels for x86 CPUs with AVX-512F (Skylake-SP and later Xeons, Zen 4): the
- * primitives of kernels_simd.h on 16-lane zmm vectors, and bf16 stores by AVX-512 BF16's vcvtneps2bf16 when
- * the CPU has it. Built with a target attribute, run only after CPUID said yes (kernels.c).
+ * primitives of kernels_simd.h on 16-lane zmm vectors. Built with a target attribute, run only after CPUID said
+ * yes (kernels.c). bf16 stores stay in integers even where AVX-512 BF16 is: its vcvtneps2bf16 flushes
+ * subnormals to zero (test_cpu_kernels caught it on a Xeon), and every table must give the same bits.
  *
  * kernels_wide.c runs kernels_simd.h with this file's shape (16 lanes, 8 × 2 micro-tiles, 32-float panels) on
  * AVX2, so the layout logic is tested wherever AVX2 is; what only hardware can test is the primitives below.
@@ -59,46 +60,10 @@ FC_TARGET __attribute__((always_inline)) static inline void store_bf16_v(uint16_
 
 #include "kernels_simd.h"
 
-/* bf16 stores with AVX-512 BF16: one instruction per 16 values, round to nearest even. It flushes subnormal
- * inputs and results to zero (values under 1.2e-38, where the integer path keeps bf16 subnormals). */
-__attribute__((target("avx512f,avx512bf16"))) static void store_bf16_native(const float *x, uint16_t *y, int64_t n,
-                                                                            float mul) {
-  const __m512 m = _mm512_set1_ps(mul);
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m256bh b = _mm512_cvtneps_pbh(_mm512_mul_ps(m, _mm512_loadu_ps(x + j)));
-    memcpy(y + j, &b, sizeof b);
-  }
-  if (j < n) {
-    const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
-    const __m256bh b = _mm512_cvtneps_pbh(_mm512_mul_ps(m, _mm512_maskz_loadu_ps(k, x + j)));
-    uint16_t out[16];
-    memcpy(out, &b, sizeof b);
-    memcpy(y + j, out, (size_t)(n - j) * sizeof *y);
-  }
-}
-
-static const fc_cpu_kernels kernels_bf16 = {
-    .name = FC_KERNELS_NAME,
-    .nr = FC_NR,
-    .gemm = gemm,
-    .row_max = row_max,
-    .exp2_row = exp2_row,
-    .scale_row = scale_row,
-    .softmax_grad_row = softmax_grad_row,
-    .dot = dot,
-    .load_f32 = copy_f32,
-    .load_f16 = load_f16,
-    .load_bf16 = load_bf16,
-    .store_f32 = copy_f32,
-    .store_f16 = store_f16,
-    .store_bf16 = store_bf16_native,
-};
-
 const fc_cpu_kernels *fc_cpu_kernels_avx512(void) {
   const fc_cpu_features f = fc_cpu_features_get();
   if (!f.avx512 || !f.avx2_fma_f16c) return NULL;
-  return f.avx512_bf16 ? &kernels_bf16 : &kernels;
+  return &kernels;
 }
 
 #else /* not x86-64 */
