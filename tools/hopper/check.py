@@ -22,6 +22,7 @@ import torch
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-gpu/libflashc.so")
 ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+ap.add_argument("--tiny", action="store_true", help="two small shapes, causal only (racecheck, which is slow)")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--variants", default="simple,overlap,pingpong")
@@ -131,15 +132,17 @@ def reference(q, k, v, scale, vis, low=None):
 
 
 def make(b, s, h, d, dtype, layout):
+    """Random [b, s, h, d] in `dtype`, laid out as `layout` says. The dtype comes first and the slice last:
+    .to() of a non-contiguous view makes a contiguous copy, which would lose the layout under test."""
     if layout == "bshd":
-        x = torch.randn(b, s, h, d, device="cuda")
-    elif layout == "bhsd":
-        x = torch.randn(b, h, s, d, device="cuda").transpose(1, 2)
-    elif layout == "padded":  # heads padded to a multiple of 8 elements, + 8: TMA-friendly, not contiguous
-        x = torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda")[..., :d]
-    elif layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> cuda-hopper must refuse
-        x = torch.randn(b, s, h, d + 1, device="cuda")[..., :d]
-    return x.to(dtype)
+        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    if layout == "bhsd":
+        return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+    if layout == "padded":  # heads padded to a multiple of 8 elements, + 8: TMA-friendly, not contiguous
+        return torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda", dtype=dtype)[..., :d]
+    if layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> cuda-hopper must refuse
+        return torch.randn(b, s, h, d + 1, device="cuda", dtype=dtype)[..., :d]
+    raise ValueError(layout)
 
 
 results, failures = [], []
@@ -228,6 +231,8 @@ def correctness():
     layouts = ["bshd", "bhsd", "padded"]
     if args.quick:
         shapes, masks = [(97, 97), (1025, 1025), (203, 113)], [dict(), dict(causal=1)]
+    if args.tiny:
+        shapes, masks = [(97, 97), (203, 113)], [dict(causal=1)]
     n = 0
     for variant in args.variants.split(","):
         for dtype in (torch.bfloat16, torch.float16):
@@ -237,7 +242,7 @@ def correctness():
                         n += 1
                         b, h = (1, 2) if max(sq, sk) >= 4096 else (2, 4)
                         check(variant, dtype, b, sq, sk, h, h // 2, d, layout=layouts[n % 3], **m)  # GQA 2:1
-            if args.quick:
+            if args.quick or args.tiny:
                 continue
             check(variant, dtype, 1, 300, 300, 8, 1, 128)  # MQA
             check(variant, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)

@@ -39,9 +39,11 @@ for step in "$@"; do
     run check 420 $CHECK --no-bench
     ;;
   sanitize)
-    for tool in memcheck racecheck synccheck; do
+    for tool in memcheck synccheck; do
       run "san-$tool" 150 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong
     done
+    # racecheck is far slower (it took over 150 s on --quick): two small shapes, every variant
+    run san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK --tiny --no-bench
     ;;
   bench)
     run bench 400 $CHECK --no-check
