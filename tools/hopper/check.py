@@ -1,7 +1,7 @@
 """GPU check of cuda-hopper (H100/H200): correctness against an fp64 reference, then timings against PyTorch
 SDPA (flash, cudnn) on the shapes of /work/shared/TARGETS.md. Run through tools/hopper/gpu.sh, or:
 
-    FLASHC_ENABLE_HOPPER=1 python3 tools/hopper/check.py --lib build-gpu/libflashc.so [--quick] [--no-bench]
+    python3 tools/hopper/check.py --lib build-gpu/libflashc.so [--quick] [--no-bench]
 
 Correctness rule (FlashAttention's): the kernel's max |error| against the fp64 reference is at most 2x the error
 of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax in fp32), + 1e-4.
@@ -28,7 +28,7 @@ ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--variants", default="simple,overlap,pingpong")
 args = ap.parse_args()
 
-os.environ["FLASHC_ENABLE_HOPPER"] = "1"
+os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
 lib = ctypes.CDLL(os.path.abspath(args.lib))
 I64 = ctypes.c_int64
 

@@ -8,7 +8,7 @@
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)
-export FLASHC_ENABLE_HOPPER=1 PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 LIB=build-gpu/libflashc.so
 CHECK="python3 tools/hopper/check.py --lib $LIB"
 
