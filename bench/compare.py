@@ -3,7 +3,7 @@
 
     python bench/compare.py --grid fp32-ladder --csv bench/results/fp32-ladder.csv
     python bench/compare.py --grid targets --dtype bf16,f16 --pass fwd,bwd --csv bench/results/targets.csv
-    python bench/compare.py --grid cpu --device cpu --threads 2 --csv bench/results/cpu.csv
+    python bench/compare.py --grid cpu --device cpu --threads 2 --csv bench/results/cpu-vs-ref.csv
     python bench/compare.py --config 4/16/4096/128 --causal both --backends cuda-mma --peers flash,cudnn
 
 Grids (--grid):

@@ -2,8 +2,8 @@
 """bench/cpu_vs_torch.py — flashc's `cpu` backend against PyTorch's CPU scaled_dot_product_attention, in one
 process, on the same tensors and the same number of threads.
 
-    python bench/cpu_vs_torch.py --threads 2 --csv bench/results/cpu_vs_torch-2core.csv
-    python bench/cpu_vs_torch.py --threads 16 --csv bench/results/cpu_vs_torch-16core.csv
+    python bench/cpu_vs_torch.py --threads 16 --csv /tmp/16.csv; python bench/cpu_vs_torch.py --threads 2 --csv /tmp/2.csv
+    (bench/results/cpu.csv is the two tables, from the lent GPU machine's Xeon: scripts/cpu-check)
     python bench/cpu_vs_torch.py --threads 2 --head-dims 64 --seqlens 2048 --masks full --passes fwd
 
 flashc comes from the installed package (`FLASHC_CUDA=OFF pip install ./python`) or from a checkout with
