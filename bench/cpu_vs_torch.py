@@ -50,28 +50,8 @@ except ImportError:  # a checkout without `pip install ./python`: FLASHC_LIBRARY
 import torch
 import torch.nn.functional as F
 
-SCHEMA = [
-    "date",
-    "device",
-    "commit",
-    "impl",
-    "dtype",
-    "batch",
-    "heads_q",
-    "heads_kv",
-    "seqlen_q",
-    "seqlen_k",
-    "head_dim",
-    "causal",
-    "pass",
-    "world",
-    "threads",
-    "ms",
-    "tflops",
-    "gbps",
-    "max_abs_err",
-    "rel_l2_err",
-]
+from flashc.testing.engine import SCHEMA  # the results schema of TARGETS.md, in one place
+
 COLUMNS = SCHEMA + ["speedup", "repeats", "torch_kernel", "note"]
 
 

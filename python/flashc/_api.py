@@ -339,6 +339,13 @@ def _build_backward(
 
 
 # ---- public functions ----------------------------------------------------------------------------------
+def require_cu_seqlens(fn: str, cu_seqlens_q, cu_seqlens_k) -> None:
+    """The varlen entry points need both offset arrays (None would silently mean the dense layout)."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu is None:
+            raise TypeError(f"flashc: {fn}: {name} is None; packed (varlen) tensors need cu_seqlens_q and cu_seqlens_k")
+
+
 def attention(
     q,
     k,
@@ -376,20 +383,10 @@ def attention(
     argument), NotImplementedError (the backend cannot do it), MemoryError, RuntimeError; the message is
     the C library's, naming the offending value.
     """
-    call = _build_forward(
-        q,
-        k,
-        v,
-        causal=causal,
-        window=window,
-        scale=scale,
-        backend=backend,
-        causal_align=causal_align,
-        threads=threads,
-        deterministic=deterministic,
-        out=out,
-        lse=lse,
-    )
+    call = prepare_forward(
+        q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
+        deterministic=deterministic, out=out, lse=lse,
+    )  # fmt: skip
     o, lse_out = call()
     return (o, lse_out) if return_lse else o
 
@@ -419,23 +416,11 @@ def attention_varlen(
     numpy array or torch tensor on any device: the C API reads them on the host). lse: [heads_q, total_q].
     The mask (causal, window) applies within each sequence.
     """
-    call = _build_forward(
-        q,
-        k,
-        v,
-        causal=causal,
-        window=window,
-        scale=scale,
-        backend=backend,
-        causal_align=causal_align,
-        threads=threads,
-        deterministic=deterministic,
-        out=out,
-        lse=lse,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        varlen=True,
-    )
+    require_cu_seqlens("attention_varlen", cu_seqlens_q, cu_seqlens_k)
+    call = prepare_forward(
+        q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
+        deterministic=deterministic, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    )  # fmt: skip
     o, lse_out = call()
     return (o, lse_out) if return_lse else o
 
@@ -467,26 +452,10 @@ def attention_backward(
     forward's float32 lse. With cu_seqlens_q/k the tensors are packed as in attention_varlen. dq, dk, dv
     may be given to be written in place (overwritten, not accumulated).
     """
-    call = _build_backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        causal=causal,
-        window=window,
-        scale=scale,
-        backend=backend,
-        causal_align=causal_align,
-        threads=threads,
-        deterministic=deterministic,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-    )
+    call = prepare_backward(
+        dout, q, k, v, out, lse, causal, window, scale, backend, causal_align=causal_align, threads=threads,
+        deterministic=deterministic, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    )  # fmt: skip
     return call()
 
 
@@ -494,8 +463,7 @@ def attention_varlen_backward(
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=False, window=None, scale=None, backend="auto", **kwargs
 ):
     """attention_backward for attention_varlen's packed tensors."""
-    if cu_seqlens_q is None or cu_seqlens_k is None:
-        raise TypeError("flashc: attention_varlen_backward needs cu_seqlens_q and cu_seqlens_k")
+    require_cu_seqlens("attention_varlen_backward", cu_seqlens_q, cu_seqlens_k)
     return attention_backward(
         dout,
         q,

@@ -31,8 +31,9 @@ def _options(causal, window, scale, backend, causal_align, threads, deterministi
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """apply(q, k, v, causal=False, window=None, scale=None, backend="auto", causal_align="bottom-right",
-    threads=None, deterministic=False) -> out. Arguments after v are positional in apply()."""
+    """apply(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, backend, causal_align, threads,
+    deterministic) -> out. cu_seqlens_q/k None: dense [batch, seqlen, heads, head_dim] tensors; given: packed
+    [total, heads, head_dim] ones (varlen). Every argument is positional in apply()."""
 
     @staticmethod
     def forward(
@@ -40,6 +41,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         q,
         k,
         v,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
         causal=False,
         window=None,
         scale=None,
@@ -49,9 +52,10 @@ class FlashAttentionFunction(torch.autograd.Function):
         deterministic=False,
     ):
         opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
-        out, lse = _api.attention(q, k, v, return_lse=True, **opts)
+        cu = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+        out, lse = _api.prepare_forward(q, k, v, **cu, **opts)()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opts = opts
+        ctx.opts = {**opts, **cu}
         ctx.mark_non_differentiable(lse)
         return out
 
@@ -60,43 +64,6 @@ class FlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _api.attention_backward(dout, q, k, v, out, lse, **ctx.opts)
-        return (dq, dk, dv) + (None,) * 7
-
-
-class FlashAttentionVarlenFunction(torch.autograd.Function):
-    """apply(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, backend, causal_align, threads,
-    deterministic) -> out, for packed [total, heads, head_dim] tensors."""
-
-    @staticmethod
-    def forward(
-        ctx,
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        causal=False,
-        window=None,
-        scale=None,
-        backend="auto",
-        causal_align="bottom-right",
-        threads=None,
-        deterministic=False,
-    ):
-        opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
-        out, lse = _api.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **opts)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cu_seqlens = (cu_seqlens_q, cu_seqlens_k)
-        ctx.opts = opts
-        ctx.mark_non_differentiable(lse)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        cq, ck = ctx.cu_seqlens
-        dq, dk, dv = _api.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q=cq, cu_seqlens_k=ck, **ctx.opts)
         return (dq, dk, dv) + (None,) * 9
 
 
@@ -114,7 +81,9 @@ def attention(
     deterministic=False,
 ):
     """flashc.attention with autograd: gradients flow to q, k and v."""
-    return FlashAttentionFunction.apply(q, k, v, causal, window, scale, backend, causal_align, threads, deterministic)
+    return FlashAttentionFunction.apply(
+        q, k, v, None, None, causal, window, scale, backend, causal_align, threads, deterministic
+    )
 
 
 def attention_varlen(
@@ -133,7 +102,8 @@ def attention_varlen(
     deterministic=False,
 ):
     """flashc.attention_varlen with autograd."""
-    return FlashAttentionVarlenFunction.apply(
+    _api.require_cu_seqlens("flashc.torch.attention_varlen", cu_seqlens_q, cu_seqlens_k)
+    return FlashAttentionFunction.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, backend, causal_align, threads, deterministic
     )
 
