@@ -156,7 +156,8 @@ flashc_status flashc_destroy(flashc_handle handle); /* NULL is fine */
  * backend's results do not depend on the count: they are bit-identical at every thread count. */
 flashc_status flashc_set_threads(flashc_handle handle, int threads);
 /* CUDA stream (a cudaStream_t) for the work of CUDA backends; NULL = the legacy default stream. Calls
- * return once the work is enqueued on it. */
+ * return once the work is enqueued on it. Changing the stream orders the new one after the work already
+ * enqueued on the old one (they share the handle's device workspace); one handle per stream avoids that wait. */
 flashc_status flashc_set_stream(flashc_handle handle, void *cuda_stream);
 /* The backend the handle was created with ("auto" or a name). */
 const char *flashc_handle_backend(flashc_handle handle);

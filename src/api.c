@@ -147,6 +147,7 @@ flashc_status flashc_set_threads(flashc_handle h, int threads) {
 
 flashc_status flashc_set_stream(flashc_handle h, void *stream) {
   if (!h) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_set_stream: handle is NULL");
+  if (stream != h->stream) FC_CHECK(fc_device_stream_switch(h, h->stream, stream));
   h->stream = stream;
   return FLASHC_OK;
 }

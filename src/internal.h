@@ -252,6 +252,10 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
 flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr);
 /* The same for device memory (CUDA builds only; defined in src/cuda/runtime.cu). */
 flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr);
+/* flashc_set_stream's hook: work already enqueued on the old stream may still use the device workspace, so
+ * the new stream waits for it (an event, not a host sync: legal while a graph is being captured). No-op
+ * without CUDA or before the handle's first GPU call. */
+flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_stream, void *new_stream);
 
 /* Runs fn(ctx, i, worker) for i in [0, n) on up to `threads` threads (the calling thread included) and
  * returns when all are done. Work is handed out dynamically, one index at a time and in increasing order, each

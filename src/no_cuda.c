@@ -15,3 +15,10 @@ flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr)
 }
 
 void fc_device_workspace_free(struct flashc_handle_s *h) { (void)h; }
+
+flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_stream, void *new_stream) {
+  (void)h;
+  (void)old_stream;
+  (void)new_stream;
+  return FLASHC_OK;
+}

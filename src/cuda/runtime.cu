@@ -115,6 +115,27 @@ extern "C" flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, 
   return FLASHC_OK;
 }
 
+extern "C" flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_stream, void *new_stream) {
+  if (!h->device_ws) return FLASHC_OK; /* no GPU call yet: nothing can be pending */
+  int prev = 0;
+  FC_CUDA_CHECK(cudaGetDevice(&prev));
+  FC_CUDA_CHECK(cudaSetDevice(h->device_ws_device));
+  cudaEvent_t done = NULL;
+  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(done, (cudaStream_t)old_stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)new_stream, done, 0);
+  if (done) cudaEventDestroy(done); /* the wait keeps what it needs */
+  cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fc_error(FLASHC_ERR_CUDA,
+                    "flashc_set_stream: ordering the new stream after the old one's work on the handle's workspace "
+                    "failed: %s",
+                    cudaGetErrorString(e));
+  }
+  return FLASHC_OK;
+}
+
 extern "C" void fc_device_workspace_free(struct flashc_handle_s *h) {
   if (h->device_ws) {
     int prev = 0;

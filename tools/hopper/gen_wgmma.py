@@ -15,12 +15,13 @@ def accs(constraint, count):
     return ", ".join(f'"{constraint}"(d[{i}])' for i in range(count))
 
 
-def ss(n, ctype, ptype, zero):
+def ss(n, ctype, ptype, zero, trans=False):
     r = n // 2  # fp32 accumulators per thread
-    name = "fc_wgmma_ss_zero" if zero else "fc_wgmma_ss"
+    name = "fc_wgmma_ss" + ("_tt" if trans else "") + ("_zero" if zero else "")
+    t = 1 if trans else 0  # imm-trans-a = imm-trans-b
     return f'''template <> __device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{r}], uint64_t a_desc, uint64_t b_desc) {{
   asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-               "{{{regs(0, r)}}}, %{r}, %{r + 1}, {0 if zero else 1}, 1, 1, 0, 0;\\n"
+               "{{{regs(0, r)}}}, %{r}, %{r + 1}, {0 if zero else 1}, 1, 1, {t}, {t};\\n"
                : {accs("=f" if zero else "+f", r)}
                : "l"(a_desc), "l"(b_desc));
 }}
@@ -46,6 +47,8 @@ print('''/* hopper_wgmma.cuh — the wgmma.mma_async instructions cuda-hopper is
  *                           (imm-trans-a = imm-trans-b = 0): S = Q_i·K_jᵀ with Q_i and K_j stored row by row.
  *   fc_wgmma_ss_zero<T, N>: D = A·B (scale-d 0): D is written only, so the compiler sees no use of its old
  *                           value (a fresh S per key block, never registers carried over from the last one).
+ *   fc_wgmma_ss_tt<T, N>,   the same with both operands MN-major (imm-trans-a = imm-trans-b = 1): the backward's
+ *   fc_wgmma_ss_tt_zero:    dQ_i += dS·K_j, dS stored as dSᵀ (key rows) and K_j row by row (key rows).
  *   fc_wgmma_rs<T, N>:      D += A·B, A from registers (four .b32 per thread, two 16-bit values each), B in
  *                           shared memory MN-major (imm-trans-b = 1): O += P·V_j with V_j stored row by row
  *                           (its rows are the k dimension, its contiguous columns the n dimension).
@@ -73,6 +76,10 @@ template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_ss_zero(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc);
+template <typename T, int N>
+static __device__ __forceinline__ void fc_wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
+template <typename T, int N>
+static __device__ __forceinline__ void fc_wgmma_ss_tt_zero(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 
 #if FC_HOPPER_ARCH''')
 for ctype, ptype in TYPES:
@@ -81,6 +88,13 @@ for ctype, ptype in TYPES:
 for ctype, ptype in TYPES:
     for n in (64, 128):
         print(rs(n, ctype, ptype))
+# The backward (hopper_bwd.cu): S^T = K_j.Q_i^T and dP^T = V_j.dO_i^T for Br = 64 queries, and
+# dQ_i += dS.K_j per 64 columns of the head dim.
+for ctype, ptype in TYPES:
+    print(ss(64, ctype, ptype, False))
+    print(ss(64, ctype, ptype, True))
+    print(ss(64, ctype, ptype, False, True))
+    print(ss(64, ctype, ptype, True, True))
 print('''#endif /* FC_HOPPER_ARCH */
 
 #endif /* FLASHC_CUDA_HOPPER_WGMMA_CUH */''')
