@@ -24,64 +24,15 @@
  *   sP, sdS [Bc][Br]          Pᵀ and dSᵀ: A of dV and dK; dSᵀ read with ldmatrix.trans is dS, A of dQ
  *   sL, sD [QSTAGES][Br] fp32 lse·log2(e) and D of the query block */
 #include "common.cuh"
+#include "mma_bwd_common.cuh"
+#include "mma_bwd_fa2.cuh"
 #include "mma_host.cuh"
 #include "mma_tile.cuh"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-
-enum { FC_BWD_PADR = 128, FC_BWD_DQ_WARPS = 8, FC_BWD_DQ_THREADS = FC_BWD_DQ_WARPS * 32, FC_BWD_DQ_BR = 128 };
-
-typedef struct fc_mma_bwd_args {
-  const uint16_t *q, *k, *v, *o, *dout;
-  uint16_t *dq, *dk, *dv;
-  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh, do_sb, do_ss, do_sh;
-  int64_t dq_sb, dq_ss, dq_sh, dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
-  const float *lse;   /* the forward's: [b, hq, sq], or [hq, total_q] when varlen */
-  float *lse2, *dsum; /* [hq][total_pad]: lse·log2(e) (+inf: P = 0) and D, rows
-                         padded per sequence */
-  float *dq_accum;    /* [total_q][hq][dq_ld] fp32 (atomic mode); dq_ld = D, so rows are 16-byte aligned */
-  int dq_ld;
-  const int32_t *cu_q, *cu_k;
-  const int64_t *cu_pad; /* varlen: first padded row of each sequence in
-                            lse2/dsum; NULL when dense */
-  int seqlen_q, seqlen_k;
-  int64_t total_q, total_pad, sq_pad;
-  int heads_q, heads_kv, group, head_dim;
-  int n_blocks;     /* row blocks per (head, sequence) in the kernel's grid */
-  float scale;      /* signed */
-  float scale_log2; /* |scale|·log2(e) */
-  int negate_q;     /* scale < 0: scores from −Q with |scale| */
-  int64_t window_left, window_right, mask_offset;
-  int bottom_right;
-} fc_mma_bwd_args;
-
-/* One sequence: where its rows start in q (and the packed dQ buffer), k, and
- * the padded row buffers. */
-typedef struct fc_bwd_seq {
-  int64_t q_start, k_start, q_row0, pad0;
-  int sq, sk;
-} fc_bwd_seq;
-
-static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_of(const int32_t *cu_q, const int32_t *cu_k,
-                                                           const int64_t *cu_pad, int seqlen_q, int seqlen_k,
-                                                           int64_t sq_pad, int64_t b) {
-  fc_bwd_seq s;
-  if (cu_q) {
-    s.q_start = cu_q[b], s.sq = cu_q[b + 1] - (int)s.q_start;
-    s.k_start = cu_k[b], s.sk = cu_k[b + 1] - (int)s.k_start;
-    s.q_row0 = s.q_start, s.pad0 = cu_pad[b];
-  } else {
-    s.q_start = 0, s.sq = seqlen_q, s.k_start = 0, s.sk = seqlen_k;
-    s.q_row0 = b * seqlen_q, s.pad0 = b * sq_pad;
-  }
-  return s;
-}
-#define FC_BWD_SEQ(a, b) fc_bwd_seq_of(a.cu_q, a.cu_k, a.cu_pad, a.seqlen_q, a.seqlen_k, a.sq_pad, b)
-
-static __device__ __forceinline__ bool fc_bwd_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
-  return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
-}
 
 /* ---- 1. prep: D = rowsum(dO∘O), lse2 = lse·log2(e) ----------------------------------------------------- */
 /* 8 warps × 16 rows per CTA of 128 padded rows; grid: row blocks × hq ×
@@ -117,24 +68,6 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_prep_ker
 }
 
 /* ---- 2. dkdv ------------------------------------------------------------------------------------------- */
-/* One query block of one head for dkdv: Q_i and dO_i tiles (cp.async when
- * ALIGNED) and the 16-byte-aligned padded lse2, D rows (always present: the
- * buffers are padded to whole blocks). */
-template <int BR, int D, int NT, bool ALIGNED>
-static __device__ __forceinline__ void
-fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
-              const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
-              int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int64_t total_pad, int64_t pad0, int tid) {
-  const uint16_t *Q = q + q_seq + q0 * q_ss + hh * q_sh, *dO = dout + do_seq + q0 * do_ss + hh * do_sh;
-  fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q, q_ss, sq - q0, d, tid, Q);
-  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO, do_ss, sq - q0, d, tid, dO);
-  const int64_t at = hh * total_pad + pad0 + q0;
-  if (tid < BR / 4)
-    fc_cp_async16(fc_smem_u32(sL + 4 * tid), lse2 + at + 4 * tid, 16);
-  else if (tid < BR / 2)
-    fc_cp_async16(fc_smem_u32(sD + 4 * (tid - BR / 4)), dsum + at + 4 * (tid - BR / 4), 16);
-}
-
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ALIGNED, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mma_bwd_args a) {
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
@@ -542,19 +475,48 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
 }
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
-template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int DQ_BC>
-static flashc_status fc_mma_bwd_launch(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
-  fc_mma_bwd_args a = *a0;
-  const cudaStream_t stream = fc_stream(p);
-  const char *what = "flashc_backward: backend cuda-mma";
-  int grid = 0;
+/* The configurations of the dK/dV kernel (step 2), chosen by FLASHC_MMA_BWD_CONFIG at every call; unset or
+ * empty: the first. Steps 1, 3, 3' and 4 are the same for all. */
+typedef enum fc_bwd_config { FC_BWD_BASE, FC_BWD_FA2, FC_BWD_NCONFIG } fc_bwd_config;
+static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
+    "base", /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
+    "fa2",  /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
+               several m-tiles per warp; where its shared memory does not fit the device: base */
+};
 
+static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
+  const char *e = getenv("FLASHC_MMA_BWD_CONFIG");
+  *out = FC_BWD_BASE;
+  if (!e || !*e) return FLASHC_OK;
+  char names[128] = "";
+  for (int c = 0; c < FC_BWD_NCONFIG; c++) {
+    if (strcmp(e, fc_bwd_config_names[c]) == 0) {
+      *out = (fc_bwd_config)c;
+      return FLASHC_OK;
+    }
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", c ? ", " : "", fc_bwd_config_names[c]);
+  }
+  return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
+                  "flashc_backward: FLASHC_MMA_BWD_CONFIG=%s names no configuration of cuda-mma (%s)", e, names);
+}
+
+/* 1. prep. */
+template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, const fc_mma_bwd_args *a0) {
+  fc_mma_bwd_args a = *a0;
+  int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_PADR);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
-  fc_mma_bwd_prep_kernel<T><<<grid, 256, 0, stream>>>(a);
+  fc_mma_bwd_prep_kernel<T><<<grid, 256, 0, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_prep_kernel");
+  return FLASHC_OK;
+}
 
+/* 2, base configuration. */
+template <typename T, int D, int BR, int BC, int NW, int QSTAGES>
+static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
+  fc_mma_bwd_args a = *a0;
   const bool atomic = !p->deterministic;
+  int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
   const size_t smem = (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 +
@@ -564,48 +526,114 @@ static flashc_status fc_mma_bwd_launch(const fc_problem *p, const fc_mma_bwd_arg
                         : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, false>)
               : (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, true>
                         : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, false>);
-  FC_CHECK(fc_mma_smem((const void *)dkdv, smem, what));
-  dkdv<<<grid, NW * 32, smem, stream>>>(a);
+  FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
+  dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dkdv_kernel");
+  return FLASHC_OK;
+}
 
-  if (atomic) {
+/* 2, fa2 configuration (8 warps, Q_i/dO_i double-buffered). *ran = false, and nothing launched, when its
+ * shared memory does not fit this device (d256 on sm_80: 209 KB): the caller runs base instead. */
+template <typename T, int D, int BR, int BC, int WS, int WD, int WQ, int NQC>
+static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool *ran) {
+  constexpr int NW = 8, QSTAGES = 2;
+  constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES);
+  fc_mma_bwd_args a = *a0;
+  const bool atomic = !p->deterministic;
+  fc_device_props props;
+  *ran = false;
+  FC_CHECK(fc_device_get_props(&props));
+  if (smem > props.smem_per_block_optin) return FLASHC_OK;
+  int grid = 0;
+  a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
+  void (*dkdv)(const fc_mma_bwd_args) =
+      aligned ? (atomic ? fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, true, true>
+                        : fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, true, false>)
+              : (atomic ? fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, false, true>
+                        : fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, false, false>);
+  FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
+  dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
+  FC_LAUNCH_CHECK("fc_mma_bwd_fa2_kernel");
+  *ran = true;
+  return FLASHC_OK;
+}
+
+/* 3'/4: dQ from the fp32 buffer (atomic mode), or the deterministic dQ pass. */
+template <typename T, int D, int DQ_BC>
+static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
+  fc_mma_bwd_args a = *a0;
+  const cudaStream_t stream = fc_stream(p);
+  if (!p->deterministic) {
     const int64_t n = p->total_q * p->heads_q * p->head_dim;
     const int blocks = (int)(n / 256 < 65536 ? fc_cdiv(n, 256) : 65536);
     fc_mma_bwd_convert_kernel<T><<<blocks, 256, 0, stream>>>(a);
     FC_LAUNCH_CHECK("fc_mma_bwd_convert_kernel");
     return FLASHC_OK;
   }
+  int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_DQ_BR);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
   const size_t smem_dq = (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * DQ_BC) * fc_tile_stride(D) * 2;
   void (*dq)(const fc_mma_bwd_args) =
       aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true> : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false>;
-  FC_CHECK(fc_mma_smem((const void *)dq, smem_dq, what));
+  FC_CHECK(fc_mma_smem((const void *)dq, smem_dq, "flashc_backward: backend cuda-mma"));
   dq<<<grid, FC_BWD_DQ_THREADS, smem_dq, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dq_kernel");
   return FLASHC_OK;
 }
 
-/* Tile shapes per head dim: <D, Br, Bc, warps, Q/dO stages, deterministic dQ's
- * Bc>. */
+/* Tile shapes per head dim, one line each:
+ *   fa2:  <D, Br, Bc, WS, WD, WQ, NQC> (mma_bwd_fa2.cuh)
+ *   base: <D, Br, Bc, warps, Q/dO stages>
+ *   the deterministic dQ pass: <D, its Bc> */
 template <typename T>
-static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned) {
-  switch (fc_mma_compiled_dim(p->head_dim)) {
-  case 32: return fc_mma_bwd_launch<T, 32, 64, 128, 8, 2, 64>(p, a, aligned);
-  case 64: return fc_mma_bwd_launch<T, 64, 64, 128, 8, 2, 64>(p, a, aligned);
-  case 96: return fc_mma_bwd_launch<T, 96, 64, 64, 8, 2, 64>(p, a, aligned);
-  case 128: return fc_mma_bwd_launch<T, 128, 64, 64, 8, 2, 64>(p, a, aligned);
-  case 160: return fc_mma_bwd_launch<T, 160, 64, 64, 8, 2, 32>(p, a, aligned);
-  case 192: return fc_mma_bwd_launch<T, 192, 64, 64, 8, 2, 32>(p, a, aligned);
-  case 256: return fc_mma_bwd_launch<T, 256, 64, 64, 8, 1, 32>(p, a, aligned);
+static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
+                                         fc_bwd_config config) {
+  const int d = fc_mma_compiled_dim(p->head_dim);
+  FC_CHECK(fc_mma_bwd_prep<T>(p, a));
+  bool ran = false;
+  if (config == FC_BWD_FA2) {
+    switch (d) {
+    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 4, 4, 4, 16>(p, a, aligned, &ran))); break;
+    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 4, 4, 4, 32>(p, a, aligned, &ran))); break;
+    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 4, 4, 4, 48>(p, a, aligned, &ran))); break;
+    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 4, 4, 2, 32>(p, a, aligned, &ran))); break;
+    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 4, 4, 4, 80>(p, a, aligned, &ran))); break;
+    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 4, 2, 2, 48>(p, a, aligned, &ran))); break;
+    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 4, 2, 2, 32>(p, a, aligned, &ran))); break;
+    }
   }
-  return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no kernel for head_dim %lld",
-                  (long long)p->head_dim);
+  if (!ran) {
+    switch (d) {
+    case 32: FC_CHECK((fc_mma_bwd_base<T, 32, 64, 128, 8, 2>(p, a, aligned))); break;
+    case 64: FC_CHECK((fc_mma_bwd_base<T, 64, 64, 128, 8, 2>(p, a, aligned))); break;
+    case 96: FC_CHECK((fc_mma_bwd_base<T, 96, 64, 64, 8, 2>(p, a, aligned))); break;
+    case 128: FC_CHECK((fc_mma_bwd_base<T, 128, 64, 64, 8, 2>(p, a, aligned))); break;
+    case 160: FC_CHECK((fc_mma_bwd_base<T, 160, 64, 64, 8, 2>(p, a, aligned))); break;
+    case 192: FC_CHECK((fc_mma_bwd_base<T, 192, 64, 64, 8, 2>(p, a, aligned))); break;
+    case 256: FC_CHECK((fc_mma_bwd_base<T, 256, 64, 64, 8, 1>(p, a, aligned))); break;
+    default:
+      return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no kernel for head_dim %lld",
+                      (long long)p->head_dim);
+    }
+  }
+  switch (d) {
+  case 32: return fc_mma_bwd_finish<T, 32, 64>(p, a, aligned);
+  case 64: return fc_mma_bwd_finish<T, 64, 64>(p, a, aligned);
+  case 96: return fc_mma_bwd_finish<T, 96, 64>(p, a, aligned);
+  case 128: return fc_mma_bwd_finish<T, 128, 64>(p, a, aligned);
+  case 160: return fc_mma_bwd_finish<T, 160, 32>(p, a, aligned);
+  case 192: return fc_mma_bwd_finish<T, 192, 32>(p, a, aligned);
+  default: return fc_mma_bwd_finish<T, 256, 32>(p, a, aligned);
+  }
 }
 
 static size_t fc_round256(size_t n) { return (n + 255) / 256 * 256; }
 
 flashc_status fc_mma_backward(const fc_problem *p) {
+  fc_bwd_config config;
+  FC_CHECK(fc_bwd_config_from_env(&config));
   fc_mma_bwd_args a;
   memset(&a, 0, sizeof a);
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_PADR. */
@@ -668,6 +696,6 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                        fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&p->dk) &&
                        fc_mma_view_aligned(&p->dv);
-  if (p->dtype == FLASHC_F16) return fc_mma_bwd_dispatch<__half>(p, &a, aligned);
-  return fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned);
+  if (p->dtype == FLASHC_F16) return fc_mma_bwd_dispatch<__half>(p, &a, aligned, config);
+  return fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, config);
 }

@@ -1,0 +1,303 @@
+/* mma_bwd_fa2.cuh — the "fa2" configuration of cuda-mma's dK/dV kernel (FLASHC_MMA_BWD_CONFIG=fa2): the
+ * base kernel's algorithm (mma_bwd.cu, step 2) with FlashAttention-2's block shapes, so that each operand
+ * read from shared memory feeds more tensor-core work.
+ *
+ * One CTA of NW warps per key block K_j, V_j (Bc keys) and kv head; dK_j, dV_j stay in registers while it
+ * walks the query blocks Q_i (Br rows) that see the block, for every query head of the GQA group:
+ *   Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ                        warps: WS along the keys × NW/WS along the queries
+ *   Pᵀ = 2^(c·Sᵀ − lse·log2 e), dSᵀ = Pᵀ∘(dPᵀ − D)       → shared memory once, 16-bit
+ *   dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i                      warps: WD along the keys × NW/WD along the columns
+ *   dQ_i += dS·K_j, fp32 reductions (red.v4 on sm_90)     warps: WQ along the queries × NW/WQ along the columns
+ * Each warp owns a tile of several 16-row m-tiles, not one: a fragment read by ldmatrix feeds every m-tile
+ * (A) or every n-block (B) of the warp's tile. Per query block, shared-memory reads are
+ *   (NW/WS + WS·Br/Bc)·2·Bc·D + (NW/WD + WD·D/Bc)·2·Bc·Br + (NW/WQ·Bc/D·NCH + WQ)·Bc·D  elements,
+ * e.g. d128, Br 64, Bc 128: 640 KB for 10.5 MFLOP (the base kernel's 64×64 tiles: 480 KB for 5.2).
+ * Two barriers per query block: Q_i landed (and the last block's buffers are free), Pᵀ/dSᵀ written. Q_i,
+ * dO_i of the next block are copied by cp.async while this one is computed (QSTAGES = 2).
+ *
+ * Shared memory (16-bit, XOR-swizzled rows as in mma_tile.cuh), the base kernel's layout:
+ *   sK, sV [Bc][DS]            the CTA's key block: A of Sᵀ and dPᵀ, B of dS·K_j
+ *   sQ, sdO [QSTAGES][Br][DS]  the query block: B of Sᵀ, dPᵀ, dK, dV; at the end, the staging of dK_j, dV_j
+ *   sP, sdS [Bc][Br]           Pᵀ and dSᵀ: A of dV and dK; dSᵀ read with ldmatrix.trans is dS, A of dQ
+ *   sL, sD [QSTAGES][Br] fp32  lse·log2(e) and D of the query block
+ * Included by mma_bwd.cu after mma_bwd_common.cuh. */
+#ifndef FLASHC_CUDA_MMA_BWD_FA2_CUH
+#define FLASHC_CUDA_MMA_BWD_FA2_CUH
+
+#include "mma_bwd_common.cuh"
+
+/* Shared-memory bytes of the kernel below. */
+static constexpr size_t fc_bwd_fa2_smem(int D, int BR, int BC, int QSTAGES) {
+  return (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 + (size_t)2 * BC * fc_tile_stride(BR) * 2 +
+         (size_t)2 * QSTAGES * BR * sizeof(float);
+}
+
+/* NQC: the columns of a warp's dQ tile accumulated at once (a divisor of its D·WQ/NW columns, so that dQ's
+ * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes). */
+template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool ALIGNED,
+          bool ATOMIC_DQ>
+__global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
+  constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
+  constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
+  constexpr int MD = BC / WD, MT_D = MD / 16, ND = D / (NW / WD), NDV = ND / 8;  /* dK, dV warp tile */
+  constexpr int MQ = BR / WQ, MT_Q = MQ / 16, NQ = D / (NW / WQ), NQX = NQC / 8; /* dQ warp tile */
+  static_assert(NW % WS == 0 && NW % WD == 0 && NW % WQ == 0, "warps must tile every product");
+  static_assert(MS % 16 == 0 && MD % 16 == 0 && MQ % 16 == 0, "warp tiles are whole m-tiles");
+  static_assert(NS % 16 == 0 && ND % 16 == 0 && NQC % 16 == 0 && NQ % NQC == 0, "n-blocks come in pairs");
+  static_assert(MS * WS == BC && NS * (NW / WS) == BR, "Sᵀ's keys and queries split evenly");
+  static_assert(ND * (NW / WD) == D && NQ * (NW / WQ) == D, "dK/dV's and dQ's columns split evenly");
+  static_assert(QSTAGES * BR >= BC, "dK and dV are staged through the sQ and sdO buffers");
+  static_assert(FC_BWD_PADR % BR == 0, "query blocks stay inside the padded row buffers");
+  static_assert(BR / 2 <= NT, "one thread per 4 floats of lse2_i and D_i");
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t *sK = smem, *sV = sK + BC * DS, *sQ = sV + BC * DS, *sdO = sQ + QSTAGES * BR * DS;
+  uint16_t *sP = sdO + QSTAGES * BR * DS, *sdS = sP + BC * PS;
+  float *sL = (float *)(sdS + BC * PS), *sD = sL + QSTAGES * BR;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int ks = warp % WS, ns = warp / WS; /* Sᵀ: keys ks·MS.., queries ns·NS.. */
+  const int kd = warp % WD, nd = warp / WD; /* dK, dV: keys kd·MD.., columns nd·ND.. */
+  const int qm = warp % WQ, qn = warp / WQ; /* dQ: queries qm·MQ.., columns qn·NQ.. */
+
+  const int jb = (int)(blockIdx.x % a.n_blocks);
+  const int64_t bh = blockIdx.x / a.n_blocks;
+  const int hk = (int)(bh % a.heads_kv);
+  const int64_t b = bh / a.heads_kv;
+  const fc_bwd_seq s = FC_BWD_SEQ(a, b);
+  const int k0 = jb * BC;
+  if (k0 >= s.sk) return;
+  const int64_t shift = (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
+
+  /* Query rows that see some key of [k0, k0 + Bc): i − wr ≤ j − shift ≤ i + wl. */
+  int64_t i_lo = a.window_right < 0 ? 0 : k0 - shift - a.window_right;
+  int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
+  i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
+  const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
+  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
+
+  const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)hk * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)hk * a.v_sh;
+  fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
+  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
+
+  const int64_t q_seq = b * a.q_sb + s.q_start * a.q_ss, do_seq = b * a.do_sb + s.q_start * a.do_ss;
+  if (n_iter > 0)
+    fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
+                                      a.q_sh, a.do_sh, hk * a.group, i_begin * BR, s.sq, a.head_dim, a.total_pad,
+                                      s.pad0, tid);
+  fc_cp_async_commit();
+
+  const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
+  uint32_t kv_lane[4], qb_lane[4], p_lane[4], bt_cols[NDV / 2], kt_cols[NQ / 16], ds_t[MT_Q];
+  fc_frag_lane<DS>(kv_lane, FC_FRAG_A, lane);                           /* K_j, V_j rows as A (Sᵀ, dPᵀ) */
+  fc_frag_lane<DS>(qb_lane, FC_FRAG_B, lane);                           /* Q_i, dO_i rows as B (Sᵀ, dPᵀ) */
+  fc_frag_lane<PS>(p_lane, FC_FRAG_A, lane);                            /* Pᵀ, dSᵀ as A (dV, dK) */
+  fc_frag_cols<DS, NDV / 2>(bt_cols, FC_FRAG_BT, lane, nd * (ND / 16)); /* dO_i, Q_i as B (dV, dK) */
+  fc_frag_cols<DS, NQ / 16>(kt_cols, FC_FRAG_BT, lane, qn * (NQ / 16)); /* K_j as B (dQ) */
+  fc_frag_cols<PS, MT_Q>(ds_t, FC_FRAG_B, lane, qm * MT_Q);             /* dSᵀ read transposed: dS as A (dQ) */
+  const uint32_t sK_u = fc_smem_u32(sK), sV_u = fc_smem_u32(sV), sP_u = fc_smem_u32(sP), sdS_u = fc_smem_u32(sdS);
+
+  float dk[MT_D][NDV][4], dv[MT_D][NDV][4];
+#pragma unroll
+  for (int m = 0; m < MT_D; m++)
+#pragma unroll
+    for (int x = 0; x < NDV; x++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dk[m][x][e] = dv[m][x][e] = 0.0f;
+
+  for (int it = 0; it < n_iter; it++) {
+    const int st = QSTAGES == 2 ? it % 2 : 0;
+    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    fc_cp_async_wait<0>(); /* this thread's copies of Q_i, dO_i (and K_j, V_j) have landed */
+    /* Everyone's copies are visible, and every warp is done with iteration it − 1: its Q/dO buffer and
+     * sP, sdS may be overwritten. */
+    __syncthreads();
+    if (QSTAGES == 2 && it + 1 < n_iter) {
+      const int nx = it + 1, nst = nx % 2;
+      fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
+                                        a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
+                                        hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
+                                        a.total_pad, s.pad0, tid);
+    }
+    fc_cp_async_commit();
+    const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
+    const float *L = sL + st * BR, *Dr = sD + st * BR;
+
+    /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warp's MS keys × NS queries. */
+    float sT[MT_S][NSX][4], dpT[MT_S][NSX][4];
+#pragma unroll
+    for (int m = 0; m < MT_S; m++)
+#pragma unroll
+      for (int x = 0; x < NSX; x++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sT[m][x][e] = dpT[m][x][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t ka[MT_S][4], va[MT_S][4];
+#pragma unroll
+      for (int m = 0; m < MT_S; m++) {
+        fc_ldmatrix_x4(ka[m], fc_frag_addr<DS>(sK_u, kv_lane, ks * MS + 16 * m, kk));
+        fc_ldmatrix_x4(va[m], fc_frag_addr<DS>(sV_u, kv_lane, ks * MS + 16 * m, kk));
+      }
+#pragma unroll
+      for (int p = 0; p < NSX / 2; p++) {
+        uint32_t qb[4], ob[4];
+        fc_ldmatrix_x4(qb, fc_frag_addr<DS>(sQ_u, qb_lane, ns * NS + 16 * p, kk));
+        fc_ldmatrix_x4(ob, fc_frag_addr<DS>(sdO_u, qb_lane, ns * NS + 16 * p, kk));
+#pragma unroll
+        for (int m = 0; m < MT_S; m++) {
+          fc_mma<T>(sT[m][2 * p], ka[m], qb[0] ^ neg, qb[1] ^ neg);
+          fc_mma<T>(sT[m][2 * p + 1], ka[m], qb[2] ^ neg, qb[3] ^ neg);
+          fc_mma<T>(dpT[m][2 * p], va[m], ob[0], ob[1]);
+          fc_mma<T>(dpT[m][2 * p + 1], va[m], ob[2], ob[3]);
+        }
+      }
+    }
+
+    /* Pᵀ = 2^(Sᵀ·c − lse2), dSᵀ = Pᵀ∘(dPᵀ − D); masked pairs only in blocks the mask cuts. */
+    const bool full = k0 + BC <= s.sk && q0 + BR <= s.sq &&
+                      (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
+                      (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
+#pragma unroll
+    for (int x = 0; x < NSX; x++) {
+      const int qc = ns * NS + 8 * x + 2 * t; /* this lane's two query columns: qc, qc + 1 */
+      const float2 l2 = *(const float2 *)(L + qc), dr = *(const float2 *)(Dr + qc);
+#pragma unroll
+      for (int m = 0; m < MT_S; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int qi = qc + (e & 1), kj = ks * MS + 16 * m + g + 8 * (e >> 1);
+          float p = fc_exp2(fmaf(sT[m][x][e], a.scale_log2, -(e & 1 ? l2.y : l2.x)));
+          if (!full && !(k0 + kj < s.sk && q0 + qi < s.sq &&
+                         fc_bwd_visible(q0 + qi, k0 + kj, shift, a.window_left, a.window_right)))
+            p = 0.0f;
+          sT[m][x][e] = p;
+          dpT[m][x][e] = p * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT_S; m++)
+#pragma unroll
+      for (int x = 0; x < NSX; x++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int r = ks * MS + 16 * m + g + 8 * rh, c = (ns * NS + 8 * x) / 8;
+          *(uint32_t *)(sP + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(sT[m][x][2 * rh], sT[m][x][2 * rh + 1]);
+          *(uint32_t *)(sdS + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(dpT[m][x][2 * rh], dpT[m][x][2 * rh + 1]);
+        }
+    __syncthreads(); /* Pᵀ and dSᵀ of all warps are in shared memory */
+
+    /* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i (dK's scale is applied once at the end). */
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; kk++) {
+      uint32_t pa[MT_D][4], da[MT_D][4];
+#pragma unroll
+      for (int m = 0; m < MT_D; m++) {
+        fc_ldmatrix_x4(pa[m], fc_frag_addr<PS>(sP_u, p_lane, kd * MD + 16 * m, kk));
+        fc_ldmatrix_x4(da[m], fc_frag_addr<PS>(sdS_u, p_lane, kd * MD + 16 * m, kk));
+      }
+#pragma unroll
+      for (int i = 0; i < NDV / 2; i++) {
+        uint32_t ob[4], qb[4];
+        fc_ldmatrix_x4_trans(ob, fc_frag_addr_at<DS>(sdO_u, bt_cols[i], 16 * kk));
+        fc_ldmatrix_x4_trans(qb, fc_frag_addr_at<DS>(sQ_u, bt_cols[i], 16 * kk));
+#pragma unroll
+        for (int m = 0; m < MT_D; m++) {
+          fc_mma<T>(dv[m][2 * i], pa[m], ob[0], ob[1]);
+          fc_mma<T>(dv[m][2 * i + 1], pa[m], ob[2], ob[3]);
+          fc_mma<T>(dk[m][2 * i], da[m], qb[0], qb[1]);
+          fc_mma<T>(dk[m][2 * i + 1], da[m], qb[2], qb[3]);
+        }
+      }
+    }
+
+    /* dQ_i += dS·K_j: this warp's MQ queries × NQ columns, NQC columns at a time, added to the fp32
+     * buffer. */
+    if constexpr (ATOMIC_DQ) {
+#pragma unroll
+      for (int ch = 0; ch < NQ / NQC; ch++) {
+        float dq[MT_Q][NQX][4];
+#pragma unroll
+        for (int m = 0; m < MT_Q; m++)
+#pragma unroll
+          for (int x = 0; x < NQX; x++) dq[m][x][0] = dq[m][x][1] = dq[m][x][2] = dq[m][x][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+          uint32_t dsa[MT_Q][4];
+#pragma unroll
+          for (int m = 0; m < MT_Q; m++) fc_ldmatrix_x4_trans(dsa[m], fc_frag_addr_at<PS>(sdS_u, ds_t[m], 16 * kk));
+#pragma unroll
+          for (int i = 0; i < NQX / 2; i++) {
+            uint32_t kb[4];
+            fc_ldmatrix_x4_trans(kb, fc_frag_addr_at<DS>(sK_u, kt_cols[ch * (NQX / 2) + i], 16 * kk));
+#pragma unroll
+            for (int m = 0; m < MT_Q; m++) {
+              fc_mma<T>(dq[m][2 * i], dsa[m], kb[0], kb[1]);
+              fc_mma<T>(dq[m][2 * i + 1], dsa[m], kb[2], kb[3]);
+            }
+          }
+        }
+        /* Four consecutive columns per red: lanes t and t^1 swap halves, so that the even lane holds row g
+         * and the odd lane row g + 8, columns 8x + 4·(t/2) .. +3 of each. Columns past d add zeros. */
+        const bool odd = t & 1;
+#pragma unroll
+        for (int m = 0; m < MT_Q; m++) {
+          const int i = q0 + qm * MQ + 16 * m + g + (odd ? 8 : 0);
+          float *row = a.dq_accum + ((s.q_row0 + i) * a.heads_q + hh) * (int64_t)D + qn * NQ + ch * NQC + 4 * (t >> 1);
+#pragma unroll
+          for (int x = 0; x < NQX; x++) {
+            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][0] : dq[m][x][2], 1);
+            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][1] : dq[m][x][3], 1);
+            if (i < s.sq) {
+              if (odd)
+                fc_red_add4(row + 8 * x, r0, r1, dq[m][x][2], dq[m][x][3]);
+              else
+                fc_red_add4(row + 8 * x, dq[m][x][0], dq[m][x][1], r0, r1);
+            }
+          }
+        }
+      }
+    }
+    if (QSTAGES == 1 && it + 1 < n_iter) {
+      __syncthreads(); /* every warp is done with this Q_i, dO_i: the single buffer may be refilled */
+      const int nx = it + 1;
+      fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
+                                        a.q_sh, a.do_sh, hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq,
+                                        a.head_dim, a.total_pad, s.pad0, tid);
+      fc_cp_async_commit();
+    }
+  }
+
+  /* dK_j = scale·(dSᵀ·Q summed), dV_j: staged through sQ and sdO (a CTA barrier: other warps may still read
+   * them), then stored as whole 16-byte chunks of rows. */
+  fc_cp_async_wait<0>(); /* nothing may still land in shared memory (with no iteration, K_j, V_j may) */
+  __syncthreads();
+  uint16_t *sdK = sQ, *sdV = sdO;
+#pragma unroll
+  for (int m = 0; m < MT_D; m++)
+#pragma unroll
+    for (int x = 0; x < NDV; x++)
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        const int r = kd * MD + 16 * m + g + 8 * rh, c = (nd * ND + 8 * x) / 8;
+        *(uint32_t *)(sdK + fc_tile_off<DS>(r, c) + 2 * t) =
+            fc_pack2<T>(a.scale * dk[m][x][2 * rh], a.scale * dk[m][x][2 * rh + 1]);
+        *(uint32_t *)(sdV + fc_tile_off<DS>(r, c) + 2 * t) = fc_pack2<T>(dv[m][x][2 * rh], dv[m][x][2 * rh + 1]);
+      }
+  __syncthreads(); /* dK_j, dV_j of all warps are staged */
+  uint16_t *dK = a.dk + b * a.dk_sb + (s.k_start + k0) * a.dk_ss + (int64_t)hk * a.dk_sh;
+  uint16_t *dV = a.dv + b * a.dv_sb + (s.k_start + k0) * a.dv_ss + (int64_t)hk * a.dv_sh;
+  for (int idx = tid; idx < BC * (D / 8); idx += NT) {
+    const int r = idx / (D / 8), c = idx % (D / 8), cols = min(a.head_dim - 8 * c, 8);
+    if (k0 + r >= s.sk || cols <= 0) continue;
+    const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
+    uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
+    if (ALIGNED && cols == 8) {
+      *(uint4 *)tk = *(const uint4 *)fk;
+      *(uint4 *)tv = *(const uint4 *)fv;
+    } else {
+      for (int x = 0; x < cols; x++) tk[x] = fk[x], tv[x] = fv[x];
+    }
+  }
+}
+
+#endif /* FLASHC_CUDA_MMA_BWD_FA2_CUH */

@@ -1,0 +1,47 @@
+#!/bin/bash
+# cuda-mma forward configurations on an H100/H200 in one device call (~8 min): build for sm_90a, ptxas's
+# register/spill table of the forward kernels, correctness of every configuration against fp64, then TFLOP/s of
+# every configuration against SDPA flash and cudnn on TARGETS.md's grid, the ratio table last.
+#   bash tools/mma/bench-fwd.sh            everything
+#   bash tools/mma/bench-fwd.sh --quick    a few shapes and seqlens (~3 min)
+# Extra arguments go to check_fwd.py (e.g. --configs base,mt2 --no-check). Logs and the CSV go to $OUT
+# (default /tmp/out).
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+export PYTHONUNBUFFERED=1
+BUILD=build-mmafwd-gpu
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHC_CUDA=ON -DFLASHC_CUDA_ARCHITECTURES=90a \
+  -DFLASHC_BUILD_TESTS=OFF -DFLASHC_BUILD_CLI=OFF -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/build.log" 2>&1
+cmake --build $BUILD --target flashc -j16 >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build ok at $(($(date +%s) - T0))s"
+# ptxas -v of mma.cu: registers and spills of every forward kernel (none may spill on the configurations' paths)
+python3 - "$OUT/build.log" <<'PY' | tee "$OUT/ptxas-fwd.txt"
+import re, subprocess, sys
+cur, st, rows = None, None, []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"Compiling entry function '(_Z17fc_mma_fwd_kernel\w+)'", line)
+    if m:
+        cur = m.group(1)
+        continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and cur:
+        st = m.groups()
+        continue
+    m = re.search(r"Used (\d+) registers", line)
+    if m and cur:
+        name = subprocess.run(["c++filt", cur], capture_output=True, text=True).stdout.strip()
+        rows.append((name.replace("void fc_mma_fwd_kernel", "").replace("(fc_mma_fwd_args)", ""), m.group(1), st))
+        cur = None
+print("forward kernels <T, D, Bc, stages, MT, Q in regs, CTAs/SM, pipe (0 ring, 1 next, 2 weave), aligned>")
+for n, r, s in sorted(set(rows)):
+    print(f"{n:62s} regs {r:>3} spill st/ld {s[1]}/{s[2]}" + ("   <-- SPILLS" if s[1] != "0" else ""))
+PY
+grep -E "C75[0-9][0-9]|warning" "$OUT/build.log" | head -5
+timeout 480 python3 tools/mma/check_fwd.py --lib $BUILD/libflashc.so --csv "$OUT/mma-fwd.csv" "$@" >"$OUT/check.log" 2>&1
+rc=$?
+[ $rc -eq 124 ] && echo "check_fwd.py TIMED OUT (a hang?): partial log in $OUT/check.log"
+grep -E "^FAIL|^config |^correctness" "$OUT/check.log" | head -40
+sed -n '/^== ratio/,$p' "$OUT/check.log" # the whole TFLOP/s table stays in check.log and mma-fwd.csv
+echo "done at $(($(date +%s) - T0))s (rc $rc)"
