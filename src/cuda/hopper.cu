@@ -29,6 +29,7 @@
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128: the copy
  * engine fills the columns past d with zeros. */
 #include "common.cuh"
+#include "hopper_bwd_api.cuh"
 #include "hopper_ptx.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
@@ -616,6 +617,8 @@ static bool hopper_usable(char *why, size_t len) {
 }
 
 static flashc_status hopper_supports(const fc_problem *p) {
+  /* The backward (hopper_bwd.cu) refuses itself unless FLASHC_HOPPER_BWD=1: auto keeps cuda-mma's. */
+  if (p->is_backward) FC_CHECK(fc_hopper_bwd_supports(p));
   if (p->head_dim > 128)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 128 on backend cuda-hopper", (long long)p->head_dim);
   if (p->scale < 0.0f)
@@ -670,7 +673,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
 extern "C" const fc_backend fc_backend_cuda_hopper = {
     "cuda-hopper",
     "FlashAttention-3 style forward: TMA, wgmma, warp-specialised producer/consumers, mbarrier ring "
-    "(sm_90a; forward only)",
+    "(sm_90a; backward only with FLASHC_HOPPER_BWD=1 until verified on a GPU)",
     FLASHC_DEVICE_CUDA,
     (1u << FLASHC_F16) | (1u << FLASHC_BF16),
     1,
@@ -678,5 +681,5 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_usable,
     hopper_supports,
     hopper_forward,
-    NULL,
+    fc_hopper_backward,
 };

@@ -109,7 +109,8 @@ static void *stall_thread(void *arg) {
    * stalled), and the second's first transfer needs rank 1. */
   j->status = FLASHC_OK;
   for (int call = 0; call < 2 && j->status == FLASHC_OK; call++)
-    j->status = flashc_ring_forward(rings[j->rank], &j->params, FLASHC_RING_CONTIGUOUS, &j->q, &j->k, &j->v, &j->o, NULL);
+    j->status =
+        flashc_ring_forward(rings[j->rank], &j->params, FLASHC_RING_CONTIGUOUS, &j->q, &j->k, &j->v, &j->o, NULL);
   j->ms = malloc(sizeof(double));
   j->ms[0] = now_ms() - t0;
   snprintf(j->error, sizeof j->error, "%s", flashc_last_error());
@@ -290,7 +291,9 @@ static const char *best_cuda_backend(void) {
   flashc_backend_info info;
   for (int i = 0; i < flashc_backend_count(); i++)
     if (flashc_backend_get(i, &info) == FLASHC_OK && info.device == FLASHC_DEVICE_CUDA && info.usable &&
-        info.has_backward)
+        info.has_backward &&
+        (strcmp(info.name, "cuda-hopper") != 0 ||
+         (getenv("FLASHC_HOPPER_BWD") && strcmp(getenv("FLASHC_HOPPER_BWD"), "1") == 0)))
       return info.name;
   return NULL;
 }

@@ -3,6 +3,9 @@
 #   bash tools/hopper/gpu.sh build smoke sanitize     (~4 min: does it run at all, and cleanly)
 #   bash tools/hopper/gpu.sh build check              (~4 min: all shapes, masks, layouts, variants)
 #   bash tools/hopper/gpu.sh build bench              (~3 min: TFLOP/s against SDPA flash and cudnn)
+# and the backward (gated by FLASHC_HOPPER_BWD=1 until verified; check_bwd.py sets it):
+#   bash tools/hopper/gpu.sh build bwd-smoke bwd-sanitize   (does it run at all, and cleanly)
+#   bash tools/hopper/gpu.sh bwd bwd-bench                  (all shapes; TFLOP/s against SDPA's backward)
 # build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
 # barrier protocol hangs rather than fails. Logs go to $OUT (default /tmp/out).
 OUT=${OUT:-/tmp/out}
@@ -11,6 +14,7 @@ T0=$(date +%s)
 export PYTHONUNBUFFERED=1
 LIB=build-gpu/libflashc.so
 CHECK="python3 tools/hopper/check.py --lib $LIB"
+CHECK_BWD="python3 tools/hopper/check_bwd.py --lib $LIB"
 
 run() { # run NAME TIMEOUT COMMAND...: keeps the log, says how it ended, shows the interesting lines
   local name=$1 limit=$2
@@ -48,7 +52,22 @@ for step in "$@"; do
   bench)
     run bench 400 $CHECK --no-check
     ;;
-  *) echo "unknown step $step (build smoke check sanitize bench)"; exit 2 ;;
+  bwd-smoke)
+    run bwd-smoke 150 $CHECK_BWD --quick --no-bench || { tail -20 "$OUT/bwd-smoke.log"; echo "bwd-smoke failed: stopping"; exit 1; }
+    ;;
+  bwd)
+    run bwd 420 $CHECK_BWD --no-bench
+    ;;
+  bwd-sanitize)
+    for tool in memcheck synccheck; do
+      run "bwd-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 $CHECK_BWD --tiny --no-bench
+    done
+    run bwd-san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK_BWD --tiny --no-bench
+    ;;
+  bwd-bench)
+    run bwd-bench 400 $CHECK_BWD --no-check
+    ;;
+  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench)"; exit 2 ;;
   esac
   echo "-- $step done at $(($(date +%s) - T0))s"
 done

@@ -1,0 +1,667 @@
+/* hopper_bwd.cu — cuda-hopper backward: FlashAttention-3's backward on H100/H200 (sm_90a) with TMA, wgmma and
+ * warp specialisation. UNVERIFIED ON A GPU: the backend refuses the backward unless FLASHC_HOPPER_BWD=1
+ * (tools/hopper/check_bwd.py sets it; see tools/hopper/BWD-NOTES.md).
+ *
+ * With P = softmax(scale·Q·Kᵀ) recomputed from the forward's lse, and D = rowsum(dO∘O):
+ *   dV = Pᵀ·dO      dP = dO·Vᵀ      dS = P∘(dP − D)      dK = scale·dSᵀ·Q      dQ = scale·dS·K
+ *
+ * Kernels, in order:
+ *   1. prep (hopper_bwd_rows.cuh): D and lse2 = lse·log2(e) per query row, padded per sequence;
+ *   2. dkdv (here): one CTA per key block K_j, V_j (Bc = 128 keys) of one kv head of one sequence; 3 warpgroups:
+ *        warpgroup 0, producer (24 registers): one thread loads K_j, V_j once and then, into a ring of STAGES
+ *          stages, Q_i, dO_i (TMA, Br = 64 rows) and lse2_i, D_i (bulk copies) of every (query head of the GQA
+ *          group, query block i) that sees the key block, in that order;
+ *        warpgroups 1, 2, consumers (240 registers): keys 64·c .. 64·c + 63 of K_j each; per query block:
+ *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64n64k16, all operands in shared memory
+ *          Pᵀ = 2^(c·Sᵀ − lse2_i),  dSᵀ = Pᵀ∘(dPᵀ − D_i)         registers (c = scale·log2 e), masked
+ *          dV_j += Pᵀ·dO_i,  dK_j += dSᵀ·Q_i                    wgmma m64nDk16, Pᵀ/dSᵀ from registers
+ *          dQ_i += dS·K_j  (this warpgroup's 64 keys)           dSᵀ → shared memory; wgmma m64n64k16 per 64
+ *                                                               columns, both operands MN-major; fp32 red.add
+ *        dK_j = scale·dK_j, dV_j stored from registers at the end;
+ *   3. convert (hopper_bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
+ * Deterministic mode (bit-identical gradients run to run): the dQ adds of one query block are made in a fixed
+ * order, key block by key block, warpgroup 0 then 1, through a ticket per (query head, query block) in global
+ * memory (fc_hpb_ticket_wait); dK, dV are sums in registers in a fixed order anyway.
+ *
+ * Shared memory (tiles in 64-column halves of 128-byte rows, 128-byte swizzle, 1024-byte aligned):
+ *   sK, sV [D/64][Bc][64]                    K_j, V_j (A of Sᵀ, dPᵀ; K_j also B of dQ, MN-major)
+ *   sQ, sdO [STAGES][D/64][Br][64]           Q_i, dO_i ring (B of Sᵀ, dPᵀ K-major; B of dK, dV MN-major)
+ *   sdS [Bc][Br]                             dSᵀ, each consumer's 64 key rows (A of dQ, MN-major)
+ *   sLD [STAGES][2][Br] fp32                 lse2_i, D_i
+ *   mbarriers: kv_full, full[STAGES], empty[STAGES]
+ *
+ * This first version waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no
+ * ping-pong): correctness first; the structure is the forward's, so the overlap can come the same way. */
+#include "common.cuh"
+#include "hopper_bwd_api.cuh"
+#include "hopper_bwd_rows.cuh"
+#include "hopper_ptx.cuh"
+#include "hopper_wgmma.cuh"
+#include "mma_host.cuh"
+#include "mma_ptx.cuh"
+
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  FC_HPB_BR = 64,             /* query rows per block of the loop */
+  FC_HPB_BC = 128,            /* keys per CTA: 2 consumer warpgroups × 64 */
+  FC_HPB_THREADS = 384,       /* producer + 2 consumer warpgroups */
+  FC_HPB_CONSUMER_WARPS = 8,  /* arrivals that release a stage */
+  FC_HPB_ROW_BYTES = 128,     /* one swizzled row: 64 16-bit elements */
+  FC_HPB_KV_HALF = 128 * 128, /* one 64-column half of K_j or V_j (Bc rows) */
+  FC_HPB_Q_HALF = 64 * 128,   /* one 64-column half of Q_i or dO_i (Br rows) */
+  FC_HPB_REGS_PRODUCER = 24,  /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
+  FC_HPB_REGS_CONSUMER = 240,
+  FC_HPB_BAR_DS = 1, /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
+};
+
+typedef struct fc_hopper_bwd_args {
+  uint16_t *dk, *dv;
+  int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+  const float *lse2, *dsum; /* [hq][total_pad], rows padded per sequence (hopper_bwd_rows.cuh) */
+  float *dq_accum;          /* [total_q][hq][D] fp32 */
+  int *dq_ticket;           /* deterministic: [hq][total_pad / Br] turns of the dQ adds, zeroed per call */
+  const int32_t *cu_q, *cu_k;
+  const int64_t *cu_pad;
+  int seqlen_q, seqlen_k;
+  int64_t sq_pad, total_pad;
+  int heads_q, heads_kv, group, head_dim;
+  int n_blocks;     /* key blocks per (kv head, sequence) */
+  float scale;      /* > 0 (supports refuses a negative one) */
+  float scale_log2; /* scale·log2(e) */
+  int64_t window_left, window_right, mask_offset;
+  int bottom_right;
+  int dk_pairs, dv_pairs; /* two neighbouring elements may be stored as one 32-bit word */
+} fc_hopper_bwd_args;
+
+#if FC_HOPPER_ARCH
+/* ---- the few instructions the forward does not use ------------------------------------------------------ */
+/* Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory through the
+ * copy engine; completion counts them against `bar`'s expected transaction bytes. */
+static __device__ __forceinline__ void fc_hpb_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"((uint64_t)src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+/* Two neighbouring floats (8-byte aligned) of shared memory. */
+static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+/* The query blocks (Br rows) that see some key of the block [k0, k0 + Bc): [*i_begin, *i_begin + *n_i). Rows
+ * i ≥ j − shift − wr see key j from the right edge, i ≤ j − shift + wl from the left (cuda-mma's dkdv walks the
+ * same range). */
+static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int sk, int64_t shift, int64_t wl,
+                                                           int64_t wr, int *i_begin, int *n_i) {
+  int64_t i_lo = wr < 0 ? 0 : k0 - shift - wr;
+  int64_t i_hi = wl < 0 ? sq : (int64_t)min(k0 + FC_HPB_BC, sk) - 1 - shift + wl + 1;
+  i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)sq);
+  *i_begin = (int)(i_lo / FC_HPB_BR);
+  *n_i = i_lo < i_hi ? (int)((i_hi + FC_HPB_BR - 1) / FC_HPB_BR) - *i_begin : 0;
+}
+
+/* Deterministic dQ: the adders of one (query head, query block) take turns through a ticket in global memory.
+ * The key blocks that see a query block are consecutive (both ends of the range above grow with k0), so the
+ * turns go key block by key block, warpgroup 0 then 1: warpgroup c of key block j adds once the ticket reads
+ * 2j + c, then posts 2j + c + 1. Only warpgroup 0 of the first key block of the run does not wait. A turn
+ * waits only for lower key blocks of the same (kv head, sequence), i.e. CTAs of lower index, which were
+ * scheduled no later. The waiting thread spins inside one asm statement (acquire loads, a short sleep). */
+static __device__ __forceinline__ void fc_hpb_ticket_wait(const int *ticket, int want) {
+  asm volatile("{\n.reg .pred p;\n.reg .b32 v;\nFC_TICKET_%=:\nld.acquire.gpu.global.b32 v, [%0];\n"
+               "setp.ne.s32 p, v, %1;\n@p nanosleep.u32 32;\n@p bra FC_TICKET_%=;\n}\n" ::"l"(ticket),
+               "r"(want)
+               : "memory");
+}
+static __device__ __forceinline__ void fc_hpb_ticket_post(int *ticket, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(ticket), "r"(value) : "memory");
+}
+
+/* Key j is visible to query i (the problem's mask, with the sequence's shift). */
+static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
+  return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
+}
+
+/* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warpgroup's 64 keys × Br queries: D/16 k-steps over the head dim.
+ * Step kk reads columns 16·kk .. 16·kk + 15: 32·(kk % 4) bytes into the rows of half kk / 4 (the forward's
+ * fc_hp_qk, with the halves of the two tiles of different heights). The first step writes without reading:
+ * both are fresh values per block. */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[32], float (&dpt)[32], uint32_t k_rows, uint32_t v_rows,
+                                                  uint32_t q_tile, uint32_t do_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32, ob = (kk / 4) * FC_HPB_Q_HALF + (kk % 4) * 32;
+    const uint64_t dk = fc_wgmma_desc(k_rows + oa, 16, 1024), dq = fc_wgmma_desc(q_tile + ob, 16, 1024);
+    const uint64_t dv = fc_wgmma_desc(v_rows + oa, 16, 1024), ddo = fc_wgmma_desc(do_tile + ob, 16, 1024);
+    if (kk == 0) {
+      fc_wgmma_ss_zero<T, FC_HPB_BR>(st, dk, dq);
+      fc_wgmma_ss_zero<T, FC_HPB_BR>(dpt, dv, ddo);
+    } else {
+      fc_wgmma_ss<T, FC_HPB_BR>(st, dk, dq);
+      fc_wgmma_ss<T, FC_HPB_BR>(dpt, dv, ddo);
+    }
+  }
+}
+
+/* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i: Br/16 k-steps of 16 queries; step kb reads rows 16·kb .. 16·kb + 15 of
+ * dO_i, Q_i (MN-major, imm-trans-b = 1: two 8-row groups 1024 bytes apart, the column halves FC_HPB_Q_HALF
+ * apart), as the forward's O += P·V_j. */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&p)[4][4],
+                                                   const uint32_t (&ds)[4][4], uint32_t q_tile, uint32_t do_tile) {
+#pragma unroll
+  for (int kb = 0; kb < FC_HPB_BR / 16; kb++) {
+    fc_wgmma_rs<T, D>(dv, p[kb], fc_wgmma_desc(do_tile + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024));
+    fc_wgmma_rs<T, D>(dk, ds[kb], fc_wgmma_desc(q_tile + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024));
+  }
+}
+
+/* dQ_i (64 queries × 64 columns of half hf) = dS·K_j over this warpgroup's 64 keys: 4 k-steps of 16 keys. A = dS
+ * is stored as dSᵀ (a row per key, the queries contiguous): M-major, imm-trans-a = 1; B = K_j (a row per key,
+ * the head dim contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). */
+template <typename T>
+static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[32], uint32_t ds_rows, uint32_t k_half_rows) {
+#pragma unroll
+  for (int kb = 0; kb < 4; kb++) {
+    const uint64_t da = fc_wgmma_desc(ds_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024);
+    const uint64_t db = fc_wgmma_desc(k_half_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
+    if (kb == 0)
+      fc_wgmma_ss_tt_zero<T, 64>(dq, da, db);
+    else
+      fc_wgmma_ss_tt<T, 64>(dq, da, db);
+  }
+}
+#endif /* FC_HOPPER_ARCH */
+
+template <typename T, int D, int STAGES, bool DET>
+__global__ void __launch_bounds__(FC_HPB_THREADS, 1)
+    fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                         const fc_hopper_bwd_args a) {
+#if FC_HOPPER_ARCH
+  constexpr int HALVES = D / 64;
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = FC_HPB_BR * D * 2, ROWS_BYTES = FC_HPB_BR * 4;
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * FC_HPB_BR * 2;
+  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
+  const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
+  const uint32_t sLD = sdS + DS_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
+  const uint32_t kv_full = bars;
+#define FULL(s)  (bars + 8u * (1 + (s)))
+#define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
+
+  /* Which tile: key blocks vary fastest. */
+  const int jb = (int)(blockIdx.x % a.n_blocks);
+  const int64_t bh = blockIdx.x / a.n_blocks;
+  const int hk = (int)(bh % a.heads_kv);
+  const int64_t b = bh / a.heads_kv;
+  int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
+  int64_t pad0 = b * a.sq_pad, q_row0 = b * a.seqlen_q; /* first padded row; first row of the dQ sum */
+  if (a.cu_q) {
+    q_start = a.cu_q[b];
+    sq = a.cu_q[b + 1] - q_start;
+    k_start = a.cu_k[b];
+    sk = a.cu_k[b + 1] - k_start;
+    pad0 = a.cu_pad[b];
+    q_row0 = q_start;
+  }
+  const int k0 = jb * FC_HPB_BC;
+  if (k0 >= sk) return;               /* the whole CTA, before any barrier */
+  const int bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
+  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
+
+  int i_begin, n_i, prev_begin = 0, prev_n = 0; /* this key block's query blocks, and the previous one's */
+  fc_hpb_query_blocks(k0, sq, sk, shift, a.window_left, a.window_right, &i_begin, &n_i);
+  if (DET && jb > 0)
+    fc_hpb_query_blocks(k0 - FC_HPB_BC, sq, sk, shift, a.window_left, a.window_right, &prev_begin, &prev_n);
+  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
+
+  if (threadIdx.x == 0) {
+    fc_mbar_init(kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      fc_mbar_init(FULL(s), 1);                      /* the producer's arrive.expect_tx, then the bytes */
+      fc_mbar_init(EMPTY(s), FC_HPB_CONSUMER_WARPS); /* one arrival per consumer warp */
+    }
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+
+  if (threadIdx.x < 128) {
+    /* ---- producer ---------------------------------------------------------------------------------- */
+    fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
+    if (threadIdx.x == 0 && n_iter > 0) {
+      fc_tma_prefetch_map(&tm_q);
+      fc_tma_prefetch_map(&tm_k);
+      fc_tma_prefetch_map(&tm_v);
+      fc_tma_prefetch_map(&tm_do);
+      fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+#pragma unroll
+      for (int hf = 0; hf < HALVES; hf++) {
+        fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, &tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
+        fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, &tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
+      }
+      /* Fill u of stage s waits for the end of use u − 1 (all 8 consumer warps released it). */
+      for (int it = 0; it < n_iter; it++) {
+        const int s = it % STAGES, u = it / STAGES;
+        const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB_BR;
+        if (u > 0) fc_mbar_wait(EMPTY(s), (u - 1) & 1);
+        fc_mbar_arrive_expect_tx(FULL(s), STAGE_TX);
+#pragma unroll
+        for (int hf = 0; hf < HALVES; hf++) {
+          fc_tma_load_4d(sQ + s * Q_BYTES + hf * FC_HPB_Q_HALF, &tm_q, 64 * hf, q_start + q0, hh, bt, FULL(s));
+          fc_tma_load_4d(sdO + s * Q_BYTES + hf * FC_HPB_Q_HALF, &tm_do, 64 * hf, q_start + q0, hh, bt, FULL(s));
+        }
+        /* Padded buffers: rows q0 .. q0 + Br − 1 exist, 256-byte aligned (pad0, q0 and total_pad are multiples
+         * of 64 rows). */
+        const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
+        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, FULL(s));
+        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, FULL(s));
+      }
+    }
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
+    /* The warpgroup index through a shuffle: provably warp-uniform, so that the descriptors derived from it
+     * live in uniform registers (hopper.cu explains why that matters). */
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
+    const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
+    const uint32_t ds_rows = sdS + 64 * cw * FC_HPB_ROW_BYTES; /* and its 64 rows of dSᵀ */
+    const int key0 = k0 + 64 * cw + 16 * warp + g;             /* this thread's keys: key0, key0 + 8 */
+    const float c = a.scale_log2;
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int x = 0; x < D / 2; x++) dk[x] = dv[x] = 0.0f;
+    if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
+
+    for (int it = 0; it < n_iter; it++) {
+      const int s = it % STAGES, u = it / STAGES;
+      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB_BR;
+      const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
+      const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
+      fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
+
+      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ */
+      float st[32], dpt[32];
+      fc_fence_regs(dk);
+      fc_fence_regs(dv);
+      fc_wgmma_fence();
+      fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, q_tile, do_tile);
+      fc_wgmma_commit();
+      fc_wgmma_wait<0>();
+      fc_fence_regs(st);
+      fc_fence_regs(dpt);
+
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i), dSᵀ = Pᵀ∘(dPᵀ − D_i). This thread holds keys key0 (e < 2) and key0 + 8 (e ≥ 2),
+       * queries q0 + 8x + 2t + (e & 1). Queries past the sequence have lse2 = +inf (P = 0); keys past it and
+       * pairs outside the mask are zeroed, in blocks that some of them cut only. */
+      const bool whole = k0 + FC_HPB_BC <= sk &&
+                         (a.window_right < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + a.window_right) &&
+                         (a.window_left < 0 || k0 >= q0 + FC_HPB_BR - 1 + shift - a.window_left);
+#pragma unroll
+      for (int x = 0; x < FC_HPB_BR / 8; x++) {
+        const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+        const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+          float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+          if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
+          st[4 * x + e] = p;
+          dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+        }
+      }
+      /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers
+       * of k-step kb, as P in the forward). */
+      uint32_t pp[4][4], dsp[4][4];
+#pragma unroll
+      for (int kb = 0; kb < 4; kb++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+          dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
+        }
+
+      /* dSᵀ into this warpgroup's rows of sdS, swizzled as TMA would write it: row r (a key), 16-byte chunk x
+       * (queries 8x .. 8x + 7) at r·128 + ((x ^ (r % 8))·16); this thread's rows have r % 8 = g. */
+      fc_fence_proxy_async(); /* after the async proxy's reads of sdS (the last dQ wgmma), before these writes */
+      /* Every warp of the warpgroup is past the last block's dQ wgmma wait: none still reads sdS. */
+      fc_named_barrier(FC_HPB_BAR_DS + cw, 128);
+#pragma unroll
+      for (int x = 0; x < FC_HPB_BR / 8; x++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int r = 16 * warp + g + 8 * rh;
+          /* dpt[4x + 2rh], dpt[4x + 2rh + 1], packed above as dsp[x / 2][2·(x % 2) + rh] */
+          fc_st_shared_u32(ds_rows + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t, dsp[x / 2][2 * (x % 2) + rh]);
+        }
+      fc_fence_proxy_async();                    /* these generic writes, before the async proxy (wgmma) reads them */
+      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's dSᵀ rows are all in shared memory */
+
+      /* dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i */
+      fc_wgmma_fence();
+      fc_hpb_dkdv<T, D>(dv, dk, pp, dsp, q_tile, do_tile);
+      fc_wgmma_commit();
+
+      /* dQ_i += dS·K_j for this warpgroup's keys, 64 columns at a time, added into the fp32 sum: lanes t and
+       * t ^ 1 swap halves so that each red adds four consecutive columns of one row (even lane: row g, odd lane:
+       * row g + 8). Rows past the sequence are skipped (their dS is 0, but the rows belong to another one). */
+      const bool odd = t & 1;
+      const int qrow = q0 + 16 * warp + g + (odd ? 8 : 0);
+      float *dq_row = a.dq_accum + ((q_row0 + qrow) * a.heads_q + hh) * (int64_t)D + 4 * (t >> 1);
+      int *ticket = NULL;
+      if constexpr (DET) {
+        /* Wait for this warpgroup's turn (fc_hpb_ticket_wait); the previous key block saw query block q0 / Br
+         * iff it lies in that block's range. */
+        const int ib = q0 / FC_HPB_BR;
+        const bool first = cw == 0 && !(prev_n > 0 && ib >= prev_begin && ib < prev_begin + prev_n);
+        ticket = a.dq_ticket + ((int64_t)hh * a.total_pad + pad0 + q0) / FC_HPB_BR;
+        if (ct == 0 && !first) fc_hpb_ticket_wait(ticket, 2 * jb + cw);
+        fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the whole warpgroup adds after the acquire */
+      }
+#pragma unroll
+      for (int hf = 0; hf < HALVES; hf++) {
+        float dq[32];
+        fc_wgmma_fence();
+        fc_hpb_dq<T>(dq, ds_rows, k_rows + hf * FC_HPB_KV_HALF);
+        fc_wgmma_commit();
+        fc_wgmma_wait<0>();
+        fc_fence_regs(dq);
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+          const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
+          const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
+          if (qrow < sq) {
+            if (odd)
+              fc_red_add4(dq_row + 64 * hf + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
+            else
+              fc_red_add4(dq_row + 64 * hf + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+          }
+        }
+      }
+      if constexpr (DET) {
+        __threadfence();                           /* this thread's adds are performed ... */
+        fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... every thread's, before the turn passes on */
+        if (ct == 0) fc_hpb_ticket_post(ticket, 2 * jb + cw + 1);
+      }
+      fc_wgmma_wait<0>(); /* dV, dK of this block are done (HALVES ≥ 1 waits above already covered them) */
+      fc_fence_regs(dk);
+      fc_fence_regs(dv);
+      /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. */
+      fc_mbar_arrive_if(EMPTY(s), lane == 0);
+    }
+
+    /* dK_j = scale·dK_j and dV_j, straight from the accumulators: row key0 (+ 8), columns 8x + 2t, + 1. */
+    uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
+    uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int key = key0 + 8 * rh;
+      if (key >= sk) continue;
+      uint16_t *to_k = dK + (int64_t)key * a.dk_ss, *to_v = dV + (int64_t)key * a.dv_ss;
+#pragma unroll
+      for (int x = 0; x < D / 8; x++) {
+        const int col = 8 * x + 2 * t;
+        if (col >= a.head_dim) continue;
+        const float k_lo = a.scale * dk[4 * x + 2 * rh], k_hi = a.scale * dk[4 * x + 2 * rh + 1];
+        const float v_lo = dv[4 * x + 2 * rh], v_hi = dv[4 * x + 2 * rh + 1];
+        if (col + 1 < a.head_dim && a.dk_pairs) {
+          *(uint32_t *)(to_k + col) = fc_pack2<T>(k_lo, k_hi);
+        } else {
+          to_k[col] = fc_from_float<T>(k_lo);
+          if (col + 1 < a.head_dim) to_k[col + 1] = fc_from_float<T>(k_hi);
+        }
+        if (col + 1 < a.head_dim && a.dv_pairs) {
+          *(uint32_t *)(to_v + col) = fc_pack2<T>(v_lo, v_hi);
+        } else {
+          to_v[col] = fc_from_float<T>(v_lo);
+          if (col + 1 < a.head_dim) to_v[col + 1] = fc_from_float<T>(v_hi);
+        }
+      }
+    }
+  }
+#undef FULL
+#undef EMPTY
+#endif /* FC_HOPPER_ARCH */
+}
+
+/* ---- host ------------------------------------------------------------------------------------------------ */
+/* Dynamic shared memory of one CTA: the tiles, lse2/D rows, barriers, and 1024 bytes of slack for the
+ * alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB; D = 64, 3 stages: 32 + 48 + 16 + … = 98 KB. */
+static size_t fc_hpb_smem_bytes(int d, int stages) {
+  return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * FC_HPB_BR * d * 2 + (size_t)FC_HPB_BC * FC_HPB_BR * 2 +
+         (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
+}
+
+/* FLASHC_HOPPER_BWD=1 lets the backward run; until it is verified on a GPU nothing else does. */
+static bool fc_hpb_enabled(void) {
+  const char *e = getenv("FLASHC_HOPPER_BWD");
+  return e && strcmp(e, "1") == 0;
+}
+
+/* cuTensorMapEncodeTiled from the driver the runtime loaded (the library links no libcuda). Shared in spirit
+ * with hopper.cu's fc_hp_encoder, which is static there. */
+static flashc_status fc_hpb_encoder(PFN_cuTensorMapEncodeTiled_v12000 *fn) {
+  static PFN_cuTensorMapEncodeTiled_v12000 cached = NULL;
+  if (!cached) {
+    void *ptr = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !ptr) {
+      cudaGetLastError();
+      return fc_error(FLASHC_ERR_CUDA, "backend cuda-hopper: the driver has no cuTensorMapEncodeTiled (%s, query %d)",
+                      cudaGetErrorString(e), (int)q);
+    }
+    cached = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+  }
+  *fn = cached;
+  return FLASHC_OK;
+}
+
+/* The 4-d shape of q, dout (is_q) or k, v for TMA: (head_dim, rows, heads, batch), innermost first; a dim of
+ * size 1 gets a stride TMA accepts (its coordinate is always 0). As hopper.cu's fc_hp_shape. */
+typedef struct fc_hpb_map_shape {
+  int64_t size[4];
+  int64_t stride[4];
+} fc_hpb_map_shape;
+
+static fc_hpb_map_shape fc_hpb_shape(const fc_problem *p, const fc_view *v, bool is_q) {
+  fc_hpb_map_shape s;
+  s.size[0] = p->head_dim;
+  s.size[1] = is_q ? (p->cu_seqlens_q ? p->total_q : p->seqlen_q) : (p->cu_seqlens_k ? p->total_k : p->seqlen_k);
+  s.size[2] = is_q ? p->heads_q : p->heads_kv;
+  s.size[3] = p->cu_seqlens_q ? 1 : p->batch;
+  s.stride[0] = 1;
+  s.stride[1] = v->stride_s;
+  s.stride[2] = v->stride_h;
+  s.stride[3] = v->stride_b;
+  int64_t widest = 8;
+  for (int d = 1; d < 4; d++)
+    if (s.size[d] > 1 && s.stride[d] > widest) widest = s.stride[d];
+  for (int d = 1; d < 4; d++)
+    if (s.size[d] == 1) s.stride[d] = (widest + 7) / 8 * 8;
+  return s;
+}
+
+static flashc_status fc_hpb_check_view(const fc_problem *p, const fc_view *v, bool is_q, const char *name) {
+  const fc_hpb_map_shape s = fc_hpb_shape(p, v, is_q);
+  if ((uintptr_t)v->data % 16 != 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "%s.data is not 16-byte aligned; backend cuda-hopper's backward loads it with TMA", name);
+  static const char *const dim_names[4] = {"head_dim", "seqlen", "heads", "batch"};
+  for (int d = 1; d < 4; d++) {
+    if (s.stride[d] % 8 != 0 || s.stride[d] >= ((int64_t)1 << 39))
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "%s's %s stride is %lld elements; backend cuda-hopper (TMA) needs a multiple of 8 below 2^39",
+                      name, dim_names[d], (long long)s.stride[d]);
+    if (s.size[d] > INT32_MAX)
+      return fc_error(FLASHC_ERR_UNSUPPORTED, "%s has %lld %s; backend cuda-hopper addresses at most 2^31-1", name,
+                      (long long)s.size[d], dim_names[d]);
+  }
+  return FLASHC_OK;
+}
+
+static flashc_status fc_hpb_encode(const fc_problem *p, const fc_view *v, bool is_q, int box_rows, const char *name,
+                                   CUtensorMap *map) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+  FC_CHECK(fc_hpb_encoder(&encode));
+  const fc_hpb_map_shape s = fc_hpb_shape(p, v, is_q);
+  cuuint64_t dims[4], strides[3];
+  for (int d = 0; d < 4; d++) dims[d] = (cuuint64_t)s.size[d];
+  for (int d = 1; d < 4; d++) strides[d - 1] = (cuuint64_t)s.stride[d] * 2;
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r =
+      encode(map, p->dtype == FLASHC_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+             v->data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fc_error(FLASHC_ERR_CUDA,
+                    "flashc_backward: backend cuda-hopper: cuTensorMapEncodeTiled failed for %s (CUresult %d; dims "
+                    "%llu %llu %llu %llu, byte strides %llu %llu %llu)",
+                    name, (int)r, (unsigned long long)dims[0], (unsigned long long)dims[1], (unsigned long long)dims[2],
+                    (unsigned long long)dims[3], (unsigned long long)strides[0], (unsigned long long)strides[1],
+                    (unsigned long long)strides[2]);
+  return FLASHC_OK;
+}
+
+template <typename T, int D, int STAGES>
+static flashc_status fc_hpb_launch(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
+                                   int grid) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_bwd_args) =
+      p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true> : fc_hopper_bwd_kernel<T, D, STAGES, false>;
+  const size_t smem = fc_hpb_smem_bytes(D, STAGES);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
+  kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
+  FC_LAUNCH_CHECK("fc_hopper_bwd_kernel");
+  return FLASHC_OK;
+}
+
+/* Tile shapes per head dim: <D, Q/dO stages>. */
+template <typename T>
+static flashc_status fc_hpb_run(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
+                                const fc_bwd_rows_args *rows, int grid) {
+  FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
+  if (p->head_dim <= 64)
+    FC_CHECK((fc_hpb_launch<T, 64, 3>(p, maps, a, grid)));
+  else
+    FC_CHECK((fc_hpb_launch<T, 128, 2>(p, maps, a, grid)));
+  return fc_bwd_rows_convert<T>(p, rows);
+}
+
+static size_t fc_hpb_round256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* Two neighbouring elements of a row can be one aligned 32-bit store. */
+static int fc_hpb_pairs(const fc_view *v) {
+  return (uintptr_t)v->data % 4 == 0 && v->stride_b % 2 == 0 && v->stride_s % 2 == 0 && v->stride_h % 2 == 0;
+}
+
+flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
+  if (!fc_hpb_enabled())
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: backend cuda-hopper: backward unverified on a GPU: set FLASHC_HOPPER_BWD=1");
+  if (p->heads_kv > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_kv %lld exceeds 2^31-1 on backend cuda-hopper",
+                    (long long)p->heads_kv);
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, FC_HPB_BC), p->heads_kv, p->batch, &grid));
+  FC_CHECK(fc_hpb_check_view(p, &p->dout, true, "dout"));
+  return FLASHC_OK;
+}
+
+flashc_status fc_hopper_backward(const fc_problem *p) {
+  /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
+  fc_bwd_rows_args rows;
+  memset(&rows, 0, sizeof rows);
+  int64_t *cu_pad_host = NULL;
+  if (p->cu_seqlens_q) {
+    void *h;
+    FC_CHECK(fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
+    cu_pad_host = (int64_t *)h;
+    cu_pad_host[0] = 0;
+    for (int64_t s = 0; s < p->batch; s++) {
+      const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+      cu_pad_host[s + 1] = cu_pad_host[s] + fc_cdiv(len, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
+    }
+    rows.total_pad = cu_pad_host[p->batch];
+  } else {
+    rows.sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
+    rows.total_pad = p->batch * rows.sq_pad;
+  }
+  const int D = p->head_dim <= 64 ? 64 : 128;
+  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
+  const size_t pad_bytes = cu_pad_host ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
+  const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
+  const size_t dq_bytes = fc_hpb_round256((size_t)(p->total_q * p->heads_q * D) * sizeof(float));
+  const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
+  char *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes, (void **)&ws));
+  const cudaStream_t stream = fc_stream(p);
+  const int32_t *cu_q = NULL, *cu_k = NULL;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &cu_q, &cu_k));
+  const int64_t *cu_pad = NULL;
+  if (cu_pad_host) {
+    FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
+                                  cudaMemcpyHostToDevice, stream));
+    cu_pad = (const int64_t *)(ws + cu_bytes);
+  }
+  float *lse2 = (float *)(ws + cu_bytes + pad_bytes), *dsum = (float *)(ws + cu_bytes + pad_bytes + row_bytes);
+  float *dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
+  FC_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
+  int *dq_ticket = NULL;
+  if (ticket_bytes) {
+    dq_ticket = (int *)(ws + cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes);
+    FC_CUDA_CHECK(cudaMemsetAsync(dq_ticket, 0, ticket_bytes, stream));
+  }
+
+  rows.o = (const uint16_t *)p->o.data, rows.dout = (const uint16_t *)p->dout.data;
+  rows.dq = (uint16_t *)p->dq.data;
+  rows.o_sb = p->o.stride_b, rows.o_ss = p->o.stride_s, rows.o_sh = p->o.stride_h;
+  rows.do_sb = p->dout.stride_b, rows.do_ss = p->dout.stride_s, rows.do_sh = p->dout.stride_h;
+  rows.dq_sb = p->dq.stride_b, rows.dq_ss = p->dq.stride_s, rows.dq_sh = p->dq.stride_h;
+  rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
+  rows.dq_accum = dq_accum, rows.dq_ld = D;
+  rows.cu_q = cu_q, rows.cu_pad = cu_pad;
+  rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
+  rows.heads_q = (int)p->heads_q, rows.head_dim = (int)p->head_dim;
+  rows.scale = p->scale;
+
+  fc_hopper_bwd_args a;
+  memset(&a, 0, sizeof a);
+  a.dk = (uint16_t *)p->dk.data, a.dv = (uint16_t *)p->dv.data;
+  a.dk_sb = p->dk.stride_b, a.dk_ss = p->dk.stride_s, a.dk_sh = p->dk.stride_h;
+  a.dv_sb = p->dv.stride_b, a.dv_ss = p->dv.stride_s, a.dv_sh = p->dv.stride_h;
+  a.lse2 = lse2, a.dsum = dsum, a.dq_accum = dq_accum, a.dq_ticket = dq_ticket;
+  a.cu_q = cu_q, a.cu_k = cu_k, a.cu_pad = cu_pad;
+  a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
+  a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
+  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv, a.group = (int)(p->heads_q / p->heads_kv);
+  a.head_dim = (int)p->head_dim;
+  a.n_blocks = (int)fc_cdiv(p->seqlen_k, FC_HPB_BC);
+  a.scale = p->scale;
+  a.scale_log2 = p->scale * 1.4426950408889634f;
+  a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
+  a.bottom_right = p->bottom_right;
+  a.dk_pairs = fc_hpb_pairs(&p->dk), a.dv_pairs = fc_hpb_pairs(&p->dv);
+
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
+  CUtensorMap maps[4];
+  FC_CHECK(fc_hpb_encode(p, &p->q, true, FC_HPB_BR, "q", &maps[0]));
+  FC_CHECK(fc_hpb_encode(p, &p->k, false, FC_HPB_BC, "k", &maps[1]));
+  FC_CHECK(fc_hpb_encode(p, &p->v, false, FC_HPB_BC, "v", &maps[2]));
+  FC_CHECK(fc_hpb_encode(p, &p->dout, true, FC_HPB_BR, "dout", &maps[3]));
+  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, maps, &a, &rows, grid);
+  return fc_hpb_run<__nv_bfloat16>(p, maps, &a, &rows, grid);
+}

@@ -1,0 +1,15 @@
+/* hopper_bwd_api.cuh — what hopper.cu (the backend entry) calls of cuda-hopper's backward (hopper_bwd.cu). */
+#ifndef FLASHC_CUDA_HOPPER_BWD_API_CUH
+#define FLASHC_CUDA_HOPPER_BWD_API_CUH
+
+#include "common.cuh"
+
+/* Can the backward run this validated backward problem? Called from the backend's `supports` after the checks
+ * the forward shares (head dim, scale, q/k/v addressable by TMA). Refuses with FLASHC_ERR_UNSUPPORTED, and a
+ * message naming the value, unless FLASHC_HOPPER_BWD=1 (the backward is unverified on a GPU until then). */
+flashc_status fc_hopper_bwd_supports(const fc_problem *p);
+
+/* dq, dk, dv of a problem that fc_hopper_bwd_supports accepted. */
+flashc_status fc_hopper_backward(const fc_problem *p);
+
+#endif /* FLASHC_CUDA_HOPPER_BWD_API_CUH */

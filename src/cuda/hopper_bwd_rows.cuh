@@ -1,0 +1,109 @@
+/* hopper_bwd_rows.cuh — the row passes around cuda-hopper's backward kernel, written for any backward that
+ * walks query blocks of padded per-row buffers (the logic of cuda-mma's passes 1 and 4, in a header that both
+ * could share):
+ *   prep:    per query row, D = rowsum(dO∘O) and lse2 = lse·log2(e) into fp32 buffers [hq][total_pad], each
+ *            sequence's rows padded to FC_BWD_ROWS_PAD. A padding row, or a row that saw no key (lse = −inf),
+ *            gets D = 0 and lse2 = +inf, so that its P = 2^(S·c − lse2) is 0 and it adds nothing to dK, dV.
+ *   convert: dQ = scale·dQ_accum, the fp32 sum [total_q][hq][dq_ld] that the key blocks added into, to 16 bits.
+ * Both are plain CUDA (any architecture). */
+#ifndef FLASHC_CUDA_HOPPER_BWD_ROWS_CUH
+#define FLASHC_CUDA_HOPPER_BWD_ROWS_CUH
+
+#include "common.cuh"
+#include "mma_ptx.cuh" /* fc_to_float, fc_from_float */
+
+#include <math.h>
+
+enum { FC_BWD_ROWS_PAD = 128, FC_BWD_ROWS_THREADS = 256 };
+
+typedef struct fc_bwd_rows_args {
+  const uint16_t *o, *dout;
+  uint16_t *dq;
+  int64_t o_sb, o_ss, o_sh, do_sb, do_ss, do_sh, dq_sb, dq_ss, dq_sh;
+  const float *lse; /* the forward's: [b, hq, sq], or [hq, total_q] when varlen */
+  float *lse2, *dsum;
+  const float *dq_accum;
+  int dq_ld;
+  const int32_t *cu_q;   /* device copy of cu_seqlens_q, or NULL (dense) */
+  const int64_t *cu_pad; /* varlen: first padded row of each sequence; NULL when dense */
+  int seqlen_q;
+  int64_t total_q, total_pad, sq_pad;
+  int heads_q, head_dim, n_blocks; /* n_blocks: padded row blocks per (head, sequence) in prep's grid */
+  float scale;
+} fc_bwd_rows_args;
+
+/* prep: one CTA of 8 warps per FC_BWD_ROWS_PAD padded rows of one head of one sequence, one warp per row at a
+ * time (the dot product over d in the lanes). Grid: row blocks × hq × sequences. */
+template <typename T>
+__global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(const fc_bwd_rows_args a) {
+  const int blk = (int)(blockIdx.x % a.n_blocks);
+  const int64_t bh = blockIdx.x / a.n_blocks;
+  const int h = (int)(bh % a.heads_q);
+  const int64_t b = bh / a.heads_q;
+  int64_t q_start = 0, pad0 = b * a.sq_pad;
+  int sq = a.seqlen_q;
+  if (a.cu_q) {
+    q_start = a.cu_q[b];
+    sq = a.cu_q[b + 1] - (int)q_start;
+    pad0 = a.cu_pad[b];
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = FC_BWD_ROWS_THREADS / 32;
+  const int pad_rows = (sq + FC_BWD_ROWS_PAD - 1) / FC_BWD_ROWS_PAD * FC_BWD_ROWS_PAD;
+  const uint16_t *O = a.o + b * a.o_sb + q_start * a.o_ss + (int64_t)h * a.o_sh;
+  const uint16_t *dO = a.dout + b * a.do_sb + q_start * a.do_ss + (int64_t)h * a.do_sh;
+  for (int r = warp; r < FC_BWD_ROWS_PAD; r += warps) {
+    const int i = blk * FC_BWD_ROWS_PAD + r;
+    if (i >= pad_rows) break;
+    float d = 0.0f, l2 = INFINITY;
+    if (i < sq) {
+      for (int c = lane; c < a.head_dim; c += 32)
+        d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) * fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      const float lse = a.lse[a.cu_q ? (int64_t)h * a.total_q + q_start + i : (b * a.heads_q + h) * a.seqlen_q + i];
+      l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    }
+    if (lane == 0) {
+      a.lse2[(int64_t)h * a.total_pad + pad0 + i] = l2;
+      a.dsum[(int64_t)h * a.total_pad + pad0 + i] = d;
+    }
+  }
+}
+
+/* convert: a grid-stride loop over total_q × hq × head_dim elements. */
+template <typename T>
+__global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_kernel(const fc_bwd_rows_args a) {
+  const int64_t n = a.total_q * a.heads_q * a.head_dim;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+    const int c = (int)(idx % a.head_dim);
+    const int64_t rh = idx / a.head_dim, row = rh / a.heads_q; /* row of [total_q]: (b, i) when dense */
+    const int h = (int)(rh % a.heads_q);
+    const int64_t b = a.cu_q ? 0 : row / a.seqlen_q, i = a.cu_q ? row : row % a.seqlen_q;
+    a.dq[b * a.dq_sb + i * a.dq_ss + (int64_t)h * a.dq_sh + c] =
+        fc_from_float<T>(a.scale * a.dq_accum[rh * a.dq_ld + c]);
+  }
+}
+
+/* Launches prep over every padded row of every (head, sequence). */
+template <typename T> static flashc_status fc_bwd_rows_prep(const fc_problem *p, fc_bwd_rows_args a) {
+  a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD);
+  int64_t grid = 0;
+  if (!fc_mul_ok(a.n_blocks, p->heads_q, &grid) || !fc_mul_ok(grid, p->batch, &grid) || grid > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: %lld row blocks x %lld heads x %lld sequences exceed 2^31-1 CTAs",
+                    (long long)a.n_blocks, (long long)p->heads_q, (long long)p->batch);
+  fc_bwd_rows_prep_kernel<T><<<(unsigned)grid, FC_BWD_ROWS_THREADS, 0, fc_stream(p)>>>(a);
+  FC_LAUNCH_CHECK("fc_bwd_rows_prep_kernel");
+  return FLASHC_OK;
+}
+
+/* Launches convert over dQ; at most 65536 CTAs, each looping. */
+template <typename T> static flashc_status fc_bwd_rows_convert(const fc_problem *p, const fc_bwd_rows_args *a) {
+  const int64_t n = p->total_q * p->heads_q * p->head_dim;
+  const int blocks = (int)(n / FC_BWD_ROWS_THREADS < 65536 ? fc_cdiv(n, FC_BWD_ROWS_THREADS) : 65536);
+  if (blocks == 0) return FLASHC_OK;
+  fc_bwd_rows_convert_kernel<T><<<blocks, FC_BWD_ROWS_THREADS, 0, fc_stream(p)>>>(*a);
+  FC_LAUNCH_CHECK("fc_bwd_rows_convert_kernel");
+  return FLASHC_OK;
+}
+
+#endif /* FLASHC_CUDA_HOPPER_BWD_ROWS_CUH */

@@ -1,0 +1,392 @@
+"""GPU check of cuda-hopper's backward (H100/H200): correctness against an fp64 reference, then timings against
+the backward of PyTorch SDPA (flash, cudnn) and of cuda-mma on the shapes of /work/shared/TARGETS.md. Run through
+tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
+
+    python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
+
+The backward is gated (FLASHC_HOPPER_BWD=1) until verified; this script sets the variable, and checks that
+without it cuda-hopper refuses the backward and auto falls back.
+
+Correctness rule (FlashAttention's): for each of dq, dk, dv, the kernel's max |error| against the fp64 reference
+is at most 3x the error of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax
+and sums in fp32, D from the 16-bit o), + 1e-4. dq, dk, dv are poisoned with NaN before every call; o and lse
+come from cuda-hopper's forward (verified). Keys no query sees must get dk = dv = 0 and queries that see no key
+dq = 0 (the reference says so, the NaN poison catches rows never written).
+"""
+import argparse
+import ctypes
+import math
+import os
+import sys
+import time
+
+import torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--lib", default="build-gpu/libflashc.so")
+ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke test, about a minute)")
+ap.add_argument("--tiny", action="store_true", help="two small shapes (racecheck, which is slow)")
+ap.add_argument("--no-check", action="store_true")
+ap.add_argument("--no-bench", action="store_true")
+args = ap.parse_args()
+
+os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
+os.environ["FLASHC_HOPPER_BWD"] = "1"  # the gate (read by the library at every call)
+lib = ctypes.CDLL(os.path.abspath(args.lib))
+I64 = ctypes.c_int64
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("size", I64 * 4), ("stride", I64 * 4)]
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("align", ctypes.c_int),
+                ("window_left", I64), ("window_right", I64),
+                ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
+                ("num_seqs", I64), ("deterministic", ctypes.c_int)]
+
+
+lib.flashc_last_error.restype = ctypes.c_char_p
+lib.flashc_params_default.restype = Params
+lib.flashc_handle_last_backend.restype = ctypes.c_char_p
+lib.flashc_handle_last_backend.argtypes = [ctypes.c_void_p]
+DTYPE = {torch.float16: 1, torch.bfloat16: 2}
+OK, UNSUPPORTED = 0, 2
+
+
+def as_tensor(x):
+    """A torch [b, s, h, d] view (any strides) as a flashc_tensor."""
+    t = Tensor(x.data_ptr(), DTYPE[x.dtype])
+    for i in range(4):
+        t.size[i], t.stride[i] = x.shape[i], x.stride(i)
+    return t
+
+
+_handles = {}
+
+
+def handle(name):
+    if name not in _handles:
+        h = ctypes.c_void_p()
+        if lib.flashc_create(ctypes.byref(h), name.encode()) != OK:
+            sys.exit(f"flashc_create({name}): {lib.flashc_last_error().decode()}")
+        _handles[name] = h
+    return _handles[name]
+
+
+def params(causal=0, align=0, wl=-1, wr=-1, cu=None, deterministic=0):
+    p = lib.flashc_params_default()
+    p.causal, p.align, p.window_left, p.window_right, p.deterministic = causal, align, wl, wr, deterministic
+    keep = None
+    if cu is not None:
+        keep = [(ctypes.c_int32 * len(c))(*c) for c in cu]
+        p.cu_seqlens_q = ctypes.cast(keep[0], ctypes.POINTER(ctypes.c_int32))
+        p.cu_seqlens_k = ctypes.cast(keep[1], ctypes.POINTER(ctypes.c_int32))
+        p.num_seqs = len(cu[0]) - 1
+    return p, keep
+
+
+def forward(backend, p, q, k, v, o, lse):
+    ts = [as_tensor(x) for x in (q, k, v, o)]
+    return lib.flashc_forward(handle(backend), ctypes.byref(p), *[ctypes.byref(t) for t in ts],
+                              ctypes.c_void_p(lse.data_ptr()))
+
+
+def backward(backend, p, q, k, v, o, lse, dout, dq, dk, dv):
+    ts = [as_tensor(x) for x in (q, k, v, o)]
+    gs = [as_tensor(x) for x in (dout, dq, dk, dv)]
+    return lib.flashc_backward(handle(backend), ctypes.byref(p), *[ctypes.byref(t) for t in ts],
+                               ctypes.c_void_p(lse.data_ptr()), *[ctypes.byref(t) for t in gs])
+
+
+# ---- reference ---------------------------------------------------------------------------------------------
+def visible(sq, sk, causal, align, wl, wr):
+    """[sq, sk] bool: key j visible to query i (flashc.h's mask)."""
+    i = torch.arange(sq, device="cuda")[:, None]
+    j = torch.arange(sk, device="cuda")[None, :]
+    d = i + (sk - sq if align == 0 else 0)
+    if causal:
+        wr = 0
+    vis = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
+    if wl >= 0:
+        vis &= j >= d - wl
+    if wr >= 0:
+        vis &= j <= d + wr
+    return vis
+
+
+def grads(q, k, v, dout, scale, vis, low=None):
+    """dq, dk, dv [b, s, h, d] in fp64 from the fp64 maths; with low = a 16-bit dtype, the plain low-precision
+    computation instead (matmuls in that dtype, softmax and sums in fp32, o rounded to it), whose error sets
+    the tolerance. GQA: k, v shared by groups of query heads, their gradients summed over the group."""
+    b, sk, hkv, d = k.shape
+    g = q.shape[2] // hkv
+    dt = low or torch.float64
+    acc = torch.float32 if low else torch.float64
+    qq = q.to(dt).transpose(1, 2)
+    kk = k.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
+    vv = v.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
+    do = dout.to(dt).transpose(1, 2)
+    s = (qq @ kk.transpose(-1, -2)).to(acc) * scale
+    s = s.masked_fill(~vis, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    pr = torch.where(l > 0, e / l.clamp_min(1e-30), torch.zeros_like(e))
+    o = (pr.to(dt) @ vv).to(dt)  # the forward's o, rounded as the kernel's stored o is
+    dv = (pr.to(dt).transpose(-1, -2) @ do).to(acc)
+    dp = (do @ vv.transpose(-1, -2)).to(acc)
+    dsum = (do.to(acc) * o.to(acc)).sum(-1, keepdim=True)
+    ds = pr * (dp - dsum)
+    dq = (ds.to(dt) @ kk).to(acc) * scale
+    dk = (ds.to(dt).transpose(-1, -2) @ qq).to(acc) * scale
+    dk = dk.view(b, hkv, g, sk, d).sum(2)
+    dv = dv.view(b, hkv, g, sk, d).sum(2)
+    return [x.transpose(1, 2).to(torch.float64) for x in (dq, dk, dv)]
+
+
+def make(b, s, h, d, dtype, layout):
+    """Random [b, s, h, d] in `dtype`, laid out as `layout` says (the dtype first, the slice last: .to() of a
+    non-contiguous view would make a contiguous copy)."""
+    if layout == "bshd":
+        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    if layout == "bhsd":
+        return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+    if layout == "padded":  # heads padded to a multiple of 8 elements, + 8: TMA-friendly, not contiguous
+        return torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda", dtype=dtype)[..., :d]
+    if layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> cuda-hopper must refuse
+        return torch.randn(b, s, h, d + 1, device="cuda", dtype=dtype)[..., :d]
+    raise ValueError(layout)
+
+
+def nan_like(x):
+    """NaN in x's shape (and, for dense layouts, strides): the kernel must write every element."""
+    return torch.full_like(x, float("nan"))
+
+
+results, failures = [], []
+
+
+def record(tag, ok, info):
+    results.append((tag, ok, info))
+    if not ok:
+        failures.append((tag, info))
+    print(("ok   " if ok else "FAIL ") + tag + " " + info, flush=True)
+
+
+def problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen):
+    """Inputs, o and lse (cuda-hopper's forward) and the per-sequence slices."""
+    if varlen:
+        cu_q, cu_k = [0], [0]
+        for lq, lk in zip(*varlen):
+            cu_q.append(cu_q[-1] + lq)
+            cu_k.append(cu_k[-1] + lk)
+        q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
+        seqs = [(0, cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)]
+        cu = (cu_q, cu_k)
+    else:
+        q, k, v = make(b, sq, hq, d, dtype, layout), make(b, sk, hkv, d, dtype, layout), make(b, sk, hkv, d, dtype, layout)
+        seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
+        cu = None
+    dout = make(q.shape[0], q.shape[1], hq, d, dtype, layout)
+    o = torch.empty_like(q)
+    lse = torch.empty(hq * q.shape[0] * q.shape[1], device="cuda")
+    return q, k, v, dout, o, lse, seqs, cu
+
+
+def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", varlen=None,
+          deterministic=0):
+    tag = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} w({wl},{wr}) "
+           f"{layout}" + (f" varlen{varlen}" if varlen else "") + (" deterministic" if deterministic else ""))
+    q, k, v, dout, o, lse, seqs, cu = problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen)
+    p, keep = params(causal, align, wl, wr, cu=cu, deterministic=deterministic)
+    st = forward("cuda-hopper", p, q, k, v, o, lse)
+    if st != OK:
+        record(tag, False, f"forward status {st}: {lib.flashc_last_error().decode()}")
+        return
+    dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
+    st = backward("cuda-hopper", p, q, k, v, o, lse, dout, dq, dk, dv)
+    torch.cuda.synchronize()
+    if st != OK:
+        record(tag, False, f"backward status {st}: {lib.flashc_last_error().decode()}")
+        return
+    if deterministic:  # a second run, freshly poisoned, must give the same bits
+        again = [nan_like(x) for x in (q, k, v)]
+        st = backward("cuda-hopper", p, q, k, v, o, lse, dout, *again)
+        torch.cuda.synchronize()
+        same = st == OK and all(torch.equal(x.view(torch.int16), y.view(torch.int16))
+                                for x, y in zip((dq, dk, dv), again))
+        record(tag + " (bit-identical rerun)", same, f"status {st}")
+    scale = 1.0 / math.sqrt(d)
+    err, err_plain, bad = [0.0] * 3, [0.0] * 3, []
+    for bb, qs, ql, ks, kl in seqs:
+        got = (dq[bb:bb + 1, qs:qs + ql].double(), dk[bb:bb + 1, ks:ks + kl].double(),
+               dv[bb:bb + 1, ks:ks + kl].double())
+        for name, x in zip(("dq", "dk", "dv"), got):
+            if torch.isnan(x).any():
+                bad.append(f"NaN in {name}")
+        if ql == 0 or kl == 0:  # nothing attends: every gradient of the sequence is 0
+            for name, x in zip(("dq", "dk", "dv"), got):
+                if x.numel() and x.abs().max() != 0:
+                    bad.append(f"{name} not 0 in an empty sequence")
+            continue
+        vis = visible(ql, kl, causal, align, wl, wr)
+        a_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl],
+              dout[bb:bb + 1, qs:qs + ql], scale, vis)
+        ref, plain = grads(*a_), grads(*a_, low=dtype)
+        for n in range(3):
+            err[n] = max(err[n], (got[n] - ref[n]).abs().max().item())
+            err_plain[n] = max(err_plain[n], (plain[n] - ref[n]).abs().max().item())
+    tol = [3 * e + 1e-4 for e in err_plain]
+    ok = not bad and all(e <= t for e, t in zip(err, tol))
+    info = " ".join(f"{n} {e:.1e}/{t:.1e}" for n, e, t in zip(("dq", "dk", "dv"), err, tol))
+    record(tag, ok, info + (" " + " ".join(sorted(set(bad))) if bad else ""))
+
+
+def check_refusals(dtype):
+    """What cuda-hopper must refuse (UNSUPPORTED, auto falling back): no gate (deterministic too), views TMA
+    cannot address, head dim 192."""
+    def attempt(tag, q, k, v, dout, p, expect_msg):
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[2] * q.shape[0] * q.shape[1], device="cuda")
+        if forward("auto", p, q, k, v, o, lse) != OK:
+            record(tag, False, f"forward: {lib.flashc_last_error().decode()}")
+            return None
+        dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
+        st = backward("cuda-hopper", p, q, k, v, o, lse, dout, dq, dk, dv)
+        msg = lib.flashc_last_error().decode()
+        g = (nan_like(q), nan_like(k), nan_like(v))
+        st2 = backward("auto", p, q, k, v, o, lse, dout, *g)
+        torch.cuda.synchronize()
+        fell = lib.flashc_handle_last_backend(handle("auto")).decode()
+        ok = (st == UNSUPPORTED and expect_msg in msg and st2 == OK and fell != "cuda-hopper" and
+              not any(torch.isnan(x).any() for x in g))
+        record(tag + " (must refuse)", ok, f"status {st} ({msg}); auto ran {fell!r} with status {st2}")
+
+    q, k, v, dout = (make(1, 300, 4, 64, dtype, "bshd") for _ in range(4))
+    os.environ["FLASHC_HOPPER_BWD"] = "0"
+    attempt(f"{str(dtype)[6:]:8s} gate off", q, k, v, dout, params(causal=1)[0], "FLASHC_HOPPER_BWD=1")
+    attempt(f"{str(dtype)[6:]:8s} gate off, deterministic", q, k, v, dout, params(deterministic=1)[0],
+            "FLASHC_HOPPER_BWD=1")
+    os.environ["FLASHC_HOPPER_BWD"] = "1"
+    odd = [make(1, 300, 4, 64, dtype, "odd") for _ in range(4)]
+    attempt(f"{str(dtype)[6:]:8s} odd strides", *odd, params()[0], "stride")
+    big = [make(1, 300, 4, 192, dtype, "bshd") for _ in range(4)]
+    attempt(f"{str(dtype)[6:]:8s} d192", *big, params()[0], "192")
+
+
+def correctness():
+    torch.manual_seed(0)
+    shapes = [(1, 1), (97, 97), (257, 257), (1025, 1025), (113, 203), (203, 113), (1, 147), (1024, 1023)]
+    masks = [dict(), dict(causal=1, align=0), dict(causal=1, align=1), dict(wl=32, wr=16), dict(wl=200, wr=0)]
+    layouts = ["bshd", "bhsd", "padded"]
+    dims = (64, 128)
+    if args.quick:
+        shapes, masks = [(97, 97), (257, 257), (203, 113), (1024, 1023)], [dict(), dict(causal=1)]
+    if args.tiny:
+        shapes, masks, dims = [(97, 97), (203, 113)], [dict(causal=1)], (64,)
+    n = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in dims:
+            for sq, sk in shapes:
+                for m in masks:
+                    n += 1
+                    check(dtype, 2, sq, sk, 4, 2, d, layout=layouts[n % 3], **m)  # GQA 2:1
+        if args.tiny:
+            continue
+        check(dtype, 1, 257, 300, 4, 2, 100, causal=1, layout="padded")  # d = 100 runs as D = 128
+        check(dtype, 1, 0, 0, 4, 2, 128, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+        check_refusals(dtype)
+        if args.quick:
+            continue
+        check(dtype, 1, 300, 300, 8, 1, 128)  # MQA
+        check(dtype, 1, 4096, 4096, 2, 2, 128, causal=1)
+        check(dtype, 1, 257, 300, 4, 2, 40, layout="padded")  # d = 40 runs as D = 64
+        check(dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd", varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
+        check(dtype, 1, 0, 0, 4, 4, 64, wl=20, wr=5, varlen=([1, 1025, 64], [1, 1025, 130]))
+    # Deterministic mode last: its dQ turns wait on other CTAs, so a wrong turn hangs (gpu.sh's timeout) and
+    # should not hide the results above.
+    if not args.tiny:
+        for dtype in (torch.bfloat16, torch.float16):
+            check(dtype, 2, 1025, 1025, 4, 2, 128, causal=1, deterministic=1)
+            check(dtype, 2, 257, 300, 4, 2, 64, wl=100, wr=30, layout="bhsd", deterministic=1)
+            check(dtype, 1, 0, 0, 4, 2, 128, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]),
+                  deterministic=1)
+            if not args.quick:
+                check(dtype, 1, 4096, 4096, 8, 1, 64, causal=1, align=1, deterministic=1)
+    print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
+
+
+# ---- timings -----------------------------------------------------------------------------------------------
+def timeit(fn, reps=20):
+    """Median ms of `reps` calls after warm-up, L2 flushed before each."""
+    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def bench():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    print(f"\n== backward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 "
+          f"(flops = 2.5 x 4.b.h.s^2.d, halved for causal) ==", flush=True)
+    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'hopper':>8} {'mma':>8} {'flash':>8} {'cudnn':>8} "
+          f"{'hp/cudnn':>8} {'hp/flash':>8}", flush=True)
+    seqlens = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
+    for d in (64, 128):
+        for causal in (0, 1):
+            for s in seqlens:
+                b, h = 16384 // s, 2048 // d
+                q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                res = {}
+                qv, kv, vv, dov = (x.transpose(1, 2) for x in (q, k, v, do))  # [b, s, h, d] views
+                o = torch.empty_like(qv)
+                lse = torch.empty(b * h * s, device="cuda")
+                g = [torch.empty_like(x) for x in (qv, kv, vv)]
+                p, _ = params(causal=causal, align=1)
+                forward("cuda-hopper", p, qv, kv, vv, o, lse)
+                for name in ("cuda-hopper", "cuda-mma"):
+                    if backward(name, p, qv, kv, vv, o, lse, dov, *g) != OK:
+                        print(name, lib.flashc_last_error().decode())
+                        res[name] = float("nan")
+                        continue
+                    res[name] = timeit(lambda: backward(name, p, qv, kv, vv, o, lse, dov, *g))
+                for be, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
+                    try:
+                        qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+                        with sdpa_kernel(be):
+                            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(causal))
+                            res[name] = timeit(lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True))
+                        del out
+                    except Exception:  # noqa: BLE001 - a peer that cannot run this shape is reported as nan
+                        res[name] = float("nan")
+                tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
+                print(f"{d:4d} {causal:6d} {s:6d} {tf['cuda-hopper']:8.1f} {tf['cuda-mma']:8.1f} {tf['flash']:8.1f} "
+                      f"{tf['cudnn']:8.1f} {tf['cuda-hopper'] / tf['cudnn']:8.2f} "
+                      f"{tf['cuda-hopper'] / tf['flash']:8.2f}", flush=True)
+                del q, k, v, do, o, g
+
+
+t0 = time.time()
+if not args.no_check:
+    correctness()
+if not args.no_bench:
+    bench()
+print(f"\n== summary ({time.time() - t0:.0f} s) ==")
+print(f"checks: {len(results) - len(failures)}/{len(results)} passed")
+for tag, info in failures[:20]:
+    print("  FAIL", tag, info)
+sys.exit(1 if failures else 0)
