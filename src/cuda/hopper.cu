@@ -26,11 +26,13 @@
  *   mbarriers: q_full, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES]
  *
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
- * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128: the copy
- * engine fills the columns past d with zeros. */
+ * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
+ * D = 256 with Bc = 80 (only with FLASHC_HOPPER_D256=1 until verified): the copy engine fills the columns past d
+ * with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore runs hopper_persistent.cuh's kernel instead (d ≤ 128). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_ptx.cuh"
+#include "hopper_sched.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
 #include "mma_ptx.cuh"
@@ -44,6 +46,7 @@
 enum {
   FC_HP_BR = 128,               /* query rows per CTA: 2 consumer warpgroups × 64 */
   FC_HP_BC = 128,               /* keys per block */
+  FC_HP_BC_D256 = 80,           /* keys per block of D = 256 (registers: O 128 + S 40 + 2 P 20) */
   FC_HP_THREADS = 384,          /* producer + 2 consumer warpgroups */
   FC_HP_CONSUMER_WARPS = 8,     /* arrivals that release a stage */
   FC_HP_ROW_BYTES = 128,        /* one swizzled row: 64 16-bit elements */
@@ -56,6 +59,9 @@ enum {
 
 /* Kernel variants, each one step further (bring-up bisects a failure to a step). */
 enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
+/* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
+ * directly (persistent) or by TMA (tmastore). Selected only through FLASHC_HOPPER_VARIANT until measured. */
+enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
 
 typedef struct fc_hopper_fwd_args {
   uint16_t *o;
@@ -96,27 +102,28 @@ static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) 
  * applies the swizzle to the address bits, so an offset inside the 128-byte row composes with it). The
  * first step writes S without reading it: S is a fresh value per key block, and the softmax's writes into
  * it never land on registers of a wgmma still in flight. */
-template <typename T, int D>
-static __device__ __forceinline__ void fc_hp_qk(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
+template <typename T, int D, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
-    const uint32_t off = (kk / 4) * FC_HP_HALF_BYTES + (kk % 4) * 32;
-    const uint64_t da = fc_wgmma_desc(q_rows + off, 16, 1024), db = fc_wgmma_desc(k_tile + off, 16, 1024);
+    /* Q_i's halves are Br = 128 rows apart, K_j's Bc rows. */
+    const uint32_t off = (kk / 4) * FC_HP_HALF_BYTES + (kk % 4) * 32,
+                   koff = (kk / 4) * (BC * FC_HP_ROW_BYTES) + (kk % 4) * 32;
+    const uint64_t da = fc_wgmma_desc(q_rows + off, 16, 1024), db = fc_wgmma_desc(k_tile + koff, 16, 1024);
     if (kk == 0)
-      fc_wgmma_ss_zero<T, FC_HP_BC>(s, da, db);
+      fc_wgmma_ss_zero<T, BC>(s, da, db);
     else
-      fc_wgmma_ss<T, FC_HP_BC>(s, da, db);
+      fc_wgmma_ss<T, BC>(s, da, db);
   }
 }
 
 /* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
- * bytes apart), both column halves (FC_HP_HALF_BYTES apart). */
-template <typename T, int D>
-static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_t (&p)[FC_HP_BC / 16][4],
-                                                uint32_t v_tile) {
+ * bytes apart), every 64-column half (Bc·128 bytes apart: the leading offset). */
+template <typename T, int D, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_t (&p)[BC / 16][4], uint32_t v_tile) {
 #pragma unroll
-  for (int kb = 0; kb < FC_HP_BC / 16; kb++)
-    fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc(v_tile + kb * 16 * FC_HP_ROW_BYTES, FC_HP_HALF_BYTES, 1024));
+  for (int kb = 0; kb < BC / 16; kb++)
+    fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc(v_tile + kb * 16 * FC_HP_ROW_BYTES, BC * FC_HP_ROW_BYTES, 1024));
 }
 
 /* Masks S (keys outside each row's range → −inf), then the online softmax of one block:
@@ -126,13 +133,13 @@ static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_
  * seen only masked keys keeps m = −inf and uses 0 as its base, so every exponent is −inf and P = 0. This
  * thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows (rh = 0, 1); the 4 threads t of a row share its
  * max, and each sums only its own columns of l (summed over the 4 at the end). */
-template <typename T>
-static __device__ __forceinline__ void fc_hp_softmax(float (&s)[64], bool mask, int k0, const int (&lo)[2],
+template <typename T, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
                                                      const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
-                                                     float (&alpha)[2], uint32_t (&p)[FC_HP_BC / 16][4]) {
+                                                     float (&alpha)[2], uint32_t (&p)[BC / 16][4]) {
   if (mask) {
 #pragma unroll
-    for (int x = 0; x < FC_HP_BC / 8; x++)
+    for (int x = 0; x < BC / 8; x++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = k0 + 8 * x + 2 * t + (e & 1), rh = e >> 1;
@@ -143,7 +150,7 @@ static __device__ __forceinline__ void fc_hp_softmax(float (&s)[64], bool mask, 
   for (int rh = 0; rh < 2; rh++) {
     float mx = m[rh];
 #pragma unroll
-    for (int x = 0; x < FC_HP_BC / 8; x++) mx = fmaxf(mx, fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]));
+    for (int x = 0; x < BC / 8; x++) mx = fmaxf(mx, fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float base = mx == -INFINITY ? 0.0f : mx * c;
@@ -151,7 +158,7 @@ static __device__ __forceinline__ void fc_hp_softmax(float (&s)[64], bool mask, 
     m[rh] = mx;
     float sum = 0.0f;
 #pragma unroll
-    for (int x = 0; x < FC_HP_BC / 8; x++) {
+    for (int x = 0; x < BC / 8; x++) {
       s[4 * x + 2 * rh] = fc_exp2(fmaf(s[4 * x + 2 * rh], c, -base));
       s[4 * x + 2 * rh + 1] = fc_exp2(fmaf(s[4 * x + 2 * rh + 1], c, -base));
       sum += s[4 * x + 2 * rh] + s[4 * x + 2 * rh + 1];
@@ -159,7 +166,7 @@ static __device__ __forceinline__ void fc_hp_softmax(float (&s)[64], bool mask, 
     l[rh] = alpha[rh] * l[rh] + sum;
   }
 #pragma unroll
-  for (int kb = 0; kb < FC_HP_BC / 16; kb++) {
+  for (int kb = 0; kb < BC / 16; kb++) {
     p[kb][0] = fc_pack2<T>(s[8 * kb + 0], s[8 * kb + 1]);
     p[kb][1] = fc_pack2<T>(s[8 * kb + 2], s[8 * kb + 3]);
     p[kb][2] = fc_pack2<T>(s[8 * kb + 4], s[8 * kb + 5]);
@@ -178,14 +185,14 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, int VARIANT>
+template <typename T, int D, int STAGES, int VARIANT, int BC = FC_HP_BC>
 __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   constexpr bool OVERLAP = VARIANT >= FC_HP_OVERLAP, PINGPONG = VARIANT == FC_HP_PINGPONG;
-  constexpr uint32_t Q_BYTES = FC_HP_BR * D * 2, KV_BYTES = FC_HP_BC * D * 2;
+  constexpr uint32_t Q_BYTES = FC_HP_BR * D * 2, KV_BYTES = BC * D * 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* The swizzle pattern repeats every 1024 bytes of address, for TMA and wgmma alike: align by hand (the
    * launch adds 1024 bytes of slack), whatever the toolchain gives the dynamic block. */
@@ -219,8 +226,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
   int lo_first, hi_first, lo_last, hi_last;
   fc_hp_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
   fc_hp_row_keys(min(i0 + FC_HP_BR, sq) - 1, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
-  const int j_begin = lo_first / FC_HP_BC;
-  const int n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - j_begin : 0;
+  const int j_begin = lo_first / BC;
+  const int n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - j_begin : 0;
 
   if (threadIdx.x == 0) {
     fc_mbar_init(q_full, 1);
@@ -253,19 +260,19 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           const int s = n % STAGES, u = n / STAGES;
           if (u > 0) fc_mbar_wait(EMPTY_K(s), (u - 1) & 1);
           fc_mbar_arrive_expect_tx(FULL_K(s), KV_BYTES);
-          const int row = k_start + (j_begin + n) * FC_HP_BC;
+          const int row = k_start + (j_begin + n) * BC;
 #pragma unroll
           for (int hf = 0; hf < HALVES; hf++)
-            fc_tma_load_4d(sK + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_k, 64 * hf, row, hk, bt, FULL_K(s));
+            fc_tma_load_4d(sK + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_k, 64 * hf, row, hk, bt, FULL_K(s));
         }
         if (n > 0) {
           const int s = (n - 1) % STAGES, u = (n - 1) / STAGES;
           if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
           fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
-          const int row = k_start + (j_begin + n - 1) * FC_HP_BC;
+          const int row = k_start + (j_begin + n - 1) * BC;
 #pragma unroll
           for (int hf = 0; hf < HALVES; hf++)
-            fc_tma_load_4d(sV + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
+            fc_tma_load_4d(sV + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
         }
       }
     }
@@ -289,9 +296,9 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
      * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row
      * ((j + 1)·Bc − 1 ≤ wg_row0 + shift + wr) and right of its left edge for the last row
      * (j·Bc ≥ wg_row0 + 63 + shift − wl). Worked out once here, so that the loop tests two ints. */
-    int64_t full_hi = sk / FC_HP_BC, full_lo = 0; /* 64-bit: the ring's mask_offset may be far away */
-    if (a.window_right >= 0) full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + shift + a.window_right + 1, FC_HP_BC));
-    if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + shift - a.window_left), FC_HP_BC);
+    int64_t full_hi = sk / BC, full_lo = 0; /* 64-bit: the ring's mask_offset may be far away */
+    if (a.window_right >= 0) full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + shift + a.window_right + 1, BC));
+    if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + shift - a.window_left), BC);
     const int j_full_hi = (int)max(full_hi, (int64_t)0),
               j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
     auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
@@ -307,7 +314,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     };
 
     float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
-    uint32_t p[FC_HP_BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
+    uint32_t p[BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
 #pragma unroll
     for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
     fc_mbar_wait(q_full, 0); /* Q_i has landed */
@@ -316,35 +323,35 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       if constexpr (PINGPONG) fc_named_barrier_arrive_if(FC_HP_BAR_TURN, 256, cw == 1); /* consumer 0 first */
       /* Block 0: S = Q_i·K_0ᵀ, softmax; O is still 0, nothing to rescale. */
       {
-        float s[64];
+        float s[BC / 2];
         fc_mbar_wait(FULL_K(0), 0);
         my_turn();
         fc_wgmma_fence();
-        fc_hp_qk<T, D>(s, q_rows, sK);
+        fc_hp_qk<T, D, BC>(s, q_rows, sK);
         fc_wgmma_commit();
         your_turn(false);
         fc_wgmma_wait<0>();
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
-        fc_hp_softmax<T>(s, needs_mask(j_begin), j_begin * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+        fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
       }
 
       for (int n = 1; n < n_blocks; n++) {
         const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
-        float s[64];
+        float s[BC / 2];
         if constexpr (OVERLAP) {
           /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
            * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
-          uint32_t pn[FC_HP_BC / 16][4];
+          uint32_t pn[BC / 16][4];
           fc_mbar_wait(FULL_K(sn), un & 1);
           fc_mbar_wait(FULL_V(sp), up & 1); /* before the fence: no branch inside a wgmma pipeline stage */
           fc_fence_regs(o);
           fc_fence_regs(p);
           my_turn();
           fc_wgmma_fence();
-          fc_hp_qk<T, D>(s, q_rows, sK + sn * KV_BYTES);
+          fc_hp_qk<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
-          fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
+          fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
           your_turn(false);
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
@@ -354,13 +361,13 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
            * wgmma pipeline (C7513), and the producer refills V stages two blocks ahead anyway. */
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
-          fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);
+          fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, pn);
           fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
           fc_fence_regs(o);
           fc_fence_regs(p);
           fc_hp_rescale<D>(o, alpha);
 #pragma unroll
-          for (int kb = 0; kb < FC_HP_BC / 16; kb++)
+          for (int kb = 0; kb < BC / 16; kb++)
 #pragma unroll
             for (int x = 0; x < 4; x++) p[kb][x] = pn[kb][x];
         } else {
@@ -369,19 +376,19 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           fc_fence_regs(o);
           fc_fence_regs(p);
           fc_wgmma_fence();
-          fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
+          fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
           fc_wgmma_wait<0>();
           fc_fence_regs(o);
           fc_mbar_arrive_if(EMPTY_V(sp), lane == 0);
           fc_mbar_wait(FULL_K(sn), un & 1);
           fc_wgmma_fence();
-          fc_hp_qk<T, D>(s, q_rows, sK + sn * KV_BYTES);
+          fc_hp_qk<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
           fc_wgmma_wait<0>();
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
-          fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+          fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, p);
           fc_hp_rescale<D>(o, alpha);
         }
       }
@@ -393,7 +400,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       fc_fence_regs(p);
       my_turn();
       fc_wgmma_fence();
-      fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
+      fc_hp_pv<T, D, BC>(o, p, sV + sl * KV_BYTES);
       fc_wgmma_commit();
       your_turn(true);
       fc_wgmma_wait<0>();
@@ -461,10 +468,12 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 #endif /* FC_HOPPER_ARCH */
 }
 
+#include "hopper_persistent.cuh"
+
 /* ---- host ------------------------------------------------------------------------------------------------ */
 /* Dynamic shared memory of one CTA: the tiles, the barriers, and 1024 bytes of slack for the alignment. */
-static size_t fc_hp_smem_bytes(int d, int stages) {
-  return (size_t)(FC_HP_BR + 2 * stages * FC_HP_BC) * d * 2 + 8 * (1 + 4 * stages) + 1024;
+static size_t fc_hp_smem_bytes(int d, int stages, int bc) {
+  return (size_t)(FC_HP_BR + 2 * stages * bc) * d * 2 + 8 * (1 + 4 * stages) + 1024;
 }
 
 /* FLASHC_HOPPER=0 hides the backend (auto then takes cuda-mma): a switch for comparisons and bisection. */
@@ -537,15 +546,17 @@ static flashc_status fc_hp_check_view(const fc_problem *p, const fc_view *v, boo
   return FLASHC_OK;
 }
 
-static flashc_status fc_hp_encode(const fc_problem *p, const fc_view *v, bool is_q, const char *name,
-                                  CUtensorMap *map) {
+/* The map of one of q, k, v (box_rows = Br for q, Bc for k, v), or of o for the TMA store (box_rows = 64: one
+ * consumer warpgroup's rows). */
+static flashc_status fc_hp_encode_box(const fc_problem *p, const fc_view *v, bool is_q, const char *name, int box_rows,
+                                      CUtensorMap *map) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
   FC_CHECK(fc_hp_encoder(&encode));
   const fc_hp_map_shape s = fc_hp_shape(p, v, is_q);
   cuuint64_t dims[4], strides[3];
   for (int d = 0; d < 4; d++) dims[d] = (cuuint64_t)s.size[d];
   for (int d = 1; d < 4; d++) strides[d - 1] = (cuuint64_t)s.stride[d] * 2;
-  const cuuint32_t box[4] = {64, (cuuint32_t)(is_q ? FC_HP_BR : FC_HP_BC), 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
   const CUresult r =
       encode(map, p->dtype == FLASHC_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
              v->data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -560,33 +571,100 @@ static flashc_status fc_hp_encode(const fc_problem *p, const fc_view *v, bool is
   return FLASHC_OK;
 }
 
-template <typename T, int D, int STAGES>
+static flashc_status fc_hp_encode(const fc_problem *p, const fc_view *v, bool is_q, const char *name,
+                                  CUtensorMap *map) {
+  return fc_hp_encode_box(p, v, is_q, name, is_q ? FC_HP_BR : FC_HP_BC, map);
+}
+
+template <typename T, int D, int STAGES, int BC = FC_HP_BC>
 static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a, int grid,
                                   int variant) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
-      variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE>
-      : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP>
-                                 : fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONG>;
-  const size_t smem = fc_hp_smem_bytes(D, STAGES);
+      variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE, BC>
+      : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP, BC>
+                                 : fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONG, BC>;
+  const size_t smem = fc_hp_smem_bytes(D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
   FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
   return FLASHC_OK;
 }
 
-/* Tile shapes per head dim: <D, K/V stages>. D = 128: 32 + 2·2·32 = 160 KB; D = 64: 16 + 2·3·16 = 112 KB. */
+/* Tile shapes per head dim: <D, K/V stages>. D = 128: 32 + 2·2·32 = 160 KB; D = 64: 16 + 2·3·16 = 112 KB;
+ * D = 256 (FLASHC_HOPPER_D256=1 until verified), Bc = 80: 64 + 2·2·40 = 224 KB of the 227 KB a block may have. */
 template <typename T>
 static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
                                     int grid, int variant) {
   if (p->head_dim <= 64) return fc_hp_launch<T, 64, 3>(p, maps, a, grid, variant);
+  if (p->head_dim > 128) return fc_hp_launch<T, 256, 2, FC_HP_BC_D256>(p, maps, a, grid, variant);
   return fc_hp_launch<T, 128, 2>(p, maps, a, grid, variant);
 }
 
-/* FLASHC_HOPPER_VARIANT (bring-up): simple, overlap, or pingpong (the default, and for any other value). */
+/* FLASHC_HOPPER_D256=1 lets head dims 129..256 run (as D = 256): not yet run on a GPU, so off by default (auto
+ * then takes cuda-mma for them, as before). */
+static bool fc_hp_d256_enabled(void) {
+  const char *e = getenv("FLASHC_HOPPER_D256");
+  return e && strcmp(e, "1") == 0;
+}
+
+/* ---- the persistent kernel's launch ---- */
+/* Its shared memory: the one-tile kernel's, plus sO (Br·D·2) and the q_empty barrier. */
+static size_t fc_hp_persistent_smem_bytes(int d, int stages) {
+  return fc_hp_smem_bytes(d, stages, FC_HP_BC) + (size_t)FC_HP_BR * d * 2 + 8;
+}
+
+/* Can o take the TMA store? A dense problem (varlen rows past one sequence are the next one's, which TMA's
+ * clipping would not spare) and a view TMA can address (the conditions fc_hp_check_view puts on q, k, v). A
+ * question, not a refusal: no fc_error, the persistent kernel's direct stores take any o. */
+static bool fc_hp_o_tma_ok(const fc_problem *p) {
+  if (p->cu_seqlens_q || (uintptr_t)p->o.data % 16 != 0) return false;
+  const fc_hp_map_shape s = fc_hp_shape(p, &p->o, true);
+  for (int d = 1; d < 4; d++)
+    if (s.stride[d] % 8 != 0 || s.stride[d] >= ((int64_t)1 << 39) || s.size[d] > INT32_MAX) return false;
+  return true;
+}
+
+template <typename T, int D, int STAGES>
+static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
+                                             const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
+                 const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true>
+                                                : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false>;
+  const size_t smem = fc_hp_persistent_smem_bytes(D, STAGES);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (persistent)"));
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  /* One CTA per SM (this shared memory and 384 threads of 168 registers allow no second); fewer when there are
+   * fewer tiles. */
+  const int grid = sc->tiles < props.num_sms ? sc->tiles : props.num_sms;
+  if (grid <= 0) return FLASHC_OK;
+  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, *sc);
+  FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
+  return FLASHC_OK;
+}
+
+/* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. */
+template <typename T>
+static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
+                                      int variant) {
+  const int D = p->head_dim <= 64 ? 64 : 128;
+  const bool tma_store = variant == FC_HP_TMASTORE && fc_hp_o_tma_ok(p);
+  CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
+  if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, &maps[3]));
+  const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
+  const fc_hp_sched sc = fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group);
+  if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store);
+  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store);
+}
+
+/* FLASHC_HOPPER_VARIANT (bring-up): simple, overlap, persistent, tmastore, or pingpong (the default, and for
+ * any other value). */
 static int fc_hp_variant(void) {
   const char *v = getenv("FLASHC_HOPPER_VARIANT");
   if (v && strcmp(v, "simple") == 0) return FC_HP_SIMPLE;
   if (v && strcmp(v, "overlap") == 0) return FC_HP_OVERLAP;
+  if (v && strcmp(v, "persistent") == 0) return FC_HP_PERSISTENT;
+  if (v && strcmp(v, "tmastore") == 0) return FC_HP_TMASTORE;
   return FC_HP_PINGPONG;
 }
 
@@ -619,8 +697,10 @@ static bool hopper_usable(char *why, size_t len) {
 static flashc_status hopper_supports(const fc_problem *p) {
   /* The backward (hopper_bwd.cu) refuses itself unless FLASHC_HOPPER_BWD=1: auto keeps cuda-mma's. */
   if (p->is_backward) FC_CHECK(fc_hopper_bwd_supports(p));
-  if (p->head_dim > 128)
-    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 128 on backend cuda-hopper", (long long)p->head_dim);
+  if (p->head_dim > 256 || (p->head_dim > 128 && (p->is_backward || !fc_hp_d256_enabled())))
+    return fc_error(
+        FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 128 on backend cuda-hopper%s", (long long)p->head_dim,
+        p->head_dim <= 256 && !p->is_backward ? " (129..256 run with FLASHC_HOPPER_D256=1, not yet verified)" : "");
   if (p->scale < 0.0f)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "scale %g is negative; backend cuda-hopper needs a positive scale",
                     (double)p->scale);
@@ -640,9 +720,10 @@ static flashc_status hopper_forward(const fc_problem *p) {
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
   CUtensorMap maps[3];
+  const int bc = p->head_dim > 128 ? FC_HP_BC_D256 : FC_HP_BC; /* the K/V box: one key block */
   FC_CHECK(fc_hp_encode(p, &p->q, true, "q", &maps[0]));
-  FC_CHECK(fc_hp_encode(p, &p->k, false, "k", &maps[1]));
-  FC_CHECK(fc_hp_encode(p, &p->v, false, "v", &maps[2]));
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, &maps[1]));
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, &maps[2]));
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, fc_mma_cu_seqlens_bytes(p), &ws));
   fc_hopper_fwd_args a;
@@ -666,6 +747,10 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
   const int variant = fc_hp_variant();
+  if (variant >= FC_HP_PERSISTENT && p->head_dim <= 128) { /* D = 256 has no room for sO: one tile per CTA */
+    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant);
+    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant);
+  }
   if (p->dtype == FLASHC_F16) return fc_hp_dispatch<__half>(p, maps, &a, grid, variant);
   return fc_hp_dispatch<__nv_bfloat16>(p, maps, &a, grid, variant);
 }
@@ -677,7 +762,7 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     FLASHC_DEVICE_CUDA,
     (1u << FLASHC_F16) | (1u << FLASHC_BF16),
     1,
-    128,
+    256, /* 129..256 only with FLASHC_HOPPER_D256=1 (hopper_supports) */
     hopper_usable,
     hopper_supports,
     hopper_forward,

@@ -147,5 +147,31 @@ static __device__ __forceinline__ uint4 fc_ld_shared_v4(uint32_t addr) {
   return v;
 }
 
+/* ---- TMA store: cp.async.bulk.tensor, shared → global (the persistent variant's epilogue) ------------------ */
+/* Copies the box at smem `src` (laid out as the map says) into the 4-d tensor `map` at coordinates (c0 .. c3);
+ * elements outside the tensor are not written (the clipping that keeps rows past the sequence untouched). The
+ * copy joins this thread's current bulk async-group. The source must have been written through the generic
+ * proxy before a fence.proxy.async by each writer and a barrier that orders them before this thread. */
+static __device__ __forceinline__ void fc_tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2,
+                                                       int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"((uint64_t)map),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+/* Closes this thread's bulk copies issued since the last commit into one bulk async-group. */
+static __device__ __forceinline__ void fc_bulk_commit(void) {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* Waits until at most N of this thread's bulk groups still read their shared-memory source (after which the
+ * source may be overwritten; their global writes may still be on the way). */
+template <int N> static __device__ __forceinline__ void fc_bulk_wait_read(void) {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+/* Waits until at most N of this thread's bulk groups are pending at all (their writes are done). */
+template <int N> static __device__ __forceinline__ void fc_bulk_wait(void) {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 #endif /* FC_HOPPER_ARCH */
 #endif /* FLASHC_CUDA_HOPPER_PTX_CUH */

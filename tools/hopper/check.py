@@ -8,7 +8,10 @@ of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, 
 Outputs and lse are poisoned with NaN before every call; lse must match to 2e-3 and be -inf exactly where a
 row sees no key. Every case runs for each kernel variant (FLASHC_HOPPER_VARIANT): simple (each wgmma group
 waited for at once), overlap (+ intra-warpgroup pipelining), pingpong (+ the two consumers taking turns, the
-default), so that a failure points at the step that brought it.
+default), persistent (+ one CTA per SM looping over a tile schedule, barrier phases carried across tiles),
+tmastore (+ O written by a TMA store), so that a failure points at the step that brought it. The variants of a
+case share its inputs and its reference (computed once); the "many tiles" cases give each CTA of the
+persistent grid several tiles, among them tiles with no visible key and tiles past their sequence.
 """
 import argparse
 import ctypes
@@ -25,10 +28,13 @@ ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke t
 ap.add_argument("--tiny", action="store_true", help="two small shapes, causal only (racecheck, which is slow)")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
-ap.add_argument("--variants", default="simple,overlap,pingpong")
+ap.add_argument("--variants", default="simple,overlap,pingpong,persistent,tmastore")
+ap.add_argument("--bench-variants", default="pingpong,persistent,tmastore",
+                help="timed in this order; the first is the reference column pp/cudnn")
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
+os.environ.pop("FLASHC_HOPPER_D256", None)  # head dims 129..256: only where d256() sets it
 lib = ctypes.CDLL(os.path.abspath(args.lib))
 I64 = ctypes.c_int64
 
@@ -155,11 +161,13 @@ def record(tag, ok, info):
         print("FAIL", tag, info, flush=True)
 
 
-def check(variant, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
-          varlen=None, expect=OK):
-    tag = (f"{variant:9s} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
-           f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else ""))
-    set_variant(variant)
+def check(variants, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
+          varlen=None, expect=OK, o_layout="bshd"):
+    """One case (fresh random inputs) through every variant in `variants`, against one reference. o is laid out
+    as o_layout says (any strides: cuda-hopper takes every o)."""
+    case = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
+            f"w({wl},{wr}) {layout}" + (f" o:{o_layout}" if o_layout != "bshd" else "") +
+            (f" varlen{len(varlen[0])}" if varlen else ""))
     if varlen:
         cu_q, cu_k = [0], [0]
         for lq, lk in zip(*varlen):
@@ -172,7 +180,18 @@ def check(variant, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1
         q, k, v = make(b, sq, hq, d, dtype, layout), make(b, sk, hkv, d, dtype, layout), make(b, sk, hkv, d, dtype, layout)
         seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
         p, keep = params(causal, align, wl, wr)
-    o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
+    refs = {}  # (bb, qs) -> o_ref, lse_ref, err_plain: computed for the first variant, reused by the others
+    for variant in variants:
+        check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, want_lse, varlen, expect, q, k, v,
+                      seqs, p, refs, o_layout)
+    del keep
+
+
+def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, want_lse, varlen, expect, q, k, v, seqs,
+                  p, refs, o_layout):
+    tag = f"{variant:10s} {case}"
+    set_variant(variant)
+    o = make(q.shape[0], q.shape[1], q.shape[2], q.shape[3], dtype, o_layout).fill_(float("nan"))
     rows = q.shape[0] * q.shape[1]
     lse = torch.full((hq * rows,), float("nan"), device="cuda") if want_lse else None
     st = forward("cuda-hopper", p, q, k, v, o, lse)
@@ -203,14 +222,18 @@ def check(variant, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1
             if want_lse and not bool((torch.isinf(lx) & (lx < 0)).all()):
                 bad.append("rows with no key: lse is not -inf")
             continue
-        vis = visible(ql, kl, causal, align, wl, wr)
-        args_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl], scale, vis)
-        o_ref, lse_ref = reference(*args_)
-        o_plain, _ = reference(*args_, low=dtype)
+        if (bb, qs) not in refs:
+            vis = visible(ql, kl, causal, align, wl, wr)
+            args_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl], scale, vis)
+            o_ref, lse_ref = reference(*args_)
+            o_plain, _ = reference(*args_, low=dtype)
+            refs[(bb, qs)] = (o_ref, lse_ref, (o_plain - o_ref).abs().max().item())
+            del o_plain
+        o_ref, lse_ref, e_plain = refs[(bb, qs)]
         if torch.isnan(ox).any():
             bad.append("NaN in o")
         err = max(err, (ox - o_ref).abs().max().item())
-        err_plain = max(err_plain, (o_plain - o_ref).abs().max().item())
+        err_plain = max(err_plain, e_plain)
         if want_lse:
             if torch.isnan(lx).any():
                 bad.append("NaN in lse")
@@ -224,6 +247,56 @@ def check(variant, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1
     record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
 
 
+def many_tiles(vs, dtype):
+    """Cases with several tiles per CTA of the persistent grid (one CTA per SM: 132 on an H100), so that the
+    barrier phases carried from tile to tile, the skipped tiles and the epilogue/next-tile overlap are exercised
+    (the other cases have fewer tiles than SMs). o in several layouts: tmastore's TMA store where TMA can address
+    o, its fallback to direct stores where it cannot (odd strides, varlen)."""
+    check(vs, dtype, 4, 1025, 1025, 16, 4, 128, o_layout="bhsd")  # 9 x 64 = 576 tiles, full
+    check(vs, dtype, 2, 1100, 300, 32, 8, 128, causal=1, align=0, layout="bhsd",  # bottom-right: rows < 800 see
+          o_layout="padded")  # no key (tiles without a load between tiles with)
+    rng = torch.Generator().manual_seed(7)
+    lens_q = [int(x) for x in torch.randint(0, 700, (40,), generator=rng)]
+    lens_k = [max(0, lq + int(x)) for lq, x in zip(lens_q, torch.randint(-50, 200, (40,), generator=rng))]
+    lens_q[3], lens_k[5], lens_q[9], lens_k[9] = 0, 0, 1, 1
+    check(vs, dtype, 1, 0, 0, 8, 2, 64, causal=1, varlen=(lens_q, lens_k))  # 40 sequences: many skipped tiles
+    if args.quick:
+        return
+    check(vs, dtype, 1, 0, 0, 8, 2, 128, varlen=(lens_q, lens_k), layout="bhsd")
+    check(vs, dtype, 1, 2049, 2049, 32, 4, 64, wl=100, wr=50, layout="padded",  # 17 x 32 tiles; o rows of 65
+          o_layout="odd")  # elements: TMA cannot store them, tmastore falls back to direct stores
+    check(vs, dtype, 2, 1025, 1025, 32, 32, 111, causal=1, align=1, layout="padded",  # d 111 (D = 128): the TMA
+          o_layout="odd")  # store clips columns 111.. (o's rows of 112 elements are 16-byte aligned)
+
+
+class d256:
+    """FLASHC_HOPPER_D256=1 inside: the D = 256 kernel (head dims 129..256, not yet verified) runs only so."""
+
+    def __enter__(self):
+        os.environ["FLASHC_HOPPER_D256"] = "1"
+
+    def __exit__(self, *exc):
+        os.environ.pop("FLASHC_HOPPER_D256", None)
+
+
+def head_dim_256(vs, dtype):
+    """Head dims 129..256 run as D = 256 (Bc = 80, 2 stages): full, causal both alignments, windows, GQA, varlen,
+    padded layouts, d 192 and 129 (zero-filled columns), a key tail that is not a multiple of 80. The persistent
+    variants run the one-tile kernel here (no room for sO), so they repeat pingpong."""
+    with d256():
+        check(vs, dtype, 2, 97, 97, 4, 2, 256)
+        check(vs, dtype, 2, 1025, 1025, 4, 2, 256, causal=1, align=1, layout="bhsd")
+        check(vs, dtype, 2, 203, 113, 4, 2, 256, causal=1, align=0)
+        if args.quick:
+            return
+        check(vs, dtype, 1, 1, 1, 2, 1, 256)
+        check(vs, dtype, 2, 1024, 1023, 4, 4, 256, wl=200, wr=0, layout="padded")
+        check(vs, dtype, 1, 4096, 4096, 2, 1, 256, causal=1)
+        check(vs, dtype, 2, 257, 333, 4, 2, 192, layout="padded", o_layout="odd")
+        check(vs, dtype, 2, 300, 300, 4, 2, 129, causal=1, layout="padded", want_lse=False)
+        check(vs, dtype, 1, 0, 0, 4, 2, 256, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+
+
 def correctness():
     torch.manual_seed(0)
     shapes = [(1, 1), (97, 97), (1025, 1025), (4096, 4096), (113, 203), (203, 113), (1, 147), (1024, 1023)]
@@ -233,26 +306,30 @@ def correctness():
         shapes, masks = [(97, 97), (1025, 1025), (203, 113)], [dict(), dict(causal=1)]
     if args.tiny:
         shapes, masks = [(97, 97), (203, 113)], [dict(causal=1)]
+    vs = args.variants.split(",")
     n = 0
-    for variant in args.variants.split(","):
-        for dtype in (torch.bfloat16, torch.float16):
-            for d in (64, 128):
-                for sq, sk in shapes:
-                    for m in masks:
-                        n += 1
-                        b, h = (1, 2) if max(sq, sk) >= 4096 else (2, 4)
-                        check(variant, dtype, b, sq, sk, h, h // 2, d, layout=layouts[n % 3], **m)  # GQA 2:1
-            if args.quick or args.tiny:
-                continue
-            check(variant, dtype, 1, 300, 300, 8, 1, 128)  # MQA
-            check(variant, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)
-            check(variant, dtype, 1, 257, 300, 4, 2, 100, layout="padded")  # d = 100 runs as D = 128
-            check(variant, dtype, 1, 257, 300, 4, 2, 40, causal=1, layout="padded")  # d = 40 runs as D = 64
-            check(variant, dtype, 1, 0, 0, 4, 2, 128, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
-            check(variant, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
-                  varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
-            check(variant, dtype, 1, 300, 300, 4, 4, 64, layout="odd", expect=UNSUPPORTED)  # TMA cannot: auto falls back
-            check(variant, dtype, 1, 300, 300, 4, 4, 192, expect=UNSUPPORTED)  # head dim 192: not yet
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            for sq, sk in shapes:
+                for m in masks:
+                    n += 1
+                    b, h = (1, 2) if max(sq, sk) >= 4096 else (2, 4)
+                    check(vs, dtype, b, sq, sk, h, h // 2, d, layout=layouts[n % 3], **m)  # GQA 2:1
+        if args.tiny:
+            continue
+        many_tiles(vs, dtype)
+        head_dim_256(vs, dtype)
+        if args.quick:
+            continue
+        check(vs, dtype, 1, 300, 300, 8, 1, 128)  # MQA
+        check(vs, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)
+        check(vs, dtype, 1, 257, 300, 4, 2, 100, layout="padded")  # d = 100 runs as D = 128
+        check(vs, dtype, 1, 257, 300, 4, 2, 40, causal=1, layout="padded")  # d = 40 runs as D = 64
+        check(vs, dtype, 1, 0, 0, 4, 2, 128, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+        check(vs, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
+              varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
+        check(vs, dtype, 1, 300, 300, 4, 4, 64, layout="odd", expect=UNSUPPORTED)  # TMA cannot: auto falls back
+        check(vs, dtype, 1, 300, 300, 4, 4, 192, expect=UNSUPPORTED)  # head dim 192 without FLASHC_HOPPER_D256=1
     print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
 
 
@@ -278,10 +355,13 @@ def bench():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     print(f"\n== forward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 ==", flush=True)
-    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'pingpong':>8} {'overlap':>8} {'simple':>8} {'flash':>8} "
-          f"{'cudnn':>8} {'pp/cudnn':>8} {'pp/flash':>8}", flush=True)
+    bvs = args.bench_variants.split(",")
+    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} " + " ".join(f"{vn[:10]:>10}" for vn in bvs) +
+          f" {'flash':>8} {'cudnn':>8} {'pp/cudnn':>8} {'best/cudnn':>10} {'best':>10}", flush=True)
     seqlens = (1024, 4096, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
-    for d in (64, 128):
+    for d in (64, 128, 256):
+        if d == 256:
+            os.environ["FLASHC_HOPPER_D256"] = "1"
         for causal in (0, 1):
             for s in seqlens:
                 b, h = 16384 // s, 2048 // d
@@ -292,7 +372,7 @@ def bench():
                 o = torch.empty_like(qv)
                 lse = torch.empty(b * h * s, device="cuda")
                 p, _ = params(causal=causal, align=1)
-                for variant in ("pingpong", "overlap", "simple"):
+                for variant in bvs:
                     set_variant(variant)
                     if forward("cuda-hopper", p, qv, kv, vv, o, lse) != OK:
                         print(variant, lib.flashc_last_error().decode())
@@ -307,10 +387,12 @@ def bench():
                     except Exception:  # noqa: BLE001 - a peer that cannot run this shape is reported as nan
                         res[name] = float("nan")
                 tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
-                print(f"{d:4d} {causal:6d} {s:6d} {tf['pingpong']:8.1f} {tf['overlap']:8.1f} {tf['simple']:8.1f} "
-                      f"{tf['flash']:8.1f} {tf['cudnn']:8.1f} {tf['pingpong'] / tf['cudnn']:8.2f} "
-                      f"{tf['pingpong'] / tf['flash']:8.2f}", flush=True)
+                best = max(bvs, key=lambda vn: -1.0 if math.isnan(tf[vn]) else tf[vn])
+                print(f"{d:4d} {causal:6d} {s:6d} " + " ".join(f"{tf[vn]:10.1f}" for vn in bvs) +
+                      f" {tf['flash']:8.1f} {tf['cudnn']:8.1f} {tf[bvs[0]] / tf['cudnn']:8.2f} "
+                      f"{tf[best] / tf['cudnn']:10.2f} {best[:10]:>10}", flush=True)
                 del q, k, v, o
+    os.environ.pop("FLASHC_HOPPER_D256", None)
 
 
 t0 = time.time()

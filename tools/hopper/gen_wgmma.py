@@ -95,6 +95,12 @@ for ctype, ptype in TYPES:
     print(ss(64, ctype, ptype, True))
     print(ss(64, ctype, ptype, False, True))
     print(ss(64, ctype, ptype, True, True))
+# Head dim 256 (hopper.cu's D = 256 kernel, Bc = 80 keys per block for its registers and shared memory):
+# S = Q_i.K_j^T of 80 keys (40 accumulators), O += P.V_j of 256 columns (128 accumulators).
+for ctype, ptype in TYPES:
+    print(ss(80, ctype, ptype, False))
+    print(ss(80, ctype, ptype, True))
+    print(rs(256, ctype, ptype))
 print('''#endif /* FC_HOPPER_ARCH */
 
 #endif /* FLASHC_CUDA_HOPPER_WGMMA_CUH */''')

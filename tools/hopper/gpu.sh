@@ -22,7 +22,7 @@ run() { # run NAME TIMEOUT COMMAND...: keeps the log, says how it ended, shows t
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   if [ $rc -eq 124 ]; then echo "== $name: TIMED OUT after ${limit}s (a hang: barrier protocol?)"; else echo "== $name: rc=$rc"; fi
-  grep -E "^FAIL|passed|TFLOP|^ *(64|128) +[01] |ERROR SUMMARY|RACECHECK SUMMARY|Error|error" "$OUT/$name.log" | head -60
+  grep -E "^FAIL|passed|TFLOP|^ *(64|128|256) +[01] |ERROR SUMMARY|RACECHECK SUMMARY|Error|error" "$OUT/$name.log" | head -60
   return $rc
 }
 
@@ -44,7 +44,7 @@ for step in "$@"; do
     ;;
   sanitize)
     for tool in memcheck synccheck; do
-      run "san-$tool" 150 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong
+      run "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong,persistent,tmastore
     done
     # racecheck is far slower (it took over 150 s on --quick): two small shapes, every variant
     run san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK --tiny --no-bench

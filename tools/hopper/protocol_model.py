@@ -209,6 +209,193 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
     return log
 
 
+# ---- the persistent kernel (src/cuda/hopper_persistent.cuh): one CTA over several tiles ------------------------
+PERSISTENT_MUTATIONS = {
+    "p_counts_per_tile": "stage and parity counted from 0 in every tile, not over the CTA's life",
+    "p_last_v_kept": "the tile's last V stage is never released (as the one-tile kernel may)",
+    "p_q_released_first": "Q_i released at the start of the tile, before its S wgmmas",
+    "p_q_not_waited": "the producer loads the next Q_i without waiting for q_empty",
+}
+
+
+def simulate_persistent(tiles, stages, seed, mutation=None):
+    """tiles: per tile of this CTA, its number of visible key blocks (0: no load at all, the epilogue only), or
+    None for a tile past its sequence (skipped by everyone). Models Q_i as a one-slot buffer (q_full, q_empty)
+    and the K/V rings with fill/use counts kept over all tiles, and the ping-pong turns across tiles."""
+    rng = random.Random(seed)
+    q_full, q_empty = MBar(1), MBar(8)
+    full_k = [MBar(1) for _ in range(stages)]
+    full_v = [MBar(1) for _ in range(stages)]
+    empty_k = [MBar(8) for _ in range(stages)]
+    empty_v = [MBar(8) for _ in range(stages)]
+    turn = [NamedBar(256), NamedBar(256)]
+    bufs = {"Q": [None], "K": [None] * stages, "V": [None] * stages}
+    readers = {(kind, s): set() for kind, b in bufs.items() for s in range(len(b))}
+    in_flight = []
+    per_tile = mutation == "p_counts_per_tile"
+
+    def tma(bar, kind, stage, tile):
+        if readers[(kind, stage)]:
+            raise AssertionError(f"TMA overwrites {kind} stage {stage} while {readers[(kind, stage)]} read it")
+        in_flight.append((bar, kind, stage, tile))
+
+    def wait(bar, parity):
+        while not bar.passed(parity):
+            yield "blocked"
+
+    def producer():
+        kfill = vfill = qfill = 0
+        for ti, n_blocks in enumerate(tiles):
+            if not n_blocks:
+                continue
+            if per_tile:
+                kfill = vfill = 0
+            for n in range(n_blocks + 1):
+                if n < n_blocks:
+                    s, u = kfill % stages, kfill // stages
+                    if u > 0:
+                        yield from wait(empty_k[s], (u - 1) & 1)
+                    full_k[s].arrive(expect_tx=1)
+                    tma(full_k[s], "K", s, (ti, n))
+                    kfill += 1
+                if n == 0:
+                    if qfill > 0 and mutation != "p_q_not_waited":
+                        yield from wait(q_empty, (qfill - 1) & 1)
+                    q_full.arrive(expect_tx=1)
+                    tma(q_full, "Q", 0, ti)
+                    qfill += 1
+                else:
+                    s, u = vfill % stages, vfill // stages
+                    if u > 0:
+                        yield from wait(empty_v[s], (u - 1) & 1)
+                    full_v[s].arrive(expect_tx=1)
+                    tma(full_v[s], "V", s, (ti, n - 1))
+                    vfill += 1
+                yield "step"
+
+    def read(kind, s, tile, who):
+        assert bufs[kind][s] == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{bufs[kind][s]}"
+        readers[(kind, s)].add(who)
+
+    def done(kind, s, who):
+        readers[(kind, s)].discard(who)
+
+    def consumer(cw, warp):
+        who = (cw, warp)
+
+        def my_turn():
+            b = turn[cw]
+            target = b.generation + 1
+            b.add(32)
+            while b.generation < target:
+                yield "blocked"
+
+        def your_turn(last):
+            if not (last and cw == 1):
+                turn[cw ^ 1].add(32)
+
+        kuse = vuse = quse = 0
+        for ti, n_blocks in enumerate(tiles):
+            if n_blocks is None:
+                continue
+            if n_blocks:
+                if per_tile:
+                    kuse = vuse = 0
+                yield from wait(q_full, quse & 1)
+                if mutation == "p_q_released_first":
+                    q_empty.arrive()
+                if cw == 1:
+                    turn[0].add(32)
+                s0 = kuse % stages
+                yield from wait(full_k[s0], (kuse // stages) & 1)
+                yield from my_turn()
+                read("Q", 0, ti, who)
+                read("K", s0, (ti, 0), who)
+                your_turn(False)
+                yield "wgmma"
+                done("Q", 0, who)
+                done("K", s0, who)
+                empty_k[s0].arrive()
+                kuse += 1
+                for n in range(1, n_blocks):
+                    sn, sp = kuse % stages, vuse % stages
+                    yield from wait(full_k[sn], (kuse // stages) & 1)
+                    yield from wait(full_v[sp], (vuse // stages) & 1)
+                    yield from my_turn()
+                    read("Q", 0, ti, who)
+                    read("K", sn, (ti, n), who)
+                    read("V", sp, (ti, n - 1), who)
+                    your_turn(False)
+                    yield "wgmma"
+                    done("Q", 0, who)  # wait_group 1: S done
+                    done("K", sn, who)
+                    empty_k[sn].arrive()
+                    if n >= 2:
+                        empty_v[(vuse - 1) % stages].arrive()  # V_{n-2}
+                    yield "softmax"
+                    yield "wgmma"
+                    done("V", sp, who)  # wait_group 0
+                    kuse += 1
+                    vuse += 1
+                sl = vuse % stages
+                yield from wait(full_v[sl], (vuse // stages) & 1)
+                if mutation != "p_q_released_first":
+                    q_empty.arrive()  # every S of the tile was waited for
+                if n_blocks >= 2:
+                    empty_v[(vuse - 1) % stages].arrive()  # V_{N-2}
+                yield from my_turn()
+                read("V", sl, (ti, n_blocks - 1), who)
+                your_turn(True)
+                yield "wgmma"
+                done("V", sl, who)
+                if mutation != "p_last_v_kept":
+                    empty_v[sl].arrive()  # V_{N-1}
+                vuse += 1
+                quse += 1
+            yield "epilogue"
+
+    actors = [producer()] + [consumer(cw, w) for cw in (0, 1) for w in range(4)]
+    alive = list(range(len(actors)))
+    stuck = 0
+    while alive or in_flight:
+        if in_flight and (not alive or rng.random() < 0.3):
+            bar, kind, s, tile = in_flight.pop(rng.randrange(len(in_flight)))
+            bufs[kind][s] = tile
+            bar.complete_tx(1)
+            stuck = 0
+            continue
+        i = rng.choice(alive)
+        try:
+            r = next(actors[i])
+            stuck = stuck + 1 if r == "blocked" else 0
+        except StopIteration:
+            alive.remove(i)
+            stuck = 0
+        if stuck > 5000 and not in_flight:
+            raise AssertionError(f"deadlock: actors {alive} blocked forever")
+    assert all(b.arrived == 0 for b in turn), f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
+
+
+def run_persistent(mutation=None, seeds=40):
+    """Random tile lists (1..6 tiles of 0..6 key blocks, some skipped) under random interleavings."""
+    runs = 0
+    for stages in (2, 3):
+        for seed in range(seeds):
+            rng = random.Random(1000 + seed)
+            tiles = [None if rng.random() < 0.15 else rng.choice([0, 1, 1, 2, 3, 4, 5, 6])
+                     for _ in range(rng.randint(1, 6))]
+            if mutation and not any(tiles):
+                tiles.append(3)
+            if mutation and sum(1 for t in tiles if t) < 2:
+                tiles += [2, 4]  # the cross-tile mutations need two loaded tiles to show
+            try:
+                simulate_persistent(tiles, stages, seed, mutation)
+            except AssertionError as e:
+                return f"persistent stages={stages} tiles={tiles} seed={seed}: {e}", runs
+            runs += 1
+    return None, runs
+
+
 def run_all(mutation=None, seeds=60):
     """None when every run passes, else the first failure's description."""
     runs = 0
@@ -230,12 +417,21 @@ def main():
         err, _ = run_all(mutation, seeds=20)
         print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
         failures += err is None
+    for mutation, what in PERSISTENT_MUTATIONS.items():
+        err, _ = run_persistent(mutation, seeds=20)
+        print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
+        failures += err is None
     err, runs = run_all()
     if err:
         print("FAIL", err)
         failures += 1
-    print(f"{runs} passed, {failures} failed (protocol model: simple/overlap/pingpong, stages 2 and 3, 0..9 key "
-          f"blocks; {len(MUTATIONS)} broken protocols must be caught)")
+    err_p, runs_p = run_persistent(seeds=300)
+    if err_p:
+        print("FAIL", err_p)
+        failures += 1
+    print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong, stages 2 and 3, "
+          f"0..9 key blocks; persistent over random tile lists; {len(MUTATIONS) + len(PERSISTENT_MUTATIONS)} "
+          f"broken protocols must be caught)")
     sys.exit(1 if failures else 0)
 
 

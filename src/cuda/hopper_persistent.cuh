@@ -1,0 +1,324 @@
+/* hopper_persistent.cuh — cuda-hopper's persistent forward (FLASHC_HOPPER_VARIANT=persistent, tmastore): the
+ * ping-pong kernel of hopper.cu, run by one CTA per SM over a static tile schedule (hopper_sched.cuh), with O
+ * staged in its own buffer sO so that the producer loads the next tile's Q_i, K_j, V_j while the consumers
+ * finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense o that TMA can
+ * address; the host falls back to persistent otherwise).
+ *
+ * Included by hopper.cu after its device helpers (fc_hp_qk, fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
+ * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
+ *
+ * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64]
+ * (D = 128: 32 + 128 + 32 = 192 KB; D = 64: 16 + 96 + 16 = 128 KB), then the mbarriers:
+ *   q_full (1), q_empty (8: one arrival per consumer warp), full_k, full_v, empty_k, empty_v [STAGES].
+ *
+ * Barrier phases across tiles (docs/hopper.md, "Persistent variant"): the producer and the consumers count
+ * K uses, V uses and Q uses over the CTA's whole life, not per tile; use number u of a ring is stage u % STAGES,
+ * its full barrier's phase u / STAGES (parity (u / STAGES) & 1), and fill u ≥ STAGES waits for the empty
+ * barrier's phase u / STAGES − 1, completed by the release of use u − STAGES. Both sides skip the same tiles
+ * (no query row in the sequence) and the same loads (no visible key block: no Q, K, V at all), so the counts
+ * agree. Every K, V and Q use is released exactly once, in use order per stage: unlike the one-tile kernel,
+ * the last two V stages of a tile are released too (the next tile's fills wait for them), and Q_i is released
+ * once every S = Q_i·K_jᵀ of the tile has been waited for. */
+
+#if FC_HOPPER_ARCH
+/* One tile of the schedule, as both the producer and the consumers see it. */
+typedef struct fc_hp_tile {
+  int64_t b, shift;
+  int h, hk, bt;                /* query head, its K/V head, the batch coordinate of the tensor maps */
+  int q_start, k_start, sq, sk; /* the sequence: offsets (varlen) and lengths */
+  int i0, j_begin, n_blocks;    /* first query row; visible key blocks [j_begin, j_begin + n_blocks) */
+} fc_hp_tile;
+
+/* Tile `t` of the schedule; false when its query block lies past its sequence (varlen: shorter sequences). */
+static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args &a, const fc_hp_sched &sc, int t,
+                                                        fc_hp_tile *x) {
+  int mb, bh;
+  fc_hp_tile_at(sc, t, &mb, &bh);
+  x->h = bh % a.heads_q;
+  x->b = bh / a.heads_q;
+  x->q_start = 0, x->k_start = 0, x->sq = a.seqlen_q, x->sk = a.seqlen_k;
+  if (a.cu_q) {
+    x->q_start = a.cu_q[x->b];
+    x->sq = a.cu_q[x->b + 1] - x->q_start;
+    x->k_start = a.cu_k[x->b];
+    x->sk = a.cu_k[x->b + 1] - x->k_start;
+  }
+  x->i0 = mb * FC_HP_BR;
+  if (x->i0 >= x->sq) return false;
+  x->hk = x->h / a.group;
+  x->bt = a.cu_q ? 0 : (int)x->b;
+  x->shift = (a.bottom_right ? (int64_t)x->sk - x->sq : 0) + a.mask_offset;
+  int lo_first, hi_first, lo_last, hi_last;
+  fc_hp_row_keys(x->i0, x->shift, a.window_left, a.window_right, x->sk, &lo_first, &hi_first);
+  fc_hp_row_keys(min(x->i0 + FC_HP_BR, x->sq) - 1, x->shift, a.window_left, a.window_right, x->sk, &lo_last, &hi_last);
+  x->j_begin = lo_first / FC_HP_BC;
+  x->n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - x->j_begin : 0;
+  return true;
+}
+#endif /* FC_HOPPER_ARCH */
+
+template <typename T, int D, int STAGES, bool TMA_STORE>
+__global__ void __launch_bounds__(FC_HP_THREADS, 1)
+    fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+                                    const fc_hopper_fwd_args a, const fc_hp_sched sc) {
+#if FC_HOPPER_ARCH
+  constexpr int HALVES = D / 64;
+  constexpr uint32_t Q_BYTES = FC_HP_BR * D * 2, KV_BYTES = FC_HP_BC * D * 2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, sO = sV + STAGES * KV_BYTES, bars = sO + Q_BYTES;
+  const uint32_t q_full = bars, q_empty = bars + 8u;
+#define FULL_K(s)  (bars + 8u * (2 + (s)))
+#define FULL_V(s)  (bars + 8u * (2 + STAGES + (s)))
+#define EMPTY_K(s) (bars + 8u * (2 + 2 * STAGES + (s)))
+#define EMPTY_V(s) (bars + 8u * (2 + 3 * STAGES + (s)))
+
+  if (threadIdx.x == 0) {
+    fc_mbar_init(q_full, 1);
+    fc_mbar_init(q_empty, FC_HP_CONSUMER_WARPS);
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      fc_mbar_init(FULL_K(s), 1);
+      fc_mbar_init(FULL_V(s), 1);
+      fc_mbar_init(EMPTY_K(s), FC_HP_CONSUMER_WARPS);
+      fc_mbar_init(EMPTY_V(s), FC_HP_CONSUMER_WARPS);
+    }
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+
+  if (threadIdx.x < 128) {
+    /* ---- producer: per tile K_0, Q_i, K_1, V_0, K_2, V_1, ..., V_{N−1}, fills counted over all tiles ---- */
+    fc_setmaxnreg_dec<FC_HP_REGS_PRODUCER>();
+    if (threadIdx.x == 0) {
+      fc_tma_prefetch_map(&tm_q);
+      fc_tma_prefetch_map(&tm_k);
+      fc_tma_prefetch_map(&tm_v);
+      uint32_t kfill = 0, vfill = 0, qfill = 0;
+      for (int64_t tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) { /* 64-bit: tile + grid may pass 2^31 */
+        fc_hp_tile x;
+        if (!fc_hp_tile_setup(a, sc, (int)tile, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
+        for (int n = 0; n <= x.n_blocks; n++) {
+          if (n < x.n_blocks) {
+            const uint32_t s = kfill % STAGES, u = kfill / STAGES;
+            if (u > 0) fc_mbar_wait(EMPTY_K(s), (u - 1) & 1); /* use kfill − STAGES is released */
+            fc_mbar_arrive_expect_tx(FULL_K(s), KV_BYTES);
+            const int row = x.k_start + (x.j_begin + n) * FC_HP_BC;
+#pragma unroll
+            for (int hf = 0; hf < HALVES; hf++)
+              fc_tma_load_4d(sK + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_k, 64 * hf, row, x.hk, x.bt, FULL_K(s));
+            kfill++;
+          }
+          if (n == 0) {
+            /* Q_i after K_0: K_0's stage is usually free already, while Q waits for the last tile's final S. */
+            if (qfill > 0) fc_mbar_wait(q_empty, (qfill - 1) & 1);
+            fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
+#pragma unroll
+            for (int hf = 0; hf < HALVES; hf++)
+              fc_tma_load_4d(sQ + hf * FC_HP_HALF_BYTES, &tm_q, 64 * hf, x.q_start + x.i0, x.h, x.bt, q_full);
+            qfill++;
+          } else {
+            const uint32_t s = vfill % STAGES, u = vfill / STAGES;
+            if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
+            fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
+            const int row = x.k_start + (x.j_begin + n - 1) * FC_HP_BC;
+#pragma unroll
+            for (int hf = 0; hf < HALVES; hf++)
+              fc_tma_load_4d(sV + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_v, 64 * hf, row, x.hk, x.bt, FULL_V(s));
+            vfill++;
+          }
+        }
+      }
+    }
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HP_REGS_CONSUMER>();
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1; /* uniform: see hopper.cu */
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES, o_rows = sO + 64 * cw * FC_HP_ROW_BYTES;
+    const float c = a.scale_log2;
+    auto my_turn = [&]() { fc_named_barrier(FC_HP_BAR_TURN + cw, 256); };
+    auto your_turn = [&](bool last) { fc_named_barrier_arrive_if(FC_HP_BAR_TURN + (cw ^ 1), 256, !(last && cw == 1)); };
+    uint32_t kuse = 0, vuse = 0, quse = 0; /* uses over all tiles: the producer's fill counts */
+
+    for (int64_t tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) { /* 64-bit: tile + grid may pass 2^31 */
+      fc_hp_tile x;
+      if (!fc_hp_tile_setup(a, sc, (int)tile, &x)) continue;
+      const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
+      int lo[2], hi[2];
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++)
+        fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, x.shift, a.window_left, a.window_right, x.sk, &lo[rh],
+                       &hi[rh]);
+      /* Whole key blocks of this warpgroup, as in hopper.cu. */
+      int64_t full_hi = x.sk / FC_HP_BC, full_lo = 0;
+      if (a.window_right >= 0)
+        full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + x.shift + a.window_right + 1, FC_HP_BC));
+      if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + x.shift - a.window_left), FC_HP_BC);
+      const int j_full_hi = (int)max(full_hi, (int64_t)0),
+                j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
+      auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
+
+      float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+      uint32_t p[FC_HP_BC / 16][4];
+#pragma unroll
+      for (int e = 0; e < D / 2; e++) o[e] = 0.0f;
+
+      if (n_blocks > 0) {
+        fc_mbar_wait(q_full, quse & 1); /* Q_i has landed */
+        /* The turns, per tile as in hopper.cu: both consumers issue n_blocks + 1 groups, consumer 1 arrives
+         * once at the start and skips its last hand-over, so each named barrier's count is balanced at the end
+         * of every tile; consumer 1's first arrival of the next tile follows its last wait of this one, which
+         * followed consumer 0's last wait: no arrival ever lands in an earlier generation. */
+        fc_named_barrier_arrive_if(FC_HP_BAR_TURN, 256, cw == 1);
+        {
+          float s[64];
+          const uint32_t s0 = kuse % STAGES;
+          fc_mbar_wait(FULL_K(s0), (kuse / STAGES) & 1);
+          my_turn();
+          fc_wgmma_fence();
+          fc_hp_qk<T, D>(s, q_rows, sK + s0 * KV_BYTES);
+          fc_wgmma_commit();
+          your_turn(false);
+          fc_wgmma_wait<0>();
+          fc_fence_regs(s);
+          fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
+          kuse++;
+          fc_hp_softmax<T>(s, needs_mask(j_begin), j_begin * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+        }
+
+        for (int n = 1; n < n_blocks; n++) {
+          /* K_n is K use kuse, V_{n−1} is V use vuse, V_{n−2} V use vuse − 1. */
+          const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
+          float s[64];
+          uint32_t pn[FC_HP_BC / 16][4];
+          fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
+          fc_mbar_wait(FULL_V(sp), (vuse / STAGES) & 1);
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          my_turn();
+          fc_wgmma_fence();
+          fc_hp_qk<T, D>(s, q_rows, sK + sn * KV_BYTES);
+          fc_wgmma_commit();
+          fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
+          fc_wgmma_commit();
+          your_turn(false);
+          fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
+          fc_fence_regs(s);
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2); /* V_{n−2}, as hopper.cu */
+          fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);
+          fc_wgmma_wait<0>();
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          fc_hp_rescale<D>(o, alpha);
+#pragma unroll
+          for (int kb = 0; kb < FC_HP_BC / 16; kb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) p[kb][e] = pn[kb][e];
+          kuse++;
+          vuse++;
+        }
+
+        /* The last O += P·V. Before it: every S of the tile was waited for, so Q_i may be overwritten by the
+         * next tile's, and V_{N−2}'s P·V was waited for in the loop's last trip. */
+        const uint32_t sl = vuse % STAGES;
+        fc_mbar_wait(FULL_V(sl), (vuse / STAGES) & 1);
+        fc_mbar_arrive_if(q_empty, lane == 0);
+        fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n_blocks >= 2);
+        fc_fence_regs(o);
+        fc_fence_regs(p);
+        my_turn();
+        fc_wgmma_fence();
+        fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
+        fc_wgmma_commit();
+        your_turn(true);
+        fc_wgmma_wait<0>();
+        fc_fence_regs(o);
+        fc_mbar_arrive_if(EMPTY_V(sl), lane == 0); /* V_{N−1}: the next tile's fills wait for it */
+        vuse++;
+        quse++;
+      }
+
+      /* O = O / l and lse = scale·m + ln l (l = 0: O = 0, lse = −inf). */
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        float lr = l[rh];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+#pragma unroll
+        for (int e = 0; e < D / 8; e++) {
+          o[4 * e + 2 * rh] *= inv;
+          o[4 * e + 2 * rh + 1] *= inv;
+        }
+        const int row = wg_row0 + 16 * warp + g + 8 * rh;
+        if (a.lse && t == 0 && row < x.sq) {
+          const int64_t at =
+              a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
+          a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
+        }
+      }
+
+      /* Stage O in this warpgroup's rows of sO (swizzled as in hopper.cu: chunk e of row r at half e / 8, byte
+       * r·128 + ((e % 8) ^ (r % 8))·16). sO is this warpgroup's alone, so only its own last tile is in the way:
+       * TMA store: the thread that issued it waits until the copy engine has read sO; direct stores: the
+       * barrier below waits for every thread's reads. */
+      if constexpr (TMA_STORE) {
+        if (ct == 0) fc_bulk_wait_read<0>();
+      }
+      fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the last tile's O has left sO */
+#pragma unroll
+      for (int e = 0; e < D / 8; e++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int r = 16 * warp + g + 8 * rh;
+          fc_st_shared_u32(o_rows + (e / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ g) << 4) + 4 * t,
+                           fc_pack2<T>(o[4 * e + 2 * rh], o[4 * e + 2 * rh + 1]));
+        }
+      if constexpr (TMA_STORE) {
+        /* The copy engine reads sO through the async proxy: each writer's generic stores are made visible to
+         * it (fence.proxy.async), then the barrier orders all of them before the one thread that issues the
+         * store. TMA writes nothing outside the tensor: rows past the sequence and columns past d stay untouched
+         * (dense o only: the host picks this kernel only then). */
+        fc_fence_proxy_async();
+        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
+        if (ct == 0) {
+#pragma unroll
+          for (int hf = 0; hf < HALVES; hf++)
+            fc_tma_store_4d(&tm_o, o_rows + hf * FC_HP_HALF_BYTES, 64 * hf, wg_row0, x.h, x.bt);
+          fc_bulk_commit();
+        }
+      } else {
+        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
+        uint16_t *O = a.o + x.b * a.o_sb + (int64_t)x.q_start * a.o_ss + (int64_t)x.h * a.o_sh;
+        for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
+          const int r = idx / (D / 8), e = idx % (D / 8), row = wg_row0 + r;
+          const int cols = min(a.head_dim - 8 * e, 8);
+          if (row >= x.sq || cols <= 0) continue;
+          const uint4 v =
+              fc_ld_shared_v4(o_rows + (e / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
+          uint16_t *to = O + (int64_t)row * a.o_ss + 8 * e;
+          if (a.o_aligned && cols == 8) {
+            *(uint4 *)to = v;
+          } else {
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+              if (k < cols) to[k] = (uint16_t)(w[k / 2] >> (16 * (k % 2)));
+          }
+        }
+      }
+    }
+    if constexpr (TMA_STORE) {
+      if (ct == 0) fc_bulk_wait<0>(); /* the CTA's shared memory lives until its last store has read it */
+    }
+  }
+#undef FULL_K
+#undef FULL_V
+#undef EMPTY_K
+#undef EMPTY_V
+#endif /* FC_HOPPER_ARCH */
+}

@@ -1,0 +1,58 @@
+/* hopper_sched.cuh — the tile schedule of cuda-hopper's persistent forward (FLASHC_HOPPER_VARIANT=persistent,
+ * tmastore): which (query block, head, sequence) tile the k-th loop trip of each CTA works on.
+ *
+ * The grid is one CTA per SM; CTA x takes tiles x, x + grid, x + 2·grid, ... of one linear order (a static
+ * schedule: no counter to reset between calls, and producer and consumers of a CTA derive the same tiles
+ * without talking). The order, after the FlashAttention-3 paper's longest-processing-time-first scheduler:
+ *
+ *   tile t → head group  G  = t / (group_bh · m_blocks)        (group_bh (sequence, head) pairs whose K and V
+ *            within     w  = t % (group_bh · m_blocks)          together fit in a share of L2)
+ *            query block mb = m_blocks − 1 − w / size(G)        (the last query block first: with a causal mask
+ *            pair       bh = G · group_bh + w % size(G)          or a right window it sees the most keys)
+ *
+ * so that the CTAs running at once work on the same few heads (their K, V stay in L2) and, within a group,
+ * every head's heaviest causal blocks come first and the light ones fill the tail. Full attention loses
+ * nothing by it: all its tiles weigh the same. */
+#ifndef FLASHC_CUDA_HOPPER_SCHED_CUH
+#define FLASHC_CUDA_HOPPER_SCHED_CUH
+
+#include <stdint.h>
+
+typedef struct fc_hp_sched {
+  int tiles;    /* m_blocks · bh_total (≤ 2^31 − 1: the host checks) */
+  int m_blocks; /* query blocks per (sequence, head) */
+  int bh_total; /* sequences · heads_q */
+  int group_bh; /* (sequence, head) pairs per L2 group, 1 .. bh_total */
+} fc_hp_sched;
+
+/* The L2 budget a group's K and V may take: about half of an H100's 50 MB, the rest for Q, O and the
+ * other partition's copy (H100's L2 is two halves that mirror lines read from both). */
+#define FC_HP_L2_GROUP_BYTES ((int64_t)24 << 20)
+
+/* The schedule of a problem: kv_bytes_per_bh = the K and V bytes one (sequence, head) pair reads. GQA shares K
+ * and V among `group` query heads, so a group holds that many more pairs for the same bytes. */
+static inline fc_hp_sched fc_hp_make_sched(int m_blocks, int bh_total, int64_t kv_bytes_per_bh, int group) {
+  fc_hp_sched s;
+  s.tiles = (int)((int64_t)m_blocks * bh_total);
+  s.m_blocks = m_blocks;
+  s.bh_total = bh_total;
+  int64_t g = kv_bytes_per_bh > 0 ? FC_HP_L2_GROUP_BYTES / kv_bytes_per_bh * (group > 0 ? group : 1) : bh_total;
+  if (g < 1) g = 1;
+  if (g > bh_total) g = bh_total;
+  s.group_bh = (int)g;
+  return s;
+}
+
+/* Tile t of the schedule: its query block *mb and (sequence, head) pair *bh (b = bh / heads_q, h = bh % heads_q).
+ * 32-bit: every intermediate is below tiles ≤ 2^31 − 1. */
+static __host__ __device__ __forceinline__ void fc_hp_tile_at(const fc_hp_sched &s, int t, int *mb, int *bh) {
+  const int per_group = s.group_bh * s.m_blocks;
+  const int group = t / per_group, w = t - group * per_group;
+  const int first = group * s.group_bh;
+  const int size = s.bh_total - first < s.group_bh ? s.bh_total - first : s.group_bh;
+  const int row = w / size;
+  *mb = s.m_blocks - 1 - row;
+  *bh = first + (w - row * size);
+}
+
+#endif /* FLASHC_CUDA_HOPPER_SCHED_CUH */
