@@ -23,17 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint32_t bits_of(float f) {
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  return b;
-}
-static float float_of(uint32_t b) {
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
-
 /* Distance in ulps between two finite floats of the same sign (or zero). */
 static double ulps(float got, float want) {
   if (got == want) return 0.0;
@@ -54,7 +43,7 @@ static void test_exp2_range(const fc_cpu_kernels *const *tables, int count) {
   while (bits <= 0xffffffffull) {
     int n = 0;
     while (n < CHUNK && bits <= 0xffffffffull) {
-      const float v = float_of((uint32_t)bits), a = fabsf(v);
+      const float v = th_bits_f32((uint32_t)bits), a = fabsf(v);
       x[n] = v;
       want[n] = isnan(v) ? NAN : v < -125.0f ? 0.0f : v >= 128.0f ? INFINITY : (float)exp2((double)v);
       n++;
@@ -71,7 +60,7 @@ static void test_exp2_range(const fc_cpu_kernels *const *tables, int count) {
         if (isnan(xi)) {
           ok = isnan(got);
         } else if (xi < -125.0f || xi >= 128.0f) {
-          ok = bits_of(got) == bits_of(want[i]); /* 0 and +inf exactly */
+          ok = th_f32_bits(got) == th_f32_bits(want[i]); /* 0 and +inf exactly */
         } else {
           const double e = isfinite(got) ? ulps(got, want[i]) : INFINITY;
           if (e > worst[t]) worst[t] = e, worst_x[t] = xi;
@@ -150,9 +139,7 @@ static void test_rows(const fc_cpu_kernels *k) {
 }
 
 /* ---- dtype conversion ----------------------------------------------------------------------------------- */
-static bool same_float(float a, float b) { return (isnan(a) && isnan(b)) || bits_of(a) == bits_of(b); }
-static bool f16_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu); }
-static bool bf16_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu); }
+static bool same_float(float a, float b) { return (isnan(a) && isnan(b)) || th_f32_bits(a) == th_f32_bits(b); }
 
 static void test_dtypes(const fc_cpu_kernels *k) {
   enum { STORES = 300000 };
@@ -202,17 +189,18 @@ static void test_dtypes(const fc_cpu_kernels *k) {
                              0x1p-126f,
                              0x1p-149f,
                              3.4e38f,
-                             float_of(0x7f800001u),
-                             float_of(0xffffffffu)};
+                             th_bits_f32(0x7f800001u),
+                             th_bits_f32(0xffffffffu)};
     for (size_t i = 0; i < sizeof special / sizeof *special; i++) g[n++] = special[i];
-    while (n < STORES) g[n++] = float_of((uint32_t)th_rng_u64(&r));
+    while (n < STORES) g[n++] = th_bits_f32((uint32_t)th_rng_u64(&r));
     for (int i = 0, len = 1; i < n; i += len, len = len % 40 + 1) {
       const int m = i + len <= n ? len : n - i;
       (pass ? k->store_bf16 : k->store_f16)(g + i, h + i, m, 1.0f);
     }
     for (int i = 0; i < n; i++) {
       const uint16_t want = pass ? fc_f32_to_bf16(g[i]) : fc_f32_to_f16(g[i]);
-      const bool nan_ok = pass ? bf16_nan(h[i]) && bf16_nan(want) : f16_nan(h[i]) && f16_nan(want);
+      const bool nan_ok =
+          pass ? th_bf16_is_nan(h[i]) && th_bf16_is_nan(want) : th_f16_is_nan(h[i]) && th_f16_is_nan(want);
       if (h[i] != want && !nan_ok && bad++ < 5)
         th_fail("%s store_%s(%a) = 0x%04x, want 0x%04x", k->name, pass ? "bf16" : "f16", (double)g[i], h[i], want);
     }

@@ -35,19 +35,6 @@ static _Float16 f16_of_bits(uint16_t b) {
 #define HAVE_FLOAT16 0
 #endif
 
-static uint32_t bits_of(float f) {
-  uint32_t b;
-  memcpy(&b, &f, 4);
-  return b;
-}
-static float float_of(uint32_t b) {
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
-static bool f16_is_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu); }
-static bool bf16_is_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu); }
-
 static int64_t mismatches;
 static void mismatch(const char *fmt, ...)
 #if defined(__GNUC__)
@@ -73,16 +60,17 @@ static void f16_to_f32_all(void) {
     float lib = fc_f16_to_f32(h), ref = th_f16_to_f32(h);
 #if HAVE_FLOAT16
     float hw = (float)f16_of_bits(h);
-    if (isnan(hw) != isnan(ref) || (!isnan(hw) && bits_of(hw) != bits_of(ref)))
+    if (isnan(hw) != isnan(ref) || (!isnan(hw) && th_f32_bits(hw) != th_f32_bits(ref)))
       mismatch("harness decoder 0x%04x: %a, _Float16 %a", h, (double)ref, (double)hw);
 #endif
-    if (f16_is_nan(h)) {
+    if (th_f16_is_nan(h)) {
       if (!isnan(lib) || signbit(lib) != signbit(ref))
         mismatch("fc_f16_to_f32(0x%04x) = %a; expected a NaN", h, (double)lib);
-      if (!f16_is_nan(fc_f32_to_f16(lib))) mismatch("NaN 0x%04x does not stay NaN through f32", h);
+      if (!th_f16_is_nan(fc_f32_to_f16(lib))) mismatch("NaN 0x%04x does not stay NaN through f32", h);
       continue;
     }
-    if (bits_of(lib) != bits_of(ref)) mismatch("fc_f16_to_f32(0x%04x) = %a; expected %a", h, (double)lib, (double)ref);
+    if (th_f32_bits(lib) != th_f32_bits(ref))
+      mismatch("fc_f16_to_f32(0x%04x) = %a; expected %a", h, (double)lib, (double)ref);
     uint16_t back = fc_f32_to_f16(lib);
     if (back != h) mismatch("0x%04x -> %a -> 0x%04x: no round trip", h, (double)lib, back);
   }
@@ -97,7 +85,8 @@ static void check_f32_to_f16(float f) {
   f16_checked++;
   uint16_t lib = fc_f32_to_f16(f), ref = th_f32_to_f16(f);
   if (isnan(f)) {
-    if (!f16_is_nan(lib) || (lib >> 15) != (ref >> 15)) mismatch("fc_f32_to_f16(NaN 0x%08x) = 0x%04x", bits_of(f), lib);
+    if (!th_f16_is_nan(lib) || (lib >> 15) != (ref >> 15))
+      mismatch("fc_f32_to_f16(NaN 0x%08x) = 0x%04x", th_f32_bits(f), lib);
     return;
   }
 #if HAVE_FLOAT16
@@ -105,7 +94,7 @@ static void check_f32_to_f16(float f) {
   if (ref != hw) mismatch("harness th_f32_to_f16(%a) = 0x%04x, _Float16 0x%04x", (double)f, ref, hw);
   ref = hw;
 #endif
-  if (lib != ref) mismatch("fc_f32_to_f16(%a = 0x%08x) = 0x%04x; expected 0x%04x", (double)f, bits_of(f), lib, ref);
+  if (lib != ref) mismatch("fc_f32_to_f16(%a = 0x%08x) = 0x%04x; expected 0x%04x", (double)f, th_f32_bits(f), lib, ref);
 }
 
 /* f and its f32 neighbours, both signs. */
@@ -122,7 +111,7 @@ static void specials(void (*check)(float)) {
                 0x1.ffp127f, 0x1.fdp127f, 0x1p-126f, 0x1p-133f,    0x1p-134f};
   for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) with_neighbours(xs[i], check);
   uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa00000u, 0x7f800100u, 0xffc00000u, 0xff800001u};
-  for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) check(float_of(nans[i]));
+  for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) check(th_bits_f32(nans[i]));
 }
 
 static void f32_to_f16_many(th_rng *r) {
@@ -135,7 +124,7 @@ static void f32_to_f16_many(th_rng *r) {
   }
   specials(check_f32_to_f16);
   for (int i = 0; i < (th_quick() ? 200000 : 2000000); i++) {
-    check_f32_to_f16(float_of((uint32_t)th_rng_u64(r)));                                /* any bits */
+    check_f32_to_f16(th_bits_f32((uint32_t)th_rng_u64(r)));                             /* any bits */
     check_f32_to_f16((float)(th_rng_uniform(r) * 140000.0 - 70000.0));                  /* f16's range */
     check_f32_to_f16((float)ldexp(th_rng_uniform(r), -14 - (int)(th_rng_u64(r) % 12))); /* subnormals */
   }
@@ -152,11 +141,12 @@ static void check_f32_to_bf16(float f) {
   bf16_checked++;
   uint16_t lib = fc_f32_to_bf16(f), ref = th_f32_to_bf16(f);
   if (isnan(f)) {
-    if (!bf16_is_nan(lib) || (lib >> 15) != (ref >> 15))
-      mismatch("fc_f32_to_bf16(NaN 0x%08x) = 0x%04x; expected a NaN", bits_of(f), lib);
+    if (!th_bf16_is_nan(lib) || (lib >> 15) != (ref >> 15))
+      mismatch("fc_f32_to_bf16(NaN 0x%08x) = 0x%04x; expected a NaN", th_f32_bits(f), lib);
     return;
   }
-  if (lib != ref) mismatch("fc_f32_to_bf16(%a = 0x%08x) = 0x%04x; expected 0x%04x", (double)f, bits_of(f), lib, ref);
+  if (lib != ref)
+    mismatch("fc_f32_to_bf16(%a = 0x%08x) = 0x%04x; expected 0x%04x", (double)f, th_f32_bits(f), lib, ref);
 }
 
 static void bf16_all(th_rng *r) {
@@ -165,20 +155,21 @@ static void bf16_all(th_rng *r) {
   for (uint32_t i = 0; i < 65536; i++) { /* decode: exhaustive; encode: each value, midpoints, neighbours */
     uint16_t h = (uint16_t)i;
     float lib = fc_bf16_to_f32(h), ref = th_bf16_to_f32(h);
-    if (bf16_is_nan(h)) {
+    if (th_bf16_is_nan(h)) {
       if (!isnan(lib)) mismatch("fc_bf16_to_f32(0x%04x) = %a; expected a NaN", h, (double)lib);
       continue;
     }
-    if (bits_of(lib) != bits_of(ref)) mismatch("fc_bf16_to_f32(0x%04x) = %a; expected %a", h, (double)lib, (double)ref);
+    if (th_f32_bits(lib) != th_f32_bits(ref))
+      mismatch("fc_bf16_to_f32(0x%04x) = %a; expected %a", h, (double)lib, (double)ref);
     if (fc_f32_to_bf16(lib) != h) mismatch("bf16 0x%04x does not round-trip", h);
     if ((h & 0x7fffu) < 0x7f80u) {
-      float mid = float_of(((uint32_t)h << 16) | 0x8000u); /* halfway to the next bf16 */
+      float mid = th_bits_f32(((uint32_t)h << 16) | 0x8000u); /* halfway to the next bf16 */
       with_neighbours(lib, check_f32_to_bf16);
       with_neighbours(mid, check_f32_to_bf16);
     }
   }
   specials(check_f32_to_bf16);
-  for (int i = 0; i < (th_quick() ? 200000 : 2000000); i++) check_f32_to_bf16(float_of((uint32_t)th_rng_u64(r)));
+  for (int i = 0; i < (th_quick() ? 200000 : 2000000); i++) check_f32_to_bf16(th_bits_f32((uint32_t)th_rng_u64(r)));
   th_check(mismatches == 0, "bf16: %lld mismatches in %lld values", (long long)mismatches, (long long)bf16_checked);
   if (!mismatches)
     printf("ok   bf16: all 65536 decode and round-trip; %lld f32 values round to nearest even\n",

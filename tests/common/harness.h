@@ -16,6 +16,21 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+/* ---- bit patterns ------------------------------------------------------------------------------------ */
+static inline uint32_t th_f32_bits(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return b;
+}
+static inline float th_bits_f32(uint32_t b) {
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+static inline bool th_f16_is_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu); }
+static inline bool th_bf16_is_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu); }
 
 /* ---- the run: seed, failures, environment (harness.c) -------------------------------------------- */
 /* The run's seed: FLASHC_TEST_SEED if set, else fresh from time and pid. Printed at the start and, when a
