@@ -109,7 +109,8 @@ static void *stall_thread(void *arg) {
    * stalled), and the second's first transfer needs rank 1. */
   j->status = FLASHC_OK;
   for (int call = 0; call < 2 && j->status == FLASHC_OK; call++)
-    j->status = flashc_ring_forward(rings[j->rank], &j->params, FLASHC_RING_CONTIGUOUS, &j->q, &j->k, &j->v, &j->o, NULL);
+    j->status =
+        flashc_ring_forward(rings[j->rank], &j->params, FLASHC_RING_CONTIGUOUS, &j->q, &j->k, &j->v, &j->o, NULL);
   j->ms = malloc(sizeof(double));
   j->ms[0] = now_ms() - t0;
   snprintf(j->error, sizeof j->error, "%s", flashc_last_error());
