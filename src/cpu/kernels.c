@@ -28,7 +28,7 @@ static unsigned long long xcr0(void) {
 }
 
 static fc_cpu_features detect(void) {
-  fc_cpu_features f = {0, 0, 0};
+  fc_cpu_features f = {0, 0};
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
@@ -37,27 +37,24 @@ static fc_cpu_features detect(void) {
   if ((xcr & 0x6) != 0x6 || __get_cpuid_max(0, NULL) < 7) return f;
   __cpuid_count(7, 0, a, b, c, d);
   const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1;
-  __cpuid_count(7, 1, a, b, c, d);
-  const int avx512_bf16 = (a >> 5) & 1;
   f.avx2_fma_f16c = avx2 && fma && f16c;
   f.avx512 = avx512f && (xcr & 0xe0) == 0xe0;
-  f.avx512_bf16 = f.avx512 && avx512_bf16;
   return f;
 }
 #else
-static fc_cpu_features detect(void) { return (fc_cpu_features){0, 0, 0}; }
+static fc_cpu_features detect(void) { return (fc_cpu_features){0, 0}; }
 #endif
 
 fc_cpu_features fc_cpu_features_get(void) {
   /* Packed into one atomic word: threads that race to fill it in store the same value. */
-  static atomic_int cached = 0; /* bit 0: filled in; bits 1–3: the features */
+  static atomic_int cached = 0; /* bit 0: filled in; bits 1–2: the features */
   int bits = atomic_load_explicit(&cached, memory_order_relaxed);
   if (!bits) {
     const fc_cpu_features f = detect();
-    bits = 1 | f.avx2_fma_f16c << 1 | f.avx512 << 2 | f.avx512_bf16 << 3;
+    bits = 1 | f.avx2_fma_f16c << 1 | f.avx512 << 2;
     atomic_store_explicit(&cached, bits, memory_order_relaxed);
   }
-  return (fc_cpu_features){(bits >> 1) & 1, (bits >> 2) & 1, (bits >> 3) & 1};
+  return (fc_cpu_features){(bits >> 1) & 1, (bits >> 2) & 1};
 }
 
 /* ---- the choice ---------------------------------------------------------------------------------------- */

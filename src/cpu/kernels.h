@@ -3,7 +3,7 @@
  * panels, the row operations of the softmax (a vectorised 2^x among them) and the dtype conversion of rows.
  *
  * One table per instruction set, all written once in kernels_simd.h over a vector type and instantiated by
- *   kernels_avx512.c   AVX-512F (+ AVX-512 BF16 for bf16 stores when present), 16 lanes
+ *   kernels_avx512.c   AVX-512F, 16 lanes
  *   kernels_avx2.c     AVX2 + FMA + F16C, 8 lanes
  *   kernels_neon.c     Arm NEON (AdvSIMD), 4 lanes, built where the compiler targets AArch64
  *   kernels_portable.c the compiler's generic vectors, 4 lanes: any other CPU
@@ -81,7 +81,6 @@ const fc_cpu_kernels *fc_cpu_kernels_pick(void);
 typedef struct fc_cpu_features {
   int avx2_fma_f16c; /* AVX2, FMA and F16C, with the OS saving ymm state */
   int avx512;        /* AVX-512 F, with the OS saving zmm and mask state */
-  int avx512_bf16;   /* AVX-512 BF16 as well */
 } fc_cpu_features;
 fc_cpu_features fc_cpu_features_get(void);
 
