@@ -14,9 +14,9 @@
  *       where S_{j+1} = Q_i·K_{j+1}ᵀ and O += P_j·V_j are issued back to back, and the softmax of block
  *       j + 1 runs on the CUDA cores while P_j·V_j is still in flight on the tensor cores (intra-warpgroup
  *       overlap), and the two consumers take turns to issue their GEMMs, so that one's softmax runs during
- *       the other's GEMMs (ping-pong). Variants (FLASHC_HOPPER_VARIANT, for bring-up): pingpong (default),
- *       overlap (no turns), simple (every wgmma group waited for at once);
- *     O /= l;  lse = scale·m + ln l;  O goes out through shared memory (the warpgroup's rows of Q_i).
+ *       the other's GEMMs (ping-pong). Variants (FLASHC_HOPPER_VARIANT, for comparisons): pingpong (default for D
+ * 128/256), overlap (no turns), simple (every wgmma group waited for at once); O /= l;  lse = scale·m + ln l;  O goes
+ * out through shared memory (the warpgroup's rows of Q_i).
  *
  * Shared memory (each tile in 64-column halves of rows of 128 bytes, 128-byte swizzle as TMA writes it and
  * wgmma reads it; all tiles start on 1024-byte boundaries):
@@ -27,8 +27,9 @@
  *
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
- * D = 256 with Bc = 80 (only with FLASHC_HOPPER_D256=1 until verified): the copy engine fills the columns past d
- * with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore runs hopper_persistent.cuh's kernel instead (d ≤ 128). */
+ * D = 256 with Bc = 80: the copy engine fills the columns past d
+ * with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore
+ * is the default for d ≤ 64). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_ptx.cuh"
@@ -60,7 +61,7 @@ enum {
 /* Kernel variants, each one step further (bring-up bisects a failure to a step). */
 enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
 /* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
- * directly (persistent) or by TMA (tmastore). Selected only through FLASHC_HOPPER_VARIANT until measured. */
+ * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 (fc_hp_variant). */
 enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
 
 typedef struct fc_hopper_fwd_args {
@@ -600,13 +601,6 @@ static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[
   return fc_hp_launch<T, 128, 2>(p, maps, a, grid, variant);
 }
 
-/* FLASHC_HOPPER_D256=1 lets head dims 129..256 run (as D = 256): not yet run on a GPU, so off by default (auto
- * then takes cuda-mma for them, as before). */
-static bool fc_hp_d256_enabled(void) {
-  const char *e = getenv("FLASHC_HOPPER_D256");
-  return e && strcmp(e, "1") == 0;
-}
-
 /* ---- the persistent kernel's launch ---- */
 /* Its shared memory: the one-tile kernel's, plus sO (Br·D·2) and the q_empty barrier. */
 static size_t fc_hp_persistent_smem_bytes(int d, int stages) {
@@ -657,15 +651,18 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store);
 }
 
-/* FLASHC_HOPPER_VARIANT (bring-up): simple, overlap, persistent, tmastore, or pingpong (the default, and for
- * any other value). */
-static int fc_hp_variant(void) {
+/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, persistent, tmastore or pingpong. Unset (or any other
+ * value): what measured fastest on the H100 (bench/results/hopper.csv): tmastore for D = 64 (+3..15 % over
+ * pingpong, most at short seqlens, where one CTA per SM saves the per-tile prologue), pingpong for D = 128 and
+ * 256 (the persistent kernel's one CTA per SM loses 5..15 % there). */
+static int fc_hp_variant(const fc_problem *p) {
   const char *v = getenv("FLASHC_HOPPER_VARIANT");
   if (v && strcmp(v, "simple") == 0) return FC_HP_SIMPLE;
   if (v && strcmp(v, "overlap") == 0) return FC_HP_OVERLAP;
   if (v && strcmp(v, "persistent") == 0) return FC_HP_PERSISTENT;
   if (v && strcmp(v, "tmastore") == 0) return FC_HP_TMASTORE;
-  return FC_HP_PINGPONG;
+  if (v && strcmp(v, "pingpong") == 0) return FC_HP_PINGPONG;
+  return p->head_dim <= 64 ? (int)FC_HP_TMASTORE : (int)FC_HP_PINGPONG;
 }
 
 static bool hopper_usable(char *why, size_t len) {
@@ -695,12 +692,11 @@ static bool hopper_usable(char *why, size_t len) {
 }
 
 static flashc_status hopper_supports(const fc_problem *p) {
-  /* The backward (hopper_bwd.cu) refuses itself unless FLASHC_HOPPER_BWD=1: auto keeps cuda-mma's. */
+  /* The backward (hopper_bwd.cu) has D = 64 and 128; auto takes cuda-mma's for larger head dims. */
   if (p->is_backward) FC_CHECK(fc_hopper_bwd_supports(p));
-  if (p->head_dim > 256 || (p->head_dim > 128 && (p->is_backward || !fc_hp_d256_enabled())))
-    return fc_error(
-        FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 128 on backend cuda-hopper%s", (long long)p->head_dim,
-        p->head_dim <= 256 && !p->is_backward ? " (129..256 run with FLASHC_HOPPER_D256=1, not yet verified)" : "");
+  if (p->head_dim > (p->is_backward ? 128 : 256))
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds %d on backend cuda-hopper%s", (long long)p->head_dim,
+                    p->is_backward ? 128 : 256, p->is_backward ? " (backward)" : "");
   if (p->scale < 0.0f)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "scale %g is negative; backend cuda-hopper needs a positive scale",
                     (double)p->scale);
@@ -746,7 +742,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
-  const int variant = fc_hp_variant();
+  const int variant = fc_hp_variant(p);
   if (variant >= FC_HP_PERSISTENT && p->head_dim <= 128) { /* D = 256 has no room for sO: one tile per CTA */
     if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant);
     return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant);
@@ -758,11 +754,11 @@ static flashc_status hopper_forward(const fc_problem *p) {
 extern "C" const fc_backend fc_backend_cuda_hopper = {
     "cuda-hopper",
     "FlashAttention-3 style forward: TMA, wgmma, warp-specialised producer/consumers, mbarrier ring "
-    "(sm_90a; backward only with FLASHC_HOPPER_BWD=1 until verified on a GPU)",
+    "(sm_90a); the backward likewise, head dims up to 128",
     FLASHC_DEVICE_CUDA,
     (1u << FLASHC_F16) | (1u << FLASHC_BF16),
     1,
-    256, /* 129..256 only with FLASHC_HOPPER_D256=1 (hopper_supports) */
+    256, /* the backward up to 128 (hopper_supports) */
     hopper_usable,
     hopper_supports,
     hopper_forward,

@@ -1,6 +1,5 @@
 /* hopper_bwd.cu — cuda-hopper backward: FlashAttention-3's backward on H100/H200 (sm_90a) with TMA, wgmma and
- * warp specialisation. UNVERIFIED ON A GPU: the backend refuses the backward unless FLASHC_HOPPER_BWD=1
- * (tools/hopper/check_bwd.py sets it; see tools/hopper/BWD-NOTES.md).
+ * warp specialisation. Verified on an H100 with tools/hopper/check_bwd.py (see tools/hopper/BWD-NOTES.md).
  *
  * With P = softmax(scale·Q·Kᵀ) recomputed from the forward's lse, and D = rowsum(dO∘O):
  *   dV = Pᵀ·dO      dP = dO·Vᵀ      dS = P∘(dP − D)      dK = scale·dSᵀ·Q      dQ = scale·dS·K
@@ -445,12 +444,6 @@ static size_t fc_hpb_smem_bytes(int d, int stages) {
          (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
 }
 
-/* FLASHC_HOPPER_BWD=1 lets the backward run; until it is verified on a GPU nothing else does. */
-static bool fc_hpb_enabled(void) {
-  const char *e = getenv("FLASHC_HOPPER_BWD");
-  return e && strcmp(e, "1") == 0;
-}
-
 /* cuTensorMapEncodeTiled from the driver the runtime loaded (the library links no libcuda). Shared in spirit
  * with hopper.cu's fc_hp_encoder, which is static there. */
 static flashc_status fc_hpb_encoder(PFN_cuTensorMapEncodeTiled_v12000 *fn) {
@@ -568,9 +561,6 @@ static int fc_hpb_pairs(const fc_view *v) {
 }
 
 flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
-  if (!fc_hpb_enabled())
-    return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "flashc_backward: backend cuda-hopper: backward unverified on a GPU: set FLASHC_HOPPER_BWD=1");
   if (p->heads_kv > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_kv %lld exceeds 2^31-1 on backend cuda-hopper",
                     (long long)p->heads_kv);

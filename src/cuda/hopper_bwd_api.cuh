@@ -6,7 +6,7 @@
 
 /* Can the backward run this validated backward problem? Called from the backend's `supports` after the checks
  * the forward shares (head dim, scale, q/k/v addressable by TMA). Refuses with FLASHC_ERR_UNSUPPORTED, and a
- * message naming the value, unless FLASHC_HOPPER_BWD=1 (the backward is unverified on a GPU until then). */
+ * message naming the value, what it cannot address. */
 flashc_status fc_hopper_bwd_supports(const fc_problem *p);
 
 /* dq, dk, dv of a problem that fc_hopper_bwd_supports accepted. */

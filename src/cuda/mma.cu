@@ -18,15 +18,13 @@
  * Shared memory (16-bit elements, rows of DS = round_up(D, 64), XOR-swizzled:
  * see mma_tile.cuh): sQ [Br][DS]          Q_i; at the end each warp stages its
  * O rows here sK [STAGES][Bc][DS]  K_j ring buffer, filled by cp.async STAGES −
- * 1 blocks ahead (PIPE_NEXT/WEAVE: K_{j+2} while S_{j+1} reads K_{j+1}, STAGES
- * = 2) sV [STAGES][Bc][DS]  V_j likewise (PIPE_NEXT/WEAVE: V_{j+1} while P·V_j
- * reads V_j) Per thread (lane = 4g + t), per M-tile: rows g and g + 8 of the
+ * 1 blocks ahead sV [STAGES][Bc][DS]  V_j likewise. Per thread (lane = 4g + t), per M-tile: rows g and g + 8 of the
  * tile, O (D/8 × 4 fp32), S (Bc/8 × 4 fp32), m and l of its two rows; Q (D/16 ×
  * 4 registers) when Q_IN_REGS.
  *
- * Configurations (tile shape and pipeline per head dim) come from one table,
- * fc_mma_fwd_configs, chosen at run time by FLASHC_MMA_FWD_CONFIG (default
- * "base"); tools/mma/bench-fwd.sh checks and times them all. */
+ * Tile shapes per head dim come from one table, fc_mma_fwd_configs: the
+ * default row, and "base" (FLASHC_MMA_FWD_CONFIG=base, for comparisons);
+ * tools/mma/bench-fwd.sh checks and times both. */
 #include "common.cuh"
 #include "mma_fwd_steps.cuh"
 #include "mma_host.cuh"
@@ -35,29 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-  FC_MMA_BR = 128
-}; /* query rows per CTA: warps × M-tiles per warp × 16 */
-
-/* How the key loop is pipelined (template parameter PIPE):
- *   RING   K_j and V_j arrive together through a ring of STAGES blocks; per
- * block: S = Q_i·K_jᵀ, softmax, P·V_j. NEXT   S_{j+1} = Q_i·K_{j+1}ᵀ is issued
- * before the softmax of block j, so that the tensor cores have work queued
- * while the softmax runs (the accumulators of S_{j+1} cost MT·Bc/2 more
- * registers). K and V get their own rings of 2, one commit group per block
- * holding {K_{j+2}, V_{j+1}}. WEAVE  NEXT, with S_{j+1}'s k-steps woven into
- * the exponentials of block j in program order (k-step kk, then the
- * exponentials of a 1/KD share of S_j's n-blocks), so that one warp alone keeps
- * both the tensor pipe and the SFU busy instead of relying on another warp
- * being in the other phase. */
-enum { FC_MMA_PIPE_RING, FC_MMA_PIPE_NEXT, FC_MMA_PIPE_WEAVE };
+enum { FC_MMA_BR = 128 }; /* query rows per CTA: warps × M-tiles per warp × 16 */
 
 typedef struct fc_mma_fwd_args {
   const uint16_t *q, *k, *v;
   uint16_t *o;
   float *lse; /* NULL: not wanted */
-  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss,
-      o_sh;
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
   const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
   int seqlen_q, seqlen_k;     /* dense sizes */
   int64_t total_q;            /* varlen lse row stride */
@@ -65,29 +47,10 @@ typedef struct fc_mma_fwd_args {
   int head_dim, m_blocks;
   float scale_log2; /* |scale|·log2(e): exponent of S in base 2 */
   float scale;      /* |scale| */
-  int negate_q; /* scale < 0: use −Q and |scale| (the scores are the same) */
+  int negate_q;     /* scale < 0: use −Q and |scale| (the scores are the same) */
   int64_t window_left, window_right, mask_offset;
   int bottom_right, aligned;
 } fc_mma_fwd_args;
-
-/* S_{j+1} = Q_i·K_{j+1}ᵀ woven into P = exp(S_j) (PIPE_WEAVE): k-step kk of
- * S_{j+1}, then the exponentials of S_j's n-blocks [kk·NS/KD, (kk+1)·NS/KD),
- * packed into pa as they are done. */
-template <typename T, int DS, int MT, int NS, int KD, int QKD, bool Q_IN_REGS>
-static __device__ __forceinline__ void
-fc_fwd_weave(float (*s)[NS][4], float (*sn)[NS][4], uint32_t (*pa)[NS / 2][4],
-             float (*l)[2], const float (*base)[2], float scale_log2,
-             const uint32_t (*qf)[QKD][4], uint32_t sQ, uint32_t q_lane,
-             int wrow, uint32_t neg, uint32_t Kn, uint32_t k_lane) {
-#pragma unroll
-  for (int kk = 0; kk < KD; kk++) {
-    fc_fwd_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(sn, qf, kk, sQ, q_lane, wrow,
-                                                  neg, Kn, k_lane);
-    const int x0 = kk * NS / KD, x1 = (kk + 1) * NS / KD;
-    fc_fwd_exp<MT, NS>(s, l, base, scale_log2, x0, x1);
-    fc_fwd_pack<T, MT, NS>(s, pa, x0, x1);
-  }
-}
 
 /* Which tile a CTA computes: row blocks vary fastest (CTAs running together
  * share K and V in L2), the heaviest causal block of each head first (a short
@@ -97,8 +60,7 @@ typedef struct fc_fwd_where {
   int64_t b, q_start, k_start;
   int h, mb, sq, sk;
 } fc_fwd_where;
-static __device__ __forceinline__ fc_fwd_where
-fc_fwd_locate(const fc_mma_fwd_args &a) {
+static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_args &a) {
   fc_fwd_where w;
   w.mb = a.m_blocks - 1 - (int)(blockIdx.x % a.m_blocks);
   const int64_t bh = blockIdx.x / a.m_blocks;
@@ -116,22 +78,16 @@ fc_fwd_locate(const fc_mma_fwd_args &a) {
 }
 
 /* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS,
-          int MIN_BLOCKS, int PIPE, bool ALIGNED>
-__global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
-    fc_mma_fwd_kernel(const fc_mma_fwd_args a) {
-  constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32,
-                DS = fc_tile_stride(D);
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
+__global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_kernel(const fc_mma_fwd_args a) {
+  constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
   constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
   constexpr int NS = BC / 8; /* n-blocks of S */
   constexpr int NO = D / 8;  /* n-blocks of O */
   constexpr int QKD = Q_IN_REGS ? KD : 1;
-  static_assert(PIPE == FC_MMA_PIPE_RING || STAGES == 2,
-                "NEXT and WEAVE use rings of 2 for K and for V");
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t *sQ = smem, *sK = sQ + BR * DS, *sV = sK + STAGES * BC * DS;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4,
-            t = lane % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wrow = warp * MT * 16; /* the warp's first row in the block; tile mt
                                       starts at wrow + 16·mt */
 
@@ -139,79 +95,51 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
   const int64_t b = w.b, q_start = w.q_start, k_start = w.k_start;
   const int h = w.h, mb = w.mb, sq = w.sq, sk = w.sk;
   const int i0 = mb * BR;
-  if (i0 >= sq)
-    return;
+  if (i0 >= sq) return;
   const int hk = h / a.group;
-  const uint16_t *Q = a.q + b * a.q_sb + q_start * a.q_ss +
-                      (int64_t)h * a.q_sh; /* row 0 of this sequence */
-  const uint16_t *K =
-      a.k + b * a.k_sb + k_start * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V =
-      a.v + b * a.v_sb + k_start * a.v_ss + (int64_t)hk * a.v_sh;
+  const uint16_t *Q = a.q + b * a.q_sb + q_start * a.q_ss + (int64_t)h * a.q_sh; /* row 0 of this sequence */
+  const uint16_t *K = a.k + b * a.k_sb + k_start * a.k_ss + (int64_t)hk * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + k_start * a.v_ss + (int64_t)hk * a.v_sh;
 
   /* Key blocks visible to some row of this block: [j_begin, j_end). Rows past
    * sq are padding. */
   const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
   const int i_last = min(i0 + BR, sq) - 1;
   int lo_first, hi_first, lo_last, hi_last;
-  fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first,
-              &hi_first);
-  fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last,
-              &hi_last);
+  fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
+  fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
   const int j_begin = lo_first / BC;
   const int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
   /* Whether key block j needs the mask: only blocks that cut through the key
    * tail or some row's window. */
   auto needs_mask = [&](int j) {
     const int k0 = j * BC;
-    return !(
-        k0 + BC <= sk &&
-        (a.window_right < 0 || k0 + BC - 1 <= i0 + shift + a.window_right) &&
-        (a.window_left < 0 || k0 >= i_last + shift - a.window_left));
+    return !(k0 + BC <= sk && (a.window_right < 0 || k0 + BC - 1 <= i0 + shift + a.window_right) &&
+             (a.window_left < 0 || k0 >= i_last + shift - a.window_left));
   };
   auto load_k = [&](int j, int stage) {
-    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS,
-                                         K + (int64_t)j * BC * a.k_ss, a.k_ss,
-                                         sk - j * BC, a.head_dim, tid, K);
+    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
+                                         a.head_dim, tid, K);
   };
   auto load_v = [&](int j, int stage) {
-    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS,
-                                         V + (int64_t)j * BC * a.v_ss, a.v_ss,
-                                         sk - j * BC, a.head_dim, tid, V);
+    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
+                                         a.head_dim, tid, V);
   };
 
-  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss,
-                                       sq - i0, a.head_dim, tid, Q);
-  if constexpr (PIPE == FC_MMA_PIPE_RING) {
-    fc_cp_async_commit();
-    /* Prologue: the first STAGES − 1 key blocks, one commit group each (empty
-     * groups keep the count). */
+  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
+  fc_cp_async_commit();
+  /* Prologue: the first STAGES − 1 key blocks, one commit group each (empty
+   * groups keep the count). */
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      const int j = j_begin + s;
-      if (j < j_end)
-        load_k(j, s), load_v(j, s);
-      fc_cp_async_commit();
-    }
-    fc_cp_async_wait<STAGES - 1>(); /* Q's group is the oldest */
-  } else {
-    /* Prologue: groups {Q, K_j0} and {V_j0, K_j0+1}; the loop then commits
-     * {K_j+2, V_j+1} at block j. */
-    if (j_begin < j_end)
-      load_k(j_begin, 0);
+  for (int s = 0; s < STAGES - 1; s++) {
+    const int j = j_begin + s;
+    if (j < j_end) load_k(j, s), load_v(j, s);
     fc_cp_async_commit();
-    if (j_begin < j_end)
-      load_v(j_begin, 0);
-    if (j_begin + 1 < j_end)
-      load_k(j_begin + 1, 1);
-    fc_cp_async_commit();
-    fc_cp_async_wait<1>(); /* Q and K_j0 */
   }
-  __syncthreads(); /* every thread's part of Q_i (and, for NEXT/WEAVE, of K_j0)
-                      has landed */
+  fc_cp_async_wait<STAGES - 1>(); /* Q's group is the oldest */
+  __syncthreads();                /* every thread's part of Q_i has landed */
   const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
-  const uint32_t q_lane = fc_fwd_lane<DS>(FC_FRAG_A, lane),
-                 k_lane = fc_fwd_lane<DS>(FC_FRAG_B, lane),
+  const uint32_t q_lane = fc_fwd_lane<DS>(FC_FRAG_A, lane), k_lane = fc_fwd_lane<DS>(FC_FRAG_B, lane),
                  v_lane = fc_fwd_lane<DS>(FC_FRAG_BT, lane);
   const uint32_t sQ_u = fc_smem_u32(sQ);
   uint32_t qf[MT][QKD][4];
@@ -220,11 +148,9 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int kk = 0; kk < KD; kk++) {
-        fc_ldmatrix_x4(qf[mt][kk],
-                       fc_fwd_addr<DS>(sQ_u, q_lane, wrow + 16 * mt, kk));
+        fc_ldmatrix_x4(qf[mt][kk], fc_fwd_addr<DS>(sQ_u, q_lane, wrow + 16 * mt, kk));
 #pragma unroll
-        for (int x = 0; x < 4; x++)
-          qf[mt][kk][x] ^= neg;
+        for (int x = 0; x < 4; x++) qf[mt][kk][x] ^= neg;
       }
   }
 
@@ -232,130 +158,48 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
   fc_fwd_zero<MT, NO>(o);
   float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-    m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
-  if constexpr (PIPE == FC_MMA_PIPE_RING) {
-    for (int j = j_begin; j < j_end; j++) {
-      const int n = j - j_begin;
-      fc_cp_async_wait<STAGES -
-                       2>(); /* this thread's copies of block j have landed */
-      /* Block j is visible to every warp, and every warp is done with block j −
-       * 1, whose stage the prefetch below overwrites. */
-      __syncthreads();
-      {
-        const int jp = j + STAGES - 1, sp = (n + STAGES - 1) % STAGES;
-        if (jp < j_end)
-          load_k(jp, sp), load_v(jp, sp);
-        fc_cp_async_commit();
-      }
-      const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS),
-                     Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
-
-      /* S = Q_i·K_jᵀ, raw dot products: the scale is folded into the exponent
-       * below. */
-      float s[MT][NS][4];
-      fc_fwd_zero<MT, NS>(s);
-#pragma unroll
-      for (int kk = 0; kk < KD; kk++)
-        fc_fwd_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, sQ_u, q_lane,
-                                                      wrow, neg, Kj, k_lane);
-      if (needs_mask(j))
-        fc_fwd_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right,
-                            sk, j * BC, g, t);
-
-      /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum
-       * P. */
-      fc_fwd_max_rescale<MT, NS, NO>(s, m, l, o, a.scale_log2);
-      float base[MT][2];
-      fc_fwd_bases<MT>(m, a.scale_log2, base);
-      fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
-
-      /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
-#pragma unroll
-      for (int kb = 0; kb < BC / 16; kb++) {
-        uint32_t pa[MT][NS / 2][4];
-        fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
-        uint32_t pk[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-          for (int x = 0; x < 4; x++)
-            pk[mt][x] = pa[mt][kb][x];
-        fc_fwd_pv_step<T, DS, D, MT, NO>(o, pk, kb, Vj, v_lane);
-      }
+  for (int j = j_begin; j < j_end; j++) {
+    const int n = j - j_begin;
+    fc_cp_async_wait<STAGES - 2>(); /* this thread's copies of block j have landed */
+    /* Block j is visible to every warp, and every warp is done with block j −
+     * 1, whose stage the prefetch below overwrites. */
+    __syncthreads();
+    {
+      const int jp = j + STAGES - 1, sp = (n + STAGES - 1) % STAGES;
+      if (jp < j_end) load_k(jp, sp), load_v(jp, sp);
+      fc_cp_async_commit();
     }
-  } else {
-    /* S_j0 before the loop; at block j, S holds S_j and the loop computes
-     * S_{j+1} into sn. */
+    const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS), Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
+
+    /* S = Q_i·K_jᵀ, raw dot products: the scale is folded into the exponent
+     * below. */
     float s[MT][NS][4];
     fc_fwd_zero<MT, NS>(s);
-    if (j_begin < j_end) {
 #pragma unroll
-      for (int kk = 0; kk < KD; kk++)
-        fc_fwd_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(
-            s, qf, kk, sQ_u, q_lane, wrow, neg, fc_smem_u32(sK), k_lane);
-    }
-    for (int j = j_begin; j < j_end; j++) {
-      const int n = j - j_begin;
-      fc_cp_async_wait<0>(); /* this thread's copies of V_j and K_{j+1} have
-                                landed */
-      /* V_j and K_{j+1} are visible to every warp, and every warp is done with
-       * V_{j−1} and K_j (read for S_j at block j − 1), whose stages the
-       * prefetch below overwrites. */
-      __syncthreads();
-      if (j + 2 < j_end)
-        load_k(j + 2, n % 2);
-      if (j + 1 < j_end)
-        load_v(j + 1, (n + 1) % 2);
-      fc_cp_async_commit();
-      const uint32_t Kn = fc_smem_u32(sK + ((n + 1) % 2) * BC * DS),
-                     Vj = fc_smem_u32(sV + (n % 2) * BC * DS);
-      const bool has_next = j + 1 < j_end;
+    for (int kk = 0; kk < KD; kk++)
+      fc_fwd_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, sQ_u, q_lane, wrow, neg, Kj, k_lane);
+    if (needs_mask(j)) fc_fwd_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
 
-      float sn[MT][NS][4];
-      fc_fwd_zero<MT, NS>(sn);
-      /* NEXT: S_{j+1} = Q_i·K_{j+1}ᵀ issued first; nothing below waits for it
-       * until the next block. */
-      if (PIPE == FC_MMA_PIPE_NEXT && has_next) {
+    /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum
+     * P. */
+    fc_fwd_max_rescale<MT, NS, NO>(s, m, l, o, a.scale_log2);
+    float base[MT][2];
+    fc_fwd_bases<MT>(m, a.scale_log2, base);
+    fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
+
+    /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-          fc_fwd_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(
-              sn, qf, kk, sQ_u, q_lane, wrow, neg, Kn, k_lane);
-      }
-      if (needs_mask(j))
-        fc_fwd_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right,
-                            sk, j * BC, g, t);
-      fc_fwd_max_rescale<MT, NS, NO>(s, m, l, o, a.scale_log2);
-      float base[MT][2];
-      fc_fwd_bases<MT>(m, a.scale_log2, base);
+    for (int kb = 0; kb < BC / 16; kb++) {
       uint32_t pa[MT][NS / 2][4];
-      if (PIPE == FC_MMA_PIPE_WEAVE && has_next) {
-        fc_fwd_weave<T, DS, MT, NS, KD, QKD, Q_IN_REGS>(
-            s, sn, pa, l, base, a.scale_log2, qf, sQ_u, q_lane, wrow, neg, Kn,
-            k_lane);
-      } else {
-        fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
-        fc_fwd_pack<T, MT, NS>(s, pa, 0, NS);
-      }
-      /* O += P·V_j. */
-#pragma unroll
-      for (int kb = 0; kb < BC / 16; kb++) {
-        uint32_t pk[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-          for (int x = 0; x < 4; x++)
-            pk[mt][x] = pa[mt][kb][x];
-        fc_fwd_pv_step<T, DS, D, MT, NO>(o, pk, kb, Vj, v_lane);
-      }
+      fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
+      uint32_t pk[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int x = 0; x < NS; x++)
-#pragma unroll
-          for (int e = 0; e < 4; e++)
-            s[mt][x][e] = sn[mt][x][e];
+        for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
+      fc_fwd_pv_step<T, DS, D, MT, NO>(o, pk, kb, Vj, v_lane);
     }
   }
 
@@ -378,8 +222,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
       const int row = i0 + wrow + 16 * mt + g + 8 * rh;
       if (a.lse && t == 0 && row < sq) {
         const int64_t at =
-            a.cu_q ? (int64_t)h * a.total_q + q_start + row
-                   : ((int64_t)b * a.heads_q + h) * a.seqlen_q + row;
+            a.cu_q ? (int64_t)h * a.total_q + q_start + row : ((int64_t)b * a.heads_q + h) * a.seqlen_q + row;
         a.lse[at] = lr > 0.0f ? m[mt][rh] * a.scale + logf(lr) : -INFINITY;
       }
     }
@@ -397,22 +240,19 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         const int r = wrow + 16 * mt + g + 8 * rh;
-        *(uint32_t *)(sO + fc_tile_off<DS>(r, x) + 2 * t) =
-            fc_pack2<T>(o[mt][x][2 * rh], o[mt][x][2 * rh + 1]);
+        *(uint32_t *)(sO + fc_tile_off<DS>(r, x) + 2 * t) = fc_pack2<T>(o[mt][x][2 * rh], o[mt][x][2 * rh + 1]);
       }
   __syncwarp();
   for (int idx = lane; idx < 16 * MT * NO; idx += 32) {
     const int r = wrow + idx / NO, c = idx % NO, row = i0 + r;
     const int cols = min(a.head_dim - 8 * c, 8);
-    if (row >= sq || cols <= 0)
-      continue;
+    if (row >= sq || cols <= 0) continue;
     const uint16_t *from = sO + fc_tile_off<DS>(r, c);
     uint16_t *to = O + (int64_t)row * a.o_ss + 8 * c;
     if (ALIGNED && cols == 8) {
       *(uint4 *)to = *(const uint4 *)from;
     } else {
-      for (int x = 0; x < cols; x++)
-        to[x] = from[x];
+      for (int x = 0; x < cols; x++) to[x] = from[x];
     }
   }
 }
@@ -420,103 +260,54 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS)
 /* ---- configurations
  * ------------------------------------------------------------------------------------
  */
-/* Tile shape and pipeline of one compiled head dim: Bc keys per block, stages
- * of the K/V ring, M-tiles per warp (FC_MMA_BR / (16·MT) warps), Q in registers
- * for the whole key loop, CTAs per SM to aim for (the register budget: 65536 /
- * (MIN_BLOCKS · threads), at most 255), pipeline. */
+/* Tile shape of one compiled head dim: Bc keys per block, stages of the K/V
+ * ring, M-tiles per warp (FC_MMA_BR / (16·MT) warps), Q in registers for the
+ * whole key loop, CTAs per SM to aim for (the register budget: 65536 /
+ * (MIN_BLOCKS · threads), at most 255). */
 typedef struct fc_mma_fwd_shape {
-  int bc, stages, mt, q_in_regs, min_blocks, pipe;
+  int bc, stages, mt, q_in_regs, min_blocks;
 } fc_mma_fwd_shape;
 
-enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 7 };
-static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32,  64,  96, 128,
-                                                  160, 192, 256};
+enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 2, FC_MMA_FWD_BASE = 1 };
+static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
-#define RING FC_MMA_PIPE_RING
-#define NEXT FC_MMA_PIPE_NEXT
-#define WEAVE FC_MMA_PIPE_WEAVE
-/* FLASHC_MMA_FWD_CONFIG picks a row (run time; "base" when unset). A shape
- * whose shared memory exceeds the device's opt-in limit falls back to that head
- * dim's base shape. Rows, by head dim 32 … 256: base     the shapes measured so
- * far (H200: 0.76–0.91× SDPA flash) mt2      4 warps × 32 rows (MT = 2: each
- * K_j/V_j fragment feeds two tiles, half the ldmatrix per MMA) and 2 CTAs/SM,
- * whose barriers are independent (one CTA's softmax runs beside the other's
- * MMAs) bc64     Bc = 64 for d 160–256 (half the barriers and softmax passes
- * per key; 192 KB at d 256) next     base shapes, PIPE_NEXT; d 32/64 at 1
- * CTA/SM (S_{j+1}'s registers do not fit 2 CTAs of 8 warps) weave    base
- * shapes, PIPE_WEAVE; likewise mt2next  mt2 with PIPE_WEAVE where it fits 255
- * registers (d ≤ 64, Q from shared memory, Bc = 32), else mt2 tuned    a guess
- * at the best of each: d64 mt2, d128 mt2, d160–256 bc64 + weave */
-static constexpr fc_mma_fwd_shape
-    fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDIMS] = {
-        /* base */
-        {{64, 2, 1, 1, 2, RING},
-         {64, 2, 1, 1, 2, RING},
-         {64, 2, 1, 1, 1, RING},
-         {64, 2, 1, 1, 1, RING},
-         {32, 2, 1, 1, 1, RING},
-         {32, 2, 1, 1, 1, RING},
-         {32, 2, 1, 0, 1, RING}},
-        /* mt2 */
-        {{64, 2, 2, 1, 2, RING},
-         {64, 2, 2, 1, 2, RING},
-         {64, 2, 2, 0, 2, RING},
-         {64, 2, 2, 0, 2, RING},
-         {32, 2, 1, 1, 1, RING},
-         {32, 2, 1, 1, 1, RING},
-         {32, 2, 1, 0, 1, RING}},
-        /* bc64 */
-        {{64, 2, 1, 1, 2, RING},
-         {64, 2, 1, 1, 2, RING},
-         {64, 2, 1, 1, 1, RING},
-         {64, 2, 1, 1, 1, RING},
-         {64, 2, 1, 0, 1, RING},
-         {64, 2, 1, 0, 1, RING},
-         {64, 2, 1, 0, 1, RING}},
-        /* next */
-        {{64, 2, 1, 1, 1, NEXT},
-         {64, 2, 1, 1, 1, NEXT},
-         {64, 2, 1, 1, 1, NEXT},
-         {64, 2, 1, 1, 1, NEXT},
-         {32, 2, 1, 1, 1, NEXT},
-         {32, 2, 1, 1, 1, NEXT},
-         {32, 2, 1, 0, 1, NEXT}},
-        /* weave */
-        {{64, 2, 1, 1, 1, WEAVE},
-         {64, 2, 1, 1, 1, WEAVE},
-         {64, 2, 1, 1, 1, WEAVE},
-         {64, 2, 1, 1, 1, WEAVE},
-         {32, 2, 1, 1, 1, WEAVE},
-         {32, 2, 1, 1, 1, WEAVE},
-         {32, 2, 1, 0, 1, WEAVE}},
-        /* mt2next */
-        {{32, 2, 2, 0, 2, WEAVE},
-         {32, 2, 2, 0, 2, WEAVE},
-         {64, 2, 2, 0, 2, RING},
-         {64, 2, 2, 0, 2, RING},
-         {32, 2, 1, 1, 1, RING},
-         {32, 2, 1, 1, 1, RING},
-         {32, 2, 1, 0, 1, RING}},
-        /* tuned */
-        {{64, 2, 2, 1, 2, RING},
-         {64, 2, 2, 1, 2, RING},
-         {64, 2, 2, 0, 2, RING},
-         {64, 2, 2, 0, 2, RING},
-         {64, 2, 1, 0, 1, WEAVE},
-         {64, 2, 1, 0, 1, WEAVE},
-         {64, 2, 1, 0, 1, WEAVE}},
+/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; default when
+ * unset). Measured on the H100 against SDPA flash, geometric mean over bf16 and
+ * fp16, seqlen 1k/4k/16k (tools/mma/bench-fwd.sh, 2026-11-22):
+ *   default  d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
+ *            two M-tiles, half the ldmatrix per MMA) at 2 CTAs/SM, whose
+ *            barriers are independent (one CTA's softmax runs beside the
+ *            other's MMAs): d64 1.05×, d128 0.93× (base 0.94×, 0.85×).
+ *            d ≥ 160: Bc = 64 (half the barriers and softmax passes per key;
+ *            192 KB at d 256): d256 0.92× (base 0.82×). Where the device gives
+ *            a block less shared memory (A100: d256), base's shape runs.
+ *   base     8 warps × 16 rows, Bc = 64 (32 from d 160): the first shapes.
+ * Tried and dropped (0.73–0.85×): issuing S_{j+1} = Q·K_{j+1}ᵀ before the
+ * softmax of block j, and weaving its k-steps into the exponentials (the extra
+ * accumulators cost the second CTA per SM, which overlapped better). */
+static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDIMS] = {
+    /* default */
+    {{64, 2, 2, 1, 2},
+     {64, 2, 2, 1, 2},
+     {64, 2, 2, 0, 2},
+     {64, 2, 2, 0, 2},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1}},
+    /* base */
+    {{64, 2, 1, 1, 2},
+     {64, 2, 1, 1, 2},
+     {64, 2, 1, 1, 1},
+     {64, 2, 1, 1, 1},
+     {32, 2, 1, 1, 1},
+     {32, 2, 1, 1, 1},
+     {32, 2, 1, 0, 1}},
 };
-#undef RING
-#undef NEXT
-#undef WEAVE
-static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {
-    "base", "mt2", "bc64", "next", "weave", "mt2next", "tuned"};
-static const char fc_mma_fwd_config_list[] =
-    "base, mt2, bc64, next, weave, mt2next, tuned";
+static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"default", "base"};
+static const char fc_mma_fwd_config_list[] = "default, base";
 
 static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
-  return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) *
-         sizeof(uint16_t);
+  return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
 }
 
 /* The configuration FLASHC_MMA_FWD_CONFIG names (read at every call, so that a
@@ -524,8 +315,7 @@ static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
 static flashc_status fc_mma_fwd_config(int *config) {
   const char *name = getenv("FLASHC_MMA_FWD_CONFIG");
   *config = 0;
-  if (!name || !*name)
-    return FLASHC_OK;
+  if (!name || !*name) return FLASHC_OK;
   for (int c = 0; c < FC_MMA_NCONFIGS; c++)
     if (strcmp(name, fc_mma_fwd_config_names[c]) == 0) {
       *config = c;
@@ -540,44 +330,33 @@ static flashc_status fc_mma_fwd_config(int *config) {
 /* Which row of the table runs head dim d (index i of fc_mma_dims): the
  * configuration's, or base's where the configuration's shared memory exceeds
  * what this device gives a block; fails when base's does too. */
-static flashc_status fc_mma_fwd_pick(const char *op, int config, int i,
-                                     int *row) {
+static flashc_status fc_mma_fwd_pick(const char *op, int config, int i, int *row) {
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
   const int d = fc_mma_dims[i];
-  *row = fc_mma_fwd_smem(&fc_mma_fwd_configs[config][i], d) <=
-                 props.smem_per_block_optin
-             ? config
-             : 0;
+  *row = fc_mma_fwd_smem(&fc_mma_fwd_configs[config][i], d) <= props.smem_per_block_optin ? config : FC_MMA_FWD_BASE;
   const size_t bytes = fc_mma_fwd_smem(&fc_mma_fwd_configs[*row][i], d);
   if (bytes > props.smem_per_block_optin)
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "%s: head_dim %d on backend cuda-mma needs %zu bytes of "
                     "shared memory per block; device %d "
                     "(sm_%d) allows %zu",
-                    op, d, bytes, props.device, props.sm,
-                    props.smem_per_block_optin);
+                    op, d, bytes, props.device, props.sm, props.smem_per_block_optin);
   return FLASHC_OK;
 }
 
 /* ---- launch
  * --------------------------------------------------------------------------------------------
  */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS,
-          int MIN_BLOCKS, int PIPE>
-static flashc_status fc_mma_fwd_launch(const fc_problem *p,
-                                       const fc_mma_fwd_args *a, int grid) {
-  const size_t smem = (size_t)(FC_MMA_BR + 2 * STAGES * BC) *
-                      fc_tile_stride(D) * sizeof(uint16_t);
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS>
+static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_args *a, int grid) {
+  const size_t smem = (size_t)(FC_MMA_BR + 2 * STAGES * BC) * fc_tile_stride(D) * sizeof(uint16_t);
   /* Rows that cp.async cannot copy (not 16-byte aligned) take the slower kernel
    * with plain loads. */
-  void (*kernel)(const fc_mma_fwd_args) =
-      a->aligned ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS,
-                                     MIN_BLOCKS, PIPE, true>
-                 : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS,
-                                     MIN_BLOCKS, PIPE, false>;
-  FC_CHECK(fc_mma_smem((const void *)kernel, smem,
-                       "flashc_forward: backend cuda-mma"));
+  void (*kernel)(const fc_mma_fwd_args) = a->aligned
+                                              ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
+                                              : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-mma"));
   kernel<<<grid, FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_mma_fwd_kernel");
   return FLASHC_OK;
@@ -585,23 +364,18 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p,
 
 /* Row C, head dim index I of the table, as template arguments. */
 template <typename T, int C, int I>
-static flashc_status fc_mma_fwd_launch_at(const fc_problem *p,
-                                          const fc_mma_fwd_args *a, int grid) {
+static flashc_status fc_mma_fwd_launch_at(const fc_problem *p, const fc_mma_fwd_args *a, int grid) {
   constexpr fc_mma_fwd_shape s = fc_mma_fwd_configs[C][I];
-  return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt,
-                           s.q_in_regs != 0, s.min_blocks, s.pipe>(p, a, grid);
+  return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks>(p, a, grid);
 }
 
 /* The kernel of row `config`, head dim index `i`: a compile-time walk over the
  * table, so that adding a row or a head dim needs no new case. */
 template <typename T, int C, int I>
-static flashc_status fc_mma_fwd_dispatch(const fc_problem *p,
-                                         const fc_mma_fwd_args *a, int grid,
-                                         int config, int i) {
+static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_args *a, int grid, int config, int i) {
   if constexpr (C < FC_MMA_NCONFIGS) {
     if constexpr (I < FC_MMA_NDIMS) {
-      if (config == C && i == I)
-        return fc_mma_fwd_launch_at<T, C, I>(p, a, grid);
+      if (config == C && i == I) return fc_mma_fwd_launch_at<T, C, I>(p, a, grid);
       return fc_mma_fwd_dispatch<T, C, I + 1>(p, a, grid, config, i);
     } else {
       return fc_mma_fwd_dispatch<T, C + 1, 0>(p, a, grid, config, i);
@@ -617,21 +391,16 @@ static flashc_status fc_mma_fwd_dispatch(const fc_problem *p,
 static int fc_mma_dim_index(int64_t head_dim) {
   const int d = fc_mma_compiled_dim(head_dim);
   for (int i = 0; i < FC_MMA_NDIMS; i++)
-    if (fc_mma_dims[i] == d)
-      return i;
+    if (fc_mma_dims[i] == d) return i;
   return -1;
 }
 
 static flashc_status mma_supports(const fc_problem *p) {
   const int i = fc_mma_dim_index(p->head_dim);
   if (i < 0)
-    return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "head_dim %lld exceeds 256 on backend cuda-mma",
-                    (long long)p->head_dim);
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
   if (p->heads_q > INT32_MAX)
-    return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "heads_q %lld exceeds 2^31-1 on backend cuda-mma",
-                    (long long)p->heads_q);
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-mma", (long long)p->heads_q);
   if (!p->is_backward) { /* the backward's shared memory is mma_bwd.cu's to
                             check */
     int config = 0, row = 0;
@@ -639,19 +408,16 @@ static flashc_status mma_supports(const fc_problem *p) {
     FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, i, &row));
   }
   int grid = 0;
-  return fc_mma_grid("cuda-mma", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q,
-                     p->batch, &grid);
+  return fc_mma_grid("cuda-mma", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &grid);
 }
 
 static flashc_status mma_forward(const fc_problem *p) {
   const int m_blocks = (int)fc_cdiv(p->seqlen_q, FC_MMA_BR);
   int grid = 0;
-  FC_CHECK(
-      fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
+  FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
   const int i = fc_mma_dim_index(p->head_dim);
   if (i < 0)
-    return fc_error(FLASHC_ERR_INTERNAL,
-                    "flashc_forward: cuda-mma has no kernel for head_dim %lld",
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for head_dim %lld",
                     (long long)p->head_dim);
   int config = 0, row = 0;
   FC_CHECK(fc_mma_fwd_config(&config));
@@ -684,18 +450,15 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.window_right = p->window_right;
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  a.aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) &&
-              fc_mma_view_aligned(&p->v) && fc_mma_view_aligned(&p->o);
-  if (p->dtype == FLASHC_F16)
-    return fc_mma_fwd_dispatch<__half, 0, 0>(p, &a, grid, row, i);
+  a.aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
+              fc_mma_view_aligned(&p->o);
+  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, 0, 0>(p, &a, grid, row, i);
   return fc_mma_fwd_dispatch<__nv_bfloat16, 0, 0>(p, &a, grid, row, i);
 }
 
 flashc_status fc_mma_backward(const fc_problem *p); /* mma_bwd.cu */
 
-static bool mma_usable(char *why, size_t len) {
-  return fc_cuda_usable_sm(80, why, len);
-}
+static bool mma_usable(char *why, size_t len) { return fc_cuda_usable_sm(80, why, len); }
 
 extern "C" const fc_backend fc_backend_cuda_mma = {
     "cuda-mma",

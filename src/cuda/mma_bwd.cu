@@ -476,7 +476,7 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
 /* The configurations of the dK/dV kernel (step 2), chosen by FLASHC_MMA_BWD_CONFIG at every call; unset or
- * empty: the first. Steps 1, 3, 3' and 4 are the same for all. */
+ * empty: fa2. Steps 1, 3, 3' and 4 are the same for all. */
 typedef enum fc_bwd_config { FC_BWD_BASE, FC_BWD_FA2, FC_BWD_NCONFIG } fc_bwd_config;
 static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
     "base", /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
@@ -486,7 +486,7 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
   const char *e = getenv("FLASHC_MMA_BWD_CONFIG");
-  *out = FC_BWD_BASE;
+  *out = FC_BWD_FA2; /* 1.1-1.5x base on the H100 (tools/mma/bench-bwd.sh, 2026-11-22) */
   if (!e || !*e) return FLASHC_OK;
   char names[128] = "";
   for (int c = 0; c < FC_BWD_NCONFIG; c++) {

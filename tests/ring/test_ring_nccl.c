@@ -292,8 +292,7 @@ static const char *best_cuda_backend(void) {
   for (int i = 0; i < flashc_backend_count(); i++)
     if (flashc_backend_get(i, &info) == FLASHC_OK && info.device == FLASHC_DEVICE_CUDA && info.usable &&
         info.has_backward &&
-        (strcmp(info.name, "cuda-hopper") != 0 ||
-         (getenv("FLASHC_HOPPER_BWD") && strcmp(getenv("FLASHC_HOPPER_BWD"), "1") == 0)))
+        strcmp(info.name, "cuda-hopper") != 0) /* the ring is benchmarked on cuda-mma (scripts/gpu-ring) */
       return info.name;
   return NULL;
 }

@@ -34,7 +34,6 @@ ap.add_argument("--bench-variants", default="pingpong,persistent,tmastore",
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-os.environ.pop("FLASHC_HOPPER_D256", None)  # head dims 129..256: only where d256() sets it
 lib = ctypes.CDLL(os.path.abspath(args.lib))
 I64 = ctypes.c_int64
 
@@ -269,32 +268,21 @@ def many_tiles(vs, dtype):
           o_layout="odd")  # store clips columns 111.. (o's rows of 112 elements are 16-byte aligned)
 
 
-class d256:
-    """FLASHC_HOPPER_D256=1 inside: the D = 256 kernel (head dims 129..256, not yet verified) runs only so."""
-
-    def __enter__(self):
-        os.environ["FLASHC_HOPPER_D256"] = "1"
-
-    def __exit__(self, *exc):
-        os.environ.pop("FLASHC_HOPPER_D256", None)
-
-
 def head_dim_256(vs, dtype):
     """Head dims 129..256 run as D = 256 (Bc = 80, 2 stages): full, causal both alignments, windows, GQA, varlen,
     padded layouts, d 192 and 129 (zero-filled columns), a key tail that is not a multiple of 80. The persistent
     variants run the one-tile kernel here (no room for sO), so they repeat pingpong."""
-    with d256():
-        check(vs, dtype, 2, 97, 97, 4, 2, 256)
-        check(vs, dtype, 2, 1025, 1025, 4, 2, 256, causal=1, align=1, layout="bhsd")
-        check(vs, dtype, 2, 203, 113, 4, 2, 256, causal=1, align=0)
-        if args.quick:
-            return
-        check(vs, dtype, 1, 1, 1, 2, 1, 256)
-        check(vs, dtype, 2, 1024, 1023, 4, 4, 256, wl=200, wr=0, layout="padded")
-        check(vs, dtype, 1, 4096, 4096, 2, 1, 256, causal=1)
-        check(vs, dtype, 2, 257, 333, 4, 2, 192, layout="padded", o_layout="odd")
-        check(vs, dtype, 2, 300, 300, 4, 2, 129, causal=1, layout="padded", want_lse=False)
-        check(vs, dtype, 1, 0, 0, 4, 2, 256, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+    check(vs, dtype, 2, 97, 97, 4, 2, 256)
+    check(vs, dtype, 2, 1025, 1025, 4, 2, 256, causal=1, align=1, layout="bhsd")
+    check(vs, dtype, 2, 203, 113, 4, 2, 256, causal=1, align=0)
+    if args.quick:
+        return
+    check(vs, dtype, 1, 1, 1, 2, 1, 256)
+    check(vs, dtype, 2, 1024, 1023, 4, 4, 256, wl=200, wr=0, layout="padded")
+    check(vs, dtype, 1, 4096, 4096, 2, 1, 256, causal=1)
+    check(vs, dtype, 2, 257, 333, 4, 2, 192, layout="padded", o_layout="odd")
+    check(vs, dtype, 2, 300, 300, 4, 2, 129, causal=1, layout="padded", want_lse=False)
+    check(vs, dtype, 1, 0, 0, 4, 2, 256, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
 
 
 def correctness():
@@ -329,7 +317,6 @@ def correctness():
         check(vs, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
               varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
         check(vs, dtype, 1, 300, 300, 4, 4, 64, layout="odd", expect=UNSUPPORTED)  # TMA cannot: auto falls back
-        check(vs, dtype, 1, 300, 300, 4, 4, 192, expect=UNSUPPORTED)  # head dim 192 without FLASHC_HOPPER_D256=1
     print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
 
 
@@ -360,8 +347,6 @@ def bench():
           f" {'flash':>8} {'cudnn':>8} {'pp/cudnn':>8} {'best/cudnn':>10} {'best':>10}", flush=True)
     seqlens = (1024, 4096, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     for d in (64, 128, 256):
-        if d == 256:
-            os.environ["FLASHC_HOPPER_D256"] = "1"
         for causal in (0, 1):
             for s in seqlens:
                 b, h = 16384 // s, 2048 // d
@@ -392,7 +377,6 @@ def bench():
                       f" {tf['flash']:8.1f} {tf['cudnn']:8.1f} {tf[bvs[0]] / tf['cudnn']:8.2f} "
                       f"{tf[best] / tf['cudnn']:10.2f} {best[:10]:>10}", flush=True)
                 del q, k, v, o
-    os.environ.pop("FLASHC_HOPPER_D256", None)
 
 
 t0 = time.time()

@@ -4,8 +4,8 @@ tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
 
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
 
-The backward is gated (FLASHC_HOPPER_BWD=1) until verified; this script sets the variable, and checks that
-without it cuda-hopper refuses the backward and auto falls back.
+What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128) it must refuse, and
+auto must fall back to another backend.
 
 Correctness rule (FlashAttention's): for each of dq, dk, dv, the kernel's max |error| against the fp64 reference
 is at most 3x the error of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax
@@ -31,7 +31,6 @@ ap.add_argument("--no-bench", action="store_true")
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-os.environ["FLASHC_HOPPER_BWD"] = "1"  # the gate (read by the library at every call)
 lib = ctypes.CDLL(os.path.abspath(args.lib))
 I64 = ctypes.c_int64
 
@@ -144,7 +143,9 @@ def grads(q, k, v, dout, scale, vis, low=None):
     dk = (ds.to(dt).transpose(-1, -2) @ qq).to(acc) * scale
     dk = dk.view(b, hkv, g, sk, d).sum(2)
     dv = dv.view(b, hkv, g, sk, d).sum(2)
-    return [x.transpose(1, 2).to(torch.float64) for x in (dq, dk, dv)]
+    # The kernel stores its gradients in the 16-bit dtype: the plain computation's must be rounded the same way,
+    # else a case whose plain error is ~0 (sq = 1: dv = a sum of rows of do) gets a tolerance under half an ulp.
+    return [x.transpose(1, 2).to(dt).to(torch.float64) for x in (dq, dk, dv)]
 
 
 def make(b, s, h, d, dtype, layout):
@@ -265,12 +266,6 @@ def check_refusals(dtype):
               not any(torch.isnan(x).any() for x in g))
         record(tag + " (must refuse)", ok, f"status {st} ({msg}); auto ran {fell!r} with status {st2}")
 
-    q, k, v, dout = (make(1, 300, 4, 64, dtype, "bshd") for _ in range(4))
-    os.environ["FLASHC_HOPPER_BWD"] = "0"
-    attempt(f"{str(dtype)[6:]:8s} gate off", q, k, v, dout, params(causal=1)[0], "FLASHC_HOPPER_BWD=1")
-    attempt(f"{str(dtype)[6:]:8s} gate off, deterministic", q, k, v, dout, params(deterministic=1)[0],
-            "FLASHC_HOPPER_BWD=1")
-    os.environ["FLASHC_HOPPER_BWD"] = "1"
     odd = [make(1, 300, 4, 64, dtype, "odd") for _ in range(4)]
     attempt(f"{str(dtype)[6:]:8s} odd strides", *odd, params()[0], "stride")
     big = [make(1, 300, 4, 192, dtype, "bshd") for _ in range(4)]

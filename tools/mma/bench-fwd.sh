@@ -4,7 +4,7 @@
 # every configuration against SDPA flash and cudnn on TARGETS.md's grid, the ratio table last.
 #   bash tools/mma/bench-fwd.sh            everything
 #   bash tools/mma/bench-fwd.sh --quick    a few shapes and seqlens (~3 min)
-# Extra arguments go to check_fwd.py (e.g. --configs base,mt2 --no-check). Logs and the CSV go to $OUT
+# Extra arguments go to check_fwd.py (e.g. --configs default --no-check). Logs and the CSV go to $OUT
 # (default /tmp/out).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -34,7 +34,7 @@ for line in open(sys.argv[1], errors="replace"):
         name = subprocess.run(["c++filt", cur], capture_output=True, text=True).stdout.strip()
         rows.append((name.replace("void fc_mma_fwd_kernel", "").replace("(fc_mma_fwd_args)", ""), m.group(1), st))
         cur = None
-print("forward kernels <T, D, Bc, stages, MT, Q in regs, CTAs/SM, pipe (0 ring, 1 next, 2 weave), aligned>")
+print("forward kernels <T, D, Bc, stages, MT, Q in regs, CTAs/SM, aligned>")
 for n, r, s in sorted(set(rows)):
     print(f"{n:62s} regs {r:>3} spill st/ld {s[1]}/{s[2]}" + ("   <-- SPILLS" if s[1] != "0" else ""))
 PY
