@@ -398,7 +398,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_wgmma_wait<0>(); /* dV, dK of this block are done (HALVES ≥ 1 waits above already covered them) */
       fc_fence_regs(dk);
       fc_fence_regs(dv);
-      /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. */
+      /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. The warp's lanes read sL/sD on their
+       * own; __syncwarp orders every lane's reads before lane 0's arrive (racecheck found the copy engine's next
+       * fill racing with them without it). */
+      __syncwarp();
       fc_mbar_arrive_if(EMPTY(s), lane == 0);
     }
 
