@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
       fc_mbar_init(FULL(s), 1);                      /* the producer's arrive.expect_tx, then the bytes */
-      fc_mbar_init(EMPTY(s), FC_HPB_CONSUMER_WARPS); /* one arrival per consumer warp */
+      fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
     }
     fc_mbar_fence_init();
   }
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, &tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
         fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, &tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
       }
-      /* Fill u of stage s waits for the end of use u − 1 (all 8 consumer warps released it). */
+      /* Fill u of stage s waits for the end of use u − 1 (every consumer thread released it). */
       for (int it = 0; it < n_iter; it++) {
         const int s = it % STAGES, u = it / STAGES;
         const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB_BR;
@@ -398,11 +398,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_wgmma_wait<0>(); /* dV, dK of this block are done (HALVES ≥ 1 waits above already covered them) */
       fc_fence_regs(dk);
       fc_fence_regs(dv);
-      /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. The warp's lanes read sL/sD on their
-       * own; __syncwarp orders every lane's reads before lane 0's arrive (racecheck found the copy engine's next
-       * fill racing with them without it). */
-      __syncwarp();
-      fc_mbar_arrive_if(EMPTY(s), lane == 0);
+      /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. Every consumer thread arrives: an
+       * arrive releases only the arriving thread's own reads of sL/sD (racecheck found the next bulk fill
+       * racing with the other lanes' reads when lane 0 arrived for its warp). */
+      fc_mbar_arrive_if(EMPTY(s), true);
     }
 
     /* dK_j = scale·dK_j and dV_j, straight from the accumulators: row key0 (+ 8), columns 8x + 2t, + 1. */
