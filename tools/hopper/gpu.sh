@@ -3,7 +3,7 @@
 #   bash tools/hopper/gpu.sh build smoke sanitize     (~4 min: does it run at all, and cleanly)
 #   bash tools/hopper/gpu.sh build check              (~4 min: all shapes, masks, layouts, variants)
 #   bash tools/hopper/gpu.sh build bench              (~3 min: TFLOP/s against SDPA flash and cudnn)
-# and the backward (gated by FLASHC_HOPPER_BWD=1 until verified; check_bwd.py sets it):
+# and the backward:
 #   bash tools/hopper/gpu.sh build bwd-smoke bwd-sanitize   (does it run at all, and cleanly)
 #   bash tools/hopper/gpu.sh bwd bwd-bench                  (all shapes; TFLOP/s against SDPA's backward)
 # build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
