@@ -592,7 +592,7 @@ static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3]
 }
 
 /* Tile shapes per head dim: <D, K/V stages>. D = 128: 32 + 2·2·32 = 160 KB; D = 64: 16 + 2·3·16 = 112 KB;
- * D = 256 (FLASHC_HOPPER_D256=1 until verified), Bc = 80: 64 + 2·2·40 = 224 KB of the 227 KB a block may have. */
+ * D = 256, Bc = 80: 64 + 2·2·40 = 224 KB of the 227 KB a block may have. */
 template <typename T>
 static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
                                     int grid, int variant) {
