@@ -34,11 +34,11 @@
 #include "hopper_bwd_api.cuh"
 #include "hopper_ptx.cuh"
 #include "hopper_sched.cuh"
+#include "hopper_tma.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
 #include "mma_ptx.cuh"
 
-#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -483,98 +483,9 @@ static bool hopper_enabled(void) {
   return !(e && strcmp(e, "0") == 0);
 }
 
-/* cuTensorMapEncodeTiled, from the driver the runtime already loaded: the library links no libcuda. */
-static flashc_status fc_hp_encoder(PFN_cuTensorMapEncodeTiled_v12000 *fn) {
-  static PFN_cuTensorMapEncodeTiled_v12000 cached = NULL;
-  if (!cached) {
-    void *ptr = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !ptr) {
-      cudaGetLastError();
-      return fc_error(FLASHC_ERR_CUDA, "backend cuda-hopper: the driver has no cuTensorMapEncodeTiled (%s, query %d)",
-                      cudaGetErrorString(e), (int)q);
-    }
-    cached = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-  }
-  *fn = cached;
-  return FLASHC_OK;
-}
-
-/* The 4-d tensor map of one of q, k, v: dims (head_dim, rows, heads, batch), innermost first, boxes of 64
- * columns × 128 rows of one head, 128-byte swizzle, zeros outside. A dim of size 1 gets a stride that TMA
- * accepts (its coordinate is always 0). */
-typedef struct fc_hp_map_shape {
-  int64_t size[4];   /* elements: head_dim, rows, heads, batch */
-  int64_t stride[4]; /* elements; stride[0] = 1 */
-} fc_hp_map_shape;
-
-static fc_hp_map_shape fc_hp_shape(const fc_problem *p, const fc_view *v, bool is_q) {
-  fc_hp_map_shape s;
-  s.size[0] = p->head_dim;
-  s.size[1] = is_q ? (p->cu_seqlens_q ? p->total_q : p->seqlen_q) : (p->cu_seqlens_k ? p->total_k : p->seqlen_k);
-  s.size[2] = is_q ? p->heads_q : p->heads_kv;
-  s.size[3] = p->cu_seqlens_q ? 1 : p->batch;
-  s.stride[0] = 1;
-  s.stride[1] = v->stride_s;
-  s.stride[2] = v->stride_h;
-  s.stride[3] = v->stride_b;
-  int64_t widest = 8;
-  for (int d = 1; d < 4; d++)
-    if (s.size[d] > 1 && s.stride[d] > widest) widest = s.stride[d];
-  for (int d = 1; d < 4; d++)
-    if (s.size[d] == 1) s.stride[d] = (widest + 7) / 8 * 8;
-  return s;
-}
-
-/* Can TMA address this view? 16-byte aligned base, strides of multiples of 16 bytes below 2^40, sizes that fit
- * its 32-bit coordinates. */
-static flashc_status fc_hp_check_view(const fc_problem *p, const fc_view *v, bool is_q, const char *name) {
-  const fc_hp_map_shape s = fc_hp_shape(p, v, is_q);
-  if ((uintptr_t)v->data % 16 != 0)
-    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s.data is not 16-byte aligned; backend cuda-hopper loads it with TMA",
-                    name);
-  static const char *const dim_names[4] = {"head_dim", "seqlen", "heads", "batch"};
-  for (int d = 1; d < 4; d++) {
-    if (s.stride[d] % 8 != 0 || s.stride[d] >= ((int64_t)1 << 39))
-      return fc_error(FLASHC_ERR_UNSUPPORTED,
-                      "%s's %s stride is %lld elements; backend cuda-hopper (TMA) needs a multiple of 8 below 2^39",
-                      name, dim_names[d], (long long)s.stride[d]);
-    if (s.size[d] > INT32_MAX)
-      return fc_error(FLASHC_ERR_UNSUPPORTED, "%s has %lld %s; backend cuda-hopper addresses at most 2^31-1", name,
-                      (long long)s.size[d], dim_names[d]);
-  }
-  return FLASHC_OK;
-}
-
-/* The map of one of q, k, v (box_rows = Br for q, Bc for k, v), or of o for the TMA store (box_rows = 64: one
- * consumer warpgroup's rows). */
-static flashc_status fc_hp_encode_box(const fc_problem *p, const fc_view *v, bool is_q, const char *name, int box_rows,
-                                      CUtensorMap *map) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
-  FC_CHECK(fc_hp_encoder(&encode));
-  const fc_hp_map_shape s = fc_hp_shape(p, v, is_q);
-  cuuint64_t dims[4], strides[3];
-  for (int d = 0; d < 4; d++) dims[d] = (cuuint64_t)s.size[d];
-  for (int d = 1; d < 4; d++) strides[d - 1] = (cuuint64_t)s.stride[d] * 2;
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r =
-      encode(map, p->dtype == FLASHC_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-             v->data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return fc_error(FLASHC_ERR_CUDA,
-                    "flashc_forward: backend cuda-hopper: cuTensorMapEncodeTiled failed for %s (CUresult %d; dims "
-                    "%llu %llu %llu %llu, byte strides %llu %llu %llu)",
-                    name, (int)r, (unsigned long long)dims[0], (unsigned long long)dims[1], (unsigned long long)dims[2],
-                    (unsigned long long)dims[3], (unsigned long long)strides[0], (unsigned long long)strides[1],
-                    (unsigned long long)strides[2]);
-  return FLASHC_OK;
-}
-
 static flashc_status fc_hp_encode(const fc_problem *p, const fc_view *v, bool is_q, const char *name,
                                   CUtensorMap *map) {
-  return fc_hp_encode_box(p, v, is_q, name, is_q ? FC_HP_BR : FC_HP_BC, map);
+  return fc_hp_encode_box(p, v, is_q, name, is_q ? FC_HP_BR : FC_HP_BC, "flashc_forward", map);
 }
 
 template <typename T, int D, int STAGES, int BC = FC_HP_BC>
@@ -644,7 +555,7 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   const int D = p->head_dim <= 64 ? 64 : 128;
   const bool tma_store = variant == FC_HP_TMASTORE && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
-  if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, &maps[3]));
+  if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
   const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
   const fc_hp_sched sc = fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group);
   if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store);
@@ -718,8 +629,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   CUtensorMap maps[3];
   const int bc = p->head_dim > 128 ? FC_HP_BC_D256 : FC_HP_BC; /* the K/V box: one key block */
   FC_CHECK(fc_hp_encode(p, &p->q, true, "q", &maps[0]));
-  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, &maps[1]));
-  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, &maps[2]));
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, "flashc_forward", &maps[1]));
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, "flashc_forward", &maps[2]));
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, fc_mma_cu_seqlens_bytes(p), &ws));
   fc_hopper_fwd_args a;

@@ -35,11 +35,11 @@
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
 #include "hopper_ptx.cuh"
+#include "hopper_tma.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
 #include "mma_ptx.cuh"
 
-#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_mbar_init(kv_full, 1);
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
-      fc_mbar_init(FULL(s), 1);                      /* the producer's arrive.expect_tx, then the bytes */
+      fc_mbar_init(FULL(s), 1);                           /* the producer's arrive.expect_tx, then the bytes */
       fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
     }
     fc_mbar_fence_init();
@@ -446,91 +446,6 @@ static size_t fc_hpb_smem_bytes(int d, int stages) {
          (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
 }
 
-/* cuTensorMapEncodeTiled from the driver the runtime loaded (the library links no libcuda). Shared in spirit
- * with hopper.cu's fc_hp_encoder, which is static there. */
-static flashc_status fc_hpb_encoder(PFN_cuTensorMapEncodeTiled_v12000 *fn) {
-  static PFN_cuTensorMapEncodeTiled_v12000 cached = NULL;
-  if (!cached) {
-    void *ptr = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !ptr) {
-      cudaGetLastError();
-      return fc_error(FLASHC_ERR_CUDA, "backend cuda-hopper: the driver has no cuTensorMapEncodeTiled (%s, query %d)",
-                      cudaGetErrorString(e), (int)q);
-    }
-    cached = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-  }
-  *fn = cached;
-  return FLASHC_OK;
-}
-
-/* The 4-d shape of q, dout (is_q) or k, v for TMA: (head_dim, rows, heads, batch), innermost first; a dim of
- * size 1 gets a stride TMA accepts (its coordinate is always 0). As hopper.cu's fc_hp_shape. */
-typedef struct fc_hpb_map_shape {
-  int64_t size[4];
-  int64_t stride[4];
-} fc_hpb_map_shape;
-
-static fc_hpb_map_shape fc_hpb_shape(const fc_problem *p, const fc_view *v, bool is_q) {
-  fc_hpb_map_shape s;
-  s.size[0] = p->head_dim;
-  s.size[1] = is_q ? (p->cu_seqlens_q ? p->total_q : p->seqlen_q) : (p->cu_seqlens_k ? p->total_k : p->seqlen_k);
-  s.size[2] = is_q ? p->heads_q : p->heads_kv;
-  s.size[3] = p->cu_seqlens_q ? 1 : p->batch;
-  s.stride[0] = 1;
-  s.stride[1] = v->stride_s;
-  s.stride[2] = v->stride_h;
-  s.stride[3] = v->stride_b;
-  int64_t widest = 8;
-  for (int d = 1; d < 4; d++)
-    if (s.size[d] > 1 && s.stride[d] > widest) widest = s.stride[d];
-  for (int d = 1; d < 4; d++)
-    if (s.size[d] == 1) s.stride[d] = (widest + 7) / 8 * 8;
-  return s;
-}
-
-static flashc_status fc_hpb_check_view(const fc_problem *p, const fc_view *v, bool is_q, const char *name) {
-  const fc_hpb_map_shape s = fc_hpb_shape(p, v, is_q);
-  if ((uintptr_t)v->data % 16 != 0)
-    return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "%s.data is not 16-byte aligned; backend cuda-hopper's backward loads it with TMA", name);
-  static const char *const dim_names[4] = {"head_dim", "seqlen", "heads", "batch"};
-  for (int d = 1; d < 4; d++) {
-    if (s.stride[d] % 8 != 0 || s.stride[d] >= ((int64_t)1 << 39))
-      return fc_error(FLASHC_ERR_UNSUPPORTED,
-                      "%s's %s stride is %lld elements; backend cuda-hopper (TMA) needs a multiple of 8 below 2^39",
-                      name, dim_names[d], (long long)s.stride[d]);
-    if (s.size[d] > INT32_MAX)
-      return fc_error(FLASHC_ERR_UNSUPPORTED, "%s has %lld %s; backend cuda-hopper addresses at most 2^31-1", name,
-                      (long long)s.size[d], dim_names[d]);
-  }
-  return FLASHC_OK;
-}
-
-static flashc_status fc_hpb_encode(const fc_problem *p, const fc_view *v, bool is_q, int box_rows, const char *name,
-                                   CUtensorMap *map) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
-  FC_CHECK(fc_hpb_encoder(&encode));
-  const fc_hpb_map_shape s = fc_hpb_shape(p, v, is_q);
-  cuuint64_t dims[4], strides[3];
-  for (int d = 0; d < 4; d++) dims[d] = (cuuint64_t)s.size[d];
-  for (int d = 1; d < 4; d++) strides[d - 1] = (cuuint64_t)s.stride[d] * 2;
-  const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r =
-      encode(map, p->dtype == FLASHC_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-             v->data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return fc_error(FLASHC_ERR_CUDA,
-                    "flashc_backward: backend cuda-hopper: cuTensorMapEncodeTiled failed for %s (CUresult %d; dims "
-                    "%llu %llu %llu %llu, byte strides %llu %llu %llu)",
-                    name, (int)r, (unsigned long long)dims[0], (unsigned long long)dims[1], (unsigned long long)dims[2],
-                    (unsigned long long)dims[3], (unsigned long long)strides[0], (unsigned long long)strides[1],
-                    (unsigned long long)strides[2]);
-  return FLASHC_OK;
-}
-
 template <typename T, int D, int STAGES>
 static flashc_status fc_hpb_launch(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
                                    int grid) {
@@ -568,7 +483,7 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
                     (long long)p->heads_kv);
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, FC_HPB_BC), p->heads_kv, p->batch, &grid));
-  FC_CHECK(fc_hpb_check_view(p, &p->dout, true, "dout"));
+  FC_CHECK(fc_hp_check_view(p, &p->dout, true, "dout"));
   return FLASHC_OK;
 }
 
@@ -650,10 +565,10 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
   CUtensorMap maps[4];
-  FC_CHECK(fc_hpb_encode(p, &p->q, true, FC_HPB_BR, "q", &maps[0]));
-  FC_CHECK(fc_hpb_encode(p, &p->k, false, FC_HPB_BC, "k", &maps[1]));
-  FC_CHECK(fc_hpb_encode(p, &p->v, false, FC_HPB_BC, "v", &maps[2]));
-  FC_CHECK(fc_hpb_encode(p, &p->dout, true, FC_HPB_BR, "dout", &maps[3]));
+  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", FC_HPB_BR, "flashc_backward", &maps[0]));
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
+  FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", FC_HPB_BR, "flashc_backward", &maps[3]));
   if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, maps, &a, &rows, grid);
   return fc_hpb_run<__nv_bfloat16>(p, maps, &a, &rows, grid);
 }
