@@ -4,6 +4,9 @@
 # every configuration against SDPA flash and cudnn on TARGETS.md's grid, the ratio table last.
 #   bash tools/mma/bench-fwd.sh            everything
 #   bash tools/mma/bench-fwd.sh --quick    a few shapes and seqlens (~3 min)
+#   FLASHC_MMA_SANITIZE=1 bash tools/mma/bench-fwd.sh
+#                                          compute-sanitizer memcheck and racecheck of the default configuration
+#                                          on the quick case list (every compiled head dim), then stop
 # Extra arguments go to check_fwd.py (e.g. --configs default --no-check). Logs and the CSV go to $OUT
 # (default /tmp/out).
 OUT=${OUT:-/tmp/out}
@@ -39,6 +42,15 @@ for n, r, s in sorted(set(rows)):
     print(f"{n:62s} regs {r:>3} spill st/ld {s[1]}/{s[2]}" + ("   <-- SPILLS" if s[1] != "0" else ""))
 PY
 grep -E "C75[0-9][0-9]|warning" "$OUT/build.log" | head -5
+if [ "${FLASHC_MMA_SANITIZE:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    timeout 270 compute-sanitizer --tool $tool --print-limit 10 python3 tools/mma/check_fwd.py \
+      --lib $BUILD/libflashc.so --quick --no-bench --configs default >"$OUT/san-$tool.log" 2>&1
+    echo "== $tool: rc=$?"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^correctness|^FAIL" "$OUT/san-$tool.log" | head -10
+  done
+  exit 0
+fi
 timeout 480 python3 tools/mma/check_fwd.py --lib $BUILD/libflashc.so --csv "$OUT/mma-fwd.csv" "$@" >"$OUT/check.log" 2>&1
 rc=$?
 [ $rc -eq 124 ] && echo "check_fwd.py TIMED OUT (a hang?): partial log in $OUT/check.log"
