@@ -26,8 +26,17 @@
  *   D 128: Br 32, Bc 32 — 78 KB, 2 CTAs per SM
  *   D 256: Br 32, Bc 16 — 102 KB, 2 CTAs per SM
  * Br 32 rather than 64 for D 64: with Br 64 the P, dP and dK, dV accumulators need more than 255 registers.
+ *
+ * FLASHC_FA2_BWD_CONFIG (read at every call) picks a candidate for the D 64 bucket in the atomic mode: base
+ * (unset: the kernels above), fused (dQ added into dq itself, no copy pass; key blocks of most work first) or
+ * pipe (fused with Q/dO double-buffered, 2 barriers per tile pair). See fa2_bwd_dkdv_direct_kernel; measured
+ * with tools/fa2/bench-bwd.sh.
  */
 #include "fa2_fp32_tile.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 template <int D, int BR, int BC> struct fa2_bwd_cfg {
   static constexpr int TM = BR / 8, TN = BC / 16, NC = D / 64; /* S/dP/dS and dQ sub-tiles */
@@ -36,14 +45,18 @@ template <int D, int BR, int BC> struct fa2_bwd_cfg {
   static constexpr int LD = D + 4, LDP = FA2_LDP(BC);
   static constexpr int MAIN_FLOATS = 2 * BC * LD + 2 * BR * LD + 2 * BR * LDP + 2 * BR;
   static constexpr int DQ_FLOATS = 2 * BR * LD + 2 * BC * LD + BR * LDP + 2 * BR;
+  static constexpr int STAGE_FLOATS = 2 * BR * LD + 2 * BR;        /* candidates: one Q_i, dO_i, lse_i, D_i stage */
+  static constexpr int DIRECT_FLOATS = 2 * BC * LD + 2 * BR * LDP; /* + QS stages */
   static_assert(BR % 8 == 0 && BC % 16 == 0 && D % 64 == 0, "tile shape does not fit the 8x16 thread grid");
   static_assert(FA2_THREADS % CCH == 0 && (D / 4) % NG == 0 && NCH >= 1, "dK/dV tile does not fit 128 threads");
 };
 
 /* ---- pre- and post-pass ------------------------------------------------------------------------------ */
 
-/* D = rowsum(dO∘O) per (packed row, head), stored like lse. One warp per row. */
-__global__ void __launch_bounds__(256) fa2_bwd_dot_kernel(fc_cc_args a, float *Dbuf) {
+/* D = rowsum(dO∘O) per (packed row, head), stored like lse. One warp per row. With zero_dq (the candidates
+ * below, which add dQ straight into dq) the same warp also sets the row of dq to 0: one pass over the rows
+ * instead of a memset, and no accumulator. */
+__global__ void __launch_bounds__(256) fa2_bwd_dot_kernel(fc_cc_args a, float *Dbuf, int zero_dq) {
   const int lane = (int)threadIdx.x % 32;
   const int64_t rows = a.total_q * a.heads_q, nwarps = (int64_t)gridDim.x * blockDim.x / 32;
   for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += nwarps) {
@@ -58,6 +71,10 @@ __global__ void __launch_bounds__(256) fa2_bwd_dot_kernel(fc_cc_args a, float *D
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
     if (lane == 0) Dbuf[fc_cc_lse_idx(a, s, q, h, i)] = acc;
+    if (zero_dq) {
+      float *dq = a.dq.data + fc_cc_off(a.dq, s, q.q_start, i, h);
+      for (int c = lane; c < a.head_dim; c += 32) dq[c] = 0.0f;
+    }
   }
 }
 
@@ -332,6 +349,154 @@ __global__ void __launch_bounds__(FA2_THREADS, 2)
   }
 }
 
+/* ---- candidates (FLASHC_FA2_BWD_CONFIG): dQ straight into dq, heaviest key blocks first, Q/dO stages ---- */
+
+/* The main kernel's maths with three changes, each aimed at a cost the base kernel pays:
+ *   - dQ_i += scale·dS·K_j is added straight into dq, which the pre-pass zeroed: no accumulator memset and no
+ *     copy pass (2 of the 4 launches, and 3 passes over a rows × D fp32 buffer; about 1.5 % at s1024 b4 h8);
+ *   - block → (key block, head) is key-block major within groups of hg (sequence, kv head) pairs: under a causal
+ *     mask K_0 sees the most query blocks, so the longest CTAs start first and the grid ends on short ones
+ *     (the forward's "last query block first"); hg ≈ CTAs in flight / key blocks keeps the heads in flight,
+ *     and so their Q, dO in L2, as few as in the base order;
+ *   - QS = 2 (Q/dO/lse/D double-buffered): Q_{i+1} is issued at the top of iteration i and lands during the
+ *     whole tile pair instead of during the dQ product only, and the barrier that freed the single buffer goes:
+ *     2 barriers per tile pair instead of 3 (with 4 warps per CTA every barrier stalls the SM's few warps).
+ *     90.6 KB of shared memory at D 64: 2 CTAs per SM, so QS = 2 is built with MINB 2 only. */
+template <int D, int BR, int BC, int MINB, int QS>
+__global__ void __launch_bounds__(FA2_THREADS, MINB)
+    fa2_bwd_dkdv_direct_kernel(fc_cc_args a, const float *Dbuf, int32_t nkb, int32_t hg, int64_t nsh, int vec) {
+  typedef fa2_bwd_cfg<D, BR, BC> C;
+  constexpr int TM = C::TM, TN = C::TN, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
+  constexpr int QF = C::STAGE_FLOATS;
+  static_assert(QS == 1 || QS == 2, "one or two Q/dO stages");
+  extern __shared__ float4 fc_smem[];
+  float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Ps = Vs + BC * LD, *dSs = Ps + BR * LDP, *Q0 = dSs + BR * LDP;
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, cc = tid % CCH, ng = tid / CCH;
+
+  const int64_t per_group = (int64_t)hg * nkb, grp = blockIdx.x / per_group;
+  const int32_t r = (int32_t)(blockIdx.x % per_group);
+  const int32_t hn = (int32_t)min((int64_t)hg, nsh - grp * hg); /* the last group may hold fewer pairs */
+  const int32_t kb = r / hn;
+  const int64_t sh = grp * hg + r % hn;
+  const int hk = (int)(sh % a.heads_kv), s = (int)(sh / a.heads_kv);
+  const fc_cc_seq q = fc_cc_seq_get(a, s);
+  const int32_t c0 = kb * BC;
+  if (c0 >= q.sk) return;
+  const int32_t cols = min(BC, q.sk - c0), d = a.head_dim;
+
+  int32_t qlo, qhi;
+  fc_cc_query_range(a, q.shift, c0, c0 + cols, q.sq, &qlo, &qhi);
+  const int32_t qb0 = qlo / BR, nqb = qlo < qhi ? (qhi - qb0 * BR + BR - 1) / BR : 0;
+  const int32_t n_it = nqb * a.group;
+
+  fa2_load_tile_async<BC, D, LD>(Ks, a.k.data + fc_cc_off(a.k, s, q.k_start, c0, hk), a.k.ss, cols, d, vec, a.k.data);
+  fa2_load_tile_async<BC, D, LD>(Vs, a.v.data + fc_cc_off(a.v, s, q.k_start, c0, hk), a.v.ss, cols, d, vec, a.v.data);
+  if (n_it > 0)
+    fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group, qb0 * BR, vec, Q0, Q0 + BR * LD, Q0 + 2 * BR * LD,
+                          Q0 + 2 * BR * LD + BR);
+  fc_cp_async_commit();
+
+  float4 dv[4][NCH], dk[4][NCH];
+#pragma unroll
+  for (int x = 0; x < 4; x++)
+#pragma unroll
+    for (int c = 0; c < NCH; c++) dv[x][c] = dk[x][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float cs = a.scale * FA2_LOG2E;
+
+  for (int32_t it = 0; it < n_it; it++) {
+    const int h = hk * a.group + it / nqb;
+    const int32_t i0 = (qb0 + it % nqb) * BR;
+    float *Qs = Q0 + (QS == 2 ? (it & 1) * QF : 0), *dOs = Qs + BR * LD, *Ls = dOs + BR * LD, *Ds = Ls + BR;
+    const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sk);
+    fc_cp_async_wait<0>();
+    __syncthreads(); /* Q_i, dO_i, lse_i, D_i visible; every thread is done with the previous P, dS (and, QS 2,
+                        with the other stage) */
+    if (QS == 2 && it + 1 < n_it) { /* Q_{i+1} lands during this whole tile pair */
+      const int32_t nit = it + 1;
+      float *Qn = Q0 + ((it + 1) & 1) * QF;
+      fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group + nit / nqb, (qb0 + nit % nqb) * BR, vec, Qn, Qn + BR * LD,
+                            Qn + 2 * BR * LD, Qn + 2 * BR * LD + BR);
+      fc_cp_async_commit();
+    }
+
+    float P[TM][TN], dS[TM][TN];
+    fa2_bwd_tile<D, BR, BC>(P, dS, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs);
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int j = 0; j < TN; j++) {
+        Ps[(ty + 8 * i) * LDP + tx + 16 * j] = P[i][j];
+        dSs[(ty + 8 * i) * LDP + tx + 16 * j] = dS[i][j];
+      }
+    __syncthreads(); /* P and dS visible to every thread */
+
+    /* dV_j += Pᵀ·dO_i ; dK_j += dSᵀ·Q_i */
+    fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dv, Ps + 4 * cc, dOs + 4 * ng);
+    fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dk, dSs + 4 * cc, Qs + 4 * ng);
+    if (QS == 1) {
+      __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
+      if (it + 1 < n_it) {
+        const int32_t nit = it + 1;
+        fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group + nit / nqb, (qb0 + nit % nqb) * BR, vec, Qs, dOs, Ls, Ds);
+        fc_cp_async_commit();
+      }
+    }
+
+    /* dq_i += scale·dS·K_j, added into dq itself (zeroed by the pre-pass) */
+    float4 dq[TM][NC];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int c = 0; c < NC; c++) dq[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    fa2_gemm_nn<TM, NC, BC, LDP, LD, 8, 64>(dq, dSs + ty * LDP, Ks + tx * 4);
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+      const int32_t row = i0 + ty + 8 * i;
+      if (row >= q.sq) continue;
+      float *g = a.dq.data + fc_cc_off(a.dq, s, q.q_start, row, h);
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        const int col = (tx + 16 * c) * 4;
+        const float4 v =
+            make_float4(dq[i][c].x * a.scale, dq[i][c].y * a.scale, dq[i][c].z * a.scale, dq[i][c].w * a.scale);
+        if (vec) {
+          if (col >= d) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+          atomicAdd((float4 *)(g + col), v); /* one 16-byte reduction instead of four */
+#else
+          atomicAdd(g + col + 0, v.x);
+          atomicAdd(g + col + 1, v.y);
+          atomicAdd(g + col + 2, v.z);
+          atomicAdd(g + col + 3, v.w);
+#endif
+        } else {
+#pragma unroll
+          for (int x = 0; x < 4; x++)
+            if (col + x < d) atomicAdd(g + col + x, fa2_at(v, x));
+        }
+      }
+    }
+  }
+  fc_cp_async_wait<0>(); /* nothing may be in flight when the CTA exits */
+
+  /* dK_j = scale·Σ dSᵀ·Q, dV_j = Σ Pᵀ·dO: rows 4·cc + x, column chunks ng + NG·c. */
+#pragma unroll
+  for (int x = 0; x < 4; x++) {
+    const int32_t key = c0 + 4 * cc + x;
+    if (key >= q.sk) continue;
+    float *gk = a.dk.data + fc_cc_off(a.dk, s, q.k_start, key, hk),
+          *gv = a.dv.data + fc_cc_off(a.dv, s, q.k_start, key, hk);
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+      const int col = (ng + NG * c) * 4;
+      fa2_store4(gk + col,
+                 make_float4(dk[x][c].x * a.scale, dk[x][c].y * a.scale, dk[x][c].z * a.scale, dk[x][c].w * a.scale),
+                 col, d, vec);
+      fa2_store4(gv + col, dv[x][c], col, d, vec);
+    }
+  }
+}
+
 /* ---- host -------------------------------------------------------------------------------------------- */
 
 static int fa2_bwd_blocks(int64_t threads) {
@@ -358,7 +523,7 @@ template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run(cons
 
   /* pre-pass: D = rowsum(dO∘O); the dQ accumulator starts at 0 */
   if (dq_acc) FC_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, (size_t)(rows * D) * sizeof(float), st));
-  fa2_bwd_dot_kernel<<<fa2_bwd_blocks(rows * 32), 256, 0, st>>>(a, Dbuf);
+  fa2_bwd_dot_kernel<<<fa2_bwd_blocks(rows * 32), 256, 0, st>>>(a, Dbuf, 0);
   FC_LAUNCH_CHECK("fa2_bwd_dot_kernel");
 
   /* dK, dV (and dQ by atomics) */
@@ -385,7 +550,64 @@ template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run(cons
   return FLASHC_OK;
 }
 
+/* One backward of a candidate, <D, BR, BC, MINB, QS>: pre-pass (D and dq = 0), then the direct main kernel. */
+template <int D, int BR, int BC, int MINB, int QS>
+static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
+  typedef fa2_bwd_cfg<D, BR, BC> C;
+  const int64_t rows = p->total_q * p->heads_q, d = p->head_dim, b = p->batch;
+  const size_t cu_bytes = fc_cc_seqlens_bytes(p), d_bytes = fc_cc_align((size_t)rows * sizeof(float));
+  void *ws;
+  FC_CHECK(fc_device_workspace(p, cu_bytes + d_bytes, &ws));
+  fc_cc_args a;
+  FC_CHECK(fc_cc_args_make(p, ws, &a));
+  float *Dbuf = (float *)((char *)ws + cu_bytes);
+  const cudaStream_t st = fc_stream(p);
+  const int vec = fa2_view_vec(&p->q, b, p->heads_q, d) && fa2_view_vec(&p->k, b, p->heads_kv, d) &&
+                  fa2_view_vec(&p->v, b, p->heads_kv, d) && fa2_view_vec(&p->o, b, p->heads_q, d) &&
+                  fa2_view_vec(&p->dout, b, p->heads_q, d) && fa2_view_vec(&p->dq, b, p->heads_q, d) &&
+                  fa2_view_vec(&p->dk, b, p->heads_kv, d) && fa2_view_vec(&p->dv, b, p->heads_kv, d);
+
+  fa2_bwd_dot_kernel<<<fa2_bwd_blocks(rows * 32), 256, 0, st>>>(a, Dbuf, 1);
+  FC_LAUNCH_CHECK("fa2_bwd_dot_kernel");
+
+  /* hg (sequence, kv head) pairs per key-block-major group: about one grid's worth of CTAs in flight. */
+  const int32_t nkb = (int32_t)fc_cdiv(p->seqlen_k, BC);
+  const int64_t nsh = p->heads_kv * b, in_flight = (int64_t)MINB * num_sms;
+  const int64_t hg = in_flight / nkb < 1 ? 1 : in_flight / nkb > nsh ? nsh : in_flight / nkb;
+  const size_t smem = (size_t)(C::DIRECT_FLOATS + QS * C::STAGE_FLOATS) * sizeof(float);
+  FC_CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_dkdv_direct_kernel<D, BR, BC, MINB, QS>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  fa2_bwd_dkdv_direct_kernel<D, BR, BC, MINB, QS>
+      <<<(unsigned)(nkb * nsh), FA2_THREADS, smem, st>>>(a, Dbuf, nkb, (int32_t)hg, nsh, vec);
+  FC_LAUNCH_CHECK("fa2_bwd_dkdv_direct_kernel");
+  return FLASHC_OK;
+}
+
+/* The configurations FLASHC_FA2_BWD_CONFIG names (read at every call; unset or empty: base). The candidates
+ * cover the D 64 bucket in the atomic (non-deterministic) mode; other head dims and deterministic mode run the
+ * base kernels whatever the variable says. */
+typedef enum { FA2_BWD_BASE, FA2_BWD_FUSED, FA2_BWD_PIPE, FA2_BWD_NCONFIG } fa2_bwd_config;
+static const char *const fa2_bwd_config_names[FA2_BWD_NCONFIG] = {"base", "fused", "pipe"};
+
+static flashc_status fa2_bwd_config_from_env(fa2_bwd_config *out) {
+  const char *e = getenv("FLASHC_FA2_BWD_CONFIG");
+  *out = FA2_BWD_BASE;
+  if (!e || !*e) return FLASHC_OK;
+  char names[64] = "";
+  for (int c = 0; c < FA2_BWD_NCONFIG; c++) {
+    if (strcmp(e, fa2_bwd_config_names[c]) == 0) {
+      *out = (fa2_bwd_config)c;
+      return FLASHC_OK;
+    }
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", c ? ", " : "", fa2_bwd_config_names[c]);
+  }
+  return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
+                  "flashc_backward: FLASHC_FA2_BWD_CONFIG=%s names no configuration of cuda-fa2-fp32 (%s)", e, names);
+}
+
 flashc_status fc_fa2_fp32_backward(const fc_problem *p) {
+  fa2_bwd_config config;
+  FC_CHECK(fa2_bwd_config_from_env(&config));
   switch (fa2_head_bucket(p->head_dim)) {
   case 64: {
     /* 3 CTAs per SM (168 registers, a few reloads from local memory) do more per SM than 2 (255 registers), but
@@ -395,7 +617,12 @@ flashc_status fc_fa2_fp32_backward(const fc_problem *p) {
     fc_device_props props;
     FC_CHECK(fc_device_get_props(&props));
     const int64_t ctas = fc_cdiv(p->seqlen_k, 64) * p->heads_kv * p->batch;
-    if (ctas < 2 * 3 * (int64_t)props.num_sms) return fa2_bwd_run<64, 32, 64, 2>(p);
+    const bool small = ctas < 2 * 3 * (int64_t)props.num_sms;
+    if (config == FA2_BWD_PIPE && !p->deterministic) return fa2_bwd_run_direct<64, 32, 64, 2, 2>(p, props.num_sms);
+    if (config == FA2_BWD_FUSED && !p->deterministic)
+      return small ? fa2_bwd_run_direct<64, 32, 64, 2, 1>(p, props.num_sms)
+                   : fa2_bwd_run_direct<64, 32, 64, 3, 1>(p, props.num_sms);
+    if (small) return fa2_bwd_run<64, 32, 64, 2>(p);
     return fa2_bwd_run<64, 32, 64, 3>(p);
   }
   case 128: return fa2_bwd_run<128, 32, 32, 2>(p);
