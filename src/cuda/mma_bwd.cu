@@ -477,11 +477,15 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
 /* ---- launch -------------------------------------------------------------------------------------------- */
 /* The configurations of the dK/dV kernel (step 2), chosen by FLASHC_MMA_BWD_CONFIG at every call; unset or
  * empty: fa2. Steps 1, 3, 3' and 4 are the same for all. */
-typedef enum fc_bwd_config { FC_BWD_BASE, FC_BWD_FA2, FC_BWD_NCONFIG } fc_bwd_config;
+typedef enum fc_bwd_config { FC_BWD_BASE, FC_BWD_FA2, FC_BWD_FA2P, FC_BWD_FA2X2, FC_BWD_NCONFIG } fc_bwd_config;
 static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
-    "base", /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
-    "fa2",  /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
-               several m-tiles per warp; where its shared memory does not fit the device: base */
+    "base",  /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
+    "fa2",   /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
+                several m-tiles per warp; where its shared memory does not fit the device: base */
+    "fa2p",  /* fa2's tiles; Sᵀ first, then the exponentials of Pᵀ issued between dPᵀ's MMAs, lse2 and D folded
+                into the accumulators' start. Deterministic: fa2. (Not yet measured.) */
+    "fa2x2", /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
+                exponentials and barriers overlap the other's MMAs; d > 128: fa2p. (Not yet measured.) */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
@@ -532,27 +536,37 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
   return FLASHC_OK;
 }
 
-/* 2, fa2 configuration (8 warps, Q_i/dO_i double-buffered). *ran = false, and nothing launched, when its
- * shared memory does not fit this device (d256 on sm_80: 209 KB): the caller runs base instead. */
-template <typename T, int D, int BR, int BC, int WS, int WD, int WQ, int NQC>
+/* 2, the fa2 family (mma_bwd_fa2.cuh): NW warps, Q_i/dO_i double-buffered, MINB CTAs per SM asked of the
+ * compiler. PDP (fa2p, fa2x2) compiles the atomic-dQ kernel only: the dispatcher sends deterministic calls to
+ * fa2. *ran = false, and nothing launched, when its shared memory does not fit this device (fa2 at d256 on
+ * sm_80: 209 KB): the caller runs base instead. */
+template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, int MINB>
 static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool *ran) {
-  constexpr int NW = 8, QSTAGES = 2;
+  constexpr int QSTAGES = 2;
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES);
   fc_mma_bwd_args a = *a0;
   const bool atomic = !p->deterministic;
   fc_device_props props;
   *ran = false;
+  if (PDP && !atomic)
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2p/fa2x2 kernels have no deterministic dQ");
   FC_CHECK(fc_device_get_props(&props));
   if (smem > props.smem_per_block_optin) return FLASHC_OK;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
-  void (*dkdv)(const fc_mma_bwd_args) =
-      aligned ? (atomic ? fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, true, true>
-                        : fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, true, false>)
-              : (atomic ? fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, false, true>
-                        : fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, false, false>);
+#define FC_FA2_KERNEL(AL, AT) fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT>
+  void (*dkdv)(const fc_mma_bwd_args);
+  if constexpr (PDP)
+    dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
+  else
+    dkdv = aligned ? (atomic ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(true, false))
+                   : (atomic ? FC_FA2_KERNEL(false, true) : FC_FA2_KERNEL(false, false));
+#undef FC_FA2_KERNEL
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
+  if (MINB > 1) /* several CTAs per SM need the largest shared-memory carve-out (d128 fa2x2: 2 × 113 KB) */
+    FC_CUDA_CHECK(cudaFuncSetAttribute((const void *)dkdv, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
   dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_fa2_kernel");
   *ran = true;
@@ -584,24 +598,47 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
 }
 
 /* Tile shapes per head dim, one line each:
- *   fa2:  <D, Br, Bc, WS, WD, WQ, NQC> (mma_bwd_fa2.cuh)
- *   base: <D, Br, Bc, warps, Q/dO stages>
+ *   fa2, fa2p, fa2x2:  <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM> (mma_bwd_fa2.cuh)
+ *   base:              <D, Br, Bc, warps, Q/dO stages>
  *   the deterministic dQ pass: <D, its Bc> */
 template <typename T>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                          fc_bwd_config config) {
   const int d = fc_mma_compiled_dim(p->head_dim);
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
+  /* fa2p and fa2x2 have no deterministic dQ: fa2's. They start Sᵀ's accumulators at −lse2/c (c = |scale|·log2 e),
+   * which needs a finite 1/c: a |scale| below 1e-30 runs fa2. fa2x2's 4 warps cannot hold dK_j, dV_j of 64 keys
+   * × d > 128 in registers: fa2p's 8 warps do. */
+  if ((config == FC_BWD_FA2P || config == FC_BWD_FA2X2) && (p->deterministic || !(fabsf(p->scale) >= 1e-30f)))
+    config = FC_BWD_FA2;
+  if (config == FC_BWD_FA2X2 && d > 128) config = FC_BWD_FA2P;
   bool ran = false;
   if (config == FC_BWD_FA2) {
     switch (d) {
-    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 4, 4, 4, 16>(p, a, aligned, &ran))); break;
-    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 4, 4, 4, 32>(p, a, aligned, &ran))); break;
-    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 4, 4, 4, 48>(p, a, aligned, &ran))); break;
-    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 4, 4, 2, 32>(p, a, aligned, &ran))); break;
-    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 4, 4, 4, 80>(p, a, aligned, &ran))); break;
-    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 4, 2, 2, 48>(p, a, aligned, &ran))); break;
-    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 4, 2, 2, 32>(p, a, aligned, &ran))); break;
+    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, false, 1>(p, a, aligned, &ran))); break;
+    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, false, 1>(p, a, aligned, &ran))); break;
+    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, false, 1>(p, a, aligned, &ran))); break;
+    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, false, 1>(p, a, aligned, &ran))); break;
+    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, false, 1>(p, a, aligned, &ran))); break;
+    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, false, 1>(p, a, aligned, &ran))); break;
+    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, false, 1>(p, a, aligned, &ran))); break;
+    }
+  } else if (config == FC_BWD_FA2P) {
+    switch (d) {
+    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, true, 1>(p, a, aligned, &ran))); break;
+    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, true, 1>(p, a, aligned, &ran))); break;
+    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, true, 1>(p, a, aligned, &ran))); break;
+    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, true, 1>(p, a, aligned, &ran))); break;
+    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, true, 1>(p, a, aligned, &ran))); break;
+    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, true, 1>(p, a, aligned, &ran))); break;
+    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, true, 1>(p, a, aligned, &ran))); break;
+    }
+  } else if (config == FC_BWD_FA2X2) {
+    switch (d) {
+    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 64, 64, 4, 2, 2, 2, 16, true, 2>(p, a, aligned, &ran))); break;
+    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
+    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 64, 4, 2, 2, 2, 48, true, 2>(p, a, aligned, &ran))); break;
+    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
     }
   }
   if (!ran) {

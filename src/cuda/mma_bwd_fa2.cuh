@@ -1,6 +1,12 @@
-/* mma_bwd_fa2.cuh — the "fa2" configuration of cuda-mma's dK/dV kernel (FLASHC_MMA_BWD_CONFIG=fa2): the
- * base kernel's algorithm (mma_bwd.cu, step 2) with FlashAttention-2's block shapes, so that each operand
- * read from shared memory feeds more tensor-core work.
+/* mma_bwd_fa2.cuh — the "fa2" configurations of cuda-mma's dK/dV kernel (FLASHC_MMA_BWD_CONFIG=fa2, fa2p,
+ * fa2x2): the base kernel's algorithm (mma_bwd.cu, step 2) with FlashAttention-2's block shapes, so that each
+ * operand read from shared memory feeds more tensor-core work.
+ *   fa2    as below.
+ *   fa2p   PDP: Sᵀ's MMAs first, then dPᵀ's with the exponentials of Pᵀ spread between them (one basic block
+ *          where the mask does not cut), the accumulators started at −lse2/c and −D. In fa2 the SFU and the
+ *          FMAs of Pᵀ run after all MMAs, while no warp of the CTA (the only one on its SM) has an MMA to issue.
+ *   fa2x2  fa2p with NW = 4 and 64×64 tiles (the same warp tiles), MINB = 2 CTAs per SM: one CTA's
+ *          exponentials, dQ reductions and barriers overlap the other's MMAs, as in the forward's default.
  *
  * One CTA of NW warps per key block K_j, V_j (Bc keys) and kv head; dK_j, dV_j stay in registers while it
  * walks the query blocks Q_i (Br rows) that see the block, for every query head of the GQA group:
@@ -32,11 +38,59 @@ static constexpr size_t fc_bwd_fa2_smem(int D, int BR, int BC, int QSTAGES) {
          (size_t)2 * QSTAGES * BR * sizeof(float);
 }
 
+/* What the mask test of a block needs: the diagonal's shift, the window, the block's first query and key, the
+ * sequence's lengths. */
+typedef struct fc_bwd_pmask {
+  int64_t shift, wl, wr;
+  int q0, k0, sq, sk;
+} fc_bwd_pmask;
+
+/* dPᵀ (− D) = V_j·dO_iᵀ for the warp's MS keys × NS queries, and in place of Sᵀ − lse2/c, Pᵀ = 2^(c·that): the NE
+ * exponentials of the warp's tile are spread evenly over dPᵀ's D/16 k-steps, so that with MASKED false the
+ * whole is one basic block in which the scheduler can put each exponential between independent MMAs.
+ * MASKED: pairs hidden by the mask or past a sequence's end get P = 0 (a branch per pair). */
+template <typename T, int D, int DS, int MS, int NS, int MT_S, int NSX, bool MASKED>
+static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4],
+                                                       uint32_t sV_u, uint32_t sdO_u, const uint32_t kv_lane[4],
+                                                       const uint32_t qb_lane[4], const fc_bwd_pmask &mk, float c,
+                                                       int ks, int ns, int g, int t) {
+  constexpr int KS = D / 16, NE = MT_S * NSX * 4, PER = (NE + KS - 1) / KS;
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    uint32_t va[MT_S][4];
+#pragma unroll
+    for (int m = 0; m < MT_S; m++) fc_ldmatrix_x4(va[m], fc_frag_addr<DS>(sV_u, kv_lane, ks * MS + 16 * m, kk));
+#pragma unroll
+    for (int p = 0; p < NSX / 2; p++) {
+      uint32_t ob[4];
+      fc_ldmatrix_x4(ob, fc_frag_addr<DS>(sdO_u, qb_lane, ns * NS + 16 * p, kk));
+#pragma unroll
+      for (int m = 0; m < MT_S; m++) {
+        fc_mma<T>(dpT[m][2 * p], va[m], ob[0], ob[1]);
+        fc_mma<T>(dpT[m][2 * p + 1], va[m], ob[2], ob[3]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      const int idx = kk * PER + u; /* element (m, x, e) of the warp's tile, x outermost */
+      if (idx < NE) {
+        const int x = idx / (MT_S * 4), m = idx / 4 % MT_S, e = idx % 4;
+        const int qi = ns * NS + 8 * x + 2 * t + (e & 1), kj = ks * MS + 16 * m + g + 8 * (e >> 1);
+        float p = fc_exp2(sT[m][x][e] * c);
+        if (MASKED && !(mk.k0 + kj < mk.sk && mk.q0 + qi < mk.sq &&
+                        fc_bwd_visible(mk.q0 + qi, mk.k0 + kj, mk.shift, mk.wl, mk.wr)))
+          p = 0.0f;
+        sT[m][x][e] = p;
+      }
+    }
+  }
+}
+
 /* NQC: the columns of a warp's dQ tile accumulated at once (a divisor of its D·WQ/NW columns, so that dQ's
  * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes). */
-template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool ALIGNED,
-          bool ATOMIC_DQ>
-__global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
+template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
+          bool ALIGNED, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
   constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
   constexpr int MD = BC / WD, MT_D = MD / 16, ND = D / (NW / WD), NDV = ND / 8;  /* dK, dV warp tile */
@@ -121,58 +175,107 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     fc_cp_async_commit();
     const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
     const float *L = sL + st * BR, *Dr = sD + st * BR;
+    const float inv_c = 1.0f / a.scale_log2;
 
-    /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warp's MS keys × NS queries. */
+    /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warp's MS keys × NS queries. PDP starts the accumulators
+     * at −lse2/c and −D instead of 0, so that they end as Sᵀ − lse2/c and dPᵀ − D: lse2 and D are not needed
+     * (nor held in registers) during the MMAs, and P = 2^(c·acc) is one multiply and one exponential. */
     float sT[MT_S][NSX][4], dpT[MT_S][NSX][4];
-#pragma unroll
-    for (int m = 0; m < MT_S; m++)
-#pragma unroll
-      for (int x = 0; x < NSX; x++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) sT[m][x][e] = dpT[m][x][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      uint32_t ka[MT_S][4], va[MT_S][4];
-#pragma unroll
-      for (int m = 0; m < MT_S; m++) {
-        fc_ldmatrix_x4(ka[m], fc_frag_addr<DS>(sK_u, kv_lane, ks * MS + 16 * m, kk));
-        fc_ldmatrix_x4(va[m], fc_frag_addr<DS>(sV_u, kv_lane, ks * MS + 16 * m, kk));
-      }
-#pragma unroll
-      for (int p = 0; p < NSX / 2; p++) {
-        uint32_t qb[4], ob[4];
-        fc_ldmatrix_x4(qb, fc_frag_addr<DS>(sQ_u, qb_lane, ns * NS + 16 * p, kk));
-        fc_ldmatrix_x4(ob, fc_frag_addr<DS>(sdO_u, qb_lane, ns * NS + 16 * p, kk));
-#pragma unroll
-        for (int m = 0; m < MT_S; m++) {
-          fc_mma<T>(sT[m][2 * p], ka[m], qb[0] ^ neg, qb[1] ^ neg);
-          fc_mma<T>(sT[m][2 * p + 1], ka[m], qb[2] ^ neg, qb[3] ^ neg);
-          fc_mma<T>(dpT[m][2 * p], va[m], ob[0], ob[1]);
-          fc_mma<T>(dpT[m][2 * p + 1], va[m], ob[2], ob[3]);
-        }
-      }
-    }
-
-    /* Pᵀ = 2^(Sᵀ·c − lse2), dSᵀ = Pᵀ∘(dPᵀ − D); masked pairs only in blocks the mask cuts. */
-    const bool full = k0 + BC <= s.sk && q0 + BR <= s.sq &&
-                      (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
-                      (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
 #pragma unroll
     for (int x = 0; x < NSX; x++) {
       const int qc = ns * NS + 8 * x + 2 * t; /* this lane's two query columns: qc, qc + 1 */
-      const float2 l2 = *(const float2 *)(L + qc), dr = *(const float2 *)(Dr + qc);
+      float l0 = 0.0f, l1 = 0.0f, d0 = 0.0f, d1 = 0.0f;
+      if constexpr (PDP) {
+        const float2 l2 = *(const float2 *)(L + qc), dr = *(const float2 *)(Dr + qc);
+        l0 = -l2.x * inv_c, l1 = -l2.y * inv_c, d0 = -dr.x, d1 = -dr.y; /* lse2 = +inf: acc = −inf, P = 0 */
+      }
+#pragma unroll
+      for (int m = 0; m < MT_S; m++) {
+        sT[m][x][0] = sT[m][x][2] = l0, sT[m][x][1] = sT[m][x][3] = l1;
+        dpT[m][x][0] = dpT[m][x][2] = d0, dpT[m][x][1] = dpT[m][x][3] = d1;
+      }
+    }
+    /* Masked pairs only in blocks the mask cuts. */
+    const bool full = k0 + BC <= s.sk && q0 + BR <= s.sq &&
+                      (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
+                      (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
+    if constexpr (!PDP) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t ka[MT_S][4], va[MT_S][4];
+#pragma unroll
+        for (int m = 0; m < MT_S; m++) {
+          fc_ldmatrix_x4(ka[m], fc_frag_addr<DS>(sK_u, kv_lane, ks * MS + 16 * m, kk));
+          fc_ldmatrix_x4(va[m], fc_frag_addr<DS>(sV_u, kv_lane, ks * MS + 16 * m, kk));
+        }
+#pragma unroll
+        for (int p = 0; p < NSX / 2; p++) {
+          uint32_t qb[4], ob[4];
+          fc_ldmatrix_x4(qb, fc_frag_addr<DS>(sQ_u, qb_lane, ns * NS + 16 * p, kk));
+          fc_ldmatrix_x4(ob, fc_frag_addr<DS>(sdO_u, qb_lane, ns * NS + 16 * p, kk));
+#pragma unroll
+          for (int m = 0; m < MT_S; m++) {
+            fc_mma<T>(sT[m][2 * p], ka[m], qb[0] ^ neg, qb[1] ^ neg);
+            fc_mma<T>(sT[m][2 * p + 1], ka[m], qb[2] ^ neg, qb[3] ^ neg);
+            fc_mma<T>(dpT[m][2 * p], va[m], ob[0], ob[1]);
+            fc_mma<T>(dpT[m][2 * p + 1], va[m], ob[2], ob[3]);
+          }
+        }
+      }
+      /* Pᵀ = 2^(Sᵀ·c − lse2) */
+#pragma unroll
+      for (int x = 0; x < NSX; x++) {
+        const int qc = ns * NS + 8 * x + 2 * t; /* this lane's two query columns: qc, qc + 1 */
+        const float2 l2 = *(const float2 *)(L + qc);
+#pragma unroll
+        for (int m = 0; m < MT_S; m++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int qi = qc + (e & 1), kj = ks * MS + 16 * m + g + 8 * (e >> 1);
+            float p = fc_exp2(fmaf(sT[m][x][e], a.scale_log2, -(e & 1 ? l2.y : l2.x)));
+            if (!full && !(k0 + kj < s.sk && q0 + qi < s.sq &&
+                           fc_bwd_visible(q0 + qi, k0 + kj, shift, a.window_left, a.window_right)))
+              p = 0.0f;
+            sT[m][x][e] = p;
+          }
+      }
+    } else {
+      /* Sᵀ first, alone; then dPᵀ's MMAs with Pᵀ = 2^(Sᵀ·c − lse2) spread over its k-steps: in a block the
+       * mask does not cut, both are one branch-free basic block, so the exponentials (SFU) and their FMAs
+       * issue between independent MMAs instead of after all of them. Same operands, same registers. */
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t ka[MT_S][4];
+#pragma unroll
+        for (int m = 0; m < MT_S; m++) fc_ldmatrix_x4(ka[m], fc_frag_addr<DS>(sK_u, kv_lane, ks * MS + 16 * m, kk));
+#pragma unroll
+        for (int p = 0; p < NSX / 2; p++) {
+          uint32_t qb[4];
+          fc_ldmatrix_x4(qb, fc_frag_addr<DS>(sQ_u, qb_lane, ns * NS + 16 * p, kk));
+#pragma unroll
+          for (int m = 0; m < MT_S; m++) {
+            fc_mma<T>(sT[m][2 * p], ka[m], qb[0] ^ neg, qb[1] ^ neg);
+            fc_mma<T>(sT[m][2 * p + 1], ka[m], qb[2] ^ neg, qb[3] ^ neg);
+          }
+        }
+      }
+      const fc_bwd_pmask mk = {shift, a.window_left, a.window_right, q0, k0, s.sq, s.sk};
+      if (full)
+        fc_bwd_fa2_p_dp<T, D, DS, MS, NS, MT_S, NSX, false>(sT, dpT, sV_u, sdO_u, kv_lane, qb_lane, mk, a.scale_log2,
+                                                            ks, ns, g, t);
+      else
+        fc_bwd_fa2_p_dp<T, D, DS, MS, NS, MT_S, NSX, true>(sT, dpT, sV_u, sdO_u, kv_lane, qb_lane, mk, a.scale_log2, ks,
+                                                           ns, g, t);
+    }
+
+    /* dSᵀ = Pᵀ∘(dPᵀ − D) (PDP: the accumulator already holds dPᵀ − D) */
+#pragma unroll
+    for (int x = 0; x < NSX; x++) {
+      const float2 dr = PDP ? make_float2(0.0f, 0.0f) : *(const float2 *)(Dr + ns * NS + 8 * x + 2 * t);
 #pragma unroll
       for (int m = 0; m < MT_S; m++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int qi = qc + (e & 1), kj = ks * MS + 16 * m + g + 8 * (e >> 1);
-          float p = fc_exp2(fmaf(sT[m][x][e], a.scale_log2, -(e & 1 ? l2.y : l2.x)));
-          if (!full && !(k0 + kj < s.sk && q0 + qi < s.sq &&
-                         fc_bwd_visible(q0 + qi, k0 + kj, shift, a.window_left, a.window_right)))
-            p = 0.0f;
-          sT[m][x][e] = p;
-          dpT[m][x][e] = p * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
-        }
+        for (int e = 0; e < 4; e++) dpT[m][x][e] = sT[m][x][e] * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
     }
 #pragma unroll
     for (int m = 0; m < MT_S; m++)

@@ -3,7 +3,11 @@ against an fp64 reference, then backward TFLOP/s against PyTorch SDPA flash and 
 /work/shared/TARGETS.md. Run through tools/mma/bench-bwd.sh, or:
 
     python3 tools/mma/check_bwd.py --lib build-gpu-mmabwd/libflashc.so [--quick] [--no-check] [--no-bench]
-                                   [--configs base,fa2] [--csv mma-bwd.csv]
+                                   [--configs base,fa2,fa2p,fa2x2] [--csv mma-bwd.csv]
+
+Configurations (src/cuda/mma_bwd.cu): base, fa2 (the default), fa2p (fa2's tiles, exponentials between dP's
+MMAs), fa2x2 (fa2p with 4 warps and 64x64 tiles, 2 CTAs per SM; d > 128 runs fa2p). fa2p and fa2x2 run fa2
+in deterministic mode.
 
 Correctness rule (FlashAttention's for gradients): per gradient, max |error| against the fp64 reference is at
 most 3x the error of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax and
@@ -28,7 +32,7 @@ ap.add_argument("--lib", default="build-gpu-mmabwd/libflashc.so")
 ap.add_argument("--quick", action="store_true", help="a few shapes, and seqlens 1k/4k/16k in the bench")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
-ap.add_argument("--configs", default="base,fa2")
+ap.add_argument("--configs", default="base,fa2,fa2p,fa2x2")
 ap.add_argument("--csv", default="", help="write the bench rows here (TARGETS.md's columns + config)")
 args = ap.parse_args()
 CONFIGS = args.configs.split(",")
