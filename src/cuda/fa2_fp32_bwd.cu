@@ -27,10 +27,12 @@
  *   D 256: Br 32, Bc 16 — 102 KB, 2 CTAs per SM
  * Br 32 rather than 64 for D 64: with Br 64 the P, dP and dK, dV accumulators need more than 255 registers.
  *
- * FLASHC_FA2_BWD_CONFIG (read at every call) picks a candidate for the D 64 bucket in the atomic mode: base
- * (unset: the kernels above), fused (dQ added into dq itself, no copy pass; key blocks of most work first) or
- * pipe (fused with Q/dO double-buffered, 2 barriers per tile pair). See fa2_bwd_dkdv_direct_kernel; measured
- * with tools/fa2/bench-bwd.sh.
+ * The D 64 bucket in the atomic mode has three configurations, FLASHC_FA2_BWD_CONFIG (read at every call):
+ * fused (unset: dQ added into dq itself, no copy pass; key blocks of most work first), base (the kernels above,
+ * dQ in an fp32 buffer, then copied) or pipe (fused with Q/dO double-buffered, 2 barriers per tile pair). See
+ * fa2_bwd_dkdv_direct_kernel. Measured on the H100 (tools/fa2/bench-bwd.sh, bench/results/configs/
+ * fa2-bwd-configs.csv, b4 h8 s1k-8k and b8 h16 s2k, d64): fused 1.04-1.74x SDPA efficient, base 1.02-1.23x,
+ * pipe 1.01-1.71x; fused is ahead or within 3% of the best everywhere but b4 h8 s2048 causal (pipe +14%).
  */
 #include "fa2_fp32_tile.cuh"
 
@@ -583,7 +585,7 @@ static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
   return FLASHC_OK;
 }
 
-/* The configurations FLASHC_FA2_BWD_CONFIG names (read at every call; unset or empty: base). The candidates
+/* The configurations FLASHC_FA2_BWD_CONFIG names (read at every call; unset or empty: fused). The candidates
  * cover the D 64 bucket in the atomic (non-deterministic) mode; other head dims and deterministic mode run the
  * base kernels whatever the variable says. */
 typedef enum { FA2_BWD_BASE, FA2_BWD_FUSED, FA2_BWD_PIPE, FA2_BWD_NCONFIG } fa2_bwd_config;
@@ -591,7 +593,7 @@ static const char *const fa2_bwd_config_names[FA2_BWD_NCONFIG] = {"base", "fused
 
 static flashc_status fa2_bwd_config_from_env(fa2_bwd_config *out) {
   const char *e = getenv("FLASHC_FA2_BWD_CONFIG");
-  *out = FA2_BWD_BASE;
+  *out = FA2_BWD_FUSED;
   if (!e || !*e) return FLASHC_OK;
   char names[64] = "";
   for (int c = 0; c < FA2_BWD_NCONFIG; c++) {

@@ -476,21 +476,24 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
 /* The configurations of the dK/dV kernel (step 2), chosen by FLASHC_MMA_BWD_CONFIG at every call; unset or
- * empty: fa2. Steps 1, 3, 3' and 4 are the same for all. */
+ * empty: fa2p (deterministic calls: fa2). Steps 1, 3, 3' and 4 are the same for all. Measured on the H100
+ * (bench/results/configs/mma-bwd-configs.csv, b·s = 16k, bf16 and fp16, d 64/128/256, full and causal):
+ * fa2p 0.98-1.45x fa2 (median 1.1x; below 1.0x in 1 of 72 cells); fa2x2 0.82-1.16x fa2p, ahead mostly at
+ * seqlen 512 and d256. */
 typedef enum fc_bwd_config { FC_BWD_BASE, FC_BWD_FA2, FC_BWD_FA2P, FC_BWD_FA2X2, FC_BWD_NCONFIG } fc_bwd_config;
 static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
     "base",  /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
     "fa2",   /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
                 several m-tiles per warp; where its shared memory does not fit the device: base */
     "fa2p",  /* fa2's tiles; Sᵀ first, then the exponentials of Pᵀ issued between dPᵀ's MMAs, lse2 and D folded
-                into the accumulators' start. Deterministic: fa2. (Not yet measured.) */
+                into the accumulators' start. Deterministic: fa2. The default. */
     "fa2x2", /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
-                exponentials and barriers overlap the other's MMAs; d > 128: fa2p. (Not yet measured.) */
+                exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
   const char *e = getenv("FLASHC_MMA_BWD_CONFIG");
-  *out = FC_BWD_FA2; /* 1.1-1.5x base on the H100 (tools/mma/bench-bwd.sh, 2026-11-22) */
+  *out = FC_BWD_FA2P;
   if (!e || !*e) return FLASHC_OK;
   char names[128] = "";
   for (int c = 0; c < FC_BWD_NCONFIG; c++) {
