@@ -5,13 +5,13 @@ against an fp64 reference, then backward TFLOP/s against PyTorch SDPA `efficient
     python3 tools/fa2/check_bwd.py --lib build-gpu-fa2bwd/libflashc.so [--quick] [--no-check] [--no-bench]
                                    [--configs base,fused,pipe] [--csv fa2-bwd.csv]
 
-Correctness rule: per gradient, max |error| against the fp64 reference is at most 3x the error of the same
-maths done plainly in fp32 (TF32 off), + the floor of tests/test_backends.c. o and lse come from the fp64
-reference (o rounded to fp32), so the forward kernel is not under test here. dq, dk, dv are poisoned with NaN
-before every call, including the padding of strided layouts, which must stay NaN (no write past head_dim). The deterministic mode must give
-bit-identical gradients over two runs. Rows that see no key must get dq = 0, keys seen by no query dk = dv = 0,
-never NaN. The candidates cover head dims <= 64 in the atomic mode; other head dims and deterministic mode
-run the base kernels whatever the variable says (checked all the same).
+Correctness rule: per gradient, max |error| against the fp64 reference is at most 3x the error of the same maths
+done plainly in fp32 (TF32 off), + the floor of tests/test_backends.c. o and lse come from the fp64 reference (o
+rounded to fp32), so the forward kernel is not under test here. dq, dk, dv are poisoned with NaN before every call,
+including the padding of strided layouts, which must stay NaN (no write past head_dim). The deterministic mode must
+give bit-identical gradients over two runs. Rows that see no key must get dq = 0, keys seen by no query dk = dv = 0,
+never NaN. The candidates cover head dims <= 64 in the atomic mode; other head dims and deterministic mode run the
+base kernels whatever the variable says (checked all the same).
 """
 import argparse
 import ctypes
