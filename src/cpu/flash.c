@@ -104,7 +104,7 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   int64_t j_lo, j_hi;
   fc_keys_seen(p, shift, sk, i0, i0 + in, &j_lo, &j_hi);
   for (int64_t j0 = j_lo / BC * BC; j0 < j_hi; j0 += BC) {
-    const int64_t jn = j_hi - j0 < BC ? j_hi - j0 : BC, nc = fc_pad8(jn);
+    const int64_t jn = j_hi - j0 < BC ? j_hi - j0 : BC;
     /* Only rows [a, b) of Q_i see a key of K_j; the others keep their m, l and O_i. */
     int64_t a, b;
     fc_tile_rows(p, shift, sq, i0, in, j0, jn, &a, &b);
@@ -117,24 +117,30 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     /* Row group by row group, so that its S tile stays in L1: */
     for (int64_t r0 = a; r0 < b; r0 += RG) {
       const int64_t rows = b - r0 < RG ? b - r0 : RG;
+      /* The group sees keys up to its last row's bound (it grows with the row): on a causal diagonal or a
+       * window's right edge the columns past it are left out of both products and the exponentials. The
+       * rows' arithmetic does not change: those columns only ever added 2^−inf = 0. */
+      int64_t gl, gh;
+      fc_key_range(p, shift, i0 + r0 + rows - 1, sk, &gl, &gh);
+      const int64_t gn = gh - j0 < jn ? gh - j0 : jn, gc = fc_pad8(gn);
       /* S = Q_i K_jᵀ, −inf where the mask hides a key (and in the padding columns). */
-      kern->gemm(rows, nc, d, T.Q + r0 * dp, dp, 1, T.Kt, d * nr, nr, T.S, BC, 0);
-      fc_tile_mask(p, shift, sk, i0 + r0, rows, j0, jn, nc, T.S, BC);
+      kern->gemm(rows, gc, d, T.Q + r0 * dp, dp, 1, T.Kt, d * nr, nr, T.S, BC, 0);
+      fc_tile_mask(p, shift, sk, i0 + r0, rows, j0, gn, gc, T.S, BC);
 
       /* m_new = max(m, rowmax S), P = 2^(S − m_new), l = 2^(m − m_new) l + rowsum P, O_i = 2^(m − m_new) O_i */
       for (int64_t r = r0; r < r0 + rows; r++) {
         float *S_r = T.S + (r - r0) * BC;
-        const float row_max = kern->row_max(S_r, nc), m_new = row_max > T.m[r] ? row_max : T.m[r];
+        const float row_max = kern->row_max(S_r, gc), m_new = row_max > T.m[r] ? row_max : T.m[r];
         /* A row that has seen no key yet has m_new = −inf; subtracting 0 instead gives 2^(−inf) = 0 where
          * −inf − (−inf) would give NaN. */
         const float m_use = m_new == -INFINITY ? 0.0f : m_new, alpha = exp2f(T.m[r] - m_use);
-        T.l[r] = alpha * T.l[r] + kern->exp2_row(S_r, nc, m_use);
+        T.l[r] = alpha * T.l[r] + kern->exp2_row(S_r, gc, m_use);
         T.m[r] = m_new;
         if (alpha != 1.0f) kern->scale_row(T.O + r * dp, dp, alpha);
       }
 
       /* O_i += P V_j */
-      kern->gemm(rows, dp, jn, T.S, BC, 1, T.V, nr, fc_tile_ld(dp), T.O + r0 * dp, dp, 1);
+      kern->gemm(rows, dp, gn, T.S, BC, 1, T.V, nr, fc_tile_ld(dp), T.O + r0 * dp, dp, 1);
     }
   }
 
