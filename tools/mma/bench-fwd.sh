@@ -44,7 +44,7 @@ PY
 grep -E "C75[0-9][0-9]|warning" "$OUT/build.log" | head -5
 if [ "${FLASHC_MMA_SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    timeout 270 compute-sanitizer --tool $tool --print-limit 10 python3 tools/mma/check_fwd.py \
+    timeout 270 compute-sanitizer --tool $tool --kernel-name kns=mma_fwd --print-limit 10 python3 tools/mma/check_fwd.py \
       --lib $BUILD/libflashc.so --quick --no-bench --configs default >"$OUT/san-$tool.log" 2>&1
     echo "== $tool: rc=$?"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^correctness|^FAIL" "$OUT/san-$tool.log" | head -10
