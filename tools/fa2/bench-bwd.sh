@@ -25,14 +25,8 @@ done
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(build check bench)
 CHECK=(python3 tools/fa2/check_bwd.py --lib "$LIB")
 
-run() { # run NAME TIMEOUT COMMAND...: keeps the log, says how it ended
-  local name=$1 limit=$2
-  shift 2
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ]; then echo "== $name: TIMED OUT after ${limit}s"; else echo "== $name: rc=$rc"; fi
-  return $rc
-}
+# shellcheck source=tools/run-step.sh
+source "$(dirname "$0")/../run-step.sh"
 
 for step in "${STEPS[@]}"; do
   case $step in

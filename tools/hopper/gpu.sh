@@ -16,13 +16,14 @@ LIB=build-gpu/libflashc.so
 CHECK="python3 tools/hopper/check.py --lib $LIB"
 CHECK_BWD="python3 tools/hopper/check_bwd.py --lib $LIB"
 
-run() { # run NAME TIMEOUT COMMAND...: keeps the log, says how it ended, shows the interesting lines
-  local name=$1 limit=$2
-  shift 2
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ]; then echo "== $name: TIMED OUT after ${limit}s (a hang: barrier protocol?)"; else echo "== $name: rc=$rc"; fi
-  grep -E "^FAIL|passed|TFLOP|^ *(64|128|256) +[01] |ERROR SUMMARY|RACECHECK SUMMARY|Error|error" "$OUT/$name.log" | head -60
+# shellcheck source=tools/run-step.sh
+source "$(dirname "$0")/../run-step.sh"
+RUN_TIMEOUT_NOTE=" (a hang: barrier protocol?)"
+run_and_show() { # run, then the interesting lines of its log
+  local rc
+  run "$@"
+  rc=$?
+  grep -E "^FAIL|passed|TFLOP|^ *(64|128|256) +[01] |ERROR SUMMARY|RACECHECK SUMMARY|Error|error" "$OUT/$1.log" | head -60
   return $rc
 }
 
@@ -37,35 +38,35 @@ for step in "$@"; do
     echo "build ok at $(($(date +%s) - T0))s"
     ;;
   smoke)
-    run smoke 120 $CHECK --quick --no-bench || { tail -20 "$OUT/smoke.log"; echo "smoke failed: stopping"; exit 1; }
+    run_and_show smoke 120 $CHECK --quick --no-bench || { tail -20 "$OUT/smoke.log"; echo "smoke failed: stopping"; exit 1; }
     ;;
   check)
-    run check 420 $CHECK --no-bench
+    run_and_show check 420 $CHECK --no-bench
     ;;
   sanitize)
     for tool in memcheck synccheck; do
-      run "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong,persistent,tmastore
+      run_and_show "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong,persistent,tmastore
     done
     # racecheck is far slower (it took over 150 s on --quick): two small shapes, every variant
-    run san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK --tiny --no-bench
+    run_and_show san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK --tiny --no-bench
     ;;
   bench)
-    run bench 400 $CHECK --no-check
+    run_and_show bench 400 $CHECK --no-check
     ;;
   bwd-smoke)
-    run bwd-smoke 150 $CHECK_BWD --quick --no-bench || { tail -20 "$OUT/bwd-smoke.log"; echo "bwd-smoke failed: stopping"; exit 1; }
+    run_and_show bwd-smoke 150 $CHECK_BWD --quick --no-bench || { tail -20 "$OUT/bwd-smoke.log"; echo "bwd-smoke failed: stopping"; exit 1; }
     ;;
   bwd)
-    run bwd 420 $CHECK_BWD --no-bench
+    run_and_show bwd 420 $CHECK_BWD --no-bench
     ;;
   bwd-sanitize)
     for tool in memcheck synccheck; do
-      run "bwd-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 $CHECK_BWD --tiny --no-bench
+      run_and_show "bwd-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 $CHECK_BWD --tiny --no-bench
     done
-    run bwd-san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK_BWD --tiny --no-bench
+    run_and_show bwd-san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK_BWD --tiny --no-bench
     ;;
   bwd-bench)
-    run bwd-bench 400 $CHECK_BWD --no-check
+    run_and_show bwd-bench 400 $CHECK_BWD --no-check
     ;;
   *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench)"; exit 2 ;;
   esac
