@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tools/run-step.sh — sourced by the one-call GPU tools (tools/fa2/bench-bwd.sh, tools/mma/bench-bwd.sh,
 # tools/hopper/gpu.sh): run NAME TIMEOUT COMMAND... runs the command under a time limit with its output in
 # $OUT/NAME.log and says how it ended; returns the command's status (124 when the limit stopped it).
