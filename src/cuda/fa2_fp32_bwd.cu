@@ -47,7 +47,7 @@ template <int D, int BR, int BC> struct fa2_bwd_cfg {
   static constexpr int LD = D + 4, LDP = FA2_LDP(BC);
   static constexpr int MAIN_FLOATS = 2 * BC * LD + 2 * BR * LD + 2 * BR * LDP + 2 * BR;
   static constexpr int DQ_FLOATS = 2 * BR * LD + 2 * BC * LD + BR * LDP + 2 * BR;
-  static constexpr int STAGE_FLOATS = 2 * BR * LD + 2 * BR;        /* candidates: one Q_i, dO_i, lse_i, D_i stage */
+  static constexpr int STAGE_FLOATS = 2 * BR * LD + 2 * BR;        /* direct kernels: one Q_i, dO_i, lse_i, D_i stage */
   static constexpr int DIRECT_FLOATS = 2 * BC * LD + 2 * BR * LDP; /* + QS stages */
   static_assert(BR % 8 == 0 && BC % 16 == 0 && D % 64 == 0, "tile shape does not fit the 8x16 thread grid");
   static_assert(FA2_THREADS % CCH == 0 && (D / 4) % NG == 0 && NCH >= 1, "dK/dV tile does not fit 128 threads");
@@ -55,7 +55,7 @@ template <int D, int BR, int BC> struct fa2_bwd_cfg {
 
 /* ---- pre- and post-pass ------------------------------------------------------------------------------ */
 
-/* D = rowsum(dO∘O) per (packed row, head), stored like lse. One warp per row. With zero_dq (the candidates
+/* D = rowsum(dO∘O) per (packed row, head), stored like lse. One warp per row. With zero_dq (the direct kernels
  * below, which add dQ straight into dq) the same warp also sets the row of dq to 0: one pass over the rows
  * instead of a memset, and no accumulator. */
 __global__ void __launch_bounds__(256) fa2_bwd_dot_kernel(fc_cc_args a, float *Dbuf, int zero_dq) {
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(FA2_THREADS, 2)
   }
 }
 
-/* ---- candidates (FLASHC_FA2_BWD_CONFIG): dQ straight into dq, heaviest key blocks first, Q/dO stages ---- */
+/* ---- direct kernels (fused, the D 64 default, and pipe): dQ straight into dq, heaviest key blocks first ---- */
 
 /* The main kernel's maths with three changes, each aimed at a cost the base kernel pays:
  *   - dQ_i += scale·dS·K_j is added straight into dq, which the pre-pass zeroed: no accumulator memset and no
@@ -552,7 +552,7 @@ template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run(cons
   return FLASHC_OK;
 }
 
-/* One backward of a candidate, <D, BR, BC, MINB, QS>: pre-pass (D and dq = 0), then the direct main kernel. */
+/* One backward through a direct kernel <D, BR, BC, MINB, QS>: pre-pass (D and dq = 0), then that kernel. */
 template <int D, int BR, int BC, int MINB, int QS>
 static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
@@ -585,7 +585,7 @@ static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
   return FLASHC_OK;
 }
 
-/* The configurations FLASHC_FA2_BWD_CONFIG names (read at every call; unset or empty: fused). The candidates
+/* The configurations FLASHC_FA2_BWD_CONFIG names (read at every call; unset or empty: fused). The configurations
  * cover the D 64 bucket in the atomic (non-deterministic) mode; other head dims and deterministic mode run the
  * base kernels whatever the variable says. */
 typedef enum { FA2_BWD_BASE, FA2_BWD_FUSED, FA2_BWD_PIPE, FA2_BWD_NCONFIG } fa2_bwd_config;
