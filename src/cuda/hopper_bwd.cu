@@ -55,7 +55,8 @@ enum {
   FC_HPB_Q_HALF = 64 * 128,   /* one 64-column half of Q_i or dO_i (Br rows) */
   FC_HPB_REGS_PRODUCER = 24,  /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
   FC_HPB_REGS_CONSUMER = 240,
-  FC_HPB_BAR_DS = 1, /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
+  FC_HPB_BAR_DS = 1,     /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
+  FC_HPB_BAR_DS_ALL = 3, /* named barrier 3: both consumer warpgroups (split dQ: each reads the other's rows) */
 };
 
 typedef struct fc_hopper_bwd_args {
@@ -161,16 +162,17 @@ static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&d
   }
 }
 
-/* dQ_i (64 queries × 64 columns of half hf) = dS·K_j over this warpgroup's 64 keys: 4 k-steps of 16 keys. A = dS
- * is stored as dSᵀ (a row per key, the queries contiguous): M-major, imm-trans-a = 1; B = K_j (a row per key,
- * the head dim contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). */
-template <typename T>
+/* dQ_i (64 queries × 64 columns of half hf) (+)= dS·K_j over 64 keys: 4 k-steps of 16 keys. A = dS is stored as
+ * dSᵀ (a row per key, the queries contiguous): M-major, imm-trans-a = 1; B = K_j (a row per key, the head dim
+ * contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). ZERO: the first
+ * step overwrites dq (else it adds to it). */
+template <typename T, bool ZERO = true>
 static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[32], uint32_t ds_rows, uint32_t k_half_rows) {
 #pragma unroll
   for (int kb = 0; kb < 4; kb++) {
     const uint64_t da = fc_wgmma_desc(ds_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024);
     const uint64_t db = fc_wgmma_desc(k_half_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
-    if (kb == 0)
+    if (ZERO && kb == 0)
       fc_wgmma_ss_tt_zero<T, 64>(dq, da, db);
     else
       fc_wgmma_ss_tt<T, 64>(dq, da, db);
@@ -178,13 +180,19 @@ static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[32], uint32_t ds_ro
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, bool DET>
+/* SPLIT (D = 128 only): the two consumer warpgroups split dQ_i by columns instead of by keys: warpgroup c
+ * computes columns 64c .. 64c + 63 over all 128 keys of K_j (both warpgroups' rows of dSᵀ), so that every element
+ * of dQ_i gets one fp32 reduction per CTA instead of two (ncu: the backward is L2-bound on these reductions). The
+ * price: both warpgroups meet at a barrier before and after writing dSᵀ. */
+template <typename T, int D, int STAGES, bool DET, bool SPLIT>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                          const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
+  static_assert(!SPLIT || HALVES == 2, "split dQ needs one 64-column half per consumer warpgroup");
+  constexpr int DS_BAR_THREADS = SPLIT ? 256 : 128;
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = FC_HPB_BR * D * 2, ROWS_BYTES = FC_HPB_BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * FC_HPB_BR * 2;
   constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
@@ -336,8 +344,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       /* dSᵀ into this warpgroup's rows of sdS, swizzled as TMA would write it: row r (a key), 16-byte chunk x
        * (queries 8x .. 8x + 7) at r·128 + ((x ^ (r % 8))·16); this thread's rows have r % 8 = g. */
       fc_fence_proxy_async(); /* after the async proxy's reads of sdS (the last dQ wgmma), before these writes */
-      /* Every warp of the warpgroup is past the last block's dQ wgmma wait: none still reads sdS. */
-      fc_named_barrier(FC_HPB_BAR_DS + cw, 128);
+      /* Every warp of the warpgroup (SPLIT: of both, whose dQ wgmmas read these rows too) is past the last
+       * block's dQ wgmma wait: none still reads sdS. */
+      const int ds_bar = SPLIT ? (int)FC_HPB_BAR_DS_ALL : FC_HPB_BAR_DS + cw;
+      fc_named_barrier(ds_bar, DS_BAR_THREADS);
 #pragma unroll
       for (int x = 0; x < FC_HPB_BR / 8; x++)
 #pragma unroll
@@ -346,8 +356,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           /* dpt[4x + 2rh], dpt[4x + 2rh + 1], packed above as dsp[x / 2][2·(x % 2) + rh] */
           fc_st_shared_u32(ds_rows + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t, dsp[x / 2][2 * (x % 2) + rh]);
         }
-      fc_fence_proxy_async();                    /* these generic writes, before the async proxy (wgmma) reads them */
-      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's dSᵀ rows are all in shared memory */
+      fc_fence_proxy_async();                   /* these generic writes, before the async proxy (wgmma) reads them */
+      fc_named_barrier(ds_bar, DS_BAR_THREADS); /* the warpgroup's (SPLIT: both's) dSᵀ rows are in shared memory */
 
       /* dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i */
       fc_wgmma_fence();
@@ -371,10 +381,16 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the whole warpgroup adds after the acquire */
       }
 #pragma unroll
-      for (int hf = 0; hf < HALVES; hf++) {
+      for (int h = 0; h < (SPLIT ? 1 : HALVES); h++) {
+        const int hf = SPLIT ? cw : h;
         float dq[32];
         fc_wgmma_fence();
-        fc_hpb_dq<T>(dq, ds_rows, k_rows + hf * FC_HPB_KV_HALF);
+        if constexpr (SPLIT) { /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
+          fc_hpb_dq<T>(dq, sdS, sK + hf * FC_HPB_KV_HALF);
+          fc_hpb_dq<T, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, sK + hf * FC_HPB_KV_HALF + 64 * FC_HPB_ROW_BYTES);
+        } else {
+          fc_hpb_dq<T>(dq, ds_rows, k_rows + hf * FC_HPB_KV_HALF);
+        }
         fc_wgmma_commit();
         fc_wgmma_wait<0>();
         fc_fence_regs(dq);
@@ -446,11 +462,30 @@ static size_t fc_hpb_smem_bytes(int d, int stages) {
          (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
 }
 
+/* FLASHC_HOPPER_BWD_DQ (read at every call, for comparisons): "split" runs the SPLIT kernel at D = 128; unset or
+ * "each": each warpgroup reduces its own keys' dQ (measured; split is a candidate not yet run on a GPU). */
+static flashc_status fc_hpb_dq_split(bool *split) {
+  const char *e = getenv("FLASHC_HOPPER_BWD_DQ");
+  *split = e && strcmp(e, "split") == 0;
+  if (e && *e && !*split && strcmp(e, "each") != 0)
+    return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
+                    "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split)",
+                    e);
+  return FLASHC_OK;
+}
+
 template <typename T, int D, int STAGES>
 static flashc_status fc_hpb_launch(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
                                    int grid) {
+  bool split = false;
+  FC_CHECK(fc_hpb_dq_split(&split));
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_bwd_args) =
-      p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true> : fc_hopper_bwd_kernel<T, D, STAGES, false>;
+      p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, false>
+                       : fc_hopper_bwd_kernel<T, D, STAGES, false, false>;
+  if constexpr (D == 128)
+    if (split)
+      kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, true>
+                                : fc_hopper_bwd_kernel<T, D, STAGES, false, true>;
   const size_t smem = fc_hpb_smem_bytes(D, STAGES);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
