@@ -14,13 +14,16 @@ case share its inputs and its reference (computed once); the "many tiles" cases 
 persistent grid several tiles, among them tiles with no visible key and tiles past their sequence.
 """
 import argparse
-import ctypes
 import math
 import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for gpucheck
+from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
+                      visible)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-gpu/libflashc.so")
@@ -34,130 +37,18 @@ ap.add_argument("--bench-variants", default="pingpong,persistent,tmastore",
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-lib = ctypes.CDLL(os.path.abspath(args.lib))
-I64 = ctypes.c_int64
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("size", I64 * 4), ("stride", I64 * 4)]
-
-
-class Params(ctypes.Structure):
-    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("align", ctypes.c_int),
-                ("window_left", I64), ("window_right", I64),
-                ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
-                ("num_seqs", I64), ("deterministic", ctypes.c_int)]
-
-
-lib.flashc_last_error.restype = ctypes.c_char_p
-lib.flashc_params_default.restype = Params
-lib.flashc_handle_last_backend.restype = ctypes.c_char_p
-lib.flashc_handle_last_backend.argtypes = [ctypes.c_void_p]
-DTYPE = {torch.float16: 1, torch.bfloat16: 2}
-OK, UNSUPPORTED = 0, 2
-
-
-def as_tensor(x):
-    """A torch [b, s, h, d] view (any strides) as a flashc_tensor."""
-    t = Tensor(x.data_ptr(), DTYPE[x.dtype])
-    for i in range(4):
-        t.size[i], t.stride[i] = x.shape[i], x.stride(i)
-    return t
-
-
-_handles = {}
-
-
-def handle(name):
-    if name not in _handles:
-        h = ctypes.c_void_p()
-        if lib.flashc_create(ctypes.byref(h), name.encode()) != OK:
-            sys.exit(f"flashc_create({name}): {lib.flashc_last_error().decode()}")
-        _handles[name] = h
-    return _handles[name]
-
-
-def params(causal=0, align=0, wl=-1, wr=-1, scale=0.0, cu=None):
-    p = lib.flashc_params_default()
-    p.scale, p.causal, p.align, p.window_left, p.window_right = scale, causal, align, wl, wr
-    keep = None
-    if cu is not None:
-        keep = [(ctypes.c_int32 * len(c))(*c) for c in cu]
-        p.cu_seqlens_q = ctypes.cast(keep[0], ctypes.POINTER(ctypes.c_int32))
-        p.cu_seqlens_k = ctypes.cast(keep[1], ctypes.POINTER(ctypes.c_int32))
-        p.num_seqs = len(cu[0]) - 1
-    return p, keep
+fc = Flashc(args.lib)
+OK, UNSUPPORTED = fc.OK, fc.UNSUPPORTED
+res = Results()
+record = res.record
 
 
 def forward(backend, p, q, k, v, o, lse):
-    ts = [as_tensor(x) for x in (q, k, v, o)]
-    lp = ctypes.c_void_p(lse.data_ptr()) if lse is not None else None
-    return lib.flashc_forward(handle(backend), ctypes.byref(p), *[ctypes.byref(t) for t in ts], lp)
+    return fc.forward(backend, p, q, k, v, o, lse)
 
 
 def set_variant(name):
     os.environ["FLASHC_HOPPER_VARIANT"] = name  # read by the library at every call
-
-
-# ---- reference ---------------------------------------------------------------------------------------------
-def visible(sq, sk, causal, align, wl, wr):
-    """[sq, sk] bool: key j visible to query i (flashc.h's mask)."""
-    i = torch.arange(sq, device="cuda")[:, None]
-    j = torch.arange(sk, device="cuda")[None, :]
-    d = i + (sk - sq if align == 0 else 0)
-    if causal:
-        wr = 0
-    vis = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
-    if wl >= 0:
-        vis &= j >= d - wl
-    if wr >= 0:
-        vis &= j <= d + wr
-    return vis
-
-
-def reference(q, k, v, scale, vis, low=None):
-    """o [b, sq, hq, d] and lse [b, hq, sq] in fp64; with low = a 16-bit dtype, the plain low-precision
-    computation instead (matmuls in that dtype, softmax in fp32), whose error sets the tolerance."""
-    g = q.shape[2] // k.shape[2]
-    dt = low or torch.float64
-    qq = q.to(dt).transpose(1, 2)
-    kk = k.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
-    vv = v.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
-    s = (qq @ kk.transpose(-1, -2)).to(torch.float32 if low else torch.float64) * scale
-    s = s.masked_fill(~vis, float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    e = torch.exp(s - m)
-    l = e.sum(-1, keepdim=True)
-    pr = torch.where(l > 0, e / l.clamp_min(1e-300 if not low else 1e-30), torch.zeros_like(e))
-    o = (pr.to(dt) @ vv).to(torch.float64).transpose(1, 2)
-    lse = torch.where(l[..., 0] > 0, m[..., 0] + torch.log(l[..., 0].clamp_min(1e-300 if not low else 1e-30)),
-                      torch.full_like(l[..., 0], float("-inf"))).to(torch.float64)
-    return o, lse
-
-
-def make(b, s, h, d, dtype, layout):
-    """Random [b, s, h, d] in `dtype`, laid out as `layout` says. The dtype comes first and the slice last:
-    .to() of a non-contiguous view makes a contiguous copy, which would lose the layout under test."""
-    if layout == "bshd":
-        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
-    if layout == "bhsd":
-        return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
-    if layout == "padded":  # heads padded to a multiple of 8 elements, + 8: TMA-friendly, not contiguous
-        return torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda", dtype=dtype)[..., :d]
-    if layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> cuda-hopper must refuse
-        return torch.randn(b, s, h, d + 1, device="cuda", dtype=dtype)[..., :d]
-    raise ValueError(layout)
-
-
-results, failures = [], []
-
-
-def record(tag, ok, info):
-    results.append((tag, ok, info))
-    if not ok:
-        failures.append((tag, info))
-        print("FAIL", tag, info, flush=True)
 
 
 def check(variants, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
@@ -168,17 +59,13 @@ def check(variants, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-
             f"w({wl},{wr}) {layout}" + (f" o:{o_layout}" if o_layout != "bshd" else "") +
             (f" varlen{len(varlen[0])}" if varlen else ""))
     if varlen:
-        cu_q, cu_k = [0], [0]
-        for lq, lk in zip(*varlen):
-            cu_q.append(cu_q[-1] + lq)
-            cu_k.append(cu_k[-1] + lk)
+        cu_q, cu_k, seqs = cu_seqlens(varlen)
         q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
-        seqs = [(0, cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)]
-        p, keep = params(causal, align, wl, wr, cu=(cu_q, cu_k))
+        p, keep = fc.params(causal, align, wl, wr, cu=(cu_q, cu_k))
     else:
-        q, k, v = make(b, sq, hq, d, dtype, layout), make(b, sk, hkv, d, dtype, layout), make(b, sk, hkv, d, dtype, layout)
+        q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
         seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
-        p, keep = params(causal, align, wl, wr)
+        p, keep = fc.params(causal, align, wl, wr)
     refs = {}  # (bb, qs) -> o_ref, lse_ref, err_plain: computed for the first variant, reused by the others
     for variant in variants:
         check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, want_lse, varlen, expect, q, k, v,
@@ -196,16 +83,15 @@ def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, wan
     st = forward("cuda-hopper", p, q, k, v, o, lse)
     torch.cuda.synchronize()
     if expect != OK:
-        msg = lib.flashc_last_error().decode()
-        h = handle("auto")
+        msg = fc.last_error()
         o2 = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
-        st2 = lib.flashc_forward(h, ctypes.byref(p), *[ctypes.byref(as_tensor(x)) for x in (q, k, v, o2)], None)
-        fell_back = lib.flashc_handle_last_backend(h).decode()
+        st2 = forward("auto", p, q, k, v, o2, None)
+        fell_back = fc.last_backend("auto")
         record(tag + " (must refuse)", st == expect and st2 == OK and fell_back != "cuda-hopper",
                f"status {st} ({msg}); auto ran {fell_back!r} with status {st2}")
         return
     if st != OK:
-        record(tag, False, f"status {st}: {lib.flashc_last_error().decode()}")
+        record(tag, False, f"status {st}: {fc.last_error()}")
         return
     scale = 1.0 / math.sqrt(d)
     err = err_plain = err_lse = 0.0
@@ -214,7 +100,8 @@ def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, wan
         if ql == 0:
             continue
         ox = o[bb:bb + 1, qs:qs + ql].double()
-        lx = (lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse else None
+        lx = ((lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse
+              else None)
         if kl == 0:  # no key at all: output 0, lse -inf
             if torch.isnan(ox).any() or ox.abs().max() != 0:
                 bad.append("rows with no key are not 0")
@@ -223,9 +110,9 @@ def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, wan
             continue
         if (bb, qs) not in refs:
             vis = visible(ql, kl, causal, align, wl, wr)
-            args_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl], scale, vis)
-            o_ref, lse_ref = reference(*args_)
-            o_plain, _ = reference(*args_, low=dtype)
+            args_ = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], scale, vis)
+            o_ref, lse_ref = (x[None].double() for x in reference(*args_))  # [1, sq, hq, d], [1, hq, sq]
+            o_plain = reference(*args_, low=dtype)[0][None].double()
             refs[(bb, qs)] = (o_ref, lse_ref, (o_plain - o_ref).abs().max().item())
             del o_plain
         o_ref, lse_ref, e_plain = refs[(bb, qs)]
@@ -317,30 +204,12 @@ def correctness():
         check(vs, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
               varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
         check(vs, dtype, 1, 300, 300, 4, 4, 64, layout="odd", expect=UNSUPPORTED)  # TMA cannot: auto falls back
-    print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
+    print(f"correctness: {res.passed()}", flush=True)
 
 
 # ---- timings -----------------------------------------------------------------------------------------------
-def timeit(fn, reps=30):
-    """Median ms of `reps` calls after warm-up, L2 flushed before each."""
-    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda")
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def bench():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import torch.nn.functional as F
+    timer = lambda fn: timeit(fn, reps=30, warmup=5)  # noqa: E731
     print(f"\n== forward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 ==", flush=True)
     bvs = args.bench_variants.split(",")
     print(f"{'d':>4} {'causal':>6} {'seqlen':>6} " + " ".join(f"{vn[:10]:>10}" for vn in bvs) +
@@ -356,21 +225,17 @@ def bench():
                 qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))  # [b, s, h, d] views of the same memory
                 o = torch.empty_like(qv)
                 lse = torch.empty(b * h * s, device="cuda")
-                p, _ = params(causal=causal, align=1)
+                p, _ = fc.params(causal=causal, align=1)
                 for variant in bvs:
                     set_variant(variant)
                     if forward("cuda-hopper", p, qv, kv, vv, o, lse) != OK:
-                        print(variant, lib.flashc_last_error().decode())
+                        print(variant, fc.last_error())
                         res[variant] = float("nan")
                         continue
-                    res[variant] = timeit(lambda: forward("cuda-hopper", p, qv, kv, vv, o, lse))
+                    res[variant] = timer(lambda: forward("cuda-hopper", p, qv, kv, vv, o, lse))
                 set_variant("pingpong")
-                for be, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
-                    try:
-                        with sdpa_kernel(be):
-                            res[name] = timeit(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
-                    except Exception:  # noqa: BLE001 - a peer that cannot run this shape is reported as nan
-                        res[name] = float("nan")
+                for name in ("flash", "cudnn"):
+                    res[name] = peer_ms(name, lambda: sdpa_forward_ms(name, q, k, v, causal, timer), quiet=True)
                 tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
                 best = max(bvs, key=lambda vn: -1.0 if math.isnan(tf[vn]) else tf[vn])
                 print(f"{d:4d} {causal:6d} {s:6d} " + " ".join(f"{tf[vn]:10.1f}" for vn in bvs) +
@@ -384,8 +249,4 @@ if not args.no_check:
     correctness()
 if not args.no_bench:
     bench()
-print(f"\n== summary ({time.time() - t0:.0f} s) ==")
-print(f"checks: {len(results) - len(failures)}/{len(results)} passed")
-for tag, info in failures[:20]:
-    print("  FAIL", tag, info)
-sys.exit(1 if failures else 0)
+res.summary(t0, shown=20)

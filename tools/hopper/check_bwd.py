@@ -14,13 +14,16 @@ come from cuda-hopper's forward (verified). Keys no query sees must get dk = dv 
 dq = 0 (the reference says so, the NaN poison catches rows never written).
 """
 import argparse
-import ctypes
 import math
 import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for gpucheck
+from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_backward_ms, timeit,  # noqa: E402
+                      visible)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-gpu/libflashc.so")
@@ -31,135 +34,31 @@ ap.add_argument("--no-bench", action="store_true")
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-lib = ctypes.CDLL(os.path.abspath(args.lib))
-I64 = ctypes.c_int64
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("size", I64 * 4), ("stride", I64 * 4)]
-
-
-class Params(ctypes.Structure):
-    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("align", ctypes.c_int),
-                ("window_left", I64), ("window_right", I64),
-                ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
-                ("num_seqs", I64), ("deterministic", ctypes.c_int)]
-
-
-lib.flashc_last_error.restype = ctypes.c_char_p
-lib.flashc_params_default.restype = Params
-lib.flashc_handle_last_backend.restype = ctypes.c_char_p
-lib.flashc_handle_last_backend.argtypes = [ctypes.c_void_p]
-DTYPE = {torch.float16: 1, torch.bfloat16: 2}
-OK, UNSUPPORTED = 0, 2
-
-
-def as_tensor(x):
-    """A torch [b, s, h, d] view (any strides) as a flashc_tensor."""
-    t = Tensor(x.data_ptr(), DTYPE[x.dtype])
-    for i in range(4):
-        t.size[i], t.stride[i] = x.shape[i], x.stride(i)
-    return t
-
-
-_handles = {}
-
-
-def handle(name):
-    if name not in _handles:
-        h = ctypes.c_void_p()
-        if lib.flashc_create(ctypes.byref(h), name.encode()) != OK:
-            sys.exit(f"flashc_create({name}): {lib.flashc_last_error().decode()}")
-        _handles[name] = h
-    return _handles[name]
+fc = Flashc(args.lib)
+OK, UNSUPPORTED = fc.OK, fc.UNSUPPORTED
+res = Results(verbose=True)  # every case's line, passed or not
+record = res.record
 
 
 def params(causal=0, align=0, wl=-1, wr=-1, cu=None, deterministic=0):
-    p = lib.flashc_params_default()
-    p.causal, p.align, p.window_left, p.window_right, p.deterministic = causal, align, wl, wr, deterministic
-    keep = None
-    if cu is not None:
-        keep = [(ctypes.c_int32 * len(c))(*c) for c in cu]
-        p.cu_seqlens_q = ctypes.cast(keep[0], ctypes.POINTER(ctypes.c_int32))
-        p.cu_seqlens_k = ctypes.cast(keep[1], ctypes.POINTER(ctypes.c_int32))
-        p.num_seqs = len(cu[0]) - 1
-    return p, keep
+    return fc.params(causal, align, wl, wr, cu=cu, deterministic=deterministic)
 
 
 def forward(backend, p, q, k, v, o, lse):
-    ts = [as_tensor(x) for x in (q, k, v, o)]
-    return lib.flashc_forward(handle(backend), ctypes.byref(p), *[ctypes.byref(t) for t in ts],
-                              ctypes.c_void_p(lse.data_ptr()))
+    return fc.forward(backend, p, q, k, v, o, lse)
 
 
 def backward(backend, p, q, k, v, o, lse, dout, dq, dk, dv):
-    ts = [as_tensor(x) for x in (q, k, v, o)]
-    gs = [as_tensor(x) for x in (dout, dq, dk, dv)]
-    return lib.flashc_backward(handle(backend), ctypes.byref(p), *[ctypes.byref(t) for t in ts],
-                               ctypes.c_void_p(lse.data_ptr()), *[ctypes.byref(t) for t in gs])
-
-
-# ---- reference ---------------------------------------------------------------------------------------------
-def visible(sq, sk, causal, align, wl, wr):
-    """[sq, sk] bool: key j visible to query i (flashc.h's mask)."""
-    i = torch.arange(sq, device="cuda")[:, None]
-    j = torch.arange(sk, device="cuda")[None, :]
-    d = i + (sk - sq if align == 0 else 0)
-    if causal:
-        wr = 0
-    vis = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
-    if wl >= 0:
-        vis &= j >= d - wl
-    if wr >= 0:
-        vis &= j <= d + wr
-    return vis
+    return fc.backward(backend, p, q, k, v, o, lse, dout, dq, dk, dv)
 
 
 def grads(q, k, v, dout, scale, vis, low=None):
-    """dq, dk, dv [b, s, h, d] in fp64 from the fp64 maths; with low = a 16-bit dtype, the plain low-precision
-    computation instead (matmuls in that dtype, softmax and sums in fp32, o rounded to it), whose error sets
+    """dq, dk, dv [1, s, h, d] in fp64 of one sequence ([1, s, h, d] slices) from the fp64 maths; with low = a
+    16-bit dtype, the plain low-precision computation instead (gpucheck.reference: matmuls in that dtype, softmax
+    and sums in fp32, D from o rounded to it, the gradients rounded to it as the kernel's are), whose error sets
     the tolerance. GQA: k, v shared by groups of query heads, their gradients summed over the group."""
-    b, sk, hkv, d = k.shape
-    g = q.shape[2] // hkv
-    dt = low or torch.float64
-    acc = torch.float32 if low else torch.float64
-    qq = q.to(dt).transpose(1, 2)
-    kk = k.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
-    vv = v.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
-    do = dout.to(dt).transpose(1, 2)
-    s = (qq @ kk.transpose(-1, -2)).to(acc) * scale
-    s = s.masked_fill(~vis, float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    e = torch.exp(s - m)
-    l = e.sum(-1, keepdim=True)
-    pr = torch.where(l > 0, e / l.clamp_min(1e-30), torch.zeros_like(e))
-    o = (pr.to(dt) @ vv).to(dt)  # the forward's o, rounded as the kernel's stored o is
-    dv = (pr.to(dt).transpose(-1, -2) @ do).to(acc)
-    dp = (do @ vv.transpose(-1, -2)).to(acc)
-    dsum = (do.to(acc) * o.to(acc)).sum(-1, keepdim=True)
-    ds = pr * (dp - dsum)
-    dq = (ds.to(dt) @ kk).to(acc) * scale
-    dk = (ds.to(dt).transpose(-1, -2) @ qq).to(acc) * scale
-    dk = dk.view(b, hkv, g, sk, d).sum(2)
-    dv = dv.view(b, hkv, g, sk, d).sum(2)
-    # The kernel stores its gradients in the 16-bit dtype: the plain computation's must be rounded the same way,
-    # else a case whose plain error is ~0 (sq = 1: dv = a sum of rows of do) gets a tolerance under half an ulp.
-    return [x.transpose(1, 2).to(dt).to(torch.float64) for x in (dq, dk, dv)]
-
-
-def make(b, s, h, d, dtype, layout):
-    """Random [b, s, h, d] in `dtype`, laid out as `layout` says (the dtype first, the slice last: .to() of a
-    non-contiguous view would make a contiguous copy)."""
-    if layout == "bshd":
-        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
-    if layout == "bhsd":
-        return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
-    if layout == "padded":  # heads padded to a multiple of 8 elements, + 8: TMA-friendly, not contiguous
-        return torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda", dtype=dtype)[..., :d]
-    if layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> cuda-hopper must refuse
-        return torch.randn(b, s, h, d + 1, device="cuda", dtype=dtype)[..., :d]
-    raise ValueError(layout)
+    r = reference(q[0], k[0], v[0], scale, vis, low=low, do=dout[0])
+    return [x[None].double() for x in r[2:]]
 
 
 def nan_like(x):
@@ -167,28 +66,14 @@ def nan_like(x):
     return torch.full_like(x, float("nan"))
 
 
-results, failures = [], []
-
-
-def record(tag, ok, info):
-    results.append((tag, ok, info))
-    if not ok:
-        failures.append((tag, info))
-    print(("ok   " if ok else "FAIL ") + tag + " " + info, flush=True)
-
-
 def problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen):
     """Inputs, o and lse (cuda-hopper's forward) and the per-sequence slices."""
     if varlen:
-        cu_q, cu_k = [0], [0]
-        for lq, lk in zip(*varlen):
-            cu_q.append(cu_q[-1] + lq)
-            cu_k.append(cu_k[-1] + lk)
+        cu_q, cu_k, seqs = cu_seqlens(varlen)
         q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
-        seqs = [(0, cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)]
         cu = (cu_q, cu_k)
     else:
-        q, k, v = make(b, sq, hq, d, dtype, layout), make(b, sk, hkv, d, dtype, layout), make(b, sk, hkv, d, dtype, layout)
+        q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
         seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
         cu = None
     dout = make(q.shape[0], q.shape[1], hq, d, dtype, layout)
@@ -205,13 +90,13 @@ def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout=
     p, keep = params(causal, align, wl, wr, cu=cu, deterministic=deterministic)
     st = forward("cuda-hopper", p, q, k, v, o, lse)
     if st != OK:
-        record(tag, False, f"forward status {st}: {lib.flashc_last_error().decode()}")
+        record(tag, False, f"forward status {st}: {fc.last_error()}")
         return
     dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
     st = backward("cuda-hopper", p, q, k, v, o, lse, dout, dq, dk, dv)
     torch.cuda.synchronize()
     if st != OK:
-        record(tag, False, f"backward status {st}: {lib.flashc_last_error().decode()}")
+        record(tag, False, f"backward status {st}: {fc.last_error()}")
         return
     if deterministic:  # a second run, freshly poisoned, must give the same bits
         again = [nan_like(x) for x in (q, k, v)]
@@ -253,15 +138,15 @@ def check_refusals(dtype):
         o = torch.empty_like(q)
         lse = torch.empty(q.shape[2] * q.shape[0] * q.shape[1], device="cuda")
         if forward("auto", p, q, k, v, o, lse) != OK:
-            record(tag, False, f"forward: {lib.flashc_last_error().decode()}")
+            record(tag, False, f"forward: {fc.last_error()}")
             return None
         dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
         st = backward("cuda-hopper", p, q, k, v, o, lse, dout, dq, dk, dv)
-        msg = lib.flashc_last_error().decode()
+        msg = fc.last_error()
         g = (nan_like(q), nan_like(k), nan_like(v))
         st2 = backward("auto", p, q, k, v, o, lse, dout, *g)
         torch.cuda.synchronize()
-        fell = lib.flashc_handle_last_backend(handle("auto")).decode()
+        fell = fc.last_backend("auto")
         ok = (st == UNSUPPORTED and expect_msg in msg and st2 == OK and fell != "cuda-hopper" and
               not any(torch.isnan(x).any() for x in g))
         record(tag + " (must refuse)", ok, f"status {st} ({msg}); auto ran {fell!r} with status {st2}")
@@ -311,30 +196,12 @@ def correctness():
                   deterministic=1)
             if not args.quick:
                 check(dtype, 1, 4096, 4096, 8, 1, 64, causal=1, align=1, deterministic=1)
-    print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
+    print(f"correctness: {res.passed()}", flush=True)
 
 
 # ---- timings -----------------------------------------------------------------------------------------------
-def timeit(fn, reps=20):
-    """Median ms of `reps` calls after warm-up, L2 flushed before each."""
-    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda")
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def bench():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import torch.nn.functional as F
+    timer = lambda fn: timeit(fn, reps=20, warmup=3)  # noqa: E731
     print(f"\n== backward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 "
           f"(flops = 2.5 x 4.b.h.s^2.d, halved for causal) ==", flush=True)
     print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'hopper':>8} {'mma':>8} {'flash':>8} {'cudnn':>8} "
@@ -355,19 +222,12 @@ def bench():
                 forward("cuda-hopper", p, qv, kv, vv, o, lse)
                 for name in ("cuda-hopper", "cuda-mma"):
                     if backward(name, p, qv, kv, vv, o, lse, dov, *g) != OK:
-                        print(name, lib.flashc_last_error().decode())
+                        print(name, fc.last_error())
                         res[name] = float("nan")
                         continue
-                    res[name] = timeit(lambda: backward(name, p, qv, kv, vv, o, lse, dov, *g))
-                for be, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
-                    try:
-                        qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
-                        with sdpa_kernel(be):
-                            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(causal))
-                            res[name] = timeit(lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True))
-                        del out
-                    except Exception:  # noqa: BLE001 - a peer that cannot run this shape is reported as nan
-                        res[name] = float("nan")
+                    res[name] = timer(lambda: backward(name, p, qv, kv, vv, o, lse, dov, *g))
+                for name in ("flash", "cudnn"):
+                    res[name] = peer_ms(name, lambda: sdpa_backward_ms(name, q, k, v, do, causal, timer), quiet=True)
                 tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
                 print(f"{d:4d} {causal:6d} {s:6d} {tf['cuda-hopper']:8.1f} {tf['cuda-mma']:8.1f} {tf['flash']:8.1f} "
                       f"{tf['cudnn']:8.1f} {tf['cuda-hopper'] / tf['cudnn']:8.2f} "
@@ -380,8 +240,4 @@ if not args.no_check:
     correctness()
 if not args.no_bench:
     bench()
-print(f"\n== summary ({time.time() - t0:.0f} s) ==")
-print(f"checks: {len(results) - len(failures)}/{len(results)} passed")
-for tag, info in failures[:20]:
-    print("  FAIL", tag, info)
-sys.exit(1 if failures else 0)
+res.summary(t0, shown=20)

@@ -13,13 +13,16 @@ The timings are medians of CUDA-event times after warm-up, L2 flushed before eac
 gives each configuration's TFLOP/s over SDPA flash's in the same run (the bar: >= 1.1 at seqlen >= 1k).
 """
 import argparse
-import ctypes
 import math
 import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for gpucheck
+from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
+                      visible)
 
 CONFIGS = "default,base"  # mma.cu's fc_mma_fwd_config_names, in order
 
@@ -34,131 +37,19 @@ ap.add_argument("--reps", type=int, default=20)
 ap.add_argument("--csv", default="", help="also write the timings here (TARGETS.md's columns)")
 args = ap.parse_args()
 
-lib = ctypes.CDLL(os.path.abspath(args.lib))
-I64 = ctypes.c_int64
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("size", I64 * 4), ("stride", I64 * 4)]
-
-
-class Params(ctypes.Structure):
-    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("align", ctypes.c_int),
-                ("window_left", I64), ("window_right", I64),
-                ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
-                ("num_seqs", I64), ("deterministic", ctypes.c_int)]
-
-
-lib.flashc_last_error.restype = ctypes.c_char_p
-lib.flashc_params_default.restype = Params
-DTYPE = {torch.float16: 1, torch.bfloat16: 2}
+fc = Flashc(args.lib)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-OK, INVALID = 0, 1
-
-
-def as_tensor(x):
-    """A torch [b, s, h, d] view (any strides) as a flashc_tensor."""
-    t = Tensor(x.data_ptr(), DTYPE[x.dtype])
-    for i in range(4):
-        t.size[i], t.stride[i] = x.shape[i], x.stride(i)
-    return t
-
-
-_handle = None
-
-
-def handle():
-    global _handle
-    if _handle is None:
-        h = ctypes.c_void_p()
-        if lib.flashc_create(ctypes.byref(h), b"cuda-mma") != OK:
-            sys.exit(f"flashc_create(cuda-mma): {lib.flashc_last_error().decode()}")
-        _handle = h
-    return _handle
-
-
-def params(causal=0, align=0, wl=-1, wr=-1, cu=None):
-    p = lib.flashc_params_default()
-    p.causal, p.align, p.window_left, p.window_right = causal, align, wl, wr
-    keep = None
-    if cu is not None:
-        keep = [(ctypes.c_int32 * len(c))(*c) for c in cu]
-        p.cu_seqlens_q = ctypes.cast(keep[0], ctypes.POINTER(ctypes.c_int32))
-        p.cu_seqlens_k = ctypes.cast(keep[1], ctypes.POINTER(ctypes.c_int32))
-        p.num_seqs = len(cu[0]) - 1
-    return p, keep
+OK, INVALID = fc.OK, fc.INVALID
+res = Results()
+record = res.record
 
 
 def forward(p, q, k, v, o, lse):
-    ts = [as_tensor(x) for x in (q, k, v, o)]
-    lp = ctypes.c_void_p(lse.data_ptr()) if lse is not None else None
-    return lib.flashc_forward(handle(), ctypes.byref(p), *[ctypes.byref(t) for t in ts], lp)
+    return fc.forward("cuda-mma", p, q, k, v, o, lse)
 
 
 def set_config(name):
     os.environ["FLASHC_MMA_FWD_CONFIG"] = name  # read by the library at every call
-
-
-# ---- reference ---------------------------------------------------------------------------------------------
-def visible(sq, sk, causal, align, wl, wr):
-    """[sq, sk] bool: key j visible to query i (flashc.h's mask; align 0 = bottom-right)."""
-    i = torch.arange(sq, device="cuda")[:, None]
-    j = torch.arange(sk, device="cuda")[None, :]
-    d = i + (sk - sq if align == 0 else 0)
-    if causal:
-        wr = 0
-    vis = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
-    if wl >= 0:
-        vis &= j >= d - wl
-    if wr >= 0:
-        vis &= j <= d + wr
-    return vis
-
-
-def reference(q, k, v, scale, vis, low=None):
-    """o [b, sq, hq, d] and lse [b, hq, sq] in fp64; with low = a 16-bit dtype, the plain low-precision
-    computation instead (matmuls in that dtype, softmax in fp32), whose error sets the tolerance."""
-    g = q.shape[2] // k.shape[2]
-    dt = low or torch.float64
-    qq = q.to(dt).transpose(1, 2)
-    kk = k.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
-    vv = v.to(dt).repeat_interleave(g, dim=2).transpose(1, 2)
-    s = (qq @ kk.transpose(-1, -2)).to(torch.float32 if low else torch.float64) * scale
-    s = s.masked_fill(~vis, float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    e = torch.exp(s - m)
-    l = e.sum(-1, keepdim=True)
-    tiny = 1e-30 if low else 1e-300
-    pr = torch.where(l > 0, e / l.clamp_min(tiny), torch.zeros_like(e))
-    o = (pr.to(dt) @ vv).to(torch.float64).transpose(1, 2)
-    lse = torch.where(l[..., 0] > 0, m[..., 0] + torch.log(l[..., 0].clamp_min(tiny)),
-                      torch.full_like(l[..., 0], float("-inf"))).to(torch.float64)
-    return o, lse
-
-
-def make(b, s, h, d, dtype, layout):
-    """Random [b, s, h, d] in `dtype`, laid out as `layout` says (dtype first, slice last: .to() of a sliced view
-    would make it contiguous and lose the layout under test)."""
-    if layout == "bshd":
-        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
-    if layout == "bhsd":
-        return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
-    if layout == "padded":  # head stride a multiple of 8 elements, + 8: rows aligned, not contiguous
-        return torch.randn(b, s, h, (d + 7) // 8 * 8 + 8, device="cuda", dtype=dtype)[..., :d]
-    if layout == "odd":  # head stride d + 1: rows not 16-byte aligned -> the kernels with plain loads
-        return torch.randn(b, s, h, d + 1, device="cuda", dtype=dtype)[..., :d]
-    raise ValueError(layout)
-
-
-results, failures = [], []
-
-
-def record(tag, ok, info):
-    results.append((tag, ok, info))
-    if not ok:
-        failures.append((tag, info))
-        print("FAIL", tag, info, flush=True)
 
 
 def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
@@ -167,24 +58,20 @@ def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1,
            f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else ""))
     set_config(config)
     if varlen:
-        cu_q, cu_k = [0], [0]
-        for lq, lk in zip(*varlen):
-            cu_q.append(cu_q[-1] + lq)
-            cu_k.append(cu_k[-1] + lk)
+        cu_q, cu_k, seqs = cu_seqlens(varlen)
         q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
-        seqs = [(0, cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)]
-        p, keep = params(causal, align, wl, wr, cu=(cu_q, cu_k))
+        p, keep = fc.params(causal, align, wl, wr, cu=(cu_q, cu_k))
     else:
-        q, k, v = make(b, sq, hq, d, dtype, layout), make(b, sk, hkv, d, dtype, layout), make(b, sk, hkv, d, dtype, layout)
+        q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
         seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
-        p, keep = params(causal, align, wl, wr)
+        p, keep = fc.params(causal, align, wl, wr)
     o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
     rows = q.shape[0] * q.shape[1]
     lse = torch.full((hq * rows,), float("nan"), device="cuda") if want_lse else None
     st = forward(p, q, k, v, o, lse)
     torch.cuda.synchronize()
     if st != OK:
-        record(tag, False, f"status {st}: {lib.flashc_last_error().decode()}")
+        record(tag, False, f"status {st}: {fc.last_error()}")
         return
     scale = 1.0 / math.sqrt(d)
     err = err_plain = err_lse = 0.0
@@ -193,7 +80,8 @@ def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1,
         if ql == 0:
             continue
         ox = o[bb:bb + 1, qs:qs + ql].double()
-        lx = (lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse else None
+        lx = ((lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse
+              else None)
         if kl == 0:  # no key at all: output 0, lse -inf
             if torch.isnan(ox).any() or ox.abs().max() != 0:
                 bad.append("rows with no key are not 0")
@@ -201,9 +89,9 @@ def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1,
                 bad.append("rows with no key: lse is not -inf")
             continue
         vis = visible(ql, kl, causal, align, wl, wr)
-        args_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl], scale, vis)
-        o_ref, lse_ref = reference(*args_)
-        o_plain, _ = reference(*args_, low=dtype)
+        args_ = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], scale, vis)
+        o_ref, lse_ref = (x[None].double() for x in reference(*args_))  # [1, sq, hq, d], [1, hq, sq]
+        o_plain = reference(*args_, low=dtype)[0][None].double()
         if torch.isnan(ox).any():
             bad.append("NaN in o")
         err = max(err, (ox - o_ref).abs().max().item())
@@ -216,6 +104,7 @@ def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1,
                 bad.append("lse -inf pattern differs")
             if (~inf_ref).any():
                 err_lse = max(err_lse, (lx.double()[~inf_ref] - lse_ref[~inf_ref]).abs().max().item())
+    del keep
     tol = 2 * err_plain + 1e-4
     ok = not bad and err <= tol and err_lse <= 2e-3
     record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
@@ -235,7 +124,8 @@ def correctness():
         for dtype in (torch.bfloat16, torch.float16):
             # fp16 differs from bf16 only in the MMA and the packing of P: fewer shapes
             for d in dims:
-                for sq, sk in (shapes if dtype == torch.bfloat16 or args.quick else [(97, 97), (1025, 1025), (113, 203)]):
+                few = [(97, 97), (1025, 1025), (113, 203)]
+                for sq, sk in (shapes if dtype == torch.bfloat16 or args.quick else few):
                     for m in masks:
                         n += 1
                         check(config, dtype, 2, sq, sk, 4, 2, d, layout=layouts[n % 4], **m)  # GQA 2:1
@@ -246,49 +136,27 @@ def correctness():
             check(config, dtype, 1, 300, 300, 8, 1, 128)  # MQA
             check(config, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)
             check(config, dtype, 1, 1025, 1025, 2, 2, 256, layout="odd", causal=1)
-            check(config, dtype, 1, 0, 0, 4, 2, 128, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+            check(config, dtype, 1, 0, 0, 4, 2, 128, causal=1,
+                  varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
             check(config, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
                   varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
             check(config, dtype, 1, 0, 0, 4, 2, 256, wl=64, wr=8, layout="odd", varlen=([200, 1, 129], [300, 64, 0]))
-        print(f"config {config}: {sum(1 for r in results if r[0].startswith(config + ' '))} cases in "
-              f"{time.time() - t0:.0f} s, failures so far {len(failures)}", flush=True)
+        print(f"config {config}: {res.count(config + ' ')[0]} cases in "
+              f"{time.time() - t0:.0f} s, failures so far {len(res.failures)}", flush=True)
     # An unknown configuration name is the caller's error, not a silent fallback to base.
     set_config("no-such-config")
     q = make(1, 64, 2, 64, torch.bfloat16, "bshd")
     o = torch.empty_like(q)
-    p, _ = params()
+    p, _ = fc.params()
     st = forward(p, q, q, q, o, None)
-    record("unknown FLASHC_MMA_FWD_CONFIG", st == INVALID, f"status {st}: {lib.flashc_last_error().decode()}")
-    print(f"correctness: {len(results) - len(failures)}/{len(results)} passed", flush=True)
+    record("unknown FLASHC_MMA_FWD_CONFIG", st == INVALID, f"status {st}: {fc.last_error()}")
+    print(f"correctness: {res.passed()}", flush=True)
 
 
 # ---- timings -----------------------------------------------------------------------------------------------
-_flush = None
-
-
-def timeit(fn, reps):
-    """Median ms of `reps` calls after warm-up, L2 flushed before each."""
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        _flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def bench():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import torch.nn.functional as F
     configs = args.configs.split(",")
+    timer = lambda fn: timeit(fn, reps=args.reps, warmup=3, flush_mb=256)  # noqa: E731
     dev = torch.cuda.get_device_name()
     print(f"\n== forward TFLOP/s on {dev}, 16k tokens, width 2048 ==", flush=True)
     cols = configs + ["flash", "cudnn"]
@@ -311,24 +179,20 @@ def bench():
                     qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))  # [b, s, h, d] views of the same memory
                     o = torch.empty_like(qv)
                     lse = torch.empty(b * h * s, device="cuda")
-                    p, _ = params(causal=causal, align=1)
+                    p, _ = fc.params(causal=causal, align=1)
                     for config in configs:
                         set_config(config)
                         if forward(p, qv, kv, vv, o, lse) != OK:
-                            print(config, lib.flashc_last_error().decode(), flush=True)
+                            print(config, fc.last_error(), flush=True)
                             ms[config] = float("nan")
                             continue
-                        ms[config] = timeit(lambda: forward(p, qv, kv, vv, o, lse), args.reps)
-                    for be, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.CUDNN_ATTENTION, "cudnn")):
-                        try:
-                            with sdpa_kernel(be):
-                                ms[name] = timeit(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)),
-                                                  args.reps)
-                        except Exception:  # noqa: BLE001 - a peer that cannot run this shape is reported as nan
-                            ms[name] = float("nan")
+                        ms[config] = timer(lambda: forward(p, qv, kv, vv, o, lse))
+                    for name in ("flash", "cudnn"):
+                        ms[name] = peer_ms(name, lambda: sdpa_forward_ms(name, q, k, v, causal, timer), quiet=True)
                     tf = {kk: flops / t / 1e9 for kk, t in ms.items()}
                     table.append((dname, d, causal, s, tf))
-                    print(f"{dname:>5} {d:4d} {causal:6d} {s:6d} " + " ".join(f"{tf[c]:8.1f}" for c in cols), flush=True)
+                    print(f"{dname:>5} {d:4d} {causal:6d} {s:6d} " + " ".join(f"{tf[c]:8.1f}" for c in cols),
+                          flush=True)
                     if csv:
                         for impl, t in ms.items():
                             name = f"torch:{impl}" if impl in ("flash", "cudnn") else f"flashc:cuda-mma:{impl}"
@@ -361,8 +225,4 @@ if not args.no_check:
     correctness()
 if not args.no_bench:
     bench()
-print(f"\n== summary ({time.time() - t0:.0f} s) ==")
-print(f"checks: {len(results) - len(failures)}/{len(results)} passed")
-for tag, info in failures[:30]:
-    print("  FAIL", tag, info)
-sys.exit(1 if failures else 0)
+res.summary(t0, shown=30)

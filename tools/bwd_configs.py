@@ -1,0 +1,213 @@
+"""The check of a backend's backward in each of its configurations, chosen by an environment variable the
+library reads at every call: cuda-mma's FLASHC_MMA_BWD_CONFIG (tools/mma/check_bwd.py), cuda-fa2-fp32's
+FLASHC_FA2_BWD_CONFIG (tools/fa2/check_bwd.py). Those two scripts say what differs (the backend, its dtypes,
+the tolerance floor, the bits compared for determinism, the bench and its peers) and run `main`.
+
+Per case: fresh random inputs; o and lse from the fp64 reference (o rounded to the dtype), so the forward kernel
+is not under test; dq, dk, dv poisoned with NaN before every call, including the padding of strided layouts,
+which must stay NaN (no write past head_dim); per gradient, max |error| against the fp64 reference at most 3x
+the error of the same maths done plainly in the kernel's precision, + the backend's floor; in deterministic mode
+two runs bit-identical; no NaN anywhere.
+"""
+import argparse
+import dataclasses
+import math
+import os
+import time
+from typing import Callable
+
+import torch
+
+from gpucheck import Flashc, Results, cu_seqlens, make, make_with_buffer, reference, visible
+
+
+@dataclasses.dataclass
+class Spec:
+    backend: str  # "cuda-mma"
+    env: str  # the variable that picks the configuration
+    dtypes: tuple  # the torch dtypes checked, in order
+    bits: torch.dtype  # an integer dtype of the same width, to compare two runs bit for bit
+    floor: Callable  # floor(mag, lse) -> what is added to 3x the plain error; mag {gradient: max |reference|}
+    lib: str  # --lib's default
+    configs: str  # --configs' default
+    quick_help: str  # --quick's help
+
+
+class Harness:
+    def __init__(self, spec, args):
+        self.spec, self.args = spec, args
+        self.configs = args.configs.split(",")
+        self.fc = Flashc(args.lib)
+        self.fc.handle(spec.backend)  # a script that cannot create its handle stops here, before any case
+        self.res = Results()
+        self.OK = self.fc.OK
+
+    def backward(self, config, p, q, k, v, o, lse, do, dq, dk, dv):
+        os.environ[self.spec.env] = config  # read by the library at every call
+        return self.fc.backward(self.spec.backend, p, q, k, v, o, lse, do, dq, dk, dv)
+
+    def forward(self, p, q, k, v, o, lse):
+        return self.fc.forward(self.spec.backend, p, q, k, v, o, lse)
+
+    def time_configs(self, q, k, v, dout, causal, timer):
+        """{configuration: ms of its backward} on [b, h, s, d] inputs passed as [b, s, h, d] views (bottom-right
+        causal or full), o and lse from the backend's forward; nan where a configuration fails (said)."""
+        fc, res = self.fc, {}
+        qv, kv, vv, dov = (x.transpose(1, 2) for x in (q, k, v, dout))  # [b, s, h, d] views
+        o = torch.empty_like(qv)
+        lse = torch.empty(q.shape[0] * q.shape[1] * q.shape[2], device="cuda")
+        dq, dk, dv = torch.empty_like(qv), torch.empty_like(kv), torch.empty_like(vv)
+        p, _ = fc.params(causal=causal, align=1)
+        if self.forward(p, qv, kv, vv, o, lse) != fc.OK:
+            print("forward:", fc.last_error(), flush=True)
+        for config in self.configs:
+            if self.backward(config, p, qv, kv, vv, o, lse, dov, dq, dk, dv) != fc.OK:
+                print(config, fc.last_error(), flush=True)
+                res[config] = float("nan")
+                continue
+            res[config] = timer(lambda: self.backward(config, p, qv, kv, vv, o, lse, dov, dq, dk, dv))  # noqa: B023
+        return res
+
+    def check(self, config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd",
+              varlen=None, scale=0.0, det=0):
+        tag = (f"{config:5s} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
+               f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else "")
+               + (f" scale{scale}" if scale else "") + (" det" if det else ""))
+        if varlen:
+            cu_q, cu_k, seqs = cu_seqlens(varlen)
+            nb, nq, nk = 1, cu_q[-1], cu_k[-1]
+            p, keep = self.fc.params(causal, align, wl, wr, scale, cu=(cu_q, cu_k), deterministic=det)
+        else:
+            nb, nq, nk = b, sq, sk
+            seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
+            p, keep = self.fc.params(causal, align, wl, wr, scale, deterministic=det)
+        q = make(nb, nq, hq, d, dtype, layout)
+        k = make(nb, nk, hkv, d, dtype, layout)
+        v = make(nb, nk, hkv, d, dtype, layout)
+        do = make(nb, nq, hq, d, dtype, layout)
+        sc = scale if scale else 1.0 / math.sqrt(d)
+        # o and lse from the fp64 reference; lse as flashc lays it out: [b, hq, sq], or [hq, total_q] when varlen
+        o = make(nb, nq, hq, d, dtype, layout, fill=0.0)
+        lse = torch.full((hq, nb * nq) if varlen else (nb, hq, nq), float("-inf"), device="cuda")
+        refs = []
+        for bb, qs, ql, ks, kl in seqs:
+            if ql == 0 or kl == 0:  # an empty sequence: no output, lse -inf, zero gradients
+                z = lambda n, h: torch.zeros(n, h, d, device="cuda", dtype=torch.float64)  # noqa: E731
+                r = rl = (z(ql, hq), torch.full((hq, ql), float("-inf"), device="cuda", dtype=torch.float64),
+                          z(ql, hq), z(kl, hkv), z(kl, hkv))
+            else:
+                vis = visible(ql, kl, causal, align, wl, wr)
+                one = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], sc, vis)
+                r = reference(*one, do=do[bb, qs:qs + ql])
+                rl = reference(*one, low=dtype, do=do[bb, qs:qs + ql])
+            o[bb, qs:qs + ql] = r[0].to(dtype)
+            if varlen:
+                lse[:, qs:qs + ql] = r[1].float()
+            else:
+                lse[bb] = r[1].float()
+            refs.append((r, rl))
+        runs = []
+        for _ in range(2 if det else 1):
+            dq, dq_buf = make_with_buffer(nb, nq, hq, d, dtype, layout, fill=float("nan"))
+            dk, dk_buf = make_with_buffer(nb, nk, hkv, d, dtype, layout, fill=float("nan"))
+            dv, dv_buf = make_with_buffer(nb, nk, hkv, d, dtype, layout, fill=float("nan"))
+            st = self.backward(config, p, q, k, v, o, lse, do, dq, dk, dv)
+            torch.cuda.synchronize()
+            if st != self.OK:
+                self.res.record(tag, False, f"status {st}: {self.fc.last_error()}")
+                return
+            runs.append((dq, dk, dv, dq_buf, dk_buf, dv_buf))
+        del keep
+        dq, dk, dv, dq_buf, dk_buf, dv_buf = runs[0]
+        bad = []
+        bits = self.spec.bits
+        if det and not all(torch.equal(a.view(bits), b_.view(bits)) for a, b_ in zip(runs[0][:3], runs[1][:3])):
+            bad.append("deterministic runs differ")
+        if layout in ("padded", "odd"):
+            for name, buf in (("dq", dq_buf), ("dk", dk_buf), ("dv", dv_buf)):
+                if not torch.isnan(buf[..., d:].float()).all():
+                    bad.append(f"{name}: padding past head_dim was written")
+        err = {"dq": 0.0, "dk": 0.0, "dv": 0.0}
+        plain, mag = dict(err), dict(err)
+        for (bb, qs, ql, ks, kl), (r, rl) in zip(seqs, refs):
+            got = {"dq": dq[bb, qs:qs + ql], "dk": dk[bb, ks:ks + kl], "dv": dv[bb, ks:ks + kl]}
+            want = {"dq": (r[2], rl[2]), "dk": (r[3], rl[3]), "dv": (r[4], rl[4])}
+            for name in err:
+                x = got[name].double()
+                if x.numel() == 0:
+                    continue
+                if torch.isnan(x).any():
+                    bad.append(f"NaN in {name}")
+                    continue
+                err[name] = max(err[name], (x - want[name][0]).abs().max().item())
+                plain[name] = max(plain[name], (want[name][1].double() - want[name][0]).abs().max().item())
+                mag[name] = max(mag[name], want[name][0].abs().max().item())
+        floor = self.spec.floor(mag, lse)
+        tol = {n: 3 * plain[n] + floor for n in err}
+        ok = not bad and all(err[n] <= tol[n] for n in err)
+        self.res.record(tag, ok, " ".join(f"{n} {err[n]:.1e}/{tol[n]:.1e}" for n in err) + " " + " ".join(bad))
+
+    def correctness(self, extra=()):
+        """Every configuration and dtype over odd shapes, masks, head dims, layouts, GQA/MQA, a negative scale,
+        varlen with empty sequences, deterministic mode; then each of `extra` (a function of this harness)."""
+        check, quick = self.check, self.args.quick
+        torch.manual_seed(0)
+        shapes = [(1, 1), (97, 97), (257, 257), (1025, 1025), (113, 203), (203, 113), (1024, 1023), (1, 147)]
+        masks = [dict(), dict(causal=1, align=0), dict(causal=1, align=1), dict(wl=32, wr=16), dict(wl=200, wr=0)]
+        dims = [59, 111, 64, 128, 256]
+        layouts = ["bshd", "bhsd", "padded", "odd"]
+        if quick:
+            shapes, masks = [(97, 97), (1025, 1025), (203, 113)], [dict(), dict(causal=1)]
+        for config in self.configs:
+            for dtype in self.spec.dtypes:
+                n = 0
+                for sq, sk in shapes:
+                    for m in masks:
+                        for d in (dims if max(sq, sk) <= 257 or quick else dims[n % 5:n % 5 + 1] + [128]):
+                            n += 1
+                            b, h = (2, 4)
+                            check(config, dtype, b, sq, sk, h, h // 2, d, layout=layouts[n % 4], **m)  # GQA 2:1
+                for d in (32, 40, 80, 96, 150, 160, 192):  # every compiled head dim, and padded ones
+                    check(config, dtype, 1, 257, 300, 4, 2, d, causal=d % 3 == 0, layout=layouts[d % 4])
+                check(config, dtype, 1, 300, 300, 8, 1, 128, causal=1)  # MQA
+                check(config, dtype, 1, 257, 257, 4, 4, 64, scale=-0.1)  # negative scale: scores from -Q
+                check(config, dtype, 1, 0, 0, 4, 2, 128, causal=1,
+                      varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+                check(config, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
+                      varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
+                check(config, dtype, 1, 0, 0, 4, 4, 256, wl=50, wr=10, layout="padded",
+                      varlen=([129, 200, 1], [300, 64, 33]))
+                for d in (64, 128, 256):  # deterministic: bit-identical over two runs, and right
+                    check(config, dtype, 2, 1025, 1025, 4, 2, d, causal=1, det=1)
+                    check(config, dtype, 1, 203, 113, 4, 2, d + 3 if d < 256 else d, layout="odd", det=1)
+                if quick:
+                    break
+        for fn in extra:
+            fn(self)
+        print(f"correctness: {self.res.passed()}", flush=True)
+
+
+def parse_args(spec, more=None):
+    """The command line of both scripts; `more(ap)` adds a script's own options after the common ones."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=spec.lib)
+    ap.add_argument("--quick", action="store_true", help=spec.quick_help)
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--configs", default=spec.configs)
+    ap.add_argument("--csv", default="", help="write the bench rows here (TARGETS.md's columns + config)")
+    if more:
+        more(ap)
+    return ap.parse_args()
+
+
+def main(spec, bench, more_args=None, extra_checks=()):
+    """Parse the command line, check every configuration (unless --no-check), run `bench(harness)` (unless
+    --no-bench), print the summary with a count per configuration, exit 1 if anything failed."""
+    h = Harness(spec, parse_args(spec, more_args))
+    t0 = time.time()
+    if not h.args.no_check:
+        h.correctness(extra_checks)
+    if not h.args.no_bench:
+        bench(h)
+    h.res.summary(t0, groups=h.configs, shown=30)
