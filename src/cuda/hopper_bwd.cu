@@ -14,8 +14,10 @@
  *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64n64k16, all operands in shared memory
  *          Pᵀ = 2^(c·Sᵀ − lse2_i),  dSᵀ = Pᵀ∘(dPᵀ − D_i)         registers (c = scale·log2 e), masked
  *          dV_j += Pᵀ·dO_i,  dK_j += dSᵀ·Q_i                    wgmma m64nDk16, Pᵀ/dSᵀ from registers
- *          dQ_i += dS·K_j  (this warpgroup's 64 keys)           dSᵀ → shared memory; wgmma m64n64k16 per 64
- *                                                               columns, both operands MN-major; fp32 red.add
+ *          dQ_i += dS·K_j                                       dSᵀ → shared memory; wgmma m64n64k16, both
+ *                                                               operands MN-major; fp32 red.add. D = 128 (SPLIT):
+ *                                                               warpgroup c, columns 64c.. over all 128 keys;
+ *                                                               D = 64: each, its own 64 keys
  *        dK_j = scale·dK_j, dV_j stored from registers at the end;
  *   3. convert (hopper_bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
  * Deterministic mode (bit-identical gradients run to run): the dQ adds of one query block are made in a fixed
@@ -462,12 +464,13 @@ static size_t fc_hpb_smem_bytes(int d, int stages) {
          (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
 }
 
-/* FLASHC_HOPPER_BWD_DQ (read at every call, for comparisons): "split" runs the SPLIT kernel at D = 128; unset or
- * "each": each warpgroup reduces its own keys' dQ (measured; split is a candidate not yet run on a GPU). */
+/* FLASHC_HOPPER_BWD_DQ (read at every call, for comparisons): unset or "split" runs the SPLIT kernel at D = 128
+ * (H100, session 5: 1.20-1.31x "each" at d128 seqlen >= 1k, 0.61-0.69x cudnn instead of 0.48-0.53x); "each": each
+ * warpgroup reduces its own keys' dQ, two fp32 reductions per element per CTA. */
 static flashc_status fc_hpb_dq_split(bool *split) {
   const char *e = getenv("FLASHC_HOPPER_BWD_DQ");
-  *split = e && strcmp(e, "split") == 0;
-  if (e && *e && !*split && strcmp(e, "each") != 0)
+  *split = !e || !*e || strcmp(e, "split") == 0;
+  if (!*split && strcmp(e, "each") != 0)
     return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
                     "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split)",
                     e);
