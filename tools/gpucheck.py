@@ -291,6 +291,9 @@ def best_of(names, tf):
 
 
 def git_commit():
+    """The commit under test: $FLASHC_COMMIT (a snapshot without .git, as the device runs), else git's HEAD."""
+    if os.environ.get("FLASHC_COMMIT"):
+        return os.environ["FLASHC_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
