@@ -59,6 +59,7 @@ enum {
   FC_HPB_REGS_CONSUMER = 240,
   FC_HPB_BAR_DS = 1,     /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
   FC_HPB_BAR_DS_ALL = 3, /* named barrier 3: both consumer warpgroups (split dQ: each reads the other's rows) */
+  FC_HPB_DQ_TILE_BYTES = FC_BWD_DQ_TILE * FC_BWD_DQ_TILE * 4, /* BULK: one warpgroup's fp32 dQ tile, 16 KB */
 };
 
 typedef struct fc_hopper_bwd_args {
@@ -88,6 +89,17 @@ static __device__ __forceinline__ void fc_hpb_bulk_load(uint32_t dst, const void
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"((uint64_t)src), "r"(bytes), "r"(bar)
                : "memory");
+}
+/* Adds `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory
+ * through the copy engine, element by element (atomically per element, in no set order); completes with the
+ * bulk group that fc_bulk_commit closes. */
+static __device__ __forceinline__ void fc_hpb_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"((uint64_t)dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+static __device__ __forceinline__ void fc_hpb_st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 /* Two neighbouring floats (8-byte aligned) of shared memory. */
 static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
@@ -186,7 +198,10 @@ static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[32], uint32_t ds_ro
  * computes columns 64c .. 64c + 63 over all 128 keys of K_j (both warpgroups' rows of dSᵀ), so that every element
  * of dQ_i gets one fp32 reduction per CTA instead of two (ncu: the backward is L2-bound on these reductions). The
  * price: both warpgroups meet at a barrier before and after writing dSᵀ. */
-template <typename T, int D, int STAGES, bool DET, bool SPLIT>
+/* BULK (not with DET): each warpgroup writes its 64 × 64 fp32 dQ tile into its own buffer of shared memory and
+ * one thread adds the whole tile into the sum with one bulk reduce-add (FlashAttention-3's dQ path), instead of
+ * 8 red.global.add.v4 per thread and 64 columns. The sum then has the blocked layout of fc_hpb_dq_tile. */
+template <typename T, int D, int STAGES, bool DET, bool SPLIT, bool BULK>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -194,6 +209,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   static_assert(!SPLIT || HALVES == 2, "split dQ needs one 64-column half per consumer warpgroup");
+  static_assert(!(BULK && DET), "the deterministic turns are made with red.global.add");
+  static_assert(!BULK || SPLIT || HALVES == 1, "one sdQ tile per warpgroup: one 64-column dQ product per block");
   constexpr int DS_BAR_THREADS = SPLIT ? 256 : 128;
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = FC_HPB_BR * D * 2, ROWS_BYTES = FC_HPB_BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * FC_HPB_BR * 2;
@@ -202,7 +219,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
-  const uint32_t sLD = sdS + DS_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
+  const uint32_t sdQ = sdS + DS_BYTES; /* BULK: one FC_HPB_DQ_TILE_BYTES tile per consumer warpgroup */
+  const uint32_t sLD = sdQ + (BULK ? 2 * FC_HPB_DQ_TILE_BYTES : 0), bars = sLD + STAGES * 2 * ROWS_BYTES;
   const uint32_t kv_full = bars;
 #define FULL(s)  (bars + 8u * (1 + (s)))
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
@@ -349,6 +367,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       /* Every warp of the warpgroup (SPLIT: of both, whose dQ wgmmas read these rows too) is past the last
        * block's dQ wgmma wait: none still reads sdS. */
       const int ds_bar = SPLIT ? (int)FC_HPB_BAR_DS_ALL : FC_HPB_BAR_DS + cw;
+      /* BULK: the last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (below,
+       * after this barrier). */
+      if (BULK && ct == 0) fc_bulk_wait_read<0>();
       fc_named_barrier(ds_bar, DS_BAR_THREADS);
 #pragma unroll
       for (int x = 0; x < FC_HPB_BR / 8; x++)
@@ -396,15 +417,36 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_wgmma_commit();
         fc_wgmma_wait<0>();
         fc_fence_regs(dq);
+        if constexpr (BULK) {
+          /* Row 16·warp + g + 8·rh, columns 8x + 2t, + 1: the chunk 2x + t / 2 of the row, stored at chunk
+           * (2x + t / 2) ^ 2g (fc_bwd_dq_blocked_index); then one thread adds the tile. */
+          const uint32_t tile = sdQ + cw * FC_HPB_DQ_TILE_BYTES;
 #pragma unroll
-        for (int x = 0; x < 8; x++) {
-          const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
-          const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
-          if (qrow < sq) {
-            if (odd)
-              fc_red_add4(dq_row + 64 * hf + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
-            else
-              fc_red_add4(dq_row + 64 * hf + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+          for (int x = 0; x < 8; x++)
+#pragma unroll
+            for (int rh = 0; rh < 2; rh++)
+              fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * 256 + (((2 * x + (t >> 1)) ^ (2 * g)) << 4) +
+                                         8 * (t & 1),
+                                     dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
+          fc_fence_proxy_async();                    /* these writes, before the copy engine reads them */
+          fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's whole tile is written */
+          if (ct == 0) {
+            fc_hpb_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D +
+                                           hf * (FC_HPB_DQ_TILE_BYTES / 4),
+                                       tile, FC_HPB_DQ_TILE_BYTES);
+            fc_bulk_commit();
+          }
+        } else {
+#pragma unroll
+          for (int x = 0; x < 8; x++) {
+            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
+            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
+            if (qrow < sq) {
+              if (odd)
+                fc_red_add4(dq_row + 64 * hf + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
+              else
+                fc_red_add4(dq_row + 64 * hf + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+            }
           }
         }
       }
@@ -421,6 +463,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
        * racing with the other lanes' reads when lane 0 arrived for its warp). */
       fc_mbar_arrive_if(EMPTY(s), true);
     }
+    /* BULK: the CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
+    if (BULK && ct == 0) fc_bulk_wait<0>();
 
     /* dK_j = scale·dK_j and dV_j, straight from the accumulators: row key0 (+ 8), columns 8x + 2t, + 1. */
     uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
@@ -457,39 +501,59 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 }
 
 /* ---- host ------------------------------------------------------------------------------------------------ */
-/* Dynamic shared memory of one CTA: the tiles, lse2/D rows, barriers, and 1024 bytes of slack for the
- * alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB; D = 64, 3 stages: 32 + 48 + 16 + … = 98 KB. */
-static size_t fc_hpb_smem_bytes(int d, int stages) {
-  return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * FC_HPB_BR * d * 2 + (size_t)FC_HPB_BC * FC_HPB_BR * 2 +
-         (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
-}
+/* How the key blocks add dQ into the fp32 sum (FLASHC_HOPPER_BWD_DQ, read at every call, for comparisons):
+ *   each:  every warpgroup its own 64 keys' share of all columns, red.global.add (two reductions per element
+ *          per CTA);
+ *   split: D = 128: warpgroup c columns 64c .. over all 128 keys, red.global.add (one per element per CTA; H100,
+ *          session 5: 1.20-1.31x each at d128 seqlen >= 1k); D = 64 as each;
+ *   bulk:  split's products (each's at D = 64), a tile in shared memory, one bulk reduce-add per tile.
+ * Unset: split. The deterministic mode runs split's or each's kernel with its turns. */
+typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK } fc_hpb_dq_mode;
 
-/* FLASHC_HOPPER_BWD_DQ (read at every call, for comparisons): unset or "split" runs the SPLIT kernel at D = 128
- * (H100, session 5: 1.20-1.31x "each" at d128 seqlen >= 1k, 0.61-0.69x cudnn instead of 0.48-0.53x); "each": each
- * warpgroup reduces its own keys' dQ, two fp32 reductions per element per CTA. */
-static flashc_status fc_hpb_dq_split(bool *split) {
+static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mode) {
+  static const char *const names[] = {"each", "split", "bulk"};
   const char *e = getenv("FLASHC_HOPPER_BWD_DQ");
-  *split = !e || !*e || strcmp(e, "split") == 0;
-  if (!*split && strcmp(e, "each") != 0)
-    return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
-                    "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split)",
-                    e);
+  *mode = FC_HPB_DQ_SPLIT;
+  if (e && *e) {
+    int m = 0;
+    while (m < 3 && strcmp(e, names[m]) != 0) m++;
+    if (m == 3)
+      return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
+                      "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split, "
+                      "bulk)",
+                      e);
+    *mode = (fc_hpb_dq_mode)m;
+  }
+  if (p->deterministic && *mode == FC_HPB_DQ_BULK) *mode = FC_HPB_DQ_SPLIT;
   return FLASHC_OK;
 }
 
+/* Dynamic shared memory of one CTA: the tiles, lse2/D rows, barriers, and 1024 bytes of slack for the
+ * alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB (bulk: + 32 KB); D = 64, 3 stages:
+ * 32 + 48 + 16 + … = 98 KB (bulk: + 32 KB). */
+static size_t fc_hpb_smem_bytes(int d, int stages, bool bulk) {
+  return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * FC_HPB_BR * d * 2 + (size_t)FC_HPB_BC * FC_HPB_BR * 2 +
+         (bulk ? 2 * (size_t)FC_HPB_DQ_TILE_BYTES : 0) + (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) +
+         1024;
+}
+
+typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                                 const fc_hopper_bwd_args);
+
 template <typename T, int D, int STAGES>
-static flashc_status fc_hpb_launch(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
-                                   int grid) {
-  bool split = false;
-  FC_CHECK(fc_hpb_dq_split(&split));
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_bwd_args) =
-      p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, false>
-                       : fc_hopper_bwd_kernel<T, D, STAGES, false, false>;
-  if constexpr (D == 128)
-    if (split)
-      kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, true>
-                                : fc_hopper_bwd_kernel<T, D, STAGES, false, true>;
-  const size_t smem = fc_hpb_smem_bytes(D, STAGES);
+static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, const CUtensorMap maps[4],
+                                   const fc_hopper_bwd_args *a, int grid) {
+  constexpr bool SPLIT = D == 128; /* split's kernel where there is one (D = 128) */
+  fc_hpb_kernel_fn kernel;
+  if (mode == FC_HPB_DQ_BULK)
+    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, SPLIT, true>;
+  else if (mode == FC_HPB_DQ_SPLIT)
+    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, SPLIT, false>
+                              : fc_hopper_bwd_kernel<T, D, STAGES, false, SPLIT, false>;
+  else
+    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, false, false>
+                              : fc_hopper_bwd_kernel<T, D, STAGES, false, false, false>;
+  const size_t smem = fc_hpb_smem_bytes(D, STAGES, mode == FC_HPB_DQ_BULK);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   FC_LAUNCH_CHECK("fc_hopper_bwd_kernel");
@@ -498,13 +562,13 @@ static flashc_status fc_hpb_launch(const fc_problem *p, const CUtensorMap maps[4
 
 /* Tile shapes per head dim: <D, Q/dO stages>. */
 template <typename T>
-static flashc_status fc_hpb_run(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
-                                const fc_bwd_rows_args *rows, int grid) {
+static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, const CUtensorMap maps[4],
+                                const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
   if (p->head_dim <= 64)
-    FC_CHECK((fc_hpb_launch<T, 64, 3>(p, maps, a, grid)));
+    FC_CHECK((fc_hpb_launch<T, 64, 3>(p, mode, maps, a, grid)));
   else
-    FC_CHECK((fc_hpb_launch<T, 128, 2>(p, maps, a, grid)));
+    FC_CHECK((fc_hpb_launch<T, 128, 2>(p, mode, maps, a, grid)));
   return fc_bwd_rows_convert<T>(p, rows);
 }
 
@@ -526,6 +590,8 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
 }
 
 flashc_status fc_hopper_backward(const fc_problem *p) {
+  fc_hpb_dq_mode mode;
+  FC_CHECK(fc_hpb_dq_mode_get(p, &mode));
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);
@@ -548,7 +614,9 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
   const size_t pad_bytes = cu_pad_host ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
-  const size_t dq_bytes = fc_hpb_round256((size_t)(p->total_q * p->heads_q * D) * sizeof(float));
+  /* The dQ sum: [total_q][hq][D], or blocked over the padded rows (bulk) */
+  const int64_t dq_rows = mode == FC_HPB_DQ_BULK ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
+  const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
   const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
   char *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes, (void **)&ws));
@@ -576,7 +644,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   rows.do_sb = p->dout.stride_b, rows.do_ss = p->dout.stride_s, rows.do_sh = p->dout.stride_h;
   rows.dq_sb = p->dq.stride_b, rows.dq_ss = p->dq.stride_s, rows.dq_sh = p->dq.stride_h;
   rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
-  rows.dq_accum = dq_accum, rows.dq_ld = D;
+  rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_blocked = mode == FC_HPB_DQ_BULK;
   rows.cu_q = cu_q, rows.cu_pad = cu_pad;
   rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
   rows.heads_q = (int)p->heads_q, rows.head_dim = (int)p->head_dim;
@@ -607,6 +675,6 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", FC_HPB_BR, "flashc_backward", &maps[3]));
-  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, maps, &a, &rows, grid);
-  return fc_hpb_run<__nv_bfloat16>(p, maps, &a, &rows, grid);
+  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, maps, &a, &rows, grid);
+  return fc_hpb_run<__nv_bfloat16>(p, mode, maps, &a, &rows, grid);
 }
