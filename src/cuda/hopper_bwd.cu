@@ -59,7 +59,6 @@ enum {
   FC_HPB_REGS_CONSUMER = 240,
   FC_HPB_BAR_DS = 1,     /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
   FC_HPB_BAR_DS_ALL = 3, /* named barrier 3: both consumer warpgroups (split dQ: each reads the other's rows) */
-  FC_HPB_DQ_TILE_BYTES = FC_BWD_DQ_TILE * FC_BWD_DQ_TILE * 4, /* BULK: one warpgroup's fp32 dQ tile, 16 KB */
 };
 
 typedef struct fc_hopper_bwd_args {
@@ -176,26 +175,27 @@ static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&d
   }
 }
 
-/* dQ_i (64 queries × 64 columns of half hf) (+)= dS·K_j over 64 keys: 4 k-steps of 16 keys. A = dS is stored as
- * dSᵀ (a row per key, the queries contiguous): M-major, imm-trans-a = 1; B = K_j (a row per key, the head dim
- * contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). ZERO: the first
- * step overwrites dq (else it adds to it). */
-template <typename T, bool ZERO = true>
-static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[32], uint32_t ds_rows, uint32_t k_half_rows) {
+/* dQ_i (64 queries × N columns from k_cols on) (+)= dS·K_j over 64 keys: 4 k-steps of 16 keys. A = dS is stored
+ * as dSᵀ (a row per key, the queries contiguous): M-major, imm-trans-a = 1; B = K_j (a row per key, the head dim
+ * contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). N = 32 starts
+ * 0 or 64 bytes into a swizzled 128-byte row (the swizzle is of the address, as for the K-major k-steps). ZERO:
+ * the first step overwrites dq (else it adds to it). */
+template <typename T, int N, bool ZERO = true>
+static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[N / 2], uint32_t ds_rows, uint32_t k_cols) {
 #pragma unroll
   for (int kb = 0; kb < 4; kb++) {
     const uint64_t da = fc_wgmma_desc(ds_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024);
-    const uint64_t db = fc_wgmma_desc(k_half_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
+    const uint64_t db = fc_wgmma_desc(k_cols + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
     if (ZERO && kb == 0)
-      fc_wgmma_ss_tt_zero<T, 64>(dq, da, db);
+      fc_wgmma_ss_tt_zero<T, N>(dq, da, db);
     else
-      fc_wgmma_ss_tt<T, 64>(dq, da, db);
+      fc_wgmma_ss_tt<T, N>(dq, da, db);
   }
 }
 #endif /* FC_HOPPER_ARCH */
 
-/* SPLIT (D = 128 only): the two consumer warpgroups split dQ_i by columns instead of by keys: warpgroup c
- * computes columns 64c .. 64c + 63 over all 128 keys of K_j (both warpgroups' rows of dSᵀ), so that every element
+/* SPLIT: the two consumer warpgroups split dQ_i by columns instead of by keys: warpgroup c computes columns
+ * N·c .. N·c + N − 1 (N = D / 2) over all 128 keys of K_j (both warpgroups' rows of dSᵀ), so that every element
  * of dQ_i gets one fp32 reduction per CTA instead of two (ncu: the backward is L2-bound on these reductions). The
  * price: both warpgroups meet at a barrier before and after writing dSᵀ. */
 /* BULK (not with DET): each warpgroup writes its 64 × 64 fp32 dQ tile into its own buffer of shared memory and
@@ -208,9 +208,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
                          const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
-  static_assert(!SPLIT || HALVES == 2, "split dQ needs one 64-column half per consumer warpgroup");
+  constexpr int NQ = SPLIT ? D / 2 : 64; /* columns of one dQ product */
   static_assert(!(BULK && DET), "the deterministic turns are made with red.global.add");
-  static_assert(!BULK || SPLIT || HALVES == 1, "one sdQ tile per warpgroup: one 64-column dQ product per block");
+  static_assert(!BULK || SPLIT || HALVES == 1, "one sdQ tile per warpgroup: one dQ product per block");
+  constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* BULK: 64 rows × NQ columns, fp32 */
   constexpr int DS_BAR_THREADS = SPLIT ? 256 : 128;
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = FC_HPB_BR * D * 2, ROWS_BYTES = FC_HPB_BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * FC_HPB_BR * 2;
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
-  const uint32_t sdQ = sdS + DS_BYTES; /* BULK: one FC_HPB_DQ_TILE_BYTES tile per consumer warpgroup */
-  const uint32_t sLD = sdQ + (BULK ? 2 * FC_HPB_DQ_TILE_BYTES : 0), bars = sLD + STAGES * 2 * ROWS_BYTES;
+  const uint32_t sdQ = sdS + DS_BYTES; /* BULK: one DQ_TILE_BYTES tile per consumer warpgroup */
+  const uint32_t sLD = sdQ + (BULK ? 2 * DQ_TILE_BYTES : 0), bars = sLD + STAGES * 2 * ROWS_BYTES;
   const uint32_t kv_full = bars;
 #define FULL(s)  (bars + 8u * (1 + (s)))
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
@@ -405,47 +406,47 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       }
 #pragma unroll
       for (int h = 0; h < (SPLIT ? 1 : HALVES); h++) {
-        const int hf = SPLIT ? cw : h;
-        float dq[32];
+        const int col0 = SPLIT ? NQ * cw : 64 * h; /* this product's first column of dQ_i */
+        float dq[NQ / 2];
         fc_wgmma_fence();
         if constexpr (SPLIT) { /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
-          fc_hpb_dq<T>(dq, sdS, sK + hf * FC_HPB_KV_HALF);
-          fc_hpb_dq<T, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, sK + hf * FC_HPB_KV_HALF + 64 * FC_HPB_ROW_BYTES);
+          const uint32_t k_cols = sK + (col0 / 64) * FC_HPB_KV_HALF + (col0 % 64) * 2;
+          fc_hpb_dq<T, NQ>(dq, sdS, k_cols);
+          fc_hpb_dq<T, NQ, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
         } else {
-          fc_hpb_dq<T>(dq, ds_rows, k_rows + hf * FC_HPB_KV_HALF);
+          fc_hpb_dq<T, NQ>(dq, ds_rows, k_rows + h * FC_HPB_KV_HALF);
         }
         fc_wgmma_commit();
         fc_wgmma_wait<0>();
         fc_fence_regs(dq);
         if constexpr (BULK) {
-          /* Row 16·warp + g + 8·rh, columns 8x + 2t, + 1: the chunk 2x + t / 2 of the row, stored at chunk
-           * (2x + t / 2) ^ 2g (fc_bwd_dq_blocked_index); then one thread adds the tile. */
-          const uint32_t tile = sdQ + cw * FC_HPB_DQ_TILE_BYTES;
+          /* Row 16·warp + g + 8·rh, columns 8x + 2t, + 1 of the tile: its 16-byte chunk 2x + t / 2, stored at
+           * chunk (2x + t / 2) ^ (2g % (NQ / 4)) (fc_bwd_dq_blocked_index); then one thread adds the tile. */
+          const uint32_t tile = sdQ + cw * DQ_TILE_BYTES;
 #pragma unroll
-          for (int x = 0; x < 8; x++)
+          for (int x = 0; x < NQ / 8; x++)
 #pragma unroll
             for (int rh = 0; rh < 2; rh++)
-              fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * 256 + (((2 * x + (t >> 1)) ^ (2 * g)) << 4) +
-                                         8 * (t & 1),
+              fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
+                                         (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
                                      dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
           fc_fence_proxy_async();                    /* these writes, before the copy engine reads them */
           fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's whole tile is written */
           if (ct == 0) {
-            fc_hpb_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D +
-                                           hf * (FC_HPB_DQ_TILE_BYTES / 4),
-                                       tile, FC_HPB_DQ_TILE_BYTES);
+            fc_hpb_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + col0 * FC_BWD_DQ_TILE,
+                                       tile, DQ_TILE_BYTES);
             fc_bulk_commit();
           }
         } else {
 #pragma unroll
-          for (int x = 0; x < 8; x++) {
+          for (int x = 0; x < NQ / 8; x++) {
             const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
             const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
             if (qrow < sq) {
               if (odd)
-                fc_red_add4(dq_row + 64 * hf + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
+                fc_red_add4(dq_row + col0 + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
               else
-                fc_red_add4(dq_row + 64 * hf + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+                fc_red_add4(dq_row + col0 + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
             }
           }
         }
@@ -504,37 +505,43 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 /* How the key blocks add dQ into the fp32 sum (FLASHC_HOPPER_BWD_DQ, read at every call, for comparisons):
  *   each:  every warpgroup its own 64 keys' share of all columns, red.global.add (two reductions per element
  *          per CTA);
- *   split: D = 128: warpgroup c columns 64c .. over all 128 keys, red.global.add (one per element per CTA; H100,
- *          session 5: 1.20-1.31x each at d128 seqlen >= 1k); D = 64 as each;
- *   bulk:  split's products (each's at D = 64), a tile in shared memory, one bulk reduce-add per tile.
- * Unset: split. The deterministic mode runs split's or each's kernel with its turns. */
-typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK } fc_hpb_dq_mode;
+ *   split: warpgroup c columns (D / 2)·c .. over all 128 keys, red.global.add (one per element per CTA; H100,
+ *          session 5, D = 128: 1.20-1.31x each at seqlen >= 1k);
+ *   bulk:  split's products, each a tile in shared memory added with one bulk reduce-add;
+ *   each-bulk: D = 64: each's products (64 columns, both warpgroups add every element), bulk adds; D = 128: bulk.
+ * Unset: bulk. The deterministic mode runs split's (for bulk's) or each's kernel with its turns. */
+typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK, FC_HPB_DQ_EACH_BULK } fc_hpb_dq_mode;
 
 static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mode) {
-  static const char *const names[] = {"each", "split", "bulk"};
+  static const char *const names[] = {"each", "split", "bulk", "each-bulk"};
   const char *e = getenv("FLASHC_HOPPER_BWD_DQ");
-  *mode = FC_HPB_DQ_SPLIT;
+  *mode = FC_HPB_DQ_BULK;
   if (e && *e) {
     int m = 0;
-    while (m < 3 && strcmp(e, names[m]) != 0) m++;
-    if (m == 3)
+    while (m < 4 && strcmp(e, names[m]) != 0) m++;
+    if (m == 4)
       return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
                       "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split, "
-                      "bulk)",
+                      "bulk, each-bulk)",
                       e);
     *mode = (fc_hpb_dq_mode)m;
   }
-  if (p->deterministic && *mode == FC_HPB_DQ_BULK) *mode = FC_HPB_DQ_SPLIT;
+  if (p->head_dim > 64 && *mode == FC_HPB_DQ_EACH_BULK) *mode = FC_HPB_DQ_BULK;
+  if (p->deterministic && (*mode == FC_HPB_DQ_BULK || *mode == FC_HPB_DQ_EACH_BULK)) *mode = FC_HPB_DQ_SPLIT;
   return FLASHC_OK;
+}
+
+/* The columns of one bulk add (one warpgroup's dQ product), or 0 (red.global.add). */
+static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) {
+  return mode == FC_HPB_DQ_BULK ? d / 2 : mode == FC_HPB_DQ_EACH_BULK ? 64 : 0;
 }
 
 /* Dynamic shared memory of one CTA: the tiles, lse2/D rows, barriers, and 1024 bytes of slack for the
  * alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB (bulk: + 32 KB); D = 64, 3 stages:
- * 32 + 48 + 16 + … = 98 KB (bulk: + 32 KB). */
-static size_t fc_hpb_smem_bytes(int d, int stages, bool bulk) {
+ * 32 + 48 + 16 + … = 98 KB (bulk: + 16 KB). */
+static size_t fc_hpb_smem_bytes(int d, int stages, int dq_tile_w) {
   return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * FC_HPB_BR * d * 2 + (size_t)FC_HPB_BC * FC_HPB_BR * 2 +
-         (bulk ? 2 * (size_t)FC_HPB_DQ_TILE_BYTES : 0) + (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) +
-         1024;
+         (size_t)2 * FC_BWD_DQ_TILE * dq_tile_w * 4 + (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
 }
 
 typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
@@ -543,17 +550,18 @@ typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUt
 template <typename T, int D, int STAGES>
 static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, const CUtensorMap maps[4],
                                    const fc_hopper_bwd_args *a, int grid) {
-  constexpr bool SPLIT = D == 128; /* split's kernel where there is one (D = 128) */
   fc_hpb_kernel_fn kernel;
   if (mode == FC_HPB_DQ_BULK)
-    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, SPLIT, true>;
+    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, true, true>;
+  else if (mode == FC_HPB_DQ_EACH_BULK)
+    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, D == 128, true>; /* D = 128: bulk (mode_get) */
   else if (mode == FC_HPB_DQ_SPLIT)
-    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, SPLIT, false>
-                              : fc_hopper_bwd_kernel<T, D, STAGES, false, SPLIT, false>;
+    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, true, false>
+                              : fc_hopper_bwd_kernel<T, D, STAGES, false, true, false>;
   else
     kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, false, false>
                               : fc_hopper_bwd_kernel<T, D, STAGES, false, false, false>;
-  const size_t smem = fc_hpb_smem_bytes(D, STAGES, mode == FC_HPB_DQ_BULK);
+  const size_t smem = fc_hpb_smem_bytes(D, STAGES, fc_hpb_dq_tile_w(mode, D));
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   FC_LAUNCH_CHECK("fc_hopper_bwd_kernel");
@@ -615,7 +623,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const size_t pad_bytes = cu_pad_host ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
   /* The dQ sum: [total_q][hq][D], or blocked over the padded rows (bulk) */
-  const int64_t dq_rows = mode == FC_HPB_DQ_BULK ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
+  const int64_t dq_rows = mode >= FC_HPB_DQ_BULK ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
   const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
   char *ws = NULL;
@@ -644,7 +652,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   rows.do_sb = p->dout.stride_b, rows.do_ss = p->dout.stride_s, rows.do_sh = p->dout.stride_h;
   rows.dq_sb = p->dq.stride_b, rows.dq_ss = p->dq.stride_s, rows.dq_sh = p->dq.stride_h;
   rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
-  rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_blocked = mode == FC_HPB_DQ_BULK;
+  rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_tile_w = fc_hpb_dq_tile_w(mode, D);
   rows.cu_q = cu_q, rows.cu_pad = cu_pad;
   rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
   rows.heads_q = (int)p->heads_q, rows.head_dim = (int)p->head_dim;

@@ -5,7 +5,8 @@
  *            sequence's rows padded to FC_BWD_ROWS_PAD. A padding row, or a row that saw no key (lse = −inf),
  *            gets D = 0 and lse2 = +inf, so that its P = 2^(S·c − lse2) is 0 and it adds nothing to dK, dV.
  *   convert: dQ = scale·dQ_accum, the fp32 sum that the key blocks added into, to 16 bits. The sum is either
- *            [total_q][hq][dq_ld] (red.global.add) or blocked (cuda-hopper's bulk adds: fc_bwd_dq_blocked_index).
+ *            [total_q][hq][dq_ld] (red.global.add) or blocked in tiles of 64 rows × dq_tile_w columns (cuda-hopper's
+ *            bulk adds: fc_bwd_dq_blocked_index).
  * Both are plain CUDA (any architecture). */
 #ifndef FLASHC_CUDA_HOPPER_BWD_ROWS_CUH
 #define FLASHC_CUDA_HOPPER_BWD_ROWS_CUH
@@ -17,14 +18,14 @@
 
 enum { FC_BWD_ROWS_PAD = 128, FC_BWD_ROWS_THREADS = 256, FC_BWD_DQ_TILE = 64 };
 
-/* The blocked layout of the fp32 dQ sum, for adds of a whole 64 × 64 tile at a time: head-row hr = h·total_pad +
- * padded row, column c of ld (a multiple of 64) columns. Per 64 head-rows, per 64 columns, one 16 KB tile,
- * row-major; in it, row r's 16-byte chunk x (columns 4x .. 4x + 3) sits at chunk x ^ 2(r % 8), so that the
- * stores of a wgmma accumulator (rows g, columns 8x + 2t in a warp) spread over all 32 banks. */
-static __host__ __device__ __forceinline__ int64_t fc_bwd_dq_blocked_index(int64_t hr, int c, int ld) {
-  const int r = (int)(hr % FC_BWD_DQ_TILE), cc = c % FC_BWD_DQ_TILE;
-  return (hr - r) * ld + (int64_t)(c / FC_BWD_DQ_TILE) * FC_BWD_DQ_TILE * FC_BWD_DQ_TILE + r * FC_BWD_DQ_TILE +
-         (((cc / 4) ^ (2 * (r % 8))) * 4) + cc % 4;
+/* The blocked layout of the fp32 dQ sum, for adds of a whole tile at a time: head-row hr = h·total_pad + padded
+ * row, column c of ld columns (a multiple of w; w = 32 or 64). Per 64 head-rows, per w columns, one tile of
+ * 64 × w, row-major; in it, row r's 16-byte chunk x (columns 4x .. 4x + 3) sits at chunk x ^ (2r % (w / 4)), so
+ * that the stores of a wgmma accumulator (rows g, columns 8x + 2t in a warp) spread over all 32 banks. */
+static __host__ __device__ __forceinline__ int64_t fc_bwd_dq_blocked_index(int64_t hr, int c, int ld, int w) {
+  const int r = (int)(hr % FC_BWD_DQ_TILE), cc = c % w;
+  return (hr - r) * ld + (int64_t)(c / w) * FC_BWD_DQ_TILE * w + r * w + (((cc / 4) ^ ((2 * r) % (w / 4))) * 4) +
+         cc % 4;
 }
 
 typedef struct fc_bwd_rows_args {
@@ -35,7 +36,7 @@ typedef struct fc_bwd_rows_args {
   float *lse2, *dsum;
   const float *dq_accum;
   int dq_ld;
-  int dq_blocked;        /* the sum has fc_bwd_dq_blocked_index's layout (rows padded like lse2) */
+  int dq_tile_w; /* > 0: the sum has fc_bwd_dq_blocked_index's layout with w = dq_tile_w (rows padded like lse2) */
   const int32_t *cu_q;   /* device copy of cu_seqlens_q, or NULL (dense) */
   const int64_t *cu_pad; /* varlen: first padded row of each sequence; NULL when dense */
   int seqlen_q;
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_block
   for (int idx = threadIdx.x; idx < FC_BWD_ROWS_PAD * a.head_dim; idx += FC_BWD_ROWS_THREADS) {
     const int i = blk * FC_BWD_ROWS_PAD + idx / a.head_dim, c = idx % a.head_dim;
     if (i >= sq) break; /* idx grows with i */
-    const int64_t at = fc_bwd_dq_blocked_index((int64_t)h * a.total_pad + pad0 + i, c, a.dq_ld);
+    const int64_t at = fc_bwd_dq_blocked_index((int64_t)h * a.total_pad + pad0 + i, c, a.dq_ld, a.dq_tile_w);
     dQ[(int64_t)i * a.dq_ss + c] = fc_from_float<T>(a.scale * a.dq_accum[at]);
   }
 }
@@ -133,7 +134,7 @@ template <typename T> static flashc_status fc_bwd_rows_prep(const fc_problem *p,
 
 /* Launches convert over dQ; at most 65536 CTAs, each looping. */
 template <typename T> static flashc_status fc_bwd_rows_convert(const fc_problem *p, const fc_bwd_rows_args *a) {
-  if (a->dq_blocked) { /* prep's grid, checked there */
+  if (a->dq_tile_w) { /* prep's grid, checked there */
     fc_bwd_rows_args g = *a;
     g.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD);
     const int64_t grid = (int64_t)g.n_blocks * p->heads_q * p->batch;

@@ -7,7 +7,8 @@
  *   fc_wgmma_ss_zero<T, N>: D = A·B (scale-d 0): D is written only, so the compiler sees no use of its old
  *                           value (a fresh S per key block, never registers carried over from the last one).
  *   fc_wgmma_ss_tt<T, N>,   the same with both operands MN-major (imm-trans-a = imm-trans-b = 1): the backward's
- *   fc_wgmma_ss_tt_zero:    dQ_i += dS·K_j, dS stored as dSᵀ (key rows) and K_j row by row (key rows).
+ *   fc_wgmma_ss_tt_zero:    dQ_i += dS·K_j, dS stored as dSᵀ (key rows) and K_j row by row (key rows); N = 64, or
+ *                           32 (D = 64 split between two warpgroups: B starts 64 bytes into K_j's swizzled rows).
  *   fc_wgmma_rs<T, N>:      D += A·B, A from registers (four .b32 per thread, two 16-bit values each), B in
  *                           shared memory MN-major (imm-trans-b = 1): O += P·V_j with V_j stored row by row
  *                           (its rows are the k dimension, its contiguous columns the n dimension).
@@ -267,6 +268,43 @@ __device__ __forceinline__ void fc_wgmma_ss_tt_zero<__nv_bfloat16, 64>(float (&d
                  "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
                  "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
                  "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+               : "l"(a_desc), "l"(b_desc));
+}
+
+template <>
+__device__ __forceinline__ void fc_wgmma_ss_tt<__half, 32>(float (&d)[16], uint64_t a_desc, uint64_t b_desc) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 1, 1;\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(a_desc), "l"(b_desc));
+}
+
+template <>
+__device__ __forceinline__ void fc_wgmma_ss_tt_zero<__half, 32>(float (&d)[16], uint64_t a_desc, uint64_t b_desc) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0, 1, 1, 1, 1;\n"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+                 "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+               : "l"(a_desc), "l"(b_desc));
+}
+
+template <>
+__device__ __forceinline__ void fc_wgmma_ss_tt<__nv_bfloat16, 32>(float (&d)[16], uint64_t a_desc, uint64_t b_desc) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 1, 1;\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(a_desc), "l"(b_desc));
+}
+
+template <>
+__device__ __forceinline__ void fc_wgmma_ss_tt_zero<__nv_bfloat16, 32>(float (&d)[16], uint64_t a_desc,
+                                                                       uint64_t b_desc) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0, 1, 1, 1, 1;\n"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+                 "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
                : "l"(a_desc), "l"(b_desc));
 }
 

@@ -48,7 +48,8 @@ print('''/* hopper_wgmma.cuh — the wgmma.mma_async instructions cuda-hopper is
  *   fc_wgmma_ss_zero<T, N>: D = A·B (scale-d 0): D is written only, so the compiler sees no use of its old
  *                           value (a fresh S per key block, never registers carried over from the last one).
  *   fc_wgmma_ss_tt<T, N>,   the same with both operands MN-major (imm-trans-a = imm-trans-b = 1): the backward's
- *   fc_wgmma_ss_tt_zero:    dQ_i += dS·K_j, dS stored as dSᵀ (key rows) and K_j row by row (key rows).
+ *   fc_wgmma_ss_tt_zero:    dQ_i += dS·K_j, dS stored as dSᵀ (key rows) and K_j row by row (key rows); N = 64, or
+ *                           32 (D = 64 split between two warpgroups: B starts 64 bytes into K_j's swizzled rows).
  *   fc_wgmma_rs<T, N>:      D += A·B, A from registers (four .b32 per thread, two 16-bit values each), B in
  *                           shared memory MN-major (imm-trans-b = 1): O += P·V_j with V_j stored row by row
  *                           (its rows are the k dimension, its contiguous columns the n dimension).
@@ -95,6 +96,10 @@ for ctype, ptype in TYPES:
     print(ss(64, ctype, ptype, True))
     print(ss(64, ctype, ptype, False, True))
     print(ss(64, ctype, ptype, True, True))
+# dQ_i of D = 64 split between the two consumer warpgroups: 32 columns each.
+for ctype, ptype in TYPES:
+    print(ss(32, ctype, ptype, False, True))
+    print(ss(32, ctype, ptype, True, True))
 # Head dim 256 (hopper.cu's D = 256 kernel, Bc = 80 keys per block for its registers and shared memory):
 # S = Q_i.K_j^T of 80 keys (40 accumulators), O += P.V_j of 256 columns (128 accumulators).
 for ctype, ptype in TYPES:
