@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   constexpr int HALVES = D / 64;
   constexpr int NQ = SPLIT ? D / 2 : 64; /* columns of one dQ product */
   static_assert(!(BULK && DET), "the deterministic turns are made with red.global.add");
-  static_assert(!BULK || SPLIT || HALVES == 1, "one sdQ tile per warpgroup: one dQ product per block");
+  static_assert(!BULK || SPLIT, "one sdQ tile per warpgroup: one dQ product per block");
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* BULK: 64 rows × NQ columns, fp32 */
   constexpr int DS_BAR_THREADS = SPLIT ? 256 : 128;
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = FC_HPB_BR * D * 2, ROWS_BYTES = FC_HPB_BR * 4;
@@ -507,34 +507,32 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
  *          per CTA);
  *   split: warpgroup c columns (D / 2)·c .. over all 128 keys, red.global.add (one per element per CTA; H100,
  *          session 5, D = 128: 1.20-1.31x each at seqlen >= 1k);
- *   bulk:  split's products, each a tile in shared memory added with one bulk reduce-add;
- *   each-bulk: D = 64: each's products (64 columns, both warpgroups add every element), bulk adds; D = 128: bulk.
+ *   bulk:  split's products, each a tile in shared memory added with one bulk reduce-add (H100, session 5, seqlen
+ *          >= 1k: 1.10-1.26x split at D = 128, 1.05-1.12x at D = 64; at D = 64 each's products with bulk adds
+ *          ran as fast, measured and dropped).
  * Unset: bulk. The deterministic mode runs split's (for bulk's) or each's kernel with its turns. */
-typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK, FC_HPB_DQ_EACH_BULK } fc_hpb_dq_mode;
+typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK } fc_hpb_dq_mode;
 
 static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mode) {
-  static const char *const names[] = {"each", "split", "bulk", "each-bulk"};
+  static const char *const names[] = {"each", "split", "bulk"};
   const char *e = getenv("FLASHC_HOPPER_BWD_DQ");
   *mode = FC_HPB_DQ_BULK;
   if (e && *e) {
     int m = 0;
-    while (m < 4 && strcmp(e, names[m]) != 0) m++;
-    if (m == 4)
+    while (m < 3 && strcmp(e, names[m]) != 0) m++;
+    if (m == 3)
       return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
                       "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split, "
-                      "bulk, each-bulk)",
+                      "bulk)",
                       e);
     *mode = (fc_hpb_dq_mode)m;
   }
-  if (p->head_dim > 64 && *mode == FC_HPB_DQ_EACH_BULK) *mode = FC_HPB_DQ_BULK;
-  if (p->deterministic && (*mode == FC_HPB_DQ_BULK || *mode == FC_HPB_DQ_EACH_BULK)) *mode = FC_HPB_DQ_SPLIT;
+  if (p->deterministic && *mode == FC_HPB_DQ_BULK) *mode = FC_HPB_DQ_SPLIT;
   return FLASHC_OK;
 }
 
 /* The columns of one bulk add (one warpgroup's dQ product), or 0 (red.global.add). */
-static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) {
-  return mode == FC_HPB_DQ_BULK ? d / 2 : mode == FC_HPB_DQ_EACH_BULK ? 64 : 0;
-}
+static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) { return mode == FC_HPB_DQ_BULK ? d / 2 : 0; }
 
 /* Dynamic shared memory of one CTA: the tiles, lse2/D rows, barriers, and 1024 bytes of slack for the
  * alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB (bulk: + 32 KB); D = 64, 3 stages:
@@ -553,8 +551,6 @@ static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, con
   fc_hpb_kernel_fn kernel;
   if (mode == FC_HPB_DQ_BULK)
     kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, true, true>;
-  else if (mode == FC_HPB_DQ_EACH_BULK)
-    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, D == 128, true>; /* D = 128: bulk (mode_get) */
   else if (mode == FC_HPB_DQ_SPLIT)
     kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, true, false>
                               : fc_hopper_bwd_kernel<T, D, STAGES, false, true, false>;
