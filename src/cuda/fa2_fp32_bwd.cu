@@ -133,6 +133,44 @@ static __device__ __forceinline__ void fa2_bwd_tile(float (&P)[BR / 8][BC / 16],
   }
 }
 
+/* One (K_j, Q_i) pair of the dK/dV kernels: P and dS of the tile into shared memory (each thread's products below
+ * read every thread's), then dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i into this thread's chunks. */
+template <int D, int BR, int BC>
+static __device__ __forceinline__ void
+fa2_bwd_tile_dkdv(float4 (&dv)[4][fa2_bwd_cfg<D, BR, BC>::NCH], float4 (&dk)[4][fa2_bwd_cfg<D, BR, BC>::NCH], float *Ps,
+                  float *dSs, const float *Qs, const float *dOs, const float *Ks, const float *Vs, const float *Ls,
+                  const float *Ds, const fa2_rows &vis, int32_t c0, float cs, int tx, int ty, int cc, int ng) {
+  typedef fa2_bwd_cfg<D, BR, BC> C;
+  constexpr int TM = C::TM, TN = C::TN, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
+  float P[TM][TN], dS[TM][TN];
+  fa2_bwd_tile<D, BR, BC>(P, dS, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs);
+#pragma unroll
+  for (int i = 0; i < TM; i++)
+#pragma unroll
+    for (int j = 0; j < TN; j++) {
+      Ps[(ty + 8 * i) * LDP + tx + 16 * j] = P[i][j];
+      dSs[(ty + 8 * i) * LDP + tx + 16 * j] = dS[i][j];
+    }
+  __syncthreads(); /* P and dS visible to every thread */
+
+  /* dV_j += Pᵀ·dO_i ; dK_j += dSᵀ·Q_i */
+  fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dv, Ps + 4 * cc, dOs + 4 * ng);
+  fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dk, dSs + 4 * cc, Qs + 4 * ng);
+}
+
+/* This thread's part of dS·K_j (rows ty + 8i, float4 columns tx + 16c), dS from shared memory. */
+template <int D, int BR, int BC>
+static __device__ __forceinline__ void fa2_bwd_dq_tile(float4 (&dq)[BR / 8][D / 64], const float *dSs, const float *Ks,
+                                                       int tx, int ty) {
+  typedef fa2_bwd_cfg<D, BR, BC> C;
+  constexpr int TM = C::TM, NC = C::NC, LD = C::LD, LDP = C::LDP;
+#pragma unroll
+  for (int i = 0; i < TM; i++)
+#pragma unroll
+    for (int c = 0; c < NC; c++) dq[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  fa2_gemm_nn<TM, NC, BC, LDP, LD, 8, 64>(dq, dSs + ty * LDP, Ks + tx * 4);
+}
+
 /* Q_i, dO_i, lse_i and D_i of query head h, rows i0 .. i0 + BR − 1 (zeros past the sequence) → shared memory. */
 template <int D, int BR>
 static __device__ __forceinline__ void fa2_bwd_load_q(const fc_cc_args &a, const float *Dbuf, int s, const fc_cc_seq &q,
@@ -156,7 +194,7 @@ template <int D, int BR, int BC, int MINB>
 __global__ void __launch_bounds__(FA2_THREADS, MINB)
     fa2_bwd_dkdv_kernel(fc_cc_args a, const float *Dbuf, float *dq_acc, int32_t nkb, int vec, int atomic_dq) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
-  constexpr int TM = C::TM, TN = C::TN, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
+  constexpr int TM = C::TM, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
   extern __shared__ float4 fc_smem[];
   float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Qs = Vs + BC * LD, *dOs = Qs + BR * LD, *Ps = dOs + BR * LD,
         *dSs = Ps + BR * LDP, *Ls = dSs + BR * LDP, *Ds = Ls + BR;
@@ -195,20 +233,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
     fc_cp_async_wait<0>();
     __syncthreads(); /* Q_i, dO_i, lse_i, D_i (and K_j, V_j) visible; the previous dQ product is done with dS */
 
-    float P[TM][TN], dS[TM][TN];
-    fa2_bwd_tile<D, BR, BC>(P, dS, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs);
-#pragma unroll
-    for (int i = 0; i < TM; i++)
-#pragma unroll
-      for (int j = 0; j < TN; j++) {
-        Ps[(ty + 8 * i) * LDP + tx + 16 * j] = P[i][j];
-        dSs[(ty + 8 * i) * LDP + tx + 16 * j] = dS[i][j];
-      }
-    __syncthreads(); /* P and dS visible to every thread */
-
-    /* dV_j += Pᵀ·dO_i ; dK_j += dSᵀ·Q_i */
-    fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dv, Ps + 4 * cc, dOs + 4 * ng);
-    fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dk, dSs + 4 * cc, Qs + 4 * ng);
+    fa2_bwd_tile_dkdv<D, BR, BC>(dv, dk, Ps, dSs, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs, tx, ty, cc, ng);
     __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
 
     if (it + 1 < n_it) {
@@ -219,11 +244,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
 
     if (atomic_dq) { /* dQ_i += dS·K_j, added into the fp32 accumulator */
       float4 dq[TM][NC];
-#pragma unroll
-      for (int i = 0; i < TM; i++)
-#pragma unroll
-        for (int c = 0; c < NC; c++) dq[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      fa2_gemm_nn<TM, NC, BC, LDP, LD, 8, 64>(dq, dSs + ty * LDP, Ks + tx * 4);
+      fa2_bwd_dq_tile<D, BR, BC>(dq, dSs, Ks, tx, ty);
 #pragma unroll
       for (int i = 0; i < TM; i++) {
         const int32_t row = i0 + ty + 8 * i;
@@ -368,7 +389,7 @@ template <int D, int BR, int BC, int MINB, int QS>
 __global__ void __launch_bounds__(FA2_THREADS, MINB)
     fa2_bwd_dkdv_direct_kernel(fc_cc_args a, const float *Dbuf, int32_t nkb, int32_t hg, int64_t nsh, int vec) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
-  constexpr int TM = C::TM, TN = C::TN, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
+  constexpr int TM = C::TM, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
   constexpr int QF = C::STAGE_FLOATS;
   static_assert(QS == 1 || QS == 2, "one or two Q/dO stages");
   extern __shared__ float4 fc_smem[];
@@ -421,20 +442,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
       fc_cp_async_commit();
     }
 
-    float P[TM][TN], dS[TM][TN];
-    fa2_bwd_tile<D, BR, BC>(P, dS, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs);
-#pragma unroll
-    for (int i = 0; i < TM; i++)
-#pragma unroll
-      for (int j = 0; j < TN; j++) {
-        Ps[(ty + 8 * i) * LDP + tx + 16 * j] = P[i][j];
-        dSs[(ty + 8 * i) * LDP + tx + 16 * j] = dS[i][j];
-      }
-    __syncthreads(); /* P and dS visible to every thread */
-
-    /* dV_j += Pᵀ·dO_i ; dK_j += dSᵀ·Q_i */
-    fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dv, Ps + 4 * cc, dOs + 4 * ng);
-    fa2_gemm_tn<1, NCH, BR, LDP, LD, 0, 4 * NG>(dk, dSs + 4 * cc, Qs + 4 * ng);
+    fa2_bwd_tile_dkdv<D, BR, BC>(dv, dk, Ps, dSs, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs, tx, ty, cc, ng);
     if (QS == 1) {
       __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
       if (it + 1 < n_it) {
@@ -446,11 +454,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
 
     /* dq_i += scale·dS·K_j, added into dq itself (zeroed by the pre-pass) */
     float4 dq[TM][NC];
-#pragma unroll
-    for (int i = 0; i < TM; i++)
-#pragma unroll
-      for (int c = 0; c < NC; c++) dq[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    fa2_gemm_nn<TM, NC, BC, LDP, LD, 8, 64>(dq, dSs + ty * LDP, Ks + tx * 4);
+    fa2_bwd_dq_tile<D, BR, BC>(dq, dSs, Ks, tx, ty);
 #pragma unroll
     for (int i = 0; i < TM; i++) {
       const int32_t row = i0 + ty + 8 * i;
