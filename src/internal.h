@@ -30,6 +30,11 @@ flashc_status fc_error(flashc_status status, const char *fmt, ...)
     ;
 void fc_clear_error(void);
 
+/* The variant that environment variable `var` names among names[0 .. n) (env.c): its index in *out, or `fallback`
+ * when the variable is unset or empty; any other value is FLASHC_ERR_INVALID_ARGUMENT, the message starting with
+ * `who` (e.g. "flashc_backward (cuda-mma)") and listing the names. */
+flashc_status fc_env_choice(const char *var, const char *const *names, int n, int fallback, const char *who, int *out);
+
 /* Carry a non-OK status up. */
 #define FC_CHECK(call)                                                                                                 \
   do {                                                                                                                 \

@@ -596,19 +596,11 @@ typedef enum { FA2_BWD_BASE, FA2_BWD_FUSED, FA2_BWD_PIPE, FA2_BWD_NCONFIG } fa2_
 static const char *const fa2_bwd_config_names[FA2_BWD_NCONFIG] = {"base", "fused", "pipe"};
 
 static flashc_status fa2_bwd_config_from_env(fa2_bwd_config *out) {
-  const char *e = getenv("FLASHC_FA2_BWD_CONFIG");
-  *out = FA2_BWD_FUSED;
-  if (!e || !*e) return FLASHC_OK;
-  char names[64] = "";
-  for (int c = 0; c < FA2_BWD_NCONFIG; c++) {
-    if (strcmp(e, fa2_bwd_config_names[c]) == 0) {
-      *out = (fa2_bwd_config)c;
-      return FLASHC_OK;
-    }
-    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", c ? ", " : "", fa2_bwd_config_names[c]);
-  }
-  return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
-                  "flashc_backward: FLASHC_FA2_BWD_CONFIG=%s names no configuration of cuda-fa2-fp32 (%s)", e, names);
+  int c = 0;
+  FC_CHECK(fc_env_choice("FLASHC_FA2_BWD_CONFIG", fa2_bwd_config_names, FA2_BWD_NCONFIG, FA2_BWD_FUSED,
+                         "flashc_backward (cuda-fa2-fp32)", &c));
+  *out = (fa2_bwd_config)c;
+  return FLASHC_OK;
 }
 
 flashc_status fc_fa2_fp32_backward(const fc_problem *p) {

@@ -562,18 +562,14 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store);
 }
 
-/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, persistent, tmastore or pingpong. Unset (or any other
- * value): what measured fastest on the H100 (bench/results/hopper.csv): tmastore for D = 64 (+3..15 % over
+/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent or tmastore (an unknown name is an
+ * error). Unset: what measured fastest on the H100 (bench/results/hopper.csv): tmastore for D = 64 (+3..15 % over
  * pingpong, most at short seqlens, where one CTA per SM saves the per-tile prologue), pingpong for D = 128 and
  * 256 (the persistent kernel's one CTA per SM loses 5..15 % there). */
-static int fc_hp_variant(const fc_problem *p) {
-  const char *v = getenv("FLASHC_HOPPER_VARIANT");
-  if (v && strcmp(v, "simple") == 0) return FC_HP_SIMPLE;
-  if (v && strcmp(v, "overlap") == 0) return FC_HP_OVERLAP;
-  if (v && strcmp(v, "persistent") == 0) return FC_HP_PERSISTENT;
-  if (v && strcmp(v, "tmastore") == 0) return FC_HP_TMASTORE;
-  if (v && strcmp(v, "pingpong") == 0) return FC_HP_PINGPONG;
-  return p->head_dim <= 64 ? (int)FC_HP_TMASTORE : (int)FC_HP_PINGPONG;
+static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
+  static const char *const names[] = {"simple", "overlap", "pingpong", "persistent", "tmastore"}; /* FC_HP_* order */
+  return fc_env_choice("FLASHC_HOPPER_VARIANT", names, 5, p->head_dim <= 64 ? (int)FC_HP_TMASTORE : (int)FC_HP_PINGPONG,
+                       "flashc_forward (cuda-hopper)", variant);
 }
 
 static bool hopper_usable(char *why, size_t len) {
@@ -653,7 +649,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
-  const int variant = fc_hp_variant(p);
+  int variant = 0;
+  FC_CHECK(fc_hp_variant(p, &variant));
   if (variant >= FC_HP_PERSISTENT && p->head_dim <= 128) { /* D = 256 has no room for sO: one tile per CTA */
     if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant);
     return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant);

@@ -515,18 +515,9 @@ typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK } fc_hpb_dq_mode;
 
 static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mode) {
   static const char *const names[] = {"each", "split", "bulk"};
-  const char *e = getenv("FLASHC_HOPPER_BWD_DQ");
-  *mode = FC_HPB_DQ_BULK;
-  if (e && *e) {
-    int m = 0;
-    while (m < 3 && strcmp(e, names[m]) != 0) m++;
-    if (m == 3)
-      return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
-                      "flashc_backward: FLASHC_HOPPER_BWD_DQ='%.32s' is not a cuda-hopper dQ mode (known: each, split, "
-                      "bulk)",
-                      e);
-    *mode = (fc_hpb_dq_mode)m;
-  }
+  int m = 0;
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_DQ", names, 3, FC_HPB_DQ_BULK, "flashc_backward (cuda-hopper)", &m));
+  *mode = (fc_hpb_dq_mode)m;
   if (p->deterministic && *mode == FC_HPB_DQ_BULK) *mode = FC_HPB_DQ_SPLIT;
   return FLASHC_OK;
 }

@@ -304,7 +304,6 @@ static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDI
      {32, 2, 1, 0, 1}},
 };
 static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"default", "base"};
-static const char fc_mma_fwd_config_list[] = "default, base";
 
 static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
   return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
@@ -313,18 +312,8 @@ static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
 /* The configuration FLASHC_MMA_FWD_CONFIG names (read at every call, so that a
  * benchmark can switch). */
 static flashc_status fc_mma_fwd_config(int *config) {
-  const char *name = getenv("FLASHC_MMA_FWD_CONFIG");
-  *config = 0;
-  if (!name || !*name) return FLASHC_OK;
-  for (int c = 0; c < FC_MMA_NCONFIGS; c++)
-    if (strcmp(name, fc_mma_fwd_config_names[c]) == 0) {
-      *config = c;
-      return FLASHC_OK;
-    }
-  return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
-                  "FLASHC_MMA_FWD_CONFIG='%.32s' is not a cuda-mma forward "
-                  "configuration (known: %s)",
-                  name, fc_mma_fwd_config_list);
+  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS, 0,
+                       "flashc_forward (cuda-mma)", config);
 }
 
 /* Which row of the table runs head dim d (index i of fc_mma_dims): the

@@ -492,19 +492,11 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
-  const char *e = getenv("FLASHC_MMA_BWD_CONFIG");
-  *out = FC_BWD_FA2P;
-  if (!e || !*e) return FLASHC_OK;
-  char names[128] = "";
-  for (int c = 0; c < FC_BWD_NCONFIG; c++) {
-    if (strcmp(e, fc_bwd_config_names[c]) == 0) {
-      *out = (fc_bwd_config)c;
-      return FLASHC_OK;
-    }
-    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", c ? ", " : "", fc_bwd_config_names[c]);
-  }
-  return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
-                  "flashc_backward: FLASHC_MMA_BWD_CONFIG=%s names no configuration of cuda-mma (%s)", e, names);
+  int c = 0;
+  FC_CHECK(fc_env_choice("FLASHC_MMA_BWD_CONFIG", fc_bwd_config_names, FC_BWD_NCONFIG, FC_BWD_FA2P,
+                         "flashc_backward (cuda-mma)", &c));
+  *out = (fc_bwd_config)c;
+  return FLASHC_OK;
 }
 
 /* 1. prep. */
