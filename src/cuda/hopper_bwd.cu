@@ -14,10 +14,11 @@
  *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64n64k16, all operands in shared memory
  *          Pᵀ = 2^(c·Sᵀ − lse2_i),  dSᵀ = Pᵀ∘(dPᵀ − D_i)         registers (c = scale·log2 e), masked
  *          dV_j += Pᵀ·dO_i,  dK_j += dSᵀ·Q_i                    wgmma m64nDk16, Pᵀ/dSᵀ from registers
- *          dQ_i += dS·K_j                                       dSᵀ → shared memory; wgmma m64n64k16, both
- *                                                               operands MN-major; fp32 red.add. D = 128 (SPLIT):
- *                                                               warpgroup c, columns 64c.. over all 128 keys;
- *                                                               D = 64: each, its own 64 keys
+ *          dQ_i += dS·K_j                                       dSᵀ → shared memory; warpgroup c: columns
+ *                                                               (D/2)·c .. over all 128 keys, wgmma m64n(D/2)k16,
+ *                                                               both operands MN-major; the fp32 product into
+ *                                                               sdQ, one bulk reduce-add per tile (default; or
+ *                                                               red.global.add: FLASHC_HOPPER_BWD_DQ)
  *        dK_j = scale·dK_j, dV_j stored from registers at the end;
  *   3. convert (hopper_bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
  * Deterministic mode (bit-identical gradients run to run): the dQ adds of one query block are made in a fixed
@@ -28,6 +29,7 @@
  *   sK, sV [D/64][Bc][64]                    K_j, V_j (A of Sᵀ, dPᵀ; K_j also B of dQ, MN-major)
  *   sQ, sdO [STAGES][D/64][Br][64]           Q_i, dO_i ring (B of Sᵀ, dPᵀ K-major; B of dK, dV MN-major)
  *   sdS [Bc][Br]                             dSᵀ, each consumer's 64 key rows (A of dQ, MN-major)
+ *   sdQ [2][Br][D/2] fp32                    bulk dQ: each consumer's product, bank-swizzled (fc_bwd_dq_blocked_index)
  *   sLD [STAGES][2][Br] fp32                 lse2_i, D_i
  *   mbarriers: kv_full, full[STAGES], empty[STAGES]
  *
