@@ -45,21 +45,35 @@ typedef struct fc_bwd_rows_args {
   float scale;
 } fc_bwd_rows_args;
 
+/* What a CTA of prep's grid (row blocks × hq × sequences) covers: row block blk of head h of sequence b, whose
+ * sq rows start at q_start ([total_q] rows when varlen) and at padded row pad0. */
+typedef struct fc_bwd_rows_cta {
+  int blk, h, sq;
+  int64_t b, q_start, pad0;
+} fc_bwd_rows_cta;
+
+static __device__ __forceinline__ fc_bwd_rows_cta fc_bwd_rows_where(const fc_bwd_rows_args &a) {
+  fc_bwd_rows_cta w;
+  w.blk = (int)(blockIdx.x % a.n_blocks);
+  const int64_t bh = blockIdx.x / a.n_blocks;
+  w.h = (int)(bh % a.heads_q);
+  w.b = bh / a.heads_q;
+  w.q_start = 0, w.pad0 = w.b * a.sq_pad, w.sq = a.seqlen_q;
+  if (a.cu_q) {
+    w.q_start = a.cu_q[w.b];
+    w.sq = a.cu_q[w.b + 1] - (int)w.q_start;
+    w.pad0 = a.cu_pad[w.b];
+  }
+  return w;
+}
+
 /* prep: one CTA of 8 warps per FC_BWD_ROWS_PAD padded rows of one head of one sequence, one warp per row at a
  * time (the dot product over d in the lanes). Grid: row blocks × hq × sequences. */
 template <typename T>
 __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(const fc_bwd_rows_args a) {
-  const int blk = (int)(blockIdx.x % a.n_blocks);
-  const int64_t bh = blockIdx.x / a.n_blocks;
-  const int h = (int)(bh % a.heads_q);
-  const int64_t b = bh / a.heads_q;
-  int64_t q_start = 0, pad0 = b * a.sq_pad;
-  int sq = a.seqlen_q;
-  if (a.cu_q) {
-    q_start = a.cu_q[b];
-    sq = a.cu_q[b + 1] - (int)q_start;
-    pad0 = a.cu_pad[b];
-  }
+  const fc_bwd_rows_cta w = fc_bwd_rows_where(a);
+  const int blk = w.blk, h = w.h, sq = w.sq;
+  const int64_t b = w.b, q_start = w.q_start, pad0 = w.pad0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = FC_BWD_ROWS_THREADS / 32;
   const int pad_rows = (sq + FC_BWD_ROWS_PAD - 1) / FC_BWD_ROWS_PAD * FC_BWD_ROWS_PAD;
   const uint16_t *O = a.o + b * a.o_sb + q_start * a.o_ss + (int64_t)h * a.o_sh;
@@ -99,17 +113,9 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_kerne
 /* convert of a blocked sum: prep's grid (a CTA per FC_BWD_ROWS_PAD padded rows of one head of one sequence). */
 template <typename T>
 __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_blocked_kernel(const fc_bwd_rows_args a) {
-  const int blk = (int)(blockIdx.x % a.n_blocks);
-  const int64_t bh = blockIdx.x / a.n_blocks;
-  const int h = (int)(bh % a.heads_q);
-  const int64_t b = bh / a.heads_q;
-  int64_t q_start = 0, pad0 = b * a.sq_pad;
-  int sq = a.seqlen_q;
-  if (a.cu_q) {
-    q_start = a.cu_q[b];
-    sq = a.cu_q[b + 1] - (int)q_start;
-    pad0 = a.cu_pad[b];
-  }
+  const fc_bwd_rows_cta w = fc_bwd_rows_where(a);
+  const int blk = w.blk, h = w.h, sq = w.sq;
+  const int64_t b = w.b, q_start = w.q_start, pad0 = w.pad0;
   uint16_t *dQ = a.dq + (a.cu_q ? 0 : b * a.dq_sb) + q_start * a.dq_ss + (int64_t)h * a.dq_sh;
   for (int idx = threadIdx.x; idx < FC_BWD_ROWS_PAD * a.head_dim; idx += FC_BWD_ROWS_THREADS) {
     const int i = blk * FC_BWD_ROWS_PAD + idx / a.head_dim, c = idx % a.head_dim;
