@@ -568,8 +568,9 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  * 256 (the persistent kernel's one CTA per SM loses 5..15 % there). */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   static const char *const names[] = {"simple", "overlap", "pingpong", "persistent", "tmastore"}; /* FC_HP_* order */
-  return fc_env_choice("FLASHC_HOPPER_VARIANT", names, 5, p->head_dim <= 64 ? (int)FC_HP_TMASTORE : (int)FC_HP_PINGPONG,
-                       "flashc_forward (cuda-hopper)", variant);
+  return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]),
+                       p->head_dim <= 64 ? (int)FC_HP_TMASTORE : (int)FC_HP_PINGPONG, "flashc_forward (cuda-hopper)",
+                       variant);
 }
 
 static bool hopper_usable(char *why, size_t len) {

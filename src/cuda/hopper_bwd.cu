@@ -518,7 +518,8 @@ typedef enum { FC_HPB_DQ_EACH, FC_HPB_DQ_SPLIT, FC_HPB_DQ_BULK } fc_hpb_dq_mode;
 static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mode) {
   static const char *const names[] = {"each", "split", "bulk"};
   int m = 0;
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_DQ", names, 3, FC_HPB_DQ_BULK, "flashc_backward (cuda-hopper)", &m));
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_DQ", names, (int)(sizeof names / sizeof names[0]), FC_HPB_DQ_BULK,
+                         "flashc_backward (cuda-hopper)", &m));
   *mode = (fc_hpb_dq_mode)m;
   if (p->deterministic && *mode == FC_HPB_DQ_BULK) *mode = FC_HPB_DQ_SPLIT;
   return FLASHC_OK;
