@@ -194,6 +194,28 @@ static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[N / 2], uint32_t ds
       fc_wgmma_ss_tt<T, N>(dq, da, db);
   }
 }
+
+/* BULK: this warpgroup's dQ product (64 rows × NQ columns, the wgmma accumulator layout) into its shared-memory
+ * tile, then one thread adds the whole tile to `dst` in the fp32 sum (one bulk reduce-add). Row 16·warp + g +
+ * 8·rh, columns 8x + 2t, + 1: the row's 16-byte chunk 2x + t / 2, stored at chunk (2x + t / 2) ^ (2g % (NQ / 4))
+ * (fc_bwd_dq_blocked_index). The caller has made sure the last add from this tile has read it. */
+template <int NQ>
+static __device__ __forceinline__ void fc_hpb_dq_tile_add(const float (&dq)[NQ / 2], uint32_t tile, float *dst,
+                                                          int warp, int g, int t, int ct, int bar) {
+#pragma unroll
+  for (int x = 0; x < NQ / 8; x++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++)
+      fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
+                                 (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
+                             dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
+  fc_fence_proxy_async();     /* these writes, before the copy engine reads them */
+  fc_named_barrier(bar, 128); /* the warpgroup's whole tile is written */
+  if (ct == 0) {
+    fc_hpb_bulk_reduce_add_f32(dst, tile, FC_BWD_DQ_TILE * NQ * 4);
+    fc_bulk_commit();
+  }
+}
 #endif /* FC_HOPPER_ARCH */
 
 /* SPLIT: the two consumer warpgroups split dQ_i by columns instead of by keys: warpgroup c computes columns
@@ -316,20 +338,35 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     for (int x = 0; x < D / 2; x++) dk[x] = dv[x] = 0.0f;
     if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
 
+    /* PIPE (bulk dQ at D = 64, where the registers allow it): block it + 1's Sᵀ, dPᵀ wgmma is issued right after
+     * block it's dK/dV and dQ wgmmas, so that it runs beside this block's dQ tile store, bulk add and stage
+     * release (block 0's before the loop). At D = 128 the extra live accumulators would not fit 240 registers.
+     * ptxas must be able to see which wgmma groups a wait retires: the loop body commits the same groups on
+     * every path (no test of the iteration around them), else it adds waits (C7517) or serialises (C7514). */
+    constexpr bool PIPE = BULK && D == 64;
+    float st[32], dpt[32];
+    if (PIPE && n_iter > 0) { /* block 0's Sᵀ, dPᵀ */
+      fc_mbar_wait(FULL(0), 0);
+      fc_wgmma_fence();
+      fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, sQ, sdO);
+      fc_wgmma_commit();
+    }
     for (int it = 0; it < n_iter; it++) {
       const int s = it % STAGES, u = it / STAGES;
       const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB_BR;
       const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
       const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
-      fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
-
-      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ */
-      float st[32], dpt[32];
-      fc_fence_regs(dk);
-      fc_fence_regs(dv);
-      fc_wgmma_fence();
-      fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, q_tile, do_tile);
-      fc_wgmma_commit();
+      float dq_pipe[NQ / 2]; /* PIPE: this block's dQ product, issued in the first half, added in the second */
+      int *ticket = NULL;
+      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ (PIPE: issued by the last iteration) */
+      if constexpr (!PIPE) {
+        fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
+        fc_fence_regs(dk);
+        fc_fence_regs(dv);
+        fc_wgmma_fence();
+        fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, q_tile, do_tile);
+        fc_wgmma_commit();
+      }
       fc_wgmma_wait<0>();
       fc_fence_regs(st);
       fc_fence_regs(dpt);
@@ -396,7 +433,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const bool odd = t & 1;
       const int qrow = q0 + 16 * warp + g + (odd ? 8 : 0);
       float *dq_row = a.dq_accum + ((q_row0 + qrow) * a.heads_q + hh) * (int64_t)D + 4 * (t >> 1);
-      int *ticket = NULL;
       if constexpr (DET) {
         /* Wait for this warpgroup's turn (fc_hpb_ticket_wait); the previous key block saw query block q0 / Br
          * iff it lies in that block's range. */
@@ -406,66 +442,83 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         if (ct == 0 && !first) fc_hpb_ticket_wait(ticket, 2 * jb + cw);
         fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the whole warpgroup adds after the acquire */
       }
-#pragma unroll
-      for (int h = 0; h < (SPLIT ? 1 : HALVES); h++) {
-        const int col0 = SPLIT ? NQ * cw : 64 * h; /* this product's first column of dQ_i */
-        float dq[NQ / 2];
+      if constexpr (PIPE) { /* SPLIT: both warpgroups' dSᵀ rows, this warpgroup's NQ columns */
+        const uint32_t k_cols = sK + NQ * cw * 2;
         fc_wgmma_fence();
-        if constexpr (SPLIT) { /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
-          const uint32_t k_cols = sK + (col0 / 64) * FC_HPB_KV_HALF + (col0 % 64) * 2;
-          fc_hpb_dq<T, NQ>(dq, sdS, k_cols);
-          fc_hpb_dq<T, NQ, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
-        } else {
-          fc_hpb_dq<T, NQ>(dq, ds_rows, k_rows + h * FC_HPB_KV_HALF);
-        }
+        fc_hpb_dq<T, NQ>(dq_pipe, sdS, k_cols);
+        fc_hpb_dq<T, NQ, false>(dq_pipe, sdS + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
         fc_wgmma_commit();
-        fc_wgmma_wait<0>();
-        fc_fence_regs(dq);
-        if constexpr (BULK) {
-          /* Row 16·warp + g + 8·rh, columns 8x + 2t, + 1 of the tile: its 16-byte chunk 2x + t / 2, stored at
-           * chunk (2x + t / 2) ^ (2g % (NQ / 4)) (fc_bwd_dq_blocked_index); then one thread adds the tile. */
-          const uint32_t tile = sdQ + cw * DQ_TILE_BYTES;
+      } else {
 #pragma unroll
-          for (int x = 0; x < NQ / 8; x++)
-#pragma unroll
-            for (int rh = 0; rh < 2; rh++)
-              fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
-                                         (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
-                                     dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
-          fc_fence_proxy_async();                    /* these writes, before the copy engine reads them */
-          fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's whole tile is written */
-          if (ct == 0) {
-            fc_hpb_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + col0 * FC_BWD_DQ_TILE,
-                                       tile, DQ_TILE_BYTES);
-            fc_bulk_commit();
+        for (int h = 0; h < (SPLIT ? 1 : HALVES); h++) {
+          const int col0 = SPLIT ? NQ * cw : 64 * h; /* this product's first column of dQ_i */
+          float dq[NQ / 2];
+          fc_wgmma_fence();
+          if constexpr (SPLIT) { /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
+            const uint32_t k_cols = sK + (col0 / 64) * FC_HPB_KV_HALF + (col0 % 64) * 2;
+            fc_hpb_dq<T, NQ>(dq, sdS, k_cols);
+            fc_hpb_dq<T, NQ, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+          } else {
+            fc_hpb_dq<T, NQ>(dq, ds_rows, k_rows + h * FC_HPB_KV_HALF);
           }
-        } else {
+          fc_wgmma_commit();
+          fc_wgmma_wait<0>();
+          fc_fence_regs(dq);
+          if constexpr (BULK) {
+            fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
+                                   a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + col0 * FC_BWD_DQ_TILE,
+                                   warp, g, t, ct, FC_HPB_BAR_DS + cw);
+          } else {
 #pragma unroll
-          for (int x = 0; x < NQ / 8; x++) {
-            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
-            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
-            if (qrow < sq) {
-              if (odd)
-                fc_red_add4(dq_row + col0 + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
-              else
-                fc_red_add4(dq_row + col0 + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+            for (int x = 0; x < NQ / 8; x++) {
+              const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
+              const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
+              if (qrow < sq) {
+                if (odd)
+                  fc_red_add4(dq_row + col0 + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
+                else
+                  fc_red_add4(dq_row + col0 + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+              }
             }
           }
         }
+      }
+      if constexpr (PIPE) {
+        /* Block it + 1's Sᵀ, dPᵀ; the last block issues its own again (discarded; its stage is not refilled), so
+         * that every iteration commits one group and the waits below are the same on every path (ptxas cannot
+         * tell that two tests of it + 1 < n_iter agree, and would add waits). dk, dv are not touched here: their
+         * wgmma is in flight. */
+        const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
+        if (it + 1 < n_iter) fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* Q_i, dO_i, lse2_i, D_i of block it + 1 */
+        fc_wgmma_fence();
+        fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, sQ + s1 * Q_BYTES, sdO + s1 * Q_BYTES);
+        fc_wgmma_commit();
+      }
+      if constexpr (PIPE) { /* this block's dK/dV and dQ groups are done; the next Sᵀ, dPᵀ may still run */
+        fc_wgmma_wait<1>();
+        fc_fence_regs(dk);
+        fc_fence_regs(dv);
+        fc_fence_regs(dq_pipe);
+        fc_hpb_dq_tile_add<NQ>(dq_pipe, sdQ + cw * DQ_TILE_BYTES,
+                               a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE,
+                               warp, g, t, ct, FC_HPB_BAR_DS + cw);
       }
       if constexpr (DET) {
         __threadfence();                           /* this thread's adds are performed ... */
         fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... every thread's, before the turn passes on */
         if (ct == 0) fc_hpb_ticket_post(ticket, 2 * jb + cw + 1);
       }
-      fc_wgmma_wait<0>(); /* dV, dK of this block are done (HALVES ≥ 1 waits above already covered them) */
-      fc_fence_regs(dk);
-      fc_fence_regs(dv);
+      if constexpr (!PIPE) { /* dV, dK of this block are done (the waits above covered them) */
+        fc_wgmma_wait<0>();
+        fc_fence_regs(dk);
+        fc_fence_regs(dv);
+      }
       /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. Every consumer thread arrives: an
        * arrive releases only the arriving thread's own reads of sL/sD (racecheck found the next bulk fill
        * racing with the other lanes' reads when lane 0 arrived for its warp). */
       fc_mbar_arrive_if(EMPTY(s), true);
     }
+    if constexpr (PIPE) fc_wgmma_wait<0>(); /* the last, discarded Sᵀ, dPᵀ (dk, dv were fenced after wait 1) */
     /* BULK: the CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (BULK && ct == 0) fc_bulk_wait<0>();
 
