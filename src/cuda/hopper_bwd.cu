@@ -91,14 +91,6 @@ static __device__ __forceinline__ void fc_hpb_bulk_load(uint32_t dst, const void
                "l"((uint64_t)src), "r"(bytes), "r"(bar)
                : "memory");
 }
-/* Adds `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory
- * through the copy engine, element by element (atomically per element, in no set order); completes with the
- * bulk group that fc_bulk_commit closes. */
-static __device__ __forceinline__ void fc_hpb_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"((uint64_t)dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
 static __device__ __forceinline__ void fc_hpb_st_shared_f32x2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
@@ -435,8 +427,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           fc_fence_proxy_async();                    /* these writes, before the copy engine reads them */
           fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's whole tile is written */
           if (ct == 0) {
-            fc_hpb_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + col0 * FC_BWD_DQ_TILE,
-                                       tile, DQ_TILE_BYTES);
+            fc_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + col0 * FC_BWD_DQ_TILE,
+                                   tile, DQ_TILE_BYTES);
             fc_bulk_commit();
           }
         } else {
