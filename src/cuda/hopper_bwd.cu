@@ -91,9 +91,6 @@ static __device__ __forceinline__ void fc_hpb_bulk_load(uint32_t dst, const void
                "l"((uint64_t)src), "r"(bytes), "r"(bar)
                : "memory");
 }
-static __device__ __forceinline__ void fc_hpb_st_shared_f32x2(uint32_t addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
 /* Two neighbouring floats (8-byte aligned) of shared memory. */
 static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
   float2 v;
@@ -421,9 +418,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           for (int x = 0; x < NQ / 8; x++)
 #pragma unroll
             for (int rh = 0; rh < 2; rh++)
-              fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
-                                         (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
-                                     dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
+              fc_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
+                                     (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
+                                 dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
           fc_fence_proxy_async();                    /* these writes, before the copy engine reads them */
           fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's whole tile is written */
           if (ct == 0) {

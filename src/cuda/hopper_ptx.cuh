@@ -169,6 +169,10 @@ static __device__ __forceinline__ void fc_tma_store_4d(const CUtensorMap *map, u
 static __device__ __forceinline__ void fc_fence_proxy_async(void) {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+/* Two neighbouring floats (8-byte aligned) into shared memory: the staging of a bulk add's source. */
+static __device__ __forceinline__ void fc_st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
 /* Adds `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory
  * through the copy engine, element by element (atomically per element, in no set order); completes with the
  * bulk group that fc_bulk_commit closes. */
@@ -185,6 +189,12 @@ static __device__ __forceinline__ void fc_bulk_commit(void) {
  * source may be overwritten; their global writes may still be on the way). */
 template <int N> static __device__ __forceinline__ void fc_bulk_wait_read(void) {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+/* fc_bulk_wait_read<0> in thread tid = 0 only (the one that issues), predicated rather than branched around, so
+ * that no branch splits the caller's basic block (cuda-mma's backward: fewer spills at 255 registers). */
+static __device__ __forceinline__ void fc_bulk_wait_read0_in_thread0(uint32_t tid) {
+  asm volatile("{\n.reg .pred p0;\nsetp.eq.u32 p0, %0, 0;\n@p0 cp.async.bulk.wait_group.read 0;\n}\n" ::"r"(tid)
+               : "memory");
 }
 /* Waits until at most N of this thread's bulk groups are pending at all (their writes are done). */
 template <int N> static __device__ __forceinline__ void fc_bulk_wait(void) {

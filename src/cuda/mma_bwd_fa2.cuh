@@ -106,6 +106,41 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4]
   }
 }
 
+#if FC_BULK_ARCH
+/* BULK_DQ: this thread's byte addresses in sdQ (the blocked layout with w = 32: fc_bwd_dq_blocked_offset) of
+ * row 16·R0 + g, column c0 + 8v + 2t for v = 0..3, where the warp's dQ tile starts at row 16·R0 (R0 a multiple
+ * of MT_Q, MT_Q dividing 4: the tile's rows stay in one 64-row tile) and column c0 (a multiple of 16). Any
+ * other fragment is at[v] + a compile-time offset: + 2048·m, + 1024·rh bytes (16 or 8 rows of 128 bytes),
+ * + 8192 per 32 columns (the next column tile). Only bits 5-6 (the 16-byte chunk's pair within the row) are
+ * swizzled, by 2·(row % 4) = 2·(g % 4) chunks; c0 % 32 = 16 shifts the pair by 2 (bit 6 flipped, v ≥ 2
+ * carried into the next column tile). Per thread once: every store is then one st.shared.v2 [reg + imm]. */
+static __device__ __forceinline__ void fc_bwd_fa2_sdq_at(uint32_t (&at)[4], uint32_t sdq, int D, int R0, int c0, int g,
+                                                         int t) {
+  const uint32_t row = sdq + (uint32_t)(R0 / 4) * (FC_BWD_DQ_TILE * D * 4) + (uint32_t)(R0 % 4) * 2048u +
+                       (uint32_t)g * 128u + 8u * t + (uint32_t)(c0 / 32) * (FC_BWD_DQ_TILE * 32 * 4);
+  const uint32_t sw = (32u * (g % 4)) ^ (4u * (c0 & 16)), carry = (c0 & 16) ? FC_BWD_DQ_TILE * 32 * 4 : 0u;
+#pragma unroll
+  for (int v = 0; v < 4; v++) at[v] = row + (v >= 2 ? carry : 0u) + ((32u * v) ^ sw);
+}
+/* threadIdx.x read again where it is used: asm volatile is not hoisted out of the loop, so that the sdQ addresses
+ * derived from it are recomputed per query block (a few integer instructions) instead of held in registers across
+ * the loop's MMAs (at 255 registers, those are spills). */
+static __device__ __forceinline__ int fc_bwd_fa2_tid_again(void) {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
+  return (int)v;
+}
+/* BULK_DQ, thread 0: adds sdQ, the tile of query head hh's block from row q0, into the blocked sum: Br head-rows
+ * from hh·total_pad + pad0 + q0, one contiguous range (a multiple of 64: padded sequences start on multiples of
+ * FC_BWD_PADR), with one bulk add in a bulk group of its own. */
+template <int BR, int D>
+static __device__ __forceinline__ void fc_bwd_fa2_sdq_add(const fc_mma_bwd_args &a, int64_t pad0, int hh, int q0,
+                                                          uint32_t sdq) {
+  fc_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D, sdq, BR * D * sizeof(float));
+  fc_bulk_commit();
+}
+#endif
+
 /* NQC: the columns of a warp's dQ tile accumulated at once (a divisor of its D·WQ/NW columns, so that dQ's
  * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes).
  * BULK_DQ (with ATOMIC_DQ; the host launches it on sm_90 only): dQ through sdQ and bulk adds into the blocked
@@ -129,13 +164,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
   static_assert(!BULK_DQ || (ATOMIC_DQ && BR % FC_BWD_DQ_TILE == 0 && D % FC_MMA_DQ_TILE_W == 0 &&
                              FC_BWD_PADR % FC_BWD_DQ_TILE == 0),
                 "bulk dQ: the block's rows are whole 64-row tiles of the blocked sum");
-  [[maybe_unused]] constexpr uint32_t DQ_TILE_BYTES =
-      BR * D * sizeof(float); /* BULK_DQ: sdQ, and the bytes of one bulk add */
+  static_assert(!BULK_DQ || (FC_MMA_DQ_TILE_W == 32 && 4 % MT_Q == 0 && NQ % 16 == 0 && NQC % 8 == 0),
+                "bulk dQ: fc_bwd_fa2_sdq_at's layout (w = 32, a warp's rows inside one 64-row tile)");
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t *sK = smem, *sV = sK + BC * DS, *sQ = sV + BC * DS, *sdO = sQ + QSTAGES * BR * DS;
   uint16_t *sP = sdO + QSTAGES * BR * DS, *sdS = sP + BC * PS;
   float *sL = (float *)(sdS + BC * PS), *sD = sL + QSTAGES * BR;
-  [[maybe_unused]] float *sdQ = sD + QSTAGES * BR; /* BULK_DQ */
+  [[maybe_unused]] float *sdQ = sD + QSTAGES * BR; /* BULK_DQ: Br × D fp32 */
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int ks = warp % WS, ns = warp / WS; /* Sᵀ: keys ks·MS.., queries ns·NS.. */
   const int kd = warp % WD, nd = warp / WD; /* dK, dV: keys kd·MD.., columns nd·ND.. */
@@ -186,8 +221,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
     for (int x = 0; x < NDV; x++)
 #pragma unroll
       for (int e = 0; e < 4; e++) dk[m][x][e] = dv[m][x][e] = 0.0f;
-  /* BULK_DQ, thread 0: where the last block's tile (in sdQ) is to be added, NULL when none waits. */
-  [[maybe_unused]] float *dq_pending = NULL;
 
   for (int it = 0; it < n_iter; it++) {
     const int st = QSTAGES == 2 ? it % 2 : 0;
@@ -205,11 +238,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
     }
     fc_cp_async_commit();
 #if FC_BULK_ARCH
-    /* Every warp's tile of the last block and its proxy fence are behind the barrier above: add the tile. */
-    if (BULK_DQ && tid == 0 && dq_pending) {
-      fc_bulk_reduce_add_f32(dq_pending, fc_smem_u32(sdQ), DQ_TILE_BYTES);
-      fc_bulk_commit();
-    }
+    /* Every warp's tile of block it − 1 and its proxy fence are behind the barrier above: add the tile (its
+     * head and block rebuilt here rather than kept live across the loop). */
+    if (BULK_DQ && tid == 0 && it > 0)
+      fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (it - 1) / n_i, (i_begin + (it - 1) % n_i) * BR,
+                                fc_smem_u32(sdQ));
 #endif
     const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
     const float *L = sL + st * BR, *Dr = sD + st * BR;
@@ -327,7 +360,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
         }
 #if FC_BULK_ARCH
     /* The last block's bulk add has read sdQ before the barrier below, behind which sdQ is written again. */
-    if (BULK_DQ && tid == 0) fc_bulk_wait_read<0>();
+    if (BULK_DQ) fc_bulk_wait_read0_in_thread0(tid);
 #endif
     __syncthreads(); /* Pᵀ and dSᵀ of all warps are in shared memory */
 
@@ -382,19 +415,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
           }
         }
         if constexpr (BULK_DQ && FC_BULK_ARCH) {
-          /* Row r, columns c, c + 1 of the block's tile as one 8-byte store into sdQ's blocked layout. Rows
-           * past the sequence are stored too: their dS is 0 (P = 0 on padding rows) and the padded rows of
-           * the sum are the sequence's own. */
+#if FC_BULK_ARCH /* the helpers exist in the sm_90 pass only */
+          /* Row qm·MQ + 16m + g + 8rh, columns qn·NQ + ch·NQC + 8x + 2t, + 1 of the block's tile as one 8-byte
+           * store into sdQ's blocked layout (fc_bwd_dq_blocked_offset), at a per-thread base plus a constant.
+           * Rows past the sequence are stored too: their dS is 0 (P = 0 on padding rows) and the padded rows
+           * of the sum are the sequence's own. */
+          const int tid_q = fc_bwd_fa2_tid_again(), w_q = tid_q / 32, l_q = tid_q % 32;
+          uint32_t at[4];
+          fc_bwd_fa2_sdq_at(at, fc_smem_u32(sdQ), D, (w_q % WQ) * MT_Q, (w_q / WQ) * NQ, l_q / 4, l_q % 4);
 #pragma unroll
           for (int m = 0; m < MT_Q; m++)
 #pragma unroll
             for (int x = 0; x < NQX; x++)
 #pragma unroll
               for (int rh = 0; rh < 2; rh++) {
-                const int r = qm * MQ + 16 * m + g + 8 * rh, c = qn * NQ + ch * NQC + 8 * x + 2 * t;
-                *(float2 *)(sdQ + fc_bwd_dq_blocked_offset(r, c, D, FC_MMA_DQ_TILE_W)) =
-                    make_float2(dq[m][x][2 * rh], dq[m][x][2 * rh + 1]);
+                constexpr int TW = FC_BWD_DQ_TILE * 32 * 4; /* bytes of one 64 × 32 column tile */
+                const int c0 = ch * NQC + 8 * x;            /* compile-time */
+                fc_st_shared_f32x2(at[(c0 / 8) % 4] + (c0 / 32) * TW + 2048 * m + 1024 * rh, dq[m][x][2 * rh],
+                                   dq[m][x][2 * rh + 1]);
               }
+#endif
         } else if constexpr (BULK_DQ) {
           /* Compiled below sm_90 (no bulk add): fa2p's red.global.add.v4 below at the blocked sum's addresses
            * (4 columns stay contiguous in it). */
@@ -442,10 +482,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
       }
 #if FC_BULK_ARCH
       if constexpr (BULK_DQ) {
-        fc_fence_proxy_async(); /* this thread's sdQ stores, before the copy engine reads them */
-        /* The tile's rows of the sum, one contiguous range: Br head-rows from hh·total_pad + pad0 + q0, a
-         * multiple of 64 (padded sequences start on multiples of FC_BWD_PADR). Added after the next barrier. */
-        dq_pending = a.dq_accum + ((int64_t)hh * a.total_pad + s.pad0 + q0) * D;
+        fc_fence_proxy_async(); /* this thread's sdQ stores, before the copy engine reads them; thread 0 adds
+                                   the tile after the next barrier (fc_bwd_fa2_sdq_add) */
       }
 #endif
     }
@@ -465,10 +503,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
   __syncthreads();
 #if FC_BULK_ARCH
   /* The last block's tile is behind the barrier above; sdQ is not the staging of dK_j, dV_j below. */
-  if (BULK_DQ && tid == 0 && dq_pending) {
-    fc_bulk_reduce_add_f32(dq_pending, fc_smem_u32(sdQ), DQ_TILE_BYTES);
-    fc_bulk_commit();
-  }
+  if (BULK_DQ && tid == 0 && n_iter > 0)
+    fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (n_iter - 1) / n_i, (i_begin + (n_iter - 1) % n_i) * BR,
+                              fc_smem_u32(sdQ));
 #endif
   uint16_t *sdK = sQ, *sdV = sdO;
 #pragma unroll
