@@ -91,17 +91,6 @@ static __device__ __forceinline__ void fc_hpb_bulk_load(uint32_t dst, const void
                "l"((uint64_t)src), "r"(bytes), "r"(bar)
                : "memory");
 }
-/* Adds `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory
- * through the copy engine, element by element (atomically per element, in no set order); completes with the
- * bulk group that fc_bulk_commit closes. */
-static __device__ __forceinline__ void fc_hpb_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"((uint64_t)dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-static __device__ __forceinline__ void fc_hpb_st_shared_f32x2(uint32_t addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
 /* Two neighbouring floats (8-byte aligned) of shared memory. */
 static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
   float2 v;
@@ -206,13 +195,13 @@ static __device__ __forceinline__ void fc_hpb_dq_tile_add(const float (&dq)[NQ /
   for (int x = 0; x < NQ / 8; x++)
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)
-      fc_hpb_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
-                                 (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
-                             dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
+      fc_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
+                             (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
+                         dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
   fc_fence_proxy_async();     /* these writes, before the copy engine reads them */
   fc_named_barrier(bar, 128); /* the warpgroup's whole tile is written */
   if (ct == 0) {
-    fc_hpb_bulk_reduce_add_f32(dst, tile, FC_BWD_DQ_TILE * NQ * 4);
+    fc_bulk_reduce_add_f32(dst, tile, FC_BWD_DQ_TILE * NQ * 4);
     fc_bulk_commit();
   }
 }

@@ -5,8 +5,8 @@
  *            sequence's rows padded to FC_BWD_ROWS_PAD. A padding row, or a row that saw no key (lse = −inf),
  *            gets D = 0 and lse2 = +inf, so that its P = 2^(S·c − lse2) is 0 and it adds nothing to dK, dV.
  *   convert: dQ = scale·dQ_accum, the fp32 sum that the key blocks added into, to 16 bits. The sum is either
- *            [total_q][hq][dq_ld] (red.global.add) or blocked in tiles of 64 rows × dq_tile_w columns (cuda-hopper's
- *            bulk adds: fc_bwd_dq_blocked_index).
+ *            [total_q][hq][dq_ld] (red.global.add) or blocked in tiles of 64 rows × dq_tile_w columns (the bulk
+ *            adds of cuda-hopper and of cuda-mma's fa2pb: fc_bwd_dq_blocked_index).
  * Both are plain CUDA (any architecture). */
 #ifndef FLASHC_CUDA_HOPPER_BWD_ROWS_CUH
 #define FLASHC_CUDA_HOPPER_BWD_ROWS_CUH
@@ -26,6 +26,13 @@ static __host__ __device__ __forceinline__ int64_t fc_bwd_dq_blocked_index(int64
   const int r = (int)(hr % FC_BWD_DQ_TILE), cc = c % w;
   return (hr - r) * ld + (int64_t)(c / w) * FC_BWD_DQ_TILE * w + r * w + (((cc / 4) ^ ((2 * r) % (w / 4))) * 4) +
          cc % 4;
+}
+/* The same layout seen from the first of ROWS head-rows (ROWS a multiple of 64, the first one too): the offset
+ * of row r < ROWS, column c, in 32 bits, for a copy of those rows in shared memory that one bulk add sends
+ * whole (cuda-mma's backward: fc_bwd_dq_blocked_index(hr0 + r, c, ld, w) − hr0·ld). */
+static __host__ __device__ __forceinline__ int fc_bwd_dq_blocked_offset(int r, int c, int ld, int w) {
+  const int rt = r % FC_BWD_DQ_TILE, cc = c % w;
+  return (r - rt) * ld + (c / w) * FC_BWD_DQ_TILE * w + rt * w + (((cc / 4) ^ ((2 * rt) % (w / 4))) * 4) + cc % 4;
 }
 
 typedef struct fc_bwd_rows_args {

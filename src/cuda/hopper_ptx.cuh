@@ -4,7 +4,8 @@
  *
  * Everything here is compiled only in the sm_90a device pass (FC_HOPPER_ARCH = 1): the library is also built
  * for sm_80, where none of these instructions exist, and there the kernels that would use them have empty
- * bodies (the host never launches them: see hopper_usable). */
+ * bodies (the host never launches them: see hopper_usable). The bulk-group section at the end needs only
+ * sm_90 (FC_BULK_ARCH = 1): cuda-mma's backward uses it too. */
 #ifndef FLASHC_CUDA_HOPPER_PTX_CUH
 #define FLASHC_CUDA_HOPPER_PTX_CUH
 
@@ -130,11 +131,6 @@ static __device__ __forceinline__ void fc_named_barrier_arrive_if(int id, int th
                "r"((int)pred)
                : "memory");
 }
-/* Orders this thread's generic-proxy shared-memory accesses against the async proxy (TMA, wgmma). */
-static __device__ __forceinline__ void fc_fence_proxy_async(void) {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 static __device__ __forceinline__ void fc_st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -159,6 +155,32 @@ static __device__ __forceinline__ void fc_tma_store_4d(const CUtensorMap *map, u
       "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+#endif /* FC_HOPPER_ARCH */
+
+/* ---- bulk groups and the async proxy: plain sm_90 (no "a" features), also used by cuda-mma's backward ---------- */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FC_BULK_ARCH 1
+#else
+#define FC_BULK_ARCH 0
+#endif
+
+#if FC_BULK_ARCH
+/* Orders this thread's generic-proxy shared-memory accesses against the async proxy (TMA, wgmma, bulk copies). */
+static __device__ __forceinline__ void fc_fence_proxy_async(void) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* Two neighbouring floats (8-byte aligned) into shared memory: the staging of a bulk add's source. */
+static __device__ __forceinline__ void fc_st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+/* Adds `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory
+ * through the copy engine, element by element (atomically per element, in no set order); completes with the
+ * bulk group that fc_bulk_commit closes. */
+static __device__ __forceinline__ void fc_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"((uint64_t)dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
 /* Closes this thread's bulk copies issued since the last commit into one bulk async-group. */
 static __device__ __forceinline__ void fc_bulk_commit(void) {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -168,10 +190,16 @@ static __device__ __forceinline__ void fc_bulk_commit(void) {
 template <int N> static __device__ __forceinline__ void fc_bulk_wait_read(void) {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
+/* fc_bulk_wait_read<0> in thread tid = 0 only (the one that issues), predicated rather than branched around, so
+ * that no branch splits the caller's basic block (cuda-mma's backward: fewer spills at 255 registers). */
+static __device__ __forceinline__ void fc_bulk_wait_read0_in_thread0(uint32_t tid) {
+  asm volatile("{\n.reg .pred p0;\nsetp.eq.u32 p0, %0, 0;\n@p0 cp.async.bulk.wait_group.read 0;\n}\n" ::"r"(tid)
+               : "memory");
+}
 /* Waits until at most N of this thread's bulk groups are pending at all (their writes are done). */
 template <int N> static __device__ __forceinline__ void fc_bulk_wait(void) {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-#endif /* FC_HOPPER_ARCH */
+#endif /* FC_BULK_ARCH */
 #endif /* FLASHC_CUDA_HOPPER_PTX_CUH */

@@ -480,7 +480,14 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
  * (bench/results/configs/mma-bwd-configs.csv, b·s = 16k, bf16 and fp16, d 64/128/256, full and causal):
  * fa2p 0.98-1.45x fa2 (median 1.1x; below 1.0x in 1 of 72 cells); fa2x2 0.82-1.16x fa2p, ahead mostly at
  * seqlen 512 and d256. */
-typedef enum fc_bwd_config { FC_BWD_BASE, FC_BWD_FA2, FC_BWD_FA2P, FC_BWD_FA2X2, FC_BWD_NCONFIG } fc_bwd_config;
+typedef enum fc_bwd_config {
+  FC_BWD_BASE,
+  FC_BWD_FA2,
+  FC_BWD_FA2P,
+  FC_BWD_FA2X2,
+  FC_BWD_FA2PB,
+  FC_BWD_NCONFIG
+} fc_bwd_config;
 static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
     "base",  /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
     "fa2",   /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
@@ -489,6 +496,9 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
                 into the accumulators' start. Deterministic: fa2. The default. */
     "fa2x2", /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
                 exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
+    "fa2pb", /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
+                cuda-hopper's), into a blocked fp32 sum; elsewhere, d256 (its tile does not fit: 273 KB) and
+                deterministic: fa2p's fallbacks. Not yet measured. */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
@@ -535,24 +545,31 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
  * compiler. PDP (fa2p, fa2x2) compiles the atomic-dQ kernel only: the dispatcher sends deterministic calls to
  * fa2. *ran = false, and nothing launched, when its shared memory does not fit this device (fa2 at d256 on
  * sm_80: 209 KB): the caller runs base instead. */
-template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, int MINB>
+template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
+          bool BULK = false>
 static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool *ran) {
   constexpr int QSTAGES = 2;
-  constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES);
+  constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
   fc_mma_bwd_args a = *a0;
   const bool atomic = !p->deterministic;
   fc_device_props props;
   *ran = false;
   if (PDP && !atomic)
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2p/fa2x2 kernels have no deterministic dQ");
+  if (BULK && a0->dq_tile_w != FC_MMA_DQ_TILE_W)
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb kernel needs the blocked dQ sum");
   FC_CHECK(fc_device_get_props(&props));
+  /* fa2pb: the sum's layout is chosen (fc_mma_bwd_bulk_dq) and no other kernel adds into it */
+  if (BULK && smem > props.smem_per_block_optin)
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb kernel needs %zu bytes of shared memory",
+                    smem);
   if (smem > props.smem_per_block_optin) return FLASHC_OK;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
-#define FC_FA2_KERNEL(AL, AT) fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT>
+#define FC_FA2_KERNEL(AL, AT) fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT, BULK>
   void (*dkdv)(const fc_mma_bwd_args);
-  if constexpr (PDP)
+  if constexpr (PDP || BULK)
     dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
   else
     dkdv = aligned ? (atomic ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(true, false))
@@ -573,6 +590,17 @@ template <typename T, int D, int DQ_BC>
 static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
+  if (!p->deterministic && a.dq_tile_w) { /* fa2pb's blocked sum: cuda-hopper's convert of it */
+    fc_bwd_rows_args r;
+    memset(&r, 0, sizeof r);
+    r.dq = a.dq, r.dq_sb = a.dq_sb, r.dq_ss = a.dq_ss, r.dq_sh = a.dq_sh;
+    r.dq_accum = a.dq_accum, r.dq_ld = a.dq_ld, r.dq_tile_w = a.dq_tile_w;
+    r.cu_q = a.cu_q, r.cu_pad = a.cu_pad;
+    r.seqlen_q = a.seqlen_q, r.total_q = a.total_q, r.total_pad = a.total_pad, r.sq_pad = a.sq_pad;
+    r.heads_q = a.heads_q, r.head_dim = a.head_dim, r.scale = a.scale;
+    static_assert((int)FC_BWD_ROWS_PAD == (int)FC_BWD_PADR, "the convert's row blocks are the padded sequences'");
+    return fc_bwd_rows_convert<T>(p, &r);
+  }
   if (!p->deterministic) {
     const int64_t n = p->total_q * p->heads_q * p->head_dim;
     const int blocks = (int)(n / 256 < 65536 ? fc_cdiv(n, 256) : 65536);
@@ -607,6 +635,10 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
   if ((config == FC_BWD_FA2P || config == FC_BWD_FA2X2) && (p->deterministic || !(fabsf(p->scale) >= 1e-30f)))
     config = FC_BWD_FA2;
   if (config == FC_BWD_FA2X2 && d > 128) config = FC_BWD_FA2P;
+  /* fa2pb only where fc_mma_bwd_bulk_dq chose the blocked sum (which then no other kernel may add into) */
+  if (config == FC_BWD_FA2PB && !a->dq_tile_w) config = FC_BWD_FA2P;
+  if (config != FC_BWD_FA2PB && a->dq_tile_w)
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's blocked dQ sum without fa2pb");
   bool ran = false;
   if (config == FC_BWD_FA2) {
     switch (d) {
@@ -635,6 +667,16 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
     case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 64, 4, 2, 2, 2, 48, true, 2>(p, a, aligned, &ran))); break;
     case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
     }
+  } else if (config == FC_BWD_FA2PB) { /* fa2p's tiles; d ≤ 192 (fc_mma_bwd_bulk_dq) */
+    switch (d) {
+    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, true, 1, true>(p, a, aligned, &ran))); break;
+    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, true, 1, true>(p, a, aligned, &ran))); break;
+    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, true, 1, true>(p, a, aligned, &ran))); break;
+    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, true, 1, true>(p, a, aligned, &ran))); break;
+    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, true, 1, true>(p, a, aligned, &ran))); break;
+    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, true, 1, true>(p, a, aligned, &ran))); break;
+    }
+    if (!ran) return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb has no kernel for d %d", d);
   }
   if (!ran) {
     switch (d) {
@@ -663,6 +705,20 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
 
 static size_t fc_round256(size_t n) { return (n + 255) / 256 * 256; }
 
+/* fa2pb runs, and the fp32 dQ sum is blocked (its tile width; 0: [total_q][hq][D], red.global.add), when the
+ * call would run fa2p (non-deterministic, a finite 1/c), on compute capability 9.x (the bulk reduce-add), at
+ * d ≤ 192 (d256: fa2p's 209 KB + a 64 KB tile exceed 227 KB). Decided before the workspace is sized. */
+static flashc_status fc_mma_bwd_bulk_dq(const fc_problem *p, fc_bwd_config config, int *tile_w) {
+  *tile_w = 0;
+  if (config != FC_BWD_FA2PB || p->deterministic || !(fabsf(p->scale) >= 1e-30f) ||
+      fc_mma_compiled_dim(p->head_dim) > 192)
+    return FLASHC_OK;
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  if (props.sm / 10 == 9) *tile_w = FC_MMA_DQ_TILE_W;
+  return FLASHC_OK;
+}
+
 flashc_status fc_mma_backward(const fc_problem *p) {
   fc_bwd_config config;
   FC_CHECK(fc_bwd_config_from_env(&config));
@@ -688,7 +744,10 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const size_t pad_bytes = cu_pad_host ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));
   a.dq_ld = fc_mma_compiled_dim(p->head_dim);
-  const size_t dq_bytes = p->deterministic ? 0 : (size_t)(p->total_q * p->heads_q * a.dq_ld) * sizeof(float);
+  FC_CHECK(fc_mma_bwd_bulk_dq(p, config, &a.dq_tile_w));
+  /* blocked: every padded row, whole 64-row tiles (the bulk adds cover whole query blocks, padding included) */
+  const int64_t dq_rows = a.dq_tile_w ? p->heads_q * a.total_pad : p->total_q * p->heads_q;
+  const size_t dq_bytes = p->deterministic ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
   char *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes, (void **)&ws));
   const cudaStream_t stream = fc_stream(p);

@@ -19,6 +19,8 @@ typedef struct fc_mma_bwd_args {
                          padded per sequence */
   float *dq_accum;    /* [total_q][hq][dq_ld] fp32 (atomic mode); dq_ld = D, so rows are 16-byte aligned */
   int dq_ld;
+  int dq_tile_w; /* > 0 (fa2pb's bulk adds): dq_accum is [hq][total_pad][dq_ld] in fc_bwd_dq_blocked_index's
+                    layout with w = dq_tile_w (hopper_bwd_rows.cuh) */
   const int32_t *cu_q, *cu_k;
   const int64_t *cu_pad; /* varlen: first padded row of each sequence in
                             lse2/dsum; NULL when dense */

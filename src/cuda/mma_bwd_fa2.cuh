@@ -7,6 +7,9 @@
  *          FMAs of Pᵀ run after all MMAs, while no warp of the CTA (the only one on its SM) has an MMA to issue.
  *   fa2x2  fa2p with NW = 4 and 64×64 tiles (the same warp tiles), MINB = 2 CTAs per SM: one CTA's
  *          exponentials, dQ reductions and barriers overlap the other's MMAs, as in the forward's default.
+ *   fa2pb  fa2p with BULK_DQ (sm_90): each warp stores its dQ fragment into sdQ, the CTA's Br × D product in
+ *          fp32, and one thread adds the whole tile into the sum with one cp.reduce.async.bulk (the copy engine
+ *          makes the adds) in place of Br·D/4 red.global.add.v4 from every thread (cuda-hopper's bulk dQ).
  *
  * One CTA of NW warps per key block K_j, V_j (Bc keys) and kv head; dK_j, dV_j stay in registers while it
  * walks the query blocks Q_i (Br rows) that see the block, for every query head of the GQA group:
@@ -26,16 +29,33 @@
  *   sQ, sdO [QSTAGES][Br][DS]  the query block: B of Sᵀ, dPᵀ, dK, dV; at the end, the staging of dK_j, dV_j
  *   sP, sdS [Bc][Br]           Pᵀ and dSᵀ: A of dV and dK; dSᵀ read with ldmatrix.trans is dS, A of dQ
  *   sL, sD [QSTAGES][Br] fp32  lse·log2(e) and D of the query block
- * Included by mma_bwd.cu after mma_bwd_common.cuh. */
+ *   sdQ [Br × D] fp32          BULK_DQ: dS·K_j of the block, in the blocked layout of the fp32 sum
+ *                              (fc_bwd_dq_blocked_offset, tiles of 64 rows × FC_MMA_DQ_TILE_W columns, the
+ *                              16-byte chunks XOR-swizzled by row: a warp's stores of a fragment hit every bank
+ *                              twice, the least for 256 bytes), so that the block's rows of the sum are one
+ *                              contiguous range that one bulk add covers.
+ * BULK_DQ, the order that makes sdQ race-free with one barrier less than a barrier per write would need: the
+ * tile of block it is written after the Pᵀ/dSᵀ barrier of it, each writer then fences the async proxy; thread 0
+ * issues its bulk add after the next barrier every thread passes (the top of it + 1, or after the loop), and
+ * waits for the add to have read sdQ (wait_group.read) before the Pᵀ/dSᵀ barrier of it + 1, behind which the
+ * tile is written again; the add has the Sᵀ/dPᵀ MMAs of it + 1 to read its 16-48 KB. Before the CTA exits,
+ * thread 0 waits for the last add to complete (its shared memory must outlive the read).
+ * Included by mma_bwd.cu after mma_bwd_common.cuh and hopper_bwd_rows.cuh. */
 #ifndef FLASHC_CUDA_MMA_BWD_FA2_CUH
 #define FLASHC_CUDA_MMA_BWD_FA2_CUH
 
+#include "hopper_bwd_rows.cuh"
+#include "hopper_ptx.cuh"
 #include "mma_bwd_common.cuh"
 
-/* Shared-memory bytes of the kernel below. */
-static constexpr size_t fc_bwd_fa2_smem(int D, int BR, int BC, int QSTAGES) {
+/* BULK_DQ: the columns of one tile of the blocked fp32 sum; a power of two (the swizzle XORs chunk numbers below
+ * w / 4) dividing every compiled head dim. */
+enum { FC_MMA_DQ_TILE_W = 32 };
+
+/* Shared-memory bytes of the kernel below (BULK_DQ: + the Br × D fp32 dQ tile). */
+static constexpr size_t fc_bwd_fa2_smem(int D, int BR, int BC, int QSTAGES, bool BULK_DQ = false) {
   return (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 + (size_t)2 * BC * fc_tile_stride(BR) * 2 +
-         (size_t)2 * QSTAGES * BR * sizeof(float);
+         (size_t)2 * QSTAGES * BR * sizeof(float) + (BULK_DQ ? (size_t)BR * D * sizeof(float) : 0);
 }
 
 /* What the mask test of a block needs: the diagonal's shift, the window, the block's first query and key, the
@@ -86,10 +106,48 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4]
   }
 }
 
+#if FC_BULK_ARCH
+/* BULK_DQ: this thread's byte addresses in sdQ (the blocked layout with w = 32: fc_bwd_dq_blocked_offset) of
+ * row 16·R0 + g, column c0 + 8v + 2t for v = 0..3, where the warp's dQ tile starts at row 16·R0 (R0 a multiple
+ * of MT_Q, MT_Q dividing 4: the tile's rows stay in one 64-row tile) and column c0 (a multiple of 16). Any
+ * other fragment is at[v] + a compile-time offset: + 2048·m, + 1024·rh bytes (16 or 8 rows of 128 bytes),
+ * + 8192 per 32 columns (the next column tile). Only bits 5-6 (the 16-byte chunk's pair within the row) are
+ * swizzled, by 2·(row % 4) = 2·(g % 4) chunks; c0 % 32 = 16 shifts the pair by 2 (bit 6 flipped, v ≥ 2
+ * carried into the next column tile). Per thread once: every store is then one st.shared.v2 [reg + imm]. */
+static __device__ __forceinline__ void fc_bwd_fa2_sdq_at(uint32_t (&at)[4], uint32_t sdq, int D, int R0, int c0, int g,
+                                                         int t) {
+  const uint32_t row = sdq + (uint32_t)(R0 / 4) * (FC_BWD_DQ_TILE * D * 4) + (uint32_t)(R0 % 4) * 2048u +
+                       (uint32_t)g * 128u + 8u * t + (uint32_t)(c0 / 32) * (FC_BWD_DQ_TILE * 32 * 4);
+  const uint32_t sw = (32u * (g % 4)) ^ (4u * (c0 & 16)), carry = (c0 & 16) ? FC_BWD_DQ_TILE * 32 * 4 : 0u;
+#pragma unroll
+  for (int v = 0; v < 4; v++) at[v] = row + (v >= 2 ? carry : 0u) + ((32u * v) ^ sw);
+}
+/* threadIdx.x read again where it is used: asm volatile is not hoisted out of the loop, so that the sdQ addresses
+ * derived from it are recomputed per query block (a few integer instructions) instead of held in registers across
+ * the loop's MMAs (at 255 registers, those are spills). */
+static __device__ __forceinline__ int fc_bwd_fa2_tid_again(void) {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
+  return (int)v;
+}
+/* BULK_DQ, thread 0: adds sdQ, the tile of query head hh's block from row q0, into the blocked sum: Br head-rows
+ * from hh·total_pad + pad0 + q0, one contiguous range (a multiple of 64: padded sequences start on multiples of
+ * FC_BWD_PADR), with one bulk add in a bulk group of its own. */
+template <int BR, int D>
+static __device__ __forceinline__ void fc_bwd_fa2_sdq_add(const fc_mma_bwd_args &a, int64_t pad0, int hh, int q0,
+                                                          uint32_t sdq) {
+  fc_bulk_reduce_add_f32(a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D, sdq, BR * D * sizeof(float));
+  fc_bulk_commit();
+}
+#endif
+
 /* NQC: the columns of a warp's dQ tile accumulated at once (a divisor of its D·WQ/NW columns, so that dQ's
- * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes). */
+ * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes).
+ * BULK_DQ (with ATOMIC_DQ; the host launches it on sm_90 only): dQ through sdQ and bulk adds into the blocked
+ * sum. Compiled for an older architecture (a JIT of the sm_80 PTX), the same kernel adds with red.global.add.v4
+ * into the same blocked layout, so that the sum's layout never depends on the pass that ran. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
-          bool ALIGNED, bool ATOMIC_DQ>
+          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ = false>
 __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
   constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
@@ -103,10 +161,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
   static_assert(QSTAGES * BR >= BC, "dK and dV are staged through the sQ and sdO buffers");
   static_assert(FC_BWD_PADR % BR == 0, "query blocks stay inside the padded row buffers");
   static_assert(BR / 2 <= NT, "one thread per 4 floats of lse2_i and D_i");
+  static_assert(!BULK_DQ || (ATOMIC_DQ && BR % FC_BWD_DQ_TILE == 0 && D % FC_MMA_DQ_TILE_W == 0 &&
+                             FC_BWD_PADR % FC_BWD_DQ_TILE == 0),
+                "bulk dQ: the block's rows are whole 64-row tiles of the blocked sum");
+  static_assert(!BULK_DQ || (FC_MMA_DQ_TILE_W == 32 && 4 % MT_Q == 0 && NQ % 16 == 0 && NQC % 8 == 0),
+                "bulk dQ: fc_bwd_fa2_sdq_at's layout (w = 32, a warp's rows inside one 64-row tile)");
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t *sK = smem, *sV = sK + BC * DS, *sQ = sV + BC * DS, *sdO = sQ + QSTAGES * BR * DS;
   uint16_t *sP = sdO + QSTAGES * BR * DS, *sdS = sP + BC * PS;
   float *sL = (float *)(sdS + BC * PS), *sD = sL + QSTAGES * BR;
+  [[maybe_unused]] float *sdQ = sD + QSTAGES * BR; /* BULK_DQ: Br × D fp32 */
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int ks = warp % WS, ns = warp / WS; /* Sᵀ: keys ks·MS.., queries ns·NS.. */
   const int kd = warp % WD, nd = warp / WD; /* dK, dV: keys kd·MD.., columns nd·ND.. */
@@ -173,6 +237,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
                                         a.total_pad, s.pad0, tid);
     }
     fc_cp_async_commit();
+#if FC_BULK_ARCH
+    /* Every warp's tile of block it − 1 and its proxy fence are behind the barrier above: add the tile (its
+     * head and block rebuilt here rather than kept live across the loop). */
+    if (BULK_DQ && tid == 0 && it > 0)
+      fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (it - 1) / n_i, (i_begin + (it - 1) % n_i) * BR,
+                                fc_smem_u32(sdQ));
+#endif
     const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
     const float *L = sL + st * BR, *Dr = sD + st * BR;
     const float inv_c = 1.0f / a.scale_log2;
@@ -287,6 +358,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
           *(uint32_t *)(sP + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(sT[m][x][2 * rh], sT[m][x][2 * rh + 1]);
           *(uint32_t *)(sdS + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(dpT[m][x][2 * rh], dpT[m][x][2 * rh + 1]);
         }
+#if FC_BULK_ARCH
+    /* The last block's bulk add has read sdQ before the barrier below, behind which sdQ is written again. */
+    if (BULK_DQ) fc_bulk_wait_read0_in_thread0(tid);
+#endif
     __syncthreads(); /* Pᵀ and dSᵀ of all warps are in shared memory */
 
     /* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i (dK's scale is applied once at the end). */
@@ -339,26 +414,78 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
             }
           }
         }
-        /* Four consecutive columns per red: lanes t and t^1 swap halves, so that the even lane holds row g
-         * and the odd lane row g + 8, columns 8x + 4·(t/2) .. +3 of each. Columns past d add zeros. */
-        const bool odd = t & 1;
+        if constexpr (BULK_DQ && FC_BULK_ARCH) {
+#if FC_BULK_ARCH /* the helpers exist in the sm_90 pass only */
+          /* Row qm·MQ + 16m + g + 8rh, columns qn·NQ + ch·NQC + 8x + 2t, + 1 of the block's tile as one 8-byte
+           * store into sdQ's blocked layout (fc_bwd_dq_blocked_offset), at a per-thread base plus a constant.
+           * Rows past the sequence are stored too: their dS is 0 (P = 0 on padding rows) and the padded rows
+           * of the sum are the sequence's own. */
+          const int tid_q = fc_bwd_fa2_tid_again(), w_q = tid_q / 32, l_q = tid_q % 32;
+          uint32_t at[4];
+          fc_bwd_fa2_sdq_at(at, fc_smem_u32(sdQ), D, (w_q % WQ) * MT_Q, (w_q / WQ) * NQ, l_q / 4, l_q % 4);
 #pragma unroll
-        for (int m = 0; m < MT_Q; m++) {
-          const int i = q0 + qm * MQ + 16 * m + g + (odd ? 8 : 0);
-          float *row = a.dq_accum + ((s.q_row0 + i) * a.heads_q + hh) * (int64_t)D + qn * NQ + ch * NQC + 4 * (t >> 1);
+          for (int m = 0; m < MT_Q; m++)
 #pragma unroll
-          for (int x = 0; x < NQX; x++) {
-            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][0] : dq[m][x][2], 1);
-            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][1] : dq[m][x][3], 1);
-            if (i < s.sq) {
-              if (odd)
-                fc_red_add4(row + 8 * x, r0, r1, dq[m][x][2], dq[m][x][3]);
-              else
-                fc_red_add4(row + 8 * x, dq[m][x][0], dq[m][x][1], r0, r1);
+            for (int x = 0; x < NQX; x++)
+#pragma unroll
+              for (int rh = 0; rh < 2; rh++) {
+                constexpr int TW = FC_BWD_DQ_TILE * 32 * 4; /* bytes of one 64 × 32 column tile */
+                const int c0 = ch * NQC + 8 * x;            /* compile-time */
+                fc_st_shared_f32x2(at[(c0 / 8) % 4] + (c0 / 32) * TW + 2048 * m + 1024 * rh, dq[m][x][2 * rh],
+                                   dq[m][x][2 * rh + 1]);
+              }
+#endif
+        } else if constexpr (BULK_DQ) {
+          /* Compiled below sm_90 (no bulk add): fa2p's red.global.add.v4 below at the blocked sum's addresses
+           * (4 columns stay contiguous in it). */
+          const bool odd = t & 1;
+#pragma unroll
+          for (int m = 0; m < MT_Q; m++) {
+            const int i = q0 + qm * MQ + 16 * m + g + (odd ? 8 : 0);
+            const int64_t hr = (int64_t)hh * a.total_pad + s.pad0 + i;
+#pragma unroll
+            for (int x = 0; x < NQX; x++) {
+              const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][0] : dq[m][x][2], 1);
+              const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][1] : dq[m][x][3], 1);
+              float *to = a.dq_accum +
+                          fc_bwd_dq_blocked_index(hr, qn * NQ + ch * NQC + 4 * (t >> 1) + 8 * x, D, FC_MMA_DQ_TILE_W);
+              if (i < s.sq) {
+                if (odd)
+                  fc_red_add4(to, r0, r1, dq[m][x][2], dq[m][x][3]);
+                else
+                  fc_red_add4(to, dq[m][x][0], dq[m][x][1], r0, r1);
+              }
+            }
+          }
+        } else {
+          /* Four consecutive columns per red: lanes t and t^1 swap halves, so that the even lane holds row g
+           * and the odd lane row g + 8, columns 8x + 4·(t/2) .. +3 of each. Columns past d add zeros. */
+          const bool odd = t & 1;
+#pragma unroll
+          for (int m = 0; m < MT_Q; m++) {
+            const int i = q0 + qm * MQ + 16 * m + g + (odd ? 8 : 0);
+            float *row =
+                a.dq_accum + ((s.q_row0 + i) * a.heads_q + hh) * (int64_t)D + qn * NQ + ch * NQC + 4 * (t >> 1);
+#pragma unroll
+            for (int x = 0; x < NQX; x++) {
+              const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][0] : dq[m][x][2], 1);
+              const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[m][x][1] : dq[m][x][3], 1);
+              if (i < s.sq) {
+                if (odd)
+                  fc_red_add4(row + 8 * x, r0, r1, dq[m][x][2], dq[m][x][3]);
+                else
+                  fc_red_add4(row + 8 * x, dq[m][x][0], dq[m][x][1], r0, r1);
+              }
             }
           }
         }
       }
+#if FC_BULK_ARCH
+      if constexpr (BULK_DQ) {
+        fc_fence_proxy_async(); /* this thread's sdQ stores, before the copy engine reads them; thread 0 adds
+                                   the tile after the next barrier (fc_bwd_fa2_sdq_add) */
+      }
+#endif
     }
     if (QSTAGES == 1 && it + 1 < n_iter) {
       __syncthreads(); /* every warp is done with this Q_i, dO_i: the single buffer may be refilled */
@@ -374,6 +501,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
    * them), then stored as whole 16-byte chunks of rows. */
   fc_cp_async_wait<0>(); /* nothing may still land in shared memory (with no iteration, K_j, V_j may) */
   __syncthreads();
+#if FC_BULK_ARCH
+  /* The last block's tile is behind the barrier above; sdQ is not the staging of dK_j, dV_j below. */
+  if (BULK_DQ && tid == 0 && n_iter > 0)
+    fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (n_iter - 1) / n_i, (i_begin + (n_iter - 1) % n_i) * BR,
+                              fc_smem_u32(sdQ));
+#endif
   uint16_t *sdK = sQ, *sdV = sdO;
 #pragma unroll
   for (int m = 0; m < MT_D; m++)
@@ -401,6 +534,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
       for (int x = 0; x < cols; x++) tk[x] = fk[x], tv[x] = fv[x];
     }
   }
+#if FC_BULK_ARCH
+  /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
+  if (BULK_DQ && tid == 0) fc_bulk_wait<0>();
+#endif
 }
 
 #endif /* FLASHC_CUDA_MMA_BWD_FA2_CUH */
