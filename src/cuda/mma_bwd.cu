@@ -629,14 +629,15 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
                                          fc_bwd_config config) {
   const int d = fc_mma_compiled_dim(p->head_dim);
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
+  /* fa2pb only where fc_mma_bwd_bulk_dq chose the blocked sum (which then no other kernel may add into); else
+   * fa2p's rules below (deterministic calls: fa2) */
+  if (config == FC_BWD_FA2PB && !a->dq_tile_w) config = FC_BWD_FA2P;
   /* fa2p and fa2x2 have no deterministic dQ: fa2's. They start Sᵀ's accumulators at −lse2/c (c = |scale|·log2 e),
    * which needs a finite 1/c: a |scale| below 1e-30 runs fa2. fa2x2's 4 warps cannot hold dK_j, dV_j of 64 keys
    * × d > 128 in registers: fa2p's 8 warps do. */
   if ((config == FC_BWD_FA2P || config == FC_BWD_FA2X2) && (p->deterministic || !(fabsf(p->scale) >= 1e-30f)))
     config = FC_BWD_FA2;
   if (config == FC_BWD_FA2X2 && d > 128) config = FC_BWD_FA2P;
-  /* fa2pb only where fc_mma_bwd_bulk_dq chose the blocked sum (which then no other kernel may add into) */
-  if (config == FC_BWD_FA2PB && !a->dq_tile_w) config = FC_BWD_FA2P;
   if (config != FC_BWD_FA2PB && a->dq_tile_w)
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's blocked dQ sum without fa2pb");
   bool ran = false;
