@@ -476,10 +476,10 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
 /* The configurations of the dK/dV kernel (step 2), chosen by FLASHC_MMA_BWD_CONFIG at every call; unset or
- * empty: fa2p (deterministic calls: fa2). Steps 1, 3, 3' and 4 are the same for all. Measured on the H100
- * (bench/results/configs/mma-bwd-configs.csv, b·s = 16k, bf16 and fp16, d 64/128/256, full and causal):
- * fa2p 0.98-1.45x fa2 (median 1.1x; below 1.0x in 1 of 72 cells); fa2x2 0.82-1.16x fa2p, ahead mostly at
- * seqlen 512 and d256. */
+ * empty: fa2pb (where it does not apply: fa2p; deterministic calls: fa2). Steps 1, 3, 3' and 4 are the same
+ * for all. Measured on the H100 (bench/results/configs/mma-bwd-configs.csv, b·s = 16k, bf16 and fp16, d 64/128/256,
+ * full and causal): fa2p 0.98-1.45x fa2 (median 1.1x; below 1.0x in 1 of 72 cells); fa2x2 0.82-1.16x fa2p, ahead
+ * mostly at seqlen 512 and d256; fa2pb 1.12-1.23x fa2p at d64 and d128 (bench/results/configs/mma-bwd-fa2pb.txt). */
 typedef enum fc_bwd_config {
   FC_BWD_BASE,
   FC_BWD_FA2,
@@ -493,17 +493,17 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
     "fa2",   /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
                 several m-tiles per warp; where its shared memory does not fit the device: base */
     "fa2p",  /* fa2's tiles; Sᵀ first, then the exponentials of Pᵀ issued between dPᵀ's MMAs, lse2 and D folded
-                into the accumulators' start. Deterministic: fa2. The default. */
+                into the accumulators' start. Deterministic: fa2. */
     "fa2x2", /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
                 exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
     "fa2pb", /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
                 cuda-hopper's), into a blocked fp32 sum; elsewhere, d256 (its tile does not fit: 273 KB) and
-                deterministic: fa2p's fallbacks. Not yet measured. */
+                deterministic: fa2p's fallbacks. The default. */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
   int c = 0;
-  FC_CHECK(fc_env_choice("FLASHC_MMA_BWD_CONFIG", fc_bwd_config_names, FC_BWD_NCONFIG, FC_BWD_FA2P,
+  FC_CHECK(fc_env_choice("FLASHC_MMA_BWD_CONFIG", fc_bwd_config_names, FC_BWD_NCONFIG, FC_BWD_FA2PB,
                          "flashc_backward (cuda-mma)", &c));
   *out = (fc_bwd_config)c;
   return FLASHC_OK;
