@@ -171,12 +171,13 @@ class Harness:
                     check(config, dtype, 1, 257, 300, 4, 2, d, causal=d % 3 == 0, layout=layouts[d % 4])
                 check(config, dtype, 1, 300, 300, 8, 1, 128, causal=1)  # MQA
                 check(config, dtype, 1, 257, 257, 4, 4, 64, scale=-0.1)  # negative scale: scores from -Q
-                check(config, dtype, 1, 0, 0, 4, 2, 128, causal=1,
-                      varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
-                check(config, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
-                      varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
-                check(config, dtype, 1, 0, 0, 4, 4, 256, wl=50, wr=10, layout="padded",
-                      varlen=([129, 200, 1], [300, 64, 33]))
+                if not self.args.no_varlen:
+                    check(config, dtype, 1, 0, 0, 4, 2, 128, causal=1,
+                          varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+                    check(config, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
+                          varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
+                    check(config, dtype, 1, 0, 0, 4, 4, 256, wl=50, wr=10, layout="padded",
+                          varlen=([129, 200, 1], [300, 64, 33]))
                 for d in (64, 128, 256):  # deterministic: bit-identical over two runs, and right
                     check(config, dtype, 2, 1025, 1025, 4, 2, d, causal=1, det=1)
                     check(config, dtype, 1, 203, 113, 4, 2, d + 3 if d < 256 else d, layout="odd", det=1)
@@ -196,6 +197,9 @@ def parse_args(spec, more=None):
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--configs", default=spec.configs)
     ap.add_argument("--csv", default="", help="write the bench rows here (TARGETS.md's columns + config)")
+    ap.add_argument("--no-varlen", action="store_true",
+                    help="skip the varlen cases (under racecheck, PyTorch's reference of their 1-token sequence "
+                    "fails with an illegal address inside the sanitizer, before any flashc call; session 6)")
     if more:
         more(ap)
     return ap.parse_args()
