@@ -8,17 +8,18 @@
  *   1. prep (hopper_bwd_rows.cuh): D and lse2 = lse·log2(e) per query row, padded per sequence;
  *   2. dkdv (here): one CTA per key block K_j, V_j (Bc = 128 keys) of one kv head of one sequence; 3 warpgroups:
  *        warpgroup 0, producer (24 registers): one thread loads K_j, V_j once and then, into a ring of STAGES
- *          stages, Q_i, dO_i (TMA, Br = 64 rows) and lse2_i, D_i (bulk copies) of every (query head of the GQA
- *          group, query block i) that sees the key block, in that order;
+ *          stages, Q_i, dO_i (TMA, Br = 64 rows; 128 at D = 64 with FLASHC_HOPPER_BWD_BR=128) and lse2_i, D_i
+ *          (bulk copies) of every (query head of the GQA group, query block i) that sees the key block, in order;
  *        warpgroups 1, 2, consumers (240 registers): keys 64·c .. 64·c + 63 of K_j each; per query block:
- *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64n64k16, all operands in shared memory
+ *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64nBrk16, all operands in shared memory
  *          Pᵀ = 2^(c·Sᵀ − lse2_i),  dSᵀ = Pᵀ∘(dPᵀ − D_i)         registers (c = scale·log2 e), masked
  *          dV_j += Pᵀ·dO_i,  dK_j += dSᵀ·Q_i                    wgmma m64nDk16, Pᵀ/dSᵀ from registers
  *          dQ_i += dS·K_j                                       dSᵀ → shared memory; warpgroup c: columns
  *                                                               (D/2)·c .. over all 128 keys, wgmma m64n(D/2)k16,
  *                                                               both operands MN-major; the fp32 product into
  *                                                               sdQ, one bulk reduce-add per tile (default; or
- *                                                               red.global.add: FLASHC_HOPPER_BWD_DQ)
+ *                                                               red.global.add: FLASHC_HOPPER_BWD_DQ). Br = 128:
+ *                                                               warpgroup c rows 64·c .. of dQ_i, all D columns
  *        dK_j = scale·dK_j, dV_j stored from registers at the end;
  *   3. convert (hopper_bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
  * Deterministic mode (bit-identical gradients run to run): the dQ adds of one query block are made in a fixed
@@ -28,8 +29,9 @@
  * Shared memory (tiles in 64-column halves of 128-byte rows, 128-byte swizzle, 1024-byte aligned):
  *   sK, sV [D/64][Bc][64]                    K_j, V_j (A of Sᵀ, dPᵀ; K_j also B of dQ, MN-major)
  *   sQ, sdO [STAGES][D/64][Br][64]           Q_i, dO_i ring (B of Sᵀ, dPᵀ K-major; B of dK, dV MN-major)
- *   sdS [Bc][Br]                             dSᵀ, each consumer's 64 key rows (A of dQ, MN-major)
- *   sdQ [2][Br][D/2] fp32                    bulk dQ: each consumer's product, bank-swizzled (fc_bwd_dq_blocked_index)
+ *   sdS [Br/64][Bc][64]                      dSᵀ in 64-query halves, each consumer's 64 key rows in each (A of dQ,
+ *                                            MN-major: one half per 64-row M-tile)
+ *   sdQ [2][64][NQ] fp32                     bulk dQ: each consumer's product, bank-swizzled (fc_bwd_dq_blocked_index)
  *   sLD [STAGES][2][Br] fp32                 lse2_i, D_i
  *   mbarriers: kv_full, full[STAGES], empty[STAGES]
  *
@@ -50,13 +52,13 @@
 #include <string.h>
 
 enum {
-  FC_HPB_BR = 64,             /* query rows per block of the loop */
+  FC_HPB_BR = 64,             /* query rows per block of the loop (Br; 128 at D = 64 with FLASHC_HOPPER_BWD_BR) */
   FC_HPB_BC = 128,            /* keys per CTA: 2 consumer warpgroups × 64 */
   FC_HPB_THREADS = 384,       /* producer + 2 consumer warpgroups */
   FC_HPB_CONSUMER_WARPS = 8,  /* arrivals that release a stage */
   FC_HPB_ROW_BYTES = 128,     /* one swizzled row: 64 16-bit elements */
   FC_HPB_KV_HALF = 128 * 128, /* one 64-column half of K_j or V_j (Bc rows) */
-  FC_HPB_Q_HALF = 64 * 128,   /* one 64-column half of Q_i or dO_i (Br rows) */
+  FC_HPB_Q_HALF = 64 * 128,   /* one 64-column half of Q_i or dO_i (Br = 64 rows; Br·128 bytes in general) */
   FC_HPB_REGS_PRODUCER = 24,  /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
   FC_HPB_REGS_CONSUMER = 240,
   FC_HPB_BAR_DS = 1,     /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
@@ -101,13 +103,14 @@ static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
 /* The query blocks (Br rows) that see some key of the block [k0, k0 + Bc): [*i_begin, *i_begin + *n_i). Rows
  * i ≥ j − shift − wr see key j from the right edge, i ≤ j − shift + wl from the left (cuda-mma's dkdv walks the
  * same range). */
+template <int BR>
 static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int sk, int64_t shift, int64_t wl,
                                                            int64_t wr, int *i_begin, int *n_i) {
   int64_t i_lo = wr < 0 ? 0 : k0 - shift - wr;
   int64_t i_hi = wl < 0 ? sq : (int64_t)min(k0 + FC_HPB_BC, sk) - 1 - shift + wl + 1;
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)sq);
-  *i_begin = (int)(i_lo / FC_HPB_BR);
-  *n_i = i_lo < i_hi ? (int)((i_hi + FC_HPB_BR - 1) / FC_HPB_BR) - *i_begin : 0;
+  *i_begin = (int)(i_lo / BR);
+  *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
 }
 
 /* Deterministic dQ: the adders of one (query head, query block) take turns through a ticket in global memory.
@@ -131,43 +134,63 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
 }
 
-/* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warpgroup's 64 keys × Br queries: D/16 k-steps over the head dim.
- * Step kk reads columns 16·kk .. 16·kk + 15: 32·(kk % 4) bytes into the rows of half kk / 4 (the forward's
- * fc_hp_qk, with the halves of the two tiles of different heights). The first step writes without reading:
- * both are fresh values per block. */
-template <typename T, int D>
-static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[32], float (&dpt)[32], uint32_t k_rows, uint32_t v_rows,
-                                                  uint32_t q_tile, uint32_t do_tile) {
+/* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warpgroup's 64 keys × Br queries (wgmma m64nBrk16): D/16 k-steps
+ * over the head dim. Step kk reads columns 16·kk .. 16·kk + 15: 32·(kk % 4) bytes into the rows of half kk / 4
+ * (the forward's fc_hp_qk, with the halves of the two tiles of different heights: Br·128 bytes for Q_i, dO_i).
+ * B is Q_i, dO_i K-major: Br rows of 128 bytes, 8-row groups 1024 bytes apart (Br = 128: the forward's K_j).
+ * The first step writes without reading: both are fresh values per block. */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t k_rows,
+                                                  uint32_t v_rows, uint32_t q_tile, uint32_t do_tile) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
-    const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32, ob = (kk / 4) * FC_HPB_Q_HALF + (kk % 4) * 32;
+    const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32,
+                   ob = (kk / 4) * (BR * FC_HPB_ROW_BYTES) + (kk % 4) * 32;
     const uint64_t dk = fc_wgmma_desc(k_rows + oa, 16, 1024), dq = fc_wgmma_desc(q_tile + ob, 16, 1024);
     const uint64_t dv = fc_wgmma_desc(v_rows + oa, 16, 1024), ddo = fc_wgmma_desc(do_tile + ob, 16, 1024);
     if (kk == 0) {
-      fc_wgmma_ss_zero<T, FC_HPB_BR>(st, dk, dq);
-      fc_wgmma_ss_zero<T, FC_HPB_BR>(dpt, dv, ddo);
+      fc_wgmma_ss_zero<T, BR>(st, dk, dq);
+      fc_wgmma_ss_zero<T, BR>(dpt, dv, ddo);
     } else {
-      fc_wgmma_ss<T, FC_HPB_BR>(st, dk, dq);
-      fc_wgmma_ss<T, FC_HPB_BR>(dpt, dv, ddo);
+      fc_wgmma_ss<T, BR>(st, dk, dq);
+      fc_wgmma_ss<T, BR>(dpt, dv, ddo);
     }
   }
 }
 
-/* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i: Br/16 k-steps of 16 queries; step kb reads rows 16·kb .. 16·kb + 15 of
- * dO_i, Q_i (MN-major, imm-trans-b = 1: two 8-row groups 1024 bytes apart, the column halves FC_HPB_Q_HALF
- * apart), as the forward's O += P·V_j. */
-template <typename T, int D>
-static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&p)[4][4],
-                                                   const uint32_t (&ds)[4][4], uint32_t q_tile, uint32_t do_tile) {
+/* One of the two products of fc_hpb_sdp alone (acc = rows·tileᵀ), so that Sᵀ and dPᵀ can be waited for one at
+ * a time (Br = 128: Pᵀ is computed while dPᵀ's wgmma runs). */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void fc_hpb_s(float (&acc)[BR / 2], uint32_t rows, uint32_t tile) {
 #pragma unroll
-  for (int kb = 0; kb < FC_HPB_BR / 16; kb++) {
-    fc_wgmma_rs<T, D>(dv, p[kb], fc_wgmma_desc(do_tile + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024));
-    fc_wgmma_rs<T, D>(dk, ds[kb], fc_wgmma_desc(q_tile + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024));
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32,
+                   ob = (kk / 4) * (BR * FC_HPB_ROW_BYTES) + (kk % 4) * 32;
+    const uint64_t da = fc_wgmma_desc(rows + oa, 16, 1024), db = fc_wgmma_desc(tile + ob, 16, 1024);
+    if (kk == 0)
+      fc_wgmma_ss_zero<T, BR>(acc, da, db);
+    else
+      fc_wgmma_ss<T, BR>(acc, da, db);
+  }
+}
+
+/* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i: Br/16 k-steps of 16 queries; step kb reads rows 16·kb .. 16·kb + 15 of
+ * dO_i, Q_i (MN-major, imm-trans-b = 1: two 8-row groups 1024 bytes apart, the column halves Br·128 bytes
+ * apart), as the forward's O += P·V_j. */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&dk)[D / 2],
+                                                   const uint32_t (&p)[BR / 16][4], const uint32_t (&ds)[BR / 16][4],
+                                                   uint32_t q_tile, uint32_t do_tile) {
+#pragma unroll
+  for (int kb = 0; kb < BR / 16; kb++) {
+    fc_wgmma_rs<T, D>(dv, p[kb], fc_wgmma_desc(do_tile + kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+    fc_wgmma_rs<T, D>(dk, ds[kb], fc_wgmma_desc(q_tile + kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
   }
 }
 
 /* dQ_i (64 queries × N columns from k_cols on) (+)= dS·K_j over 64 keys: 4 k-steps of 16 keys. A = dS is stored
- * as dSᵀ (a row per key, the queries contiguous): M-major, imm-trans-a = 1; B = K_j (a row per key, the head dim
+ * as dSᵀ (a row per key, the queries contiguous; Br = 128: ds_rows lies in one 64-query half of sdS, M = 64 so
+ * the leading offset is unused): M-major, imm-trans-a = 1; B = K_j (a row per key, the head dim
  * contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). N = 32 starts
  * 0 or 64 bytes into a swizzled 128-byte row (the swizzle is of the address, as for the K-major k-steps). ZERO:
  * the first step overwrites dq (else it adds to it). */
@@ -185,18 +208,21 @@ static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[N / 2], uint32_t ds
 }
 
 /* BULK: this warpgroup's dQ product (64 rows × NQ columns, the wgmma accumulator layout) into its shared-memory
- * tile, then one thread adds the whole tile to `dst` in the fp32 sum (one bulk reduce-add). Row 16·warp + g +
- * 8·rh, columns 8x + 2t, + 1: the row's 16-byte chunk 2x + t / 2, stored at chunk (2x + t / 2) ^ (2g % (NQ / 4))
- * (fc_bwd_dq_blocked_index). The caller has made sure the last add from this tile has read it. */
-template <int NQ>
+ * tile, then one thread adds the whole tile to `dst` in the fp32 sum (one bulk reduce-add). The tile is the sum's
+ * blocked layout (fc_bwd_dq_blocked_index, w = W): NQ / W tiles of 64 rows × W columns one after the other, which
+ * is where the sum keeps them when NQ is all its ld columns (Br = 128: W = 32, NQ = D = 64). Row 16·warp + g +
+ * 8·rh, columns 8x + 2t, + 1: in sub-tile x / (W / 8), the row's 16-byte chunk 2·(x % (W / 8)) + t / 2, stored
+ * at that chunk ^ (2g % (W / 4)). The caller has made sure the last add from this tile has read it. */
+template <int NQ, int W = NQ>
 static __device__ __forceinline__ void fc_hpb_dq_tile_add(const float (&dq)[NQ / 2], uint32_t tile, float *dst,
                                                           int warp, int g, int t, int ct, int bar) {
+  static_assert(NQ % W == 0 && W % 8 == 0, "whole sub-tiles of whole 16-byte chunks");
 #pragma unroll
   for (int x = 0; x < NQ / 8; x++)
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)
-      fc_st_shared_f32x2(tile + (16 * warp + g + 8 * rh) * (NQ * 4) +
-                             (((2 * x + (t >> 1)) ^ ((2 * g) % (NQ / 4))) << 4) + 8 * (t & 1),
+      fc_st_shared_f32x2(tile + (x / (W / 8)) * (FC_BWD_DQ_TILE * W * 4) + (16 * warp + g + 8 * rh) * (W * 4) +
+                             (((2 * (x % (W / 8)) + (t >> 1)) ^ ((2 * g) % (W / 4))) << 4) + 8 * (t & 1),
                          dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
   fc_fence_proxy_async();     /* these writes, before the copy engine reads them */
   fc_named_barrier(bar, 128); /* the warpgroup's whole tile is written */
@@ -214,20 +240,29 @@ static __device__ __forceinline__ void fc_hpb_dq_tile_add(const float (&dq)[NQ /
 /* BULK (not with DET): each warpgroup writes its 64 × 64 fp32 dQ tile into its own buffer of shared memory and
  * one thread adds the whole tile into the sum with one bulk reduce-add (FlashAttention-3's dQ path), instead of
  * 8 red.global.add.v4 per thread and 64 columns. The sum then has the blocked layout of fc_hpb_dq_tile. */
-template <typename T, int D, int STAGES, bool DET, bool SPLIT, bool BULK>
+template <typename T, int D, int STAGES, bool DET, bool SPLIT, bool BULK, int BR>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                          const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
-  constexpr int NQ = SPLIT ? D / 2 : 64; /* columns of one dQ product */
+  /* BR = 128 (bulk dQ at D = 64 only): warpgroup c's dQ product is query rows 64·c .. 64·c + 63 of dQ_i, all D
+   * columns, over all 128 keys (a split by rows, not columns: one m64n64k16 chain, and one bulk add of 16 KB
+   * whose destination, two W = 32 tiles of the blocked sum, is contiguous). */
+  constexpr bool ROWSPLIT = BR == 128;
+  constexpr int NQ = ROWSPLIT ? D : SPLIT ? D / 2 : 64; /* columns of one dQ product */
+  constexpr int DQ_W = SPLIT ? D / 2 : 64;              /* BULK: the blocked sum's tile width (fc_hpb_dq_tile_w) */
   static_assert(!(BULK && DET), "the deterministic turns are made with red.global.add");
   static_assert(!BULK || SPLIT, "one sdQ tile per warpgroup: one dQ product per block");
+  static_assert(BR == 64 || (BR == 128 && D == 64 && BULK), "Br = 128 is written for the bulk kernel at D = 64");
+  static_assert(FC_BWD_ROWS_PAD % BR == 0, "a query block stays inside its sequence's padded rows");
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* BULK: 64 rows × NQ columns, fp32 */
   constexpr int DS_BAR_THREADS = SPLIT ? 256 : 128;
-  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = FC_HPB_BR * D * 2, ROWS_BYTES = FC_HPB_BR * 4;
-  constexpr uint32_t DS_BYTES = FC_HPB_BC * FC_HPB_BR * 2;
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;         /* one 64-column half of Q_i or dO_i */
+  constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES; /* sdS: the dSᵀ of 64 queries, all Bc keys */
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
   constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
@@ -260,9 +295,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
 
   int i_begin, n_i, prev_begin = 0, prev_n = 0; /* this key block's query blocks, and the previous one's */
-  fc_hpb_query_blocks(k0, sq, sk, shift, a.window_left, a.window_right, &i_begin, &n_i);
+  fc_hpb_query_blocks<BR>(k0, sq, sk, shift, a.window_left, a.window_right, &i_begin, &n_i);
   if (DET && jb > 0)
-    fc_hpb_query_blocks(k0 - FC_HPB_BC, sq, sk, shift, a.window_left, a.window_right, &prev_begin, &prev_n);
+    fc_hpb_query_blocks<BR>(k0 - FC_HPB_BC, sq, sk, shift, a.window_left, a.window_right, &prev_begin, &prev_n);
   const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
 
   if (threadIdx.x == 0) {
@@ -293,16 +328,17 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       /* Fill u of stage s waits for the end of use u − 1 (every consumer thread released it). */
       for (int it = 0; it < n_iter; it++) {
         const int s = it % STAGES, u = it / STAGES;
-        const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB_BR;
+        const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
         if (u > 0) fc_mbar_wait(EMPTY(s), (u - 1) & 1);
         fc_mbar_arrive_expect_tx(FULL(s), STAGE_TX);
 #pragma unroll
         for (int hf = 0; hf < HALVES; hf++) {
-          fc_tma_load_4d(sQ + s * Q_BYTES + hf * FC_HPB_Q_HALF, &tm_q, 64 * hf, q_start + q0, hh, bt, FULL(s));
-          fc_tma_load_4d(sdO + s * Q_BYTES + hf * FC_HPB_Q_HALF, &tm_do, 64 * hf, q_start + q0, hh, bt, FULL(s));
+          fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, &tm_q, 64 * hf, q_start + q0, hh, bt, FULL(s));
+          fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, &tm_do, 64 * hf, q_start + q0, hh, bt, FULL(s));
         }
-        /* Padded buffers: rows q0 .. q0 + Br − 1 exist, 256-byte aligned (pad0, q0 and total_pad are multiples
-         * of 64 rows). */
+        /* Padded buffers: rows q0 .. q0 + Br − 1 exist (the sequence's rows are padded to FC_BWD_ROWS_PAD, a
+         * multiple of Br), 256-byte aligned (pad0 and total_pad are multiples of FC_BWD_ROWS_PAD = 128 rows, q0
+         * of Br = 64 or 128). */
         const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
         fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, FULL(s));
         fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, FULL(s));
@@ -332,66 +368,100 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
      * release (block 0's before the loop). At D = 128 the extra live accumulators would not fit 240 registers.
      * ptxas must be able to see which wgmma groups a wait retires: the loop body commits the same groups on
      * every path (no test of the iteration around them), else it adds waits (C7517) or serialises (C7514). */
-    constexpr bool PIPE = BULK && D == 64;
-    float st[32], dpt[32];
+    constexpr bool PIPE = BULK && D == 64 && BR == 64; /* BR = 128: Sᵀ, dPᵀ are 64 + 64 registers already */
+    float st[BR / 2], dpt[BR / 2];
     if (PIPE && n_iter > 0) { /* block 0's Sᵀ, dPᵀ */
       fc_mbar_wait(FULL(0), 0);
       fc_wgmma_fence();
-      fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, sQ, sdO);
+      fc_hpb_sdp<T, D, BR>(st, dpt, k_rows, v_rows, sQ, sdO);
       fc_wgmma_commit();
     }
     for (int it = 0; it < n_iter; it++) {
       const int s = it % STAGES, u = it / STAGES;
-      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB_BR;
+      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
       const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
       const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
       float dq_pipe[NQ / 2]; /* PIPE: this block's dQ product, issued in the first half, added in the second */
       int *ticket = NULL;
-      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ (PIPE: issued by the last iteration) */
+      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ (PIPE: issued by the last iteration; BR = 128: two groups, Sᵀ first) */
       if constexpr (!PIPE) {
         fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
         fc_fence_regs(dk);
         fc_fence_regs(dv);
         fc_wgmma_fence();
-        fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, q_tile, do_tile);
+        if constexpr (BR == 128) {
+          fc_hpb_s<T, D, BR>(st, k_rows, q_tile);
+          fc_wgmma_commit();
+          fc_hpb_s<T, D, BR>(dpt, v_rows, do_tile);
+        } else {
+          fc_hpb_sdp<T, D, BR>(st, dpt, k_rows, v_rows, q_tile, do_tile);
+        }
         fc_wgmma_commit();
       }
-      fc_wgmma_wait<0>();
-      fc_fence_regs(st);
-      fc_fence_regs(dpt);
+      if constexpr (BR == 128) { /* Sᵀ only: dPᵀ's wgmma runs on beside Pᵀ's exponentials */
+        fc_wgmma_wait<1>();
+        fc_fence_regs(st);
+      } else {
+        fc_wgmma_wait<0>();
+        fc_fence_regs(st);
+        fc_fence_regs(dpt);
+      }
 
       /* Pᵀ = 2^(c·Sᵀ − lse2_i), dSᵀ = Pᵀ∘(dPᵀ − D_i). This thread holds keys key0 (e < 2) and key0 + 8 (e ≥ 2),
        * queries q0 + 8x + 2t + (e & 1). Queries past the sequence have lse2 = +inf (P = 0); keys past it and
        * pairs outside the mask are zeroed, in blocks that some of them cut only. */
       const bool whole = k0 + FC_HPB_BC <= sk &&
                          (a.window_right < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + a.window_right) &&
-                         (a.window_left < 0 || k0 >= q0 + FC_HPB_BR - 1 + shift - a.window_left);
+                         (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
+      if constexpr (BR == 128) {
 #pragma unroll
-      for (int x = 0; x < FC_HPB_BR / 8; x++) {
-        const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
-        const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+        for (int x = 0; x < BR / 8; x++) {
+          const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-          float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
-          if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
-          st[4 * x + e] = p;
-          dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+          for (int e = 0; e < 4; e++) {
+            const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+            float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+            if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
+            st[4 * x + e] = p;
+          }
+        }
+        fc_wgmma_wait<0>(); /* dPᵀ */
+        fc_fence_regs(dpt);
+#pragma unroll
+        for (int x = 0; x < BR / 8; x++) {
+          const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+          for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+        }
+      } else {
+#pragma unroll
+        for (int x = 0; x < BR / 8; x++) {
+          const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+          const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+            float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+            if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
+            st[4 * x + e] = p;
+            dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+          }
         }
       }
       /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers
        * of k-step kb, as P in the forward). */
-      uint32_t pp[4][4], dsp[4][4];
+      uint32_t pp[BR / 16][4], dsp[BR / 16][4];
 #pragma unroll
-      for (int kb = 0; kb < 4; kb++)
+      for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
           pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
           dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
         }
 
-      /* dSᵀ into this warpgroup's rows of sdS, swizzled as TMA would write it: row r (a key), 16-byte chunk x
-       * (queries 8x .. 8x + 7) at r·128 + ((x ^ (r % 8))·16); this thread's rows have r % 8 = g. */
+      /* dSᵀ into this warpgroup's rows of sdS, swizzled as TMA would write it: in half x / 8 (queries 64·(x / 8)
+       * .., DS_HALF bytes apart; Br = 64: one), row r (a key), 16-byte chunk x % 8 (queries 8x .. 8x + 7) at
+       * r·128 + (((x % 8) ^ (r % 8))·16); this thread's rows have r % 8 = g. */
       fc_fence_proxy_async(); /* after the async proxy's reads of sdS (the last dQ wgmma), before these writes */
       /* Every warp of the warpgroup (SPLIT: of both, whose dQ wgmmas read these rows too) is past the last
        * block's dQ wgmma wait: none still reads sdS. */
@@ -401,19 +471,20 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       if (BULK && ct == 0) fc_bulk_wait_read<0>();
       fc_named_barrier(ds_bar, DS_BAR_THREADS);
 #pragma unroll
-      for (int x = 0; x < FC_HPB_BR / 8; x++)
+      for (int x = 0; x < BR / 8; x++)
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) {
           const int r = 16 * warp + g + 8 * rh;
           /* dpt[4x + 2rh], dpt[4x + 2rh + 1], packed above as dsp[x / 2][2·(x % 2) + rh] */
-          fc_st_shared_u32(ds_rows + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t, dsp[x / 2][2 * (x % 2) + rh]);
+          fc_st_shared_u32(ds_rows + (x / 8) * DS_HALF + r * FC_HPB_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
+                           dsp[x / 2][2 * (x % 2) + rh]);
         }
       fc_fence_proxy_async();                   /* these generic writes, before the async proxy (wgmma) reads them */
       fc_named_barrier(ds_bar, DS_BAR_THREADS); /* the warpgroup's (SPLIT: both's) dSᵀ rows are in shared memory */
 
       /* dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i */
       fc_wgmma_fence();
-      fc_hpb_dkdv<T, D>(dv, dk, pp, dsp, q_tile, do_tile);
+      fc_hpb_dkdv<T, D, BR>(dv, dk, pp, dsp, q_tile, do_tile);
       fc_wgmma_commit();
 
       /* dQ_i += dS·K_j for this warpgroup's keys, 64 columns at a time, added into the fp32 sum: lanes t and
@@ -425,9 +496,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       if constexpr (DET) {
         /* Wait for this warpgroup's turn (fc_hpb_ticket_wait); the previous key block saw query block q0 / Br
          * iff it lies in that block's range. */
-        const int ib = q0 / FC_HPB_BR;
+        const int ib = q0 / BR;
         const bool first = cw == 0 && !(prev_n > 0 && ib >= prev_begin && ib < prev_begin + prev_n);
-        ticket = a.dq_ticket + ((int64_t)hh * a.total_pad + pad0 + q0) / FC_HPB_BR;
+        ticket = a.dq_ticket + ((int64_t)hh * a.total_pad + pad0 + q0) / BR;
         if (ct == 0 && !first) fc_hpb_ticket_wait(ticket, 2 * jb + cw);
         fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the whole warpgroup adds after the acquire */
       }
@@ -440,10 +511,14 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       } else {
 #pragma unroll
         for (int h = 0; h < (SPLIT ? 1 : HALVES); h++) {
-          const int col0 = SPLIT ? NQ * cw : 64 * h; /* this product's first column of dQ_i */
+          const int col0 = ROWSPLIT ? 0 : SPLIT ? NQ * cw : 64 * h; /* this product's first column of dQ_i */
+          const int row0 = ROWSPLIT ? 64 * cw : 0;                  /* and its first row */
           float dq[NQ / 2];
           fc_wgmma_fence();
-          if constexpr (SPLIT) { /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
+          if constexpr (ROWSPLIT) { /* queries 64·cw .. (half cw of sdS); keys 0 .. 63, then 64 .. 127 */
+            fc_hpb_dq<T, NQ>(dq, sdS + cw * DS_HALF, sK);
+            fc_hpb_dq<T, NQ, false>(dq, sdS + cw * DS_HALF + 64 * FC_HPB_ROW_BYTES, sK + 64 * FC_HPB_ROW_BYTES);
+          } else if constexpr (SPLIT) { /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
             const uint32_t k_cols = sK + (col0 / 64) * FC_HPB_KV_HALF + (col0 % 64) * 2;
             fc_hpb_dq<T, NQ>(dq, sdS, k_cols);
             fc_hpb_dq<T, NQ, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
@@ -454,9 +529,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           fc_wgmma_wait<0>();
           fc_fence_regs(dq);
           if constexpr (BULK) {
-            fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
-                                   a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + col0 * FC_BWD_DQ_TILE,
-                                   warp, g, t, ct, FC_HPB_BAR_DS + cw);
+            /* the tile of head-rows hh·total_pad + pad0 + q0 + row0 (a multiple of 64) and columns col0 .. */
+            fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
+                                         a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0 + row0) * D +
+                                             col0 * FC_BWD_DQ_TILE,
+                                         warp, g, t, ct, FC_HPB_BAR_DS + cw);
           } else {
 #pragma unroll
             for (int x = 0; x < NQ / 8; x++) {
@@ -480,7 +557,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
         if (it + 1 < n_iter) fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* Q_i, dO_i, lse2_i, D_i of block it + 1 */
         fc_wgmma_fence();
-        fc_hpb_sdp<T, D>(st, dpt, k_rows, v_rows, sQ + s1 * Q_BYTES, sdO + s1 * Q_BYTES);
+        fc_hpb_sdp<T, D, BR>(st, dpt, k_rows, v_rows, sQ + s1 * Q_BYTES, sdO + s1 * Q_BYTES);
         fc_wgmma_commit();
       }
       if constexpr (PIPE) { /* this block's dK/dV and dQ groups are done; the next Sᵀ, dPᵀ may still run */
@@ -567,48 +644,66 @@ static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mod
   return FLASHC_OK;
 }
 
-/* The columns of one bulk add (one warpgroup's dQ product), or 0 (red.global.add). */
+/* The query rows per block (FLASHC_HOPPER_BWD_BR, read at every call, for comparisons): 64, or 128 (FlashAttention-3's
+ * kBlockM at head dim 64: half the per-block barriers, waits, stage hand-overs and dQ adds per unit of tensor
+ * work). 128 is built for the bulk kernel at D = 64 only; elsewhere 64 runs, silently. Unset: 64. */
+static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int *br) {
+  static const char *const names[] = {"64", "128"};
+  int m = 0;
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_BR", names, (int)(sizeof names / sizeof names[0]), 0,
+                         "flashc_backward (cuda-hopper)", &m));
+  *br = m == 1 && p->head_dim <= 64 && mode == FC_HPB_DQ_BULK ? 128 : FC_HPB_BR;
+  return FLASHC_OK;
+}
+
+/* The columns of one tile of the blocked dQ sum (w of fc_bwd_dq_blocked_index), or 0 (red.global.add). */
 static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) { return mode == FC_HPB_DQ_BULK ? d / 2 : 0; }
 
 /* Dynamic shared memory of one CTA: the tiles, lse2/D rows, barriers, and 1024 bytes of slack for the
  * alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB (bulk: + 32 KB); D = 64, 3 stages:
- * 32 + 48 + 16 + … = 98 KB (bulk: + 16 KB). */
-static size_t fc_hpb_smem_bytes(int d, int stages, int dq_tile_w) {
-  return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * FC_HPB_BR * d * 2 + (size_t)FC_HPB_BC * FC_HPB_BR * 2 +
-         (size_t)2 * FC_BWD_DQ_TILE * dq_tile_w * 4 + (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
+ * 32 + 48 + 16 + … = 98 KB (bulk: + 16 KB). D = 64 with Br = 128, 3 stages, bulk: sK, sV 32 KB + sQ, sdO
+ * 3 × 32 KB + sdS 32 KB + sdQ 2 × 16 KB + sLD 3 KB + 56 + 1024 = 200760 bytes (196 KB ≤ 227 KB; a 4th stage
+ * would need 233 KB). */
+static size_t fc_hpb_smem_bytes(int d, int stages, int dq_tile_w, int br) {
+  return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * br * d * 2 + (size_t)FC_HPB_BC * br * 2 +
+         (size_t)2 * br * dq_tile_w * 4 + (size_t)stages * 2 * br * 4 + 8 * (1 + 2 * stages) + 1024;
 }
 
 typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
                                  const fc_hopper_bwd_args);
 
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, int BR>
 static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, const CUtensorMap maps[4],
                                    const fc_hopper_bwd_args *a, int grid) {
   fc_hpb_kernel_fn kernel;
-  if (mode == FC_HPB_DQ_BULK)
-    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, true, true>;
+  if constexpr (BR != FC_HPB_BR) /* the bulk kernel only (fc_hpb_br_get) */
+    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, true, true, BR>;
+  else if (mode == FC_HPB_DQ_BULK)
+    kernel = fc_hopper_bwd_kernel<T, D, STAGES, false, true, true, BR>;
   else if (mode == FC_HPB_DQ_SPLIT)
-    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, true, false>
-                              : fc_hopper_bwd_kernel<T, D, STAGES, false, true, false>;
+    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, true, false, BR>
+                              : fc_hopper_bwd_kernel<T, D, STAGES, false, true, false, BR>;
   else
-    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, false, false>
-                              : fc_hopper_bwd_kernel<T, D, STAGES, false, false, false>;
-  const size_t smem = fc_hpb_smem_bytes(D, STAGES, fc_hpb_dq_tile_w(mode, D));
+    kernel = p->deterministic ? fc_hopper_bwd_kernel<T, D, STAGES, true, false, false, BR>
+                              : fc_hopper_bwd_kernel<T, D, STAGES, false, false, false, BR>;
+  const size_t smem = fc_hpb_smem_bytes(D, STAGES, fc_hpb_dq_tile_w(mode, D), BR);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   FC_LAUNCH_CHECK("fc_hopper_bwd_kernel");
   return FLASHC_OK;
 }
 
-/* Tile shapes per head dim: <D, Q/dO stages>. */
+/* Tile shapes per head dim: <D, Q/dO stages, Br>. */
 template <typename T>
-static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, const CUtensorMap maps[4],
+static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br, const CUtensorMap maps[4],
                                 const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  if (p->head_dim <= 64)
-    FC_CHECK((fc_hpb_launch<T, 64, 3>(p, mode, maps, a, grid)));
+  if (p->head_dim <= 64 && br == 128)
+    FC_CHECK((fc_hpb_launch<T, 64, 3, 128>(p, mode, maps, a, grid)));
+  else if (p->head_dim <= 64)
+    FC_CHECK((fc_hpb_launch<T, 64, 3, FC_HPB_BR>(p, mode, maps, a, grid)));
   else
-    FC_CHECK((fc_hpb_launch<T, 128, 2>(p, mode, maps, a, grid)));
+    FC_CHECK((fc_hpb_launch<T, 128, 2, FC_HPB_BR>(p, mode, maps, a, grid)));
   return fc_bwd_rows_convert<T>(p, rows);
 }
 
@@ -631,7 +726,9 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
 
 flashc_status fc_hopper_backward(const fc_problem *p) {
   fc_hpb_dq_mode mode;
+  int br = FC_HPB_BR;
   FC_CHECK(fc_hpb_dq_mode_get(p, &mode));
+  FC_CHECK(fc_hpb_br_get(p, mode, &br));
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);
@@ -711,10 +808,10 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
   CUtensorMap maps[4];
-  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", FC_HPB_BR, "flashc_backward", &maps[0]));
+  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_backward", &maps[0]));
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
-  FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", FC_HPB_BR, "flashc_backward", &maps[3]));
-  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, maps, &a, &rows, grid);
-  return fc_hpb_run<__nv_bfloat16>(p, mode, maps, &a, &rows, grid);
+  FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", br, "flashc_backward", &maps[3]));
+  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, br, maps, &a, &rows, grid);
+  return fc_hpb_run<__nv_bfloat16>(p, mode, br, maps, &a, &rows, grid);
 }

@@ -3,6 +3,16 @@ the backward of PyTorch SDPA (flash, cudnn) and of cuda-mma on the shapes of /wo
 tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
 
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
+        [--modes env,bulk128] [--bench-modes env] [--rounds 1] [--no-peers]
+
+Modes (the library reads FLASHC_HOPPER_BWD_DQ and FLASHC_HOPPER_BWD_BR at every call): env (the variables as this
+script found them: the defaults when unset), bulk, split, each (dQ paths, Br = 64), bulk128 (bulk with Br = 128
+query rows per block; built for d <= 64 only, so it runs only there and not in deterministic mode, where the
+library would run the Br = 64 kernel anyway). Every check runs in each of --modes that applies to it; the
+timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the
+first mode being the reference of the ratio columns. An A/B of two modes without the peers:
+
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
 
 What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128) it must refuse, and
 auto must fall back to another backend.
@@ -31,9 +41,38 @@ ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke t
 ap.add_argument("--tiny", action="store_true", help="two small shapes (racecheck, which is slow)")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
+ap.add_argument("--modes", default="env,bulk128", help="correctness: each case in each mode that applies to it")
+ap.add_argument("--bench-modes", default="env", help="timings: cuda-hopper in each mode; the first is the reference")
+ap.add_argument("--rounds", type=int, default=1, help="timings: interleaved rounds over the modes (median)")
+ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper only (no cuda-mma, flash, cudnn)")
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
+MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR")
+MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
+         "bulk": {"FLASHC_HOPPER_BWD_DQ": "bulk", "FLASHC_HOPPER_BWD_BR": "64"},
+         "split": {"FLASHC_HOPPER_BWD_DQ": "split", "FLASHC_HOPPER_BWD_BR": "64"},
+         "each": {"FLASHC_HOPPER_BWD_DQ": "each", "FLASHC_HOPPER_BWD_BR": "64"},
+         "bulk128": {"FLASHC_HOPPER_BWD_DQ": "bulk", "FLASHC_HOPPER_BWD_BR": "128"}}
+modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
+for m in modes + bench_modes:
+    if m not in MODES:
+        sys.exit(f"unknown mode {m!r} (known: {', '.join(MODES)})")
+
+
+def set_mode(name):
+    for var, value in MODES[name].items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
+def mode_applies(name, d, deterministic=0):
+    """bulk128 changes the kernel only at d <= 64 and outside deterministic mode (elsewhere Br = 64 runs)."""
+    return name != "bulk128" or (d <= 64 and not deterministic)
+
+
 fc = Flashc(args.lib)
 OK, UNSUPPORTED = fc.OK, fc.UNSUPPORTED
 res = Results(verbose=True)  # every case's line, passed or not
@@ -84,14 +123,27 @@ def problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen)
 
 def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", varlen=None,
           deterministic=0):
-    tag = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} w({wl},{wr}) "
-           f"{layout}" + (f" varlen{varlen}" if varlen else "") + (" deterministic" if deterministic else ""))
+    """One case (fresh random inputs, one reference) in every mode of --modes that applies to it."""
+    case = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} w({wl},{wr}) "
+            f"{layout}" + (f" varlen{varlen}" if varlen else "") + (" deterministic" if deterministic else ""))
     q, k, v, dout, o, lse, seqs, cu = problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen)
     p, keep = params(causal, align, wl, wr, cu=cu, deterministic=deterministic)
+    set_mode("env")
     st = forward("cuda-hopper", p, q, k, v, o, lse)
     if st != OK:
-        record(tag, False, f"forward status {st}: {fc.last_error()}")
+        record(f"{modes[0]:8s} {case}", False, f"forward status {st}: {fc.last_error()}")
         return
+    refs = {}  # per sequence: the fp64 reference and the plain low-precision error, shared by the modes
+    for mode in modes:
+        if mode_applies(mode, d, deterministic):
+            set_mode(mode)
+            check_mode(f"{mode:8s} {case}", dtype, d, causal, align, wl, wr, deterministic, q, k, v, dout, o, lse,
+                       seqs, p, refs)
+    set_mode("env")
+    del keep
+
+
+def check_mode(tag, dtype, d, causal, align, wl, wr, deterministic, q, k, v, dout, o, lse, seqs, p, refs):
     dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
     st = backward("cuda-hopper", p, q, k, v, o, lse, dout, dq, dk, dv)
     torch.cuda.synchronize()
@@ -118,13 +170,17 @@ def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout=
                 if x.numel() and x.abs().max() != 0:
                     bad.append(f"{name} not 0 in an empty sequence")
             continue
-        vis = visible(ql, kl, causal, align, wl, wr)
-        a_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl],
-              dout[bb:bb + 1, qs:qs + ql], scale, vis)
-        ref, plain = grads(*a_), grads(*a_, low=dtype)
+        if (bb, qs, ks) not in refs:
+            vis = visible(ql, kl, causal, align, wl, wr)
+            a_ = (q[bb:bb + 1, qs:qs + ql], k[bb:bb + 1, ks:ks + kl], v[bb:bb + 1, ks:ks + kl],
+                  dout[bb:bb + 1, qs:qs + ql], scale, vis)
+            ref, plain = grads(*a_), grads(*a_, low=dtype)
+            refs[(bb, qs, ks)] = (ref, [(plain[n] - ref[n]).abs().max().item() for n in range(3)])
+            del plain
+        ref, e_plain = refs[(bb, qs, ks)]
         for n in range(3):
             err[n] = max(err[n], (got[n] - ref[n]).abs().max().item())
-            err_plain[n] = max(err_plain[n], (plain[n] - ref[n]).abs().max().item())
+            err_plain[n] = max(err_plain[n], e_plain[n])
     tol = [3 * e + 1e-4 for e in err_plain]
     ok = not bad and all(e <= t for e, t in zip(err, tol))
     info = " ".join(f"{n} {e:.1e}/{t:.1e}" for n, e, t in zip(("dq", "dk", "dv"), err, tol))
@@ -202,10 +258,12 @@ def correctness():
 # ---- timings -----------------------------------------------------------------------------------------------
 def bench():
     timer = lambda fn: timeit(fn, reps=20, warmup=3)  # noqa: E731
+    ref, others = bench_modes[0], bench_modes[1:]
     print(f"\n== backward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 "
-          f"(flops = 2.5 x 4.b.h.s^2.d, halved for causal) ==", flush=True)
+          f"(flops = 2.5 x 4.b.h.s^2.d, halved for causal); hopper = mode {ref}"
+          + (f", {args.rounds} interleaved rounds (median)" if args.rounds > 1 else "") + " ==", flush=True)
     print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'hopper':>8} {'mma':>8} {'flash':>8} {'cudnn':>8} "
-          f"{'hp/cudnn':>8} {'hp/flash':>8}", flush=True)
+          f"{'hp/cudnn':>8} {'hp/flash':>8}" + "".join(f" {m[:8]:>8} {'/' + ref[:7]:>8}" for m in others), flush=True)
     seqlens = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     for d in (64, 128):
         for causal in (0, 1):
@@ -219,19 +277,39 @@ def bench():
                 lse = torch.empty(b * h * s, device="cuda")
                 g = [torch.empty_like(x) for x in (qv, kv, vv)]
                 p, _ = params(causal=causal, align=1)
+                set_mode("env")
                 forward("cuda-hopper", p, qv, kv, vv, o, lse)
-                for name in ("cuda-hopper", "cuda-mma"):
-                    if backward(name, p, qv, kv, vv, o, lse, dov, *g) != OK:
-                        print(name, fc.last_error())
+                # cuda-hopper in each mode, interleaved: round r times every mode once, odd rounds in reverse
+                runs = {m: [] for m in bench_modes if mode_applies(m, d)}
+                for r in range(max(1, args.rounds)):
+                    for m in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                        set_mode(m)
+                        if backward("cuda-hopper", p, qv, kv, vv, o, lse, dov, *g) != OK:
+                            print(m, fc.last_error())
+                            runs[m].append(float("nan"))
+                            continue
+                        runs[m].append(timer(lambda: backward("cuda-hopper", p, qv, kv, vv, o, lse, dov, *g)))
+                set_mode("env")
+                hp = {m: sorted(t)[len(t) // 2] for m, t in runs.items()}
+                res["cuda-hopper"] = hp.get(ref, float("nan"))
+                for name in ("cuda-mma",):
+                    if args.no_peers or backward(name, p, qv, kv, vv, o, lse, dov, *g) != OK:
+                        if not args.no_peers:
+                            print(name, fc.last_error())
                         res[name] = float("nan")
                         continue
                     res[name] = timer(lambda: backward(name, p, qv, kv, vv, o, lse, dov, *g))
                 for name in ("flash", "cudnn"):
-                    res[name] = peer_ms(name, lambda: sdpa_backward_ms(name, q, k, v, do, causal, timer), quiet=True)
+                    res[name] = float("nan") if args.no_peers else peer_ms(
+                        name, lambda: sdpa_backward_ms(name, q, k, v, do, causal, timer), quiet=True)
                 tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
+                extra = ""
+                for m in others:
+                    t = flops / hp[m] / 1e9 if m in hp else float("nan")
+                    extra += f" {t:8.1f} {t / tf['cuda-hopper']:8.3f}"
                 print(f"{d:4d} {causal:6d} {s:6d} {tf['cuda-hopper']:8.1f} {tf['cuda-mma']:8.1f} {tf['flash']:8.1f} "
                       f"{tf['cudnn']:8.1f} {tf['cuda-hopper'] / tf['cudnn']:8.2f} "
-                      f"{tf['cuda-hopper'] / tf['flash']:8.2f}", flush=True)
+                      f"{tf['cuda-hopper'] / tf['flash']:8.2f}" + extra, flush=True)
                 del q, k, v, do, o, g
 
 
@@ -240,4 +318,4 @@ if not args.no_check:
     correctness()
 if not args.no_bench:
     bench()
-res.summary(t0, shown=20)
+res.summary(t0, groups=modes if not args.no_check else (), shown=20)
