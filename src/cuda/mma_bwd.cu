@@ -497,7 +497,7 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
     "fa2x2", /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
                 exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
     "fa2pb", /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
-                cuda-hopper's), into a blocked fp32 sum; elsewhere, d256 (its tile does not fit: 273 KB) and
+                cuda-hopper's), into a blocked fp32 sum (d256: one Q/dO buffer, to fit); elsewhere and
                 deterministic: fa2p's fallbacks. The default. */
 };
 
@@ -548,7 +548,9 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
 template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
           bool BULK = false>
 static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool *ran) {
-  constexpr int QSTAGES = 2;
+  /* Q_i, dO_i double-buffered, except where that and fa2pb's dQ tile pass sm_90's 227 KB (d256: 217 KB + 64 KB):
+   * one buffer (214 KB), refilled while the block's dQ is computed (mma_bwd_fa2.cuh). */
+  constexpr int QSTAGES = fc_bwd_fa2_smem(D, BR, BC, 2, BULK) <= FC_SM90_SMEM_OPTIN ? 2 : 1;
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
   fc_mma_bwd_args a = *a0;
   const bool atomic = !p->deterministic;
@@ -668,7 +670,7 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
     case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 64, 4, 2, 2, 2, 48, true, 2>(p, a, aligned, &ran))); break;
     case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
     }
-  } else if (config == FC_BWD_FA2PB) { /* fa2p's tiles; d ≤ 192 (fc_mma_bwd_bulk_dq) */
+  } else if (config == FC_BWD_FA2PB) { /* fa2p's tiles (d256: one Q/dO buffer) */
     switch (d) {
     case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, true, 1, true>(p, a, aligned, &ran))); break;
     case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, true, 1, true>(p, a, aligned, &ran))); break;
@@ -676,6 +678,7 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
     case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, true, 1, true>(p, a, aligned, &ran))); break;
     case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, true, 1, true>(p, a, aligned, &ran))); break;
     case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, true, 1, true>(p, a, aligned, &ran))); break;
+    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, true, 1, true>(p, a, aligned, &ran))); break;
     }
     if (!ran) return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb has no kernel for d %d", d);
   }
@@ -708,12 +711,10 @@ static size_t fc_round256(size_t n) { return (n + 255) / 256 * 256; }
 
 /* fa2pb runs, and the fp32 dQ sum is blocked (its tile width; 0: [total_q][hq][D], red.global.add), when the
  * call would run fa2p (non-deterministic, a finite 1/c), on compute capability 9.x (the bulk reduce-add), at
- * d ≤ 192 (d256: fa2p's 209 KB + a 64 KB tile exceed 227 KB). Decided before the workspace is sized. */
+ * every compiled d (d256 with one Q/dO buffer: fc_mma_bwd_fa2). Decided before the workspace is sized. */
 static flashc_status fc_mma_bwd_bulk_dq(const fc_problem *p, fc_bwd_config config, int *tile_w) {
   *tile_w = 0;
-  if (config != FC_BWD_FA2PB || p->deterministic || !(fabsf(p->scale) >= 1e-30f) ||
-      fc_mma_compiled_dim(p->head_dim) > 192)
-    return FLASHC_OK;
+  if (config != FC_BWD_FA2PB || p->deterministic || !(fabsf(p->scale) >= 1e-30f)) return FLASHC_OK;
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
   if (props.sm / 10 == 9) *tile_w = FC_MMA_DQ_TILE_W;

@@ -22,7 +22,8 @@
  *   (NW/WS + WS·Br/Bc)·2·Bc·D + (NW/WD + WD·D/Bc)·2·Bc·Br + (NW/WQ·Bc/D·NCH + WQ)·Bc·D  elements,
  * e.g. d128, Br 64, Bc 128: 640 KB for 10.5 MFLOP (the base kernel's 64×64 tiles: 480 KB for 5.2).
  * Two barriers per query block: Q_i landed (and the last block's buffers are free), Pᵀ/dSᵀ written. Q_i,
- * dO_i of the next block are copied by cp.async while this one is computed (QSTAGES = 2).
+ * dO_i of the next block are copied by cp.async while this one is computed (QSTAGES = 2; fa2pb at d256,
+ * where two buffers and the dQ tile do not fit: one buffer, refilled while dQ_i is computed).
  *
  * Shared memory (16-bit, XOR-swizzled rows as in mma_tile.cuh), the base kernel's layout:
  *   sK, sV [Bc][DS]            the CTA's key block: A of Sᵀ and dPᵀ, B of dS·K_j
@@ -51,6 +52,8 @@
 /* BULK_DQ: the columns of one tile of the blocked fp32 sum; a power of two (the swizzle XORs chunk numbers below
  * w / 4) dividing every compiled head dim. */
 enum { FC_MMA_DQ_TILE_W = 32 };
+/* The most dynamic shared memory one CTA may have on sm_90 (227 KB), where fa2pb runs. */
+#define FC_SM90_SMEM_OPTIN ((size_t)232448)
 
 /* Shared-memory bytes of the kernel below (BULK_DQ: + the Br × D fp32 dQ tile). */
 static constexpr size_t fc_bwd_fa2_smem(int D, int BR, int BC, int QSTAGES, bool BULK_DQ = false) {
@@ -388,6 +391,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
       }
     }
 
+    if (QSTAGES == 1 && it + 1 < n_iter) {
+      /* One Q/dO buffer (fa2pb at d256): every warp is done with Q_i, dO_i, lse2_i and D_i (dQ below reads
+       * only dSᵀ and K_j), so the next block's copies run beside this block's dQ. */
+      __syncthreads();
+      const int nx = it + 1;
+      fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
+                                        a.q_sh, a.do_sh, hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq,
+                                        a.head_dim, a.total_pad, s.pad0, tid);
+      fc_cp_async_commit();
+    }
+
     /* dQ_i += dS·K_j: this warp's MQ queries × NQ columns, NQC columns at a time, added to the fp32
      * buffer. */
     if constexpr (ATOMIC_DQ) {
@@ -486,14 +500,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
                                    the tile after the next barrier (fc_bwd_fa2_sdq_add) */
       }
 #endif
-    }
-    if (QSTAGES == 1 && it + 1 < n_iter) {
-      __syncthreads(); /* every warp is done with this Q_i, dO_i: the single buffer may be refilled */
-      const int nx = it + 1;
-      fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
-                                        a.q_sh, a.do_sh, hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq,
-                                        a.head_dim, a.total_pad, s.pad0, tid);
-      fc_cp_async_commit();
     }
   }
 
