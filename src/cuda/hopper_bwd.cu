@@ -8,7 +8,7 @@
  *   1. prep (hopper_bwd_rows.cuh): D and lse2 = lse·log2(e) per query row, padded per sequence;
  *   2. dkdv (here): one CTA per key block K_j, V_j (Bc = 128 keys) of one kv head of one sequence; 3 warpgroups:
  *        warpgroup 0, producer (24 registers): one thread loads K_j, V_j once and then, into a ring of STAGES
- *          stages, Q_i, dO_i (TMA, Br = 64 rows; 128 at D = 64 with FLASHC_HOPPER_BWD_BR=128) and lse2_i, D_i
+ *          stages, Q_i, dO_i (TMA, Br = 64 rows; 128 at D = 64 with bulk dQ: FLASHC_HOPPER_BWD_BR) and lse2_i, D_i
  *          (bulk copies) of every (query head of the GQA group, query block i) that sees the key block, in order;
  *        warpgroups 1, 2, consumers (240 registers): keys 64·c .. 64·c + 63 of K_j each; per query block:
  *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64nBrk16, all operands in shared memory
@@ -52,7 +52,7 @@
 #include <string.h>
 
 enum {
-  FC_HPB_BR = 64,             /* query rows per block of the loop (Br; 128 at D = 64 with FLASHC_HOPPER_BWD_BR) */
+  FC_HPB_BR = 64,             /* query rows per block of the loop (Br; 128 at D = 64, bulk: FLASHC_HOPPER_BWD_BR) */
   FC_HPB_BC = 128,            /* keys per CTA: 2 consumer warpgroups × 64 */
   FC_HPB_THREADS = 384,       /* producer + 2 consumer warpgroups */
   FC_HPB_CONSUMER_WARPS = 8,  /* arrivals that release a stage */
@@ -646,11 +646,12 @@ static flashc_status fc_hpb_dq_mode_get(const fc_problem *p, fc_hpb_dq_mode *mod
 
 /* The query rows per block (FLASHC_HOPPER_BWD_BR, read at every call, for comparisons): 64, or 128 (FlashAttention-3's
  * kBlockM at head dim 64: half the per-block barriers, waits, stage hand-overs and dQ adds per unit of tensor
- * work). 128 is built for the bulk kernel at D = 64 only; elsewhere 64 runs, silently. Unset: 64. */
+ * work). 128 is built for the bulk kernel at D = 64 only; elsewhere 64 runs, silently. Unset: 128 (measured on
+ * the H100: 1.04-1.13x Br = 64 at head dim 64, bench/results/configs/hopper-bwd-br128.txt). */
 static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int *br) {
   static const char *const names[] = {"64", "128"};
   int m = 0;
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_BR", names, (int)(sizeof names / sizeof names[0]), 0,
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_BR", names, (int)(sizeof names / sizeof names[0]), 1,
                          "flashc_backward (cuda-hopper)", &m));
   *br = m == 1 && p->head_dim <= 64 && mode == FC_HPB_DQ_BULK ? 128 : FC_HPB_BR;
   return FLASHC_OK;

@@ -479,7 +479,8 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
  * empty: fa2pb (where it does not apply: fa2p; deterministic calls: fa2). Steps 1, 3, 3' and 4 are the same
  * for all. Measured on the H100 (bench/results/configs/mma-bwd-configs.csv, b·s = 16k, bf16 and fp16, d 64/128/256,
  * full and causal): fa2p 0.98-1.45x fa2 (median 1.1x; below 1.0x in 1 of 72 cells); fa2x2 0.82-1.16x fa2p, ahead
- * mostly at seqlen 512 and d256; fa2pb 1.12-1.23x fa2p at d64 and d128 (bench/results/configs/mma-bwd-fa2pb.txt). */
+ * mostly at seqlen 512 and d256; fa2pb 1.12-1.23x fa2p at d64 and d128
+ * (bench/results/configs/mma-bwd-fa2pb.txt), 1.29-1.50x at d256 with one Q/dO buffer (mma-bwd-fa2pb-d256.txt). */
 typedef enum fc_bwd_config {
   FC_BWD_BASE,
   FC_BWD_FA2,

@@ -3,12 +3,12 @@ the backward of PyTorch SDPA (flash, cudnn) and of cuda-mma on the shapes of /wo
 tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
 
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
-        [--modes env,bulk128] [--bench-modes env] [--rounds 1] [--no-peers]
+        [--modes env,bulk] [--bench-modes env] [--rounds 1] [--no-peers]
 
 Modes (the library reads FLASHC_HOPPER_BWD_DQ and FLASHC_HOPPER_BWD_BR at every call): env (the variables as this
-script found them: the defaults when unset), bulk, split, each (dQ paths, Br = 64), bulk128 (bulk with Br = 128
-query rows per block; built for d <= 64 only, so it runs only there and not in deterministic mode, where the
-library would run the Br = 64 kernel anyway). Every check runs in each of --modes that applies to it; the
+script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split, each (dQ paths, Br = 64),
+bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only there and not in
+deterministic mode, where the library would run the Br = 64 kernel anyway). Every check runs in each of --modes that applies to it; the
 timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the
 first mode being the reference of the ratio columns. An A/B of two modes without the peers:
 
@@ -41,7 +41,7 @@ ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke t
 ap.add_argument("--tiny", action="store_true", help="two small shapes (racecheck, which is slow)")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
-ap.add_argument("--modes", default="env,bulk128", help="correctness: each case in each mode that applies to it")
+ap.add_argument("--modes", default="env,bulk", help="correctness: each case in each mode that applies to it")
 ap.add_argument("--bench-modes", default="env", help="timings: cuda-hopper in each mode; the first is the reference")
 ap.add_argument("--rounds", type=int, default=1, help="timings: interleaved rounds over the modes (median)")
 ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper only (no cuda-mma, flash, cudnn)")
