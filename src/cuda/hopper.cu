@@ -32,6 +32,7 @@
  * is the default for d ≤ 64). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
+#include "hopper_gemm.cuh"
 #include "hopper_ptx.cuh"
 #include "hopper_sched.cuh"
 #include "hopper_tma.cuh"
@@ -97,26 +98,6 @@ static __device__ __forceinline__ void fc_hp_row_keys(int64_t i, int64_t shift, 
 }
 
 static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) { return a / b - (a % b < 0); }
-
-/* S = Q_i·K_jᵀ for this warpgroup's 64 rows: D/16 k-steps of 16 columns of the head dim. Step kk reads
- * columns 16·kk .. 16·kk + 15, which sit 32·(kk % 4) bytes into the rows of half kk / 4 (the hardware
- * applies the swizzle to the address bits, so an offset inside the 128-byte row composes with it). The
- * first step writes S without reading it: S is a fresh value per key block, and the softmax's writes into
- * it never land on registers of a wgmma still in flight. */
-template <typename T, int D, int BC = FC_HP_BC>
-static __device__ __forceinline__ void fc_hp_qk(float (&s)[BC / 2], uint32_t q_rows, uint32_t k_tile) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) {
-    /* Q_i's halves are Br = 128 rows apart, K_j's Bc rows. */
-    const uint32_t off = (kk / 4) * FC_HP_HALF_BYTES + (kk % 4) * 32,
-                   koff = (kk / 4) * (BC * FC_HP_ROW_BYTES) + (kk % 4) * 32;
-    const uint64_t da = fc_wgmma_desc(q_rows + off, 16, 1024), db = fc_wgmma_desc(k_tile + koff, 16, 1024);
-    if (kk == 0)
-      fc_wgmma_ss_zero<T, BC>(s, da, db);
-    else
-      fc_wgmma_ss<T, BC>(s, da, db);
-  }
-}
 
 /* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
  * bytes apart), every 64-column half (Bc·128 bytes apart: the leading offset). */
@@ -328,7 +309,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_mbar_wait(FULL_K(0), 0);
         my_turn();
         fc_wgmma_fence();
-        fc_hp_qk<T, D, BC>(s, q_rows, sK);
+        fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK);
         fc_wgmma_commit();
         your_turn(false);
         fc_wgmma_wait<0>();
@@ -350,7 +331,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           fc_fence_regs(p);
           my_turn();
           fc_wgmma_fence();
-          fc_hp_qk<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
+          fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
           fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
@@ -384,7 +365,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           fc_mbar_arrive_if(EMPTY_V(sp), lane == 0);
           fc_mbar_wait(FULL_K(sn), un & 1);
           fc_wgmma_fence();
-          fc_hp_qk<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
+          fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
           fc_wgmma_wait<0>();
           fc_fence_regs(s);

@@ -40,6 +40,7 @@
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
+#include "hopper_gemm.cuh"
 #include "hopper_ptx.cuh"
 #include "hopper_tma.cuh"
 #include "hopper_wgmma.cuh"
@@ -136,9 +137,9 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
 
 /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warpgroup's 64 keys × Br queries (wgmma m64nBrk16): D/16 k-steps
  * over the head dim. Step kk reads columns 16·kk .. 16·kk + 15: 32·(kk % 4) bytes into the rows of half kk / 4
- * (the forward's fc_hp_qk, with the halves of the two tiles of different heights: Br·128 bytes for Q_i, dO_i).
- * B is Q_i, dO_i K-major: Br rows of 128 bytes, 8-row groups 1024 bytes apart (Br = 128: the forward's K_j).
- * The first step writes without reading: both are fresh values per block. */
+ * (hopper_gemm.cuh's fc_hp_ss_kmajor, two products interleaved, with the halves of the two tiles of different heights:
+ * Br·128 bytes for Q_i, dO_i). B is Q_i, dO_i K-major: Br rows of 128 bytes, 8-row groups 1024 bytes apart (Br = 128:
+ * the forward's K_j). The first step writes without reading: both are fresh values per block. */
 template <typename T, int D, int BR>
 static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t k_rows,
                                                   uint32_t v_rows, uint32_t q_tile, uint32_t do_tile) {
@@ -155,22 +156,6 @@ static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[BR / 2], float (&d
       fc_wgmma_ss<T, BR>(st, dk, dq);
       fc_wgmma_ss<T, BR>(dpt, dv, ddo);
     }
-  }
-}
-
-/* One of the two products of fc_hpb_sdp alone (acc = rows·tileᵀ), so that Sᵀ and dPᵀ can be waited for one at
- * a time (Br = 128: Pᵀ is computed while dPᵀ's wgmma runs). */
-template <typename T, int D, int BR>
-static __device__ __forceinline__ void fc_hpb_s(float (&acc)[BR / 2], uint32_t rows, uint32_t tile) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) {
-    const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32,
-                   ob = (kk / 4) * (BR * FC_HPB_ROW_BYTES) + (kk % 4) * 32;
-    const uint64_t da = fc_wgmma_desc(rows + oa, 16, 1024), db = fc_wgmma_desc(tile + ob, 16, 1024);
-    if (kk == 0)
-      fc_wgmma_ss_zero<T, BR>(acc, da, db);
-    else
-      fc_wgmma_ss<T, BR>(acc, da, db);
   }
 }
 
@@ -390,9 +375,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_fence_regs(dv);
         fc_wgmma_fence();
         if constexpr (BR == 128) {
-          fc_hpb_s<T, D, BR>(st, k_rows, q_tile);
+          fc_hp_ss_kmajor<T, D, BR>(st, k_rows, q_tile); /* Sᵀ, then dPᵀ: two groups */
           fc_wgmma_commit();
-          fc_hpb_s<T, D, BR>(dpt, v_rows, do_tile);
+          fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
         } else {
           fc_hpb_sdp<T, D, BR>(st, dpt, k_rows, v_rows, q_tile, do_tile);
         }
@@ -413,18 +398,22 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const bool whole = k0 + FC_HPB_BC <= sk &&
                          (a.window_right < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + a.window_right) &&
                          (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
-      if constexpr (BR == 128) {
+      /* BR = 128: Pᵀ first, while dPᵀ's wgmma group still runs, then dSᵀ; BR = 64: both in one pass. */
+      constexpr bool P_FIRST = BR == 128;
 #pragma unroll
-        for (int x = 0; x < BR / 8; x++) {
-          const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+      for (int x = 0; x < BR / 8; x++) {
+        const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+        const float2 dr = P_FIRST ? make_float2(0.0f, 0.0f) : fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
 #pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-            float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
-            if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
-            st[4 * x + e] = p;
-          }
+        for (int e = 0; e < 4; e++) {
+          const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+          float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+          if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
+          st[4 * x + e] = p;
+          if constexpr (!P_FIRST) dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
         }
+      }
+      if constexpr (P_FIRST) {
         fc_wgmma_wait<0>(); /* dPᵀ */
         fc_fence_regs(dpt);
 #pragma unroll
@@ -432,20 +421,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
 #pragma unroll
           for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
-        }
-      } else {
-#pragma unroll
-        for (int x = 0; x < BR / 8; x++) {
-          const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
-          const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-            float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
-            if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
-            st[4 * x + e] = p;
-            dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
-          }
         }
       }
       /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers

@@ -4,7 +4,7 @@
  * finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense o that TMA can
  * address; the host falls back to persistent otherwise).
  *
- * Included by hopper.cu after its device helpers (fc_hp_qk, fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
+ * Included by hopper.cu after its device helpers (fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
  * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
  *
  * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64]
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           fc_mbar_wait(FULL_K(s0), (kuse / STAGES) & 1);
           my_turn();
           fc_wgmma_fence();
-          fc_hp_qk<T, D>(s, q_rows, sK + s0 * KV_BYTES);
+          fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + s0 * KV_BYTES);
           fc_wgmma_commit();
           your_turn(false);
           fc_wgmma_wait<0>();
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           fc_fence_regs(p);
           my_turn();
           fc_wgmma_fence();
-          fc_hp_qk<T, D>(s, q_rows, sK + sn * KV_BYTES);
+          fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
           fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
