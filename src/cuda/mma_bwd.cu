@@ -623,8 +623,25 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   return FLASHC_OK;
 }
 
+/* fa2, fa2p (PDP) and fa2pb (PDP, BULK) share their tiles: <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM>. */
+template <typename T, bool PDP, bool BULK>
+static flashc_status fc_mma_bwd_fa2_tiles(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int d,
+                                          bool *ran) {
+  switch (d) {
+  case 32: return fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, PDP, 1, BULK>(p, a, aligned, ran);
+  case 64: return fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, PDP, 1, BULK>(p, a, aligned, ran);
+  case 96: return fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, PDP, 1, BULK>(p, a, aligned, ran);
+  case 128: return fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, PDP, 1, BULK>(p, a, aligned, ran);
+  case 160: return fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, PDP, 1, BULK>(p, a, aligned, ran);
+  case 192: return fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, PDP, 1, BULK>(p, a, aligned, ran);
+  case 256: return fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, PDP, 1, BULK>(p, a, aligned, ran);
+  }
+  return FLASHC_OK; /* *ran stays false: the caller decides */
+}
+
 /* Tile shapes per head dim, one line each:
- *   fa2, fa2p, fa2x2:  <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM> (mma_bwd_fa2.cuh)
+ *   fa2, fa2p, fa2pb:  fc_mma_bwd_fa2_tiles above
+ *   fa2x2:             <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM> (mma_bwd_fa2.cuh)
  *   base:              <D, Br, Bc, warps, Q/dO stages>
  *   the deterministic dQ pass: <D, its Bc> */
 template <typename T>
@@ -645,25 +662,9 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's blocked dQ sum without fa2pb");
   bool ran = false;
   if (config == FC_BWD_FA2) {
-    switch (d) {
-    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, false, 1>(p, a, aligned, &ran))); break;
-    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, false, 1>(p, a, aligned, &ran))); break;
-    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, false, 1>(p, a, aligned, &ran))); break;
-    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, false, 1>(p, a, aligned, &ran))); break;
-    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, false, 1>(p, a, aligned, &ran))); break;
-    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, false, 1>(p, a, aligned, &ran))); break;
-    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, false, 1>(p, a, aligned, &ran))); break;
-    }
+    FC_CHECK((fc_mma_bwd_fa2_tiles<T, false, false>(p, a, aligned, d, &ran)));
   } else if (config == FC_BWD_FA2P) {
-    switch (d) {
-    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, true, 1>(p, a, aligned, &ran))); break;
-    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, true, 1>(p, a, aligned, &ran))); break;
-    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, true, 1>(p, a, aligned, &ran))); break;
-    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, true, 1>(p, a, aligned, &ran))); break;
-    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, true, 1>(p, a, aligned, &ran))); break;
-    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, true, 1>(p, a, aligned, &ran))); break;
-    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, true, 1>(p, a, aligned, &ran))); break;
-    }
+    FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, false>(p, a, aligned, d, &ran)));
   } else if (config == FC_BWD_FA2X2) {
     switch (d) {
     case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 64, 64, 4, 2, 2, 2, 16, true, 2>(p, a, aligned, &ran))); break;
@@ -671,16 +672,8 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
     case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 64, 4, 2, 2, 2, 48, true, 2>(p, a, aligned, &ran))); break;
     case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
     }
-  } else if (config == FC_BWD_FA2PB) { /* fa2p's tiles (d256: one Q/dO buffer) */
-    switch (d) {
-    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, true, 1, true>(p, a, aligned, &ran))); break;
-    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, true, 1, true>(p, a, aligned, &ran))); break;
-    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, true, 1, true>(p, a, aligned, &ran))); break;
-    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, true, 1, true>(p, a, aligned, &ran))); break;
-    case 160: FC_CHECK((fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, true, 1, true>(p, a, aligned, &ran))); break;
-    case 192: FC_CHECK((fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, true, 1, true>(p, a, aligned, &ran))); break;
-    case 256: FC_CHECK((fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, true, 1, true>(p, a, aligned, &ran))); break;
-    }
+  } else if (config == FC_BWD_FA2PB) { /* d256: one Q/dO buffer (fc_mma_bwd_fa2) */
+    FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, true>(p, a, aligned, d, &ran)));
     if (!ran) return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb has no kernel for d %d", d);
   }
   if (!ran) {
