@@ -29,7 +29,9 @@
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
  * D = 256 with Bc = 80: the copy engine fills the columns past d
  * with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore
- * is the default for d ≤ 64). */
+ * is the default for d ≤ 64). FLASHC_HOPPER_VARIANT=pingpong3 runs this kernel with NC = 3 consumer warpgroups at
+ * d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64; the turns
+ * go round robin) and pingpong's above. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_gemm.cuh"
@@ -57,6 +59,12 @@ enum {
   FC_HP_REGS_CONSUMER = 240,
   FC_HP_BAR_EPILOGUE = 1, /* named barriers 1, 2: one consumer warpgroup each */
   FC_HP_BAR_TURN = 3,     /* named barriers 3, 4: consumer c may issue its GEMMs */
+  /* pingpong3 (D = 64 only): 3 consumer warpgroups, Br = 192, 512 threads; 128·24 + 384·160 = 64512 ≤ 65536.
+   * Its named barriers: 1, 2, 3 for the epilogues, 4, 5, 6 for the turns (FC_HP_BAR_EPILOGUE + NC + c). */
+  FC_HP_BR_NC3 = 192,            /* query rows per CTA: 3 consumer warpgroups × 64 (TMA boxes allow 256) */
+  FC_HP_BC_NC3 = 128,            /* keys per block: S 64 + O 32 + P 32 registers fit in 160 (R151 the highest) */
+  FC_HP_THREADS_NC3 = 512,       /* producer + 3 consumer warpgroups */
+  FC_HP_REGS_CONSUMER_NC3 = 160, /* the producer keeps FC_HP_REGS_PRODUCER */
 };
 
 /* Kernel variants, each one step further (bring-up bisects a failure to a step). */
@@ -64,6 +72,8 @@ enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
 /* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
  * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 (fc_hp_variant). */
 enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
+/* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64; pingpong's kernel at D > 64. */
+enum { FC_HP_PINGPONG3 = 5 };
 
 typedef struct fc_hopper_fwd_args {
   uint16_t *o;
@@ -108,17 +118,15 @@ static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_
     fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc(v_tile + kb * 16 * FC_HP_ROW_BYTES, BC * FC_HP_ROW_BYTES, 1024));
 }
 
-/* Masks S (keys outside each row's range → −inf), then the online softmax of one block:
+/* Masks S (keys outside each row's range → −inf), then the online softmax of one block, P in place of S (fp32):
  *   m' = max(m, rowmax S);  alpha = 2^(c·m − c·m');  P = 2^(c·S − c·m');  l = alpha·l + rowsum P
- * P goes out packed to 16 bits in the A-fragment layout of the P·V wgmma: the accumulators of S columns
- * 16·kb .. 16·kb + 15 (8-column blocks 2kb, 2kb + 1) are exactly A's registers for k-step kb. A row that has
- * seen only masked keys keeps m = −inf and uses 0 as its base, so every exponent is −inf and P = 0. This
- * thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows (rh = 0, 1); the 4 threads t of a row share its
- * max, and each sums only its own columns of l (summed over the 4 at the end). */
-template <typename T, int BC = FC_HP_BC>
-static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
-                                                     const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
-                                                     float (&alpha)[2], uint32_t (&p)[BC / 16][4]) {
+ * A row that has seen only masked keys keeps m = −inf and uses 0 as its base, so every exponent is −inf and
+ * P = 0. This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows (rh = 0, 1); the 4 threads t of a row
+ * share its max, and each sums only its own columns of l (summed over the 4 at the end). */
+template <int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
+                                                         const int (&hi)[2], int t, float c, float (&m)[2],
+                                                         float (&l)[2], float (&alpha)[2]) {
   if (mask) {
 #pragma unroll
     for (int x = 0; x < BC / 8; x++)
@@ -147,6 +155,12 @@ static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool ma
     }
     l[rh] = alpha[rh] * l[rh] + sum;
   }
+}
+
+/* P packed to 16 bits in the A-fragment layout of the P·V wgmma: the accumulators of S columns 16·kb ..
+ * 16·kb + 15 (8-column blocks 2kb, 2kb + 1) are exactly A's registers for k-step kb. */
+template <typename T, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_pack(const float (&s)[BC / 2], uint32_t (&p)[BC / 16][4]) {
 #pragma unroll
   for (int kb = 0; kb < BC / 16; kb++) {
     p[kb][0] = fc_pack2<T>(s[8 * kb + 0], s[8 * kb + 1]);
@@ -154,6 +168,15 @@ static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool ma
     p[kb][2] = fc_pack2<T>(s[8 * kb + 4], s[8 * kb + 5]);
     p[kb][3] = fc_pack2<T>(s[8 * kb + 6], s[8 * kb + 7]);
   }
+}
+
+/* The whole softmax of one block: P in fp32, then packed. */
+template <typename T, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
+                                                     const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
+                                                     float (&alpha)[2], uint32_t (&p)[BC / 16][4]) {
+  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, m, l, alpha);
+  fc_hp_pack<T, BC>(s, p);
 }
 
 template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)[D / 2], const float (&alpha)[2]) {
@@ -167,14 +190,18 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, int VARIANT, int BC = FC_HP_BC>
-__global__ void __launch_bounds__(FC_HP_THREADS, 1)
+template <typename T, int D, int STAGES, int VARIANT, int BC = FC_HP_BC, int NC = 2>
+__global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   constexpr bool OVERLAP = VARIANT >= FC_HP_OVERLAP, PINGPONG = VARIANT == FC_HP_PINGPONG;
-  constexpr uint32_t Q_BYTES = FC_HP_BR * D * 2, KV_BYTES = BC * D * 2;
+  /* NC consumer warpgroups of 64 query rows. NC = 3 only at D = 64: fc_hp_ss_kmajor steps between the
+   * 64-column halves of Q_i as a 128-row tile's, and 160 registers hold no more than D = 64's O. */
+  static_assert(NC == 2 || (NC == 3 && D == 64 && VARIANT == FC_HP_PINGPONG), "3 consumers: D = 64 ping-pong only");
+  constexpr int BR = 64 * NC, CONSUMER_WARPS = 4 * NC, BAR_TURN = FC_HP_BAR_EPILOGUE + NC;
+  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* The swizzle pattern repeats every 1024 bytes of address, for TMA and wgmma alike: align by hand (the
    * launch adds 1024 bytes of slack), whatever the toolchain gives the dynamic block. */
@@ -199,7 +226,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     k_start = a.cu_k[b];
     sk = a.cu_k[b + 1] - k_start;
   }
-  const int i0 = mb * FC_HP_BR;
+  const int i0 = mb * BR;
   if (i0 >= sq) return;                                 /* the whole CTA, before any barrier */
   const int hk = h / a.group, bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
 
@@ -207,7 +234,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
   const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
   int lo_first, hi_first, lo_last, hi_last;
   fc_hp_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
-  fc_hp_row_keys(min(i0 + FC_HP_BR, sq) - 1, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
+  fc_hp_row_keys(min(i0 + BR, sq) - 1, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
   const int j_begin = lo_first / BC;
   const int n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - j_begin : 0;
 
@@ -217,8 +244,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     for (int s = 0; s < STAGES; s++) {
       fc_mbar_init(FULL_K(s), 1); /* the producer's arrive.expect_tx, then the bytes */
       fc_mbar_init(FULL_V(s), 1);
-      fc_mbar_init(EMPTY_K(s), FC_HP_CONSUMER_WARPS); /* one arrival per consumer warp */
-      fc_mbar_init(EMPTY_V(s), FC_HP_CONSUMER_WARPS);
+      fc_mbar_init(EMPTY_K(s), CONSUMER_WARPS); /* one arrival per consumer warp */
+      fc_mbar_init(EMPTY_V(s), CONSUMER_WARPS);
     }
     fc_mbar_fence_init();
   }
@@ -234,7 +261,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
 #pragma unroll
       for (int hf = 0; hf < HALVES; hf++)
-        fc_tma_load_4d(sQ + hf * FC_HP_HALF_BYTES, &tm_q, 64 * hf, q_start + i0, h, bt, q_full);
+        fc_tma_load_4d(sQ + hf * Q_HALF_BYTES, &tm_q, 64 * hf, q_start + i0, h, bt, q_full);
       /* In the order the consumers use them: K_0, K_1, V_0, K_2, V_1, ... A stage is refilled once both
        * consumers released its previous tile (fill u of a stage waits for the end of use u − 1). */
       for (int n = 0; n <= n_blocks; n++) {
@@ -260,7 +287,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    fc_setmaxnreg_inc<FC_HP_REGS_CONSUMER>();
+    fc_setmaxnreg_inc<NC == 2 ? FC_HP_REGS_CONSUMER : FC_HP_REGS_CONSUMER_NC3>();
     /* The warpgroup index through a shuffle: provably the same in every lane, so that the shared-memory
      * descriptors derived from it live in uniform registers (else ptxas moves each into the one uniform
      * register the wgmma reads, between wgmmas, and serialises them). */
@@ -284,15 +311,23 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     const int j_full_hi = (int)max(full_hi, (int64_t)0),
               j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
     auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
-    /* Ping-pong: before issuing its GEMMs a consumer waits for its turn (barrier FC_HP_BAR_TURN + c, completed
-     * by the other consumer's arrival); after issuing them it hands the turn over. Both issue n_blocks + 1
-     * groups (block 0's S, the loop's S + P·V, the last P·V); consumer 0 goes first (consumer 1 arrives once at
-     * the start), and consumer 1's last hand-over is skipped so that no arrival is left pending at exit. */
+    /* Ping-pong: before issuing its GEMMs a consumer waits for its turn (barrier BAR_TURN + c, 256 threads:
+     * its own bar.sync and the previous consumer's bar.arrive); after issuing them it hands the turn to the next
+     * consumer, c + 1 mod NC (round robin: with 3, one's GEMMs run while the other two do their softmax). All
+     * issue n_blocks + 1 groups (block 0's S, the loop's S + P·V, the last P·V) whatever their rows (n_blocks
+     * is the CTA's, so a warpgroup whose rows all lie past the sequence still takes every turn); consumer 0
+     * goes first (consumer NC − 1 arrives once at the start), and consumer NC − 1's last hand-over is skipped:
+     * barrier c then sees n_blocks + 1 arrivals of consumer c − 1 against n_blocks + 1 waits of its own, and no
+     * arrival is left pending at exit. A consumer cannot hand over twice before the next one waited: its next
+     * turn needs the hand-overs of all the others, the next one's among them. */
     auto my_turn = [&]() {
-      if constexpr (PINGPONG) fc_named_barrier(FC_HP_BAR_TURN + cw, 256);
+      if constexpr (PINGPONG) fc_named_barrier(BAR_TURN + cw, 256);
     };
     auto your_turn = [&](bool last) {
-      if constexpr (PINGPONG) fc_named_barrier_arrive_if(FC_HP_BAR_TURN + (cw ^ 1), 256, !(last && cw == 1));
+      if constexpr (PINGPONG) {
+        const int next = NC == 2 ? (cw ^ 1) : (cw == NC - 1 ? 0 : cw + 1);
+        fc_named_barrier_arrive_if(BAR_TURN + next, 256, !(last && cw == NC - 1));
+      }
     };
 
     float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
@@ -302,7 +337,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_mbar_wait(q_full, 0); /* Q_i has landed */
 
     if (n_blocks > 0) {
-      if constexpr (PINGPONG) fc_named_barrier_arrive_if(FC_HP_BAR_TURN, 256, cw == 1); /* consumer 0 first */
+      if constexpr (PINGPONG) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
       /* Block 0: S = Q_i·K_0ᵀ, softmax; O is still 0, nothing to rescale. */
       {
         float s[BC / 2];
@@ -324,7 +359,6 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         if constexpr (OVERLAP) {
           /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
            * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
-          uint32_t pn[BC / 16][4];
           fc_mbar_wait(FULL_K(sn), un & 1);
           fc_mbar_wait(FULL_V(sp), up & 1); /* before the fence: no branch inside a wgmma pipeline stage */
           fc_fence_regs(o);
@@ -343,15 +377,30 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
            * wgmma pipeline (C7513), and the producer refills V stages two blocks ahead anyway. */
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
-          fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, pn);
-          fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-          fc_fence_regs(o);
-          fc_fence_regs(p);
-          fc_hp_rescale<D>(o, alpha);
+          if constexpr (NC == 2) {
+            uint32_t pn[BC / 16][4];
+            fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, pn);
+            fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+            fc_fence_regs(o);
+            fc_fence_regs(p);
+            fc_hp_rescale<D>(o, alpha);
 #pragma unroll
-          for (int kb = 0; kb < BC / 16; kb++)
+            for (int kb = 0; kb < BC / 16; kb++)
 #pragma unroll
-            for (int x = 0; x < 4; x++) p[kb][x] = pn[kb][x];
+              for (int x = 0; x < 4; x++) p[kb][x] = pn[kb][x];
+          } else {
+            /* 3 consumers, 160 registers: S (64), O (32) and P_{n−1} (32, read by the P·V in flight) leave no
+             * room for a second packed P. The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1};
+             * only the pack into P's registers waits for it. The block boundary keeps ptxas from hoisting the
+             * wait above the softmax, as it does in the 2-consumer loop (docs/hopper.md). */
+            fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
+            fc_block_boundary(a.head_dim > 0);
+            fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+            fc_fence_regs(o);
+            fc_fence_regs(p);
+            fc_hp_pack<T, BC>(s, p);
+            fc_hp_rescale<D>(o, alpha);
+          }
         } else {
           /* One step after the other: O += P_{n−1}·V_{n−1}, then S = Q_i·K_nᵀ and its softmax. */
           fc_mbar_wait(FULL_V(sp), up & 1);
@@ -422,7 +471,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         const int r = 16 * warp + g + 8 * rh;
-        fc_st_shared_u32(q_rows + (x / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
+        fc_st_shared_u32(q_rows + (x / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
                          fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]));
       }
     fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
@@ -431,7 +480,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       const int cols = min(a.head_dim - 8 * x, 8);
       if (row >= sq || cols <= 0) continue;
       const uint4 v =
-          fc_ld_shared_v4(q_rows + (x / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ (r % 8)) << 4));
+          fc_ld_shared_v4(q_rows + (x / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ (r % 8)) << 4));
       uint16_t *to = O + (int64_t)row * a.o_ss + 8 * x;
       if (a.o_aligned && cols == 8) {
         *(uint4 *)to = v;
@@ -453,20 +502,16 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 #include "hopper_persistent.cuh"
 
 /* ---- host ------------------------------------------------------------------------------------------------ */
-/* Dynamic shared memory of one CTA: the tiles, the barriers, and 1024 bytes of slack for the alignment. */
-static size_t fc_hp_smem_bytes(int d, int stages, int bc) {
-  return (size_t)(FC_HP_BR + 2 * stages * bc) * d * 2 + 8 * (1 + 4 * stages) + 1024;
+/* Dynamic shared memory of one CTA of br query rows: the tiles, the barriers, and 1024 bytes of slack for the
+ * alignment. */
+static size_t fc_hp_smem_bytes(int br, int d, int stages, int bc) {
+  return (size_t)(br + 2 * stages * bc) * d * 2 + 8 * (1 + 4 * stages) + 1024;
 }
 
 /* FLASHC_HOPPER=0 hides the backend (auto then takes cuda-mma): a switch for comparisons and bisection. */
 static bool hopper_enabled(void) {
   const char *e = getenv("FLASHC_HOPPER");
   return !(e && strcmp(e, "0") == 0);
-}
-
-static flashc_status fc_hp_encode(const fc_problem *p, const fc_view *v, bool is_q, const char *name,
-                                  CUtensorMap *map) {
-  return fc_hp_encode_box(p, v, is_q, name, is_q ? FC_HP_BR : FC_HP_BC, "flashc_forward", map);
 }
 
 template <typename T, int D, int STAGES, int BC = FC_HP_BC>
@@ -476,10 +521,25 @@ static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3]
       variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE, BC>
       : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP, BC>
                                  : fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONG, BC>;
-  const size_t smem = fc_hp_smem_bytes(D, STAGES, BC);
+  const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
   FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
+  return FLASHC_OK;
+}
+
+/* pingpong3 (d ≤ 64): the ping-pong kernel with 3 consumer warpgroups, Br = 192 query rows per CTA
+ * (FlashAttention-3's tile for head dim 64), 512 threads; 24 + 2·3·16 = 120 KB of shared memory. The caller
+ * made q's map with boxes of 192 rows and the grid of cdiv(seqlen_q, 192) query blocks. */
+template <typename T>
+static flashc_status fc_hp_launch_nc3(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
+                                      int grid) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
+      fc_hopper_fwd_kernel<T, 64, 3, FC_HP_PINGPONG, FC_HP_BC_NC3, 3>;
+  const size_t smem = fc_hp_smem_bytes(FC_HP_BR_NC3, 64, 3, FC_HP_BC_NC3);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (pingpong3)"));
+  kernel<<<grid, FC_HP_THREADS_NC3, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
+  FC_LAUNCH_CHECK("fc_hopper_fwd_kernel (pingpong3)");
   return FLASHC_OK;
 }
 
@@ -496,7 +556,7 @@ static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[
 /* ---- the persistent kernel's launch ---- */
 /* Its shared memory: the one-tile kernel's, plus sO (Br·D·2) and the q_empty barrier. */
 static size_t fc_hp_persistent_smem_bytes(int d, int stages) {
-  return fc_hp_smem_bytes(d, stages, FC_HP_BC) + (size_t)FC_HP_BR * d * 2 + 8;
+  return fc_hp_smem_bytes(FC_HP_BR, d, stages, FC_HP_BC) + (size_t)FC_HP_BR * d * 2 + 8;
 }
 
 /* Can o take the TMA store? A dense problem (varlen rows past one sequence are the next one's, which TMA's
@@ -543,12 +603,14 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store);
 }
 
-/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent or tmastore (an unknown name is an
- * error). Unset: what measured fastest on the H100 (bench/results/hopper.csv): tmastore for D = 64 (+3..15 % over
- * pingpong, most at short seqlens, where one CTA per SM saves the per-tile prologue), pingpong for D = 128 and
- * 256 (the persistent kernel's one CTA per SM loses 5..15 % there). */
+/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore or pingpong3 (an unknown
+ * name is an error). Unset: what measured fastest on the H100 (bench/results/hopper.csv): tmastore for D = 64
+ * (+3..15 % over pingpong, most at short seqlens, where one CTA per SM saves the per-tile prologue), pingpong for
+ * D = 128 and 256 (the persistent kernel's one CTA per SM loses 5..15 % there). pingpong3 runs the 3-consumer
+ * kernel at d ≤ 64 and pingpong's above (as persistent and tmastore run pingpong's at d > 128). */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
-  static const char *const names[] = {"simple", "overlap", "pingpong", "persistent", "tmastore"}; /* FC_HP_* order */
+  static const char *const names[] = {"simple",     "overlap",  "pingpong",
+                                      "persistent", "tmastore", "pingpong3"}; /* FC_HP_* order */
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]),
                        p->head_dim <= 64 ? (int)FC_HP_TMASTORE : (int)FC_HP_PINGPONG, "flashc_forward (cuda-hopper)",
                        variant);
@@ -601,12 +663,17 @@ static flashc_status hopper_supports(const fc_problem *p) {
 }
 
 static flashc_status hopper_forward(const fc_problem *p) {
-  const int m_blocks = (int)fc_cdiv(p->seqlen_q, FC_HP_BR);
+  int variant = 0;
+  FC_CHECK(fc_hp_variant(p, &variant));
+  const bool three = variant == FC_HP_PINGPONG3 && p->head_dim <= 64; /* 3 consumer warpgroups, Br = 192 */
+  if (variant == FC_HP_PINGPONG3 && !three) variant = FC_HP_PINGPONG;
+  const int br = three ? FC_HP_BR_NC3 : FC_HP_BR;
+  const int m_blocks = (int)fc_cdiv(p->seqlen_q, br);
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
   CUtensorMap maps[3];
-  const int bc = p->head_dim > 128 ? FC_HP_BC_D256 : FC_HP_BC; /* the K/V box: one key block */
-  FC_CHECK(fc_hp_encode(p, &p->q, true, "q", &maps[0]));
+  const int bc = p->head_dim > 128 ? FC_HP_BC_D256 : three ? FC_HP_BC_NC3 : FC_HP_BC; /* the K/V box: one key block */
+  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));    /* the Q box: one query block */
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, "flashc_forward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, "flashc_forward", &maps[2]));
   void *ws = NULL;
@@ -631,8 +698,10 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
-  int variant = 0;
-  FC_CHECK(fc_hp_variant(p, &variant));
+  if (three) {
+    if (p->dtype == FLASHC_F16) return fc_hp_launch_nc3<__half>(p, maps, &a, grid);
+    return fc_hp_launch_nc3<__nv_bfloat16>(p, maps, &a, grid);
+  }
   if (variant >= FC_HP_PERSISTENT && p->head_dim <= 128) { /* D = 256 has no room for sO: one tile per CTA */
     if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant);
     return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant);

@@ -131,6 +131,16 @@ static __device__ __forceinline__ void fc_named_barrier_arrive_if(int id, int th
                "r"((int)pred)
                : "memory");
 }
+/* Ends ptxas's basic block here: a branch (taken when `taken` holds) over a nanosleep, which ptxas can neither
+ * remove nor see through when `taken` comes from a kernel argument. ptxas schedules a wgmma.wait_group near the
+ * top of its basic block, ahead of independent work that the source put before it (docs/hopper.md); a boundary
+ * just before the wait keeps that work beside the wgmma in flight. The nanosleep (never run when `taken` holds)
+ * is harmless either way. */
+static __device__ __forceinline__ void fc_block_boundary(bool taken) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bra.uni FC_BLOCK_BOUNDARY_%=;\nnanosleep.u32 0;\n"
+               "FC_BLOCK_BOUNDARY_%=:\n}\n" ::"r"((int)taken)
+               : "memory");
+}
 static __device__ __forceinline__ void fc_st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }

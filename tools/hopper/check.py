@@ -9,7 +9,9 @@ Outputs and lse are poisoned with NaN before every call; lse must match to 2e-3 
 row sees no key. Every case runs for each kernel variant (FLASHC_HOPPER_VARIANT): simple (each wgmma group
 waited for at once), overlap (+ intra-warpgroup pipelining), pingpong (+ the two consumers taking turns, the
 default), persistent (+ one CTA per SM looping over a tile schedule, barrier phases carried across tiles),
-tmastore (+ O written by a TMA store), so that a failure points at the step that brought it. The variants of a
+tmastore (+ O written by a TMA store), so that a failure points at the step that brought it; pingpong3 (3 consumer
+warpgroups, Br = 192, at d <= 64; pingpong's kernel above) on request (--variants pingpong3; --no-check --variants
+tmastore,pingpong3 times the two side by side). The variants of a
 case share its inputs and its reference (computed once); the "many tiles" cases give each CTA of the
 persistent grid several tiles, among them tiles with no visible key and tiles past their sequence.
 """
@@ -31,10 +33,16 @@ ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke t
 ap.add_argument("--tiny", action="store_true", help="two small shapes, causal only (racecheck, which is slow)")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
-ap.add_argument("--variants", default="simple,overlap,pingpong,persistent,tmastore")
-ap.add_argument("--bench-variants", default="pingpong,persistent,tmastore",
-                help="timed in this order; the first is the reference column pp/cudnn")
+ap.add_argument("--variants", default=None, help="checked (default simple,overlap,pingpong,persistent,tmastore; "
+                "pingpong3 on request); also timed when --bench-variants is not given")
+ap.add_argument("--bench-variants", default=None,
+                help="timed in this order (default: --variants if given, else pingpong,persistent,tmastore); the first "
+                "is the reference column pp/cudnn")
 args = ap.parse_args()
+if args.bench_variants is None:
+    args.bench_variants = args.variants or "pingpong,persistent,tmastore"
+if args.variants is None:
+    args.variants = "simple,overlap,pingpong,persistent,tmastore"
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
 fc = Flashc(args.lib)

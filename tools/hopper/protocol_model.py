@@ -1,9 +1,13 @@
 """A model of cuda-hopper's mbarrier protocol (src/cuda/hopper.cu), run under random interleavings: the producer
-thread and the 8 consumer warps (2 warpgroups x 4) execute the kernel's barrier operations in the kernel's
-order; TMA copies land at random later times. Checks: no deadlock, every consumer read finds the tile it
+thread and the 8 consumer warps (2 warpgroups x 4; 12 = 3 x 4 for pingpong3) execute the kernel's barrier
+operations in the kernel's order; TMA copies land at random later times. Checks: no deadlock, every consumer read finds the tile it
 expects in its stage, and no copy overwrites a stage that a consumer is still reading.
 
     python3 tools/hopper/protocol_model.py          (all variants, stages 2 and 3, 0..9 key blocks)
+
+pingpong3 is the one-tile kernel with 3 consumer warpgroups (D = 64, Br = 192): empty barriers of 12 arrivals,
+turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 arriving first and skipping its
+last hand-over.
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
 the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
@@ -59,17 +63,20 @@ MUTATIONS = {
     "producer_skips_empty_wait": "producer refills a K stage without waiting for its release",
     "consumer_wrong_parity": "consumers wait for full_k with the parity of the next use",
     "pingpong_no_skip": "consumer 1 hands the turn over after its last group too",
+    "pingpong_wrong_skip": "consumer 0, not the last consumer, skips its last hand-over",
+    "pingpong3_pairs": "3 consumers hand the turn over in pairs (c ^ 1), as 2 would: consumer 2 never gets one",
 }
 
 
 def simulate(n_blocks, stages, variant, seed, mutation=None):
     rng = random.Random(seed)
+    nc = 3 if variant == "pingpong3" else 2  # consumer warpgroups
     q_full = MBar(1)
     full_k = [MBar(1) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
-    empty_k = [MBar(8) for _ in range(stages)]
-    empty_v = [MBar(8) for _ in range(stages)]
-    turn = [NamedBar(256), NamedBar(256)]  # barriers 3, 4 (per consumer warpgroup); counted in warps of 32
+    empty_k = [MBar(4 * nc) for _ in range(stages)]
+    empty_v = [MBar(4 * nc) for _ in range(stages)]
+    turn = [NamedBar(256) for _ in range(nc)]  # one per consumer warpgroup; counted in warps of 32
     buf_k, buf_v = [None] * stages, [None] * stages
     readers = {("K", s): set() for s in range(stages)} | {("V", s): set() for s in range(stages)}
     in_flight = []  # TMA copies: (bar, kind, stage, tile)
@@ -115,8 +122,7 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
 
     def consumer(cw, warp):
         who = (cw, warp)
-        pingpong = variant == "pingpong"
-        gen = [0]  # turns taken
+        pingpong = variant in ("pingpong", "pingpong3")
 
         def my_turn():
             if pingpong:
@@ -127,13 +133,15 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
                     yield "blocked"
 
         def your_turn(last):
-            if pingpong and (mutation == "pingpong_no_skip" or not (last and cw == 1)):
-                turn[cw ^ 1].add(32)
+            skipper = 0 if mutation == "pingpong_wrong_skip" else nc - 1
+            if pingpong and (mutation == "pingpong_no_skip" or not (last and cw == skipper)):
+                nxt = (cw ^ 1) % nc if mutation == "pingpong3_pairs" else (cw + 1) % nc
+                turn[nxt].add(32)  # round robin: the next consumer's turn
 
         yield from wait(q_full, 0)
         if n_blocks == 0:
             return
-        if pingpong and cw == 1:
+        if pingpong and cw == nc - 1:
             turn[0].add(32)  # consumer 0 first
         # block 0
         yield from wait(full_k[0], 0)
@@ -182,7 +190,7 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
         yield "wgmma"
         done("V", sl, who)  # V_{N-1} (and in the overlap variants V_{N-2}) is never released: no fill waits
 
-    actors = [producer()] + [consumer(cw, w) for cw in (0, 1) for w in range(4)]
+    actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
     alive = list(range(len(actors)))
     stuck = 0
     while alive or in_flight:
@@ -399,7 +407,7 @@ def run_persistent(mutation=None, seeds=40):
 def run_all(mutation=None, seeds=60):
     """None when every run passes, else the first failure's description."""
     runs = 0
-    for variant in ("simple", "overlap", "pingpong"):
+    for variant in ("simple", "overlap", "pingpong", "pingpong3"):
         for stages in (2, 3):
             for n_blocks in range(0, 10):
                 for seed in range(seeds):
@@ -429,7 +437,8 @@ def main():
     if err_p:
         print("FAIL", err_p)
         failures += 1
-    print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong, stages 2 and 3, "
+    print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong/pingpong3, stages 2 "
+          f"and 3, "
           f"0..9 key blocks; persistent over random tile lists; {len(MUTATIONS) + len(PERSISTENT_MUTATIONS)} "
           f"broken protocols must be caught)")
     sys.exit(1 if failures else 0)
