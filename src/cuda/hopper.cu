@@ -31,7 +31,8 @@
  * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore is the default for d ≤ 64 below seqlen 4096).
  * FLASHC_HOPPER_VARIANT=pingpong3 (the default at d ≤ 64 from seqlen 4096) runs this kernel with NC = 3 consumer
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
- * the turns go round robin) and pingpong's above. */
+ * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
+ * kernel with the same 3 consumer warpgroups at d ≤ 64 (by name only) and tmastore's above. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_gemm.cuh"
@@ -75,6 +76,9 @@ enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
 /* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64, the default there from seqlen 4096;
  * pingpong's kernel at D > 64. */
 enum { FC_HP_PINGPONG3 = 5 };
+/* The persistent kernel with 3 consumer warpgroups (Br = 192) at D = 64, O by TMA store where o allows it (direct
+ * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). Selected by name only. */
+enum { FC_HP_TMASTORE3 = 6 };
 
 typedef struct fc_hopper_fwd_args {
   uint16_t *o;
@@ -555,9 +559,10 @@ static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[
 }
 
 /* ---- the persistent kernel's launch ---- */
-/* Its shared memory: the one-tile kernel's, plus sO (Br·D·2) and the q_empty barrier. */
-static size_t fc_hp_persistent_smem_bytes(int d, int stages) {
-  return fc_hp_smem_bytes(FC_HP_BR, d, stages, FC_HP_BC) + (size_t)FC_HP_BR * d * 2 + 8;
+/* Its shared memory: the one-tile kernel's, plus sO (Br·D·2) and the q_empty barrier. tmastore3 (Br = 192, D = 64):
+ * sQ 24 KB + 3 × (16 + 16) KB + sO 24 KB = 144 KB (+ barriers and slack: 148,592 bytes). */
+static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages) {
+  return fc_hp_smem_bytes(br, d, stages, FC_HP_BC) + (size_t)br * d * 2 + 8;
 }
 
 /* Can o take the TMA store? A dense problem (varlen rows past one sequence are the next one's, which TMA's
@@ -571,41 +576,44 @@ static bool fc_hp_o_tma_ok(const fc_problem *p) {
   return true;
 }
 
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, int NC = 2>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true>
-                                                : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false>;
-  const size_t smem = fc_hp_persistent_smem_bytes(D, STAGES);
+                 const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC>
+                                                : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC>;
+  const size_t smem = fc_hp_persistent_smem_bytes(64 * NC, D, STAGES);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (persistent)"));
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
-  /* One CTA per SM (this shared memory and 384 threads of 168 registers allow no second); fewer when there are
-   * fewer tiles. */
+  /* One CTA per SM (this shared memory and 384 threads of 168 registers, or 512 of 128, allow no second); fewer
+   * when there are fewer tiles. */
   const int grid = sc->tiles < props.num_sms ? sc->tiles : props.num_sms;
   if (grid <= 0) return FLASHC_OK;
-  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, *sc);
+  kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, *sc);
   FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
   return FLASHC_OK;
 }
 
-/* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. */
+/* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. nc = 3
+ * (tmastore3, D = 64): the caller made q's map with boxes of 192 rows and a->m_blocks from Br = 192; o's map keeps
+ * boxes of 64 rows (each consumer warpgroup stores its own 64 rows). */
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      int variant) {
+                                      int variant, int nc) {
   const int D = p->head_dim <= 64 ? 64 : 128;
-  const bool tma_store = variant == FC_HP_TMASTORE && fc_hp_o_tma_ok(p);
+  const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
   if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
   const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
   const fc_hp_sched sc = fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group);
+  if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store);
   if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store);
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store);
 }
 
-/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore or pingpong3 (an unknown
- * name is an error). Unset: what measured fastest on the H100 (bench/results/hopper.csv,
+/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3 or tmastore3 (an
+ * unknown name is an error). Unset: what measured fastest on the H100 (bench/results/hopper.csv,
  * bench/results/configs/hopper-fwd-pingpong3.txt): at d ≤ 64 pingpong3 where both seqlens are ≥ 4096 (+3..16 % over
  * tmastore at 4k–16k, full and causal) and tmastore below (pingpong3 loses 3..18 % at 1k–2k: there the persistent
  * grid's saved per-tile prologue weighs more than the third warpgroup; tmastore is +3..15 % over pingpong); pingpong
@@ -613,8 +621,8 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  * kernel at d ≤ 64 and pingpong's above (as persistent and tmastore run pingpong's at d > 128). */
 enum { FC_HP_PINGPONG3_MIN_SEQLEN = 4096 };
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
-  static const char *const names[] = {"simple",     "overlap",  "pingpong",
-                                      "persistent", "tmastore", "pingpong3"}; /* FC_HP_* order */
+  static const char *const names[] = {"simple",   "overlap",   "pingpong", "persistent",
+                                      "tmastore", "pingpong3", "tmastore3"}; /* FC_HP_* order */
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
     fallback = p->seqlen_q >= FC_HP_PINGPONG3_MIN_SEQLEN && p->seqlen_k >= FC_HP_PINGPONG3_MIN_SEQLEN
@@ -673,8 +681,10 @@ static flashc_status hopper_supports(const fc_problem *p) {
 static flashc_status hopper_forward(const fc_problem *p) {
   int variant = 0;
   FC_CHECK(fc_hp_variant(p, &variant));
-  const bool three = variant == FC_HP_PINGPONG3 && p->head_dim <= 64; /* 3 consumer warpgroups, Br = 192 */
+  /* 3 consumer warpgroups, Br = 192 (pingpong3, tmastore3 at d ≤ 64); above, pingpong's and tmastore's kernels */
+  const bool three = (variant == FC_HP_PINGPONG3 || variant == FC_HP_TMASTORE3) && p->head_dim <= 64;
   if (variant == FC_HP_PINGPONG3 && !three) variant = FC_HP_PINGPONG;
+  if (variant == FC_HP_TMASTORE3 && !three) variant = FC_HP_TMASTORE;
   const int br = three ? FC_HP_BR_NC3 : FC_HP_BR;
   const int m_blocks = (int)fc_cdiv(p->seqlen_q, br);
   int grid = 0;
@@ -706,13 +716,17 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
+  if (three && variant == FC_HP_TMASTORE3) {
+    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, 3);
+    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, 3);
+  }
   if (three) {
     if (p->dtype == FLASHC_F16) return fc_hp_launch_nc3<__half>(p, maps, &a, grid);
     return fc_hp_launch_nc3<__nv_bfloat16>(p, maps, &a, grid);
   }
   if (variant >= FC_HP_PERSISTENT && p->head_dim <= 128) { /* D = 256 has no room for sO: one tile per CTA */
-    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant);
-    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant);
+    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, 2);
+    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, 2);
   }
   if (p->dtype == FLASHC_F16) return fc_hp_dispatch<__half>(p, maps, &a, grid, variant);
   return fc_hp_dispatch<__nv_bfloat16>(p, maps, &a, grid, variant);

@@ -1,15 +1,18 @@
-/* hopper_persistent.cuh — cuda-hopper's persistent forward (FLASHC_HOPPER_VARIANT=persistent, tmastore): the
- * ping-pong kernel of hopper.cu, run by one CTA per SM over a static tile schedule (hopper_sched.cuh), with O
- * staged in its own buffer sO so that the producer loads the next tile's Q_i, K_j, V_j while the consumers
- * finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense o that TMA can
- * address; the host falls back to persistent otherwise).
+/* hopper_persistent.cuh — cuda-hopper's persistent forward (FLASHC_HOPPER_VARIANT=persistent, tmastore,
+ * tmastore3): the ping-pong kernel of hopper.cu, run by one CTA per SM over a static tile schedule
+ * (hopper_sched.cuh), with O staged in its own buffer sO so that the producer loads the next tile's Q_i, K_j, V_j
+ * while the consumers finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense
+ * o that TMA can address; the host falls back to persistent otherwise). tmastore3 is tmastore with NC = 3 consumer
+ * warpgroups at D = 64 (Br = 192, 512 threads, consumers at 160 registers, pingpong3's loop and round-robin turns;
+ * the turns chain across tiles, see the consumers), with the same fallback to direct stores.
  *
  * Included by hopper.cu after its device helpers (fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
  * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
  *
  * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64]
- * (D = 128: 32 + 128 + 32 = 192 KB; D = 64: 16 + 96 + 16 = 128 KB), then the mbarriers:
- *   q_full (1), q_empty (8: one arrival per consumer warp), full_k, full_v, empty_k, empty_v [STAGES].
+ * (D = 128: 32 + 128 + 32 = 192 KB; D = 64: 16 + 96 + 16 = 128 KB; NC = 3: 24 + 96 + 24 = 144 KB), then the
+ * mbarriers: q_full (1), q_empty (4·NC: one arrival per consumer warp), full_k, full_v (1), empty_k, empty_v
+ * (4·NC) [STAGES].
  *
  * Barrier phases across tiles (docs/hopper.md, "Persistent variant"): the producer and the consumers count
  * K uses, V uses and Q uses over the CTA's whole life, not per tile; use number u of a ring is stage u % STAGES,
@@ -29,7 +32,9 @@ typedef struct fc_hp_tile {
   int i0, j_begin, n_blocks;    /* first query row; visible key blocks [j_begin, j_begin + n_blocks) */
 } fc_hp_tile;
 
-/* Tile `t` of the schedule; false when its query block lies past its sequence (varlen: shorter sequences). */
+/* Tile `t` of the schedule (query blocks of BR rows); false when its query block lies past its sequence (varlen:
+ * shorter sequences). */
+template <int BR = FC_HP_BR>
 static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args &a, const fc_hp_sched &sc, int t,
                                                         fc_hp_tile *x) {
   int mb, bh;
@@ -43,28 +48,31 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
     x->k_start = a.cu_k[x->b];
     x->sk = a.cu_k[x->b + 1] - x->k_start;
   }
-  x->i0 = mb * FC_HP_BR;
+  x->i0 = mb * BR;
   if (x->i0 >= x->sq) return false;
   x->hk = x->h / a.group;
   x->bt = a.cu_q ? 0 : (int)x->b;
   x->shift = (a.bottom_right ? (int64_t)x->sk - x->sq : 0) + a.mask_offset;
   int lo_first, hi_first, lo_last, hi_last;
   fc_hp_row_keys(x->i0, x->shift, a.window_left, a.window_right, x->sk, &lo_first, &hi_first);
-  fc_hp_row_keys(min(x->i0 + FC_HP_BR, x->sq) - 1, x->shift, a.window_left, a.window_right, x->sk, &lo_last, &hi_last);
+  fc_hp_row_keys(min(x->i0 + BR, x->sq) - 1, x->shift, a.window_left, a.window_right, x->sk, &lo_last, &hi_last);
   x->j_begin = lo_first / FC_HP_BC;
   x->n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - x->j_begin : 0;
   return true;
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, bool TMA_STORE>
-__global__ void __launch_bounds__(FC_HP_THREADS, 1)
+template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2>
+__global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                                     const fc_hopper_fwd_args a, const fc_hp_sched sc) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
-  constexpr uint32_t Q_BYTES = FC_HP_BR * D * 2, KV_BYTES = FC_HP_BC * D * 2;
+  /* NC consumer warpgroups of 64 query rows, as in hopper.cu (NC = 3: tmastore3, D = 64 only). */
+  static_assert(NC == 2 || (NC == 3 && D == 64), "3 consumers: D = 64 only");
+  constexpr int BR = 64 * NC, CONSUMER_WARPS = 4 * NC, BAR_TURN = FC_HP_BAR_EPILOGUE + NC;
+  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = FC_HP_BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, sO = sV + STAGES * KV_BYTES, bars = sO + Q_BYTES;
@@ -76,13 +84,13 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 
   if (threadIdx.x == 0) {
     fc_mbar_init(q_full, 1);
-    fc_mbar_init(q_empty, FC_HP_CONSUMER_WARPS);
+    fc_mbar_init(q_empty, CONSUMER_WARPS);
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
       fc_mbar_init(FULL_K(s), 1);
       fc_mbar_init(FULL_V(s), 1);
-      fc_mbar_init(EMPTY_K(s), FC_HP_CONSUMER_WARPS);
-      fc_mbar_init(EMPTY_V(s), FC_HP_CONSUMER_WARPS);
+      fc_mbar_init(EMPTY_K(s), CONSUMER_WARPS);
+      fc_mbar_init(EMPTY_V(s), CONSUMER_WARPS);
     }
     fc_mbar_fence_init();
   }
@@ -98,7 +106,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       uint32_t kfill = 0, vfill = 0, qfill = 0;
       for (int64_t tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) { /* 64-bit: tile + grid may pass 2^31 */
         fc_hp_tile x;
-        if (!fc_hp_tile_setup(a, sc, (int)tile, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
+        if (!fc_hp_tile_setup<BR>(a, sc, (int)tile, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
         for (int n = 0; n <= x.n_blocks; n++) {
           if (n < x.n_blocks) {
             const uint32_t s = kfill % STAGES, u = kfill / STAGES;
@@ -116,7 +124,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
             fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d(sQ + hf * FC_HP_HALF_BYTES, &tm_q, 64 * hf, x.q_start + x.i0, x.h, x.bt, q_full);
+              fc_tma_load_4d(sQ + hf * Q_HALF_BYTES, &tm_q, 64 * hf, x.q_start + x.i0, x.h, x.bt, q_full);
             qfill++;
           } else {
             const uint32_t s = vfill % STAGES, u = vfill / STAGES;
@@ -133,19 +141,43 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    fc_setmaxnreg_inc<FC_HP_REGS_CONSUMER>();
+    fc_setmaxnreg_inc<NC == 2 ? FC_HP_REGS_CONSUMER : FC_HP_REGS_CONSUMER_NC3>();
     const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1; /* uniform: see hopper.cu */
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES, o_rows = sO + 64 * cw * FC_HP_ROW_BYTES;
     const float c = a.scale_log2;
-    auto my_turn = [&]() { fc_named_barrier(FC_HP_BAR_TURN + cw, 256); };
-    auto your_turn = [&](bool last) { fc_named_barrier_arrive_if(FC_HP_BAR_TURN + (cw ^ 1), 256, !(last && cw == 1)); };
+    /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads).
+     * NC = 2 balances them per tile: consumer 1 arrives once at each loaded tile's start and skips its hand-over
+     * after the tile's last group (below). NC = 3 hands them round robin, 0 → 1 → 2 → 0, as one chain over the
+     * CTA's whole life: consumer 2 hands over after every group, the last of a tile included, so consumer 0 takes
+     * its first turn of the next loaded tile as soon as consumer 2 has issued its last P·V of this one, while
+     * consumers 1 and 2 still run their epilogues (with per-tile balance it would wait for consumer 2's epilogue
+     * and its next tile's start). Each consumer issues n_blocks + 1 groups per loaded tile and none in a tile
+     * with n_blocks = 0 or past its sequence (the same tiles for all: n_blocks is the tile's), so the groups of
+     * all tiles form one sequence 0, 1, 2, 0, 1, 2, ... Consumer 2 arrives once on consumer 0's barrier before
+     * the first tile; the one arrival then left over at the end of the CTA's life (consumer 2's hand-over after
+     * its very last group, or that first arrival when the CTA loaded no tile) is taken by one more bar.sync of
+     * consumer 0 after its last tile, instead of a skipped hand-over: skipping would need each consumer to know
+     * that no later tile of its list loads anything. Barrier c then sees as many arrivals of consumer c − 1 as
+     * waits of its own, nothing is pending at exit, and no arrival lands in an earlier generation: consumer
+     * c − 1's next hand-over needs its next turn, which needs the hand-overs of all the others, consumer c's
+     * (after consumer c's wait) among them, across a tile boundary as within a tile. */
+    auto my_turn = [&]() { fc_named_barrier(BAR_TURN + cw, 256); };
+    auto your_turn = [&](bool last) {
+      if constexpr (NC == 2) {
+        fc_named_barrier_arrive_if(BAR_TURN + (cw ^ 1), 256, !(last && cw == 1));
+      } else {
+        (void)last;
+        fc_named_barrier_arrive_if(BAR_TURN + (cw == NC - 1 ? 0 : cw + 1), 256, true);
+      }
+    };
+    if constexpr (NC == 3) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
     uint32_t kuse = 0, vuse = 0, quse = 0; /* uses over all tiles: the producer's fill counts */
 
     for (int64_t tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) { /* 64-bit: tile + grid may pass 2^31 */
       fc_hp_tile x;
-      if (!fc_hp_tile_setup(a, sc, (int)tile, &x)) continue;
+      if (!fc_hp_tile_setup<BR>(a, sc, (int)tile, &x)) continue;
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
       int lo[2], hi[2];
 #pragma unroll
@@ -168,11 +200,11 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 
       if (n_blocks > 0) {
         fc_mbar_wait(q_full, quse & 1); /* Q_i has landed */
-        /* The turns, per tile as in hopper.cu: both consumers issue n_blocks + 1 groups, consumer 1 arrives
+        /* NC = 2: the turns per tile as in hopper.cu: both consumers issue n_blocks + 1 groups, consumer 1 arrives
          * once at the start and skips its last hand-over, so each named barrier's count is balanced at the end
          * of every tile; consumer 1's first arrival of the next tile follows its last wait of this one, which
          * followed consumer 0's last wait: no arrival ever lands in an earlier generation. */
-        fc_named_barrier_arrive_if(FC_HP_BAR_TURN, 256, cw == 1);
+        if constexpr (NC == 2) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == 1);
         {
           float s[64];
           const uint32_t s0 = kuse % STAGES;
@@ -193,7 +225,6 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           /* K_n is K use kuse, V_{n−1} is V use vuse, V_{n−2} V use vuse − 1. */
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
           float s[64];
-          uint32_t pn[FC_HP_BC / 16][4];
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
           fc_mbar_wait(FULL_V(sp), (vuse / STAGES) & 1);
           fc_fence_regs(o);
@@ -209,15 +240,28 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2); /* V_{n−2}, as hopper.cu */
-          fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);
-          fc_wgmma_wait<0>();
-          fc_fence_regs(o);
-          fc_fence_regs(p);
-          fc_hp_rescale<D>(o, alpha);
+          if constexpr (NC == 2) {
+            uint32_t pn[FC_HP_BC / 16][4];
+            fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);
+            fc_wgmma_wait<0>();
+            fc_fence_regs(o);
+            fc_fence_regs(p);
+            fc_hp_rescale<D>(o, alpha);
 #pragma unroll
-          for (int kb = 0; kb < FC_HP_BC / 16; kb++)
+            for (int kb = 0; kb < FC_HP_BC / 16; kb++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) p[kb][e] = pn[kb][e];
+              for (int e = 0; e < 4; e++) p[kb][e] = pn[kb][e];
+          } else {
+            /* 160 registers: the softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack after the
+             * wait, the block boundary keeping the wait after the softmax (hopper.cu's 3-consumer loop). */
+            fc_hp_softmax_f32(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha);
+            fc_block_boundary(a.head_dim > 0);
+            fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+            fc_fence_regs(o);
+            fc_fence_regs(p);
+            fc_hp_pack<T>(s, p);
+            fc_hp_rescale<D>(o, alpha);
+          }
           kuse++;
           vuse++;
         }
@@ -275,7 +319,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) {
           const int r = 16 * warp + g + 8 * rh;
-          fc_st_shared_u32(o_rows + (e / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ g) << 4) + 4 * t,
+          fc_st_shared_u32(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ g) << 4) + 4 * t,
                            fc_pack2<T>(o[4 * e + 2 * rh], o[4 * e + 2 * rh + 1]));
         }
       if constexpr (TMA_STORE) {
@@ -288,7 +332,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         if (ct == 0) {
 #pragma unroll
           for (int hf = 0; hf < HALVES; hf++)
-            fc_tma_store_4d(&tm_o, o_rows + hf * FC_HP_HALF_BYTES, 64 * hf, wg_row0, x.h, x.bt);
+            fc_tma_store_4d(&tm_o, o_rows + hf * Q_HALF_BYTES, 64 * hf, wg_row0, x.h, x.bt);
           fc_bulk_commit();
         }
       } else {
@@ -299,7 +343,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           const int cols = min(a.head_dim - 8 * e, 8);
           if (row >= x.sq || cols <= 0) continue;
           const uint4 v =
-              fc_ld_shared_v4(o_rows + (e / 8) * FC_HP_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
+              fc_ld_shared_v4(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
           uint16_t *to = O + (int64_t)row * a.o_ss + 8 * e;
           if (a.o_aligned && cols == 8) {
             *(uint4 *)to = v;
@@ -311,6 +355,10 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           }
         }
       }
+    }
+    /* NC = 3: consumer 2's last hand-over (or its first arrival, when the CTA loaded no tile), see the turns. */
+    if constexpr (NC == 3) {
+      if (cw == 0) my_turn();
     }
     if constexpr (TMA_STORE) {
       if (ct == 0) fc_bulk_wait<0>(); /* the CTA's shared memory lives until its last store has read it */

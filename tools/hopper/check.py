@@ -10,10 +10,12 @@ row sees no key. Every case runs for each kernel variant (FLASHC_HOPPER_VARIANT)
 waited for at once), overlap (+ intra-warpgroup pipelining), pingpong (+ the two consumers taking turns, the
 default), persistent (+ one CTA per SM looping over a tile schedule, barrier phases carried across tiles),
 tmastore (+ O written by a TMA store), so that a failure points at the step that brought it; pingpong3 (3 consumer
-warpgroups, Br = 192, at d <= 64; pingpong's kernel above) on request (--variants pingpong3; --no-check --variants
-tmastore,pingpong3 times the two side by side). The variants of a
+warpgroups, Br = 192, at d <= 64; pingpong's kernel above) and tmastore3 (the persistent kernel with those 3
+consumer warpgroups at d <= 64; tmastore's kernel above) on request (--variants pingpong3,tmastore3; --no-check
+--bench-variants tmastore,pingpong3,tmastore3 times them side by side). The variants of a
 case share its inputs and its reference (computed once); the "many tiles" cases give each CTA of the
-persistent grid several tiles, among them tiles with no visible key and tiles past their sequence.
+persistent grid several tiles (with Br = 128 and with tmastore3's Br = 192), among them tiles with no visible key
+and tiles past their sequence, with the TMA store of o and without.
 """
 import argparse
 import math
@@ -34,7 +36,7 @@ ap.add_argument("--tiny", action="store_true", help="two small shapes, causal on
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--variants", default=None, help="checked (default simple,overlap,pingpong,persistent,tmastore; "
-                "pingpong3 on request); also timed when --bench-variants is not given")
+                "pingpong3, tmastore3 on request); also timed when --bench-variants is not given")
 ap.add_argument("--bench-variants", default=None,
                 help="timed in this order (default: --variants if given, else pingpong,persistent,tmastore); the first "
                 "is the reference column pp/cudnn")
@@ -154,8 +156,13 @@ def many_tiles(vs, dtype):
     lens_k = [max(0, lq + int(x)) for lq, x in zip(lens_q, torch.randint(-50, 200, (40,), generator=rng))]
     lens_q[3], lens_k[5], lens_q[9], lens_k[9] = 0, 0, 1, 1
     check(vs, dtype, 1, 0, 0, 8, 2, 64, causal=1, varlen=(lens_q, lens_k))  # 40 sequences: many skipped tiles
+    # d 64 (tmastore3: Br = 192, 6 x 64 = 384 tiles, ~3 per CTA) with the TMA store: rows >= 400 see no key (top-left
+    # window), so each CTA's list opens with tiles without a load (the heaviest-first order puts the last query
+    # blocks first) before loaded ones; the last block's rows 1100..1151 are clipped by the store
+    check(vs, dtype, 2, 1100, 300, 32, 8, 64, align=1, wl=100, wr=0, layout="bhsd")
     if args.quick:
         return
+    check(vs, dtype, 4, 1025, 1025, 16, 4, 64)  # d 64, full, TMA store: several loaded tiles per CTA, 384 (Br 192)
     check(vs, dtype, 1, 0, 0, 8, 2, 128, varlen=(lens_q, lens_k), layout="bhsd")
     check(vs, dtype, 1, 2049, 2049, 32, 4, 64, wl=100, wr=50, layout="padded",  # 17 x 32 tiles; o rows of 65
           o_layout="odd")  # elements: TMA cannot store them, tmastore falls back to direct stores

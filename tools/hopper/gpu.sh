@@ -45,7 +45,7 @@ for step in "$@"; do
     ;;
   sanitize)
     for tool in memcheck synccheck; do
-      run_and_show "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong,persistent,tmastore,pingpong3
+      run_and_show "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong,persistent,tmastore,pingpong3,tmastore3
     done
     # racecheck is far slower (it took over 150 s on --quick): two small shapes, every variant
     run_and_show san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK --tiny --no-bench

@@ -7,7 +7,10 @@ expects in its stage, and no copy overwrites a stage that a consumer is still re
 
 pingpong3 is the one-tile kernel with 3 consumer warpgroups (D = 64, Br = 192): empty barriers of 12 arrivals,
 turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 arriving first and skipping its
-last hand-over.
+last hand-over. The persistent kernel runs with 2 consumers (persistent, tmastore: turns balanced per tile) and
+with 3 (tmastore3: q_empty and empty barriers of 12 arrivals, the round-robin turns one chain over all the CTA's
+tiles, consumer 2 arriving once before the first tile and consumer 0 taking the last hand-over with one more
+bar.sync after its last tile).
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
 the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
@@ -223,20 +226,29 @@ PERSISTENT_MUTATIONS = {
     "p_last_v_kept": "the tile's last V stage is never released (as the one-tile kernel may)",
     "p_q_released_first": "Q_i released at the start of the tile, before its S wgmmas",
     "p_q_not_waited": "the producer loads the next Q_i without waiting for q_empty",
+    # tmastore3 (3 consumers, turns chained across tiles)
+    "p3_counts_of_two": "3 consumers with the 2-consumer arrival counts (8) on q_empty and the empty barriers",
+    "p3_skip_per_tile": "consumer 2 skips its hand-over after every tile's last group, as the one-tile kernel",
+    "p3_no_final_wait": "consumer 0 does not take the last hand-over at the end of the CTA's life",
+    "p3_turn_in_empty_tile": "consumer 2 hands the turn over once in a tile with no key block",
 }
 
 
-def simulate_persistent(tiles, stages, seed, mutation=None):
+def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
     """tiles: per tile of this CTA, its number of visible key blocks (0: no load at all, the epilogue only), or
     None for a tile past its sequence (skipped by everyone). Models Q_i as a one-slot buffer (q_full, q_empty)
-    and the K/V rings with fill/use counts kept over all tiles, and the ping-pong turns across tiles."""
+    and the K/V rings with fill/use counts kept over all tiles, and the ping-pong turns across tiles: nc = 2
+    balances them per tile, nc = 3 chains them round robin over the CTA's life. Checks the order in which the
+    consumers' warps 0 pass their turns: 0, 1, (2,) 0, 1, (2,) ..."""
     rng = random.Random(seed)
-    q_full, q_empty = MBar(1), MBar(8)
+    arrivals = 8 if mutation == "p3_counts_of_two" else 4 * nc  # one per consumer warp
+    q_full, q_empty = MBar(1), MBar(arrivals)
     full_k = [MBar(1) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
-    empty_k = [MBar(8) for _ in range(stages)]
-    empty_v = [MBar(8) for _ in range(stages)]
-    turn = [NamedBar(256), NamedBar(256)]
+    empty_k = [MBar(arrivals) for _ in range(stages)]
+    empty_v = [MBar(arrivals) for _ in range(stages)]
+    turn = [NamedBar(256) for _ in range(nc)]
+    turn_order = []  # the consumer whose warp 0 passed a turn, in order
     bufs = {"Q": [None], "K": [None] * stages, "V": [None] * stages}
     readers = {(kind, s): set() for kind, b in bufs.items() for s in range(len(b))}
     in_flight = []
@@ -297,23 +309,32 @@ def simulate_persistent(tiles, stages, seed, mutation=None):
             b.add(32)
             while b.generation < target:
                 yield "blocked"
+            if warp == 0:
+                turn_order.append(cw)
 
         def your_turn(last):
-            if not (last and cw == 1):
-                turn[cw ^ 1].add(32)
+            if nc == 2:
+                if not (last and cw == 1):
+                    turn[cw ^ 1].add(32)
+            elif not (last and cw == nc - 1 and mutation == "p3_skip_per_tile"):
+                turn[(cw + 1) % nc].add(32)  # round robin, the tile's last group included
 
+        if nc == 3 and cw == nc - 1:
+            turn[0].add(32)  # consumer 0 first, once for the CTA's life
         kuse = vuse = quse = 0
         for ti, n_blocks in enumerate(tiles):
             if n_blocks is None:
                 continue
+            if n_blocks == 0 and mutation == "p3_turn_in_empty_tile" and nc == 3 and cw == nc - 1:
+                turn[0].add(32)
             if n_blocks:
                 if per_tile:
                     kuse = vuse = 0
                 yield from wait(q_full, quse & 1)
                 if mutation == "p_q_released_first":
                     q_empty.arrive()
-                if cw == 1:
-                    turn[0].add(32)
+                if nc == 2 and cw == 1:
+                    turn[0].add(32)  # per tile
                 s0 = kuse % stages
                 yield from wait(full_k[s0], (kuse // stages) & 1)
                 yield from my_turn()
@@ -361,8 +382,10 @@ def simulate_persistent(tiles, stages, seed, mutation=None):
                 vuse += 1
                 quse += 1
             yield "epilogue"
+        if nc == 3 and cw == 0 and mutation != "p3_no_final_wait":
+            yield from my_turn()  # consumer 2's last hand-over (or its first arrival: no tile loaded)
 
-    actors = [producer()] + [consumer(cw, w) for cw in (0, 1) for w in range(4)]
+    actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
     alive = list(range(len(actors)))
     stuck = 0
     while alive or in_flight:
@@ -382,25 +405,32 @@ def simulate_persistent(tiles, stages, seed, mutation=None):
         if stuck > 5000 and not in_flight:
             raise AssertionError(f"deadlock: actors {alive} blocked forever")
     assert all(b.arrived == 0 for b in turn), f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
+    groups = sum(n + 1 for n in tiles if n)
+    want = [c for _ in range(groups) for c in range(nc)] + ([0] if nc == 3 else [])
+    assert turn_order == want, f"turns taken in the order {turn_order}, not round robin {want}"
 
 
 def run_persistent(mutation=None, seeds=40):
-    """Random tile lists (1..6 tiles of 0..6 key blocks, some skipped) under random interleavings."""
+    """Random tile lists (1..6 tiles of 0..6 key blocks, some skipped) under random interleavings, with 2 and 3
+    consumers."""
     runs = 0
-    for stages in (2, 3):
-        for seed in range(seeds):
-            rng = random.Random(1000 + seed)
-            tiles = [None if rng.random() < 0.15 else rng.choice([0, 1, 1, 2, 3, 4, 5, 6])
-                     for _ in range(rng.randint(1, 6))]
-            if mutation and not any(tiles):
-                tiles.append(3)
-            if mutation and sum(1 for t in tiles if t) < 2:
-                tiles += [2, 4]  # the cross-tile mutations need two loaded tiles to show
-            try:
-                simulate_persistent(tiles, stages, seed, mutation)
-            except AssertionError as e:
-                return f"persistent stages={stages} tiles={tiles} seed={seed}: {e}", runs
-            runs += 1
+    for nc in (2, 3):
+        for stages in (2, 3):
+            for seed in range(seeds):
+                rng = random.Random(1000 + seed)
+                tiles = [None if rng.random() < 0.15 else rng.choice([0, 1, 1, 2, 3, 4, 5, 6])
+                         for _ in range(rng.randint(1, 6))]
+                if mutation and not any(tiles):
+                    tiles.append(3)
+                if mutation and sum(1 for t in tiles if t) < 2:
+                    tiles += [2, 4]  # the cross-tile mutations need two loaded tiles to show
+                if mutation == "p3_turn_in_empty_tile" and 0 not in tiles:
+                    tiles.insert(1, 0)
+                try:
+                    simulate_persistent(tiles, stages, seed, mutation, nc)
+                except AssertionError as e:
+                    return f"persistent nc={nc} stages={stages} tiles={tiles} seed={seed}: {e}", runs
+                runs += 1
     return None, runs
 
 
@@ -439,7 +469,8 @@ def main():
         failures += 1
     print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong/pingpong3, stages 2 "
           f"and 3, "
-          f"0..9 key blocks; persistent over random tile lists; {len(MUTATIONS) + len(PERSISTENT_MUTATIONS)} "
+          f"0..9 key blocks; persistent (2 and 3 consumers) over random tile lists; "
+          f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS)} "
           f"broken protocols must be caught)")
     sys.exit(1 if failures else 0)
 
