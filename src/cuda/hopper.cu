@@ -28,11 +28,12 @@
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
  * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore
- * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore is the default for d ≤ 64 below seqlen 4096).
+ * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 64 with a mask below seqlen 4096).
  * FLASHC_HOPPER_VARIANT=pingpong3 (the default at d ≤ 64 from seqlen 4096) runs this kernel with NC = 3 consumer
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
  * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
- * kernel with the same 3 consumer warpgroups at d ≤ 64 (by name only) and tmastore's above. */
+ * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there without a mask below seqlen 4096) and
+ * tmastore's above. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_gemm.cuh"
@@ -71,13 +72,15 @@ enum {
 /* Kernel variants, each one step further (bring-up bisects a failure to a step). */
 enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
 /* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
- * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 below seqlen 4096 (fc_hp_variant). */
+ * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 with a mask below seqlen 4096
+ * (fc_hp_variant). */
 enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
 /* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64, the default there from seqlen 4096;
  * pingpong's kernel at D > 64. */
 enum { FC_HP_PINGPONG3 = 5 };
 /* The persistent kernel with 3 consumer warpgroups (Br = 192) at D = 64, O by TMA store where o allows it (direct
- * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). Selected by name only. */
+ * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). The default at D = 64 without a mask
+ * below seqlen 4096 (fc_hp_variant). */
 enum { FC_HP_TMASTORE3 = 6 };
 
 typedef struct fc_hopper_fwd_args {
@@ -613,21 +616,25 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
 }
 
 /* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3 or tmastore3 (an
- * unknown name is an error). Unset: what measured fastest on the H100 (bench/results/hopper.csv,
- * bench/results/configs/hopper-fwd-pingpong3.txt): at d ≤ 64 pingpong3 where both seqlens are ≥ 4096 (+3..16 % over
- * tmastore at 4k–16k, full and causal) and tmastore below (pingpong3 loses 3..18 % at 1k–2k: there the persistent
- * grid's saved per-tile prologue weighs more than the third warpgroup; tmastore is +3..15 % over pingpong); pingpong
- * for D = 128 and 256 (the persistent kernel's one CTA per SM loses 5..15 % there). pingpong3 runs the 3-consumer
- * kernel at d ≤ 64 and pingpong's above (as persistent and tmastore run pingpong's at d > 128). */
+ * unknown name is an error). Unset: what measured fastest on the H100 (bench/results/configs/hopper-fwd-pingpong3.txt,
+ * hopper-fwd-tmastore3.txt, session 7), at d ≤ 64: pingpong3 where both seqlens are ≥ 4096 (+3..16 % over tmastore at
+ * 4k–16k, full and causal; as fast as tmastore3 there without a mask, 7..9 % faster with one); below, tmastore3 without
+ * a mask (+2..13 % over tmastore at 512–2k: the persistent grid hides the per-tile prologue and the third warpgroup
+ * the softmax) and tmastore with one (tmastore3 lost 5..7 % at 1k–2k causal: its 192-row tiles balance worse). At
+ * D = 128 and 256 pingpong (the persistent kernel's one CTA per SM loses 5..15 % there). The 3-consumer names run the
+ * 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128). */
 enum { FC_HP_PINGPONG3_MIN_SEQLEN = 4096 };
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   static const char *const names[] = {"simple",   "overlap",   "pingpong", "persistent",
                                       "tmastore", "pingpong3", "tmastore3"}; /* FC_HP_* order */
   int fallback = FC_HP_PINGPONG;
-  if (p->head_dim <= 64)
-    fallback = p->seqlen_q >= FC_HP_PINGPONG3_MIN_SEQLEN && p->seqlen_k >= FC_HP_PINGPONG3_MIN_SEQLEN
-                   ? (int)FC_HP_PINGPONG3
-                   : (int)FC_HP_TMASTORE;
+  if (p->head_dim <= 64) {
+    const bool masked = p->window_left >= 0 || p->window_right >= 0; /* causal is window_right = 0 */
+    if (p->seqlen_q >= FC_HP_PINGPONG3_MIN_SEQLEN && p->seqlen_k >= FC_HP_PINGPONG3_MIN_SEQLEN)
+      fallback = FC_HP_PINGPONG3;
+    else
+      fallback = masked ? (int)FC_HP_TMASTORE : (int)FC_HP_TMASTORE3;
+  }
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);
 }
