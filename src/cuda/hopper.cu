@@ -579,6 +579,29 @@ static bool fc_hp_o_tma_ok(const fc_problem *p) {
   return true;
 }
 
+/* A causal-like mask: every query row sees a prefix of the keys (no left window edge), so the query blocks of a head
+ * weigh from one key block to all of them. */
+static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 && p->window_right >= 0; }
+
+/* FLASHC_HOPPER_SCHED (comparisons): the order in which the persistent grid's CTAs take the schedule's positions
+ * (hopper_sched.cuh): stride; snake; or snake1, snake over one group of all (sequence, head) pairs (the L2 groups
+ * make the causal weights fall within each group, not over the whole order, which snake needs). Unset: snake1 with
+ * a triangular mask from seqlen_k 4096 for the kernels whose tiles stride leaves unbalanced (192-row tiles at
+ * D = 64, D = 128), stride otherwise. H100, session 7 (bench/results/configs/hopper-fwd-sched.txt), causal, snake1
+ * vs stride: tmastore3 +6..18 % at 2k–16k (−4 % at 1k); tmastore at D = 128 +1..21 % at 4k–16k (−19..−22 % at
+ * 1k–2k, where stride's L2 groups, heads whose K and V fit in L2 together, matter more); tmastore at D = 64
+ * −3..−11 % everywhere (a model of the per-CTA work under stride gives max/mean 1.02–1.04 for its 128-row tiles,
+ * 1.12–1.22 for 192-row tiles at 2k–16k). snake alone: best for tmastore3 at 2k–4k, −10..−12 % at 8k–16k (the
+ * group boundaries break its pairing). Without a mask every tile weighs the same: snake1 only loses the groups. */
+enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_SNAKE = 1, FC_HP_SCHED_SNAKE1 = 2 };
+static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *order) {
+  static const char *const names[] = {"stride", "snake", "snake1"};
+  const bool unbalanced = nc == 3 || d == 128;
+  const int fallback =
+      unbalanced && fc_hp_triangular(p) && p->seqlen_k >= 4096 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_STRIDE;
+  return fc_env_choice("FLASHC_HOPPER_SCHED", names, 3, fallback, "flashc_forward (cuda-hopper)", order);
+}
+
 template <typename T, int D, int STAGES, int NC = 2>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store) {
@@ -593,7 +616,12 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
    * when there are fewer tiles. */
   const int grid = sc->tiles < props.num_sms ? sc->tiles : props.num_sms;
   if (grid <= 0) return FLASHC_OK;
-  kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, *sc);
+  int order = 0;
+  FC_CHECK(fc_hp_sched_order(p, D, NC, &order));
+  fc_hp_sched walk = *sc;
+  if (order == FC_HP_SCHED_SNAKE1) walk.group_bh = walk.bh_total;
+  walk = fc_hp_sched_for_grid(walk, grid, order != FC_HP_SCHED_STRIDE);
+  kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
   FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
   return FLASHC_OK;
 }
@@ -616,25 +644,25 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
 }
 
 /* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3 or tmastore3 (an
- * unknown name is an error). Unset: what measured fastest on the H100 (bench/results/configs/hopper-fwd-pingpong3.txt,
- * hopper-fwd-tmastore3.txt, session 7), at d ≤ 64: pingpong3 where both seqlens are ≥ 4096 (+3..16 % over tmastore at
- * 4k–16k, full and causal; as fast as tmastore3 there without a mask, 7..9 % faster with one); below, tmastore3 without
- * a mask (+2..13 % over tmastore at 512–2k: the persistent grid hides the per-tile prologue and the third warpgroup
- * the softmax) and tmastore with one (tmastore3 lost 5..7 % at 1k–2k causal: its 192-row tiles balance worse). At
- * D = 128 and 256 pingpong (the persistent kernel's one CTA per SM loses 5..15 % there). The 3-consumer names run the
- * 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128). */
-enum { FC_HP_PINGPONG3_MIN_SEQLEN = 4096 };
+ * unknown name is an error). Unset: what measured fastest on the H100 in session 7 (bench/results/configs/
+ * hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt):
+ *   d ≤ 64:  tmastore3 (three consumer warpgroups, persistent), except with a triangular (causal) mask below seqlen
+ *            4096, where tmastore's 128-row tiles balance better on the static schedule (tmastore3 lost 5..7 % at
+ *            1k–2k); unmasked tmastore3 was +2..17 % over tmastore and even with pingpong3 at 4k–16k, and with the
+ *            snake1 schedule +1..11 % over pingpong3 causal at 4k–16k.
+ *   d ≤ 128: pingpong, except tmastore (persistent, snake1 schedule) with a triangular mask from seqlen 8192
+ *            (+6..7 % at 8k–16k, −3 % at 4k; the persistent kernel lost 5..15 % elsewhere: one CTA per SM).
+ *   d > 128: pingpong (no room for the persistent kernel's sO).
+ * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128). */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   static const char *const names[] = {"simple",   "overlap",   "pingpong", "persistent",
                                       "tmastore", "pingpong3", "tmastore3"}; /* FC_HP_* order */
+  const bool tri = fc_hp_triangular(p);
   int fallback = FC_HP_PINGPONG;
-  if (p->head_dim <= 64) {
-    const bool masked = p->window_left >= 0 || p->window_right >= 0; /* causal is window_right = 0 */
-    if (p->seqlen_q >= FC_HP_PINGPONG3_MIN_SEQLEN && p->seqlen_k >= FC_HP_PINGPONG3_MIN_SEQLEN)
-      fallback = FC_HP_PINGPONG3;
-    else
-      fallback = masked ? (int)FC_HP_TMASTORE : (int)FC_HP_TMASTORE3;
-  }
+  if (p->head_dim <= 64)
+    fallback = !tri || (p->seqlen_q >= 4096 && p->seqlen_k >= 4096) ? (int)FC_HP_TMASTORE3 : (int)FC_HP_TMASTORE;
+  else if (p->head_dim <= 128 && tri && p->seqlen_q >= 8192 && p->seqlen_k >= 8192)
+    fallback = FC_HP_TMASTORE;
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);
 }

@@ -32,13 +32,15 @@ typedef struct fc_hp_tile {
   int i0, j_begin, n_blocks;    /* first query row; visible key blocks [j_begin, j_begin + n_blocks) */
 } fc_hp_tile;
 
-/* Tile `t` of the schedule (query blocks of BR rows); false when its query block lies past its sequence (varlen:
- * shorter sequences). */
+/* The tile of this CTA's slot `slot` (query blocks of BR rows); false when the slot has no tile (snake's last round)
+ * or its query block lies past its sequence (varlen: shorter sequences). */
 template <int BR = FC_HP_BR>
-static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args &a, const fc_hp_sched &sc, int t,
-                                                        fc_hp_tile *x) {
+static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args &a, const fc_hp_sched &sc,
+                                                        int64_t slot, fc_hp_tile *x) {
+  const int64_t t = fc_hp_slot_tile(sc, slot);
+  if (t >= sc.tiles) return false;
   int mb, bh;
-  fc_hp_tile_at(sc, t, &mb, &bh);
+  fc_hp_tile_at(sc, (int)t, &mb, &bh);
   x->h = bh % a.heads_q;
   x->b = bh / a.heads_q;
   x->q_start = 0, x->k_start = 0, x->sq = a.seqlen_q, x->sk = a.seqlen_k;
@@ -104,9 +106,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       fc_tma_prefetch_map(&tm_k);
       fc_tma_prefetch_map(&tm_v);
       uint32_t kfill = 0, vfill = 0, qfill = 0;
-      for (int64_t tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) { /* 64-bit: tile + grid may pass 2^31 */
+      for (int64_t slot = blockIdx.x; slot < sc.slots; slot += gridDim.x) { /* 64-bit: slot + grid may pass 2^31 */
         fc_hp_tile x;
-        if (!fc_hp_tile_setup<BR>(a, sc, (int)tile, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
+        if (!fc_hp_tile_setup<BR>(a, sc, slot, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
         for (int n = 0; n <= x.n_blocks; n++) {
           if (n < x.n_blocks) {
             const uint32_t s = kfill % STAGES, u = kfill / STAGES;
@@ -175,9 +177,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     if constexpr (NC == 3) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
     uint32_t kuse = 0, vuse = 0, quse = 0; /* uses over all tiles: the producer's fill counts */
 
-    for (int64_t tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) { /* 64-bit: tile + grid may pass 2^31 */
+    for (int64_t slot = blockIdx.x; slot < sc.slots; slot += gridDim.x) { /* 64-bit: slot + grid may pass 2^31 */
       fc_hp_tile x;
-      if (!fc_hp_tile_setup<BR>(a, sc, (int)tile, &x)) continue;
+      if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue;
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
       int lo[2], hi[2];
 #pragma unroll

@@ -12,17 +12,27 @@
  *
  * so that the CTAs running at once work on the same few heads (their K, V stay in L2) and, within a group,
  * every head's heaviest causal blocks come first and the light ones fill the tail. Full attention loses
- * nothing by it: all its tiles weigh the same. */
+ * nothing by it: all its tiles weigh the same.
+ *
+ * Which CTA takes which position of that order (FLASHC_HOPPER_SCHED): stride, CTA x the positions x, x + grid,
+ * x + 2·grid, ...; or snake, round r (positions r·grid .. r·grid + grid − 1) walked forwards in even rounds and
+ * backwards in odd ones, so that CTA x takes r·grid + x, then r·grid + grid − 1 − x. With a causal mask the order
+ * falls within each round (later rows of a round hold lighter query blocks), so under stride CTA 0 takes the
+ * heaviest tile of every round and CTA grid − 1 the lightest; snake pairs them. The CTAs walk `slots` slots
+ * (tiles rounded up to whole rounds under snake) and skip a slot whose position is past the last tile. */
 #ifndef FLASHC_CUDA_HOPPER_SCHED_CUH
 #define FLASHC_CUDA_HOPPER_SCHED_CUH
 
 #include <stdint.h>
 
 typedef struct fc_hp_sched {
-  int tiles;    /* m_blocks · bh_total (≤ 2^31 − 1: the host checks) */
-  int m_blocks; /* query blocks per (sequence, head) */
-  int bh_total; /* sequences · heads_q */
-  int group_bh; /* (sequence, head) pairs per L2 group, 1 .. bh_total */
+  int64_t slots; /* what the CTAs walk: tiles (stride) or tiles rounded up to a multiple of grid (snake) */
+  int grid;      /* CTAs (the launch's, set by fc_hp_sched_for_grid) */
+  int snake;     /* 1: snake order, 0: stride */
+  int tiles;     /* m_blocks · bh_total (≤ 2^31 − 1: the host checks) */
+  int m_blocks;  /* query blocks per (sequence, head) */
+  int bh_total;  /* sequences · heads_q */
+  int group_bh;  /* (sequence, head) pairs per L2 group, 1 .. bh_total */
 } fc_hp_sched;
 
 /* The L2 budget a group's K and V may take: about half of an H100's 50 MB, the rest for Q, O and the
@@ -40,7 +50,23 @@ static inline fc_hp_sched fc_hp_make_sched(int m_blocks, int bh_total, int64_t k
   if (g < 1) g = 1;
   if (g > bh_total) g = bh_total;
   s.group_bh = (int)g;
+  s.grid = 1, s.snake = 0, s.slots = s.tiles;
   return s;
+}
+
+/* The schedule as a grid of `grid` CTAs walks it, in snake order or not. */
+static inline fc_hp_sched fc_hp_sched_for_grid(fc_hp_sched s, int grid, int snake) {
+  s.grid = grid > 0 ? grid : 1;
+  s.snake = snake;
+  s.slots = snake ? (s.tiles + (int64_t)s.grid - 1) / s.grid * s.grid : s.tiles;
+  return s;
+}
+
+/* The position in the order of this CTA's slot `slot` (slot = blockIdx.x + k·grid); ≥ tiles: nothing to do. */
+static __host__ __device__ __forceinline__ int64_t fc_hp_slot_tile(const fc_hp_sched &s, int64_t slot) {
+  if (!s.snake) return slot;
+  const int64_t r = slot / s.grid, x = slot - r * s.grid;
+  return r * s.grid + ((r & 1) ? s.grid - 1 - x : x);
 }
 
 /* Tile t of the schedule: its query block *mb and (sequence, head) pair *bh (b = bh / heads_q, h = bh % heads_q).
