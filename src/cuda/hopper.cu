@@ -650,8 +650,9 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  *            4096, where tmastore's 128-row tiles balance better on the static schedule (tmastore3 lost 5..7 % at
  *            1k–2k); unmasked tmastore3 was +2..17 % over tmastore and even with pingpong3 at 4k–16k, and with the
  *            snake1 schedule +1..11 % over pingpong3 causal at 4k–16k.
- *   d ≤ 128: pingpong, except tmastore (persistent, snake1 schedule) with a triangular mask from seqlen 8192
- *            (+6..7 % at 8k–16k, −3 % at 4k; the persistent kernel lost 5..15 % elsewhere: one CTA per SM).
+ *   d ≤ 128: pingpong (the persistent kernel lost 5..15 %: one CTA per SM). With a causal mask at 8k–16k the
+ *            persistent kernel with snake1 read +5..7 % over pingpong in tools/hopper/check.py (head-major memory)
+ *            but −1..−6 % through bench/compare.py (bshd, the usual layout): not the default.
  *   d > 128: pingpong (no room for the persistent kernel's sO).
  * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128). */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
@@ -661,8 +662,6 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
     fallback = !tri || (p->seqlen_q >= 4096 && p->seqlen_k >= 4096) ? (int)FC_HP_TMASTORE3 : (int)FC_HP_TMASTORE;
-  else if (p->head_dim <= 128 && tri && p->seqlen_q >= 8192 && p->seqlen_k >= 8192)
-    fallback = FC_HP_TMASTORE;
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);
 }
