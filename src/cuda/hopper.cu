@@ -28,11 +28,11 @@
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
  * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore
- * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 64 with a mask below seqlen 4096).
- * FLASHC_HOPPER_VARIANT=pingpong3 (the default at d ≤ 64 from seqlen 4096) runs this kernel with NC = 3 consumer
+ * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 64 with a causal mask below 4096).
+ * FLASHC_HOPPER_VARIANT=pingpong3 (for comparisons; no default) runs this kernel with NC = 3 consumer
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
  * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
- * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there without a mask below seqlen 4096) and
+ * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there, but with a causal mask below 4096) and
  * tmastore's above. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
@@ -72,15 +72,15 @@ enum {
 /* Kernel variants, each one step further (bring-up bisects a failure to a step). */
 enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
 /* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
- * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 with a mask below seqlen 4096
+ * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 with a causal mask below seqlen 4096
  * (fc_hp_variant). */
 enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
-/* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64, the default there from seqlen 4096;
+/* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64 (for comparisons since tmastore3);
  * pingpong's kernel at D > 64. */
 enum { FC_HP_PINGPONG3 = 5 };
 /* The persistent kernel with 3 consumer warpgroups (Br = 192) at D = 64, O by TMA store where o allows it (direct
- * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). The default at D = 64 without a mask
- * below seqlen 4096 (fc_hp_variant). */
+ * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). The default at D = 64 except with a
+ * causal mask below seqlen 4096 (fc_hp_variant). */
 enum { FC_HP_TMASTORE3 = 6 };
 
 typedef struct fc_hopper_fwd_args {
