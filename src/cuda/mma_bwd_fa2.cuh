@@ -125,9 +125,10 @@ static __device__ __forceinline__ void fc_bwd_fa2_sdq_at(uint32_t (&at)[4], uint
 #pragma unroll
   for (int v = 0; v < 4; v++) at[v] = row + (v >= 2 ? carry : 0u) + ((32u * v) ^ sw);
 }
-/* threadIdx.x read again where it is used: asm volatile is not hoisted out of the loop, so that the sdQ addresses
- * derived from it are recomputed per query block (a few integer instructions) instead of held in registers across
- * the loop's MMAs (at 255 registers, those are spills). */
+/* threadIdx.x read again where it is used, meant to have the sdQ addresses derived from it recomputed per query
+ * block instead of held in registers across the loop's MMAs. ptxas hoists the S2R out of the loop all the same
+ * (SASS of the d64 fa2pb kernel, session 7): at 255 registers those values are spilled (branch
+ * wip/mma-bwd-d64-spill removes the spills by other means). */
 static __device__ __forceinline__ int fc_bwd_fa2_tid_again(void) {
   uint32_t v;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
