@@ -562,11 +562,16 @@ static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[
 }
 
 /* ---- the persistent kernel's launch ---- */
-/* Its shared memory: the one-tile kernel's, plus sO (Br·D·2) and the q_empty barrier. tmastore3 (Br = 192, D = 64):
- * sQ 24 KB + 3 × (16 + 16) KB + sO 24 KB = 144 KB (+ barriers and slack: 148,592 bytes). */
+/* Its shared memory: the one-tile kernel's, plus sO (Br·D·2), the q_empty barrier and the tile ring (two mbarriers
+ * and a position per entry; the static orders leave it unused). tmastore3 (Br = 192, D = 64): sQ 24 KB + 3 × (16 +
+ * 16) KB + sO 24 KB = 144 KB (+ barriers, ring and slack: 148,632 bytes). */
 static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages) {
-  return fc_hp_smem_bytes(br, d, stages, FC_HP_BC) + (size_t)br * d * 2 + 8;
+  return fc_hp_smem_bytes(br, d, stages, FC_HP_BC) + (size_t)br * d * 2 + 8 + 20 * FC_HP_TILE_RING;
 }
+
+/* The dynamic order's claim counter in the device workspace, after the varlen offsets: 256 bytes, so that anything
+ * placed after it stays aligned. */
+#define FC_HP_CLAIM_BYTES ((size_t)256)
 
 /* Can o take the TMA store? A dense problem (varlen rows past one sequence are the next one's, which TMA's
  * clipping would not spare) and a view TMA can address (the conditions fc_hp_check_view puts on q, k, v). A
@@ -584,8 +589,10 @@ static bool fc_hp_o_tma_ok(const fc_problem *p) {
 static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 && p->window_right >= 0; }
 
 /* FLASHC_HOPPER_SCHED (comparisons): the order in which the persistent grid's CTAs take the schedule's positions
- * (hopper_sched.cuh): stride; snake; or snake1, snake over one group of all (sequence, head) pairs (the L2 groups
- * make the causal weights fall within each group, not over the whole order, which snake needs). Unset: snake1 with
+ * (hopper_sched.cuh): stride; snake; snake1, snake over one group of all (sequence, head) pairs (the L2 groups
+ * make the causal weights fall within each group, not over the whole order, which snake needs); or dynamic, each CTA
+ * claiming the next position with an atomic counter when it is about to finish a tile (greedy, and the CTAs at work
+ * keep neighbouring positions: the L2 groups hold). Unset: snake1 with
  * a triangular mask from seqlen_k 4096 for the kernels whose tiles stride leaves unbalanced (192-row tiles at
  * D = 64, D = 128), stride otherwise. H100, session 7 (bench/results/configs/hopper-fwd-sched.txt), causal, snake1
  * vs stride: tmastore3 +6..18 % at 2k–16k (−4 % at 1k); tmastore at D = 128 +1..21 % at 4k–16k (−19..−22 % at
@@ -593,18 +600,21 @@ static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 &&
  * −3..−11 % everywhere (a model of the per-CTA work under stride gives max/mean 1.02–1.04 for its 128-row tiles,
  * 1.12–1.22 for 192-row tiles at 2k–16k). snake alone: best for tmastore3 at 2k–4k, −10..−12 % at 8k–16k (the
  * group boundaries break its pairing). Without a mask every tile weighs the same: snake1 only loses the groups. */
-enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_SNAKE = 1, FC_HP_SCHED_SNAKE1 = 2 };
+enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_SNAKE = 1, FC_HP_SCHED_SNAKE1 = 2, FC_HP_SCHED_DYNAMIC = 3 };
 static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *order) {
-  static const char *const names[] = {"stride", "snake", "snake1"};
+  static const char *const names[] = {"stride", "snake", "snake1", "dynamic"}; /* FC_HP_SCHED_* order */
   const bool unbalanced = nc == 3 || d == 128;
   const int fallback =
       unbalanced && fc_hp_triangular(p) && p->seqlen_k >= 4096 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_STRIDE;
-  return fc_env_choice("FLASHC_HOPPER_SCHED", names, 3, fallback, "flashc_forward (cuda-hopper)", order);
+  return fc_env_choice("FLASHC_HOPPER_SCHED", names, (int)(sizeof names / sizeof names[0]), fallback,
+                       "flashc_forward (cuda-hopper)", order);
 }
 
+/* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others). */
 template <typename T, int D, int STAGES, int NC = 2>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
-                                             const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store) {
+                                             const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store,
+                                             int order, int32_t *claim) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
                  const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC>
                                                 : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC>;
@@ -616,11 +626,16 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
    * when there are fewer tiles. */
   const int grid = sc->tiles < props.num_sms ? sc->tiles : props.num_sms;
   if (grid <= 0) return FLASHC_OK;
-  int order = 0;
-  FC_CHECK(fc_hp_sched_order(p, D, NC, &order));
   fc_hp_sched walk = *sc;
   if (order == FC_HP_SCHED_SNAKE1) walk.group_bh = walk.bh_total;
-  walk = fc_hp_sched_for_grid(walk, grid, order != FC_HP_SCHED_STRIDE);
+  walk = fc_hp_sched_for_grid(walk, grid, order == FC_HP_SCHED_SNAKE || order == FC_HP_SCHED_SNAKE1);
+  if (order == FC_HP_SCHED_DYNAMIC) {
+    /* Zeroed on the call's stream before every launch, rather than reset by the grid's last CTA: a launch that
+     * failed or was cut short cannot leave a count that would make the next call skip tiles, and no CTA needs a
+     * second atomic to find out that it is the last. */
+    walk.claim = claim;
+    FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
+  }
   kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
   FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
   return FLASHC_OK;
@@ -631,16 +646,16 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
  * boxes of 64 rows (each consumer warpgroup stores its own 64 rows). */
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      int variant, int nc) {
+                                      int variant, int nc, int order, int32_t *claim) {
   const int D = p->head_dim <= 64 ? 64 : 128;
   const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
   if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
   const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
   const fc_hp_sched sc = fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group);
-  if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store);
-  if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store);
-  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store);
+  if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store, order, claim);
+  if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store, order, claim);
+  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim);
 }
 
 /* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3 or tmastore3 (an
@@ -728,8 +743,15 @@ static flashc_status hopper_forward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));    /* the Q box: one query block */
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, "flashc_forward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, "flashc_forward", &maps[2]));
+  /* The persistent kernel (D = 256 has no room for its sO: one tile per CTA) and its order, known before the
+   * workspace: the dynamic order's claim counter lives there, after the varlen offsets. */
+  const bool persistent = three ? variant == FC_HP_TMASTORE3 : variant >= FC_HP_PERSISTENT && p->head_dim <= 128;
+  int order = FC_HP_SCHED_STRIDE;
+  if (persistent) FC_CHECK(fc_hp_sched_order(p, p->head_dim <= 64 ? 64 : 128, three ? 3 : 2, &order));
+  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
   void *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, fc_mma_cu_seqlens_bytes(p), &ws));
+  FC_CHECK(fc_device_workspace(p, cu_bytes + (order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0), &ws));
+  int32_t *claim = order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
   fc_hopper_fwd_args a;
   memset(&a, 0, sizeof a);
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
@@ -750,17 +772,13 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
-  if (three && variant == FC_HP_TMASTORE3) {
-    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, 3);
-    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, 3);
+  if (persistent) {
+    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, three ? 3 : 2, order, claim);
+    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, three ? 3 : 2, order, claim);
   }
   if (three) {
     if (p->dtype == FLASHC_F16) return fc_hp_launch_nc3<__half>(p, maps, &a, grid);
     return fc_hp_launch_nc3<__nv_bfloat16>(p, maps, &a, grid);
-  }
-  if (variant >= FC_HP_PERSISTENT && p->head_dim <= 128) { /* D = 256 has no room for sO: one tile per CTA */
-    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, 2);
-    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, 2);
   }
   if (p->dtype == FLASHC_F16) return fc_hp_dispatch<__half>(p, maps, &a, grid, variant);
   return fc_hp_dispatch<__nv_bfloat16>(p, maps, &a, grid, variant);

@@ -12,7 +12,20 @@
  * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64]
  * (D = 128: 32 + 128 + 32 = 192 KB; D = 64: 16 + 96 + 16 = 128 KB; NC = 3: 24 + 96 + 24 = 144 KB), then the
  * mbarriers: q_full (1), q_empty (4·NC: one arrival per consumer warp), full_k, full_v (1), empty_k, empty_v
- * (4·NC) [STAGES].
+ * (4·NC) [STAGES], then the tile ring of the dynamic order: tile_full (1), tile_empty (4·NC) [FC_HP_TILE_RING] and
+ * the positions (int32) [FC_HP_TILE_RING].
+ *
+ * Dynamic order (FLASHC_HOPPER_SCHED=dynamic, sc.claim set): the tiles of a CTA are not known in advance. Its first
+ * is position blockIdx.x for everyone; after the last load of each tile the producer claims the next position
+ * (fc_hp_claim: grid + atomicAdd(claim, 1), −1 once past the last tile) and publishes it in entry f % FC_HP_TILE_RING
+ * of the ring (f = its claims so far, counted over the CTA's life as the K/V fills are), and every consumer warp
+ * takes entry u after its tile u's epilogue (fc_hp_take). So producer and consumers walk the same sequence of
+ * positions, call fc_hp_tile_setup on the same ones and skip the same tiles: the K/V/Q counts below hold as for
+ * the static orders. Each tile is still computed whole by one CTA, so the results do not depend on which CTA took
+ * it: deterministic as before. Two entries: the producer publishes entry f after every load of its tile f; when
+ * tiles f − 1 and f both load, Q_f's load already waited for Q_{f−1}'s release, which every consumer warp gives
+ * after taking entry f − 2, so the wait for entry f − 2's release never blocks; through tiles without loads
+ * (skipped, or no visible key) the producer runs up to two claims ahead of the consumers, then waits.
  *
  * Barrier phases across tiles (docs/hopper.md, "Persistent variant"): the producer and the consumers count
  * K uses, V uses and Q uses over the CTA's whole life, not per tile; use number u of a ring is stage u % STAGES,
@@ -22,6 +35,9 @@
  * agree. Every K, V and Q use is released exactly once, in use order per stage: unlike the one-tile kernel,
  * the last two V stages of a tile are released too (the next tile's fills wait for them), and Q_i is released
  * once every S = Q_i·K_jᵀ of the tile has been waited for. */
+
+/* Entries of the dynamic order's tile ring: the position claimed after tile f goes to entry f % FC_HP_TILE_RING. */
+enum { FC_HP_TILE_RING = 2 };
 
 #if FC_HOPPER_ARCH
 /* One tile of the schedule, as both the producer and the consumers see it. */
@@ -62,6 +78,41 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   x->n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - x->j_begin : 0;
   return true;
 }
+
+/* The tile ring at `ring`: tile_full [FC_HP_TILE_RING], tile_empty [FC_HP_TILE_RING], then the positions. */
+#define FC_HP_TILE_FULL(e)  (ring + 8u * (e))
+#define FC_HP_TILE_EMPTY(e) (ring + 8u * (FC_HP_TILE_RING + (e)))
+#define FC_HP_TILE_POS(e)   (ring + 16u * FC_HP_TILE_RING + 4u * (e))
+
+/* Dynamic order, the producer: claims the position after its tile `fill` (grid + the counter's old value: positions
+ * 0 .. grid − 1 are the CTAs' first tiles) and publishes it in the ring, −1 once the order is exhausted. Fill
+ * f ≥ FC_HP_TILE_RING of an entry waits for the consumers' release of fill f − FC_HP_TILE_RING (its empty barrier's
+ * phase f / FC_HP_TILE_RING − 1). The counter ends at `tiles` (one claim per tile past the first grid, one failed
+ * claim per CTA): no overflow. The store is ordered before the arrival (mbarrier.arrive releases, the consumers'
+ * try_wait acquires). */
+static __device__ __forceinline__ int64_t fc_hp_claim(const fc_hp_sched &sc, uint32_t ring, uint32_t fill) {
+  const int64_t next = (int64_t)gridDim.x + atomicAdd(sc.claim, 1);
+  const uint32_t e = fill % FC_HP_TILE_RING, u = fill / FC_HP_TILE_RING;
+  if (u > 0) fc_mbar_wait(FC_HP_TILE_EMPTY(e), (u - 1) & 1);
+  fc_st_shared_u32(FC_HP_TILE_POS(e), next < sc.tiles ? (uint32_t)next : 0xffffffffu);
+  fc_mbar_arrive_if(FC_HP_TILE_FULL(e), true);
+  /* Through a shuffle (the producer thread alone): a value ptxas can keep in uniform registers, as the static
+   * orders' slots are, so that the tile set-up fits the producer's 24 registers. */
+  return __shfl_sync(1u, next < sc.tiles ? (int)next : -1, 0);
+}
+
+/* Dynamic order, a consumer warp: the position published after its tile `use` (−1: no more). Lane 0 reads it and
+ * shuffles it to the warp (a value provably the same in every lane), then releases the entry: the read is done
+ * before the arrival that lets the producer overwrite it. */
+static __device__ __forceinline__ int64_t fc_hp_take(uint32_t ring, uint32_t use, int lane) {
+  const uint32_t e = use % FC_HP_TILE_RING;
+  fc_mbar_wait(FC_HP_TILE_FULL(e), (use / FC_HP_TILE_RING) & 1);
+  int pos = 0;
+  if (lane == 0) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(pos) : "r"(FC_HP_TILE_POS(e)) : "memory");
+  pos = __shfl_sync(0xffffffffu, pos, 0);
+  fc_mbar_arrive_if(FC_HP_TILE_EMPTY(e), lane == 0);
+  return pos;
+}
 #endif /* FC_HOPPER_ARCH */
 
 template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2>
@@ -78,7 +129,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, sO = sV + STAGES * KV_BYTES, bars = sO + Q_BYTES;
-  const uint32_t q_full = bars, q_empty = bars + 8u;
+  const uint32_t q_full = bars, q_empty = bars + 8u, ring = bars + 8u * (2 + 4 * STAGES); /* ring: the tile ring */
 #define FULL_K(s)  (bars + 8u * (2 + (s)))
 #define FULL_V(s)  (bars + 8u * (2 + STAGES + (s)))
 #define EMPTY_K(s) (bars + 8u * (2 + 2 * STAGES + (s)))
@@ -94,6 +145,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       fc_mbar_init(EMPTY_K(s), CONSUMER_WARPS);
       fc_mbar_init(EMPTY_V(s), CONSUMER_WARPS);
     }
+#pragma unroll
+    for (int e = 0; e < FC_HP_TILE_RING; e++) {
+      fc_mbar_init(FC_HP_TILE_FULL(e), 1);               /* the producer's arrival after its store */
+      fc_mbar_init(FC_HP_TILE_EMPTY(e), CONSUMER_WARPS); /* every consumer warp has read the entry */
+    }
     fc_mbar_fence_init();
   }
   __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
@@ -105,8 +161,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       fc_tma_prefetch_map(&tm_q);
       fc_tma_prefetch_map(&tm_k);
       fc_tma_prefetch_map(&tm_v);
-      uint32_t kfill = 0, vfill = 0, qfill = 0;
-      for (int64_t slot = blockIdx.x; slot < sc.slots; slot += gridDim.x) { /* 64-bit: slot + grid may pass 2^31 */
+      uint32_t kfill = 0, vfill = 0, qfill = 0, tfill = 0;
+      /* Static orders: slots blockIdx.x + k·grid (64-bit: slot + grid may pass 2^31). Dynamic: after the last load of
+       * each tile, the next position is claimed and published for the consumers (−1: none left). */
+      for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
+           slot = sc.claim ? fc_hp_claim(sc, ring, tfill++) : slot + gridDim.x) {
         fc_hp_tile x;
         if (!fc_hp_tile_setup<BR>(a, sc, slot, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
         for (int n = 0; n <= x.n_blocks; n++) {
@@ -175,9 +234,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       }
     };
     if constexpr (NC == 3) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
-    uint32_t kuse = 0, vuse = 0, quse = 0; /* uses over all tiles: the producer's fill counts */
+    uint32_t kuse = 0, vuse = 0, quse = 0, tuse = 0; /* uses over all tiles: the producer's fill counts */
 
-    for (int64_t slot = blockIdx.x; slot < sc.slots; slot += gridDim.x) { /* 64-bit: slot + grid may pass 2^31 */
+    /* The producer's sequence of positions: static orders derive it, the dynamic one takes it from the ring. */
+    for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
+         slot = sc.claim ? fc_hp_take(ring, tuse++, lane) : slot + gridDim.x) {
       fc_hp_tile x;
       if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue;
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
@@ -372,3 +433,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 #undef EMPTY_V
 #endif /* FC_HOPPER_ARCH */
 }
+
+#if FC_HOPPER_ARCH
+#undef FC_HP_TILE_FULL
+#undef FC_HP_TILE_EMPTY
+#undef FC_HP_TILE_POS
+#endif

@@ -19,20 +19,27 @@
  * backwards in odd ones, so that CTA x takes r·grid + x, then r·grid + grid − 1 − x. With a causal mask the order
  * falls within each round (later rows of a round hold lighter query blocks), so under stride CTA 0 takes the
  * heaviest tile of every round and CTA grid − 1 the lightest; snake pairs them. The CTAs walk `slots` slots
- * (tiles rounded up to whole rounds under snake) and skip a slot whose position is past the last tile. */
+ * (tiles rounded up to whole rounds under snake) and skip a slot whose position is past the last tile.
+ *
+ * Or dynamic (FlashAttention-3's persistent scheduler): CTA x takes position x first, then each CTA's producer
+ * claims the next free position with an atomicAdd on a counter zeroed before the launch (position grid + the
+ * counter's old value) when it has issued the last load of its current tile, and hands it to its consumers through
+ * a ring in shared memory (hopper_persistent.cuh). Greedy LPT: the CTA that finishes first takes the next heaviest
+ * tile, and the CTAs running at once still hold consecutive positions of the order, inside the same L2 group. */
 #ifndef FLASHC_CUDA_HOPPER_SCHED_CUH
 #define FLASHC_CUDA_HOPPER_SCHED_CUH
 
 #include <stdint.h>
 
 typedef struct fc_hp_sched {
-  int64_t slots; /* what the CTAs walk: tiles (stride) or tiles rounded up to a multiple of grid (snake) */
-  int grid;      /* CTAs (the launch's, set by fc_hp_sched_for_grid) */
-  int snake;     /* 1: snake order, 0: stride */
-  int tiles;     /* m_blocks · bh_total (≤ 2^31 − 1: the host checks) */
-  int m_blocks;  /* query blocks per (sequence, head) */
-  int bh_total;  /* sequences · heads_q */
-  int group_bh;  /* (sequence, head) pairs per L2 group, 1 .. bh_total */
+  int64_t slots;  /* what the CTAs walk: tiles (stride, dynamic) or tiles rounded up to a multiple of grid (snake) */
+  int32_t *claim; /* dynamic: the claim counter (device workspace, zeroed before each launch); NULL: static orders */
+  int grid;       /* CTAs (the launch's, set by fc_hp_sched_for_grid) */
+  int snake;      /* 1: snake order, 0: stride */
+  int tiles;      /* m_blocks · bh_total (≤ 2^31 − 1: the host checks) */
+  int m_blocks;   /* query blocks per (sequence, head) */
+  int bh_total;   /* sequences · heads_q */
+  int group_bh;   /* (sequence, head) pairs per L2 group, 1 .. bh_total */
 } fc_hp_sched;
 
 /* The L2 budget a group's K and V may take: about half of an H100's 50 MB, the rest for Q, O and the
@@ -51,6 +58,7 @@ static inline fc_hp_sched fc_hp_make_sched(int m_blocks, int bh_total, int64_t k
   if (g > bh_total) g = bh_total;
   s.group_bh = (int)g;
   s.grid = 1, s.snake = 0, s.slots = s.tiles;
+  s.claim = NULL;
   return s;
 }
 

@@ -12,7 +12,13 @@ default), persistent (+ one CTA per SM looping over a tile schedule, barrier pha
 tmastore (+ O written by a TMA store), so that a failure points at the step that brought it; pingpong3 (3 consumer
 warpgroups, Br = 192, at d <= 64; pingpong's kernel above) and tmastore3 (the persistent kernel with those 3
 consumer warpgroups at d <= 64; tmastore's kernel above) on request (--variants pingpong3,tmastore3; --no-check
---bench-variants tmastore,pingpong3,tmastore3 times them side by side). The variants of a
+--bench-variants tmastore,pingpong3,tmastore3 times them side by side). A variant name may carry the persistent
+kernel's schedule order, "variant~order" (FLASHC_HOPPER_SCHED=order for that variant alone: tmastore3~dynamic,
+tmastore~snake1; without "~" the environment's FLASHC_HOPPER_SCHED, or the library's default), a repeat suffix ".N"
+(tmastore3.2: the same column timed again, to see the noise) or be "default" (the library's own choice of variant and
+order). The timings take q, k, v as contiguous [b, s, h, d] tensors (--layout bshd, the layout users and
+bench/compare.py pass) or as head-major memory passed as [b, s, h, d] views (--layout bhsd); the two can rank
+schedule variants differently (docs/hopper.md, session 7). The variants of a
 case share its inputs and its reference (computed once); the "many tiles" cases give each CTA of the
 persistent grid several tiles (with Br = 128 and with tmastore3's Br = 192), among them tiles with no visible key
 and tiles past their sequence, with the TMA store of o and without.
@@ -36,10 +42,17 @@ ap.add_argument("--tiny", action="store_true", help="two small shapes, causal on
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--variants", default=None, help="checked (default simple,overlap,pingpong,persistent,tmastore; "
-                "pingpong3, tmastore3 on request); also timed when --bench-variants is not given")
+                "pingpong3, tmastore3 on request); also timed when --bench-variants is not given. Each name is "
+                "VARIANT[~ORDER][.N] or default: ~ORDER sets FLASHC_HOPPER_SCHED (stride, snake, snake1, dynamic) for "
+                "that name alone (else the environment's is used), .N marks a repeat column, default = the library's "
+                "own choice of variant and order (e.g. tmastore3~dynamic,tmastore~dynamic)")
 ap.add_argument("--bench-variants", default=None,
                 help="timed in this order (default: --variants if given, else pingpong,persistent,tmastore); the first "
-                "is the reference column pp/cudnn")
+                "is the reference column pp/cudnn; names as in --variants (e.g. tmastore3,tmastore3~snake1,"
+                "tmastore3~dynamic)")
+ap.add_argument("--layout", choices=("bshd", "bhsd"), default="bshd",
+                help="memory of q, k, v, o in the timings: bshd = contiguous [b, s, h, d] tensors (default: what "
+                "bench/compare.py and users pass); bhsd = head-major [b, h, s, d] memory passed as [b, s, h, d] views")
 args = ap.parse_args()
 if args.bench_variants is None:
     args.bench_variants = args.variants or "pingpong,persistent,tmastore"
@@ -57,8 +70,22 @@ def forward(backend, p, q, k, v, o, lse):
     return fc.forward(backend, p, q, k, v, o, lse)
 
 
+SCHED_FROM_ENV = os.environ.get("FLASHC_HOPPER_SCHED")  # what a name without "~order" runs with
+
+
 def set_variant(name):
-    os.environ["FLASHC_HOPPER_VARIANT"] = name  # read by the library at every call
+    """FLASHC_HOPPER_VARIANT and FLASHC_HOPPER_SCHED for a column name VARIANT[~ORDER][.N] or "default" (both read
+    by the library at every call)."""
+    variant, _, order = name.split(".")[0].partition("~")
+    if variant == "default":
+        os.environ.pop("FLASHC_HOPPER_VARIANT", None)
+    else:
+        os.environ["FLASHC_HOPPER_VARIANT"] = variant
+    order = order or (None if variant == "default" else SCHED_FROM_ENV)
+    if order:
+        os.environ["FLASHC_HOPPER_SCHED"] = order
+    else:
+        os.environ.pop("FLASHC_HOPPER_SCHED", None)
 
 
 def check(variants, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
@@ -225,20 +252,27 @@ def correctness():
 # ---- timings -----------------------------------------------------------------------------------------------
 def bench():
     timer = lambda fn: timeit(fn, reps=30, warmup=5)  # noqa: E731
-    print(f"\n== forward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048 ==", flush=True)
+    print(f"\n== forward TFLOP/s on {torch.cuda.get_device_name()}, bf16, 16k tokens, width 2048, q/k/v/o "
+          f"{args.layout} ==", flush=True)
     bvs = args.bench_variants.split(",")
-    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} " + " ".join(f"{vn[:10]:>10}" for vn in bvs) +
-          f" {'flash':>8} {'cudnn':>8} {'pp/cudnn':>8} {'best/cudnn':>10} {'best':>10}", flush=True)
+    width = {vn: max(10, len(vn)) for vn in bvs}
+    wbest = max(width.values())
+    print(f"{'d':>4} {'causal':>6} {'seqlen':>6} " + " ".join(f"{vn:>{width[vn]}}" for vn in bvs) +
+          f" {'flash':>8} {'cudnn':>8} {'pp/cudnn':>8} {'best/cudnn':>10} {'best':>{wbest}}", flush=True)
     seqlens = (1024, 4096, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     for d in (64, 128, 256):
         for causal in (0, 1):
             for s in seqlens:
                 b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                if args.layout == "bshd":  # flashc takes the tensors, SDPA [b, h, s, d] views of them
+                    qv, kv, vv = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                    q, k, v = (x.transpose(1, 2) for x in (qv, kv, vv))
+                else:  # head-major memory: SDPA takes the tensors, flashc [b, s, h, d] views of them
+                    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                    qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
                 res = {}
-                qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))  # [b, s, h, d] views of the same memory
-                o = torch.empty_like(qv)
+                o = torch.empty_like(qv)  # the same layout as q (empty_like keeps a view's strides)
                 lse = torch.empty(b * h * s, device="cuda")
                 p, _ = fc.params(causal=causal, align=1)
                 for variant in bvs:
@@ -253,10 +287,10 @@ def bench():
                     res[name] = peer_ms(name, lambda: sdpa_forward_ms(name, q, k, v, causal, timer), quiet=True)
                 tf = {kk: flops / ms / 1e9 for kk, ms in res.items()}
                 best = max(bvs, key=lambda vn: -1.0 if math.isnan(tf[vn]) else tf[vn])
-                print(f"{d:4d} {causal:6d} {s:6d} " + " ".join(f"{tf[vn]:10.1f}" for vn in bvs) +
+                print(f"{d:4d} {causal:6d} {s:6d} " + " ".join(f"{tf[vn]:{width[vn]}.1f}" for vn in bvs) +
                       f" {tf['flash']:8.1f} {tf['cudnn']:8.1f} {tf[bvs[0]] / tf['cudnn']:8.2f} "
-                      f"{tf[best] / tf['cudnn']:10.2f} {best[:10]:>10}", flush=True)
-                del q, k, v, o
+                      f"{tf[best] / tf['cudnn']:10.2f} {best:>{wbest}}", flush=True)
+                del q, k, v, qv, kv, vv, o
 
 
 t0 = time.time()

@@ -10,7 +10,9 @@ turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 ar
 last hand-over. The persistent kernel runs with 2 consumers (persistent, tmastore: turns balanced per tile) and
 with 3 (tmastore3: q_empty and empty barriers of 12 arrivals, the round-robin turns one chain over all the CTA's
 tiles, consumer 2 arriving once before the first tile and consumer 0 taking the last hand-over with one more
-bar.sync after its last tile).
+bar.sync after its last tile), under static orders (each CTA's list of tiles given) and under the dynamic order
+(FLASHC_HOPPER_SCHED=dynamic: 1..3 CTAs share a claim counter; each producer publishes its next position in a
+2-entry tile ring guarded by mbarriers, which its consumer warps read; every position must be walked by one CTA).
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
 the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
@@ -233,26 +235,55 @@ PERSISTENT_MUTATIONS = {
     "p3_turn_in_empty_tile": "consumer 2 hands the turn over once in a tile with no key block",
 }
 
+# the dynamic order (FLASHC_HOPPER_SCHED=dynamic): several CTAs claim positions of one order with a shared counter
+DYNAMIC_MUTATIONS = {
+    "d_consumer_skips_tile": "consumer 1 takes the next ring entry at once after its first loaded one from the ring, "
+                             "skipping a tile the producer loads",
+    "d_ring_not_waited": "the producer overwrites a ring entry without waiting for the consumers' release",
+    "d_first_from_ring": "the consumers take their first tile from the ring too, not from blockIdx.x",
+    "d_claim_without_grid": "the claim forgets the grid: positions 0 .. grid - 1 are handed out twice",
+    "d_no_sentinel": "the producer stops without publishing -1",
+}
 
-def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
-    """tiles: per tile of this CTA, its number of visible key blocks (0: no load at all, the epilogue only), or
-    None for a tile past its sequence (skipped by everyone). Models Q_i as a one-slot buffer (q_full, q_empty)
-    and the K/V rings with fill/use counts kept over all tiles, and the ping-pong turns across tiles: nc = 2
-    balances them per tile, nc = 3 chains them round robin over the CTA's life. Checks the order in which the
-    consumers' warps 0 pass their turns: 0, 1, (2,) 0, 1, (2,) ..."""
-    rng = random.Random(seed)
+TILE_RING = 2  # entries of the dynamic order's tile ring (FC_HP_TILE_RING)
+
+
+class Order:
+    """Where a CTA's tiles come from. Static: its own list (tile id = index in it). Dynamic: one list of all
+    positions (weights[t]: key blocks of position t, 0 = no load, None = past its sequence) shared by `grid` CTAs;
+    CTA c takes position c first, then its producer claims grid + counter (the kernel's atomicAdd) after each tile."""
+
+    def __init__(self, weights, grid=None):
+        self.weights, self.grid, self.counter = weights, grid, 0
+        self.walked = []  # (cta, position) for each position a CTA's consumers walked (dynamic)
+
+    def first(self, cta):
+        return cta if self.grid is not None else (0 if self.weights else -1)
+
+
+def persistent_cta(order, cta, stages, mutation, nc):
+    """One CTA of the persistent kernel: (actors, in_flight, bufs, end_check). The producer and the consumer warps
+    walk the positions of `order` (static: the CTA's list; dynamic: claimed and handed over through the tile ring)."""
+    dynamic = order.grid is not None
     arrivals = 8 if mutation == "p3_counts_of_two" else 4 * nc  # one per consumer warp
     q_full, q_empty = MBar(1), MBar(arrivals)
     full_k = [MBar(1) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
     empty_k = [MBar(arrivals) for _ in range(stages)]
     empty_v = [MBar(arrivals) for _ in range(stages)]
+    tile_full = [MBar(1) for _ in range(TILE_RING)]
+    tile_empty = [MBar(4 * nc) for _ in range(TILE_RING)]
+    ring = [None] * TILE_RING  # (fill number, position): the fill number checks that a reader gets its entry
     turn = [NamedBar(256) for _ in range(nc)]
     turn_order = []  # the consumer whose warp 0 passed a turn, in order
+    walked = {}  # consumer warp -> the positions it walked
     bufs = {"Q": [None], "K": [None] * stages, "V": [None] * stages}
     readers = {(kind, s): set() for kind, b in bufs.items() for s in range(len(b))}
     in_flight = []
     per_tile = mutation == "p_counts_per_tile"
+
+    def weight(t):
+        return order.weights[t]
 
     def tma(bar, kind, stage, tile):
         if readers[(kind, stage)]:
@@ -263,14 +294,39 @@ def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
         while not bar.passed(parity):
             yield "blocked"
 
+    def claim(fill):
+        """Dynamic order: the producer's next position, claimed and published in the ring (-1: none left)."""
+        nxt = order.counter + (0 if mutation == "d_claim_without_grid" else order.grid)  # the atomicAdd
+        order.counter += 1
+        if nxt >= len(order.weights):
+            nxt = -1
+        yield "claimed"
+        if nxt < 0 and mutation == "d_no_sentinel":
+            return nxt
+        e, u = fill % TILE_RING, fill // TILE_RING
+        if u > 0 and mutation != "d_ring_not_waited":
+            yield from wait(tile_empty[e], (u - 1) & 1)
+        ring[e] = (fill, nxt)
+        tile_full[e].arrive()
+        return nxt
+
+    def take(use, who):
+        e = use % TILE_RING
+        yield from wait(tile_full[e], (use // TILE_RING) & 1)
+        fill, pos = ring[e]
+        assert fill == use, f"{who} took ring fill {fill} in place of {use}"
+        yield "read"
+        tile_empty[e].arrive()
+        return pos
+
     def producer():
-        kfill = vfill = qfill = 0
-        for ti, n_blocks in enumerate(tiles):
-            if not n_blocks:
-                continue
-            if per_tile:
+        kfill = vfill = qfill = tfill = 0
+        ti = cta if dynamic else 0
+        while 0 <= ti < len(order.weights):
+            n_blocks = weight(ti)
+            if n_blocks and per_tile:
                 kfill = vfill = 0
-            for n in range(n_blocks + 1):
+            for n in range(n_blocks + 1 if n_blocks else 0):
                 if n < n_blocks:
                     s, u = kfill % stages, kfill // stages
                     if u > 0:
@@ -292,6 +348,11 @@ def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
                     tma(full_v[s], "V", s, (ti, n - 1))
                     vfill += 1
                 yield "step"
+            if not dynamic:
+                ti += 1
+            else:
+                ti = yield from claim(tfill)
+                tfill += 1
 
     def read(kind, s, tile, who):
         assert bufs[kind][s] == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{bufs[kind][s]}"
@@ -301,7 +362,8 @@ def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
         readers[(kind, s)].discard(who)
 
     def consumer(cw, warp):
-        who = (cw, warp)
+        who = (cta, cw, warp)
+        walked[(cw, warp)] = []
 
         def my_turn():
             b = turn[cw]
@@ -321,10 +383,15 @@ def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
 
         if nc == 3 and cw == nc - 1:
             turn[0].add(32)  # consumer 0 first, once for the CTA's life
-        kuse = vuse = quse = 0
-        for ti, n_blocks in enumerate(tiles):
-            if n_blocks is None:
-                continue
+        kuse = vuse = quse = tuse = 0
+        skipped = False  # mutation d_consumer_skips_tile
+        ti = cta if dynamic else 0
+        if dynamic and mutation == "d_first_from_ring":
+            ti = yield from take(tuse, who)
+            tuse += 1
+        while 0 <= ti < len(order.weights):
+            n_blocks = weight(ti)
+            walked[(cw, warp)].append(ti)
             if n_blocks == 0 and mutation == "p3_turn_in_empty_tile" and nc == 3 and cw == nc - 1:
                 turn[0].add(32)
             if n_blocks:
@@ -382,14 +449,42 @@ def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
                 vuse += 1
                 quse += 1
             yield "epilogue"
+            if not dynamic:
+                ti += 1
+                continue
+            ti = yield from take(tuse, who)
+            tuse += 1
+            if mutation == "d_consumer_skips_tile" and cw == 1 and not skipped and ti >= 0 and weight(ti):
+                skipped = True
+                ti = yield from take(tuse, who)
+                tuse += 1
         if nc == 3 and cw == 0 and mutation != "p3_no_final_wait":
             yield from my_turn()  # consumer 2's last hand-over (or its first arrival: no tile loaded)
 
+    def end_check():
+        assert all(b.arrived == 0 for b in turn), \
+            f"CTA {cta}: named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
+        seqs = set(tuple(w) for w in walked.values())
+        assert len(seqs) == 1, f"CTA {cta}: its consumer warps walked different tiles: {walked}"
+        seq = seqs.pop()
+        order.walked += [(cta, t) for t in seq]
+        groups = sum(order.weights[t] + 1 for t in seq if order.weights[t])
+        want = [c for _ in range(groups) for c in range(nc)] + ([0] if nc == 3 else [])
+        assert turn_order == want, f"CTA {cta}: turns taken in the order {turn_order}, not round robin {want}"
+
     actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
+    return actors, in_flight, bufs, end_check
+
+
+def run_ctas(ctas, rng):
+    """Random interleaving of every CTA's producer and consumer warps, and of its copies' landing."""
+    actors = [(c, a) for c, cta in enumerate(ctas) for a in cta[0]]
     alive = list(range(len(actors)))
     stuck = 0
-    while alive or in_flight:
-        if in_flight and (not alive or rng.random() < 0.3):
+    while alive or any(c[1] for c in ctas):
+        pending = [c for c in ctas if c[1]]
+        if pending and (not alive or rng.random() < 0.3):
+            _, in_flight, bufs, _ = rng.choice(pending)
             bar, kind, s, tile = in_flight.pop(rng.randrange(len(in_flight)))
             bufs[kind][s] = tile
             bar.complete_tx(1)
@@ -397,17 +492,42 @@ def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
             continue
         i = rng.choice(alive)
         try:
-            r = next(actors[i])
+            r = next(actors[i][1])
             stuck = stuck + 1 if r == "blocked" else 0
         except StopIteration:
             alive.remove(i)
             stuck = 0
-        if stuck > 5000 and not in_flight:
-            raise AssertionError(f"deadlock: actors {alive} blocked forever")
-    assert all(b.arrived == 0 for b in turn), f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
-    groups = sum(n + 1 for n in tiles if n)
-    want = [c for _ in range(groups) for c in range(nc)] + ([0] if nc == 3 else [])
-    assert turn_order == want, f"turns taken in the order {turn_order}, not round robin {want}"
+        if stuck > 5000 and not pending:
+            raise AssertionError(f"deadlock: actors {[actors[i][0] for i in alive]} (CTA) blocked forever")
+    for c in ctas:
+        c[3]()
+
+
+def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
+    """tiles: per tile of this CTA, its number of visible key blocks (0: no load at all, the epilogue only), or
+    None for a tile past its sequence (skipped by everyone). Models Q_i as a one-slot buffer (q_full, q_empty)
+    and the K/V rings with fill/use counts kept over all tiles, and the ping-pong turns across tiles: nc = 2
+    balances them per tile, nc = 3 chains them round robin over the CTA's life. Checks the order in which the
+    consumers' warps 0 pass their turns: 0, 1, (2,) 0, 1, (2,) ..."""
+    rng = random.Random(seed)
+    run_ctas([persistent_cta(Order(tiles), 0, stages, mutation, nc)], rng)
+
+
+def simulate_dynamic(weights, grid, stages, seed, mutation=None, nc=2):
+    """The dynamic order: `grid` CTAs over the positions `weights` (as simulate_persistent's tiles), each CTA's
+    producer claiming positions with the shared counter and handing them to its consumers through the tile ring,
+    under random interleavings (so which CTA gets which position varies). Checks, besides each CTA's protocol, that
+    all the warps of a CTA walk the same positions and that every position is walked by exactly one CTA."""
+    rng = random.Random(seed)
+    order = Order(weights, grid)
+    run_ctas([persistent_cta(order, c, stages, mutation, nc) for c in range(grid)], rng)
+    got = sorted(t for _, t in order.walked)
+    assert got == list(range(len(weights))), f"positions walked {got}, not each of 0 .. {len(weights) - 1} once"
+
+
+def random_tiles(rng, n_min, n_max):
+    return [None if rng.random() < 0.15 else rng.choice([0, 1, 1, 2, 3, 4, 5, 6])
+            for _ in range(rng.randint(n_min, n_max))]
 
 
 def run_persistent(mutation=None, seeds=40):
@@ -418,8 +538,7 @@ def run_persistent(mutation=None, seeds=40):
         for stages in (2, 3):
             for seed in range(seeds):
                 rng = random.Random(1000 + seed)
-                tiles = [None if rng.random() < 0.15 else rng.choice([0, 1, 1, 2, 3, 4, 5, 6])
-                         for _ in range(rng.randint(1, 6))]
+                tiles = random_tiles(rng, 1, 6)
                 if mutation and not any(tiles):
                     tiles.append(3)
                 if mutation and sum(1 for t in tiles if t) < 2:
@@ -430,6 +549,26 @@ def run_persistent(mutation=None, seeds=40):
                     simulate_persistent(tiles, stages, seed, mutation, nc)
                 except AssertionError as e:
                     return f"persistent nc={nc} stages={stages} tiles={tiles} seed={seed}: {e}", runs
+                runs += 1
+    return None, runs
+
+
+def run_dynamic(mutation=None, seeds=40):
+    """The dynamic order: 1..3 CTAs over 1..12 positions (at least one per CTA, as the host's grid = min(tiles,
+    SMs)), random weights with skipped and empty tiles, 2 and 3 consumers, 2 and 3 stages."""
+    runs = 0
+    for nc in (2, 3):
+        for stages in (2, 3):
+            for seed in range(seeds):
+                rng = random.Random(5000 + seed)
+                grid = rng.randint(1, 3)
+                weights = random_tiles(rng, grid, 12)
+                if mutation:
+                    weights += [rng.choice([0, None, 2]) for _ in range(3)] + [3, 1, 2] * grid  # several tiles per CTA
+                try:
+                    simulate_dynamic(weights, grid, stages, seed, mutation, nc)
+                except AssertionError as e:
+                    return f"dynamic nc={nc} stages={stages} grid={grid} weights={weights} seed={seed}: {e}", runs
                 runs += 1
     return None, runs
 
@@ -459,6 +598,10 @@ def main():
         err, _ = run_persistent(mutation, seeds=20)
         print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
         failures += err is None
+    for mutation, what in DYNAMIC_MUTATIONS.items():
+        err, _ = run_dynamic(mutation, seeds=20)
+        print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
+        failures += err is None
     err, runs = run_all()
     if err:
         print("FAIL", err)
@@ -467,10 +610,15 @@ def main():
     if err_p:
         print("FAIL", err_p)
         failures += 1
+    err_d, runs_d = run_dynamic(seeds=150)
+    if err_d:
+        print("FAIL", err_d)
+        failures += 1
+    runs_p += runs_d
     print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong/pingpong3, stages 2 "
           f"and 3, "
-          f"0..9 key blocks; persistent (2 and 3 consumers) over random tile lists; "
-          f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS)} "
+          f"0..9 key blocks; persistent (2 and 3 consumers) over random tile lists, static and dynamic orders; "
+          f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS) + len(DYNAMIC_MUTATIONS)} "
           f"broken protocols must be caught)")
     sys.exit(1 if failures else 0)
 
