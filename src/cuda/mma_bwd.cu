@@ -487,19 +487,22 @@ typedef enum fc_bwd_config {
   FC_BWD_FA2P,
   FC_BWD_FA2X2,
   FC_BWD_FA2PB,
+  FC_BWD_FA2PBL,
   FC_BWD_NCONFIG
 } fc_bwd_config;
 static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
-    "base",  /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
-    "fa2",   /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
-                several m-tiles per warp; where its shared memory does not fit the device: base */
-    "fa2p",  /* fa2's tiles; Sᵀ first, then the exponentials of Pᵀ issued between dPᵀ's MMAs, lse2 and D folded
-                into the accumulators' start. Deterministic: fa2. */
-    "fa2x2", /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
-                exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
-    "fa2pb", /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
-                cuda-hopper's), into a blocked fp32 sum (d256: one Q/dO buffer, to fit); elsewhere and
-                deterministic: fa2p's fallbacks. The default. */
+    "base",   /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
+    "fa2",    /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
+                 several m-tiles per warp; where its shared memory does not fit the device: base */
+    "fa2p",   /* fa2's tiles; Sᵀ first, then the exponentials of Pᵀ issued between dPᵀ's MMAs, lse2 and D folded
+                 into the accumulators' start. Deterministic: fa2. */
+    "fa2x2",  /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
+                 exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
+    "fa2pb",  /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
+                 cuda-hopper's), into a blocked fp32 sum (d256: one Q/dO buffer, to fit); elsewhere and
+                 deterministic: fa2p's fallbacks. The default. */
+    "fa2pbl", /* fa2pb whose kernels at d ≤ 128 (Bc = 128) are register-lean (LEAN, mma_bwd_fa2.cuh): no spills
+                 (d96 aligned: 8 bytes) where fa2pb's spill up to 76 bytes; d > 128: fa2pb's. For an A/B. */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
@@ -547,7 +550,7 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
  * fa2. *ran = false, and nothing launched, when its shared memory does not fit this device (fa2 at d256 on
  * sm_80: 209 KB): the caller runs base instead. */
 template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
-          bool BULK = false>
+          bool BULK = false, bool LEAN = false>
 static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool *ran) {
   /* Q_i, dO_i double-buffered, except where that and fa2pb's dQ tile pass sm_90's 227 KB (d256: 217 KB + 64 KB):
    * one buffer (214 KB), refilled while the block's dQ is computed (mma_bwd_fa2.cuh). */
@@ -570,7 +573,8 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
-#define FC_FA2_KERNEL(AL, AT) fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT, BULK>
+#define FC_FA2_KERNEL(AL, AT)                                                                                          \
+  fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT, BULK, LEAN>
   void (*dkdv)(const fc_mma_bwd_args);
   if constexpr (PDP || BULK)
     dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
@@ -623,15 +627,16 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   return FLASHC_OK;
 }
 
-/* fa2, fa2p (PDP) and fa2pb (PDP, BULK) share their tiles: <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM>. */
-template <typename T, bool PDP, bool BULK>
+/* fa2, fa2p (PDP) and fa2pb (PDP, BULK) share their tiles: <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM>.
+ * LEAN (fa2pbl): the register-lean kernel at d ≤ 128 (Bc = 128), fewer spills (none but 8 bytes at d96 aligned). */
+template <typename T, bool PDP, bool BULK, bool LEAN = false>
 static flashc_status fc_mma_bwd_fa2_tiles(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int d,
                                           bool *ran) {
   switch (d) {
-  case 32: return fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, PDP, 1, BULK>(p, a, aligned, ran);
-  case 64: return fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, PDP, 1, BULK>(p, a, aligned, ran);
-  case 96: return fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, PDP, 1, BULK>(p, a, aligned, ran);
-  case 128: return fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, PDP, 1, BULK>(p, a, aligned, ran);
+  case 32: return fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
+  case 64: return fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
+  case 96: return fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
+  case 128: return fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
   case 160: return fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, PDP, 1, BULK>(p, a, aligned, ran);
   case 192: return fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, PDP, 1, BULK>(p, a, aligned, ran);
   case 256: return fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, PDP, 1, BULK>(p, a, aligned, ran);
@@ -646,7 +651,7 @@ static flashc_status fc_mma_bwd_fa2_tiles(const fc_problem *p, const fc_mma_bwd_
  *   the deterministic dQ pass: <D, its Bc> */
 template <typename T>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                         fc_bwd_config config) {
+                                         fc_bwd_config config, bool lean) {
   const int d = fc_mma_compiled_dim(p->head_dim);
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
   /* fa2pb only where fc_mma_bwd_bulk_dq chose the blocked sum (which then no other kernel may add into); else
@@ -672,8 +677,11 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
     case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 64, 4, 2, 2, 2, 48, true, 2>(p, a, aligned, &ran))); break;
     case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
     }
-  } else if (config == FC_BWD_FA2PB) { /* d256: one Q/dO buffer (fc_mma_bwd_fa2) */
-    FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, true>(p, a, aligned, d, &ran)));
+  } else if (config == FC_BWD_FA2PB) { /* d256: one Q/dO buffer (fc_mma_bwd_fa2); fa2pbl: LEAN at d <= 128 */
+    if (lean)
+      FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, true, true>(p, a, aligned, d, &ran)));
+    else
+      FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, true>(p, a, aligned, d, &ran)));
     if (!ran) return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb has no kernel for d %d", d);
   }
   if (!ran) {
@@ -718,6 +726,8 @@ static flashc_status fc_mma_bwd_bulk_dq(const fc_problem *p, fc_bwd_config confi
 flashc_status fc_mma_backward(const fc_problem *p) {
   fc_bwd_config config;
   FC_CHECK(fc_bwd_config_from_env(&config));
+  const bool lean = config == FC_BWD_FA2PBL; /* fa2pbl: fa2pb, with other kernels at d <= 128 */
+  if (lean) config = FC_BWD_FA2PB;
   fc_mma_bwd_args a;
   memset(&a, 0, sizeof a);
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_PADR. */
@@ -783,6 +793,6 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                        fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&p->dk) &&
                        fc_mma_view_aligned(&p->dv);
-  if (p->dtype == FLASHC_F16) return fc_mma_bwd_dispatch<__half>(p, &a, aligned, config);
-  return fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, config);
+  if (p->dtype == FLASHC_F16) return fc_mma_bwd_dispatch<__half>(p, &a, aligned, config, lean);
+  return fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, config, lean);
 }

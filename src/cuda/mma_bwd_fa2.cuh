@@ -1,6 +1,6 @@
 /* mma_bwd_fa2.cuh — the "fa2" configurations of cuda-mma's dK/dV kernel (FLASHC_MMA_BWD_CONFIG=fa2, fa2p,
- * fa2x2): the base kernel's algorithm (mma_bwd.cu, step 2) with FlashAttention-2's block shapes, so that each
- * operand read from shared memory feeds more tensor-core work.
+ * fa2x2, fa2pb, fa2pbl): the base kernel's algorithm (mma_bwd.cu, step 2) with
+ * FlashAttention-2's block shapes, so that each operand read from shared memory feeds more tensor-core work.
  *   fa2    as below.
  *   fa2p   PDP: Sᵀ's MMAs first, then dPᵀ's with the exponentials of Pᵀ spread between them (one basic block
  *          where the mask does not cut), the accumulators started at −lse2/c and −D. In fa2 the SFU and the
@@ -10,6 +10,16 @@
  *   fa2pb  fa2p with BULK_DQ (sm_90): each warp stores its dQ fragment into sdQ, the CTA's Br × D product in
  *          fp32, and one thread adds the whole tile into the sum with one cp.reduce.async.bulk (the copy engine
  *          makes the adds) in place of Br·D/4 red.global.add.v4 from every thread (cuda-hopper's bulk dQ).
+ *   fa2pbl fa2pb with LEAN at d ≤ 128 (Bc = 128): the same maths in fewer registers held across the loop
+ *          (fa2pb's d64 kernels spill 48-72 bytes at 255 registers; these have no stack frame). At d64, Sᵀ, dPᵀ
+ *          (128 fp32 per thread) and dK_j, dV_j (64) leave ~60 registers for the rest at the exponentials' peak,
+ *          and the compiler hoists every loop invariant it finds, so LEAN has fewer of them: Pᵀ/dSᵀ stored by
+ *          stmatrix at the dV/dK loop's ldmatrix addresses (d ≤ 64; not 8 per-column offsets), the mask test in
+ *          32 bits from 4 values made per block (not 8 64-bit query indices), the Q_i/dO_i copies from one row
+ *          and column per thread (d ≠ 96; not 4 chunk indices and row offsets), the (head, block) counters
+ *          stepped (not divided), and the sequence's numbers made warp-uniform (redux.sync) so that the loop's
+ *          bookkeeping lives in uniform registers. Each of the five is needed at d64: without any one, 4-56
+ *          bytes spill again.
  *
  * One CTA of NW warps per key block K_j, V_j (Bc keys) and kv head; dK_j, dV_j stay in registers while it
  * walks the query blocks Q_i (Br rows) that see the block, for every query head of the GQA group:
@@ -68,15 +78,37 @@ typedef struct fc_bwd_pmask {
   int q0, k0, sq, sk;
 } fc_bwd_pmask;
 
+/* LEAN: the same test in 32 bits, made per block and thread before the block's MMAs, so that nothing of it is held
+ * in registers across the loop. Pair (kc, qc) of the thread's elements (kc = 16m + 8·(e/2) keys and qc = 8x + e%2
+ * queries past its first, compile-time) is seen when kr + kc < 0 (a key of the sequence), qr + qc < 0 (a query of
+ * it), lo + kc − qc ≥ 0 and hi + kc − qc ≤ 0 (key − query against shift − wl and shift + wr: the difference of the
+ * first key and query, less each bound, clamped to ±(2^31 − 513), which keeps every comparison's result for
+ * |kc − qc| < 512). Every sum stays inside 32 bits. */
+typedef struct fc_bwd_pmask32 {
+  int kr, qr, lo, hi;
+} fc_bwd_pmask32;
+
+/* kt, qt: the thread's first key and query in the block (ks·MS + g, ns·NS + 2t). */
+static __device__ __forceinline__ fc_bwd_pmask32 fc_bwd_pmask32_of(const fc_bwd_pmask &mk, int kt, int qt) {
+  const int64_t lim = 2147483647 - 512, dd = ((int64_t)mk.k0 + kt) - ((int64_t)mk.q0 + qt);
+  fc_bwd_pmask32 r;
+  r.kr = (mk.k0 - mk.sk) + kt, r.qr = (mk.q0 - mk.sq) + qt;
+  r.lo = mk.wl < 0 ? (int)lim : (int)max(-lim, min(lim, dd - (mk.shift - mk.wl)));
+  r.hi = mk.wr < 0 ? (int)-lim : (int)max(-lim, min(lim, dd - (mk.shift + mk.wr)));
+  return r;
+}
+
 /* dPᵀ (− D) = V_j·dO_iᵀ for the warp's MS keys × NS queries, and in place of Sᵀ − lse2/c, Pᵀ = 2^(c·that): the NE
  * exponentials of the warp's tile are spread evenly over dPᵀ's D/16 k-steps, so that with MASKED false the
  * whole is one basic block in which the scheduler can put each exponential between independent MMAs.
- * MASKED: pairs hidden by the mask or past a sequence's end get P = 0 (a branch per pair). */
-template <typename T, int D, int DS, int MS, int NS, int MT_S, int NSX, bool MASKED>
+ * MASKED: pairs hidden by the mask or past a sequence's end get P = 0 (a branch per pair); MASK is fc_bwd_pmask or
+ * (M32, LEAN) fc_bwd_pmask32. */
+template <typename T, int D, int DS, int MS, int NS, int MT_S, int NSX, bool MASKED, bool M32 = false,
+          typename MASK = fc_bwd_pmask>
 static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4],
                                                        uint32_t sV_u, uint32_t sdO_u, const uint32_t kv_lane[4],
-                                                       const uint32_t qb_lane[4], const fc_bwd_pmask &mk, float c,
-                                                       int ks, int ns, int g, int t) {
+                                                       const uint32_t qb_lane[4], const MASK &mk, float c, int ks,
+                                                       int ns, int g, int t) {
   constexpr int KS = D / 16, NE = MT_S * NSX * 4, PER = (NE + KS - 1) / KS;
 #pragma unroll
   for (int kk = 0; kk < KS; kk++) {
@@ -100,9 +132,14 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4]
         const int x = idx / (MT_S * 4), m = idx / 4 % MT_S, e = idx % 4;
         const int qi = ns * NS + 8 * x + 2 * t + (e & 1), kj = ks * MS + 16 * m + g + 8 * (e >> 1);
         float p = fc_exp2(sT[m][x][e] * c);
-        if (MASKED && !(mk.k0 + kj < mk.sk && mk.q0 + qi < mk.sq &&
-                        fc_bwd_visible(mk.q0 + qi, mk.k0 + kj, mk.shift, mk.wl, mk.wr)))
-          p = 0.0f;
+        if constexpr (M32) {
+          const int qc = 8 * x + (e & 1), kc = 16 * m + 8 * (e >> 1); /* compile-time */
+          if (MASKED && !(mk.kr < -kc && mk.qr < -qc && mk.lo >= qc - kc && mk.hi <= qc - kc)) p = 0.0f;
+        } else {
+          if (MASKED && !(mk.k0 + kj < mk.sk && mk.q0 + qi < mk.sq &&
+                          fc_bwd_visible(mk.q0 + qi, mk.k0 + kj, mk.shift, mk.wl, mk.wr)))
+            p = 0.0f;
+        }
         sT[m][x][e] = p;
       }
     }
@@ -125,6 +162,34 @@ static __device__ __forceinline__ void fc_bwd_fa2_sdq_at(uint32_t (&at)[4], uint
 #pragma unroll
   for (int v = 0; v < 4; v++) at[v] = row + (v >= 2 ? carry : 0u) + ((32u * v) ^ sw);
 }
+/* stmatrix.x4: four 8×8 16-bit matrices, lanes 8q..8q+7 giving the row addresses of matrix q and each thread its
+ * pair (lane / 4, 2·(lane % 4)..+1) of each: ldmatrix.x4's layout, the other way. */
+static __device__ __forceinline__ void fc_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                      uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+/* LEAN: Pᵀ and dSᵀ of the warp's tile (keys row0.., queries 16·kk0..) into sP and sdS by stmatrix: the 16 × 16
+ * block of m-tile m and n-blocks 2i, 2i + 1 is one x4 store at the address from which the dV/dK loop's ldmatrix
+ * reads it back (k-step kk0 + i): p_lane's 4 offsets in place of 8 per-column ones held across the loop, and a
+ * quarter of the store instructions. */
+template <typename T, int PS, int MT_S, int NSX>
+static __device__ __forceinline__ void fc_bwd_fa2_st_p_ds(const float (&sT)[MT_S][NSX][4],
+                                                          const float (&dpT)[MT_S][NSX][4], uint32_t sP_u,
+                                                          uint32_t sdS_u, const uint32_t p_lane[4], int row0, int kk0) {
+#pragma unroll
+  for (int m = 0; m < MT_S; m++)
+#pragma unroll
+    for (int i = 0; i < NSX / 2; i++) {
+      const float(&p0)[4] = sT[m][2 * i], (&p1)[4] = sT[m][2 * i + 1];
+      const float(&d0)[4] = dpT[m][2 * i], (&d1)[4] = dpT[m][2 * i + 1];
+      fc_stmatrix_x4(fc_frag_addr<PS>(sP_u, p_lane, row0 + 16 * m, kk0 + i), fc_pack2<T>(p0[0], p0[1]),
+                     fc_pack2<T>(p0[2], p0[3]), fc_pack2<T>(p1[0], p1[1]), fc_pack2<T>(p1[2], p1[3]));
+      fc_stmatrix_x4(fc_frag_addr<PS>(sdS_u, p_lane, row0 + 16 * m, kk0 + i), fc_pack2<T>(d0[0], d0[1]),
+                     fc_pack2<T>(d0[2], d0[3]), fc_pack2<T>(d1[0], d1[1]), fc_pack2<T>(d1[2], d1[3]));
+    }
+}
 /* threadIdx.x read again where it is used, meant to have the sdQ addresses derived from it recomputed per query
  * block instead of held in registers across the loop's MMAs. ptxas hoists the S2R out of the loop all the same
  * (SASS of the d64 fa2pb kernel, session 7): at 255 registers those values are spilled (branch
@@ -145,13 +210,70 @@ static __device__ __forceinline__ void fc_bwd_fa2_sdq_add(const fc_mma_bwd_args 
 }
 #endif
 
+/* LEAN: fc_bwd_load_q with a thread's chunks of a tile found as rows r0 + k·NT/CH of one column c (CH = D/8
+ * chunks per row, NT a multiple of it): one shared offset plus constants, and the global rows taken from q0 + r0
+ * each time, so that no per-thread row offset or column is held in registers across the loop (fc_load_tile's
+ * chunk indices, compiled separately per chunk, were 8-12 registers there). */
+template <int BR, int D, int NT, bool ALIGNED>
+static __device__ __forceinline__ void
+fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
+                       const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
+                       int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int64_t total_pad, int64_t pad0,
+                       int tid) {
+  constexpr int DS = fc_tile_stride(D), CH = D / 8, RP = NT / CH;
+  static_assert(NT % CH == 0 && BR % RP == 0, "whole rows of chunks per pass");
+  const int r0 = tid / CH, c = tid % CH, cols = min(max(d - 8 * c, 0), 8), off = fc_tile_off<DS>(r0, c);
+  const uint16_t *Qh = q + q_seq + hh * q_sh, *dOh = dout + do_seq + hh * do_sh;
+  const uint16_t *Q = Qh + (int64_t)(q0 + r0) * q_ss + 8 * c, *dO = dOh + (int64_t)(q0 + r0) * do_ss + 8 * c;
+  const uint16_t *safe = Qh + (int64_t)q0 * q_ss; /* row q0 < sq: readable */
+#pragma unroll
+  for (int k = 0; k < BR / RP; k++) {
+    const int n = r0 + k * RP < sq - q0 ? cols : 0; /* valid elements of the chunk */
+    const uint16_t *fq = Q + (int64_t)(k * RP) * q_ss, *fo = dO + (int64_t)(k * RP) * do_ss;
+    uint16_t *tq = sQ + off + k * RP * DS, *to = sdO + off + k * RP * DS;
+    if constexpr (ALIGNED) {
+      fc_cp_async16(fc_smem_u32(tq), n > 0 ? fq : safe, 2 * n);
+      fc_cp_async16(fc_smem_u32(to), n > 0 ? fo : safe, 2 * n);
+    } else {
+      uint16_t eq[8], eo[8];
+#pragma unroll
+      for (int x = 0; x < 8; x++) eq[x] = x < n ? fq[x] : (uint16_t)0, eo[x] = x < n ? fo[x] : (uint16_t)0;
+      *(uint4 *)tq = make_uint4(eq[0] | (uint32_t)eq[1] << 16, eq[2] | (uint32_t)eq[3] << 16,
+                                eq[4] | (uint32_t)eq[5] << 16, eq[6] | (uint32_t)eq[7] << 16);
+      *(uint4 *)to = make_uint4(eo[0] | (uint32_t)eo[1] << 16, eo[2] | (uint32_t)eo[3] << 16,
+                                eo[4] | (uint32_t)eo[5] << 16, eo[6] | (uint32_t)eo[7] << 16);
+    }
+  }
+  const int64_t at = hh * total_pad + pad0 + q0;
+  if (tid < BR / 4)
+    fc_cp_async16(fc_smem_u32(sL + 4 * tid), lse2 + at + 4 * tid, 16);
+  else if (tid < BR / 2)
+    fc_cp_async16(fc_smem_u32(sD + 4 * (tid - BR / 4)), dsum + at + 4 * (tid - BR / 4), 16);
+}
+
+/* LEAN: the sequence's numbers, the same in every lane, through redux.sync, whose result the compiler holds in a
+ * uniform register: with them, the loop's bookkeeping (block and head counters, row offsets, pointers) lives in
+ * the uniform datapath instead of taking vector registers beside the MMAs' accumulators (a value loaded from
+ * cu_seqlens is not known to be uniform otherwise). */
+static __device__ __forceinline__ int fc_warp_same(int v) { return (int)__reduce_or_sync(0xffffffffu, (unsigned)v); }
+static __device__ __forceinline__ int64_t fc_warp_same64(int64_t v) {
+  const uint64_t u = (uint64_t)v;
+  return (int64_t)((uint64_t)(uint32_t)fc_warp_same((int)(uint32_t)u) |
+                   (uint64_t)(uint32_t)fc_warp_same((int)(uint32_t)(u >> 32)) << 32);
+}
+static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
+  s.q_start = fc_warp_same64(s.q_start), s.k_start = fc_warp_same64(s.k_start), s.q_row0 = fc_warp_same64(s.q_row0);
+  s.pad0 = fc_warp_same64(s.pad0), s.sq = fc_warp_same(s.sq), s.sk = fc_warp_same(s.sk);
+  return s;
+}
+
 /* NQC: the columns of a warp's dQ tile accumulated at once (a divisor of its D·WQ/NW columns, so that dQ's
  * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes).
  * BULK_DQ (with ATOMIC_DQ; the host launches it on sm_90 only): dQ through sdQ and bulk adds into the blocked
  * sum. Compiled for an older architecture (a JIT of the sm_80 PTX), the same kernel adds with red.global.add.v4
  * into the same blocked layout, so that the sum's layout never depends on the pass that ran. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
-          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ = false>
+          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ = false, bool LEAN = false>
 __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
   constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
@@ -184,7 +306,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
   const int64_t bh = blockIdx.x / a.n_blocks;
   const int hk = (int)(bh % a.heads_kv);
   const int64_t b = bh / a.heads_kv;
-  const fc_bwd_seq s = FC_BWD_SEQ(a, b);
+  const fc_bwd_seq s = LEAN ? fc_bwd_seq_uniform(FC_BWD_SEQ(a, b)) : FC_BWD_SEQ(a, b);
   const int k0 = jb * BC;
   if (k0 >= s.sk) return;
   const int64_t shift = (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
@@ -226,26 +348,38 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
 #pragma unroll
       for (int e = 0; e < 4; e++) dk[m][x][e] = dv[m][x][e] = 0.0f;
 
+  /* LEAN: it / n_i and it % n_i carried from one iteration to the next (and stepped for it ± 1) instead of divided
+   * three times per iteration, whose divisor state is held across the loop. */
+  int it_h = 0, it_b = 0;
   for (int it = 0; it < n_iter; it++) {
     const int st = QSTAGES == 2 ? it % 2 : 0;
-    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    const int nx_h = LEAN ? it_h + (it_b + 1 == n_i) : (it + 1) / n_i,
+              nx_b = LEAN ? (it_b + 1 == n_i ? 0 : it_b + 1) : (it + 1) % n_i;
+    const int hh = hk * a.group + (LEAN ? it_h : it / n_i), q0 = (i_begin + (LEAN ? it_b : it % n_i)) * BR;
     fc_cp_async_wait<0>(); /* this thread's copies of Q_i, dO_i (and K_j, V_j) have landed */
     /* Everyone's copies are visible, and every warp is done with iteration it − 1: its Q/dO buffer and
      * sP, sdS may be overwritten. */
     __syncthreads();
     if (QSTAGES == 2 && it + 1 < n_iter) {
       const int nx = it + 1, nst = nx % 2;
-      fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
-                                        a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
-                                        hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
-                                        a.total_pad, s.pad0, tid);
+      if constexpr (LEAN && NT % (D / 8) == 0)
+        fc_bwd_fa2_load_q_rows<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR,
+                                                   sD + nst * BR, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss,
+                                                   a.do_ss, a.q_sh, a.do_sh, hk * a.group + nx_h, (i_begin + nx_b) * BR,
+                                                   s.sq, a.head_dim, a.total_pad, s.pad0, tid);
+      else
+        fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
+                                          a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
+                                          hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
+                                          a.total_pad, s.pad0, tid);
     }
     fc_cp_async_commit();
 #if FC_BULK_ARCH
     /* Every warp's tile of block it − 1 and its proxy fence are behind the barrier above: add the tile (its
      * head and block rebuilt here rather than kept live across the loop). */
     if (BULK_DQ && tid == 0 && it > 0)
-      fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (it - 1) / n_i, (i_begin + (it - 1) % n_i) * BR,
+      fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (LEAN ? it_h - (it_b == 0) : (it - 1) / n_i),
+                                (i_begin + (LEAN ? (it_b == 0 ? n_i : it_b) - 1 : (it - 1) % n_i)) * BR,
                                 fc_smem_u32(sdQ));
 #endif
     const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
@@ -338,6 +472,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
       if (full)
         fc_bwd_fa2_p_dp<T, D, DS, MS, NS, MT_S, NSX, false>(sT, dpT, sV_u, sdO_u, kv_lane, qb_lane, mk, a.scale_log2,
                                                             ks, ns, g, t);
+      else if constexpr (LEAN)
+        fc_bwd_fa2_p_dp<T, D, DS, MS, NS, MT_S, NSX, true, true>(sT, dpT, sV_u, sdO_u, kv_lane, qb_lane,
+                                                                 fc_bwd_pmask32_of(mk, ks * MS + g, ns * NS + 2 * t),
+                                                                 a.scale_log2, ks, ns, g, t);
       else
         fc_bwd_fa2_p_dp<T, D, DS, MS, NS, MT_S, NSX, true>(sT, dpT, sV_u, sdO_u, kv_lane, qb_lane, mk, a.scale_log2, ks,
                                                            ns, g, t);
@@ -352,16 +490,22 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
 #pragma unroll
         for (int e = 0; e < 4; e++) dpT[m][x][e] = sT[m][x][e] * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
     }
+    if constexpr (LEAN && FC_BULK_ARCH && NS % 64 == 0) { /* k-step kk0 + i: p_lane[i] */
+#if FC_BULK_ARCH
+      fc_bwd_fa2_st_p_ds<T, PS, MT_S, NSX>(sT, dpT, sP_u, sdS_u, p_lane, ks * MS, ns * (NS / 16));
+#endif
+    } else {
 #pragma unroll
-    for (int m = 0; m < MT_S; m++)
+      for (int m = 0; m < MT_S; m++)
 #pragma unroll
-      for (int x = 0; x < NSX; x++)
+        for (int x = 0; x < NSX; x++)
 #pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-          const int r = ks * MS + 16 * m + g + 8 * rh, c = (ns * NS + 8 * x) / 8;
-          *(uint32_t *)(sP + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(sT[m][x][2 * rh], sT[m][x][2 * rh + 1]);
-          *(uint32_t *)(sdS + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(dpT[m][x][2 * rh], dpT[m][x][2 * rh + 1]);
-        }
+          for (int rh = 0; rh < 2; rh++) {
+            const int r = ks * MS + 16 * m + g + 8 * rh, c = (ns * NS + 8 * x) / 8;
+            *(uint32_t *)(sP + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(sT[m][x][2 * rh], sT[m][x][2 * rh + 1]);
+            *(uint32_t *)(sdS + fc_tile_off<PS>(r, c) + 2 * t) = fc_pack2<T>(dpT[m][x][2 * rh], dpT[m][x][2 * rh + 1]);
+          }
+    }
 #if FC_BULK_ARCH
     /* The last block's bulk add has read sdQ before the barrier below, behind which sdQ is written again. */
     if (BULK_DQ) fc_bulk_wait_read0_in_thread0(tid);
@@ -502,6 +646,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
       }
 #endif
     }
+    if (LEAN) it_h = nx_h, it_b = nx_b;
   }
 
   /* dK_j = scale·(dSᵀ·Q summed), dV_j: staged through sQ and sdO (a CTA barrier: other warps may still read
