@@ -500,14 +500,15 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
                  exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
     "fa2pb",  /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
                  cuda-hopper's), into a blocked fp32 sum (d256: one Q/dO buffer, to fit); elsewhere and
-                 deterministic: fa2p's fallbacks. The default. */
+                 deterministic: fa2p's fallbacks. For an A/B with fa2pbl. */
     "fa2pbl", /* fa2pb whose kernels at d ≤ 128 (Bc = 128) are register-lean (LEAN, mma_bwd_fa2.cuh): no spills
-                 (d96 aligned: 8 bytes) where fa2pb's spill up to 76 bytes; d > 128: fa2pb's. For an A/B. */
+                 (d96 aligned: 8 bytes) where fa2pb's spill up to 76 bytes; d > 128: fa2pb's. The default: H100,
+                 session 8, +5..28 % over fa2pb at d64 and d128 (bench/results/configs/mma-bwd-fa2pbl.txt). */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
   int c = 0;
-  FC_CHECK(fc_env_choice("FLASHC_MMA_BWD_CONFIG", fc_bwd_config_names, FC_BWD_NCONFIG, FC_BWD_FA2PB,
+  FC_CHECK(fc_env_choice("FLASHC_MMA_BWD_CONFIG", fc_bwd_config_names, FC_BWD_NCONFIG, FC_BWD_FA2PBL,
                          "flashc_backward (cuda-mma)", &c));
   *out = (fc_bwd_config)c;
   return FLASHC_OK;

@@ -3,12 +3,12 @@ against an fp64 reference, then backward TFLOP/s against PyTorch SDPA flash and 
 /work/shared/TARGETS.md. Run through tools/mma/bench-bwd.sh, or:
 
     python3 tools/mma/check_bwd.py --lib build-gpu-mmabwd/libflashc.so [--quick] [--no-check] [--no-bench]
-                                   [--configs base,fa2,fa2p,fa2x2,fa2pb] [--csv mma-bwd.csv]
+                                   [--configs base,fa2,fa2p,fa2x2,fa2pb,fa2pbl] [--csv mma-bwd.csv]
 
 Configurations (src/cuda/mma_bwd.cu): base, fa2, fa2p (fa2's tiles, exponentials between dP's MMAs), fa2x2 (fa2p
-with 4 warps and 64x64 tiles, 2 CTAs per SM; d > 128 runs fa2p), fa2pb (the default: fa2p with dQ staged in
-shared memory and one bulk add per query block on sm_90, d <= 192; elsewhere fa2p). fa2p, fa2x2 and fa2pb run
-fa2 in deterministic mode.
+with 4 warps and 64x64 tiles, 2 CTAs per SM; d > 128 runs fa2p), fa2pb (fa2p with dQ staged in shared memory and
+one bulk add per query block on sm_90, d <= 192; elsewhere fa2p), fa2pbl (the default: fa2pb with register-lean
+kernels at d <= 128). fa2p, fa2x2, fa2pb and fa2pbl run fa2 in deterministic mode.
 
 Correctness rule (FlashAttention's for gradients): per gradient, max |error| against the fp64 reference is at
 most 3x the error of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax and
@@ -29,7 +29,7 @@ from gpucheck import (CSV_COLUMNS, best_of, git_commit, peer_ms, sdpa_backward_m
                       write_csv)
 
 SPEC = Spec(backend="cuda-mma", env="FLASHC_MMA_BWD_CONFIG", dtypes=(torch.bfloat16, torch.float16), bits=torch.int16,
-            floor=lambda mag, lse: 1e-4, lib="build-gpu-mmabwd/libflashc.so", configs="base,fa2,fa2p,fa2x2,fa2pb",
+            floor=lambda mag, lse: 1e-4, lib="build-gpu-mmabwd/libflashc.so", configs="base,fa2,fa2p,fa2x2,fa2pb,fa2pbl",
             quick_help="a few shapes, and seqlens 1k/4k/16k in the bench")
 
 
