@@ -73,6 +73,8 @@ class Harness:
         tag = (f"{config:5s} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
                f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else "")
                + (f" scale{scale}" if scale else "") + (" det" if det else ""))
+        if self.args.dims and d not in self.args.dims:
+            return
         if varlen:
             cu_q, cu_k, seqs = cu_seqlens(varlen)
             nb, nq, nk = 1, cu_q[-1], cu_k[-1]
@@ -200,6 +202,8 @@ def parse_args(spec, more=None):
     ap.add_argument("--no-varlen", action="store_true",
                     help="skip the varlen cases (under racecheck, PyTorch's reference of their 1-token sequence "
                     "fails with an illegal address inside the sanitizer, before any flashc call; session 6)")
+    ap.add_argument("--dims", default="", type=lambda t: {int(x) for x in t.split(",") if x},
+                    help="check only the cases of these head dims (e.g. 59,64,111,128: racecheck of one kernel)")
     if more:
         more(ap)
     return ap.parse_args()

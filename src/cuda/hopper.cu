@@ -592,20 +592,28 @@ static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 &&
  * (hopper_sched.cuh): stride; snake; snake1, snake over one group of all (sequence, head) pairs (the L2 groups
  * make the causal weights fall within each group, not over the whole order, which snake needs); or dynamic, each CTA
  * claiming the next position with an atomic counter when it is about to finish a tile (greedy, and the CTAs at work
- * keep neighbouring positions: the L2 groups hold). Unset: snake1 with
- * a triangular mask from seqlen_k 4096 for the kernels whose tiles stride leaves unbalanced (192-row tiles at
- * D = 64, D = 128), stride otherwise. H100, session 7 (bench/results/configs/hopper-fwd-sched.txt), causal, snake1
- * vs stride: tmastore3 +6..18 % at 2k–16k (−4 % at 1k); tmastore at D = 128 +1..21 % at 4k–16k (−19..−22 % at
- * 1k–2k, where stride's L2 groups, heads whose K and V fit in L2 together, matter more); tmastore at D = 64
- * −3..−11 % everywhere (a model of the per-CTA work under stride gives max/mean 1.02–1.04 for its 128-row tiles,
- * 1.12–1.22 for 192-row tiles at 2k–16k). snake alone: best for tmastore3 at 2k–4k, −10..−12 % at 8k–16k (the
- * group boundaries break its pairing). Without a mask every tile weighs the same: snake1 only loses the groups. */
+ * keep neighbouring positions: the L2 groups hold). Unset, what measured fastest on the H100:
+ *   192-row tiles (tmastore3, D = 64) with a triangular mask: snake1 from seqlen_k 4096, dynamic below;
+ *   D = 128 with a triangular mask: snake1 from seqlen_k 8192, dynamic below; without a mask: dynamic up to
+ *   seqlen_k 1024, stride above;
+ *   stride otherwise.
+ * Session 7 (bench/results/configs/hopper-fwd-sched.txt), causal, snake1 vs stride: tmastore3 +6..18 % at 2k–16k
+ * (−4 % at 1k); tmastore at D = 128 +1..21 % at 4k–16k (−19..−22 % at 1k–2k, where stride's L2 groups, heads whose
+ * K and V fit in L2 together, matter more); tmastore at D = 64 −3..−11 % everywhere (a model of the per-CTA work
+ * under stride gives max/mean 1.02–1.04 for its 128-row tiles, 1.12–1.22 for 192-row tiles at 2k–16k). snake alone:
+ * best for tmastore3 at 2k–4k, −10..−12 % at 8k–16k (the group boundaries break its pairing). Without a mask every
+ * tile weighs the same: snake1 only loses the groups. Session 8 (configs/hopper-fwd-dynsched.txt, bshd tensors,
+ * interleaved rounds): dynamic balances like snake1 and keeps the groups: tmastore3 causal 2k +8 % over the
+ * 2-consumer tmastore; D = 128 causal 512–4k +5..9 % over pingpong, unmasked 512 +6 %; behind snake1/stride at
+ * 8k–16k (its claims cost a round trip per tile). */
 enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_SNAKE = 1, FC_HP_SCHED_SNAKE1 = 2, FC_HP_SCHED_DYNAMIC = 3 };
 static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *order) {
   static const char *const names[] = {"stride", "snake", "snake1", "dynamic"}; /* FC_HP_SCHED_* order */
-  const bool unbalanced = nc == 3 || d == 128;
-  const int fallback =
-      unbalanced && fc_hp_triangular(p) && p->seqlen_k >= 4096 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_STRIDE;
+  const bool tri = fc_hp_triangular(p);
+  int fallback = FC_HP_SCHED_STRIDE;
+  if (nc == 3 && tri) fallback = p->seqlen_k >= 4096 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_DYNAMIC;
+  if (d == 128 && tri) fallback = p->seqlen_k >= 8192 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_DYNAMIC;
+  if (d == 128 && !tri && p->seqlen_k <= 1024) fallback = FC_HP_SCHED_DYNAMIC;
   return fc_env_choice("FLASHC_HOPPER_SCHED", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", order);
 }
@@ -660,14 +668,15 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
 
 /* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3 or tmastore3 (an
  * unknown name is an error). Unset: what measured fastest on the H100 in session 7 (bench/results/configs/
- * hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt):
+ * hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt) and session 8 (hopper-fwd-dynsched.txt):
  *   d ≤ 64:  tmastore3 (three consumer warpgroups, persistent), except with a triangular (causal) mask below seqlen
- *            4096, where tmastore's 128-row tiles balance better on the static schedule (tmastore3 lost 5..7 % at
- *            1k–2k); unmasked tmastore3 was +2..17 % over tmastore and even with pingpong3 at 4k–16k, and with the
- *            snake1 schedule +1..11 % over pingpong3 causal at 4k–16k.
- *   d ≤ 128: pingpong (the persistent kernel lost 5..15 %: one CTA per SM). With a causal mask at 8k–16k the
- *            persistent kernel with snake1 read +5..7 % over pingpong in tools/hopper/check.py (head-major memory)
- *            but −1..−6 % through bench/compare.py (bshd, the usual layout): not the default.
+ *            2048, where tmastore's 128-row tiles balance better (tmastore3 lost 5..7 % at 1k); unmasked tmastore3
+ *            was +2..17 % over tmastore and even with pingpong3 at 4k–16k, with the snake1 schedule +1..11 % over
+ *            pingpong3 causal at 4k–16k, and with the dynamic one +8 % over tmastore causal at 2k.
+ *   d ≤ 128: pingpong, except the persistent kernel (tmastore) with the dynamic schedule where it measured faster
+ *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask up to 1024
+ *            (+1..6 %). Unmasked from 2k the persistent kernel lost 4..9 % (one CTA per SM; pingpong keeps two
+ *            tiles' prologues in flight).
  *   d > 128: pingpong (no room for the persistent kernel's sO).
  * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128). */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
@@ -676,7 +685,9 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   const bool tri = fc_hp_triangular(p);
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
-    fallback = !tri || (p->seqlen_q >= 4096 && p->seqlen_k >= 4096) ? (int)FC_HP_TMASTORE3 : (int)FC_HP_TMASTORE;
+    fallback = !tri || (p->seqlen_q >= 2048 && p->seqlen_k >= 2048) ? (int)FC_HP_TMASTORE3 : (int)FC_HP_TMASTORE;
+  else if (p->head_dim <= 128 && (tri ? p->seqlen_k < 8192 : p->seqlen_k <= 1024))
+    fallback = FC_HP_TMASTORE;
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);
 }
