@@ -597,6 +597,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #endif /* FC_HOPPER_ARCH */
 }
 
+/* The second version of the D = 128 kernel (FLASHC_HOPPER_BWD_V): its own file, sharing the helpers above. */
+#include "hopper_bwd_v2.cuh"
+
 /* ---- host ------------------------------------------------------------------------------------------------ */
 /* How the key blocks add dQ into the fp32 sum (FLASHC_HOPPER_BWD_DQ, read at every call, for comparisons):
  *   each:  every warpgroup its own 64 keys' share of all columns, red.global.add (two reductions per element
@@ -632,6 +635,20 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
   return FLASHC_OK;
 }
 
+/* The D = 128 kernel's version (FLASHC_HOPPER_BWD_V, read at every call, for comparisons): 1, the kernel above;
+ * 2, hopper_bwd_v2.cuh (FlashAttention-3's order of the wgmma groups, each warpgroup's CUDA-core work beside its
+ * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, 3 with 3 Q/dO stages. The
+ * second version is built for bulk dQ only (not deterministic: fc_hpb_dq_mode_get runs split there); elsewhere,
+ * and at D = 64, 1 runs, silently. Unset: 1. */
+static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int *version) {
+  static const char *const names[] = {"1", "2", "3", "4"};
+  int m = 0;
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), 0,
+                         "flashc_backward (cuda-hopper)", &m));
+  *version = p->head_dim > 64 && mode == FC_HPB_DQ_BULK ? m + 1 : 1;
+  return FLASHC_OK;
+}
+
 /* The columns of one tile of the blocked dQ sum (w of fc_bwd_dq_blocked_index), or 0 (red.global.add). */
 static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) { return mode == FC_HPB_DQ_BULK ? d / 2 : 0; }
 
@@ -643,6 +660,14 @@ static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) { return mode == FC_HPB_
 static size_t fc_hpb_smem_bytes(int d, int stages, int dq_tile_w, int br) {
   return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * br * d * 2 + (size_t)FC_HPB_BC * br * 2 +
          (size_t)2 * br * dq_tile_w * 4 + (size_t)stages * 2 * br * 4 + 8 * (1 + 2 * stages) + 1024;
+}
+
+/* The second version (hopper_bwd_v2.cuh): sK, sV, the stages, sdS twice, sdQ 2 × 16 KB, lse2/D rows, barriers
+ * and the alignment slack (2 stages: 198696 bytes; 3: 231992). */
+static size_t fc_hpb_v2_smem_bytes(int stages) {
+  const size_t d = 128, br = FC_HPB_BR;
+  return 2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * br * d * 2 + 2 * FC_HPB_BC * br * 2 +
+         2 * FC_BWD_DQ_TILE * (d / 2) * 4 + (size_t)stages * 2 * br * 4 + 8 * (1 + 2 * (size_t)stages) + 1024;
 }
 
 typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
@@ -669,12 +694,30 @@ static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, con
   return FLASHC_OK;
 }
 
-/* Tile shapes per head dim: <D, Q/dO stages, Br>. */
+/* The second version at D = 128 (version 2, 3 or 4: fc_hpb_version_get). */
 template <typename T>
-static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br, const CUtensorMap maps[4],
-                                const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
+static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CUtensorMap maps[4],
+                                      const fc_hopper_bwd_args *a, int grid) {
+  const int stages = version == 4 ? 3 : 2;
+  const fc_hpb_kernel_fn kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false>
+                                  : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true>
+                                                 : fc_hopper_bwd_v2_kernel<T, 3, true>;
+  const size_t smem = fc_hpb_v2_smem_bytes(stages);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
+  kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
+  FC_LAUNCH_CHECK("fc_hopper_bwd_v2_kernel");
+  return FLASHC_OK;
+}
+
+/* Tile shapes per head dim: <D, Q/dO stages, Br>; at D = 128 the kernel's version. */
+template <typename T>
+static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br, int version,
+                                const CUtensorMap maps[4], const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows,
+                                int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  if (p->head_dim <= 64 && br == 128)
+  if (p->head_dim > 64 && version > 1)
+    FC_CHECK(fc_hpb_launch_v2<T>(p, version, maps, a, grid));
+  else if (p->head_dim <= 64 && br == 128)
     FC_CHECK((fc_hpb_launch<T, 64, 3, 128>(p, mode, maps, a, grid)));
   else if (p->head_dim <= 64)
     FC_CHECK((fc_hpb_launch<T, 64, 3, FC_HPB_BR>(p, mode, maps, a, grid)));
@@ -702,9 +745,10 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
 
 flashc_status fc_hopper_backward(const fc_problem *p) {
   fc_hpb_dq_mode mode;
-  int br = FC_HPB_BR;
+  int br = FC_HPB_BR, version = 1;
   FC_CHECK(fc_hpb_dq_mode_get(p, &mode));
   FC_CHECK(fc_hpb_br_get(p, mode, &br));
+  FC_CHECK(fc_hpb_version_get(p, mode, &version));
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);
@@ -788,6 +832,6 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", br, "flashc_backward", &maps[3]));
-  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, br, maps, &a, &rows, grid);
-  return fc_hpb_run<__nv_bfloat16>(p, mode, br, maps, &a, &rows, grid);
+  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, br, version, maps, &a, &rows, grid);
+  return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, maps, &a, &rows, grid);
 }

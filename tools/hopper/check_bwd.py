@@ -5,14 +5,16 @@ tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
         [--modes env,bulk] [--bench-modes env] [--rounds 1] [--no-peers]
 
-Modes (the library reads FLASHC_HOPPER_BWD_DQ and FLASHC_HOPPER_BWD_BR at every call): env (the variables as this
-script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split, each (dQ paths, Br = 64),
-bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only there and not in
-deterministic mode, where the library would run the Br = 64 kernel anyway). Every check runs in each of --modes that applies to it; the
+Modes (the library reads FLASHC_HOPPER_BWD_DQ, FLASHC_HOPPER_BWD_BR and FLASHC_HOPPER_BWD_V at every call): env (the
+variables as this script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split, each (dQ
+paths, Br = 64), bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only there and
+not in deterministic mode, where the library would run the Br = 64 kernel anyway), v2, v3, v4 (bulk at D = 128 with
+the second kernel, FLASHC_HOPPER_BWD_V = 2, 3, 4: src/cuda/hopper_bwd_v2.cuh; d > 64 only, not deterministic). Every check runs in each of --modes that applies to it; the
 timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the
 first mode being the reference of the ratio columns. An A/B of two modes without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,v2,v3,v4 --rounds 3 --no-peers
 
 What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128) it must refuse, and
 auto must fall back to another backend.
@@ -48,12 +50,17 @@ ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper on
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR")
+MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR", "FLASHC_HOPPER_BWD_V")
+
+
+def _mode(dq, br, v="1"):
+    return {"FLASHC_HOPPER_BWD_DQ": dq, "FLASHC_HOPPER_BWD_BR": br, "FLASHC_HOPPER_BWD_V": v}
+
+
 MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
-         "bulk": {"FLASHC_HOPPER_BWD_DQ": "bulk", "FLASHC_HOPPER_BWD_BR": "64"},
-         "split": {"FLASHC_HOPPER_BWD_DQ": "split", "FLASHC_HOPPER_BWD_BR": "64"},
-         "each": {"FLASHC_HOPPER_BWD_DQ": "each", "FLASHC_HOPPER_BWD_BR": "64"},
-         "bulk128": {"FLASHC_HOPPER_BWD_DQ": "bulk", "FLASHC_HOPPER_BWD_BR": "128"}}
+         "bulk": _mode("bulk", "64"), "split": _mode("split", "64"), "each": _mode("each", "64"),
+         "bulk128": _mode("bulk", "128"),
+         "v2": _mode("bulk", "64", "2"), "v3": _mode("bulk", "64", "3"), "v4": _mode("bulk", "64", "4")}
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
@@ -69,8 +76,13 @@ def set_mode(name):
 
 
 def mode_applies(name, d, deterministic=0):
-    """bulk128 changes the kernel only at d <= 64 and outside deterministic mode (elsewhere Br = 64 runs)."""
-    return name != "bulk128" or (d <= 64 and not deterministic)
+    """bulk128 changes the kernel only at d <= 64 and outside deterministic mode (elsewhere Br = 64 runs); v2..v4
+    only at d > 64 and outside deterministic mode (elsewhere the first kernel runs)."""
+    if name == "bulk128":
+        return d <= 64 and not deterministic
+    if name in ("v2", "v3", "v4"):
+        return d > 64 and not deterministic
+    return True
 
 
 fc = Flashc(args.lib)
@@ -221,8 +233,9 @@ def correctness():
     dims = (64, 128)
     if args.quick:
         shapes, masks = [(97, 97), (257, 257), (203, 113), (1024, 1023)], [dict(), dict(causal=1)]
-    if args.tiny:
-        shapes, masks, dims = [(97, 97), (203, 113)], [dict(causal=1)], (64,)
+    if args.tiny:  # d = 128 too when a mode runs only there (the sanitizers of v2..v4)
+        shapes, masks = [(97, 97), (203, 113)], [dict(causal=1)]
+        dims = (64, 128) if any(m in ("v2", "v3", "v4") for m in modes) else (64,)
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         for d in dims:

@@ -1,0 +1,332 @@
+/* hopper_bwd_v2.cuh — cuda-hopper's dK/dV kernel at head dim 128, second version (FLASHC_HOPPER_BWD_V = 2, 3, 4;
+ * tools/hopper/BWD-NOTES.md, "Head dim 128, version 2"). Included by hopper_bwd.cu only, after its device
+ * helpers (fc_hpb_*), whose names, tile layouts and dQ sum it shares; the first version's kernel is untouched.
+ *
+ * Same maths, masks, tiles (Br = 64, Bc = 128, D = 128), producer and bulk dQ adds as fc_hopper_bwd_kernel<…,
+ * bulk, Br = 64>; what changes is the order of each consumer warpgroup's wgmma groups, so that its CUDA-core work
+ * runs beside its own tensor work instead of between waits for all of it (FlashAttention-3's order). Per block
+ * i, with the groups still pending after each step on the right:
+ *   V = 2:  Sᵀ, dPᵀ issued (two groups); wait 1: Sᵀ done                                       [dPᵀ]
+ *   NEXT:   wait 0: Sᵀ done (issued by the last iteration); dPᵀ issued                         [dPᵀ]
+ *   Pᵀ = 2^(c·Sᵀ − lse2_i), masked                              beside dPᵀ
+ *   dV_j += Pᵀ·dO_i issued                                                                     [dPᵀ, dV]
+ *   wait 1: dPᵀ done
+ *   dSᵀ = Pᵀ∘(dPᵀ − D_i) → sdS[i % 2]                           beside dV
+ *   one 256-thread barrier (both warpgroups' dSᵀ rows written)
+ *   dQ_i = dS·K_j (columns 64·c .., all 128 keys) and dK_j += dSᵀ·Q_i issued                   [dV, dQ, dK]
+ *   wait 1: dV, dQ done
+ *   dQ → sdQ, one bulk reduce-add                               beside dK
+ *   V = 2:  wait 0: dK done; release the stage                                                 []
+ *   NEXT:   block i + 1's Sᵀ issued behind dK; wait 1: dK done; release the stage              [Sᵀ]
+ * sdS is double-buffered so that one barrier per block suffices: dSᵀ of block i goes to buffer i % 2, whose last
+ * readers (the dQ wgmmas of block i − 2, both warpgroups) each finished at its "wait 1: dV, dQ" of block i − 2,
+ * before arriving at block i − 1's barrier, which this warpgroup has passed. The same barrier orders sdQ: the
+ * issuing thread waits for the last bulk add's read of its warpgroup's tile before arriving there, and the tile
+ * is written after it. tools/hopper/bwd_v2_model.py checks these orders by exhaustive interleaving.
+ * Shared memory: sK, sV 64 KB + sQ, sdO STAGES × 32 KB + sdS 2 × 16 KB + sdQ 2 × 16 KB + sLD STAGES × 512 +
+ * barriers + 1 KB slack: 198696 bytes with 2 stages, 231992 with 3 (of the 232448 an H100 block may have). */
+#ifndef FLASHC_CUDA_HOPPER_BWD_V2_CUH
+#define FLASHC_CUDA_HOPPER_BWD_V2_CUH
+
+#if FC_HOPPER_ARCH
+/* acc (64 × D) += A·B over Br = 64 queries: A from registers (Pᵀ or dSᵀ packed, k-step kb = queries 16·kb ..),
+ * B = dO_i or Q_i MN-major (imm-trans-b = 1): one of fc_hpb_dkdv's two chains (dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i). */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], const uint32_t (&a)[BR / 16][4],
+                                                       uint32_t b_tile) {
+#pragma unroll
+  for (int kb = 0; kb < BR / 16; kb++)
+    fc_wgmma_rs<T, D>(acc, a[kb], fc_wgmma_desc(b_tile + kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+}
+#endif /* FC_HOPPER_ARCH */
+
+/* STAGES: Q_i/dO_i stages (2 or 3). NEXT: issue block i + 1's Sᵀ behind block i's dK, so that the tensor pipe
+ * has this warpgroup's next product queued while it stores dQ (registers at that point: dK, dV 128 + the dSᵀ
+ * fragments dK still reads 16 + Sᵀ 32). */
+template <typename T, int STAGES, bool NEXT>
+__global__ void __launch_bounds__(FC_HPB_THREADS, 1)
+    fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                            const fc_hopper_bwd_args a) {
+#if FC_HOPPER_ARCH
+  constexpr int D = 128, BR = FC_HPB_BR, HALVES = D / 64, NQ = D / 2; /* NQ: columns of one dQ product */
+  static_assert(STAGES == 2 || STAGES == 3, "the shared-memory budget above");
+  constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* 64 rows × NQ columns, fp32 */
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES; /* one 64-column half of Q_i or dO_i */
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;  /* one buffer of sdS: dSᵀ, Bc keys × Br queries */
+  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
+  const uint32_t sdQ = sdS + 2 * DS_BYTES; /* one DQ_TILE_BYTES tile per consumer warpgroup */
+  const uint32_t sLD = sdQ + 2 * DQ_TILE_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
+  const uint32_t kv_full = bars;
+#define FULL(s)  (bars + 8u * (1 + (s)))
+#define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
+
+  /* Which tile: key blocks vary fastest (as the first version). */
+  const int jb = (int)(blockIdx.x % a.n_blocks);
+  const int64_t bh = blockIdx.x / a.n_blocks;
+  const int hk = (int)(bh % a.heads_kv);
+  const int64_t b = bh / a.heads_kv;
+  int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
+  int64_t pad0 = b * a.sq_pad; /* first padded row of the sequence */
+  if (a.cu_q) {
+    q_start = a.cu_q[b];
+    sq = a.cu_q[b + 1] - q_start;
+    k_start = a.cu_k[b];
+    sk = a.cu_k[b + 1] - k_start;
+    pad0 = a.cu_pad[b];
+  }
+  const int k0 = jb * FC_HPB_BC;
+  if (k0 >= sk) return;               /* the whole CTA, before any barrier */
+  const int bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
+  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
+
+  int i_begin, n_i;
+  fc_hpb_query_blocks<BR>(k0, sq, sk, shift, a.window_left, a.window_right, &i_begin, &n_i);
+  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
+
+  if (threadIdx.x == 0) {
+    fc_mbar_init(kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      fc_mbar_init(FULL(s), 1);                           /* the producer's arrive.expect_tx, then the bytes */
+      fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
+    }
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+
+  if (threadIdx.x < 128) {
+    /* ---- producer: the first version's, word for word ---------------------------------------------- */
+    fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
+    if (threadIdx.x == 0 && n_iter > 0) {
+      fc_tma_prefetch_map(&tm_q);
+      fc_tma_prefetch_map(&tm_k);
+      fc_tma_prefetch_map(&tm_v);
+      fc_tma_prefetch_map(&tm_do);
+      fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+#pragma unroll
+      for (int hf = 0; hf < HALVES; hf++) {
+        fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, &tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
+        fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, &tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
+      }
+      /* Fill u of stage s waits for the end of use u − 1 (every consumer thread released it). */
+      for (int it = 0; it < n_iter; it++) {
+        const int s = it % STAGES, u = it / STAGES;
+        const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+        if (u > 0) fc_mbar_wait(EMPTY(s), (u - 1) & 1);
+        fc_mbar_arrive_expect_tx(FULL(s), STAGE_TX);
+#pragma unroll
+        for (int hf = 0; hf < HALVES; hf++) {
+          fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, &tm_q, 64 * hf, q_start + q0, hh, bt, FULL(s));
+          fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, &tm_do, 64 * hf, q_start + q0, hh, bt, FULL(s));
+        }
+        const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0; /* padded rows, 256-byte aligned */
+        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, FULL(s));
+        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, FULL(s));
+      }
+    }
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
+    /* The warpgroup index through a shuffle: provably warp-uniform (descriptors in uniform registers). */
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
+    const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
+    const uint32_t k_cols = sK + cw * FC_HPB_KV_HALF; /* dQ: columns 64·cw .. of K_j, all 128 keys */
+    const int key0 = k0 + 64 * cw + 16 * warp + g;    /* this thread's keys: key0, key0 + 8 */
+    const float c = a.scale_log2;
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int x = 0; x < D / 2; x++) dk[x] = dv[x] = 0.0f;
+    /* The zeros are in dK's and dV's registers before block 0's Sᵀ is issued (NEXT): without this the compiler
+     * sinks the moves below that issue, into a wgmma's flight (a precaution against C7515, which forbids
+     * non-wgmma definitions of accumulator registers there; the cause of the C7515 met here was the loop-top
+     * wait below). */
+    fc_fence_regs(dk);
+    fc_fence_regs(dv);
+    if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
+
+    float st[BR / 2], dpt[BR / 2];
+    if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
+      fc_mbar_wait(FULL(0), 0);
+      fc_wgmma_fence();
+      fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ);
+      fc_wgmma_commit();
+    }
+    /* Every path through the body commits the same groups in the same order (no test of `it` around an issue
+     * or a wait): ptxas must see which groups each wait retires, else it adds waits (C7517) or serialises
+     * (C7514). */
+    for (int it = 0; it < n_iter; it++) {
+      const int s = it % STAGES, u = it / STAGES;
+      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+      const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
+      const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
+      const uint32_t ds_buf = sdS + (it & 1) * DS_BYTES; /* this block's dSᵀ, both warpgroups' rows */
+      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ: two groups (NEXT: Sᵀ issued by the last iteration, behind its dK) */
+      if constexpr (NEXT) {
+        /* A wait 0: ptxas accepts a group in flight across the back edge only when the next iteration's first
+         * wait retires everything (with a wait 1 here, dPᵀ issued by the last iteration and Pᵀ's exponentials
+         * beside it, it serialised every wgmma: C7515). */
+        fc_wgmma_wait<0>(); /* Sᵀ */
+        fc_fence_regs(st);
+        fc_wgmma_fence();
+        fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
+        fc_wgmma_commit();
+      } else {
+        fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
+        fc_fence_regs(dk);
+        fc_fence_regs(dv);
+        fc_wgmma_fence();
+        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, q_tile);
+        fc_wgmma_commit();
+        fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
+        fc_wgmma_commit();
+        fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
+        fc_fence_regs(st);
+      }
+
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on. This thread holds keys key0 (e < 2) and
+       * key0 + 8 (e ≥ 2), queries q0 + 8x + 2t + (e & 1). Queries past the sequence have lse2 = +inf (P = 0);
+       * keys past it and pairs outside the mask are zeroed, in blocks that some of them cut only. */
+      const bool whole = k0 + FC_HPB_BC <= sk &&
+                         (a.window_right < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + a.window_right) &&
+                         (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
+#pragma unroll
+      for (int x = 0; x < BR / 8; x++) {
+        const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+          float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+          if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
+          st[4 * x + e] = p;
+        }
+      }
+      /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
+      uint32_t pp[BR / 16][4], dsp[BR / 16][4];
+#pragma unroll
+      for (int kb = 0; kb < BR / 16; kb++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+
+      /* dV_j += Pᵀ·dO_i: queued behind dPᵀ, it runs while dSᵀ is formed and stored */
+      fc_wgmma_fence();
+      fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
+      fc_wgmma_commit();
+      fc_wgmma_wait<1>(); /* dPᵀ; dV may still run */
+      fc_fence_regs(dpt);
+
+      /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+#pragma unroll
+      for (int x = 0; x < BR / 8; x++) {
+        const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+        for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+      }
+#pragma unroll
+      for (int kb = 0; kb < BR / 16; kb++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
+
+      /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: row r (a key),
+       * 16-byte chunk x (queries 8x .. 8x + 7) at r·128 + ((x ^ (r % 8))·16); this thread's rows have r % 8 = g.
+       * The buffer's last readers (block it − 2's dQ wgmmas) are done (the header says why). */
+      fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
+#pragma unroll
+      for (int x = 0; x < BR / 8; x++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int r = 64 * cw + 16 * warp + g + 8 * rh;
+          fc_st_shared_u32(ds_buf + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t, dsp[x / 2][2 * (x % 2) + rh]);
+        }
+      fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
+      /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
+       * barrier). */
+      if (ct == 0) fc_bulk_wait_read<0>();
+      fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
+
+      /* dQ_i (columns 64·cw ..) = dS·K_j over keys 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then
+       * dK_j += dSᵀ·Q_i. dQ first: it is done (with dV) while dK runs on. */
+      float dq[NQ / 2];
+      fc_wgmma_fence();
+      fc_hpb_dq<T, NQ>(dq, ds_buf, k_cols);
+      fc_hpb_dq<T, NQ, false>(dq, ds_buf + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+      fc_wgmma_commit();
+      fc_hpb_rs_chain<T, D, BR>(dk, dsp, q_tile);
+      fc_wgmma_commit();
+      fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
+      fc_fence_regs(dv);
+      fc_fence_regs(dq);
+      /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. */
+      fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
+                             a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE, warp,
+                             g, t, ct, FC_HPB_BAR_DS + cw);
+
+      if constexpr (NEXT) {
+        /* Block it + 1's Sᵀ behind dK; the last block issues its own again (discarded; its stage is not
+         * refilled), so that every iteration commits the same groups. */
+        const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
+        fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+        fc_wgmma_fence();
+        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+        fc_wgmma_commit();
+        fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
+        fc_fence_regs(dk);
+        fc_mbar_arrive_if(EMPTY(s), true); /* stage s is read (as below) */
+      } else {
+        fc_wgmma_wait<0>(); /* dK */
+        fc_fence_regs(dk);
+        /* Q_i, dO_i, lse2_i, D_i of stage s are read: every consumer thread arrives (an arrive releases only the
+         * arriving thread's own reads of sLD). */
+        fc_mbar_arrive_if(EMPTY(s), true);
+      }
+    }
+    if constexpr (NEXT) { /* the discarded Sᵀ */
+      fc_wgmma_wait<0>();
+      fc_fence_regs(st);
+    }
+    /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
+    if (ct == 0) fc_bulk_wait<0>();
+
+    /* dK_j = scale·dK_j and dV_j, straight from the accumulators: row key0 (+ 8), columns 8x + 2t, + 1. */
+    uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
+    uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int key = key0 + 8 * rh;
+      if (key >= sk) continue;
+      uint16_t *to_k = dK + (int64_t)key * a.dk_ss, *to_v = dV + (int64_t)key * a.dv_ss;
+#pragma unroll
+      for (int x = 0; x < D / 8; x++) {
+        const int col = 8 * x + 2 * t;
+        if (col >= a.head_dim) continue;
+        const float k_lo = a.scale * dk[4 * x + 2 * rh], k_hi = a.scale * dk[4 * x + 2 * rh + 1];
+        const float v_lo = dv[4 * x + 2 * rh], v_hi = dv[4 * x + 2 * rh + 1];
+        if (col + 1 < a.head_dim && a.dk_pairs) {
+          *(uint32_t *)(to_k + col) = fc_pack2<T>(k_lo, k_hi);
+        } else {
+          to_k[col] = fc_from_float<T>(k_lo);
+          if (col + 1 < a.head_dim) to_k[col + 1] = fc_from_float<T>(k_hi);
+        }
+        if (col + 1 < a.head_dim && a.dv_pairs) {
+          *(uint32_t *)(to_v + col) = fc_pack2<T>(v_lo, v_hi);
+        } else {
+          to_v[col] = fc_from_float<T>(v_lo);
+          if (col + 1 < a.head_dim) to_v[col + 1] = fc_from_float<T>(v_hi);
+        }
+      }
+    }
+  }
+#undef FULL
+#undef EMPTY
+#endif /* FC_HOPPER_ARCH */
+}
+
+#endif /* FLASHC_CUDA_HOPPER_BWD_V2_CUH */
