@@ -35,8 +35,9 @@
  *   sLD [STAGES][2][Br] fp32                 lse2_i, D_i
  *   mbarriers: kv_full, full[STAGES], empty[STAGES]
  *
- * This first version waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no
- * ping-pong): correctness first; the structure is the forward's, so the overlap can come the same way. */
+ * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
+ * D = 128 (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders each
+ * warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -639,11 +640,12 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
  * 2, hopper_bwd_v2.cuh (FlashAttention-3's order of the wgmma groups, each warpgroup's CUDA-core work beside its
  * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, 3 with 3 Q/dO stages. The
  * second version is built for bulk dQ only (not deterministic: fc_hpb_dq_mode_get runs split there); elsewhere,
- * and at D = 64, 1 runs, silently. Unset: 1. */
+ * and at D = 64, 1 runs, silently. Unset: 3 (H100, session 8, bf16 d128, three interleaved rounds: +3.7..9.4 % over
+ * 1 without a mask, +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt). */
 static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int *version) {
   static const char *const names[] = {"1", "2", "3", "4"};
   int m = 0;
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), 0,
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), 2,
                          "flashc_backward (cuda-hopper)", &m));
   *version = p->head_dim > 64 && mode == FC_HPB_DQ_BULK ? m + 1 : 1;
   return FLASHC_OK;
