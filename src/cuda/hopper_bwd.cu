@@ -790,7 +790,8 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   }
   float *lse2 = (float *)(ws + cu_bytes + pad_bytes), *dsum = (float *)(ws + cu_bytes + pad_bytes + row_bytes);
   float *dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
-  FC_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
+  const bool blocked = fc_hpb_dq_tile_w(mode, D) > 0; /* then prep zeroes the sum (rows.dq_zero) */
+  if (!blocked) FC_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
   int *dq_ticket = NULL;
   if (ticket_bytes) {
     dq_ticket = (int *)(ws + cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes);
@@ -804,6 +805,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   rows.dq_sb = p->dq.stride_b, rows.dq_ss = p->dq.stride_s, rows.dq_sh = p->dq.stride_h;
   rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
   rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_tile_w = fc_hpb_dq_tile_w(mode, D);
+  rows.dq_zero = blocked ? dq_accum : NULL;
   rows.cu_q = cu_q, rows.cu_pad = cu_pad;
   rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
   rows.heads_q = (int)p->heads_q, rows.head_dim = (int)p->head_dim;

@@ -34,38 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- 1. prep: D = rowsum(dO∘O), lse2 = lse·log2(e) ----------------------------------------------------- */
-/* 8 warps × 16 rows per CTA of 128 padded rows; grid: row blocks × hq ×
- * sequences. */
-template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_prep_kernel(const fc_mma_bwd_args a) {
-  const int blk = (int)(blockIdx.x % a.n_blocks);
-  const int64_t bh = blockIdx.x / a.n_blocks;
-  const int h = (int)(bh % a.heads_q);
-  const int64_t b = bh / a.heads_q;
-  const fc_bwd_seq s = FC_BWD_SEQ(a, b);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int pad_rows = (s.sq + FC_BWD_PADR - 1) / FC_BWD_PADR * FC_BWD_PADR;
-  const uint16_t *O = a.o + b * a.o_sb + s.q_start * a.o_ss + (int64_t)h * a.o_sh;
-  const uint16_t *dO = a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
-  for (int r = 0; r < 16; r++) {
-    const int i = blk * FC_BWD_PADR + warp * 16 + r;
-    if (i >= pad_rows) break;
-    float d = 0.0f, l2 = INFINITY;
-    if (i < s.sq) {
-      for (int c = lane; c < a.head_dim; c += 32)
-        d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) * fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
-      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      const float lse =
-          a.lse[a.cu_q ? (int64_t)h * a.total_q + s.q_start + i : ((int64_t)b * a.heads_q + h) * a.seqlen_q + i];
-      l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f; /* a row that saw no key: P = 2^−inf
-                                                                       = 0 */
-    }
-    if (lane == 0) {
-      a.lse2[(int64_t)h * a.total_pad + s.pad0 + i] = l2;
-      a.dsum[(int64_t)h * a.total_pad + s.pad0 + i] = d;
-    }
-  }
-}
+/* ---- 1. prep: D = rowsum(dO∘O), lse2 = lse·log2(e) (and the blocked dQ sum zeroed): hopper_bwd_rows.cuh's,
+ * shared with cuda-hopper ------------------------------------------------------------------------------------ */
 
 /* ---- 2. dkdv ------------------------------------------------------------------------------------------- */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ALIGNED, bool ATOMIC_DQ>
@@ -514,15 +484,27 @@ static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
   return FLASHC_OK;
 }
 
-/* 1. prep. */
-template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, const fc_mma_bwd_args *a0) {
-  fc_mma_bwd_args a = *a0;
-  int grid = 0;
-  a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_PADR);
-  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
-  fc_mma_bwd_prep_kernel<T><<<grid, 256, 0, fc_stream(p)>>>(a);
-  FC_LAUNCH_CHECK("fc_mma_bwd_prep_kernel");
-  return FLASHC_OK;
+/* The arguments of the row passes (hopper_bwd_rows.cuh: prep, and the convert of fa2pb's blocked dQ sum). */
+static fc_bwd_rows_args fc_mma_bwd_rows(const fc_mma_bwd_args *a) {
+  static_assert((int)FC_BWD_ROWS_PAD == (int)FC_BWD_PADR, "the row passes' blocks are the padded sequences'");
+  fc_bwd_rows_args r;
+  memset(&r, 0, sizeof r);
+  r.o = a->o, r.dout = a->dout, r.dq = a->dq;
+  r.o_sb = a->o_sb, r.o_ss = a->o_ss, r.o_sh = a->o_sh, r.do_sb = a->do_sb, r.do_ss = a->do_ss, r.do_sh = a->do_sh;
+  r.dq_sb = a->dq_sb, r.dq_ss = a->dq_ss, r.dq_sh = a->dq_sh;
+  r.lse = a->lse, r.lse2 = a->lse2, r.dsum = a->dsum;
+  r.dq_accum = a->dq_accum, r.dq_ld = a->dq_ld, r.dq_tile_w = a->dq_tile_w;
+  r.cu_q = a->cu_q, r.cu_pad = a->cu_pad;
+  r.seqlen_q = a->seqlen_q, r.total_q = a->total_q, r.total_pad = a->total_pad, r.sq_pad = a->sq_pad;
+  r.heads_q = a->heads_q, r.head_dim = a->head_dim, r.scale = a->scale;
+  return r;
+}
+
+/* 1. prep; with fa2pb's blocked sum it zeroes the sum too (no memset: fc_mma_backward). */
+template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, const fc_mma_bwd_args *a) {
+  fc_bwd_rows_args r = fc_mma_bwd_rows(a);
+  r.dq_zero = a->dq_tile_w ? a->dq_accum : NULL;
+  return fc_bwd_rows_prep<T>(p, r);
 }
 
 /* 2, base configuration. */
@@ -599,14 +581,7 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
   if (!p->deterministic && a.dq_tile_w) { /* fa2pb's blocked sum: cuda-hopper's convert of it */
-    fc_bwd_rows_args r;
-    memset(&r, 0, sizeof r);
-    r.dq = a.dq, r.dq_sb = a.dq_sb, r.dq_ss = a.dq_ss, r.dq_sh = a.dq_sh;
-    r.dq_accum = a.dq_accum, r.dq_ld = a.dq_ld, r.dq_tile_w = a.dq_tile_w;
-    r.cu_q = a.cu_q, r.cu_pad = a.cu_pad;
-    r.seqlen_q = a.seqlen_q, r.total_q = a.total_q, r.total_pad = a.total_pad, r.sq_pad = a.sq_pad;
-    r.heads_q = a.heads_q, r.head_dim = a.head_dim, r.scale = a.scale;
-    static_assert((int)FC_BWD_ROWS_PAD == (int)FC_BWD_PADR, "the convert's row blocks are the padded sequences'");
+    const fc_bwd_rows_args r = fc_mma_bwd_rows(&a);
     return fc_bwd_rows_convert<T>(p, &r);
   }
   if (!p->deterministic) {
@@ -766,9 +741,9 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   }
   a.lse2 = (float *)(ws + cu_bytes + pad_bytes);
   a.dsum = (float *)(ws + cu_bytes + pad_bytes + row_bytes);
-  if (dq_bytes) {
+  if (dq_bytes) { /* the blocked sum is zeroed by prep (fc_mma_bwd_prep) */
     a.dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
-    FC_CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream));
+    if (!a.dq_tile_w) FC_CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream));
   }
   a.q = (const uint16_t *)p->q.data, a.k = (const uint16_t *)p->k.data, a.v = (const uint16_t *)p->v.data;
   a.o = (const uint16_t *)p->o.data, a.dout = (const uint16_t *)p->dout.data;
