@@ -28,12 +28,15 @@
  *   P V_j, while Q_i, O_i, K_jᵀ and V_j come from L2 and L3. Measured on Zen 3 (one thread, s 2048, head_dim
  *   64 and 128), against whole 256 × 64 tiles: 512 × 128 in row groups ran 12–15% faster, 1024 × 256 another
  *   5%; larger tiles and other group heights made no difference. Br is lowered (512 … 64) while there would
- *   be fewer than two tasks per thread. */
+ *   be fewer than four tasks per thread: tasks are handed out one at a time, so a thread that runs slower
+ *   (a busy neighbour on a shared machine, a core at a lower clock) costs at most about one task at the end,
+ *   a quarter of a thread's share rather than a half with two. Each task packs every K_j it sees, which costs
+ *   about 1% of the task at Br = 1024 and twice that per halving of Br (8 × 8 transposes, tile.c). */
 enum { BC = 256, RG = 24, BR_MAX = 1024 };
 
 static int64_t rows_per_task(const fc_problem *p) {
   int64_t Br = BR_MAX;
-  while (Br > 64 && p->heads_q * fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, Br) < 2 * (int64_t)p->threads)
+  while (Br > 64 && p->heads_q * fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, Br) < 4 * (int64_t)p->threads)
     Br /= 2;
   return Br;
 }
