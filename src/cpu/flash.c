@@ -51,7 +51,7 @@ static size_t fwd_tiles_carve(const fc_cpu_kernels *kern, int64_t d, int64_t Br,
   fc_carve c = {base, 0};
   t->Q = fc_carve_floats(&c, Br * dp);                  /* Q_i   [Br][dp]                        */
   t->Kt = fc_carve_floats(&c, fc_round_up(BC, nr) * d); /* K_jᵀ  panels of nr keys × d rows      */
-  t->V = fc_carve_floats(&c, BC * fc_tile_ld(dp));      /* V_j   [Bc][ld]                        */
+  t->V = fc_carve_floats(&c, fc_round_up(dp, nr) * BC); /* V_j   panels of nr columns × Bc rows   */
   t->S = fc_carve_floats(&c, RG * BC);                  /* S, P  [RG][Bc] of one row group       */
   t->O = fc_carve_floats(&c, Br * dp);                  /* O_i   [Br][dp]                        */
   t->m = fc_carve_floats(&c, Br);
@@ -112,10 +112,10 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     int64_t a, b;
     fc_tile_rows(p, shift, sq, i0, in, j0, jn, &a, &b);
     if (a >= b) continue;
-    /* K_jᵀ packed into the panels the micro-kernel streams, V_j row-major (already panels of its columns),
-     * both converted to fp32 on the way. */
+    /* K_jᵀ and V_j packed into the panels the micro-kernel streams (K_j transposed), converted to fp32 on
+     * the way. */
     fc_tile_pack_t(kern, p, (fc_rows){&p->k, s, k0, j0, jn, hk}, 1.0f, T.Kt, d * nr);
-    fc_tile_load(kern, p, (fc_rows){&p->v, s, k0, j0, jn, hk}, 1.0f, T.V, fc_tile_ld(dp));
+    fc_tile_pack(kern, p, (fc_rows){&p->v, s, k0, j0, jn, hk}, 1.0f, T.V, BC * nr);
 
     /* Row group by row group, so that its S tile stays in L1: */
     for (int64_t r0 = a; r0 < b; r0 += RG) {
@@ -143,7 +143,7 @@ static void forward_task(void *vctx, int64_t t, int worker) {
       }
 
       /* O_i += P V_j */
-      kern->gemm(rows, dp, gn, T.S, BC, 1, T.V, nr, fc_tile_ld(dp), T.O + r0 * dp, dp, 1);
+      kern->gemm(rows, dp, gn, T.S, BC, 1, T.V, BC * nr, nr, T.O + r0 * dp, dp, 1);
     }
   }
 

@@ -52,24 +52,28 @@ FC_INLINE void micro_tile(const int nv, int last, int64_t rows, int64_t K, const
        * dSᵀ), anything else. Unrolled four times: the pointer increments, the compare and the branch then
        * come once per 4·MR·NV FMAs, and the rows of A are read at fixed offsets from their pointers (one trip
        * per k spends a third of the loop's instructions on them, on AVX-512, which a core that issues 4 to 6
-       * instructions a cycle pays for in FMA slots). Each accumulator still sums k in order: the same bits. */
-#define FC_MICRO_LOOP(a_rk_address)                                                                                    \
+       * instructions a cycle pays for in FMA slots). Each accumulator still sums k in order: the same bits.
+       * A packed B (ldb = FC_NR: K_jᵀ, V_j, V_jᵀ) gets a loop of its own, where the rows of B too are read at
+       * fixed offsets, one pointer increment per four rows. */
+#define FC_MICRO_LOOP(a_rk_address, b_ld)                                                                              \
   _Pragma("GCC unroll 4") for (int64_t k = 0; k < K; k++) {                                                            \
     FC_V b[FC_NV];                                                                                                     \
     for (int v = 0; v < nv; v++) /* N is a multiple of 8: only vectors wider than 8 can end part-way */                \
-      b[v] = FC_VL > 8 && v == nv - 1 && last < FC_VL ? V_LOADN(B + k * ldb + v * FC_VL, last)                         \
-                                                      : V_LOAD(B + k * ldb + v * FC_VL);                               \
+      b[v] = FC_VL > 8 && v == nv - 1 && last < FC_VL ? V_LOADN(B + k * (b_ld) + v * FC_VL, last)                      \
+                                                      : V_LOAD(B + k * (b_ld) + v * FC_VL);                            \
     for (int r = 0; r < FC_MR; r++) {                                                                                  \
       const FC_V a_rk = V_BCAST(a_rk_address);                                                                         \
       for (int v = 0; v < nv; v++) c[r][v] = V_FMA(a_rk, b[v], c[r][v]);                                               \
     }                                                                                                                  \
   }
-  if (a_cs == 1) {
-    FC_MICRO_LOOP(a[r] + k)
+  if (a_cs == 1 && ldb == FC_NR) {
+    FC_MICRO_LOOP(a[r] + k, FC_NR)
+  } else if (a_cs == 1) {
+    FC_MICRO_LOOP(a[r] + k, ldb)
   } else if (a_rs == 1 && rows >= FC_MR) {
-    FC_MICRO_LOOP(A + k * a_cs + r)
+    FC_MICRO_LOOP(A + k * a_cs + r, ldb)
   } else {
-    FC_MICRO_LOOP(a[r] + k * a_cs)
+    FC_MICRO_LOOP(a[r] + k * a_cs, ldb)
   }
 #undef FC_MICRO_LOOP
   for (int r = 0; r < FC_MR && r < rows; r++)

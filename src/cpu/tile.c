@@ -47,6 +47,19 @@ void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at,
   }
 }
 
+void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
+  const int64_t d = p->head_dim, nr = kern->nr, cols = fc_round_up(d, nr);
+  for (int64_t r = 0; r < at.rows; r++) {
+    const int64_t offset = row_offset(&at, r);
+    for (int64_t c0 = 0; c0 < cols; c0 += nr) {
+      float *out = dst + c0 / nr * ps + r * nr;
+      const int64_t n = d - c0 < nr ? d - c0 : nr;
+      load_values(kern, p->dtype, at.v->data, offset + c0, n, mul, out);
+      for (int64_t c = n; c < nr; c++) out[c] = 0.0f;
+    }
+  }
+}
+
 void fc_tile_store(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, const float *src,
                    int64_t ld) {
   const int64_t d = p->head_dim;
