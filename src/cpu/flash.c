@@ -7,8 +7,8 @@
  *     m_new = max(m, rowmax S),  P = 2^(S − m_new)
  *     l = 2^(m − m_new) l + rowsum P,  O_i = 2^(m − m_new) O_i + P V_j,  m = m_new
  *   O_i /= l,  lse = (m + log2 l) · ln 2
- * The s×s score matrix never exists: a worker holds one RG×Bc piece of it at a time. K_j is packed once per
- * block into the panels the micro-kernel streams, every tile is fp32 (f16/bf16 converted on the way in),
+ * The s×s score matrix never exists: a worker holds one RG×Bc piece of it at a time. K_j and V_j are packed
+ * once per block into the panels the micro-kernel streams, every tile is fp32 (f16/bf16 converted on the way in),
  * the products and the exponentials run in the SIMD kernels of kernels.h. Blocks of keys that no row of Q_i
  * sees (causal, windows) are never loaded. Each row's arithmetic is the same whatever Br and the thread
  * count, so o and lse are bit-identical at every thread count.
@@ -30,8 +30,8 @@
  *   5%; larger tiles and other group heights made no difference. Br is lowered (512 … 64) while there would
  *   be fewer than four tasks per thread: tasks are handed out one at a time, so a thread that runs slower
  *   (a busy neighbour on a shared machine, a core at a lower clock) costs at most about one task at the end,
- *   a quarter of a thread's share rather than a half with two. Each task packs every K_j it sees, which costs
- *   about 1% of the task at Br = 1024 and twice that per halving of Br (8 × 8 transposes, tile.c). */
+ *   a quarter of a thread's share rather than a half with two. Each task packs every K_j and V_j it sees,
+ *   which took 1.5–2% of a task at Br = 1024 on Zen 3, about twice that per halving of Br. */
 enum { BC = 256, RG = 24, BR_MAX = 1024 };
 
 static int64_t rows_per_task(const fc_problem *p) {
