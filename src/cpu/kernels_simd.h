@@ -152,10 +152,20 @@ FC_INLINE FC_V exp2_v(FC_V x) {
 }
 
 /* ---- softmax rows ------------------------------------------------------------------------------------- */
+/* Four running maxima: one would chain every vector of the row through the max's latency (4 cycles on Intel
+ * cores, against a throughput of two a cycle). The maximum is exact, so the result does not depend on how
+ * the values are grouped. */
 FC_TARGET static float row_max(const float *x, int64_t n) {
-  FC_V m = V_SET1(-INFINITY);
+  FC_V m = V_SET1(-INFINITY), m1 = m, m2 = m, m3 = m;
   int64_t j = 0;
+  for (; j + 4 * FC_VL <= n; j += 4 * FC_VL) {
+    m = V_MAX(m, V_LOAD(x + j));
+    m1 = V_MAX(m1, V_LOAD(x + j + FC_VL));
+    m2 = V_MAX(m2, V_LOAD(x + j + 2 * FC_VL));
+    m3 = V_MAX(m3, V_LOAD(x + j + 3 * FC_VL));
+  }
   for (; j + FC_VL <= n; j += FC_VL) m = V_MAX(m, V_LOAD(x + j));
+  m = V_MAX(V_MAX(m, m1), V_MAX(m2, m3));
   float r = V_HMAX(m);
   for (; j < n; j++) r = x[j] > r ? x[j] : r;
   return r;
