@@ -13,6 +13,8 @@
  *             internal.h (NaN against NaN), at lengths 1 … 40 and with a multiplier.
  *   gemm      random shapes (M 1…23, N 8…104, K 0…70), A plain or transposed, B packed or row-major,
  *             accumulate or not, against an fp64 product, with canaries around C and past column N.
+ *   transpose random shapes (rows 1…20, cols 1…70, padded strides), bit for bit, with canaries between the
+ *             columns written and around them.
  */
 #include "harness.h"
 #include "internal.h"
@@ -273,6 +275,32 @@ static void test_gemm(const fc_cpu_kernels *k) {
   th_check(bad == 0, "%s gemm: %d of %d shapes wrong", k->name, bad, cases);
 }
 
+/* ---- transpose ----------------------------------------------------------------------------------------- */
+static void test_transpose(const fc_cpu_kernels *k) {
+  th_rng r;
+  th_rng_init(&r, th_seed() + 4);
+  const int cases = th_quick() ? 100 : 1000;
+  int bad = 0;
+  for (int t = 0; t < cases; t++) {
+    const int rows = 1 + (int)(th_rng_u64(&r) % 20), cols = 1 + (int)(th_rng_u64(&r) % 70),
+              lds = cols + (int)(th_rng_u64(&r) % 9), ldd = rows + (int)(th_rng_u64(&r) % 9);
+    float *src = malloc((size_t)rows * lds * sizeof(float)), *dst = malloc((size_t)(cols + 2) * ldd * sizeof(float));
+    if (!src || !dst) abort();
+    for (int i = 0; i < rows * lds; i++) src[i] = (float)th_rng_normal(&r);
+    for (int i = 0; i < (cols + 2) * ldd; i++) dst[i] = CANARY;
+    k->transpose(src, lds, rows, cols, dst + ldd, ldd); /* one canary row of dst before, one after */
+    bool ok = true;
+    for (int c = -1; c <= cols; c++)
+      for (int i = 0; i < ldd; i++) {
+        const float got = dst[(c + 1) * ldd + i];
+        ok &= c < 0 || c == cols || i >= rows ? got == CANARY : th_f32_bits(got) == th_f32_bits(src[i * lds + c]);
+      }
+    if (!ok && bad++ < 5) th_fail("%s transpose rows %d cols %d lds %d ldd %d", k->name, rows, cols, lds, ldd);
+    free(src), free(dst);
+  }
+  th_check(bad == 0, "%s transpose: %d of %d shapes wrong", k->name, bad, cases);
+}
+
 int main(void) {
   th_begin("test_cpu_kernels");
   const fc_cpu_kernels *all[] = {fc_cpu_kernels_portable(), fc_cpu_kernels_avx2(), fc_cpu_kernels_wide(),
@@ -285,6 +313,7 @@ int main(void) {
     const fc_cpu_kernels *k = tables[i];
     printf("kernels %s (panels of %d)\n", k->name, k->nr);
     test_gemm(k);
+    test_transpose(k);
     test_rows(k);
     test_dtypes(k);
     test_exp2(k);

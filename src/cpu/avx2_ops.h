@@ -57,5 +57,25 @@ FC_AVX2_OP void fc_avx2_store_bf16_8(uint16_t *p, __m256 v) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128((__m128i *)(void *)p, _mm256_castsi256_si128(packed));
 }
+/* dst[c·ldd + r] = src[r·lds + c] for r, c < 8: pairs of rows interleaved (unpack), then pairs of pairs
+ * (shuffle), then the 128-bit halves exchanged (permute2f128). */
+FC_AVX2_OP void fc_avx2_transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);     /* a0 b0 c0 d0 | a4 b4 c4 d4 */
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee); /* column 1 | column 5 */
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
 
 #endif

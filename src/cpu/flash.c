@@ -7,8 +7,8 @@
  *     m_new = max(m, rowmax S),  P = 2^(S − m_new)
  *     l = 2^(m − m_new) l + rowsum P,  O_i = 2^(m − m_new) O_i + P V_j,  m = m_new
  *   O_i /= l,  lse = (m + log2 l) · ln 2
- * The s×s score matrix never exists: a worker holds one RG×Bc piece of it at a time. K_j is packed once per
- * block into the panels the micro-kernel streams, every tile is fp32 (f16/bf16 converted on the way in),
+ * The s×s score matrix never exists: a worker holds one RG×Bc piece of it at a time. K_j and V_j are packed
+ * once per block into the panels the micro-kernel streams, every tile is fp32 (f16/bf16 converted on the way in),
  * the products and the exponentials run in the SIMD kernels of kernels.h. Blocks of keys that no row of Q_i
  * sees (causal, windows) are never loaded. Each row's arithmetic is the same whatever Br and the thread
  * count, so o and lse are bit-identical at every thread count.
@@ -28,12 +28,15 @@
  *   P V_j, while Q_i, O_i, K_jᵀ and V_j come from L2 and L3. Measured on Zen 3 (one thread, s 2048, head_dim
  *   64 and 128), against whole 256 × 64 tiles: 512 × 128 in row groups ran 12–15% faster, 1024 × 256 another
  *   5%; larger tiles and other group heights made no difference. Br is lowered (512 … 64) while there would
- *   be fewer than two tasks per thread. */
+ *   be fewer than four tasks per thread: tasks are handed out one at a time, so a thread that runs slower
+ *   (a busy neighbour on a shared machine, a core at a lower clock) costs at most about one task at the end,
+ *   a quarter of a thread's share rather than a half with two. Each task packs every K_j and V_j it sees,
+ *   which took 1.5–2% of a task at Br = 1024 on Zen 3, about twice that per halving of Br. */
 enum { BC = 256, RG = 24, BR_MAX = 1024 };
 
 static int64_t rows_per_task(const fc_problem *p) {
   int64_t Br = BR_MAX;
-  while (Br > 64 && p->heads_q * fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, Br) < 2 * (int64_t)p->threads)
+  while (Br > 64 && p->heads_q * fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, Br) < 4 * (int64_t)p->threads)
     Br /= 2;
   return Br;
 }
@@ -48,7 +51,7 @@ static size_t fwd_tiles_carve(const fc_cpu_kernels *kern, int64_t d, int64_t Br,
   fc_carve c = {base, 0};
   t->Q = fc_carve_floats(&c, Br * dp);                  /* Q_i   [Br][dp]                        */
   t->Kt = fc_carve_floats(&c, fc_round_up(BC, nr) * d); /* K_jᵀ  panels of nr keys × d rows      */
-  t->V = fc_carve_floats(&c, BC * fc_tile_ld(dp));      /* V_j   [Bc][ld]                        */
+  t->V = fc_carve_floats(&c, fc_round_up(dp, nr) * BC); /* V_j   panels of nr columns × Bc rows   */
   t->S = fc_carve_floats(&c, RG * BC);                  /* S, P  [RG][Bc] of one row group       */
   t->O = fc_carve_floats(&c, Br * dp);                  /* O_i   [Br][dp]                        */
   t->m = fc_carve_floats(&c, Br);
@@ -109,10 +112,10 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     int64_t a, b;
     fc_tile_rows(p, shift, sq, i0, in, j0, jn, &a, &b);
     if (a >= b) continue;
-    /* K_jᵀ packed into the panels the micro-kernel streams, V_j row-major (already panels of its columns),
-     * both converted to fp32 on the way. */
+    /* K_jᵀ and V_j packed into the panels the micro-kernel streams (K_j transposed), converted to fp32 on
+     * the way. */
     fc_tile_pack_t(kern, p, (fc_rows){&p->k, s, k0, j0, jn, hk}, 1.0f, T.Kt, d * nr);
-    fc_tile_load(kern, p, (fc_rows){&p->v, s, k0, j0, jn, hk}, 1.0f, T.V, fc_tile_ld(dp));
+    fc_tile_pack(kern, p, (fc_rows){&p->v, s, k0, j0, jn, hk}, 1.0f, T.V, BC * nr);
 
     /* Row group by row group, so that its S tile stays in L1: */
     for (int64_t r0 = a; r0 < b; r0 += RG) {
@@ -140,7 +143,7 @@ static void forward_task(void *vctx, int64_t t, int worker) {
       }
 
       /* O_i += P V_j */
-      kern->gemm(rows, dp, gn, T.S, BC, 1, T.V, nr, fc_tile_ld(dp), T.O + r0 * dp, dp, 1);
+      kern->gemm(rows, dp, gn, T.S, BC, 1, T.V, BC * nr, nr, T.O + r0 * dp, dp, 1);
     }
   }
 

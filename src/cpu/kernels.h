@@ -54,6 +54,9 @@ typedef struct fc_cpu_kernels {
   void (*softmax_grad_row)(float *S, float *dP, int64_t n, float shift, float D);
   /* Σ_j x_j·y_j. */
   float (*dot)(const float *x, const float *y, int64_t n);
+  /* dst[c·ldd + r] = src[r·lds + c] for r < rows, c < cols: rows of K_j or V_j, already fp32, into the
+   * panels of a right operand (fc_tile_pack_t), 8 × 8 blocks at a time where the ISA has the shuffles. */
+  void (*transpose)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
 
   /* Rows between the caller's dtypes and fp32 scratch: y_j = mul·x_j, rounded to nearest even on the way
    * down (overflow gives inf, NaN stays NaN). */

@@ -43,6 +43,8 @@
 #define V_HMAX(v)             fc_avx2_hmax8(v)
 #define V_HSUM(v)             fc_avx2_hsum8(v)
 
+#define V_TRANSPOSE8(src, lds, dst, ldd) fc_avx2_transpose8(src, lds, dst, ldd)
+
 #include "kernels_simd.h"
 
 const fc_cpu_kernels *fc_cpu_kernels_avx2(void) { return fc_cpu_features_get().avx2_fma_f16c ? &kernels : NULL; }

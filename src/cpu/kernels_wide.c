@@ -63,6 +63,8 @@ FC_WIDE void w_storen(float *p, wide v, int n) {
 #define V_LOAD_BF16(p)        w_make(fc_avx2_load_bf16_8(p), fc_avx2_load_bf16_8((p) + 8))
 #define V_STORE_BF16(p, v)    (fc_avx2_store_bf16_8(p, (v).lo), fc_avx2_store_bf16_8((p) + 8, (v).hi))
 
+#define V_TRANSPOSE8(src, lds, dst, ldd) fc_avx2_transpose8(src, lds, dst, ldd)
+
 #include "kernels_simd.h"
 
 const fc_cpu_kernels *fc_cpu_kernels_wide(void) { return fc_cpu_features_get().avx2_fma_f16c ? &kernels : NULL; }

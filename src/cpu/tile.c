@@ -31,15 +31,32 @@ void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
 
 void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
   const int64_t d = p->head_dim, nr = kern->nr;
-  float row[256]; /* head_dim ≤ 256 on the cpu backend */
-  for (int64_t r = 0; r < at.rows; r++) {
-    load_values(kern, p->dtype, at.v->data, row_offset(&at, r), d, mul, row);
-    float *out = dst + r / nr * ps + r % nr;
-    for (int64_t c = 0; c < d; c++) out[c * nr] = row[c];
+  /* Eight rows at a time, converted into fp32 rows, then transposed into their panel in 8 × 8 blocks: eight
+   * consecutive rows from a multiple of 8 lie in one panel (nr is a multiple of 8). */
+  enum { LD = 256 }; /* head_dim ≤ 256 on the cpu backend */
+  float rows8[8 * LD];
+  for (int64_t r0 = 0; r0 < at.rows; r0 += 8) {
+    const int64_t n = at.rows - r0 < 8 ? at.rows - r0 : 8;
+    for (int64_t i = 0; i < n; i++)
+      load_values(kern, p->dtype, at.v->data, row_offset(&at, r0 + i), d, mul, rows8 + i * LD);
+    kern->transpose(rows8, LD, n, d, dst + r0 / nr * ps + r0 % nr, nr);
   }
   for (int64_t r = at.rows; r < fc_round_up(at.rows, nr); r++) {
     float *out = dst + r / nr * ps + r % nr;
     for (int64_t c = 0; c < d; c++) out[c * nr] = 0.0f;
+  }
+}
+
+void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
+  const int64_t d = p->head_dim, nr = kern->nr, cols = fc_round_up(d, nr);
+  for (int64_t r = 0; r < at.rows; r++) {
+    const int64_t offset = row_offset(&at, r);
+    for (int64_t c0 = 0; c0 < cols; c0 += nr) {
+      float *out = dst + c0 / nr * ps + r * nr;
+      const int64_t n = d - c0 < nr ? d - c0 : nr;
+      load_values(kern, p->dtype, at.v->data, offset + c0, n, mul, out);
+      for (int64_t c = n; c < nr; c++) out[c] = 0.0f;
+    }
   }
 }
 

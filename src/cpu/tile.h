@@ -37,6 +37,12 @@ void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
  * A row-major tile (fc_tile_load) is already a right operand B = the rows (K = the rows, N = d). */
 void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps);
 
+/* Packed panels of nr columns of the rows, for a right operand B = the rows (K = the rows, N = fc_pad8(d)):
+ * element (r, c) at dst[(c / nr)·ps + r·nr + c % nr]; columns [d, ⌈d/nr⌉·nr) are set to 0. ps ≥ rows·nr.
+ * The same operand as a row-major tile (fc_tile_load), with each panel's rows contiguous: the micro-kernel
+ * streams one panel from start to end, at a stride it knows at compile time. */
+void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps);
+
 /* v[row0 + r][c] = mul · src[r·ld + c] for c < d, rounded once into the caller's dtype. */
 void fc_tile_store(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, const float *src,
                    int64_t ld);
