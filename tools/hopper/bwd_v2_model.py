@@ -1,5 +1,6 @@
-"""A model of the protocol of cuda-hopper's second D = 128 backward kernel (src/cuda/hopper_bwd_v2.cuh,
-FLASHC_HOPPER_BWD_V = 2, 3, 4), run under random interleavings. Agents: the producer thread (TMA fills of the
+"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V
+= 2, 3, 4 at D = 128; 2, 3 at D = 64 with Br = 128, where dV is issued after the dP^T wait instead of before it),
+run under random interleavings. Agents: the producer thread (TMA fills of the
 Q_i/dO_i/lse2_i/D_i stages), the two consumer warpgroups (each one agent: its 128 threads pass every step together,
 through the wgmma .sync.aligned instructions and its own named barrier), and the asynchronous units: TMA copies
 landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of sdQ.
@@ -15,7 +16,8 @@ Checks, each at the moment it matters:
     rewritten only after the dV / dK group that reads them retired; dK, dV are read at the end after all groups.
 The model also runs deliberately broken protocols (MUTATIONS) and fails if it does not catch each of them.
 
-    python3 tools/hopper/bwd_v2_model.py      (versions 2, 3, 4; 0..7 blocks; GQA-sized runs; 300 seeds each)
+    python3 tools/hopper/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2, 3; 0..7 blocks; GQA-sized runs;
+                                               300 seeds each)
 """
 import random
 import sys
@@ -64,10 +66,12 @@ MUTATIONS = {
     "store_dq_early": "dQ stored before the wait that retires it",
     "next_wrong_parity": "NEXT: block it + 1's full-wait with block it's parity",
     "v2_wait1_end": "V = 2: the iteration ends with wait 1 (dK still in flight) and releases the stage",
+    "late_dv_wait1": "D = 64: wait 1 for dP^T (as D = 128 does, but with dV not yet issued: dP^T still in flight)",
 }
 
 
-def simulate(n_iter, stages, nxt, seed, mutation=None):
+def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
+    """early_dv: D = 128's order (dV issued before the dP^T wait); False: D = 64's (dV after dS^T is formed)."""
     rng = random.Random(seed)
     full = [MBar(1) for _ in range(stages)]
     empty = [MBar(2) for _ in range(stages)]  # one arrival per warpgroup stands for its 128 threads'
@@ -141,17 +145,28 @@ def simulate(n_iter, stages, nxt, seed, mutation=None):
                 yield from wait_groups(c, 1)
                 need(c, "S", it, "S^T")
             check(stage_block[s] == it, f"wg{c} reads lse2 of block {it} from stage {s} = {stage_block[s]}")
-            if last_dv is not None:
-                need(c, "dV", last_dv, "the P^T fragments it rewrites")
-            last_dv = it
-            issue(c, "dV", it, [(("stage", s), it)])
-            yield
-            yield from wait_groups(c, 1)
+
+            def issue_dv():
+                nonlocal last_dv
+                if last_dv is not None:
+                    need(c, "dV", last_dv, "the P^T fragments it rewrites")
+                last_dv = it
+                issue(c, "dV", it, [(("stage", s), it)])
+
+            if early_dv:
+                issue_dv()
+                yield
+                yield from wait_groups(c, 1)
+            else:  # D = 64: nothing but dP^T is pending here
+                yield from wait_groups(c, 1 if mutation == "late_dv_wait1" else 0)
             need(c, "dP", it, "dP^T")
             check(stage_block[s] == it, f"wg{c} reads D_i of block {it} from stage {s} = {stage_block[s]}")
             if last_dk is not None:
                 need(c, "dK", last_dk, "the dS^T fragments it rewrites")
             last_dk = it
+            if not early_dv:
+                issue_dv()
+                yield
             check(not inflight_reads(("sds", buf, c)), f"wg{c} writes sdS[{buf}] under a wgmma that reads it")
             sds[buf][c] = it
             yield
@@ -233,40 +248,53 @@ def simulate(n_iter, stages, nxt, seed, mutation=None):
         raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
 
 
+VERSIONS = {  # name: (stages, NEXT, early_dv)
+    "D128 V2": (2, False, True), "D128 V3": (2, True, True), "D128 V4": (3, True, True),
+    "D64 V2": (2, False, False), "D64 V3": (2, True, False),
+}
+
+
 def main():
     failures = 0
     runs = 0
-    for version, (stages, nxt) in {2: (2, False), 3: (2, True), 4: (3, True)}.items():
+    for version, (stages, nxt, early_dv) in VERSIONS.items():
         for n_iter in list(range(0, 8)) + [13, 24]:
             for seed in range(300):
                 runs += 1
                 try:
-                    simulate(n_iter, stages, nxt, seed)
+                    simulate(n_iter, stages, nxt, seed, early_dv=early_dv)
                 except Violation as e:
                     failures += 1
                     if failures < 10:
-                        print(f"V{version} n_iter {n_iter} seed {seed}: {e}")
+                        print(f"{version} n_iter {n_iter} seed {seed}: {e}")
     print(f"protocol: {runs - failures}/{runs} interleavings clean")
     missed = 0
     for m, what in MUTATIONS.items():
         nxt_needed = m in ("release_before_dk", "next_wrong_parity")
         configs = [(2, True), (3, True)] if nxt_needed else [(2, False)] if m == "v2_wait1_end" else \
             [(2, False), (2, True), (3, True)]
-        caught = False
-        for stages, nxt in configs:
-            for n_iter in (2, 3, 5, 8):
-                for seed in range(300):
-                    try:
-                        simulate(n_iter, stages, nxt, seed, mutation=m)
-                    except Violation:
-                        caught = True
+        # each mutation in each order it applies to (the D = 64 ones only there): each must be caught in every
+        # kernel order it concerns, not just in one of them
+        orders = (False,) if m.startswith("late_dv") else (True, False)
+        for early_dv in orders:
+            caught = False
+            for stages, nxt in configs:
+                if not early_dv and stages == 3:
+                    continue  # D = 64 has 2 stages only
+                for n_iter in (2, 3, 5, 8):
+                    for seed in range(300):
+                        try:
+                            simulate(n_iter, stages, nxt, seed, mutation=m, early_dv=early_dv)
+                        except Violation:
+                            caught = True
+                            break
+                    if caught:
                         break
                 if caught:
                     break
-            if caught:
-                break
-        print(f"mutation {m:20s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
-        missed += not caught
+            d = "D128" if early_dv else "D64 "
+            print(f"mutation {m:20s} {d} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
+            missed += not caught
     ok = failures == 0 and missed == 0
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
