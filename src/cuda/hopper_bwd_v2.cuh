@@ -22,6 +22,8 @@
  *   dQ → sdQ, one bulk reduce-add                               beside dK
  *   V = 2:  wait 0: dK done; release the stage                                                 []
  *   NEXT:   block i + 1's Sᵀ issued behind dK; wait 1: dK done; release the stage              [Sᵀ]
+ *   (EARLY_S, D = 64 only: block i + 1's Sᵀ issued right after "wait 1: dV, dQ", so that it runs beside the dQ
+ *   store too)
  * At D = 64 dV waits for dSᵀ: issued before the dPᵀ wait, its packed Pᵀ (32 registers) would be live beside Sᵀ's
  * and dPᵀ's fp32 accumulators (64 + 64) and dK, dV (64), past the 240 a consumer thread has.
  * sdS is double-buffered so that one barrier per block suffices: dSᵀ of block i goes to buffer i % 2, whose last
@@ -51,8 +53,9 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
  * kernels kept their SASS of before D = 64 was added, byte for byte; only their names grew). NEXT: issue block
  * i + 1's Sᵀ behind block i's dK, so that the tensor pipe has this warpgroup's next product queued while it
  * stores dQ (registers at that point, D = 128: dK, dV 128 + the dSᵀ fragments dK still reads 16 + Sᵀ 32; D = 64:
- * 64 + 32 + 64). */
-template <typename T, int STAGES, bool NEXT, int D>
+ * 64 + 32 + 64). EARLY_S (D = 64, FLASHC_HOPPER_BWD_V = 4 there): NEXT with that Sᵀ issued before the dQ store
+ * instead of after it (+ dQ 32 registers while it runs). */
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -67,6 +70,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* D = 128 issues dV before the dPᵀ wait, Pᵀ packed while Sᵀ's fp32 values still wait for dSᵀ; at D = 64 (Br =
    * 128) that would hold Sᵀ 64 + dPᵀ 64 + packed Pᵀ 32 + dK, dV 64 registers: dV is issued after dSᵀ is formed. */
   constexpr bool EARLY_DV = D == 128;
+  static_assert(!EARLY_S || (NEXT && D == 64), "EARLY_S: NEXT's Sᵀ issued earlier, where the registers allow it");
   static_assert((D == 128 && (STAGES == 2 || STAGES == 3)) || (D == 64 && STAGES == 2),
                 "the shared-memory budgets above");
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* 64 rows × NQ columns, fp32 */
@@ -301,6 +305,16 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
       fc_fence_regs(dv);
       fc_fence_regs(dq);
+      if constexpr (EARLY_S) {
+        /* Block it + 1's Sᵀ behind dK already, before this block's dQ is stored (as NEXT below, one step earlier:
+         * it runs beside the dQ store and bulk add; D = 64 only, where dQ 32 + Sᵀ 64 registers fit beside dK, dV
+         * and the dSᵀ fragments) */
+        const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
+        fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+        fc_wgmma_fence();
+        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+        fc_wgmma_commit();
+      }
       if constexpr (ROWSPLIT) {
         /* the two w = 32 tiles of head-rows hh·total_pad + pad0 + q0 + 64·cw (a multiple of 64), contiguous */
         fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
@@ -314,13 +328,15 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       }
 
       if constexpr (NEXT) {
-        /* Block it + 1's Sᵀ behind dK; the last block issues its own again (discarded; its stage is not
-         * refilled), so that every iteration commits the same groups. */
-        const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
-        fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
-        fc_wgmma_fence();
-        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
-        fc_wgmma_commit();
+        /* Block it + 1's Sᵀ behind dK (EARLY_S: issued above); the last block issues its own again (discarded;
+         * its stage is not refilled), so that every iteration commits the same groups. */
+        if constexpr (!EARLY_S) {
+          const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
+          fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+          fc_wgmma_fence();
+          fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+          fc_wgmma_commit();
+        }
         fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
         fc_fence_regs(dk);
         fc_mbar_arrive_if(EMPTY(s), true); /* stage s is read (as below) */

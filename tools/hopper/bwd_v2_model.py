@@ -1,9 +1,10 @@
-"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V
-= 2, 3, 4 at D = 128; 2, 3 at D = 64 with Br = 128, where dV is issued after the dP^T wait instead of before it),
-run under random interleavings. Agents: the producer thread (TMA fills of the
-Q_i/dO_i/lse2_i/D_i stages), the two consumer warpgroups (each one agent: its 128 threads pass every step together,
-through the wgmma .sync.aligned instructions and its own named barrier), and the asynchronous units: TMA copies
-landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of sdQ.
+"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V =
+2, 3, 4 at D = 128; at D = 64 with Br = 128 dV is issued after the dP^T wait instead of before it, and 4 issues
+the next block's S^T before the dQ store instead of after it), run under random interleavings. Agents: the
+producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two consumer warpgroups (each one agent: its
+128 threads pass every step together, through the wgmma .sync.aligned instructions and its own named barrier), and
+the asynchronous units: TMA copies landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds
+finishing their reads of sdQ.
 
 Checks, each at the moment it matters:
   - no deadlock; every stage fill lands before its readers run, in the right phase (the right block);
@@ -16,8 +17,8 @@ Checks, each at the moment it matters:
     rewritten only after the dV / dK group that reads them retired; dK, dV are read at the end after all groups.
 The model also runs deliberately broken protocols (MUTATIONS) and fails if it does not catch each of them.
 
-    python3 tools/hopper/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2, 3; 0..7 blocks; GQA-sized runs;
-                                               300 seeds each)
+    python3 tools/hopper/bwd_v2_model.py      (D = 128 and D = 64: versions 2, 3, 4; 0..7 blocks; GQA-sized runs;
+                                               300 seeds each; each mutation in every kernel it concerns)
 """
 import random
 import sys
@@ -70,8 +71,10 @@ MUTATIONS = {
 }
 
 
-def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
-    """early_dv: D = 128's order (dV issued before the dP^T wait); False: D = 64's (dV after dS^T is formed)."""
+def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=False):
+    """early_dv: D = 128's order (dV issued before the dP^T wait); False: D = 64's (dV after dS^T is formed).
+    early_s (with nxt, D = 64's V = 4): block it + 1's S^T issued before the dQ store instead of after it."""
+    assert not early_s or nxt
     rng = random.Random(seed)
     full = [MBar(1) for _ in range(stages)]
     empty = [MBar(2) for _ in range(stages)]  # one arrival per warpgroup stands for its 128 threads'
@@ -176,14 +179,7 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
             issue(c, "dQ", it, [(("sds", buf, 0), it), (("sds", buf, 1), it)])
             issue(c, "dK", it, [(("stage", s), it)])
             yield
-            if mutation != "store_dq_early":
-                yield from wait_groups(c, 1)
-            need(c, "dQ", it, "dQ")
-            check(not bulk_reads[c], f"wg{c} writes its sdQ tile while a bulk add reads it")
-            sdq[c] = it
-            bulk_reads[c].append(it)
-            yield
-            if nxt:
+            def issue_next():  # NEXT: block it + 1's S^T (the last block: its own again, discarded)
                 nx = it + 1 if it + 1 < n_iter else it
                 s1 = nx % stages
                 parity = ((it // stages) & 1) if mutation == "next_wrong_parity" else ((nx // stages) & 1)
@@ -193,6 +189,19 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
                 yield lambda: full[s1].passed(parity)
                 holds[s1].add(c)
                 issue(c, "S", nx, [(("stage", s1), nx)])
+
+            if mutation != "store_dq_early":
+                yield from wait_groups(c, 1)
+            if early_s:  # D = 64, V = 4: before the dQ store
+                yield from issue_next()
+            need(c, "dQ", it, "dQ")
+            check(not bulk_reads[c], f"wg{c} writes its sdQ tile while a bulk add reads it")
+            sdq[c] = it
+            bulk_reads[c].append(it)
+            yield
+            if nxt:
+                if not early_s:
+                    yield from issue_next()
                 yield from wait_groups(c, 1)
                 need(c, "dK", it, "dK (stage release)")
                 if mutation != "release_before_dk":
@@ -209,6 +218,10 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
             need(c, "dV", it, "dV at the end")
         done[1 + c] = True
 
+    # Each run draws how fast each kind of unit is against the agents (1: as likely as an agent's step; 0.03: it
+    # lags for tens of steps), so that the slow-copy and slow-wgmma schedules that expose a missing wait are met
+    # often, not by rare luck.
+    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
     agents = [producer(), consumer(0), consumer(1)]
     active = [True, True, True]
     blocked = [None, None, None]  # the condition an agent waits for (None: runnable)
@@ -226,7 +239,7 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
                 events.append(("bulk", c))
         if not events:
             break
-        kind, x = rng.choice(events)
+        kind, x = rng.choices(events, weights=[speed[k] for k, _ in events])[0]
         if kind == "agent":
             try:
                 blocked[x] = next(agents[x])
@@ -248,21 +261,21 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True):
         raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
 
 
-VERSIONS = {  # name: (stages, NEXT, early_dv)
-    "D128 V2": (2, False, True), "D128 V3": (2, True, True), "D128 V4": (3, True, True),
-    "D64 V2": (2, False, False), "D64 V3": (2, True, False),
+VERSIONS = {  # name: (stages, NEXT, early_dv, early_s)
+    "D128 V2": (2, False, True, False), "D128 V3": (2, True, True, False), "D128 V4": (3, True, True, False),
+    "D64 V2": (2, False, False, False), "D64 V3": (2, True, False, False), "D64 V4": (2, True, False, True),
 }
 
 
 def main():
     failures = 0
     runs = 0
-    for version, (stages, nxt, early_dv) in VERSIONS.items():
+    for version, (stages, nxt, early_dv, early_s) in VERSIONS.items():
         for n_iter in list(range(0, 8)) + [13, 24]:
             for seed in range(300):
                 runs += 1
                 try:
-                    simulate(n_iter, stages, nxt, seed, early_dv=early_dv)
+                    simulate(n_iter, stages, nxt, seed, early_dv=early_dv, early_s=early_s)
                 except Violation as e:
                     failures += 1
                     if failures < 10:
@@ -271,29 +284,21 @@ def main():
     missed = 0
     for m, what in MUTATIONS.items():
         nxt_needed = m in ("release_before_dk", "next_wrong_parity")
-        configs = [(2, True), (3, True)] if nxt_needed else [(2, False)] if m == "v2_wait1_end" else \
-            [(2, False), (2, True), (3, True)]
-        # each mutation in each order it applies to (the D = 64 ones only there): each must be caught in every
-        # kernel order it concerns, not just in one of them
-        orders = (False,) if m.startswith("late_dv") else (True, False)
-        for early_dv in orders:
+        # each mutation must be caught in every kernel it concerns (the D = 64 ones only there), not in one of them
+        kernels = [(n, v) for n, v in VERSIONS.items() if (v[1] or not nxt_needed) and
+                   (not m.startswith("late_dv") or not v[2]) and (m != "v2_wait1_end" or not v[1])]
+        for name, (stages, nxt, early_dv, early_s) in kernels:
             caught = False
-            for stages, nxt in configs:
-                if not early_dv and stages == 3:
-                    continue  # D = 64 has 2 stages only
-                for n_iter in (2, 3, 5, 8):
-                    for seed in range(300):
-                        try:
-                            simulate(n_iter, stages, nxt, seed, mutation=m, early_dv=early_dv)
-                        except Violation:
-                            caught = True
-                            break
-                    if caught:
+            for n_iter in (2, 3, 5, 8):
+                for seed in range(300):
+                    try:
+                        simulate(n_iter, stages, nxt, seed, mutation=m, early_dv=early_dv, early_s=early_s)
+                    except Violation:
+                        caught = True
                         break
                 if caught:
                     break
-            d = "D128" if early_dv else "D64 "
-            print(f"mutation {m:20s} {d} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
+            print(f"mutation {m:18s} {name:8s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
             missed += not caught
     ok = failures == 0 and missed == 0
     print("OK" if ok else "FAILED")
