@@ -640,18 +640,20 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
 /* The second kernel's version (FLASHC_HOPPER_BWD_V, read at every call, for comparisons): 1, the kernel above;
  * 2, hopper_bwd_v2.cuh (FlashAttention-3's order of the wgmma groups, each warpgroup's CUDA-core work beside its
  * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, D = 128: 3 with 3 Q/dO stages; D =
- * 64 (where a 3rd stage does not fit): 3 with that Sᵀ issued before block i's dQ store instead of after it. The second
- * version is built for bulk dQ only (not deterministic: fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128
- * only (fc_hpb_br_get); elsewhere 1 runs, silently. Unset: 3 at d > 64 (H100, session 8, bf16 d128, three interleaved
- * rounds: +3.7..9.4 % over 1 without a mask, +3.5..7.4 % causal, 512-16k; 2 and 4 between the two:
- * bench/results/configs/hopper-bwd-v2.txt), 1 at d ≤ 64 (the D = 64 second kernel is not measured yet). */
+ * 64 (where a 3rd stage does not fit): 3 with that Sᵀ issued before block i's dQ store instead of after it; 5, 6:
+ * 3, 4 with dV issued before the dPᵀ wait (D = 128 always does: there 5, 6 run 3, 4; D = 64 runs 2 to 4 with dV
+ * issued after dSᵀ is formed, fewer registers). The second version is built for bulk dQ only (not deterministic:
+ * fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only (fc_hpb_br_get); elsewhere 1 runs, silently.
+ * Unset: 3 at d > 64 (H100, session 8, bf16 d128, three interleaved rounds: +3.7..9.4 % over 1 without a mask,
+ * +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt), 1 at d ≤ 64 (the
+ * D = 64 second kernel is not measured yet). */
 static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int br, int *version) {
-  static const char *const names[] = {"1", "2", "3", "4"};
+  static const char *const names[] = {"1", "2", "3", "4", "5", "6"};
   int m = -1; /* -1: unset */
   FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), -1,
                          "flashc_backward (cuda-hopper)", &m));
   if (p->head_dim > 64)
-    *version = mode == FC_HPB_DQ_BULK ? (m < 0 ? 3 : m + 1) : 1;
+    *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 3 : m >= 4 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
   else
     *version = br == 128 && m > 0 ? m + 1 : 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
   return FLASHC_OK;
@@ -703,21 +705,24 @@ static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, con
   return FLASHC_OK;
 }
 
-/* The second version (version 2, 3 or 4: fc_hpb_version_get); D = 64: Br = 128, 2 stages, 4 = 3 with the next
- * block's Sᵀ issued before the dQ store (EARLY_S). */
+/* The second version (version 2 .. 6: fc_hpb_version_get; D = 128: 2, 3, 4). D = 64: Br = 128, 2 stages; 4 = 3
+ * with the next block's Sᵀ issued before the dQ store (EARLY_S); 5, 6 = 3, 4 with dV issued before the dPᵀ wait
+ * (EARLY_DV, D = 128's order). */
 template <typename T, int D>
 static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CUtensorMap maps[4],
                                       const fc_hopper_bwd_args *a, int grid) {
   const int stages = D == 128 && version == 4 ? 3 : 2;
   fc_hpb_kernel_fn kernel;
   if constexpr (D == 64)
-    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 64>
-             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64>
-                            : fc_hopper_bwd_v2_kernel<T, 2, true, 64, true>;
+    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 64, false, false>
+             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, false>
+             : version == 4 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, false>
+             : version == 5 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, true>
+                            : fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, true>;
   else
-    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 128>
-             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128>
-                            : fc_hopper_bwd_v2_kernel<T, 3, true, 128>;
+    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true>
+             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true>
+                            : fc_hopper_bwd_v2_kernel<T, 3, true, 128, false, true>;
   const size_t smem = fc_hpb_v2_smem_bytes(D, stages);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);

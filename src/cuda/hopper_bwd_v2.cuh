@@ -1,5 +1,5 @@
 /* hopper_bwd_v2.cuh — cuda-hopper's dK/dV kernel, second version (FLASHC_HOPPER_BWD_V = 2, 3, 4 at head dim 128;
- * 2, 3 at head dim ≤ 64; tools/hopper/BWD-NOTES.md, "Head dim 128, version 2" and "Head dim 64, version 2").
+ * 2 .. 6 at head dim ≤ 64; tools/hopper/BWD-NOTES.md, "Head dim 128, version 2" and "Head dim 64, version 2").
  * Included by hopper_bwd.cu only, after its device helpers (fc_hpb_*), whose names, tile layouts and dQ sum it
  * shares; the first version's kernel is untouched.
  *
@@ -10,10 +10,10 @@
  *   V = 2:  Sᵀ, dPᵀ issued (two groups); wait 1: Sᵀ done                                       [dPᵀ]
  *   NEXT:   wait 0: Sᵀ done (issued by the last iteration); dPᵀ issued                         [dPᵀ]
  *   Pᵀ = 2^(c·Sᵀ − lse2_i), masked                              beside dPᵀ
- *   D = 128: dV_j += Pᵀ·dO_i issued; wait 1: dPᵀ done                                          [dV]
- *   D = 64:  wait 0: dPᵀ done                                                                  []
- *   dSᵀ = Pᵀ∘(dPᵀ − D_i), packed                                D = 128: beside dV
- *   D = 64:  dV_j += Pᵀ·dO_i issued                                                            [dV]
+ *   EARLY_DV: dV_j += Pᵀ·dO_i issued; wait 1: dPᵀ done                                         [dV]
+ *   else:     wait 0: dPᵀ done                                                                 []
+ *   dSᵀ = Pᵀ∘(dPᵀ − D_i), packed                                EARLY_DV: beside dV
+ *   else:     dV_j += Pᵀ·dO_i issued                                                           [dV]
  *   dSᵀ → sdS[i % 2]                                            beside dV
  *   one 256-thread barrier (both warpgroups' dSᵀ rows written)
  *   dQ_i = dS·K_j and dK_j += dSᵀ·Q_i issued                                                   [dV, dQ, dK]
@@ -24,8 +24,10 @@
  *   NEXT:   block i + 1's Sᵀ issued behind dK; wait 1: dK done; release the stage              [Sᵀ]
  *   (EARLY_S, D = 64 only: block i + 1's Sᵀ issued right after "wait 1: dV, dQ", so that it runs beside the dQ
  *   store too)
- * At D = 64 dV waits for dSᵀ: issued before the dPᵀ wait, its packed Pᵀ (32 registers) would be live beside Sᵀ's
- * and dPᵀ's fp32 accumulators (64 + 64) and dK, dV (64), past the 240 a consumer thread has.
+ * EARLY_DV is D = 128's order (always there). At D = 64 its packed Pᵀ (32 registers) is live beside Sᵀ's and dPᵀ's
+ * fp32 accumulators (64 + 64) and dK, dV (64): 224 of the 240 a consumer thread has. ptxas fits it without spills
+ * in the NEXT kernels only (V = 2 spilled 4 bytes): at D = 64, versions 5 and 6 are 3 and 4 with EARLY_DV, 2 to 4
+ * issue dV after dSᵀ is formed.
  * sdS is double-buffered so that one barrier per block suffices: dSᵀ of block i goes to buffer i % 2, whose last
  * readers (the dQ wgmmas of block i − 2, both warpgroups) each finished at its "wait 1: dV, dQ" of block i − 2,
  * before arriving at block i − 1's barrier, which this warpgroup has passed. The same barrier orders sdQ: the
@@ -53,9 +55,9 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
  * kernels kept their SASS of before D = 64 was added, byte for byte; only their names grew). NEXT: issue block
  * i + 1's Sᵀ behind block i's dK, so that the tensor pipe has this warpgroup's next product queued while it
  * stores dQ (registers at that point, D = 128: dK, dV 128 + the dSᵀ fragments dK still reads 16 + Sᵀ 32; D = 64:
- * 64 + 32 + 64). EARLY_S (D = 64, FLASHC_HOPPER_BWD_V = 4 there): NEXT with that Sᵀ issued before the dQ store
- * instead of after it (+ dQ 32 registers while it runs). */
-template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S = false>
+ * 64 + 32 + 64). EARLY_S (D = 64, FLASHC_HOPPER_BWD_V = 4, 6 there): NEXT with that Sᵀ issued before the dQ
+ * store instead of after it (+ dQ 32 registers while it runs). EARLY_DV: the order of the dV issue (header). */
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -67,9 +69,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   constexpr bool ROWSPLIT = BR == 128;
   constexpr int NQ = ROWSPLIT ? D : D / 2; /* columns of one dQ product */
   constexpr int DQ_W = D / 2;              /* the blocked sum's tile width (fc_hpb_dq_tile_w) */
-  /* D = 128 issues dV before the dPᵀ wait, Pᵀ packed while Sᵀ's fp32 values still wait for dSᵀ; at D = 64 (Br =
-   * 128) that would hold Sᵀ 64 + dPᵀ 64 + packed Pᵀ 32 + dK, dV 64 registers: dV is issued after dSᵀ is formed. */
-  constexpr bool EARLY_DV = D == 128;
+  /* EARLY_DV: dV issued before the dPᵀ wait, Pᵀ packed while Sᵀ's fp32 values still wait for dSᵀ (at D = 64, Br =
+   * 128: Sᵀ 64 + dPᵀ 64 + packed Pᵀ 32 + dK, dV 64 registers, which ptxas fits only in the NEXT kernels). */
+  static_assert(EARLY_DV ? D == 128 || NEXT : D == 64, "EARLY_DV: always at D = 128, with NEXT only at D = 64");
   static_assert(!EARLY_S || (NEXT && D == 64), "EARLY_S: NEXT's Sᵀ issued earlier, where the registers allow it");
   static_assert((D == 128 && (STAGES == 2 || STAGES == 3)) || (D == 64 && STAGES == 2),
                 "the shared-memory budgets above");

@@ -1,10 +1,10 @@
 """A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V =
-2, 3, 4 at D = 128; at D = 64 with Br = 128 dV is issued after the dP^T wait instead of before it, and 4 issues
-the next block's S^T before the dQ store instead of after it), run under random interleavings. Agents: the
-producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two consumer warpgroups (each one agent: its
-128 threads pass every step together, through the wgmma .sync.aligned instructions and its own named barrier), and
-the asynchronous units: TMA copies landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds
-finishing their reads of sdQ.
+2, 3, 4 at D = 128; at D = 64 with Br = 128 dV is issued after the dP^T wait instead of before it, 4 issues the
+next block's S^T before the dQ store instead of after it, 5 and 6 are 3 and 4 with D = 128's dV order), run under
+random interleavings. Agents: the producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two consumer
+warpgroups (each one agent: its 128 threads pass every step together, through the wgmma .sync.aligned instructions
+and its own named barrier), and the asynchronous units: TMA copies landing, each warpgroup's wgmma groups
+completing in order, bulk reduce-adds finishing their reads of sdQ.
 
 Checks, each at the moment it matters:
   - no deadlock; every stage fill lands before its readers run, in the right phase (the right block);
@@ -17,7 +17,7 @@ Checks, each at the moment it matters:
     rewritten only after the dV / dK group that reads them retired; dK, dV are read at the end after all groups.
 The model also runs deliberately broken protocols (MUTATIONS) and fails if it does not catch each of them.
 
-    python3 tools/hopper/bwd_v2_model.py      (D = 128 and D = 64: versions 2, 3, 4; 0..7 blocks; GQA-sized runs;
+    python3 tools/hopper/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2 .. 6; 0..7 blocks; GQA-sized runs;
                                                300 seeds each; each mutation in every kernel it concerns)
 """
 import random
@@ -264,6 +264,7 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=Fa
 VERSIONS = {  # name: (stages, NEXT, early_dv, early_s)
     "D128 V2": (2, False, True, False), "D128 V3": (2, True, True, False), "D128 V4": (3, True, True, False),
     "D64 V2": (2, False, False, False), "D64 V3": (2, True, False, False), "D64 V4": (2, True, False, True),
+    "D64 V5": (2, True, True, False), "D64 V6": (2, True, True, True),
 }
 
 
