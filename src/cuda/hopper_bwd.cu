@@ -37,7 +37,8 @@
  *
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
  * D = 128 (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders each
- * warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V). */
+ * warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V; at D = 64
+ * with Br = 128 it is built too, selected by FLASHC_HOPPER_BWD_V = 2 or 3, not the default). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -636,18 +637,25 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
   return FLASHC_OK;
 }
 
-/* The D = 128 kernel's version (FLASHC_HOPPER_BWD_V, read at every call, for comparisons): 1, the kernel above;
+/* The second kernel's version (FLASHC_HOPPER_BWD_V, read at every call, for comparisons): 1, the kernel above;
  * 2, hopper_bwd_v2.cuh (FlashAttention-3's order of the wgmma groups, each warpgroup's CUDA-core work beside its
- * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, 3 with 3 Q/dO stages. The
- * second version is built for bulk dQ only (not deterministic: fc_hpb_dq_mode_get runs split there); elsewhere,
- * and at D = 64, 1 runs, silently. Unset: 3 (H100, session 8, bf16 d128, three interleaved rounds: +3.7..9.4 % over
- * 1 without a mask, +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt). */
-static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int *version) {
-  static const char *const names[] = {"1", "2", "3", "4"};
-  int m = 0;
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), 2,
+ * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, D = 128: 3 with 3 Q/dO stages; D =
+ * 64 (where a 3rd stage does not fit): 3 with that Sᵀ issued before block i's dQ store instead of after it; 5, 6:
+ * 3, 4 with dV issued before the dPᵀ wait (D = 128 always does: there 5, 6 run 3, 4; D = 64 runs 2 to 4 with dV
+ * issued after dSᵀ is formed, fewer registers). The second version is built for bulk dQ only (not deterministic:
+ * fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only (fc_hpb_br_get); elsewhere 1 runs, silently.
+ * Unset: 3 at d > 64 (H100, session 8, bf16 d128, three interleaved rounds: +3.7..9.4 % over 1 without a mask,
+ * +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt), 1 at d ≤ 64 (the
+ * D = 64 second kernel is not measured yet). */
+static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int br, int *version) {
+  static const char *const names[] = {"1", "2", "3", "4", "5", "6"};
+  int m = -1; /* -1: unset */
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), -1,
                          "flashc_backward (cuda-hopper)", &m));
-  *version = p->head_dim > 64 && mode == FC_HPB_DQ_BULK ? m + 1 : 1;
+  if (p->head_dim > 64)
+    *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 3 : m >= 4 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
+  else
+    *version = br == 128 && m > 0 ? m + 1 : 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
   return FLASHC_OK;
 }
 
@@ -665,11 +673,12 @@ static size_t fc_hpb_smem_bytes(int d, int stages, int dq_tile_w, int br) {
 }
 
 /* The second version (hopper_bwd_v2.cuh): sK, sV, the stages, sdS twice, sdQ 2 × 16 KB, lse2/D rows, barriers
- * and the alignment slack (2 stages: 198696 bytes; 3: 231992). */
-static size_t fc_hpb_v2_smem_bytes(int stages) {
-  const size_t d = 128, br = FC_HPB_BR;
-  return 2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * br * d * 2 + 2 * FC_HPB_BC * br * 2 +
-         2 * FC_BWD_DQ_TILE * (d / 2) * 4 + (size_t)stages * 2 * br * 4 + 8 * (1 + 2 * (size_t)stages) + 1024;
+ * and the alignment slack. D = 128 (Br = 64), 2 stages: 198696 bytes; 3: 231992. D = 64 (Br = 128), 2 stages:
+ * 32 + 64 + 64 + 32 KB + 2 KB + 40 + 1024 = 199720 bytes (3 stages would need 233528, past the 232448 allowed). */
+static size_t fc_hpb_v2_smem_bytes(int d, int stages) {
+  const size_t br = d == 64 ? 128 : FC_HPB_BR;
+  return 2 * FC_HPB_BC * (size_t)d * 2 + (size_t)stages * 2 * br * d * 2 + 2 * FC_HPB_BC * br * 2 +
+         2 * FC_BWD_DQ_TILE * (size_t)64 * 4 + (size_t)stages * 2 * br * 4 + 8 * (1 + 2 * (size_t)stages) + 1024;
 }
 
 typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
@@ -696,29 +705,41 @@ static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, con
   return FLASHC_OK;
 }
 
-/* The second version at D = 128 (version 2, 3 or 4: fc_hpb_version_get). */
-template <typename T>
+/* The second version (version 2 .. 6: fc_hpb_version_get; D = 128: 2, 3, 4). D = 64: Br = 128, 2 stages; 4 = 3
+ * with the next block's Sᵀ issued before the dQ store (EARLY_S); 5, 6 = 3, 4 with dV issued before the dPᵀ wait
+ * (EARLY_DV, D = 128's order). */
+template <typename T, int D>
 static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CUtensorMap maps[4],
                                       const fc_hopper_bwd_args *a, int grid) {
-  const int stages = version == 4 ? 3 : 2;
-  const fc_hpb_kernel_fn kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false>
-                                  : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true>
-                                                 : fc_hopper_bwd_v2_kernel<T, 3, true>;
-  const size_t smem = fc_hpb_v2_smem_bytes(stages);
+  const int stages = D == 128 && version == 4 ? 3 : 2;
+  fc_hpb_kernel_fn kernel;
+  if constexpr (D == 64)
+    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 64, false, false>
+             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, false>
+             : version == 4 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, false>
+             : version == 5 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, true>
+                            : fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, true>;
+  else
+    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true>
+             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true>
+                            : fc_hopper_bwd_v2_kernel<T, 3, true, 128, false, true>;
+  const size_t smem = fc_hpb_v2_smem_bytes(D, stages);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   FC_LAUNCH_CHECK("fc_hopper_bwd_v2_kernel");
   return FLASHC_OK;
 }
 
-/* Tile shapes per head dim: <D, Q/dO stages, Br>; at D = 128 the kernel's version. */
+/* Tile shapes per head dim: <D, Q/dO stages, Br>; the kernel's version (D = 64: with Br = 128 only). */
 template <typename T>
 static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br, int version,
                                 const CUtensorMap maps[4], const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows,
                                 int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
   if (p->head_dim > 64 && version > 1)
-    FC_CHECK(fc_hpb_launch_v2<T>(p, version, maps, a, grid));
+    FC_CHECK((fc_hpb_launch_v2<T, 128>(p, version, maps, a, grid)));
+  else if (p->head_dim <= 64 && br == 128 && version > 1)
+    FC_CHECK((fc_hpb_launch_v2<T, 64>(p, version, maps, a, grid)));
   else if (p->head_dim <= 64 && br == 128)
     FC_CHECK((fc_hpb_launch<T, 64, 3, 128>(p, mode, maps, a, grid)));
   else if (p->head_dim <= 64)
@@ -750,7 +771,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   int br = FC_HPB_BR, version = 1;
   FC_CHECK(fc_hpb_dq_mode_get(p, &mode));
   FC_CHECK(fc_hpb_br_get(p, mode, &br));
-  FC_CHECK(fc_hpb_version_get(p, mode, &version));
+  FC_CHECK(fc_hpb_version_get(p, mode, br, &version));
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);

@@ -1,35 +1,46 @@
-/* hopper_bwd_v2.cuh — cuda-hopper's dK/dV kernel at head dim 128, second version (FLASHC_HOPPER_BWD_V = 2, 3, 4;
- * tools/hopper/BWD-NOTES.md, "Head dim 128, version 2"). Included by hopper_bwd.cu only, after its device
- * helpers (fc_hpb_*), whose names, tile layouts and dQ sum it shares; the first version's kernel is untouched.
+/* hopper_bwd_v2.cuh — cuda-hopper's dK/dV kernel, second version (FLASHC_HOPPER_BWD_V = 2, 3, 4 at head dim 128;
+ * 2 .. 6 at head dim ≤ 64; tools/hopper/BWD-NOTES.md, "Head dim 128, version 2" and "Head dim 64, version 2").
+ * Included by hopper_bwd.cu only, after its device helpers (fc_hpb_*), whose names, tile layouts and dQ sum it
+ * shares; the first version's kernel is untouched.
  *
- * Same maths, masks, tiles (Br = 64, Bc = 128, D = 128), producer and bulk dQ adds as fc_hopper_bwd_kernel<…,
- * bulk, Br = 64>; what changes is the order of each consumer warpgroup's wgmma groups, so that its CUDA-core work
- * runs beside its own tensor work instead of between waits for all of it (FlashAttention-3's order). Per block
- * i, with the groups still pending after each step on the right:
+ * Same maths, masks, tiles, producer and bulk dQ adds as fc_hopper_bwd_kernel<…, bulk, Br> (D = 128: Br = 64;
+ * D = 64: Br = 128, Bc = 128 both); what changes is the order of each consumer warpgroup's wgmma groups, so that
+ * its CUDA-core work runs beside its own tensor work instead of between waits for all of it (FlashAttention-3's
+ * order). Per block i, with the groups still pending after each step on the right:
  *   V = 2:  Sᵀ, dPᵀ issued (two groups); wait 1: Sᵀ done                                       [dPᵀ]
  *   NEXT:   wait 0: Sᵀ done (issued by the last iteration); dPᵀ issued                         [dPᵀ]
  *   Pᵀ = 2^(c·Sᵀ − lse2_i), masked                              beside dPᵀ
- *   dV_j += Pᵀ·dO_i issued                                                                     [dPᵀ, dV]
- *   wait 1: dPᵀ done
- *   dSᵀ = Pᵀ∘(dPᵀ − D_i) → sdS[i % 2]                           beside dV
+ *   EARLY_DV: dV_j += Pᵀ·dO_i issued; wait 1: dPᵀ done                                         [dV]
+ *   else:     wait 0: dPᵀ done                                                                 []
+ *   dSᵀ = Pᵀ∘(dPᵀ − D_i), packed                                EARLY_DV: beside dV
+ *   else:     dV_j += Pᵀ·dO_i issued                                                           [dV]
+ *   dSᵀ → sdS[i % 2]                                            beside dV
  *   one 256-thread barrier (both warpgroups' dSᵀ rows written)
- *   dQ_i = dS·K_j (columns 64·c .., all 128 keys) and dK_j += dSᵀ·Q_i issued                   [dV, dQ, dK]
+ *   dQ_i = dS·K_j and dK_j += dSᵀ·Q_i issued                                                   [dV, dQ, dK]
+ *     (D = 128: columns 64·c .. of dQ_i; D = 64: query rows 64·c .., all 64 columns; all 128 keys)
  *   wait 1: dV, dQ done
  *   dQ → sdQ, one bulk reduce-add                               beside dK
  *   V = 2:  wait 0: dK done; release the stage                                                 []
  *   NEXT:   block i + 1's Sᵀ issued behind dK; wait 1: dK done; release the stage              [Sᵀ]
+ *   (EARLY_S, D = 64 only: block i + 1's Sᵀ issued right after "wait 1: dV, dQ", so that it runs beside the dQ
+ *   store too)
+ * EARLY_DV is D = 128's order (always there). At D = 64 its packed Pᵀ (32 registers) is live beside Sᵀ's and dPᵀ's
+ * fp32 accumulators (64 + 64) and dK, dV (64): 224 of the 240 a consumer thread has. ptxas fits it without spills
+ * in the NEXT kernels only (V = 2 spilled 4 bytes): at D = 64, versions 5 and 6 are 3 and 4 with EARLY_DV, 2 to 4
+ * issue dV after dSᵀ is formed.
  * sdS is double-buffered so that one barrier per block suffices: dSᵀ of block i goes to buffer i % 2, whose last
  * readers (the dQ wgmmas of block i − 2, both warpgroups) each finished at its "wait 1: dV, dQ" of block i − 2,
  * before arriving at block i − 1's barrier, which this warpgroup has passed. The same barrier orders sdQ: the
  * issuing thread waits for the last bulk add's read of its warpgroup's tile before arriving there, and the tile
  * is written after it. tools/hopper/bwd_v2_model.py checks these orders by exhaustive interleaving.
- * Shared memory: sK, sV 64 KB + sQ, sdO STAGES × 32 KB + sdS 2 × 16 KB + sdQ 2 × 16 KB + sLD STAGES × 512 +
- * barriers + 1 KB slack: 198696 bytes with 2 stages, 231992 with 3 (of the 232448 an H100 block may have). */
+ * Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO STAGES × 2 × 16 KB + sdS 2 × Bc·Br·2 bytes (2 × 16 KB; D = 64:
+ * 2 × 32 KB) + sdQ 2 × 16 KB + sLD STAGES × 2·Br·4 + barriers + 1 KB slack. D = 128: 198696 bytes with 2
+ * stages, 231992 with 3 (of the 232448 an H100 block may have); D = 64: 199720 with 2 stages (3: 233528). */
 #ifndef FLASHC_CUDA_HOPPER_BWD_V2_CUH
 #define FLASHC_CUDA_HOPPER_BWD_V2_CUH
 
 #if FC_HOPPER_ARCH
-/* acc (64 × D) += A·B over Br = 64 queries: A from registers (Pᵀ or dSᵀ packed, k-step kb = queries 16·kb ..),
+/* acc (64 × D) += A·B over Br queries: A from registers (Pᵀ or dSᵀ packed, k-step kb = queries 16·kb ..),
  * B = dO_i or Q_i MN-major (imm-trans-b = 1): one of fc_hpb_dkdv's two chains (dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i). */
 template <typename T, int D, int BR>
 static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], const uint32_t (&a)[BR / 16][4],
@@ -40,21 +51,35 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
 }
 #endif /* FC_HOPPER_ARCH */
 
-/* STAGES: Q_i/dO_i stages (2 or 3). NEXT: issue block i + 1's Sᵀ behind block i's dK, so that the tensor pipe
- * has this warpgroup's next product queued while it stores dQ (registers at that point: dK, dV 128 + the dSᵀ
- * fragments dK still reads 16 + Sᵀ 32). */
-template <typename T, int STAGES, bool NEXT>
+/* D = 128: Br = 64, STAGES (Q_i/dO_i stages) 2 or 3; D = 64: Br = 128, STAGES 2 (D comes last: the D = 128
+ * kernels kept their SASS of before D = 64 was added, byte for byte; only their names grew). NEXT: issue block
+ * i + 1's Sᵀ behind block i's dK, so that the tensor pipe has this warpgroup's next product queued while it
+ * stores dQ (registers at that point, D = 128: dK, dV 128 + the dSᵀ fragments dK still reads 16 + Sᵀ 32; D = 64:
+ * 64 + 32 + 64). EARLY_S (D = 64, FLASHC_HOPPER_BWD_V = 4, 6 there): NEXT with that Sᵀ issued before the dQ
+ * store instead of after it (+ dQ 32 registers while it runs). EARLY_DV: the order of the dV issue (header). */
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                             const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
-  constexpr int D = 128, BR = FC_HPB_BR, HALVES = D / 64, NQ = D / 2; /* NQ: columns of one dQ product */
-  static_assert(STAGES == 2 || STAGES == 3, "the shared-memory budget above");
+  constexpr int BR = D == 64 ? 128 : FC_HPB_BR, HALVES = D / 64;
+  /* D = 128: warpgroup c's dQ product is columns 64·c .. of dQ_i (all Br = 64 queries); D = 64 (Br = 128): rows
+   * 64·c .. (all 64 columns), as fc_hopper_bwd_kernel<…, BR = 128>. Either way a 64 × 64 fp32 tile. */
+  constexpr bool ROWSPLIT = BR == 128;
+  constexpr int NQ = ROWSPLIT ? D : D / 2; /* columns of one dQ product */
+  constexpr int DQ_W = D / 2;              /* the blocked sum's tile width (fc_hpb_dq_tile_w) */
+  /* EARLY_DV: dV issued before the dPᵀ wait, Pᵀ packed while Sᵀ's fp32 values still wait for dSᵀ (at D = 64, Br =
+   * 128: Sᵀ 64 + dPᵀ 64 + packed Pᵀ 32 + dK, dV 64 registers, which ptxas fits only in the NEXT kernels). */
+  static_assert(EARLY_DV ? D == 128 || NEXT : D == 64, "EARLY_DV: always at D = 128, with NEXT only at D = 64");
+  static_assert(!EARLY_S || (NEXT && D == 64), "EARLY_S: NEXT's Sᵀ issued earlier, where the registers allow it");
+  static_assert((D == 128 && (STAGES == 2 || STAGES == 3)) || (D == 64 && STAGES == 2),
+                "the shared-memory budgets above");
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* 64 rows × NQ columns, fp32 */
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
-  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES; /* one 64-column half of Q_i or dO_i */
-  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;  /* one buffer of sdS: dSᵀ, Bc keys × Br queries */
+  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;         /* one 64-column half of Q_i or dO_i */
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;          /* one buffer of sdS: dSᵀ, Bc keys × Br queries */
+  constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES; /* in 64-query halves (Br = 128: two) */
   constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -138,8 +163,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     const int g = lane / 4, t = lane % 4;
     const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
     const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
-    const uint32_t k_cols = sK + cw * FC_HPB_KV_HALF; /* dQ: columns 64·cw .. of K_j, all 128 keys */
-    const int key0 = k0 + 64 * cw + 16 * warp + g;    /* this thread's keys: key0, key0 + 8 */
+    /* dQ's B: columns 64·cw .. of K_j (D = 64: all of them), all 128 keys */
+    const uint32_t k_cols = ROWSPLIT ? sK : sK + cw * FC_HPB_KV_HALF;
+    const int key0 = k0 + 64 * cw + 16 * warp + g; /* this thread's keys: key0, key0 + 8 */
     const float c = a.scale_log2;
 
     float dk[D / 2], dv[D / 2];
@@ -211,16 +237,20 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       }
       /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
       uint32_t pp[BR / 16][4], dsp[BR / 16][4];
+      if constexpr (EARLY_DV) {
 #pragma unroll
-      for (int kb = 0; kb < BR / 16; kb++)
+        for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+          for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
 
-      /* dV_j += Pᵀ·dO_i: queued behind dPᵀ, it runs while dSᵀ is formed and stored */
-      fc_wgmma_fence();
-      fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
-      fc_wgmma_commit();
-      fc_wgmma_wait<1>(); /* dPᵀ; dV may still run */
+        /* dV_j += Pᵀ·dO_i: queued behind dPᵀ, it runs while dSᵀ is formed and stored */
+        fc_wgmma_fence();
+        fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
+        fc_wgmma_commit();
+        fc_wgmma_wait<1>(); /* dPᵀ; dV may still run */
+      } else {
+        fc_wgmma_wait<0>(); /* dPᵀ */
+      }
       fc_fence_regs(dpt);
 
       /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
@@ -233,18 +263,29 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #pragma unroll
       for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
+        for (int r = 0; r < 4; r++) {
+          if constexpr (!EARLY_DV) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+          dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
+        }
+      if constexpr (!EARLY_DV) {
+        /* dV_j += Pᵀ·dO_i: it runs while dSᵀ is stored and the warpgroups meet */
+        fc_wgmma_fence();
+        fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
+        fc_wgmma_commit();
+      }
 
-      /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: row r (a key),
-       * 16-byte chunk x (queries 8x .. 8x + 7) at r·128 + ((x ^ (r % 8))·16); this thread's rows have r % 8 = g.
-       * The buffer's last readers (block it − 2's dQ wgmmas) are done (the header says why). */
+      /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: in half x / 8
+       * (queries 64·(x / 8) .., DS_HALF bytes apart; Br = 64: one), row r (a key), 16-byte chunk x % 8 (queries
+       * 8x .. 8x + 7) at r·128 + (((x % 8) ^ (r % 8))·16); this thread's rows have r % 8 = g. The buffer's last
+       * readers (block it − 2's dQ wgmmas) are done (the header says why). */
       fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
 #pragma unroll
       for (int x = 0; x < BR / 8; x++)
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) {
           const int r = 64 * cw + 16 * warp + g + 8 * rh;
-          fc_st_shared_u32(ds_buf + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t, dsp[x / 2][2 * (x % 2) + rh]);
+          fc_st_shared_u32(ds_buf + (x / 8) * DS_HALF + r * FC_HPB_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
+                           dsp[x / 2][2 * (x % 2) + rh]);
         }
       fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
       /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
@@ -252,31 +293,52 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       if (ct == 0) fc_bulk_wait_read<0>();
       fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
 
-      /* dQ_i (columns 64·cw ..) = dS·K_j over keys 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then
-       * dK_j += dSᵀ·Q_i. dQ first: it is done (with dV) while dK runs on. */
+      /* dQ_i (D = 128: columns 64·cw ..; D = 64: queries 64·cw .., half cw of the buffer) = dS·K_j over keys
+       * 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then dK_j += dSᵀ·Q_i. dQ first: it is done (with dV)
+       * while dK runs on. */
+      const uint32_t ds_a = ROWSPLIT ? ds_buf + cw * DS_HALF : ds_buf;
       float dq[NQ / 2];
       fc_wgmma_fence();
-      fc_hpb_dq<T, NQ>(dq, ds_buf, k_cols);
-      fc_hpb_dq<T, NQ, false>(dq, ds_buf + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+      fc_hpb_dq<T, NQ>(dq, ds_a, k_cols);
+      fc_hpb_dq<T, NQ, false>(dq, ds_a + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
       fc_wgmma_commit();
       fc_hpb_rs_chain<T, D, BR>(dk, dsp, q_tile);
       fc_wgmma_commit();
       fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
       fc_fence_regs(dv);
       fc_fence_regs(dq);
-      /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. */
-      fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
-                             a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE, warp,
-                             g, t, ct, FC_HPB_BAR_DS + cw);
-
-      if constexpr (NEXT) {
-        /* Block it + 1's Sᵀ behind dK; the last block issues its own again (discarded; its stage is not
-         * refilled), so that every iteration commits the same groups. */
+      if constexpr (EARLY_S) {
+        /* Block it + 1's Sᵀ behind dK already, before this block's dQ is stored (as NEXT below, one step earlier:
+         * it runs beside the dQ store and bulk add; D = 64 only, where dQ 32 + Sᵀ 64 registers fit beside dK, dV
+         * and the dSᵀ fragments) */
         const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
         fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
         fc_wgmma_fence();
         fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
         fc_wgmma_commit();
+      }
+      if constexpr (ROWSPLIT) {
+        /* the two w = 32 tiles of head-rows hh·total_pad + pad0 + q0 + 64·cw (a multiple of 64), contiguous */
+        fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
+                                     a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0 + 64 * cw) * D, warp, g, t, ct,
+                                     FC_HPB_BAR_DS + cw);
+      } else {
+        /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. */
+        fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
+                               a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE,
+                               warp, g, t, ct, FC_HPB_BAR_DS + cw);
+      }
+
+      if constexpr (NEXT) {
+        /* Block it + 1's Sᵀ behind dK (EARLY_S: issued above); the last block issues its own again (discarded;
+         * its stage is not refilled), so that every iteration commits the same groups. */
+        if constexpr (!EARLY_S) {
+          const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
+          fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+          fc_wgmma_fence();
+          fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+          fc_wgmma_commit();
+        }
         fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
         fc_fence_regs(dk);
         fc_mbar_arrive_if(EMPTY(s), true); /* stage s is read (as below) */

@@ -5,16 +5,21 @@ tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
         [--modes env,bulk] [--bench-modes env] [--rounds 1] [--no-peers]
 
-Modes (the library reads FLASHC_HOPPER_BWD_DQ, FLASHC_HOPPER_BWD_BR and FLASHC_HOPPER_BWD_V at every call): env (the
-variables as this script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split, each (dQ
-paths, Br = 64), bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only there and
-not in deterministic mode, where the library would run the Br = 64 kernel anyway), v2, v3, v4 (bulk at D = 128 with
-the second kernel, FLASHC_HOPPER_BWD_V = 2, 3, 4: src/cuda/hopper_bwd_v2.cuh; d > 64 only, not deterministic). Every check runs in each of --modes that applies to it; the
-timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the
-first mode being the reference of the ratio columns. An A/B of two modes without the peers:
+Modes (the library reads FLASHC_HOPPER_BWD_DQ, FLASHC_HOPPER_BWD_BR and FLASHC_HOPPER_BWD_V at every call): env
+(the variables as this script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split,
+each (dQ paths, Br = 64), bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only
+there and not in deterministic mode, where the library would run the Br = 64 kernel anyway), v2, v3, v4 (bulk at
+D = 128 with the second kernel, FLASHC_HOPPER_BWD_V = 2, 3, 4: src/cuda/hopper_bwd_v2.cuh; d > 64 only, not
+deterministic), v2d64 .. v6d64 (bulk128 with the second kernel at D = 64, Br = 128, FLASHC_HOPPER_BWD_V = 2 .. 6: 4
+there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with dV issued before the dP^T wait;
+d <= 64 only, not deterministic). Every check runs in each of --modes that applies to it; the timings time
+cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
+reference of the ratio columns. An A/B of two modes without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,v2,v3,v4 --rounds 3 --no-peers
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk128,v2d64,v3d64,v4d64,v5d64,v6d64 --rounds 3 \
+        --no-peers
 
 What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128) it must refuse, and
 auto must fall back to another backend.
@@ -60,7 +65,9 @@ def _mode(dq, br, v="1"):
 MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "bulk": _mode("bulk", "64"), "split": _mode("split", "64"), "each": _mode("each", "64"),
          "bulk128": _mode("bulk", "128"),
-         "v2": _mode("bulk", "64", "2"), "v3": _mode("bulk", "64", "3"), "v4": _mode("bulk", "64", "4")}
+         "v2": _mode("bulk", "64", "2"), "v3": _mode("bulk", "64", "3"), "v4": _mode("bulk", "64", "4"),
+         "v2d64": _mode("bulk", "128", "2"), "v3d64": _mode("bulk", "128", "3"), "v4d64": _mode("bulk", "128", "4"),
+         "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6")}
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
@@ -77,8 +84,10 @@ def set_mode(name):
 
 def mode_applies(name, d, deterministic=0):
     """bulk128 changes the kernel only at d <= 64 and outside deterministic mode (elsewhere Br = 64 runs); v2..v4
-    only at d > 64 and outside deterministic mode (elsewhere the first kernel runs)."""
-    if name == "bulk128":
+    only at d > 64 and outside deterministic mode (elsewhere the first kernel runs); v2d64..v6d64 (the second
+    kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
+    kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check)."""
+    if name.endswith("d64") or name == "bulk128":
         return d <= 64 and not deterministic
     if name in ("v2", "v3", "v4"):
         return d > 64 and not deterministic
