@@ -10,7 +10,8 @@
  *     by cp.async without the per-chunk predicates and zero-fill sizes;
  *   - the blocks that need no mask form one range [j_plain0, j_plain1),
  *     computed once: two compares per block instead of the 64-bit window
- *     tests. */
+ *     tests; the mask itself compares each element's compile-time column
+ *     with the row's range shifted once (fc_lean_mask). */
 #ifndef FLASHC_CUDA_MMA_FWD_LEAN_CUH
 #define FLASHC_CUDA_MMA_FWD_LEAN_CUH
 
@@ -80,6 +81,31 @@ static __device__ __forceinline__ void fc_lean_pv_step(float (*o)[NO][4], const 
       fc_mma<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
     }
   }
+}
+
+/* fc_fwd_mask with the keys relative to this thread's first column: each row's
+ * range [lo, hi) becomes [lo − k0 − 2t, hi − k0 − 2t) once, and each element
+ * compares it with its compile-time column 8x + (e & 1), so that no key index
+ * is kept per element (fc_fwd_mask's, at d 128, pushed the predicates into
+ * bit masks: ~200 more instructions per masked block). */
+template <int MT, int NS>
+static __device__ __forceinline__ void fc_lean_mask(float (*s)[NS][4], int row0, int64_t shift, int64_t window_left,
+                                                    int64_t window_right, int sk, int k0, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      int lo, hi;
+      fc_row_keys(row0 + 16 * mt + g + 8 * rh, shift, window_left, window_right, sk, &lo, &hi);
+      const int first = k0 + 2 * t, a = lo - first, b = hi - first; /* lo, hi, k0 in [0, sk]: no overflow */
+#pragma unroll
+      for (int x = 0; x < NS; x++)
+#pragma unroll
+        for (int e = 2 * rh; e < 2 * rh + 2; e++) {
+          const int c = 8 * x + (e & 1);
+          if (c < a || c >= b) s[mt][x][e] = -INFINITY;
+        }
+    }
 }
 
 /* cp.async of 16 bytes that are all present (no zero-fill operand). */
@@ -237,7 +263,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) fc_lean_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, qx, kj);
     if (j < j_plain0 || j >= j_plain1)
-      fc_fwd_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
+      fc_lean_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
 
     /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum
      * P. */
