@@ -23,59 +23,17 @@
  * 4 registers) when Q_IN_REGS.
  *
  * Tile shapes per head dim come from one table, fc_mma_fwd_configs: the
- * default row, and "base" (FLASHC_MMA_FWD_CONFIG=base, for comparisons);
- * tools/mma/bench-fwd.sh checks and times both. */
+ * default row, "base" (FLASHC_MMA_FWD_CONFIG=base, for comparisons) and
+ * "lean" (the default's shapes in mma_fwd_lean.cuh's kernel);
+ * tools/mma/bench-fwd.sh checks and times them all. */
 #include "common.cuh"
-#include "mma_fwd_steps.cuh"
+#include "mma_fwd_common.cuh"
+#include "mma_fwd_lean.cuh"
 #include "mma_host.cuh"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { FC_MMA_BR = 128 }; /* query rows per CTA: warps × M-tiles per warp × 16 */
-
-typedef struct fc_mma_fwd_args {
-  const uint16_t *q, *k, *v;
-  uint16_t *o;
-  float *lse; /* NULL: not wanted */
-  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
-  const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
-  int seqlen_q, seqlen_k;     /* dense sizes */
-  int64_t total_q;            /* varlen lse row stride */
-  int heads_q, group;         /* group = heads_q / heads_kv */
-  int head_dim, m_blocks;
-  float scale_log2; /* |scale|·log2(e): exponent of S in base 2 */
-  float scale;      /* |scale| */
-  int negate_q;     /* scale < 0: use −Q and |scale| (the scores are the same) */
-  int64_t window_left, window_right, mask_offset;
-  int bottom_right, aligned;
-} fc_mma_fwd_args;
-
-/* Which tile a CTA computes: row blocks vary fastest (CTAs running together
- * share K and V in L2), the heaviest causal block of each head first (a short
- * tail). Sequence b's rows are [q_start, q_start + sq) of q and its keys
- * [k_start, k_start + sk) of k and v. */
-typedef struct fc_fwd_where {
-  int64_t b, q_start, k_start;
-  int h, mb, sq, sk;
-} fc_fwd_where;
-static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_args &a) {
-  fc_fwd_where w;
-  w.mb = a.m_blocks - 1 - (int)(blockIdx.x % a.m_blocks);
-  const int64_t bh = blockIdx.x / a.m_blocks;
-  w.h = (int)(bh % a.heads_q);
-  w.b = bh / a.heads_q;
-  w.q_start = w.k_start = 0;
-  w.sq = a.seqlen_q, w.sk = a.seqlen_k;
-  if (a.cu_q) {
-    w.q_start = a.cu_q[w.b];
-    w.sq = a.cu_q[w.b + 1] - (int)w.q_start;
-    w.k_start = a.cu_k[w.b];
-    w.sk = a.cu_k[w.b + 1] - (int)w.k_start;
-  }
-  return w;
-}
 
 /* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
@@ -203,58 +161,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
     }
   }
 
-  /* O = O / l and lse = scale·m + ln l; a row that saw no key has l = 0: O = 0,
-   * lse = −inf. */
-  uint16_t *O = a.o + b * a.o_sb + q_start * a.o_ss + (int64_t)h * a.o_sh;
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      float lr = l[mt][rh];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-#pragma unroll
-      for (int x = 0; x < NO; x++) {
-        o[mt][x][2 * rh] *= inv;
-        o[mt][x][2 * rh + 1] *= inv;
-      }
-      const int row = i0 + wrow + 16 * mt + g + 8 * rh;
-      if (a.lse && t == 0 && row < sq) {
-        const int64_t at =
-            a.cu_q ? (int64_t)h * a.total_q + q_start + row : ((int64_t)b * a.heads_q + h) * a.seqlen_q + row;
-        a.lse[at] = lr > 0.0f ? m[mt][rh] * a.scale + logf(lr) : -INFINITY;
-      }
-    }
-
-  /* Store O through shared memory, so that global stores are whole 16-byte
-   * chunks of a row. Each warp uses the rows of sQ that only it has read (its Q
-   * fragments): a warp barrier is enough. */
-  uint16_t *sO = sQ;
-  __syncwarp(); /* lanes wrote rows other lanes read through ldmatrix at the
-                   start: order them explicitly */
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int x = 0; x < NO; x++)
-#pragma unroll
-      for (int rh = 0; rh < 2; rh++) {
-        const int r = wrow + 16 * mt + g + 8 * rh;
-        *(uint32_t *)(sO + fc_tile_off<DS>(r, x) + 2 * t) = fc_pack2<T>(o[mt][x][2 * rh], o[mt][x][2 * rh + 1]);
-      }
-  __syncwarp();
-  for (int idx = lane; idx < 16 * MT * NO; idx += 32) {
-    const int r = wrow + idx / NO, c = idx % NO, row = i0 + r;
-    const int cols = min(a.head_dim - 8 * c, 8);
-    if (row >= sq || cols <= 0) continue;
-    const uint16_t *from = sO + fc_tile_off<DS>(r, c);
-    uint16_t *to = O + (int64_t)row * a.o_ss + 8 * c;
-    if (ALIGNED && cols == 8) {
-      *(uint4 *)to = *(const uint4 *)from;
-    } else {
-      for (int x = 0; x < cols; x++) to[x] = from[x];
-    }
-  }
+  fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
 }
 
 /* ---- configurations
@@ -266,9 +173,10 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
  * (MIN_BLOCKS · threads), at most 255). */
 typedef struct fc_mma_fwd_shape {
   int bc, stages, mt, q_in_regs, min_blocks;
+  int lean; /* 1: mma_fwd_lean.cuh's kernel */
 } fc_mma_fwd_shape;
 
-enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 2, FC_MMA_FWD_BASE = 1 };
+enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 4, FC_MMA_FWD_BASE = 1 };
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
 /* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; default when
@@ -282,28 +190,50 @@ static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256
  *            192 KB at d 256): d256 0.92× (base 0.82×). Where the device gives
  *            a block less shared memory (A100: d256), base's shape runs.
  *   base     8 warps × 16 rows, Bc = 64 (32 from d 160): the first shapes.
+ *   lean     default's shapes in mma_fwd_lean.cuh's kernel: fewer
+ *            instructions per key block (no per-fragment negation or swizzle
+ *            XOR, unpredicated copies of whole blocks, the mask test hoisted).
+ *   lean3    lean with 3 stages of the K/V ring at d ≤ 64 (2 CTAs of 64 KB
+ *            fit an SM; from d 96 they would not), so that block j + 1's
+ *            copies may still be in flight while block j computes.
  * Tried and dropped (0.73–0.85×): issuing S_{j+1} = Q·K_{j+1}ᵀ before the
  * softmax of block j, and weaving its k-steps into the exponentials (the extra
  * accumulators cost the second CTA per SM, which overlapped better). */
 static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDIMS] = {
     /* default */
-    {{64, 2, 2, 1, 2},
-     {64, 2, 2, 1, 2},
-     {64, 2, 2, 0, 2},
-     {64, 2, 2, 0, 2},
-     {64, 2, 1, 0, 1},
-     {64, 2, 1, 0, 1},
-     {64, 2, 1, 0, 1}},
+    {{64, 2, 2, 1, 2, 0},
+     {64, 2, 2, 1, 2, 0},
+     {64, 2, 2, 0, 2, 0},
+     {64, 2, 2, 0, 2, 0},
+     {64, 2, 1, 0, 1, 0},
+     {64, 2, 1, 0, 1, 0},
+     {64, 2, 1, 0, 1, 0}},
     /* base */
-    {{64, 2, 1, 1, 2},
-     {64, 2, 1, 1, 2},
-     {64, 2, 1, 1, 1},
-     {64, 2, 1, 1, 1},
-     {32, 2, 1, 1, 1},
-     {32, 2, 1, 1, 1},
-     {32, 2, 1, 0, 1}},
+    {{64, 2, 1, 1, 2, 0},
+     {64, 2, 1, 1, 2, 0},
+     {64, 2, 1, 1, 1, 0},
+     {64, 2, 1, 1, 1, 0},
+     {32, 2, 1, 1, 1, 0},
+     {32, 2, 1, 1, 1, 0},
+     {32, 2, 1, 0, 1, 0}},
+    /* lean */
+    {{64, 2, 2, 1, 2, 1},
+     {64, 2, 2, 1, 2, 1},
+     {64, 2, 2, 0, 2, 1},
+     {64, 2, 2, 0, 2, 1},
+     {64, 2, 1, 0, 1, 1},
+     {64, 2, 1, 0, 1, 1},
+     {64, 2, 1, 0, 1, 1}},
+    /* lean3 */
+    {{64, 3, 2, 1, 2, 1},
+     {64, 3, 2, 1, 2, 1},
+     {64, 2, 2, 0, 2, 1},
+     {64, 2, 2, 0, 2, 1},
+     {64, 2, 1, 0, 1, 1},
+     {64, 2, 1, 0, 1, 1},
+     {64, 2, 1, 0, 1, 1}},
 };
-static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"default", "base"};
+static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"default", "base", "lean", "lean3"};
 
 static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
   return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
@@ -337,14 +267,18 @@ static flashc_status fc_mma_fwd_pick(const char *op, int config, int i, int *row
 /* ---- launch
  * --------------------------------------------------------------------------------------------
  */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS>
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN>
 static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_args *a, int grid) {
   const size_t smem = (size_t)(FC_MMA_BR + 2 * STAGES * BC) * fc_tile_stride(D) * sizeof(uint16_t);
   /* Rows that cp.async cannot copy (not 16-byte aligned) take the slower kernel
    * with plain loads. */
-  void (*kernel)(const fc_mma_fwd_args) = a->aligned
-                                              ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
-                                              : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+  void (*kernel)(const fc_mma_fwd_args);
+  if constexpr (LEAN)
+    kernel = a->aligned ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
+                        : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+  else
+    kernel = a->aligned ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
+                        : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-mma"));
   kernel<<<grid, FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_mma_fwd_kernel");
@@ -355,7 +289,8 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
 template <typename T, int C, int I>
 static flashc_status fc_mma_fwd_launch_at(const fc_problem *p, const fc_mma_fwd_args *a, int grid) {
   constexpr fc_mma_fwd_shape s = fc_mma_fwd_configs[C][I];
-  return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks>(p, a, grid);
+  return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks, s.lean != 0>(p, a,
+                                                                                                                 grid);
 }
 
 /* The kernel of row `config`, head dim index `i`: a compile-time walk over the
