@@ -645,8 +645,8 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
  * issued after dSᵀ is formed, fewer registers). The second version is built for bulk dQ only (not deterministic:
  * fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only (fc_hpb_br_get); elsewhere 1 runs, silently.
  * Unset: 3 at d > 64 (H100, session 8, bf16 d128, three interleaved rounds: +3.7..9.4 % over 1 without a mask,
- * +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt), 1 at d ≤ 64 (the
- * D = 64 second kernel is not measured yet). */
+ * +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt), 2 at d ≤ 64 with
+ * Br = 128 (+0.2..2.9 % over 1 at every cell, 3..6 within ±2 %: configs/hopper-bwd-v2-d64.txt). */
 static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int br, int *version) {
   static const char *const names[] = {"1", "2", "3", "4", "5", "6"};
   int m = -1; /* -1: unset */
@@ -655,7 +655,7 @@ static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode
   if (p->head_dim > 64)
     *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 3 : m >= 4 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
   else
-    *version = br == 128 && m > 0 ? m + 1 : 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
+    *version = br != 128 ? 1 : m < 0 ? 2 : m + 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
   return FLASHC_OK;
 }
 

@@ -22,9 +22,9 @@
  * tile, O (D/8 × 4 fp32), S (Bc/8 × 4 fp32), m and l of its two rows; Q (D/16 ×
  * 4 registers) when Q_IN_REGS.
  *
- * Tile shapes per head dim come from one table, fc_mma_fwd_configs: the
- * default row, "base" (FLASHC_MMA_FWD_CONFIG=base, for comparisons) and
- * "lean" (the default's shapes in mma_fwd_lean.cuh's kernel);
+ * Tile shapes per head dim come from one table, fc_mma_fwd_configs: "lean"
+ * (the default: mt2's shapes in mma_fwd_lean.cuh's kernel), "mt2" (the first
+ * kernel, mma_fwd_steps.cuh), "base", "lean3" (FLASHC_MMA_FWD_CONFIG, for comparisons);
  * tools/mma/bench-fwd.sh checks and times them all. */
 #include "common.cuh"
 #include "mma_fwd_common.cuh"
@@ -176,13 +176,15 @@ typedef struct fc_mma_fwd_shape {
   int lean; /* 1: mma_fwd_lean.cuh's kernel */
 } fc_mma_fwd_shape;
 
-enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 4, FC_MMA_FWD_BASE = 1 };
+enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 4, FC_MMA_FWD_BASE = 1, FC_MMA_FWD_LEAN = 2 };
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
-/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; default when
- * unset). Measured on the H100 against SDPA flash, geometric mean over bf16 and
+/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; lean when
+ * unset, since session 8: H100 bf16 vs SDPA flash in one run, d128 0.93–1.06×
+ * where mt2 read 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×), d64 1.00–1.14×).
+ * Measured on the H100 against SDPA flash, geometric mean over bf16 and
  * fp16, seqlen 1k/4k/16k (tools/mma/bench-fwd.sh, 2026-11-22):
- *   default  d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
+ *   mt2      (the default until session 8) d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
  *            two M-tiles, half the ldmatrix per MMA) at 2 CTAs/SM, whose
  *            barriers are independent (one CTA's softmax runs beside the
  *            other's MMAs): d64 1.05×, d128 0.93× (base 0.94×, 0.85×).
@@ -190,7 +192,7 @@ static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256
  *            192 KB at d 256): d256 0.92× (base 0.82×). Where the device gives
  *            a block less shared memory (A100: d256), base's shape runs.
  *   base     8 warps × 16 rows, Bc = 64 (32 from d 160): the first shapes.
- *   lean     default's shapes in mma_fwd_lean.cuh's kernel: fewer
+ *   lean     mt2's shapes in mma_fwd_lean.cuh's kernel: fewer
  *            instructions per key block (no per-fragment negation or swizzle
  *            XOR, unpredicated copies of whole blocks, the mask test hoisted).
  *   lean3    lean with 3 stages of the K/V ring at d ≤ 64 (2 CTAs of 64 KB
@@ -200,7 +202,7 @@ static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256
  * softmax of block j, and weaving its k-steps into the exponentials (the extra
  * accumulators cost the second CTA per SM, which overlapped better). */
 static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDIMS] = {
-    /* default */
+    /* mt2 */
     {{64, 2, 2, 1, 2, 0},
      {64, 2, 2, 1, 2, 0},
      {64, 2, 2, 0, 2, 0},
@@ -233,7 +235,7 @@ static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDI
      {64, 2, 1, 0, 1, 1},
      {64, 2, 1, 0, 1, 1}},
 };
-static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"default", "base", "lean", "lean3"};
+static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"mt2", "base", "lean", "lean3"};
 
 static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
   return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
@@ -242,7 +244,7 @@ static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
 /* The configuration FLASHC_MMA_FWD_CONFIG names (read at every call, so that a
  * benchmark can switch). */
 static flashc_status fc_mma_fwd_config(int *config) {
-  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS, 0,
+  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS, FC_MMA_FWD_LEAN,
                        "flashc_forward (cuda-mma)", config);
 }
 

@@ -4,10 +4,10 @@
 # every configuration against SDPA flash and cudnn on TARGETS.md's grid, the ratio table last.
 #   bash tools/mma/bench-fwd.sh            everything
 #   bash tools/mma/bench-fwd.sh --quick    a few shapes and seqlens (~3 min)
-#   FLASHC_MMA_SANITIZE=1 [FLASHC_MMA_SAN_CONFIGS=default,lean] bash tools/mma/bench-fwd.sh
+#   FLASHC_MMA_SANITIZE=1 [FLASHC_MMA_SAN_CONFIGS=mt2,lean] bash tools/mma/bench-fwd.sh
 #                                          compute-sanitizer memcheck and racecheck of the default configuration (or those named)
 #                                          on the quick case list (every compiled head dim), then stop
-# Extra arguments go to check_fwd.py (e.g. --configs default --no-check). Logs and the CSV go to $OUT
+# Extra arguments go to check_fwd.py (e.g. --configs lean --no-check). Logs and the CSV go to $OUT
 # (default /tmp/out).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -45,7 +45,7 @@ grep -E "C75[0-9][0-9]|warning" "$OUT/build.log" | head -5
 if [ "${FLASHC_MMA_SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     timeout 270 compute-sanitizer --tool $tool --kernel-name kns=mma_fwd --print-limit 10 python3 tools/mma/check_fwd.py \
-      --lib $BUILD/libflashc.so --quick --no-bench --configs "${FLASHC_MMA_SAN_CONFIGS:-default}" >"$OUT/san-$tool.log" 2>&1
+      --lib $BUILD/libflashc.so --quick --no-bench --configs "${FLASHC_MMA_SAN_CONFIGS:-lean}" >"$OUT/san-$tool.log" 2>&1
     echo "== $tool: rc=$?"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^correctness|^FAIL" "$OUT/san-$tool.log" | head -10
   done

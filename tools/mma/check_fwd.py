@@ -3,7 +3,7 @@ reference, then TFLOP/s of each against PyTorch SDPA (flash, cudnn) on the shape
 Run through tools/mma/bench-fwd.sh, or:
 
     python3 tools/mma/check_fwd.py --lib build-mmafwd-gpu/libflashc.so [--quick] [--no-check] [--no-bench]
-                                   [--configs default,base] [--csv results.csv]
+                                   [--configs mt2,base,lean,lean3] [--csv results.csv]
 
 Correctness rule (FlashAttention's): the kernel's max |error| against the fp64 reference is at most 2x the error
 of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax in fp32), + 1e-4.
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
                       visible)
 
-CONFIGS = "default,base,lean,lean3"  # mma.cu's fc_mma_fwd_config_names, in order
+CONFIGS = "mt2,base,lean,lean3"  # mma.cu's fc_mma_fwd_config_names, in order
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-mmafwd-gpu/libflashc.so")
