@@ -116,6 +116,49 @@ static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int s
   *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
 }
 
+/* The producer thread of the dK/dV kernels (both versions): K_j, V_j once into sK, sV (halves of 64 columns), then
+ * into the ring of STAGES stages Q_i, dO_i (TMA) and lse2_i, D_i (bulk copies) of every (query head of the GQA
+ * group, query block) pair that sees the key block, head-major; fill u of stage s waits for the end of use u − 1
+ * (every consumer thread released it). Barriers at `bars`: kv_full, full[STAGES], empty[STAGES]. */
+template <int D, int BR, int STAGES>
+static __device__ __forceinline__ void
+fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v, const CUtensorMap *tm_do,
+               const fc_hopper_bwd_args &a, uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO, uint32_t sLD,
+               uint32_t bars, int hk, int bt, int k_start, int k0, int q_start, int64_t pad0, int i_begin, int n_i,
+               int n_iter) {
+  constexpr int HALVES = D / 64;
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;          /* one 64-column half of Q_i or dO_i */
+  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
+  const uint32_t kv_full = bars, full = bars + 8u, empty = bars + 8u * (1 + STAGES);
+  fc_tma_prefetch_map(tm_q);
+  fc_tma_prefetch_map(tm_k);
+  fc_tma_prefetch_map(tm_v);
+  fc_tma_prefetch_map(tm_do);
+  fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+#pragma unroll
+  for (int hf = 0; hf < HALVES; hf++) {
+    fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
+    fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
+  }
+  for (int it = 0; it < n_iter; it++) {
+    const int s = it % STAGES, u = it / STAGES;
+    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    if (u > 0) fc_mbar_wait(empty + 8u * s, (u - 1) & 1);
+    fc_mbar_arrive_expect_tx(full + 8u * s, STAGE_TX);
+#pragma unroll
+    for (int hf = 0; hf < HALVES; hf++) {
+      fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, tm_q, 64 * hf, q_start + q0, hh, bt, full + 8u * s);
+      fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, tm_do, 64 * hf, q_start + q0, hh, bt, full + 8u * s);
+    }
+    /* Padded buffers: rows q0 .. q0 + Br − 1 exist (the sequence's rows are padded to FC_BWD_ROWS_PAD, a multiple of
+     * Br), 256-byte aligned (pad0 and total_pad are multiples of FC_BWD_ROWS_PAD = 128 rows, q0 of Br = 64 or 128). */
+    const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
+    fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, full + 8u * s);
+    fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, full + 8u * s);
+  }
+}
+
 /* Deterministic dQ: the adders of one (query head, query block) take turns through a ticket in global memory.
  * The key blocks that see a query block are consecutive (both ends of the range above grow with k0), so the
  * turns go key block by key block, warpgroup 0 then 1: warpgroup c of key block j adds once the ticket reads
@@ -247,10 +290,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* BULK: 64 rows × NQ columns, fp32 */
   constexpr int DS_BAR_THREADS = SPLIT ? 256 : 128;
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
-  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;         /* one 64-column half of Q_i or dO_i */
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES; /* sdS: the dSᵀ of 64 queries, all Bc keys */
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
-  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -301,36 +342,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   if (threadIdx.x < 128) {
     /* ---- producer ---------------------------------------------------------------------------------- */
     fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0) {
-      fc_tma_prefetch_map(&tm_q);
-      fc_tma_prefetch_map(&tm_k);
-      fc_tma_prefetch_map(&tm_v);
-      fc_tma_prefetch_map(&tm_do);
-      fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
-#pragma unroll
-      for (int hf = 0; hf < HALVES; hf++) {
-        fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, &tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
-        fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, &tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
-      }
-      /* Fill u of stage s waits for the end of use u − 1 (every consumer thread released it). */
-      for (int it = 0; it < n_iter; it++) {
-        const int s = it % STAGES, u = it / STAGES;
-        const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
-        if (u > 0) fc_mbar_wait(EMPTY(s), (u - 1) & 1);
-        fc_mbar_arrive_expect_tx(FULL(s), STAGE_TX);
-#pragma unroll
-        for (int hf = 0; hf < HALVES; hf++) {
-          fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, &tm_q, 64 * hf, q_start + q0, hh, bt, FULL(s));
-          fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, &tm_do, 64 * hf, q_start + q0, hh, bt, FULL(s));
-        }
-        /* Padded buffers: rows q0 .. q0 + Br − 1 exist (the sequence's rows are padded to FC_BWD_ROWS_PAD, a
-         * multiple of Br), 256-byte aligned (pad0 and total_pad are multiples of FC_BWD_ROWS_PAD = 128 rows, q0
-         * of Br = 64 or 128). */
-        const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
-        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, FULL(s));
-        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, FULL(s));
-      }
-    }
+    if (threadIdx.x == 0 && n_iter > 0)
+      fc_hpb_produce<D, BR, STAGES>(&tm_q, &tm_k, &tm_v, &tm_do, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0,
+                                    q_start, pad0, i_begin, n_i, n_iter);
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
     fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();

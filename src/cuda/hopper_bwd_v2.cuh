@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                             const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
-  constexpr int BR = D == 64 ? 128 : FC_HPB_BR, HALVES = D / 64;
+  constexpr int BR = D == 64 ? 128 : FC_HPB_BR;
   /* D = 128: warpgroup c's dQ product is columns 64·c .. of dQ_i (all Br = 64 queries); D = 64 (Br = 128): rows
    * 64·c .. (all 64 columns), as fc_hopper_bwd_kernel<…, BR = 128>. Either way a 64 × 64 fp32 tile. */
   constexpr bool ROWSPLIT = BR == 128;
@@ -77,10 +77,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
                 "the shared-memory budgets above");
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* 64 rows × NQ columns, fp32 */
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
-  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;         /* one 64-column half of Q_i or dO_i */
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;          /* one buffer of sdS: dSᵀ, Bc keys × Br queries */
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES; /* in 64-query halves (Br = 128: two) */
-  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
@@ -125,35 +123,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
 
   if (threadIdx.x < 128) {
-    /* ---- producer: the first version's, word for word ---------------------------------------------- */
+    /* ---- producer: the first version's (fc_hpb_produce) ---------------------------------------------- */
     fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0) {
-      fc_tma_prefetch_map(&tm_q);
-      fc_tma_prefetch_map(&tm_k);
-      fc_tma_prefetch_map(&tm_v);
-      fc_tma_prefetch_map(&tm_do);
-      fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
-#pragma unroll
-      for (int hf = 0; hf < HALVES; hf++) {
-        fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, &tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
-        fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, &tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
-      }
-      /* Fill u of stage s waits for the end of use u − 1 (every consumer thread released it). */
-      for (int it = 0; it < n_iter; it++) {
-        const int s = it % STAGES, u = it / STAGES;
-        const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
-        if (u > 0) fc_mbar_wait(EMPTY(s), (u - 1) & 1);
-        fc_mbar_arrive_expect_tx(FULL(s), STAGE_TX);
-#pragma unroll
-        for (int hf = 0; hf < HALVES; hf++) {
-          fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, &tm_q, 64 * hf, q_start + q0, hh, bt, FULL(s));
-          fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, &tm_do, 64 * hf, q_start + q0, hh, bt, FULL(s));
-        }
-        const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0; /* padded rows, 256-byte aligned */
-        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, FULL(s));
-        fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, FULL(s));
-      }
-    }
+    if (threadIdx.x == 0 && n_iter > 0)
+      fc_hpb_produce<D, BR, STAGES>(&tm_q, &tm_k, &tm_v, &tm_do, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0,
+                                    q_start, pad0, i_begin, n_i, n_iter);
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
     fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
