@@ -20,35 +20,12 @@ The model also runs deliberately broken protocols (MUTATIONS) and fails if it do
     python3 tools/hopper/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2 .. 6; 0..7 blocks; GQA-sized runs;
                                                300 seeds each; each mutation in every kernel it concerns)
 """
+import os
 import random
 import sys
 
-
-class MBar:
-    """mbarrier: a phase completes when its pending arrivals reach 0 and its transaction bytes are 0;
-    try_wait.parity(P) passes once the phase of parity P has completed (current phase parity != P)."""
-
-    def __init__(self, count):
-        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-    def _maybe_complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, expect_tx=0):
-        assert self.pending > 0, "more arrivals than the count in one phase"
-        self.tx += expect_tx
-        self.pending -= 1
-        self._maybe_complete()
-
-    def complete_tx(self, n):
-        self.tx -= n
-        assert self.tx >= 0
-        self._maybe_complete()
-
-    def passed(self, parity):
-        return (self.phase & 1) != parity
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol_model import MBar  # noqa: E402  (the mbarrier semantics, shared with the forward's model)
 
 
 class Violation(Exception):
