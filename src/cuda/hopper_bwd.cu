@@ -180,6 +180,59 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
 }
 
+/* Pᵀ = 2^(c·Sᵀ − lse2_i) in place, for this thread's keys key0 (e < 2) and key0 + 8 (e ≥ 2) and queries
+ * q0 + 8x + 2t + (e & 1); lse2_i at sL. Queries past the sequence have lse2 = +inf (P = 0); MASKED: keys past it
+ * and pairs outside the mask are zeroed. WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
+ * ready already (version 1 at Br = 64). */
+template <int BR, bool MASKED, bool WITH_DS>
+static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
+                                                     uint32_t sD, float c, int t, int q0, int key0, int sk,
+                                                     int64_t shift, int64_t wl, int64_t wr) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+    const float2 dr = WITH_DS ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+      if constexpr (MASKED) {
+        const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+        if (!(key < sk && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
+      }
+      st[4 * x + e] = p;
+      if constexpr (WITH_DS) dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+    }
+  }
+}
+
+/* fc_hpb_p_pass for the block of keys k0 .. k0 + Bc − 1 and queries q0 .. q0 + BR − 1, masked only where some pair
+ * of it is cut. Whether it is whole is tested once, around two loops: with the test inside the loop (`if (!whole
+ * && !visible) p = 0`), ptxas branched per element and unmasked blocks ran ~6 instructions per element instead of
+ * 2 (session 9's ncu source view: 3x the branches of cuDNN's kernel, the exponentials a third of the samples). */
+template <int BR, bool WITH_DS>
+static __device__ __forceinline__ void fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
+                                                       uint32_t sD, float c, int t, int q0, int k0, int key0, int sk,
+                                                       int64_t shift, int64_t wl, int64_t wr) {
+  const bool whole = k0 + FC_HPB_BC <= sk && (wr < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + wr) &&
+                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+  if (whole)
+    fc_hpb_p_pass<BR, false, WITH_DS>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr);
+  else
+    fc_hpb_p_pass<BR, true, WITH_DS>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr);
+}
+
+/* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). */
+template <int BR>
+static __device__ __forceinline__ void fc_hpb_ds_from_dp(float (&dpt)[BR / 2], const float (&st)[BR / 2], uint32_t sD,
+                                                         int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+    for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+  }
+}
+
 /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warpgroup's 64 keys × Br queries (wgmma m64nBrk16): D/16 k-steps
  * over the head dim. Step kk reads columns 16·kk .. 16·kk + 15: 32·(kk % 4) bytes into the rows of half kk / 4
  * (hopper_gemm.cuh's fc_hp_ss_kmajor, two products interleaved, with the halves of the two tiles of different heights:
@@ -408,36 +461,14 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_fence_regs(dpt);
       }
 
-      /* Pᵀ = 2^(c·Sᵀ − lse2_i), dSᵀ = Pᵀ∘(dPᵀ − D_i). This thread holds keys key0 (e < 2) and key0 + 8 (e ≥ 2),
-       * queries q0 + 8x + 2t + (e & 1). Queries past the sequence have lse2 = +inf (P = 0); keys past it and
-       * pairs outside the mask are zeroed, in blocks that some of them cut only. */
-      const bool whole = k0 + FC_HPB_BC <= sk &&
-                         (a.window_right < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + a.window_right) &&
-                         (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
-      /* BR = 128: Pᵀ first, while dPᵀ's wgmma group still runs, then dSᵀ; BR = 64: both in one pass. */
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked; dSᵀ = Pᵀ∘(dPᵀ − D_i). BR = 128: Pᵀ first, while dPᵀ's wgmma group still
+       * runs, then dSᵀ; BR = 64: both in one pass. */
       constexpr bool P_FIRST = BR == 128;
-#pragma unroll
-      for (int x = 0; x < BR / 8; x++) {
-        const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
-        const float2 dr = P_FIRST ? make_float2(0.0f, 0.0f) : fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-          float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
-          if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
-          st[4 * x + e] = p;
-          if constexpr (!P_FIRST) dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
-        }
-      }
+      fc_hpb_p_from_s<BR, !P_FIRST>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left, a.window_right);
       if constexpr (P_FIRST) {
         fc_wgmma_wait<0>(); /* dPᵀ */
         fc_fence_regs(dpt);
-#pragma unroll
-        for (int x = 0; x < BR / 8; x++) {
-          const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
-#pragma unroll
-          for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
-        }
+        fc_hpb_ds_from_dp<BR>(dpt, st, sD, t);
       }
       /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers
        * of k-step kb, as P in the forward). */

@@ -192,23 +192,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_fence_regs(st);
       }
 
-      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on. This thread holds keys key0 (e < 2) and
-       * key0 + 8 (e ≥ 2), queries q0 + 8x + 2t + (e & 1). Queries past the sequence have lse2 = +inf (P = 0);
-       * keys past it and pairs outside the mask are zeroed, in blocks that some of them cut only. */
-      const bool whole = k0 + FC_HPB_BC <= sk &&
-                         (a.window_right < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + a.window_right) &&
-                         (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
-#pragma unroll
-      for (int x = 0; x < BR / 8; x++) {
-        const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-          float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
-          if (!whole && !(key < sk && fc_hpb_visible(q0 + qc, key, shift, a.window_left, a.window_right))) p = 0.0f;
-          st[4 * x + e] = p;
-        }
-      }
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
+       * thread holds). */
+      fc_hpb_p_from_s<BR, false>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left, a.window_right);
       /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
       uint32_t pp[BR / 16][4], dsp[BR / 16][4];
       if constexpr (EARLY_DV) {
@@ -227,13 +213,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       }
       fc_fence_regs(dpt);
 
-      /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-#pragma unroll
-      for (int x = 0; x < BR / 8; x++) {
-        const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
-#pragma unroll
-        for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
-      }
+      fc_hpb_ds_from_dp<BR>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
 #pragma unroll
       for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll

@@ -7,7 +7,9 @@ bf16 unless --dtype says otherwise, layout [b, s, h, d]. The forward (and for --
 prepared once, run --warmup times, then --calls times between cudaProfilerStart/Stop, so that `ncu
 --profile-from-start off` sees only the timed calls and no allocation or warm-up. It also prints the median
 time and TFLOP/s of those calls (CUDA events), so a profile is never read without the speed it explains.
-With --device cpu it runs on CPU tensors (a smoke test where there is no GPU).
+With --device cpu it runs on CPU tensors (a smoke test where there is no GPU). --backend sdpa-flash,
+sdpa-cudnn or sdpa-efficient runs PyTorch's SDPA pinned to that backend instead (the same tensors seen as
+[b, h, s, d]; backward through autograd.grad), so that a profile of a peer's kernels sits beside flashc's.
 """
 import argparse
 import statistics
@@ -54,17 +56,48 @@ def timed(fn, calls, cuda):
     return statistics.median(times)
 
 
+def sdpa_call(a, q, k, v, dout):
+    """A call of torch SDPA pinned to one backend (forward, or the backward alone through autograd.grad)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    which = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+             "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[a.backend]
+    if a.which == "fwd":
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def fwd():
+            with sdpa_kernel(which):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal)
+
+        return fwd
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    with sdpa_kernel(which):
+        o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=a.causal)
+    g = dout.transpose(1, 2)
+
+    def bwd():
+        with sdpa_kernel(which):
+            return torch.autograd.grad(o, leaves, g, retain_graph=True)
+
+    return bwd
+
+
 def main():
     a = parse()
     cuda = a.device == "cuda"
     b, h = max(1, a.tokens // a.seqlen), max(1, a.width // a.head_dim)
     shape = (b, a.seqlen, h, a.head_dim)
     q, k, v, dout = (torch.randn(shape, device=a.device, dtype=DTYPES[a.dtype]) for _ in range(4))
-    fwd = flashc.prepare_forward(q, k, v, causal=a.causal, backend=a.backend)
-    o, lse = fwd()
-    call = fwd
-    if a.which == "bwd":
-        call = flashc.prepare_backward(dout, q, k, v, o, lse, causal=a.causal, backend=a.backend)
+    if a.backend.startswith("sdpa-"):
+        call, name = sdpa_call(a, q, k, v, dout), a.backend
+    else:
+        fwd = flashc.prepare_forward(q, k, v, causal=a.causal, backend=a.backend)
+        o, lse = fwd()
+        call = fwd
+        if a.which == "bwd":
+            call = flashc.prepare_backward(dout, q, k, v, o, lse, causal=a.causal, backend=a.backend)
+        name = flashc.last_backend()
     for _ in range(a.warmup):
         call()
     if cuda:
@@ -75,7 +108,7 @@ def main():
         torch.cuda.cudart().cudaProfilerStop()
     flops = 4.0 * b * h * a.seqlen * a.seqlen * a.head_dim * (2.5 if a.which == "bwd" else 1.0)
     flops /= 2 if a.causal else 1
-    print(f"one_call: {flashc.last_backend()} {a.which} b{b} h{h} s{a.seqlen} d{a.head_dim} {a.dtype} "
+    print(f"one_call: {name} {a.which} b{b} h{h} s{a.seqlen} d{a.head_dim} {a.dtype} "
           f"{'causal' if a.causal else 'full'}: {ms:.3f} ms, {flops / ms / 1e9:.2f} TFLOP/s (median of {a.calls})")
 
 
