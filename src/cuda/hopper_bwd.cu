@@ -84,7 +84,7 @@ typedef struct fc_hopper_bwd_args {
   float scale_log2; /* scale·log2(e) */
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
-  int dk_pairs, dv_pairs; /* two neighbouring elements may be stored as one 32-bit word */
+  int dk_vec, dv_vec; /* eight neighbouring elements may be stored as one 16-byte chunk */
 } fc_hopper_bwd_args;
 
 #if FC_HOPPER_ARCH
@@ -313,6 +313,64 @@ static __device__ __forceinline__ void fc_hpb_dq_tile_add(const float (&dq)[NQ /
     fc_bulk_reduce_add_f32(dst, tile, FC_BWD_DQ_TILE * NQ * 4);
     fc_bulk_commit();
   }
+}
+#endif /* FC_HOPPER_ARCH */
+
+#if FC_HOPPER_ARCH
+/* One 64-key × D tile of 16-bit values (a warpgroup's dK_j or dV_j) from shared memory at `tile` to global memory:
+ * row r at r·2D bytes, its 16-byte chunk c at ((c ^ r % 8)·16) (fc_hpb_store_dkdv writes it so), key key_base + r
+ * at `to` + (key_base + r)·ss; rows past the sequence (sk) and columns past head_dim are not written. Each thread
+ * stores whole chunks (16 bytes when `vec`, else element by element), a warp 4 (D = 64) or 2 (D = 128) rows. */
+template <int D>
+static __device__ __forceinline__ void fc_hpb_store_tile(uint32_t tile, uint16_t *to, int64_t ss, int key_base, int sk,
+                                                         int head_dim, int vec, int ct) {
+  constexpr int CH = D / 8; /* 16-byte chunks per row */
+#pragma unroll
+  for (int i = 0; i < 64 * CH / 128; i++) {
+    const int idx = i * 128 + ct, r = idx / CH, ch = idx % CH, key = key_base + r, col = 8 * ch;
+    if (key >= sk || col >= head_dim) continue;
+    const uint4 v = fc_ld_shared_v4(tile + r * 2 * D + ((ch ^ (r % 8)) << 4));
+    uint16_t *dst = to + (int64_t)key * ss + col;
+    if (vec && col + 8 <= head_dim) {
+      *(uint4 *)dst = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < head_dim) dst[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
+/* The end of both dK/dV kernels: dK_j = scale·dK_j and dV_j (this warpgroup's keys k0 + 64·cw .., the accumulators'
+ * rows 16·warp + g (+ 8), columns 8x + 2t, + 1) into global memory through shared memory, so that the global stores
+ * are whole 16-byte chunks of rows: stored from the accumulators as 32-bit pairs, half of every 32-byte sector
+ * was wasted (ncu, session 9). `stage` is the Q/dO stage ring, 2 × 64 × D × 2 bytes per warpgroup at least: free
+ * once both consumer warpgroups are past the barrier below (every fill has been consumed and every wgmma
+ * retired; the producer issues nothing more). The smem tile is swizzled by 16-byte chunks (chunk x of row r at
+ * x ^ r % 8) so that both the pair writes and the chunk reads are free of bank conflicts. */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                                         uint32_t stage, const fc_hopper_bwd_args &a, uint16_t *dK,
+                                                         uint16_t *dV, int k0, int sk, int cw, int ct) {
+  constexpr uint32_t TILE = 64 * D * 2;
+  const int warp = ct / 32, g = ct % 32 / 4, t = ct % 4;
+  const uint32_t tk = stage + cw * 2 * TILE, tv = tk + TILE;
+  fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups are done with the stages */
+  fc_fence_proxy_async();                   /* after the async proxy's use of this memory, before these writes */
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    const int r = 16 * warp + g + 8 * rh;
+#pragma unroll
+    for (int x = 0; x < D / 8; x++) {
+      const uint32_t off = r * 2 * D + ((x ^ (r % 8)) << 4) + 4 * t;
+      fc_st_shared_u32(tk + off, fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
+      fc_st_shared_u32(tv + off, fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+    }
+  }
+  fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
+  fc_hpb_store_tile<D>(tk, dK, a.dk_ss, k0 + 64 * cw, sk, a.head_dim, a.dk_vec, ct);
+  fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, a.head_dim, a.dv_vec, ct);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -610,34 +668,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* BULK: the CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (BULK && ct == 0) fc_bulk_wait<0>();
 
-    /* dK_j = scale·dK_j and dV_j, straight from the accumulators: row key0 (+ 8), columns 8x + 2t, + 1. */
     uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
     uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      const int key = key0 + 8 * rh;
-      if (key >= sk) continue;
-      uint16_t *to_k = dK + (int64_t)key * a.dk_ss, *to_v = dV + (int64_t)key * a.dv_ss;
-#pragma unroll
-      for (int x = 0; x < D / 8; x++) {
-        const int col = 8 * x + 2 * t;
-        if (col >= a.head_dim) continue;
-        const float k_lo = a.scale * dk[4 * x + 2 * rh], k_hi = a.scale * dk[4 * x + 2 * rh + 1];
-        const float v_lo = dv[4 * x + 2 * rh], v_hi = dv[4 * x + 2 * rh + 1];
-        if (col + 1 < a.head_dim && a.dk_pairs) {
-          *(uint32_t *)(to_k + col) = fc_pack2<T>(k_lo, k_hi);
-        } else {
-          to_k[col] = fc_from_float<T>(k_lo);
-          if (col + 1 < a.head_dim) to_k[col + 1] = fc_from_float<T>(k_hi);
-        }
-        if (col + 1 < a.head_dim && a.dv_pairs) {
-          *(uint32_t *)(to_v + col) = fc_pack2<T>(v_lo, v_hi);
-        } else {
-          to_v[col] = fc_from_float<T>(v_lo);
-          if (col + 1 < a.head_dim) to_v[col + 1] = fc_from_float<T>(v_hi);
-        }
-      }
-    }
+    static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
+    fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }
 #undef FULL
 #undef EMPTY
@@ -797,8 +831,8 @@ static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br
 static size_t fc_hpb_round256(size_t n) { return (n + 255) / 256 * 256; }
 
 /* Two neighbouring elements of a row can be one aligned 32-bit store. */
-static int fc_hpb_pairs(const fc_view *v) {
-  return (uintptr_t)v->data % 4 == 0 && v->stride_b % 2 == 0 && v->stride_s % 2 == 0 && v->stride_h % 2 == 0;
+static int fc_hpb_vec16(const fc_view *v) {
+  return (uintptr_t)v->data % 16 == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 && v->stride_h % 8 == 0;
 }
 
 flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
@@ -893,7 +927,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.scale_log2 = p->scale * 1.4426950408889634f;
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  a.dk_pairs = fc_hpb_pairs(&p->dk), a.dv_pairs = fc_hpb_pairs(&p->dv);
+  a.dk_vec = fc_hpb_vec16(&p->dk), a.dv_vec = fc_hpb_vec16(&p->dv);
 
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));

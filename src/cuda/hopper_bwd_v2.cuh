@@ -311,34 +311,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
 
-    /* dK_j = scale·dK_j and dV_j, straight from the accumulators: row key0 (+ 8), columns 8x + 2t, + 1. */
     uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
     uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      const int key = key0 + 8 * rh;
-      if (key >= sk) continue;
-      uint16_t *to_k = dK + (int64_t)key * a.dk_ss, *to_v = dV + (int64_t)key * a.dv_ss;
-#pragma unroll
-      for (int x = 0; x < D / 8; x++) {
-        const int col = 8 * x + 2 * t;
-        if (col >= a.head_dim) continue;
-        const float k_lo = a.scale * dk[4 * x + 2 * rh], k_hi = a.scale * dk[4 * x + 2 * rh + 1];
-        const float v_lo = dv[4 * x + 2 * rh], v_hi = dv[4 * x + 2 * rh + 1];
-        if (col + 1 < a.head_dim && a.dk_pairs) {
-          *(uint32_t *)(to_k + col) = fc_pack2<T>(k_lo, k_hi);
-        } else {
-          to_k[col] = fc_from_float<T>(k_lo);
-          if (col + 1 < a.head_dim) to_k[col + 1] = fc_from_float<T>(k_hi);
-        }
-        if (col + 1 < a.head_dim && a.dv_pairs) {
-          *(uint32_t *)(to_v + col) = fc_pack2<T>(v_lo, v_hi);
-        } else {
-          to_v[col] = fc_from_float<T>(v_lo);
-          if (col + 1 < a.head_dim) to_v[col + 1] = fc_from_float<T>(v_hi);
-        }
-      }
-    }
+    static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
+    fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }
 #undef FULL
 #undef EMPTY

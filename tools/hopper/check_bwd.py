@@ -121,8 +121,11 @@ def grads(q, k, v, dout, scale, vis, low=None):
     return [x[None].double() for x in r[2:]]
 
 
-def nan_like(x):
-    """NaN in x's shape (and, for dense layouts, strides): the kernel must write every element."""
+def nan_like(x, layout=None):
+    """NaN in x's shape (and, for dense layouts, strides; or laid out as `layout` says): the kernel must write
+    every element."""
+    if layout:
+        return make(*x.shape, x.dtype, layout, fill=float("nan"))
     return torch.full_like(x, float("nan"))
 
 
@@ -143,10 +146,12 @@ def problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen)
 
 
 def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", varlen=None,
-          deterministic=0):
-    """One case (fresh random inputs, one reference) in every mode of --modes that applies to it."""
+          deterministic=0, grad_layout=None):
+    """One case (fresh random inputs, one reference) in every mode of --modes that applies to it; grad_layout:
+    dq, dk, dv laid out so (e.g. "odd": rows not 16-byte aligned, which the dK/dV stores must handle)."""
     case = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} w({wl},{wr}) "
-            f"{layout}" + (f" varlen{varlen}" if varlen else "") + (" deterministic" if deterministic else ""))
+            f"{layout}" + (f" varlen{varlen}" if varlen else "") + (" deterministic" if deterministic else "") +
+            (f" grads {grad_layout}" if grad_layout else ""))
     q, k, v, dout, o, lse, seqs, cu = problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen)
     p, keep = params(causal, align, wl, wr, cu=cu, deterministic=deterministic)
     set_mode("env")
@@ -159,13 +164,14 @@ def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout=
         if mode_applies(mode, d, deterministic):
             set_mode(mode)
             check_mode(f"{mode:8s} {case}", dtype, d, causal, align, wl, wr, deterministic, q, k, v, dout, o, lse,
-                       seqs, p, refs)
+                       seqs, p, refs, grad_layout)
     set_mode("env")
     del keep
 
 
-def check_mode(tag, dtype, d, causal, align, wl, wr, deterministic, q, k, v, dout, o, lse, seqs, p, refs):
-    dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
+def check_mode(tag, dtype, d, causal, align, wl, wr, deterministic, q, k, v, dout, o, lse, seqs, p, refs,
+               grad_layout=None):
+    dq, dk, dv = nan_like(q, grad_layout), nan_like(k, grad_layout), nan_like(v, grad_layout)
     st = backward("cuda-hopper", p, q, k, v, o, lse, dout, dq, dk, dv)
     torch.cuda.synchronize()
     if st != OK:
@@ -252,6 +258,8 @@ def correctness():
                 for m in masks:
                     n += 1
                     check(dtype, 2, sq, sk, 4, 2, d, layout=layouts[n % 3], **m)  # GQA 2:1
+        for d in dims:  # gradients whose rows are not 16-byte aligned: the dK/dV stores element by element
+            check(dtype, 1, 203, 257, 4, 2, d, causal=1, grad_layout="odd")
         if args.tiny:
             continue
         check(dtype, 1, 257, 300, 4, 2, 100, causal=1, layout="padded")  # d = 100 runs as D = 128
