@@ -20,7 +20,7 @@
  *                                                               sdQ, one bulk reduce-add per tile (default; or
  *                                                               red.global.add: FLASHC_HOPPER_BWD_DQ). Br = 128:
  *                                                               warpgroup c rows 64·c .. of dQ_i, all D columns
- *        dK_j = scale·dK_j, dV_j stored from registers at the end;
+ *        dK_j = scale·dK_j, dV_j at the end: through the free Q/dO ring, stored as 16-byte chunks (fc_hpb_store_dkdv);
  *   3. convert (hopper_bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
  * Deterministic mode (bit-identical gradients run to run): the dQ adds of one query block are made in a fixed
  * order, key block by key block, warpgroup 0 then 1, through a ticket per (query head, query block) in global
@@ -36,9 +36,9 @@
  *   mbarriers: kv_full, full[STAGES], empty[STAGES]
  *
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
- * D = 128 (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders each
- * warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V; at D = 64
- * with Br = 128 it is built too, selected by FLASHC_HOPPER_BWD_V = 2 or 3, not the default). */
+ * both head dims (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders
+ * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 3 at
+ * D = 128, 2 at D = 64 with Br = 128). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
