@@ -38,7 +38,10 @@
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
  * D = 128 (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders each
  * warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V; at D = 64
- * with Br = 128 it is built too, selected by FLASHC_HOPPER_BWD_V = 2 or 3, not the default). */
+ * with Br = 128 it is built too, selected by FLASHC_HOPPER_BWD_V = 2 or 3, not the default). Its persistent form,
+ * fc_hopper_bwd_v2p_kernel (one CTA per SM walking the tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in, compile-only so
+ * far), runs the same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier before each new K_j, V_j,
+ * and dK, dV staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward"). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"

@@ -15,8 +15,8 @@ there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with 
 d <= 64 only, not deterministic), p (the defaults with FLASHC_HOPPER_BWD_PERSIST=1: the persistent second kernel,
 one CTA per SM walking the tiles, where the default second kernel runs: D = 128 V 3, D = 64 V 2; not deterministic),
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
-tiles per CTA: the phases across tiles, empty tiles, varlen). Every check runs in each of --modes that applies to it; the timings time
-cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
+tiles per CTA: the phases across tiles, empty tiles, varlen). Every check runs in each of --modes that applies to
+it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
 reference of the ratio columns. An A/B of two modes without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
