@@ -38,12 +38,16 @@
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
  * both head dims (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders
  * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 3 at
- * D = 128, 2 at D = 64 with Br = 128). */
+ * D = 128, 2 at D = 64 with Br = 128). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
+ * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in, compile-only so far), runs the same blocks with the Q/dO ring
+ * numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV staged through sdS
+ * (tools/hopper/BWD-NOTES.md, "Persistent backward"). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
 #include "hopper_gemm.cuh"
 #include "hopper_ptx.cuh"
+#include "hopper_sched.cuh"
 #include "hopper_tma.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
@@ -114,6 +118,52 @@ static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int s
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)sq);
   *i_begin = (int)(i_lo / BR);
   *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
+}
+
+/* K_j, V_j (Bc rows, halves of 64 columns) into sK, sV, counted against kv_full (the producer's; armed here). */
+template <int D>
+static __device__ __forceinline__ void fc_hpb_load_kv(const CUtensorMap *tm_k, const CUtensorMap *tm_v, uint32_t sK,
+                                                      uint32_t sV, uint32_t kv_full, int hk, int bt, int k_start,
+                                                      int k0) {
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2;
+  fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+#pragma unroll
+  for (int hf = 0; hf < D / 64; hf++) {
+    fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
+    fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
+  }
+}
+
+/* Fill `ring` of the Q/dO stage ring (stage ring % STAGES, the (ring / STAGES)-th use of it) with block `it` of the
+ * tile's (query head, query block) pairs: Q_i, dO_i (TMA) and lse2_i, D_i (bulk copies). It first waits for the end
+ * of the stage's last use (every consumer thread released it); `ring` continues across the persistent kernel's tiles.
+ * The persistent kernel's (fc_hopper_bwd_v2p_kernel) copy of fc_hpb_produce's loop body, kept apart from it: routing
+ * fc_hpb_produce through these two helpers changed how the compiler unrolled its loop, and the single-tile kernels'
+ * SASS with it. */
+template <int D, int BR, int STAGES>
+static __device__ __forceinline__ void fc_hpb_fill(const CUtensorMap *tm_q, const CUtensorMap *tm_do,
+                                                   const fc_hopper_bwd_args &a, uint32_t sQ, uint32_t sdO, uint32_t sLD,
+                                                   uint32_t bars, int hk, int bt, int q_start, int64_t pad0,
+                                                   int i_begin, int n_i, int it, int ring) {
+  constexpr int HALVES = D / 64;
+  constexpr uint32_t Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;          /* one 64-column half of Q_i or dO_i */
+  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
+  const uint32_t full = bars + 8u, empty = bars + 8u * (1 + STAGES);
+  const int s = ring % STAGES, u = ring / STAGES;
+  const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+  if (u > 0) fc_mbar_wait(empty + 8u * s, (u - 1) & 1);
+  fc_mbar_arrive_expect_tx(full + 8u * s, STAGE_TX);
+#pragma unroll
+  for (int hf = 0; hf < HALVES; hf++) {
+    fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, tm_q, 64 * hf, q_start + q0, hh, bt, full + 8u * s);
+    fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, tm_do, 64 * hf, q_start + q0, hh, bt, full + 8u * s);
+  }
+  /* Padded buffers: rows q0 .. q0 + Br − 1 exist (the sequence's rows are padded to FC_BWD_ROWS_PAD, a multiple of
+   * Br), 256-byte aligned (pad0 and total_pad are multiples of FC_BWD_ROWS_PAD = 128 rows, q0 of Br = 64 or 128). */
+  const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
+  fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, full + 8u * s);
+  fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, full + 8u * s);
 }
 
 /* The producer thread of the dK/dV kernels (both versions): K_j, V_j once into sK, sV (halves of 64 columns), then
@@ -345,32 +395,60 @@ static __device__ __forceinline__ void fc_hpb_store_tile(uint32_t tile, uint16_t
 /* The end of both dK/dV kernels: dK_j = scale·dK_j and dV_j (this warpgroup's keys k0 + 64·cw .., the accumulators'
  * rows 16·warp + g (+ 8), columns 8x + 2t, + 1) into global memory through shared memory, so that the global stores
  * are whole 16-byte chunks of rows: stored from the accumulators as 32-bit pairs, half of every 32-byte sector
- * was wasted (ncu, session 9). `stage` is the Q/dO stage ring, 2 × 64 × D × 2 bytes per warpgroup at least: free
- * once both consumer warpgroups are past the barrier below (every fill has been consumed and every wgmma
- * retired; the producer issues nothing more). The smem tile is swizzled by 16-byte chunks (chunk x of row r at
- * x ^ r % 8) so that both the pair writes and the chunk reads are free of bank conflicts. */
-template <typename T, int D>
+ * was wasted (ncu, session 9). `stage` is where they are staged: the single-tile kernels pass the Q/dO stage ring,
+ * 2 × 64 × D × 2 bytes per warpgroup at least: free once both consumer warpgroups are past the barrier below (every
+ * fill has been consumed and every wgmma retired; the producer issues nothing more). The persistent kernel passes
+ * sdS (the producer refills the ring for its next tile meanwhile), free once both warpgroups are past the barrier
+ * below (their last dQ wgmmas, its last async-proxy readers, retired before it); with ONE_AT_A_TIME (D = 128, where
+ * sdS holds one 64 × D tile per warpgroup) each warpgroup stages dK in its tile, stores it, and then dV in the same
+ * tile. The smem tile is swizzled by 16-byte chunks (chunk x of row r at x ^ r % 8) so that both the pair writes and
+ * the chunk reads are free of bank conflicts. */
+template <typename T, int D, bool ONE_AT_A_TIME = false>
 static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
                                                          uint32_t stage, const fc_hopper_bwd_args &a, uint16_t *dK,
                                                          uint16_t *dV, int k0, int sk, int cw, int ct) {
   constexpr uint32_t TILE = 64 * D * 2;
   const int warp = ct / 32, g = ct % 32 / 4, t = ct % 4;
-  const uint32_t tk = stage + cw * 2 * TILE, tv = tk + TILE;
+  const uint32_t tk = stage + cw * (ONE_AT_A_TIME ? 1 : 2) * TILE, tv = ONE_AT_A_TIME ? tk : tk + TILE;
   fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups are done with the stages */
   fc_fence_proxy_async();                   /* after the async proxy's use of this memory, before these writes */
+  if constexpr (!ONE_AT_A_TIME) {
 #pragma unroll
-  for (int rh = 0; rh < 2; rh++) {
-    const int r = 16 * warp + g + 8 * rh;
+    for (int rh = 0; rh < 2; rh++) {
+      const int r = 16 * warp + g + 8 * rh;
 #pragma unroll
-    for (int x = 0; x < D / 8; x++) {
-      const uint32_t off = r * 2 * D + ((x ^ (r % 8)) << 4) + 4 * t;
-      fc_st_shared_u32(tk + off, fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
-      fc_st_shared_u32(tv + off, fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+      for (int x = 0; x < D / 8; x++) {
+        const uint32_t off = r * 2 * D + ((x ^ (r % 8)) << 4) + 4 * t;
+        fc_st_shared_u32(tk + off, fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
+        fc_st_shared_u32(tv + off, fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+      }
     }
+    fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
+    fc_hpb_store_tile<D>(tk, dK, a.dk_ss, k0 + 64 * cw, sk, a.head_dim, a.dk_vec, ct);
+    fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, a.head_dim, a.dv_vec, ct);
+  } else {
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int r = 16 * warp + g + 8 * rh;
+#pragma unroll
+      for (int x = 0; x < D / 8; x++)
+        fc_st_shared_u32(tk + r * 2 * D + ((x ^ (r % 8)) << 4) + 4 * t,
+                         fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
+    }
+    fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's dK tile is written */
+    fc_hpb_store_tile<D>(tk, dK, a.dk_ss, k0 + 64 * cw, sk, a.head_dim, a.dk_vec, ct);
+    fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... and read: dV goes into the same tile */
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int r = 16 * warp + g + 8 * rh;
+#pragma unroll
+      for (int x = 0; x < D / 8; x++)
+        fc_st_shared_u32(tv + r * 2 * D + ((x ^ (r % 8)) << 4) + 4 * t,
+                         fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+    }
+    fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's dV tile is written */
+    fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, a.head_dim, a.dv_vec, ct);
   }
-  fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
-  fc_hpb_store_tile<D>(tk, dK, a.dk_ss, k0 + 64 * cw, sk, a.head_dim, a.dk_vec, ct);
-  fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, a.head_dim, a.dv_vec, ct);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -738,6 +816,22 @@ static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode
   return FLASHC_OK;
 }
 
+/* The persistent second version (FLASHC_HOPPER_BWD_PERSIST, read at every call, for comparisons): 1 runs
+ * fc_hopper_bwd_v2p_kernel (hopper_bwd_v2.cuh: one CTA per SM walking the tiles) where the default version of the
+ * second kernel would run (D = 128: 3, D = 64: 2; bulk dQ, not deterministic); elsewhere, and with another version
+ * set, the single-tile kernels run, silently. 3 (for tests): the same with at most 3 CTAs, so that small problems
+ * walk many tiles per CTA. Unset or 0: off (compile-only so far, not run on a GPU). *max_ctas: 0 off, else the
+ * grid's cap. */
+static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *max_ctas) {
+  static const char *const names[] = {"0", "1", "3"};
+  int m = 0;
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_PERSIST", names, (int)(sizeof names / sizeof names[0]), 0,
+                         "flashc_backward (cuda-hopper)", &m));
+  const bool runs = m > 0 && version == (p->head_dim > 64 ? 3 : 2);
+  *max_ctas = !runs ? 0 : m == 2 ? 3 : INT32_MAX;
+  return FLASHC_OK;
+}
+
 /* The columns of one tile of the blocked dQ sum (w of fc_bwd_dq_blocked_index), or 0 (red.global.add). */
 static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) { return mode == FC_HPB_DQ_BULK ? d / 2 : 0; }
 
@@ -809,13 +903,46 @@ static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CU
   return FLASHC_OK;
 }
 
+/* The persistent second version (fc_hpb_persist_get): grid = min(SMs, tiles), the tiles in hopper_sched.cuh's
+ * order (fc_hopper_bwd_v2p_kernel says how a tile maps to it), grouped so that the Q and dO that one (sequence, kv
+ * head) pair's tiles all read, 2·group·sq·D·2 bytes, stay in a share of L2 while the group runs. Shared memory: the
+ * single-tile kernel's + 8 bytes (kv_empty): D = 128 198704 bytes, D = 64 199728. */
+template <typename T, int D>
+static flashc_status fc_hpb_launch_v2p(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
+                                       int max_ctas) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_bwd_args,
+                 const fc_hp_sched);
+  if constexpr (D == 64)
+    kernel = fc_hopper_bwd_v2p_kernel<T, 2, false, 64, false, false>; /* version 2, D = 64's default */
+  else
+    kernel = fc_hopper_bwd_v2p_kernel<T, 2, true, 128, false, true>; /* version 3, D = 128's default */
+  const size_t smem = fc_hpb_v2_smem_bytes(D, 2) + 8;
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (persistent)"));
+  const int64_t sq = p->cu_seqlens_q ? p->total_q / p->batch : p->seqlen_q;
+  const int64_t qdo_bytes_per_bh = 2 * (int64_t)a->group * sq * D * 2;
+  const fc_hp_sched sc = fc_hp_make_sched(a->n_blocks, a->heads_kv * (int)p->batch, qdo_bytes_per_bh, 1);
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  int grid = sc.tiles < props.num_sms ? sc.tiles : props.num_sms; /* one CTA per SM (its shared memory) */
+  if (grid > max_ctas) grid = max_ctas;
+  if (grid <= 0) return FLASHC_OK;
+  const fc_hp_sched walk = fc_hp_sched_for_grid(sc, grid, 0);
+  kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
+  FC_LAUNCH_CHECK("fc_hopper_bwd_v2p_kernel");
+  return FLASHC_OK;
+}
+
 /* Tile shapes per head dim: <D, Q/dO stages, Br>; the kernel's version (D = 64: with Br = 128 only). */
 template <typename T>
 static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br, int version,
-                                const CUtensorMap maps[4], const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows,
-                                int grid) {
+                                int persist /* max CTAs */, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
+                                const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  if (p->head_dim > 64 && version > 1)
+  if (persist && p->head_dim > 64)
+    FC_CHECK((fc_hpb_launch_v2p<T, 128>(p, maps, a, persist)));
+  else if (persist)
+    FC_CHECK((fc_hpb_launch_v2p<T, 64>(p, maps, a, persist)));
+  else if (p->head_dim > 64 && version > 1)
     FC_CHECK((fc_hpb_launch_v2<T, 128>(p, version, maps, a, grid)));
   else if (p->head_dim <= 64 && br == 128 && version > 1)
     FC_CHECK((fc_hpb_launch_v2<T, 64>(p, version, maps, a, grid)));
@@ -851,6 +978,8 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hpb_dq_mode_get(p, &mode));
   FC_CHECK(fc_hpb_br_get(p, mode, &br));
   FC_CHECK(fc_hpb_version_get(p, mode, br, &version));
+  int persist = 0;
+  FC_CHECK(fc_hpb_persist_get(p, version, &persist));
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);
@@ -936,6 +1065,6 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", br, "flashc_backward", &maps[3]));
-  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, br, version, maps, &a, &rows, grid);
-  return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, maps, &a, &rows, grid);
+  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, br, version, persist, maps, &a, &rows, grid);
+  return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, persist, maps, &a, &rows, grid);
 }

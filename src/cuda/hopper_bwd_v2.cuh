@@ -51,6 +51,176 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
 }
 #endif /* FC_HOPPER_ARCH */
 
+#if FC_HOPPER_ARCH
+/* The same FULL/EMPTY as the kernels below (identical redefinitions there). */
+#define FULL(s)  (bars + 8u * (1 + (s)))
+#define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
+/* One block (one trip of the loop) of fc_hopper_bwd_v2_kernel: block `it` of the tile's n_iter (query head, query
+ * block) pairs, held in fill `ring` of the Q/dO stage ring (ring = it in the single-tile kernel; the persistent one
+ * numbers the ring across its tiles). The header's order; st holds this block's Sᵀ on entry when NEXT (issued by the
+ * last trip or the prologue) and the next block's on exit. PERSIST: the last block (it + 1 = n_iter) does not
+ * release its stage (NEXT's discarded Sᵀ still reads it): the caller does, after that Sᵀ's wait. */
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV, bool PERSIST>
+static __device__ __forceinline__ void
+fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n_i, int i_begin, int hk, int64_t pad0,
+                int k0, int key0, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
+                uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows, uint32_t v_rows,
+                uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
+                float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2]) {
+  constexpr int BR = D == 64 ? 128 : FC_HPB_BR;
+  constexpr bool ROWSPLIT = BR == 128;
+  constexpr int NQ = ROWSPLIT ? D : D / 2;
+  constexpr int DQ_W = D / 2;
+  constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4;
+  constexpr uint32_t Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
+  constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES;
+  const int s = ring % STAGES, u = ring / STAGES;
+  const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+  const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
+  const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
+  const uint32_t ds_buf = sdS + (it & 1) * DS_BYTES; /* this block's dSᵀ, both warpgroups' rows */
+  /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ: two groups (NEXT: Sᵀ issued by the last iteration, behind its dK) */
+  if constexpr (NEXT) {
+    /* A wait 0: ptxas accepts a group in flight across the back edge only when the next iteration's first
+     * wait retires everything (with a wait 1 here, dPᵀ issued by the last iteration and Pᵀ's exponentials
+     * beside it, it serialised every wgmma: C7515). */
+    fc_wgmma_wait<0>(); /* Sᵀ */
+    fc_fence_regs(st);
+    fc_wgmma_fence();
+    fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
+    fc_wgmma_commit();
+  } else {
+    fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
+    fc_fence_regs(dk);
+    fc_fence_regs(dv);
+    fc_wgmma_fence();
+    fc_hp_ss_kmajor<T, D, BR>(st, k_rows, q_tile);
+    fc_wgmma_commit();
+    fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
+    fc_wgmma_commit();
+    fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
+    fc_fence_regs(st);
+  }
+
+  /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
+   * thread holds). */
+  fc_hpb_p_from_s<BR, false>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left, a.window_right);
+  /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
+  uint32_t pp[BR / 16][4], dsp[BR / 16][4];
+  if constexpr (EARLY_DV) {
+#pragma unroll
+    for (int kb = 0; kb < BR / 16; kb++)
+#pragma unroll
+      for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+
+    /* dV_j += Pᵀ·dO_i: queued behind dPᵀ, it runs while dSᵀ is formed and stored */
+    fc_wgmma_fence();
+    fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
+    fc_wgmma_commit();
+    fc_wgmma_wait<1>(); /* dPᵀ; dV may still run */
+  } else {
+    fc_wgmma_wait<0>(); /* dPᵀ */
+  }
+  fc_fence_regs(dpt);
+
+  fc_hpb_ds_from_dp<BR>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+#pragma unroll
+  for (int kb = 0; kb < BR / 16; kb++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      if constexpr (!EARLY_DV) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+      dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
+    }
+  if constexpr (!EARLY_DV) {
+    /* dV_j += Pᵀ·dO_i: it runs while dSᵀ is stored and the warpgroups meet */
+    fc_wgmma_fence();
+    fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
+    fc_wgmma_commit();
+  }
+
+  /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: in half x / 8
+   * (queries 64·(x / 8) .., DS_HALF bytes apart; Br = 64: one), row r (a key), 16-byte chunk x % 8 (queries
+   * 8x .. 8x + 7) at r·128 + (((x % 8) ^ (r % 8))·16); this thread's rows have r % 8 = g. The buffer's last
+   * readers (block it − 2's dQ wgmmas) are done (the header says why). */
+  fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int r = 64 * cw + 16 * warp + g + 8 * rh;
+      fc_st_shared_u32(ds_buf + (x / 8) * DS_HALF + r * FC_HPB_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
+                       dsp[x / 2][2 * (x % 2) + rh]);
+    }
+  fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
+  /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
+   * barrier). */
+  if (ct == 0) fc_bulk_wait_read<0>();
+  fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
+
+  /* dQ_i (D = 128: columns 64·cw ..; D = 64: queries 64·cw .., half cw of the buffer) = dS·K_j over keys
+   * 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then dK_j += dSᵀ·Q_i. dQ first: it is done (with dV)
+   * while dK runs on. */
+  const uint32_t ds_a = ROWSPLIT ? ds_buf + cw * DS_HALF : ds_buf;
+  float dq[NQ / 2];
+  fc_wgmma_fence();
+  fc_hpb_dq<T, NQ>(dq, ds_a, k_cols);
+  fc_hpb_dq<T, NQ, false>(dq, ds_a + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+  fc_wgmma_commit();
+  fc_hpb_rs_chain<T, D, BR>(dk, dsp, q_tile);
+  fc_wgmma_commit();
+  fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
+  fc_fence_regs(dv);
+  fc_fence_regs(dq);
+  if constexpr (EARLY_S) {
+    /* Block it + 1's Sᵀ behind dK already, before this block's dQ is stored (as NEXT below, one step earlier:
+     * it runs beside the dQ store and bulk add; D = 64 only, where dQ 32 + Sᵀ 64 registers fit beside dK, dV
+     * and the dSᵀ fragments) */
+    const int nx = it + 1 < n_iter ? ring + 1 : ring, s1 = nx % STAGES;
+    fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+    fc_wgmma_fence();
+    fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+    fc_wgmma_commit();
+  }
+  if constexpr (ROWSPLIT) {
+    /* the two w = 32 tiles of head-rows hh·total_pad + pad0 + q0 + 64·cw (a multiple of 64), contiguous */
+    fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
+                                 a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0 + 64 * cw) * D, warp, g, t, ct,
+                                 FC_HPB_BAR_DS + cw);
+  } else {
+    /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. */
+    fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
+                           a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE, warp, g,
+                           t, ct, FC_HPB_BAR_DS + cw);
+  }
+
+  if constexpr (NEXT) {
+    /* Block it + 1's Sᵀ behind dK (EARLY_S: issued above); the last block issues its own again (discarded;
+     * its stage is not refilled), so that every iteration commits the same groups. */
+    if constexpr (!EARLY_S) {
+      const int nx = it + 1 < n_iter ? ring + 1 : ring, s1 = nx % STAGES;
+      fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+      fc_wgmma_fence();
+      fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+      fc_wgmma_commit();
+    }
+    fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
+    fc_fence_regs(dk);
+    /* stage s is read (as below); PERSIST: the last block's stage is released after the wait for the discarded
+     * Sᵀ, which reads it (the ring is refilled for the next tile) */
+    fc_mbar_arrive_if(EMPTY(s), !PERSIST || it + 1 < n_iter);
+  } else {
+    fc_wgmma_wait<0>(); /* dK */
+    fc_fence_regs(dk);
+    /* Q_i, dO_i, lse2_i, D_i of stage s are read: every consumer thread arrives (an arrive releases only the
+     * arriving thread's own reads of sLD). */
+    fc_mbar_arrive_if(EMPTY(s), true);
+  }
+}
+#undef FULL
+#undef EMPTY
+#endif /* FC_HOPPER_ARCH */
+
 /* D = 128: Br = 64, STAGES (Q_i/dO_i stages) 2 or 3; D = 64: Br = 128, STAGES 2 (D comes last: the D = 128
  * kernels kept their SASS of before D = 64 was added, byte for byte; only their names grew). NEXT: issue block
  * i + 1's Sᵀ behind block i's dK, so that the tensor pipe has this warpgroup's next product queued while it
@@ -68,7 +238,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
    * 64·c .. (all 64 columns), as fc_hopper_bwd_kernel<…, BR = 128>. Either way a 64 × 64 fp32 tile. */
   constexpr bool ROWSPLIT = BR == 128;
   constexpr int NQ = ROWSPLIT ? D : D / 2; /* columns of one dQ product */
-  constexpr int DQ_W = D / 2;              /* the blocked sum's tile width (fc_hpb_dq_tile_w) */
   /* EARLY_DV: dV issued before the dPᵀ wait, Pᵀ packed while Sᵀ's fp32 values still wait for dSᵀ (at D = 64, Br =
    * 128: Sᵀ 64 + dPᵀ 64 + packed Pᵀ 32 + dK, dV 64 registers, which ptxas fits only in the NEXT kernels). */
   static_assert(EARLY_DV ? D == 128 || NEXT : D == 64, "EARLY_DV: always at D = 128, with NEXT only at D = 64");
@@ -77,8 +246,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
                 "the shared-memory budgets above");
   constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4; /* 64 rows × NQ columns, fp32 */
   constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
-  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;          /* one buffer of sdS: dSᵀ, Bc keys × Br queries */
-  constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES; /* in 64-query halves (Br = 128: two) */
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2; /* one buffer of sdS: dSᵀ, Bc keys × Br queries */
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
@@ -163,147 +331,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* Every path through the body commits the same groups in the same order (no test of `it` around an issue
      * or a wait): ptxas must see which groups each wait retires, else it adds waits (C7517) or serialises
      * (C7514). */
-    for (int it = 0; it < n_iter; it++) {
-      const int s = it % STAGES, u = it / STAGES;
-      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
-      const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
-      const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
-      const uint32_t ds_buf = sdS + (it & 1) * DS_BYTES; /* this block's dSᵀ, both warpgroups' rows */
-      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ: two groups (NEXT: Sᵀ issued by the last iteration, behind its dK) */
-      if constexpr (NEXT) {
-        /* A wait 0: ptxas accepts a group in flight across the back edge only when the next iteration's first
-         * wait retires everything (with a wait 1 here, dPᵀ issued by the last iteration and Pᵀ's exponentials
-         * beside it, it serialised every wgmma: C7515). */
-        fc_wgmma_wait<0>(); /* Sᵀ */
-        fc_fence_regs(st);
-        fc_wgmma_fence();
-        fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
-        fc_wgmma_commit();
-      } else {
-        fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
-        fc_fence_regs(dk);
-        fc_fence_regs(dv);
-        fc_wgmma_fence();
-        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, q_tile);
-        fc_wgmma_commit();
-        fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
-        fc_wgmma_commit();
-        fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
-        fc_fence_regs(st);
-      }
-
-      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
-       * thread holds). */
-      fc_hpb_p_from_s<BR, false>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left, a.window_right);
-      /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
-      uint32_t pp[BR / 16][4], dsp[BR / 16][4];
-      if constexpr (EARLY_DV) {
-#pragma unroll
-        for (int kb = 0; kb < BR / 16; kb++)
-#pragma unroll
-          for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
-
-        /* dV_j += Pᵀ·dO_i: queued behind dPᵀ, it runs while dSᵀ is formed and stored */
-        fc_wgmma_fence();
-        fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
-        fc_wgmma_commit();
-        fc_wgmma_wait<1>(); /* dPᵀ; dV may still run */
-      } else {
-        fc_wgmma_wait<0>(); /* dPᵀ */
-      }
-      fc_fence_regs(dpt);
-
-      fc_hpb_ds_from_dp<BR>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-#pragma unroll
-      for (int kb = 0; kb < BR / 16; kb++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-          if constexpr (!EARLY_DV) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
-          dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
-        }
-      if constexpr (!EARLY_DV) {
-        /* dV_j += Pᵀ·dO_i: it runs while dSᵀ is stored and the warpgroups meet */
-        fc_wgmma_fence();
-        fc_hpb_rs_chain<T, D, BR>(dv, pp, do_tile);
-        fc_wgmma_commit();
-      }
-
-      /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: in half x / 8
-       * (queries 64·(x / 8) .., DS_HALF bytes apart; Br = 64: one), row r (a key), 16-byte chunk x % 8 (queries
-       * 8x .. 8x + 7) at r·128 + (((x % 8) ^ (r % 8))·16); this thread's rows have r % 8 = g. The buffer's last
-       * readers (block it − 2's dQ wgmmas) are done (the header says why). */
-      fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
-#pragma unroll
-      for (int x = 0; x < BR / 8; x++)
-#pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-          const int r = 64 * cw + 16 * warp + g + 8 * rh;
-          fc_st_shared_u32(ds_buf + (x / 8) * DS_HALF + r * FC_HPB_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
-                           dsp[x / 2][2 * (x % 2) + rh]);
-        }
-      fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
-      /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
-       * barrier). */
-      if (ct == 0) fc_bulk_wait_read<0>();
-      fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
-
-      /* dQ_i (D = 128: columns 64·cw ..; D = 64: queries 64·cw .., half cw of the buffer) = dS·K_j over keys
-       * 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then dK_j += dSᵀ·Q_i. dQ first: it is done (with dV)
-       * while dK runs on. */
-      const uint32_t ds_a = ROWSPLIT ? ds_buf + cw * DS_HALF : ds_buf;
-      float dq[NQ / 2];
-      fc_wgmma_fence();
-      fc_hpb_dq<T, NQ>(dq, ds_a, k_cols);
-      fc_hpb_dq<T, NQ, false>(dq, ds_a + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
-      fc_wgmma_commit();
-      fc_hpb_rs_chain<T, D, BR>(dk, dsp, q_tile);
-      fc_wgmma_commit();
-      fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
-      fc_fence_regs(dv);
-      fc_fence_regs(dq);
-      if constexpr (EARLY_S) {
-        /* Block it + 1's Sᵀ behind dK already, before this block's dQ is stored (as NEXT below, one step earlier:
-         * it runs beside the dQ store and bulk add; D = 64 only, where dQ 32 + Sᵀ 64 registers fit beside dK, dV
-         * and the dSᵀ fragments) */
-        const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
-        fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
-        fc_wgmma_fence();
-        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
-        fc_wgmma_commit();
-      }
-      if constexpr (ROWSPLIT) {
-        /* the two w = 32 tiles of head-rows hh·total_pad + pad0 + q0 + 64·cw (a multiple of 64), contiguous */
-        fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
-                                     a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0 + 64 * cw) * D, warp, g, t, ct,
-                                     FC_HPB_BAR_DS + cw);
-      } else {
-        /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. */
-        fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
-                               a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE,
-                               warp, g, t, ct, FC_HPB_BAR_DS + cw);
-      }
-
-      if constexpr (NEXT) {
-        /* Block it + 1's Sᵀ behind dK (EARLY_S: issued above); the last block issues its own again (discarded;
-         * its stage is not refilled), so that every iteration commits the same groups. */
-        if constexpr (!EARLY_S) {
-          const int nx = it + 1 < n_iter ? it + 1 : it, s1 = nx % STAGES;
-          fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
-          fc_wgmma_fence();
-          fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
-          fc_wgmma_commit();
-        }
-        fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
-        fc_fence_regs(dk);
-        fc_mbar_arrive_if(EMPTY(s), true); /* stage s is read (as below) */
-      } else {
-        fc_wgmma_wait<0>(); /* dK */
-        fc_fence_regs(dk);
-        /* Q_i, dO_i, lse2_i, D_i of stage s are read: every consumer thread arrives (an arrive releases only the
-         * arriving thread's own reads of sLD). */
-        fc_mbar_arrive_if(EMPTY(s), true);
-      }
-    }
+    for (int it = 0; it < n_iter; it++)
+      fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, false>(a, it, it, n_iter, n_i, i_begin, hk, pad0, k0, key0,
+                                                                    sk, shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ,
+                                                                    sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
     if constexpr (NEXT) { /* the discarded Sᵀ */
       fc_wgmma_wait<0>();
       fc_fence_regs(st);
@@ -315,6 +346,190 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
     fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
+  }
+#undef FULL
+#undef EMPTY
+#endif /* FC_HOPPER_ARCH */
+}
+
+/* ---- the persistent version (FLASHC_HOPPER_BWD_PERSIST = 1; compile-only so far, not run on a GPU) -----------------
+ * One CTA per SM (grid = min(SMs, tiles)); CTA x works on tiles x, x + grid, x + 2·grid, ... of hopper_sched.cuh's
+ * static order (stride, no snake, no claim counter), with a tile = (key block jb, kv head hk, sequence b): the
+ * forward's query block mb is our key block jb = n_blocks − 1 − mb, so within each L2 group of (sequence, kv head)
+ * pairs (their Q, dO in a share of L2) key block 0 of every pair comes first, then key block 1, ...: with a causal
+ * mask (or a right window) the lowest key blocks see the most query blocks, so the longest tiles go first and the
+ * short ones fill the tail. Producer and consumers derive the same tiles without talking.
+ * Per tile: the k0 ≥ sk tiles (past a shorter sequence of a varlen batch) are skipped by everyone (nothing to store);
+ * the tiles that no query block sees (n_iter = 0) load nothing and store zeros for dK, dV. Protocol (BWD-NOTES.md,
+ * "Persistent backward"): the ring of Q/dO stages is numbered across the CTA's tiles (fill `ring`: stage ring % STAGES,
+ * parity (ring / STAGES) & 1); kv_full's phase n is the n-th loaded tile's K_j, V_j; kv_empty's phase n is every
+ * consumer thread past its last wgmma that reads that K_j, V_j; the producer loads tile n + 1's K, V after phase n of
+ * kv_empty, but fills its first STAGES − 1 stages before that wait. dK, dV are staged through sdS (the ring is being
+ * refilled): fc_hpb_store_dkdv's 256-thread barrier first (both warpgroups' dQ wgmmas, sdS's last readers, retired),
+ * and one more after the stores (every staging read done before the next tile's dSᵀ writes). */
+#if FC_HOPPER_ARCH
+struct fc_hpb_tile {
+  int jb, hk, k0, sk, sq, q_start, k_start, bt, i_begin, n_i, n_iter;
+  int64_t b, pad0, shift;
+};
+
+/* Tile `t` of the schedule; false: k0 ≥ sk (nothing to do). */
+template <int BR>
+static __device__ __forceinline__ bool fc_hpb_tile_at(const fc_hopper_bwd_args &a, const fc_hp_sched &sc, int t,
+                                                      fc_hpb_tile *ti) {
+  int mb, bh;
+  fc_hp_tile_at(sc, t, &mb, &bh);
+  ti->jb = a.n_blocks - 1 - mb;
+  ti->hk = bh % a.heads_kv;
+  ti->b = bh / a.heads_kv;
+  ti->q_start = 0, ti->k_start = 0, ti->sq = a.seqlen_q, ti->sk = a.seqlen_k;
+  ti->pad0 = ti->b * a.sq_pad;
+  if (a.cu_q) {
+    ti->q_start = a.cu_q[ti->b];
+    ti->sq = a.cu_q[ti->b + 1] - ti->q_start;
+    ti->k_start = a.cu_k[ti->b];
+    ti->sk = a.cu_k[ti->b + 1] - ti->k_start;
+    ti->pad0 = a.cu_pad[ti->b];
+  }
+  ti->k0 = ti->jb * FC_HPB_BC;
+  if (ti->k0 >= ti->sk) return false;
+  ti->bt = a.cu_q ? 0 : (int)ti->b;
+  ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
+  fc_hpb_query_blocks<BR>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
+  ti->n_iter = a.group * ti->n_i;
+  return true;
+}
+
+#endif /* FC_HOPPER_ARCH */
+
+/* The persistent fc_hopper_bwd_v2_kernel (same template parameters; built for the defaults only: D = 64 <2, false,
+ * 64, false, false>, D = 128 <2, true, 128, false, true>). Shared memory: the single-tile kernel's + kv_empty (8
+ * bytes). */
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV>
+__global__ void __launch_bounds__(FC_HPB_THREADS, 1)
+    fc_hopper_bwd_v2p_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                             const fc_hopper_bwd_args a, const fc_hp_sched sc) {
+#if FC_HOPPER_ARCH
+  constexpr int BR = D == 64 ? 128 : FC_HPB_BR;
+  constexpr bool ROWSPLIT = BR == 128;
+  constexpr int NQ = ROWSPLIT ? D : D / 2;
+  static_assert(EARLY_DV ? D == 128 || NEXT : D == 64, "EARLY_DV: always at D = 128, with NEXT only at D = 64");
+  static_assert(!EARLY_S || (NEXT && D == 64), "EARLY_S: NEXT's Sᵀ issued earlier, where the registers allow it");
+  static_assert((D == 128 && (STAGES == 2 || STAGES == 3)) || (D == 64 && STAGES == 2),
+                "the shared-memory budgets above");
+  constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4;
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
+  /* The epilogue's staging in sdS: both warpgroups' dK and dV tiles at D = 64 (4 × 8 KB of 64 KB), one 16 KB tile
+   * per warpgroup at D = 128 (2 × 16 KB of 32 KB: dK, then dV). */
+  constexpr bool ONE_AT_A_TIME = 4 * 64 * D * 2 > 2 * DS_BYTES;
+  static_assert((ONE_AT_A_TIME ? 2 : 4) * 64 * D * 2 <= 2 * DS_BYTES, "sdS holds the epilogue's tiles");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
+  const uint32_t sdQ = sdS + 2 * DS_BYTES;
+  const uint32_t sLD = sdQ + 2 * DQ_TILE_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
+  const uint32_t kv_full = bars, kv_empty = bars + 8u * (1 + 2 * STAGES);
+#define FULL(s)  (bars + 8u * (1 + (s)))
+#define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
+
+  if (threadIdx.x == 0) {
+    fc_mbar_init(kv_full, 1);
+    fc_mbar_init(kv_empty, 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      fc_mbar_init(FULL(s), 1);
+      fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS);
+    }
+    fc_mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    /* ---- producer ------------------------------------------------------------------------------------ */
+    fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
+    if (threadIdx.x == 0) {
+      fc_tma_prefetch_map(&tm_q);
+      fc_tma_prefetch_map(&tm_k);
+      fc_tma_prefetch_map(&tm_v);
+      fc_tma_prefetch_map(&tm_do);
+      int ring = 0, kv_n = 0; /* fills issued, K/V tiles loaded */
+      for (int t = blockIdx.x; t < sc.tiles; t += gridDim.x) {
+        fc_hpb_tile ti;
+        if (!fc_hpb_tile_at<BR>(a, sc, t, &ti) || ti.n_iter == 0) continue;
+        /* The first STAGES − 1 fills wait only for releases of blocks before the last tile's last one, given while
+         * that block runs: they go ahead of K, V, whose wait needs the whole last tile done. */
+        const int pre = min(STAGES - 1, ti.n_iter);
+        for (int it = 0; it < pre; it++)
+          fc_hpb_fill<D, BR, STAGES>(&tm_q, &tm_do, a, sQ, sdO, sLD, bars, ti.hk, ti.bt, ti.q_start, ti.pad0,
+                                     ti.i_begin, ti.n_i, it, ring + it);
+        if (kv_n > 0) fc_mbar_wait(kv_empty, (kv_n - 1) & 1); /* the last tile's K_j, V_j are read */
+        fc_hpb_load_kv<D>(&tm_k, &tm_v, sK, sV, kv_full, ti.hk, ti.bt, ti.k_start, ti.k0);
+        for (int it = pre; it < ti.n_iter; it++)
+          fc_hpb_fill<D, BR, STAGES>(&tm_q, &tm_do, a, sQ, sdO, sLD, bars, ti.hk, ti.bt, ti.q_start, ti.pad0,
+                                     ti.i_begin, ti.n_i, it, ring + it);
+        ring += ti.n_iter;
+        kv_n++;
+      }
+    }
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES;
+    const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
+    const uint32_t k_cols = ROWSPLIT ? sK : sK + cw * FC_HPB_KV_HALF;
+    const float c = a.scale_log2;
+    int ring = 0, kv_n = 0; /* as the producer's */
+    for (int tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) {
+      fc_hpb_tile ti;
+      if (!fc_hpb_tile_at<BR>(a, sc, tile, &ti)) continue;
+      const int k0 = ti.k0, sk = ti.sk, n_iter = ti.n_iter;
+      const int key0 = k0 + 64 * cw + 16 * warp + g;
+
+      float dk[D / 2], dv[D / 2];
+#pragma unroll
+      for (int x = 0; x < D / 2; x++) dk[x] = dv[x] = 0.0f;
+      fc_fence_regs(dk);
+      fc_fence_regs(dv);
+      if (n_iter > 0) fc_mbar_wait(kv_full, kv_n & 1); /* this tile's K_j, V_j have landed */
+
+      float st[BR / 2], dpt[BR / 2];
+      if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
+        fc_mbar_wait(FULL(ring % STAGES), (ring / STAGES) & 1);
+        fc_wgmma_fence();
+        fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + (ring % STAGES) * Q_BYTES);
+        fc_wgmma_commit();
+      }
+      for (int it = 0; it < n_iter; it++)
+        fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, true>(
+            a, it, ring + it, n_iter, ti.n_i, ti.i_begin, ti.hk, ti.pad0, k0, key0, sk, ti.shift, c, cw, ct, warp, g, t,
+            sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+      if constexpr (NEXT) { /* the discarded Sᵀ: it read sK and the last block's stage */
+        fc_wgmma_wait<0>();
+        fc_fence_regs(st);
+      }
+      if (n_iter > 0) {
+        /* NEXT: the last block's stage (fc_hpb_v2_block left it to us); every wgmma of the tile has retired, so
+         * K_j, V_j are free for the next tile's */
+        if constexpr (NEXT) fc_mbar_arrive_if(EMPTY((ring + n_iter - 1) % STAGES), true);
+        fc_mbar_arrive_if(kv_empty, true);
+        ring += n_iter;
+        kv_n++;
+      }
+
+      uint16_t *dK = a.dk + ti.b * a.dk_sb + (int64_t)ti.k_start * a.dk_ss + (int64_t)ti.hk * a.dk_sh;
+      uint16_t *dV = a.dv + ti.b * a.dv_sb + (int64_t)ti.k_start * a.dv_ss + (int64_t)ti.hk * a.dv_sh;
+      fc_hpb_store_dkdv<T, D, ONE_AT_A_TIME>(dk, dv, sdS, a, dK, dV, k0, sk, cw, ct);
+      /* Every staging read of sdS is done before the next tile's first dSᵀ writes (the other warpgroup's too: its
+       * dSᵀ rows and this warpgroup's staging tile share buffers) */
+      fc_named_barrier(FC_HPB_BAR_DS_ALL, 256);
+    }
+    /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
+    if (ct == 0) fc_bulk_wait<0>();
   }
 #undef FULL
 #undef EMPTY

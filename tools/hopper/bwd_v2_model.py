@@ -18,7 +18,15 @@ Checks, each at the moment it matters:
 The model also runs deliberately broken protocols (MUTATIONS) and fails if it does not catch each of them.
 
     python3 tools/hopper/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2 .. 6; 0..7 blocks; GQA-sized runs;
-                                               300 seeds each; each mutation in every kernel it concerns)
+                                               300 seeds each; each mutation in every kernel it concerns; then the
+                                               persistent kernel, fc_hopper_bwd_v2p_kernel: simulate_persist)
+
+The persistent kernel (FLASHC_HOPPER_BWD_PERSIST, D = 128 V 3 and D = 64 V 2): one CTA walking a list of tiles of
+random lengths (0 included), with the stage ring numbered across tiles, kv_full/kv_empty phases per loaded tile, the
+producer's first STAGES - 1 fills of a tile ahead of its kv_empty wait, and the dK/dV epilogue staged in sdS between
+two 256-thread barriers; checked as above plus: K/V never rewritten while a warpgroup uses them or a wgmma reads
+them, every wgmma reads the K/V of its own tile, the staging never written under a dQ wgmma nor dS^T written under
+staging reads (PERSIST_MUTATIONS must each be caught).
 """
 import os
 import random
@@ -238,6 +246,317 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=Fa
         raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
 
 
+PERSIST_MUTATIONS = {
+    "no_kv_empty": "persistent: the next tile's K_j, V_j loaded without waiting for kv_empty",
+    "kv_wrong_parity": "persistent: kv_full waited with the parity of the tile count minus one",
+    "no_epi_start_barrier": "persistent: dK/dV staged in sdS without the 256-thread barrier first",
+    "no_epi_end_barrier": "persistent: no 256-thread barrier after the staging reads (next tile's dS^T writes)",
+    "ring_restart": "persistent: the stage ring numbered from 0 again per tile (phases out of step)",
+}
+# Not a mutation: NEXT releasing the last block's stage inside the loop, as the single-tile kernel does, while the
+# discarded S^T still reads it. The model finds no race there, because the next fill of that stage (ring r + STAGES)
+# comes after the producer's kv_empty wait (its pre-fills are r + 1 .. r + STAGES - 1), which the consumers pass only
+# after that S^T's wait. The kernel releases it after the wait all the same (fc_hpb_v2_block<…, PERSIST>), so that
+# the argument does not hang on the pre-fill count.
+
+
+def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, early_s=False):
+    """fc_hopper_bwd_v2p_kernel: one CTA walking `tiles` (each entry the tile's n_iter; 0: a tile no query block
+    sees, which loads nothing and stores zeros). The per-block protocol is simulate()'s; across tiles: the Q/dO
+    ring numbered across tiles (fill r: stage r % stages, phase r // stages), the producer's first stages - 1 fills
+    of a tile before its kv_empty wait, K_j/V_j (kv_full with the loaded-tile count's parity) after it, the
+    consumers' kv_empty arrival after their last wgmma of the tile (NEXT: after the discarded S^T's wait, with the
+    last block's stage release), the epilogue staged through sdS between two 256-thread barriers. Blocks are named
+    by their ring index r (unique across tiles)."""
+    assert not early_s or nxt
+    rng = random.Random(seed)
+    full = [MBar(1) for _ in range(stages)]
+    empty = [MBar(2) for _ in range(stages)]
+    kv_full, kv_empty = MBar(1), MBar(2)
+    stage_block = [None] * stages
+    holds = [set() for _ in range(stages)]
+    kv_tile = [None]  # which tile's K_j, V_j are in sK, sV (None: being written)
+    kv_holds = set()  # warpgroups between their kv_full wait and their kv_empty arrival
+    sds = [[None, None], [None, None]]  # sdS[buffer][warpgroup rows] = ring index, or ("epi", tile)
+    epi_reading = [False, False]  # a warpgroup's staging reads of sdS are under way
+    sdq = [None, None]
+    bulk_reads = [[], []]
+    groups = [[], []]
+    retired = [set(), set()]
+    tma = []  # in-flight fills: ("stage", s, r) or ("kv", tile)
+    bar3 = {"arrived": 0, "gen": 0}
+    done = [False, False, False]
+    starts = [sum(tiles[:k]) for k in range(len(tiles))]  # each tile's first ring index
+
+    def inflight_reads(res):
+        return [(c, g) for c in (0, 1) for g in groups[c] if res in g["reads"]]
+
+    def issue(c, name, block, check_reads):
+        for res, want in check_reads:
+            if res[0] == "stage":
+                check(stage_block[res[1]] == want, f"wg{c} {name}[{block}] reads stage {res[1]} holding "
+                                                   f"block {stage_block[res[1]]}")
+            elif res[0] == "sds":
+                check(sds[res[1]][res[2]] == want, f"wg{c} {name}[{block}] reads sdS[{res[1]}] rows {res[2]} of "
+                                                   f"block {sds[res[1]][res[2]]}")
+            elif res[0] == "kv":
+                check(kv_tile[0] == want, f"wg{c} {name}[{block}] reads K/V of tile {kv_tile[0]}, wants {want}")
+        groups[c].append({"name": name, "block": block, "reads": set(r for r, _ in check_reads)})
+
+    def need(c, name, block, what):
+        check((name, block) in retired[c], f"wg{c} reads {what} before {name}[{block}] retired")
+
+    def ring_of(k, it):
+        return it if mutation == "ring_restart" else starts[k] + it
+
+    def producer():
+        kv_n = 0
+
+        def fill(k, it):
+            r = ring_of(k, it)
+            s, u = r % stages, r // stages
+            if u > 0:
+                yield lambda: empty[s].passed((u - 1) & 1)
+            check(not holds[s], f"fill of block {r} into stage {s} while warpgroups {holds[s]} hold it")
+            check(not inflight_reads(("stage", s)), f"fill of block {r} into stage {s} under a wgmma")
+            full[s].arrive(expect_tx=1)
+            stage_block[s] = None
+            tma.append(("stage", s, r))
+
+        for k, n_iter in enumerate(tiles):
+            if n_iter == 0:
+                continue
+            pre = min(stages - 1, n_iter)
+            for it in range(pre):
+                yield from fill(k, it)
+            if kv_n > 0 and mutation != "no_kv_empty":
+                yield lambda n=kv_n: kv_empty.passed((n - 1) & 1)
+            check(not kv_holds, f"K/V of tile {k} loaded while warpgroups {kv_holds} use the last ones")
+            check(not inflight_reads(("kv",)), f"K/V of tile {k} loaded under a wgmma")
+            kv_full.arrive(expect_tx=1)
+            kv_tile[0] = None
+            tma.append(("kv", k))
+            for it in range(pre, n_iter):
+                yield from fill(k, it)
+            kv_n += 1
+        done[0] = True
+
+    def wait_groups(c, n):
+        yield lambda: len(groups[c]) <= n
+
+    def barrier3(c):
+        gen = bar3["gen"]
+        bar3["arrived"] += 1
+        if bar3["arrived"] == 2:
+            bar3["arrived"], bar3["gen"] = 0, gen + 1
+        yield lambda: bar3["gen"] != gen
+
+    def consumer(c):
+        last_dv = last_dk = None
+        kv_n = 0
+        for k, n_iter in enumerate(tiles):
+            if n_iter > 0:
+                parity = ((kv_n - 1) & 1) if mutation == "kv_wrong_parity" else (kv_n & 1)
+                yield lambda p=parity: kv_full.passed(p)
+                kv_holds.add(c)
+            dv_blocks, dk_blocks = [], []
+            if nxt and n_iter > 0:
+                r0 = ring_of(k, 0)
+                yield lambda: full[r0 % stages].passed((r0 // stages) & 1)
+                holds[r0 % stages].add(c)
+                issue(c, "S", r0, [(("stage", r0 % stages), r0), (("kv",), k)])
+            for it in range(n_iter):
+                r = ring_of(k, it)
+                s, u = r % stages, r // stages
+                buf = it & 1
+                if nxt:
+                    yield from wait_groups(c, 0)
+                    need(c, "S", r, "S^T")
+                    issue(c, "dP", r, [(("stage", s), r), (("kv",), k)])
+                else:
+                    yield lambda: full[s].passed(u & 1)
+                    holds[s].add(c)
+                    issue(c, "S", r, [(("stage", s), r), (("kv",), k)])
+                    issue(c, "dP", r, [(("stage", s), r), (("kv",), k)])
+                    yield from wait_groups(c, 1)
+                    need(c, "S", r, "S^T")
+                check(stage_block[s] == r, f"wg{c} reads lse2 of block {r} from stage {s} = {stage_block[s]}")
+
+                def issue_dv():
+                    nonlocal last_dv
+                    if last_dv is not None:
+                        need(c, "dV", last_dv, "the P^T fragments it rewrites")
+                    last_dv = r
+                    dv_blocks.append(r)
+                    issue(c, "dV", r, [(("stage", s), r)])
+
+                if early_dv:
+                    issue_dv()
+                    yield
+                    yield from wait_groups(c, 1)
+                else:
+                    yield from wait_groups(c, 0)
+                need(c, "dP", r, "dP^T")
+                check(stage_block[s] == r, f"wg{c} reads D_i of block {r} from stage {s} = {stage_block[s]}")
+                if last_dk is not None:
+                    need(c, "dK", last_dk, "the dS^T fragments it rewrites")
+                last_dk = r
+                dk_blocks.append(r)
+                if not early_dv:
+                    issue_dv()
+                    yield
+                check(not inflight_reads(("sds", buf, c)), f"wg{c} writes sdS[{buf}] under a wgmma that reads it")
+                # the staging tiles overlap both warpgroups' dS^T rows (D = 64: buffer 0; D = 128: both buffers)
+                check(not any(epi_reading), f"wg{c} writes dS^T of block {r} while staging reads {epi_reading} run")
+                sds[buf][c] = r
+                yield
+                yield lambda: not bulk_reads[c]
+                yield from barrier3(c)
+                issue(c, "dQ", r, [(("sds", buf, 0), r), (("sds", buf, 1), r), (("kv",), k)])
+                issue(c, "dK", r, [(("stage", s), r)])
+                yield
+
+                def issue_next():
+                    last = it + 1 == n_iter
+                    nx = r if last else r + 1
+                    s1 = nx % stages
+                    yield lambda: full[s1].passed((nx // stages) & 1)
+                    holds[s1].add(c)
+                    issue(c, "S", nx, [(("stage", s1), nx), (("kv",), k)])
+
+                yield from wait_groups(c, 1)
+                if early_s:
+                    yield from issue_next()
+                need(c, "dQ", r, "dQ")
+                check(not bulk_reads[c], f"wg{c} writes its sdQ tile while a bulk add reads it")
+                sdq[c] = r
+                bulk_reads[c].append(r)
+                yield
+                if nxt:
+                    if not early_s:
+                        yield from issue_next()
+                    yield from wait_groups(c, 1)
+                    need(c, "dK", r, "dK (stage release)")
+                    if it + 1 < n_iter:
+                        holds[s].discard(c)
+                        empty[s].arrive()
+                else:
+                    yield from wait_groups(c, 0)
+                    holds[s].discard(c)
+                    empty[s].arrive()
+            if nxt:
+                yield from wait_groups(c, 0)  # the discarded S^T
+                if n_iter > 0:
+                    s = ring_of(k, n_iter - 1) % stages
+                    holds[s].discard(c)
+                    empty[s].arrive()
+            check(not groups[c], f"wg{c} ends tile {k} with wgmmas in flight")
+            if n_iter > 0:
+                kv_holds.discard(c)
+                kv_empty.arrive()
+                kv_n += 1
+            for r in dk_blocks:
+                need(c, "dK", r, "dK at the epilogue")
+            for r in dv_blocks:
+                need(c, "dV", r, "dV at the epilogue")
+            # epilogue: barrier, stage dK/dV into sdS (both buffers, conservatively), read it back, barrier
+            if mutation != "no_epi_start_barrier":
+                yield from barrier3(c)
+            check(not inflight_reads(("sds", 0, 0)) and not inflight_reads(("sds", 0, 1)) and
+                  not inflight_reads(("sds", 1, 0)) and not inflight_reads(("sds", 1, 1)),
+                  f"wg{c} stages dK/dV of tile {k} in sdS under a dQ wgmma")
+            epi_reading[c] = True
+            for b in (0, 1):
+                sds[b][c] = ("epi", k)  # its staging tile covers (at least) rows of its own in each buffer
+            yield
+            yield
+            epi_reading[c] = False
+            if mutation != "no_epi_end_barrier":
+                yield from barrier3(c)
+        yield lambda: not bulk_reads[c]
+        done[1 + c] = True
+
+    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
+    agents = [producer(), consumer(0), consumer(1)]
+    active = [True, True, True]
+    blocked = [None, None, None]
+    while True:
+        events = []
+        for i in range(3):
+            if active[i] and (blocked[i] is None or blocked[i]()):
+                events.append(("agent", i))
+        for k in range(len(tma)):
+            events.append(("tma", k))
+        for c in (0, 1):
+            if groups[c]:
+                events.append(("wgmma", c))
+            if bulk_reads[c]:
+                events.append(("bulk", c))
+        if not events:
+            break
+        kind, x = rng.choices(events, weights=[speed[k] for k, _ in events])[0]
+        if kind == "agent":
+            try:
+                blocked[x] = next(agents[x])
+            except StopIteration:
+                active[x] = False
+        elif kind == "tma":
+            f = tma.pop(x)
+            if f[0] == "stage":
+                _, s, blk = f
+                check(not inflight_reads(("stage", s)), f"block {blk} lands in stage {s} under a wgmma")
+                stage_block[s] = blk
+                full[s].complete_tx(1)
+            else:
+                check(not inflight_reads(("kv",)), f"K/V of tile {f[1]} land under a wgmma")
+                kv_tile[0] = f[1]
+                kv_full.complete_tx(1)
+        elif kind == "wgmma":
+            g = groups[x].pop(0)
+            retired[x].add((g["name"], g["block"]))
+        else:
+            blk = bulk_reads[x].pop(0)
+            check(sdq[x] == blk, f"bulk add of block {blk} read wg{x}'s tile holding block {sdq[x]}")
+    if not all(done):
+        raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
+
+
+PERSIST_VERSIONS = {"D128 V3 persistent": (2, True, True, False), "D64 V2 persistent": (2, False, False, False)}
+
+
+def persist_main(rng_tiles=random.Random(1)):
+    """Random tile lists (0..5 tiles of 0..6 blocks, zeros included) through the two persistent kernels, then each
+    persistent mutation in each kernel it concerns. Returns (failures, missed)."""
+    failures = runs = 0
+    for version, (stages, nxt, early_dv, early_s) in PERSIST_VERSIONS.items():
+        for seed in range(1500):
+            tiles = [rng_tiles.choice((0, 1, 1, 2, 3, 4, 5, 6)) for _ in range(rng_tiles.randint(0, 5))]
+            runs += 1
+            try:
+                simulate_persist(tiles, stages, nxt, seed, early_dv=early_dv, early_s=early_s)
+            except Violation as e:
+                failures += 1
+                if failures < 10:
+                    print(f"{version} tiles {tiles} seed {seed}: {e}")
+    print(f"persistent protocol: {runs - failures}/{runs} interleavings clean")
+    missed = 0
+    for m, what in PERSIST_MUTATIONS.items():
+        for name, (stages, nxt, early_dv, early_s) in PERSIST_VERSIONS.items():
+            caught = False
+            for tiles in ([3, 2, 4], [1, 0, 2, 3], [2, 3, 1, 2], [5, 1, 3]):
+                for seed in range(300):
+                    try:
+                        simulate_persist(tiles, stages, nxt, seed, mutation=m, early_dv=early_dv, early_s=early_s)
+                    except (Violation, AssertionError):  # AssertionError: an mbarrier phase over-arrived
+                        caught = True
+                        break
+                if caught:
+                    break
+            print(f"mutation {m:22s} {name:20s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
+            missed += not caught
+    return failures, missed
+
+
 VERSIONS = {  # name: (stages, NEXT, early_dv, early_s)
     "D128 V2": (2, False, True, False), "D128 V3": (2, True, True, False), "D128 V4": (3, True, True, False),
     "D64 V2": (2, False, False, False), "D64 V3": (2, True, False, False), "D64 V4": (2, True, False, True),
@@ -278,7 +597,8 @@ def main():
                     break
             print(f"mutation {m:18s} {name:8s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
             missed += not caught
-    ok = failures == 0 and missed == 0
+    p_failures, p_missed = persist_main()
+    ok = failures == 0 and missed == 0 and p_failures == 0 and p_missed == 0
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

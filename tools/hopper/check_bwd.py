@@ -5,21 +5,25 @@ tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
         [--modes env,bulk] [--bench-modes env] [--rounds 1] [--no-peers]
 
-Modes (the library reads FLASHC_HOPPER_BWD_DQ, FLASHC_HOPPER_BWD_BR and FLASHC_HOPPER_BWD_V at every call): env
+Modes (the library reads FLASHC_HOPPER_BWD_DQ, _BR, _V and _PERSIST at every call): env
 (the variables as this script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split,
 each (dQ paths, Br = 64), bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only
 there and not in deterministic mode, where the library would run the Br = 64 kernel anyway), v2, v3, v4 (bulk at
 D = 128 with the second kernel, FLASHC_HOPPER_BWD_V = 2, 3, 4: src/cuda/hopper_bwd_v2.cuh; d > 64 only, not
 deterministic), v2d64 .. v6d64 (bulk128 with the second kernel at D = 64, Br = 128, FLASHC_HOPPER_BWD_V = 2 .. 6: 4
 there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with dV issued before the dP^T wait;
-d <= 64 only, not deterministic). Every check runs in each of --modes that applies to it; the timings time
-cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
+d <= 64 only, not deterministic), p (the defaults with FLASHC_HOPPER_BWD_PERSIST=1: the persistent second kernel,
+one CTA per SM walking the tiles, where the default second kernel runs: D = 128 V 3, D = 64 V 2; not deterministic),
+p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
+tiles per CTA: the phases across tiles, empty tiles, varlen). Every check runs in each of --modes that applies to
+it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
 reference of the ratio columns. An A/B of two modes without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,v2,v3,v4 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk128,v2d64,v3d64,v4d64,v5d64,v6d64 --rounds 3 \
         --no-peers
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes env,p --rounds 3 --no-peers
 
 What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128) it must refuse, and
 auto must fall back to another backend.
@@ -55,11 +59,13 @@ ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper on
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR", "FLASHC_HOPPER_BWD_V")
+MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR", "FLASHC_HOPPER_BWD_V", "FLASHC_HOPPER_BWD_PERSIST")
 
 
-def _mode(dq, br, v="1"):
-    return {"FLASHC_HOPPER_BWD_DQ": dq, "FLASHC_HOPPER_BWD_BR": br, "FLASHC_HOPPER_BWD_V": v}
+def _mode(dq, br, v="1", persist=None):
+    """None: unset (the library's default)."""
+    return {"FLASHC_HOPPER_BWD_DQ": dq, "FLASHC_HOPPER_BWD_BR": br, "FLASHC_HOPPER_BWD_V": v,
+            "FLASHC_HOPPER_BWD_PERSIST": persist}
 
 
 MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
@@ -67,7 +73,8 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "bulk128": _mode("bulk", "128"),
          "v2": _mode("bulk", "64", "2"), "v3": _mode("bulk", "64", "3"), "v4": _mode("bulk", "64", "4"),
          "v2d64": _mode("bulk", "128", "2"), "v3d64": _mode("bulk", "128", "3"), "v4d64": _mode("bulk", "128", "4"),
-         "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6")}
+         "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6"),
+         "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3")}
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
@@ -86,7 +93,10 @@ def mode_applies(name, d, deterministic=0):
     """bulk128 changes the kernel only at d <= 64 and outside deterministic mode (elsewhere Br = 64 runs); v2..v4
     only at d > 64 and outside deterministic mode (elsewhere the first kernel runs); v2d64..v6d64 (the second
     kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
-    kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check)."""
+    kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check); p, p3 (the
+    persistent second kernel) outside deterministic mode, at both head dims."""
+    if name in ("p", "p3"):
+        return not deterministic
     if name.endswith("d64") or name == "bulk128":
         return d <= 64 and not deterministic
     if name in ("v2", "v3", "v4"):
@@ -248,9 +258,9 @@ def correctness():
     dims = (64, 128)
     if args.quick:
         shapes, masks = [(97, 97), (257, 257), (203, 113), (1024, 1023)], [dict(), dict(causal=1)]
-    if args.tiny:  # d = 128 too when a mode runs only there (the sanitizers of v2..v4)
+    if args.tiny:  # d = 128 too when a mode runs only there (the sanitizers of v2..v4) or differs there (p, p3)
         shapes, masks = [(97, 97), (203, 113)], [dict(causal=1)]
-        dims = (64, 128) if any(m in ("v2", "v3", "v4") for m in modes) else (64,)
+        dims = (64, 128) if any(m in ("v2", "v3", "v4", "p", "p3") for m in modes) else (64,)
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         for d in dims:
