@@ -56,6 +56,32 @@ MUTATIONS = {
 }
 
 
+def step(rng, speed, agents, active, blocked, tma, groups, bulk_reads):
+    """One event of a run, drawn with the run's speeds among what can happen now: an agent's next step (taken
+    here), a TMA copy landing, a warpgroup's oldest wgmma group or bulk read completing (left to the caller, which
+    knows what they touch). Returns (kind, index), or None when nothing can happen (the run is over)."""
+    events = []
+    for i in range(len(agents)):
+        if active[i] and (blocked[i] is None or blocked[i]()):
+            events.append(("agent", i))
+    for k in range(len(tma)):
+        events.append(("tma", k))
+    for c in (0, 1):
+        if groups[c]:
+            events.append(("wgmma", c))
+        if bulk_reads[c]:
+            events.append(("bulk", c))
+    if not events:
+        return None
+    kind, x = rng.choices(events, weights=[speed[k] for k, _ in events])[0]
+    if kind == "agent":
+        try:
+            blocked[x] = next(agents[x])
+        except StopIteration:
+            active[x] = False
+    return kind, x
+
+
 def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=False):
     """early_dv: D = 128's order (dV issued before the dP^T wait); False: D = 64's (dV after dS^T is formed).
     early_s (with nxt, D = 64's V = 4): block it + 1's S^T issued before the dQ store instead of after it."""
@@ -211,26 +237,11 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=Fa
     active = [True, True, True]
     blocked = [None, None, None]  # the condition an agent waits for (None: runnable)
     while True:
-        events = []
-        for i in range(3):
-            if active[i] and (blocked[i] is None or blocked[i]()):
-                events.append(("agent", i))
-        for k in range(len(tma)):
-            events.append(("tma", k))
-        for c in (0, 1):
-            if groups[c]:
-                events.append(("wgmma", c))
-            if bulk_reads[c]:
-                events.append(("bulk", c))
-        if not events:
+        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
+        if ev is None:
             break
-        kind, x = rng.choices(events, weights=[speed[k] for k, _ in events])[0]
-        if kind == "agent":
-            try:
-                blocked[x] = next(agents[x])
-            except StopIteration:
-                active[x] = False
-        elif kind == "tma":
+        kind, x = ev
+        if kind == "tma":
             s, blk = tma.pop(x)
             check(not inflight_reads(("stage", s)), f"block {blk} lands in stage {s} under a wgmma")
             stage_block[s] = blk
@@ -238,7 +249,7 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=Fa
         elif kind == "wgmma":
             g = groups[x].pop(0)  # groups complete in order
             retired[x].add((g["name"], g["block"]))
-        else:
+        elif kind == "bulk":
             blk = bulk_reads[x].pop(0)
             check(sdq[x] == blk, f"bulk add of block {blk} read wg{x}'s tile holding block {sdq[x]}")
     # No runnable agent and no event left: a deadlock unless all are done.
@@ -481,26 +492,11 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
     active = [True, True, True]
     blocked = [None, None, None]
     while True:
-        events = []
-        for i in range(3):
-            if active[i] and (blocked[i] is None or blocked[i]()):
-                events.append(("agent", i))
-        for k in range(len(tma)):
-            events.append(("tma", k))
-        for c in (0, 1):
-            if groups[c]:
-                events.append(("wgmma", c))
-            if bulk_reads[c]:
-                events.append(("bulk", c))
-        if not events:
+        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
+        if ev is None:
             break
-        kind, x = rng.choices(events, weights=[speed[k] for k, _ in events])[0]
-        if kind == "agent":
-            try:
-                blocked[x] = next(agents[x])
-            except StopIteration:
-                active[x] = False
-        elif kind == "tma":
+        kind, x = ev
+        if kind == "tma":
             f = tma.pop(x)
             if f[0] == "stage":
                 _, s, blk = f
@@ -514,7 +510,7 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
         elif kind == "wgmma":
             g = groups[x].pop(0)
             retired[x].add((g["name"], g["block"]))
-        else:
+        elif kind == "bulk":
             blk = bulk_reads[x].pop(0)
             check(sdq[x] == blk, f"bulk add of block {blk} read wg{x}'s tile holding block {sdq[x]}")
     if not all(done):
