@@ -39,9 +39,9 @@
  * both head dims (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders
  * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 3 at
  * D = 128, 2 at D = 64 with Br = 128). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
- * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in, compile-only so far), runs the same blocks with the Q/dO ring
- * numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV staged through sdS
- * (tools/hopper/BWD-NOTES.md, "Persistent backward"). */
+ * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the single-tile kernel on the H100), runs the
+ * same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV
+ * staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward"). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -820,8 +820,9 @@ static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode
  * fc_hopper_bwd_v2p_kernel (hopper_bwd_v2.cuh: one CTA per SM walking the tiles) where the default version of the
  * second kernel would run (D = 128: 3, D = 64: 2; bulk dQ, not deterministic); elsewhere, and with another version
  * set, the single-tile kernels run, silently. 3 (for tests): the same with at most 3 CTAs, so that small problems
- * walk many tiles per CTA. Unset or 0: off (compile-only so far, not run on a GPU). *max_ctas: 0 off, else the
- * grid's cap. */
+ * walk many tiles per CTA. Unset or 0: off. H100, session 10 (bench/results/configs/hopper-bwd-persist.txt): in
+ * its best order (dynamic) +0.7..4.3 % over the single-tile kernel at 512–1k, −2..5 % at 4k–16k; not the default.
+ * *max_ctas: 0 off, else the grid's cap. */
 static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *max_ctas) {
   static const char *const names[] = {"0", "1", "3"};
   int m = 0;
@@ -903,30 +904,49 @@ static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CU
   return FLASHC_OK;
 }
 
-/* The persistent second version (fc_hpb_persist_get): grid = min(SMs, tiles), the tiles in hopper_sched.cuh's
- * order (fc_hopper_bwd_v2p_kernel says how a tile maps to it), grouped so that the Q and dO that one (sequence, kv
- * head) pair's tiles all read, 2·group·sq·D·2 bytes, stay in a share of L2 while the group runs. Shared memory: the
- * single-tile kernel's + 8 bytes (kv_empty): D = 128 198704 bytes, D = 64 199728. */
+/* FLASHC_HOPPER_BWD_SCHED (comparisons): the order of the persistent kernel's tiles. stride and dynamic walk the
+ * single-tile kernel's order, key block fastest (every key block of one (sequence, kv head) pair, then the next
+ * pair: the CTAs at work read the same Q_i, dO_i and add into the same dQ_i rows at about the same time); stride
+ * hands CTA x the tiles x, x + grid, ...; dynamic lets each CTA claim the next tile after its last fill (greedy, as
+ * the hardware hands out the single-tile kernel's CTAs: with a causal mask the tiles differ in length). grouped: the
+ * forward's L2 groups with key block 0 of every pair of a group first (session 9's first draft; H100, session 10:
+ * L2 hit rate 71 -> 48 % at d128 s512, 90 -> 62 % causal 4k, 0.75-0.98x the single-tile kernel). Unset: dynamic. */
+enum { FC_HPB_SCHED_STRIDE = 0, FC_HPB_SCHED_DYNAMIC = 1, FC_HPB_SCHED_GROUPED = 2 };
+static flashc_status fc_hpb_sched_get(int *order) {
+  static const char *const names[] = {"stride", "dynamic", "grouped"}; /* FC_HPB_SCHED_* order */
+  return fc_env_choice("FLASHC_HOPPER_BWD_SCHED", names, (int)(sizeof names / sizeof names[0]), FC_HPB_SCHED_DYNAMIC,
+                       "flashc_backward (cuda-hopper)", order);
+}
+
+/* The persistent second version (fc_hpb_persist_get): grid = min(SMs, tiles), the tiles in the order `order`
+ * (fc_hpb_sched_get; fc_hopper_bwd_v2p_kernel says how a tile maps to a key block); claim: the dynamic order's
+ * counter in the workspace. Shared memory: the single-tile kernel's + kv_empty and the tile ring (48 bytes): D = 128
+ * 198744 bytes, D = 64 199768. */
 template <typename T, int D>
 static flashc_status fc_hpb_launch_v2p(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
-                                       int max_ctas) {
+                                       int max_ctas, int order, int32_t *claim) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_bwd_args,
                  const fc_hp_sched);
   if constexpr (D == 64)
     kernel = fc_hopper_bwd_v2p_kernel<T, 2, false, 64, false, false>; /* version 2, D = 64's default */
   else
     kernel = fc_hopper_bwd_v2p_kernel<T, 2, true, 128, false, true>; /* version 3, D = 128's default */
-  const size_t smem = fc_hpb_v2_smem_bytes(D, 2) + 8;
+  const size_t smem = fc_hpb_v2_smem_bytes(D, 2) + 8 + 20 * FC_HP_TILE_RING;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (persistent)"));
   const int64_t sq = p->cu_seqlens_q ? p->total_q / p->batch : p->seqlen_q;
   const int64_t qdo_bytes_per_bh = 2 * (int64_t)a->group * sq * D * 2;
-  const fc_hp_sched sc = fc_hp_make_sched(a->n_blocks, a->heads_kv * (int)p->batch, qdo_bytes_per_bh, 1);
+  fc_hp_sched sc = fc_hp_make_sched(a->n_blocks, a->heads_kv * (int)p->batch, qdo_bytes_per_bh, 1);
+  if (order != FC_HPB_SCHED_GROUPED) sc.group_bh = 1; /* pair by pair, key block 0 first */
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
   int grid = sc.tiles < props.num_sms ? sc.tiles : props.num_sms; /* one CTA per SM (its shared memory) */
   if (grid > max_ctas) grid = max_ctas;
   if (grid <= 0) return FLASHC_OK;
-  const fc_hp_sched walk = fc_hp_sched_for_grid(sc, grid, 0);
+  fc_hp_sched walk = fc_hp_sched_for_grid(sc, grid, 0);
+  if (order == FC_HPB_SCHED_DYNAMIC) { /* zeroed on the call's stream before every launch, as the forward's */
+    walk.claim = claim;
+    FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
+  }
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
   FC_LAUNCH_CHECK("fc_hopper_bwd_v2p_kernel");
   return FLASHC_OK;
@@ -935,13 +955,13 @@ static flashc_status fc_hpb_launch_v2p(const fc_problem *p, const CUtensorMap ma
 /* Tile shapes per head dim: <D, Q/dO stages, Br>; the kernel's version (D = 64: with Br = 128 only). */
 template <typename T>
 static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br, int version,
-                                int persist /* max CTAs */, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
-                                const fc_bwd_rows_args *rows, int grid) {
+                                int persist /* max CTAs */, int order, int32_t *claim, const CUtensorMap maps[4],
+                                const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
   if (persist && p->head_dim > 64)
-    FC_CHECK((fc_hpb_launch_v2p<T, 128>(p, maps, a, persist)));
+    FC_CHECK((fc_hpb_launch_v2p<T, 128>(p, maps, a, persist, order, claim)));
   else if (persist)
-    FC_CHECK((fc_hpb_launch_v2p<T, 64>(p, maps, a, persist)));
+    FC_CHECK((fc_hpb_launch_v2p<T, 64>(p, maps, a, persist, order, claim)));
   else if (p->head_dim > 64 && version > 1)
     FC_CHECK((fc_hpb_launch_v2<T, 128>(p, version, maps, a, grid)));
   else if (p->head_dim <= 64 && br == 128 && version > 1)
@@ -978,8 +998,9 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hpb_dq_mode_get(p, &mode));
   FC_CHECK(fc_hpb_br_get(p, mode, &br));
   FC_CHECK(fc_hpb_version_get(p, mode, br, &version));
-  int persist = 0;
+  int persist = 0, order = FC_HPB_SCHED_STRIDE;
   FC_CHECK(fc_hpb_persist_get(p, version, &persist));
+  if (persist) FC_CHECK(fc_hpb_sched_get(&order));
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);
@@ -1006,8 +1027,12 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const int64_t dq_rows = mode >= FC_HPB_DQ_BULK ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
   const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
+  const size_t claim_bytes = persist && order == FC_HPB_SCHED_DYNAMIC ? 256 : 0; /* the claim counter */
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes, (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes + claim_bytes,
+                               (void **)&ws));
+  int32_t *claim =
+      claim_bytes ? (int32_t *)(ws + cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes) : NULL;
   const cudaStream_t stream = fc_stream(p);
   const int32_t *cu_q = NULL, *cu_k = NULL;
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &cu_q, &cu_k));
@@ -1065,6 +1090,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", br, "flashc_backward", &maps[3]));
-  if (p->dtype == FLASHC_F16) return fc_hpb_run<__half>(p, mode, br, version, persist, maps, &a, &rows, grid);
-  return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, persist, maps, &a, &rows, grid);
+  if (p->dtype == FLASHC_F16)
+    return fc_hpb_run<__half>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);
+  return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);
 }

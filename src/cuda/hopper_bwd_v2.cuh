@@ -352,13 +352,15 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #endif /* FC_HOPPER_ARCH */
 }
 
-/* ---- the persistent version (FLASHC_HOPPER_BWD_PERSIST = 1; compile-only so far, not run on a GPU) -----------------
- * One CTA per SM (grid = min(SMs, tiles)); CTA x works on tiles x, x + grid, x + 2·grid, ... of hopper_sched.cuh's
- * static order (stride, no snake, no claim counter), with a tile = (key block jb, kv head hk, sequence b): the
- * forward's query block mb is our key block jb = n_blocks − 1 − mb, so within each L2 group of (sequence, kv head)
- * pairs (their Q, dO in a share of L2) key block 0 of every pair comes first, then key block 1, ...: with a causal
- * mask (or a right window) the lowest key blocks see the most query blocks, so the longest tiles go first and the
- * short ones fill the tail. Producer and consumers derive the same tiles without talking.
+/* ---- the persistent version (FLASHC_HOPPER_BWD_PERSIST = 1, opt-in; verified on the H100 in session 10) ------------
+ * One CTA per SM (grid = min(SMs, tiles)) walking hopper_sched.cuh's order, with a tile = (key block jb, kv head hk,
+ * sequence b): the forward's query block mb is our key block jb = n_blocks − 1 − mb. The host sets one (sequence,
+ * kv head) pair per group (FLASHC_HOPPER_BWD_SCHED stride, dynamic), so the order is the single-tile kernel's, key
+ * block 0 of pair 0, key block 1 of pair 0, ...: the CTAs at work share one pair's Q_i, dO_i and dQ_i rows in L2 (the
+ * forward's larger groups, `grouped`, cost 20–25 points of L2 hit rate). Static (stride): CTA x takes tiles x,
+ * x + grid, ...; dynamic: after the last fill of each tile the producer claims the next position (fc_hp_claim) and
+ * hands it to the consumers through the tile ring, which take it after the tile's epilogue (fc_hp_take): greedy,
+ * as the hardware hands out the single-tile kernel's CTAs, which matters with a causal mask (tiles of unequal length).
  * Per tile: the k0 ≥ sk tiles (past a shorter sequence of a varlen batch) are skipped by everyone (nothing to store);
  * the tiles that no query block sees (n_iter = 0) load nothing and store zeros for dK, dV. Protocol (BWD-NOTES.md,
  * "Persistent backward"): the ring of Q/dO stages is numbered across the CTA's tiles (fill `ring`: stage ring % STAGES,
@@ -431,6 +433,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   const uint32_t sdQ = sdS + 2 * DS_BYTES;
   const uint32_t sLD = sdQ + 2 * DQ_TILE_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
   const uint32_t kv_full = bars, kv_empty = bars + 8u * (1 + 2 * STAGES);
+  const uint32_t tring = kv_empty + 8u; /* the dynamic order's tile ring (hopper_sched.cuh; unused by stride) */
 #define FULL(s)  (bars + 8u * (1 + (s)))
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
 
@@ -441,6 +444,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     for (int s = 0; s < STAGES; s++) {
       fc_mbar_init(FULL(s), 1);
       fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS);
+    }
+#pragma unroll
+    for (int e = 0; e < FC_HP_TILE_RING; e++) {
+      fc_mbar_init(tring + 8u * e, 1);                                         /* the producer's claim */
+      fc_mbar_init(tring + 8u * (FC_HP_TILE_RING + e), FC_HPB_CONSUMER_WARPS); /* every consumer warp took it */
     }
     fc_mbar_fence_init();
   }
@@ -455,9 +463,13 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_tma_prefetch_map(&tm_v);
       fc_tma_prefetch_map(&tm_do);
       int ring = 0, kv_n = 0; /* fills issued, K/V tiles loaded */
-      for (int t = blockIdx.x; t < sc.tiles; t += gridDim.x) {
+      uint32_t claims = 0;
+      /* Static order: tiles blockIdx.x + k·grid. Dynamic: after the last fill of each tile (skipped ones too) the
+       * next position is claimed and handed to the consumers (−1: none left). */
+      for (int64_t t = blockIdx.x; t >= 0 && t < sc.tiles;
+           t = sc.claim ? fc_hp_claim(sc, tring, claims++) : t + gridDim.x) {
         fc_hpb_tile ti;
-        if (!fc_hpb_tile_at<BR>(a, sc, t, &ti) || ti.n_iter == 0) continue;
+        if (!fc_hpb_tile_at<BR>(a, sc, (int)t, &ti) || ti.n_iter == 0) continue;
         /* The first STAGES − 1 fills wait only for releases of blocks before the last tile's last one, given while
          * that block runs: they go ahead of K, V, whose wait needs the whole last tile done. */
         const int pre = min(STAGES - 1, ti.n_iter);
@@ -484,9 +496,12 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     const uint32_t k_cols = ROWSPLIT ? sK : sK + cw * FC_HPB_KV_HALF;
     const float c = a.scale_log2;
     int ring = 0, kv_n = 0; /* as the producer's */
-    for (int tile = blockIdx.x; tile < sc.tiles; tile += gridDim.x) {
+    uint32_t takes = 0;
+    /* The producer's sequence of tiles; dynamic: each warp takes the next after its tile's epilogue. */
+    for (int64_t tile = blockIdx.x; tile >= 0 && tile < sc.tiles;
+         tile = sc.claim ? fc_hp_take(tring, takes++, lane) : tile + gridDim.x) {
       fc_hpb_tile ti;
-      if (!fc_hpb_tile_at<BR>(a, sc, tile, &ti)) continue;
+      if (!fc_hpb_tile_at<BR>(a, sc, (int)tile, &ti)) continue;
       const int k0 = ti.k0, sk = ti.sk, n_iter = ti.n_iter;
       const int key0 = k0 + 64 * cw + 16 * warp + g;
 

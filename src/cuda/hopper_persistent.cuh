@@ -34,11 +34,8 @@
  * (no query row in the sequence) and the same loads (no visible key block: no Q, K, V at all), so the counts
  * agree. Every K, V and Q use is released exactly once, in use order per stage: unlike the one-tile kernel,
  * the last two V stages of a tile are released too (the next tile's fills wait for them), and Q_i is released
- * once every S = Q_i·K_jᵀ of the tile has been waited for. */
-
-/* Entries of the dynamic order's tile ring: the position claimed after tile f goes to entry f % FC_HP_TILE_RING. */
-enum { FC_HP_TILE_RING = 2 };
-
+ * once every S = Q_i·K_jᵀ of the tile has been waited for. The tile ring's helpers
+ * (fc_hp_claim, fc_hp_take) live in hopper_sched.cuh: the persistent backward uses them too. */
 #if FC_HOPPER_ARCH
 /* One tile of the schedule, as both the producer and the consumers see it. */
 typedef struct fc_hp_tile {
@@ -77,41 +74,6 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   x->j_begin = lo_first / FC_HP_BC;
   x->n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - x->j_begin : 0;
   return true;
-}
-
-/* The tile ring at `ring`: tile_full [FC_HP_TILE_RING], tile_empty [FC_HP_TILE_RING], then the positions. */
-#define FC_HP_TILE_FULL(e)  (ring + 8u * (e))
-#define FC_HP_TILE_EMPTY(e) (ring + 8u * (FC_HP_TILE_RING + (e)))
-#define FC_HP_TILE_POS(e)   (ring + 16u * FC_HP_TILE_RING + 4u * (e))
-
-/* Dynamic order, the producer: claims the position after its tile `fill` (grid + the counter's old value: positions
- * 0 .. grid − 1 are the CTAs' first tiles) and publishes it in the ring, −1 once the order is exhausted. Fill
- * f ≥ FC_HP_TILE_RING of an entry waits for the consumers' release of fill f − FC_HP_TILE_RING (its empty barrier's
- * phase f / FC_HP_TILE_RING − 1). The counter ends at `tiles` (one claim per tile past the first grid, one failed
- * claim per CTA): no overflow. The store is ordered before the arrival (mbarrier.arrive releases, the consumers'
- * try_wait acquires). */
-static __device__ __forceinline__ int64_t fc_hp_claim(const fc_hp_sched &sc, uint32_t ring, uint32_t fill) {
-  const int64_t next = (int64_t)gridDim.x + atomicAdd(sc.claim, 1);
-  const uint32_t e = fill % FC_HP_TILE_RING, u = fill / FC_HP_TILE_RING;
-  if (u > 0) fc_mbar_wait(FC_HP_TILE_EMPTY(e), (u - 1) & 1);
-  fc_st_shared_u32(FC_HP_TILE_POS(e), next < sc.tiles ? (uint32_t)next : 0xffffffffu);
-  fc_mbar_arrive_if(FC_HP_TILE_FULL(e), true);
-  /* Through a shuffle (the producer thread alone): a value ptxas can keep in uniform registers, as the static
-   * orders' slots are, so that the tile set-up fits the producer's 24 registers. */
-  return __shfl_sync(1u, next < sc.tiles ? (int)next : -1, 0);
-}
-
-/* Dynamic order, a consumer warp: the position published after its tile `use` (−1: no more). Lane 0 reads it and
- * shuffles it to the warp (a value provably the same in every lane), then releases the entry: the read is done
- * before the arrival that lets the producer overwrite it. */
-static __device__ __forceinline__ int64_t fc_hp_take(uint32_t ring, uint32_t use, int lane) {
-  const uint32_t e = use % FC_HP_TILE_RING;
-  fc_mbar_wait(FC_HP_TILE_FULL(e), (use / FC_HP_TILE_RING) & 1);
-  int pos = 0;
-  if (lane == 0) asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(pos) : "r"(FC_HP_TILE_POS(e)) : "memory");
-  pos = __shfl_sync(0xffffffffu, pos, 0);
-  fc_mbar_arrive_if(FC_HP_TILE_EMPTY(e), lane == 0);
-  return pos;
 }
 #endif /* FC_HOPPER_ARCH */
 

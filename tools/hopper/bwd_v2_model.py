@@ -263,6 +263,7 @@ PERSIST_MUTATIONS = {
     "no_epi_start_barrier": "persistent: dK/dV staged in sdS without the 256-thread barrier first",
     "no_epi_end_barrier": "persistent: no 256-thread barrier after the staging reads (next tile's dS^T writes)",
     "ring_restart": "persistent: the stage ring numbered from 0 again per tile (phases out of step)",
+    "claim_no_wait": "dynamic order: a tile published without waiting for the takes of the entry's last one",
 }
 # Not a mutation: NEXT releasing the last block's stage inside the loop, as the single-tile kernel does, while the
 # discarded S^T still reads it. The model finds no race there, because the next fill of that stage (ring r + STAGES)
@@ -271,14 +272,17 @@ PERSIST_MUTATIONS = {
 # the argument does not hang on the pre-fill count.
 
 
-def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, early_s=False):
+def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, early_s=False, dynamic=False):
     """fc_hopper_bwd_v2p_kernel: one CTA walking `tiles` (each entry the tile's n_iter; 0: a tile no query block
     sees, which loads nothing and stores zeros). The per-block protocol is simulate()'s; across tiles: the Q/dO
     ring numbered across tiles (fill r: stage r % stages, phase r // stages), the producer's first stages - 1 fills
     of a tile before its kv_empty wait, K_j/V_j (kv_full with the loaded-tile count's parity) after it, the
     consumers' kv_empty arrival after their last wgmma of the tile (NEXT: after the discarded S^T's wait, with the
     last block's stage release), the epilogue staged through sdS between two 256-thread barriers. Blocks are named
-    by their ring index r (unique across tiles)."""
+    by their ring index r (unique across tiles). dynamic: FLASHC_HOPPER_BWD_SCHED=dynamic's tile ring
+    (hopper_sched.cuh's fc_hp_claim / fc_hp_take): after its last fill of tile k (a skipped tile too) the producer
+    publishes tile k + 1 in entry k % 2, first waiting for both warpgroups to have taken entry k - 2; each warpgroup
+    takes entry k after tile k's epilogue. The list itself is the same for both sides, as the claims make it."""
     assert not early_s or nxt
     rng = random.Random(seed)
     full = [MBar(1) for _ in range(stages)]
@@ -298,6 +302,8 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
     bar3 = {"arrived": 0, "gen": 0}
     done = [False, False, False]
     starts = [sum(tiles[:k]) for k in range(len(tiles))]  # each tile's first ring index
+    tile_full, tile_empty = [MBar(1), MBar(1)], [MBar(2), MBar(2)]  # the dynamic order's tile ring
+    entry, takers = [None, None], [set(), set()]  # the tile published in each entry, who has taken it
 
     def inflight_reads(res):
         return [(c, g) for c in (0, 1) for g in groups[c] if res in g["reads"]]
@@ -334,8 +340,19 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
             stage_block[s] = None
             tma.append(("stage", s, r))
 
+        def claim(k):  # after tile k: publish tile k + 1 (the kernel's fc_hp_claim)
+            e, u = k % 2, k // 2
+            if u > 0 and mutation != "claim_no_wait":
+                yield lambda: tile_empty[e].passed((u - 1) & 1)
+            check(entry[e] is None or takers[e] == {0, 1}, f"entry {e} rewritten before {takers[e]} took tile "
+                                                             f"{entry[e]}")
+            entry[e], takers[e] = k + 1, set()
+            tile_full[e].arrive()
+
         for k, n_iter in enumerate(tiles):
             if n_iter == 0:
+                if dynamic:
+                    yield from claim(k)
                 continue
             pre = min(stages - 1, n_iter)
             for it in range(pre):
@@ -350,6 +367,8 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
             for it in range(pre, n_iter):
                 yield from fill(k, it)
             kv_n += 1
+            if dynamic:
+                yield from claim(k)
         done[0] = True
 
     def wait_groups(c, n):
@@ -484,6 +503,12 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
             epi_reading[c] = False
             if mutation != "no_epi_end_barrier":
                 yield from barrier3(c)
+            if dynamic:  # take the next tile (the kernel's fc_hp_take)
+                e = k % 2
+                yield lambda e=e, k=k: tile_full[e].passed((k // 2) & 1)
+                check(entry[e] == k + 1, f"wg{c} takes tile {entry[e]} from entry {e}, wants {k + 1}")
+                takers[e].add(c)
+                tile_empty[e].arrive()
         yield lambda: not bulk_reads[c]
         done[1 + c] = True
 
@@ -518,6 +543,7 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
 
 
 PERSIST_VERSIONS = {"D128 V3 persistent": (2, True, True, False), "D64 V2 persistent": (2, False, False, False)}
+ORDERS = {"stride": False, "dynamic": True}
 
 
 def persist_main(rng_tiles=random.Random(1)):
@@ -525,15 +551,16 @@ def persist_main(rng_tiles=random.Random(1)):
     persistent mutation in each kernel it concerns. Returns (failures, missed)."""
     failures = runs = 0
     for version, (stages, nxt, early_dv, early_s) in PERSIST_VERSIONS.items():
-        for seed in range(1500):
-            tiles = [rng_tiles.choice((0, 1, 1, 2, 3, 4, 5, 6)) for _ in range(rng_tiles.randint(0, 5))]
-            runs += 1
-            try:
-                simulate_persist(tiles, stages, nxt, seed, early_dv=early_dv, early_s=early_s)
-            except Violation as e:
-                failures += 1
-                if failures < 10:
-                    print(f"{version} tiles {tiles} seed {seed}: {e}")
+        for order, dynamic in ORDERS.items():
+            for seed in range(1500):
+                tiles = [rng_tiles.choice((0, 1, 1, 2, 3, 4, 5, 6)) for _ in range(rng_tiles.randint(0, 5))]
+                runs += 1
+                try:
+                    simulate_persist(tiles, stages, nxt, seed, early_dv=early_dv, early_s=early_s, dynamic=dynamic)
+                except Violation as e:
+                    failures += 1
+                    if failures < 10:
+                        print(f"{version} {order} tiles {tiles} seed {seed}: {e}")
     print(f"persistent protocol: {runs - failures}/{runs} interleavings clean")
     missed = 0
     for m, what in PERSIST_MUTATIONS.items():
@@ -542,7 +569,8 @@ def persist_main(rng_tiles=random.Random(1)):
             for tiles in ([3, 2, 4], [1, 0, 2, 3], [2, 3, 1, 2], [5, 1, 3]):
                 for seed in range(300):
                     try:
-                        simulate_persist(tiles, stages, nxt, seed, mutation=m, early_dv=early_dv, early_s=early_s)
+                        simulate_persist(tiles, stages, nxt, seed, mutation=m, early_dv=early_dv, early_s=early_s,
+                                         dynamic=m.startswith("claim"))
                     except (Violation, AssertionError):  # AssertionError: an mbarrier phase over-arrived
                         caught = True
                         break

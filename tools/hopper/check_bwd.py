@@ -15,7 +15,8 @@ there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with 
 d <= 64 only, not deterministic), p (the defaults with FLASHC_HOPPER_BWD_PERSIST=1: the persistent second kernel,
 one CTA per SM walking the tiles, where the default second kernel runs: D = 128 V 3, D = 64 V 2; not deterministic),
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
-tiles per CTA: the phases across tiles, empty tiles, varlen). Every check runs in each of --modes that applies to
+tiles per CTA: the phases across tiles, empty tiles, varlen); both in the default dynamic order; ps, p3s the same in
+the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED). Every check runs in each of --modes that applies to
 it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
 reference of the ratio columns. An A/B of two modes without the peers:
 
@@ -59,13 +60,14 @@ ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper on
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
-MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR", "FLASHC_HOPPER_BWD_V", "FLASHC_HOPPER_BWD_PERSIST")
+MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR", "FLASHC_HOPPER_BWD_V", "FLASHC_HOPPER_BWD_PERSIST",
+             "FLASHC_HOPPER_BWD_SCHED")
 
 
-def _mode(dq, br, v="1", persist=None):
+def _mode(dq, br, v="1", persist=None, sched=None):
     """None: unset (the library's default)."""
     return {"FLASHC_HOPPER_BWD_DQ": dq, "FLASHC_HOPPER_BWD_BR": br, "FLASHC_HOPPER_BWD_V": v,
-            "FLASHC_HOPPER_BWD_PERSIST": persist}
+            "FLASHC_HOPPER_BWD_PERSIST": persist, "FLASHC_HOPPER_BWD_SCHED": sched}
 
 
 MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
@@ -74,7 +76,9 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "v2": _mode("bulk", "64", "2"), "v3": _mode("bulk", "64", "3"), "v4": _mode("bulk", "64", "4"),
          "v2d64": _mode("bulk", "128", "2"), "v3d64": _mode("bulk", "128", "3"), "v4d64": _mode("bulk", "128", "4"),
          "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6"),
-         "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3")}
+         "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3"),
+         "ps": _mode(None, None, None, "1", "stride"), "p3s": _mode(None, None, None, "3", "stride"),
+         "pg": _mode(None, None, None, "1", "grouped")}
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
@@ -94,8 +98,9 @@ def mode_applies(name, d, deterministic=0):
     only at d > 64 and outside deterministic mode (elsewhere the first kernel runs); v2d64..v6d64 (the second
     kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
     kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check); p, p3 (the
-    persistent second kernel) outside deterministic mode, at both head dims."""
-    if name in ("p", "p3"):
+    persistent second kernel; ps, p3s, pg: its stride and grouped orders) outside deterministic mode, at both
+    head dims."""
+    if name in ("p", "p3", "ps", "p3s", "pg"):
         return not deterministic
     if name.endswith("d64") or name == "bulk128":
         return d <= 64 and not deterministic
