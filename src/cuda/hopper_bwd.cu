@@ -120,6 +120,50 @@ static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int s
   *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
 }
 
+/* One tile of the dK/dV kernels: key block jb of kv head hk of sequence b, the sequence's extents (varlen: its rows
+ * in cu_q/cu_k, its first padded row in cu_pad) and the (query head, query block) pairs that see the key block. */
+struct fc_hpb_tile {
+  int jb, hk, k0, sk, sq, q_start, k_start, bt, i_begin, n_i, n_iter;
+  int64_t b, pad0, shift;
+};
+
+/* Tile (jb, bh = b·heads_kv + hk): the single-tile kernels' from blockIdx.x, the persistent one's from its schedule
+ * (fc_hpb_tile_at). False: k0 ≥ sk (a key block past a shorter sequence of a varlen batch: nothing to do). */
+template <int BR>
+static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args &a, int jb, int64_t bh,
+                                                        fc_hpb_tile *ti) {
+  ti->jb = jb;
+  ti->hk = (int)(bh % a.heads_kv);
+  ti->b = bh / a.heads_kv;
+  ti->q_start = 0, ti->k_start = 0, ti->sq = a.seqlen_q, ti->sk = a.seqlen_k;
+  ti->pad0 = ti->b * a.sq_pad;
+  if (a.cu_q) {
+    ti->q_start = a.cu_q[ti->b];
+    ti->sq = a.cu_q[ti->b + 1] - ti->q_start;
+    ti->k_start = a.cu_k[ti->b];
+    ti->sk = a.cu_k[ti->b + 1] - ti->k_start;
+    ti->pad0 = a.cu_pad[ti->b];
+  }
+  ti->k0 = jb * FC_HPB_BC;
+  if (ti->k0 >= ti->sk) return false;
+  ti->bt = a.cu_q ? 0 : (int)ti->b; /* batch coordinate of the tensor maps */
+  ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
+  fc_hpb_query_blocks<BR>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
+  ti->n_iter = a.group * ti->n_i; /* (query head, query block) pairs, head-major */
+  return true;
+}
+
+/* The barriers every dK/dV kernel has at `bars`: kv_full, full[STAGES] (the producer's arrive.expect_tx, then the
+ * bytes), empty[STAGES] (one arrival per consumer thread). Thread 0, before the fence and the CTA barrier. */
+template <int STAGES> static __device__ __forceinline__ void fc_hpb_init_barriers(uint32_t bars) {
+  fc_mbar_init(bars, 1);
+#pragma unroll
+  for (int s = 0; s < STAGES; s++) {
+    fc_mbar_init(bars + 8u * (1 + s), 1);
+    fc_mbar_init(bars + 8u * (1 + STAGES + s), 32 * FC_HPB_CONSUMER_WARPS);
+  }
+}
+
 /* K_j, V_j (Bc rows, halves of 64 columns) into sK, sV, counted against kv_full (the producer's; armed here). */
 template <int D>
 static __device__ __forceinline__ void fc_hpb_load_kv(const CUtensorMap *tm_k, const CUtensorMap *tm_v, uint32_t sK,
@@ -138,8 +182,9 @@ static __device__ __forceinline__ void fc_hpb_load_kv(const CUtensorMap *tm_k, c
  * tile's (query head, query block) pairs: Q_i, dO_i (TMA) and lse2_i, D_i (bulk copies). It first waits for the end
  * of the stage's last use (every consumer thread released it); `ring` continues across the persistent kernel's tiles.
  * The persistent kernel's (fc_hopper_bwd_v2p_kernel) copy of fc_hpb_produce's loop body, kept apart from it: routing
- * fc_hpb_produce through these two helpers changed how the compiler unrolled its loop, and the single-tile kernels'
- * SASS with it. */
+ * fc_hpb_produce through these two helpers changes how the compiler unrolls its loop (no longer by the 2 stages), and
+ * the single-tile kernels ran 0.87–1.01× as fast on the H100 (session 10, mean 0.96;
+ * bench/results/configs/hopper-bwd-shared-decode-ab.txt). */
 template <int D, int BR, int STAGES>
 static __device__ __forceinline__ void fc_hpb_fill(const CUtensorMap *tm_q, const CUtensorMap *tm_do,
                                                    const fc_hopper_bwd_args &a, uint32_t sQ, uint32_t sdO, uint32_t sLD,
@@ -492,38 +537,19 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
 
   /* Which tile: key blocks vary fastest. */
-  const int jb = (int)(blockIdx.x % a.n_blocks);
-  const int64_t bh = blockIdx.x / a.n_blocks;
-  const int hk = (int)(bh % a.heads_kv);
-  const int64_t b = bh / a.heads_kv;
-  int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
-  int64_t pad0 = b * a.sq_pad, q_row0 = b * a.seqlen_q; /* first padded row; first row of the dQ sum */
-  if (a.cu_q) {
-    q_start = a.cu_q[b];
-    sq = a.cu_q[b + 1] - q_start;
-    k_start = a.cu_k[b];
-    sk = a.cu_k[b + 1] - k_start;
-    pad0 = a.cu_pad[b];
-    q_row0 = q_start;
-  }
-  const int k0 = jb * FC_HPB_BC;
-  if (k0 >= sk) return;               /* the whole CTA, before any barrier */
-  const int bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
-  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
-
-  int i_begin, n_i, prev_begin = 0, prev_n = 0; /* this key block's query blocks, and the previous one's */
-  fc_hpb_query_blocks<BR>(k0, sq, sk, shift, a.window_left, a.window_right, &i_begin, &n_i);
+  fc_hpb_tile ti;
+  if (!fc_hpb_tile_from<BR>(a, (int)(blockIdx.x % a.n_blocks), blockIdx.x / a.n_blocks, &ti))
+    return; /* the whole CTA, before any barrier */
+  const int jb = ti.jb, hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0;
+  const int bt = ti.bt, i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
+  const int64_t pad0 = ti.pad0, shift = ti.shift;
+  const int64_t q_row0 = a.cu_q ? q_start : ti.b * a.seqlen_q; /* the sequence's first row of the dQ sum */
+  int prev_begin = 0, prev_n = 0;                              /* DET: the previous key block's query blocks */
   if (DET && jb > 0)
     fc_hpb_query_blocks<BR>(k0 - FC_HPB_BC, sq, sk, shift, a.window_left, a.window_right, &prev_begin, &prev_n);
-  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
 
   if (threadIdx.x == 0) {
-    fc_mbar_init(kv_full, 1);
-#pragma unroll
-    for (int s = 0; s < STAGES; s++) {
-      fc_mbar_init(FULL(s), 1);                           /* the producer's arrive.expect_tx, then the bytes */
-      fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
-    }
+    fc_hpb_init_barriers<STAGES>(bars);
     fc_mbar_fence_init();
   }
   __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
@@ -746,8 +772,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* BULK: the CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (BULK && ct == 0) fc_bulk_wait<0>();
 
-    uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
-    uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
+    uint16_t *dK = a.dk + ti.b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
+    uint16_t *dV = a.dv + ti.b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
     fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }

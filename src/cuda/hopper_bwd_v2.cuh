@@ -257,35 +257,15 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
 
   /* Which tile: key blocks vary fastest (as the first version). */
-  const int jb = (int)(blockIdx.x % a.n_blocks);
-  const int64_t bh = blockIdx.x / a.n_blocks;
-  const int hk = (int)(bh % a.heads_kv);
-  const int64_t b = bh / a.heads_kv;
-  int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
-  int64_t pad0 = b * a.sq_pad; /* first padded row of the sequence */
-  if (a.cu_q) {
-    q_start = a.cu_q[b];
-    sq = a.cu_q[b + 1] - q_start;
-    k_start = a.cu_k[b];
-    sk = a.cu_k[b + 1] - k_start;
-    pad0 = a.cu_pad[b];
-  }
-  const int k0 = jb * FC_HPB_BC;
-  if (k0 >= sk) return;               /* the whole CTA, before any barrier */
-  const int bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
-  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
-
-  int i_begin, n_i;
-  fc_hpb_query_blocks<BR>(k0, sq, sk, shift, a.window_left, a.window_right, &i_begin, &n_i);
-  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
+  fc_hpb_tile ti;
+  if (!fc_hpb_tile_from<BR>(a, (int)(blockIdx.x % a.n_blocks), blockIdx.x / a.n_blocks, &ti))
+    return; /* the whole CTA, before any barrier */
+  const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
+  const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
+  const int64_t pad0 = ti.pad0, shift = ti.shift;
 
   if (threadIdx.x == 0) {
-    fc_mbar_init(kv_full, 1);
-#pragma unroll
-    for (int s = 0; s < STAGES; s++) {
-      fc_mbar_init(FULL(s), 1);                           /* the producer's arrive.expect_tx, then the bytes */
-      fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
-    }
+    fc_hpb_init_barriers<STAGES>(bars);
     fc_mbar_fence_init();
   }
   __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
@@ -342,8 +322,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
 
-    uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
-    uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
+    uint16_t *dK = a.dk + ti.b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
+    uint16_t *dV = a.dv + ti.b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
     fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }
@@ -370,36 +350,13 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
  * refilled): fc_hpb_store_dkdv's 256-thread barrier first (both warpgroups' dQ wgmmas, sdS's last readers, retired),
  * and one more after the stores (every staging read done before the next tile's dSᵀ writes). */
 #if FC_HOPPER_ARCH
-struct fc_hpb_tile {
-  int jb, hk, k0, sk, sq, q_start, k_start, bt, i_begin, n_i, n_iter;
-  int64_t b, pad0, shift;
-};
-
-/* Tile `t` of the schedule; false: k0 ≥ sk (nothing to do). */
+/* Tile `t` of the persistent kernel's schedule; false: k0 ≥ sk (nothing to do). */
 template <int BR>
 static __device__ __forceinline__ bool fc_hpb_tile_at(const fc_hopper_bwd_args &a, const fc_hp_sched &sc, int t,
                                                       fc_hpb_tile *ti) {
   int mb, bh;
   fc_hp_tile_at(sc, t, &mb, &bh);
-  ti->jb = a.n_blocks - 1 - mb;
-  ti->hk = bh % a.heads_kv;
-  ti->b = bh / a.heads_kv;
-  ti->q_start = 0, ti->k_start = 0, ti->sq = a.seqlen_q, ti->sk = a.seqlen_k;
-  ti->pad0 = ti->b * a.sq_pad;
-  if (a.cu_q) {
-    ti->q_start = a.cu_q[ti->b];
-    ti->sq = a.cu_q[ti->b + 1] - ti->q_start;
-    ti->k_start = a.cu_k[ti->b];
-    ti->sk = a.cu_k[ti->b + 1] - ti->k_start;
-    ti->pad0 = a.cu_pad[ti->b];
-  }
-  ti->k0 = ti->jb * FC_HPB_BC;
-  if (ti->k0 >= ti->sk) return false;
-  ti->bt = a.cu_q ? 0 : (int)ti->b;
-  ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
-  fc_hpb_query_blocks<BR>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
-  ti->n_iter = a.group * ti->n_i;
-  return true;
+  return fc_hpb_tile_from<BR>(a, a.n_blocks - 1 - mb, bh, ti);
 }
 
 #endif /* FC_HOPPER_ARCH */
@@ -438,13 +395,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
 
   if (threadIdx.x == 0) {
-    fc_mbar_init(kv_full, 1);
+    fc_hpb_init_barriers<STAGES>(bars);
     fc_mbar_init(kv_empty, 32 * FC_HPB_CONSUMER_WARPS); /* one arrival per consumer thread */
-#pragma unroll
-    for (int s = 0; s < STAGES; s++) {
-      fc_mbar_init(FULL(s), 1);
-      fc_mbar_init(EMPTY(s), 32 * FC_HPB_CONSUMER_WARPS);
-    }
 #pragma unroll
     for (int e = 0; e < FC_HP_TILE_RING; e++) {
       fc_mbar_init(tring + 8u * e, 1);                                         /* the producer's claim */
