@@ -41,7 +41,10 @@
  * D = 128, 2 at D = 64 with Br = 128). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
  * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in, compile-only so far), runs the same blocks with the Q/dO ring
  * numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV staged through sdS
- * (tools/hopper/BWD-NOTES.md, "Persistent backward"). */
+ * (tools/hopper/BWD-NOTES.md, "Persistent backward").
+ * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256 = 1 or 2, opt-in, compile-only so far): fc_hopper_bwd_d256_kernel
+ * (hopper_bwd_d256.cuh: Bc = 64 keys per CTA, Sᵀ/dPᵀ split by queries and dK/dV/dQ by head-dim columns between the
+ * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -835,13 +838,14 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
 }
 
 /* The head-dim-256 kernel (FLASHC_HOPPER_BWD_D256, read at every call, like the variables above; only at head dims
- * past 128): 1 lets cuda-hopper run the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel
- * (hopper_bwd_d256.cuh; compile-only so far, not run on a GPU); unset or 0: refused there as before, auto takes
- * cuda-mma's backward. */
-static flashc_status fc_hpb_d256_get(int *on) {
-  static const char *const names[] = {"0", "1"};
+ * past 128): 1 lets cuda-hopper run the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel<T, NEXT = true>
+ * (hopper_bwd_d256.cuh; compile-only so far, not run on a GPU), 2 the same with NEXT = false (every wgmma group
+ * waited for within its block: for comparisons, and a fallback); unset or 0: refused there as before, auto takes
+ * cuda-mma's backward. *variant: 0 off, else the value. */
+static flashc_status fc_hpb_d256_get(int *variant) {
+  static const char *const names[] = {"0", "1", "2"};
   return fc_env_choice("FLASHC_HOPPER_BWD_D256", names, (int)(sizeof names / sizeof names[0]), 0,
-                       "flashc_backward (cuda-hopper)", on);
+                       "flashc_backward (cuda-hopper)", variant);
 }
 
 /* The columns of one tile of the blocked dQ sum (w of fc_bwd_dq_blocked_index), or 0 (red.global.add). */
@@ -869,11 +873,15 @@ static size_t fc_hpb_v2_smem_bytes(int d, int stages) {
 typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
                                  const fc_hopper_bwd_args);
 
-/* The D = 256 kernel (hopper_bwd_d256.cuh): Bc = 64 keys per CTA, FC_HPB256_SMEM = 214840 bytes of shared memory. */
+/* The D = 256 kernel (hopper_bwd_d256.cuh): Bc = 64 keys per CTA, FC_HPB256_SMEM = 231224 bytes of shared memory;
+ * FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without (fc_hpb_d256_get). */
 template <typename T>
 static flashc_status fc_hpb_launch_d256(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
                                         int grid) {
-  const fc_hpb_kernel_fn kernel = fc_hopper_bwd_d256_kernel<T>;
+  int variant = 0;
+  FC_CHECK(fc_hpb_d256_get(&variant));
+  const fc_hpb_kernel_fn kernel =
+      variant == 2 ? fc_hopper_bwd_d256_kernel<T, false> : fc_hopper_bwd_d256_kernel<T, true>;
   const size_t smem = FC_HPB256_SMEM;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (head dim 256)"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);

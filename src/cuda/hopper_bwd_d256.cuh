@@ -32,34 +32,48 @@
  * pipe's peak, as FlashAttention-3's N = 40 ones do.
  *
  * Registers per consumer thread (setmaxnreg 240; producer 24: 128·24 + 256·240 = 64512 ≤ 65536): dK, dV 64 + 64
- * (64 × 128 fp32 each over 128 threads), Sᵀ, dPᵀ 16 + 16, packed Pᵀ, dSᵀ 8 + 8, the two dQ halves 32 + 32 (alive
- * while Sᵀ, dPᵀ are dead): at most 192 accumulators + addresses.
+ * (64 × 128 fp32 each over 128 threads), Sᵀ, dPᵀ 16 + 16 (packed to 16 bits only on their way to shared memory), the
+ * two dQ halves 32 + 32 (alive while Sᵀ, dPᵀ are dead; NEXT issues the next Sᵀ, 16, once dQ_0 is stored): at most
+ * 192 accumulators + addresses. ptxas (nvcc 13.0, sm_90a): 0 spills, highest consumer register R221 (NEXT) / R222.
  *
  * Shared memory (1024-byte aligned tiles, 64-column halves of 128-byte rows, 128-byte swizzle):
  *   sK, sV   [4][64][64]        32 KB each   K_j, V_j (A of Sᵀ, dPᵀ K-major; K_j also B of dQ, MN-major)
  *   sQ       [2][4][64][64]     64 KB        Q_i, 2 stages (B of Sᵀ K-major, of dK MN-major)
  *   sdO      [4][64][64]        32 KB        dO_i, 1 stage (B of dPᵀ K-major, of dV MN-major)
- *   sP, sdS  [64][64]           8 KB each    Pᵀ, dSᵀ: a row per key, the 64 queries contiguous, swizzled by hand
+ *   sP, sdS  [2] × [64][64]     2 × 16 KB    Pᵀ, dSᵀ of block i in buffer i % 2: a row per key, the 64 queries
+ *                                            contiguous, swizzled by hand
  *   sdQ      [2][64][64] fp32   32 KB        one 64 × 64 dQ tile per consumer warpgroup (fc_bwd_dq_blocked_index)
  *   sLse     [2][64] fp32, sDsum [64] fp32   lse2_i (with Q_i's stage), D_i (with dO_i)
- *   7 mbarriers, + 1 KB alignment slack: 214840 bytes (the H100 allows 232448). A second dO stage (+32 KB) does not
+ *   7 mbarriers, + 1 KB alignment slack: 231224 bytes (the H100 allows 232448). A second dO stage (+32 KB) does not
  *   fit; Q gets two because it lives longest (Sᵀ at the start of a block, dK at its end), dO's stage is released in the
  *   middle (after dV), so the next dO streams in while dQ and dK run (FlashAttention-3's choice at this head dim).
- *   The epilogue stages dK, dV (2 warpgroups × 2 × 64 × 128 × 2 bytes = 64 KB) in the Q ring.
+ *   sP, sdS are double-buffered (16 KB) so that one 256-thread barrier per block suffices (hopper_bwd_v2.cuh's
+ *   argument, below); without that, 214840 bytes and a second barrier before the writes. One dQ tile per warpgroup
+ *   (not two, not one 64 × 128): two would need 32 KB more. The epilogue stages dK, dV (2 warpgroups × 2 × 64 × 128 ×
+ *   2 bytes = 64 KB) in the Q ring.
  *
- * Per block it (query head hh, query block q0) and consumer warpgroup c (groups pending after each wait on the right):
- *   wait q_full[it % 2], do_full; Sᵀ_c, dPᵀ_c issued (two groups)
- *   wait 1 → Sᵀ; Pᵀ (masked only where the block is cut) beside dPᵀ              [dPᵀ]
- *   wait 0 → dPᵀ; dSᵀ; both packed                                                []
- *   thread 0 of c: wait for the read of c's last bulk dQ add (sdQ reused below)
- *   A: 256-thread barrier (both warpgroups' wgmmas of block it − 1, the readers of sP, sdS, retired)
- *   Pᵀ_c, dSᵀ_c → sP, sdS; fence.proxy.async
+ * Per block it (query head hh, query block q0) and consumer warpgroup c (groups pending after each wait on the right;
+ * NEXT = FLASHC_HOPPER_BWD_D256 = 1, the plain order = 2):
+ *   plain: wait q_full[it % 2], do_full; Sᵀ_c, dPᵀ_c issued (two groups); wait 1 → Sᵀ          [dPᵀ]
+ *   NEXT:  wait 0 → Sᵀ_c (issued by the last trip or before the loop); wait do_full; dPᵀ_c     [dPᵀ]
+ *   Pᵀ (masked only where the block is cut) beside dPᵀ
+ *   wait 0 → dPᵀ; dSᵀ                                                                          []
+ *   Pᵀ_c, dSᵀ_c → sP, sdS [it % 2] (16 bits); fence.proxy.async
+ *   thread 0 of c: wait for the read of c's last bulk dQ add (sdQ is rewritten after the barrier)
  *   B: 256-thread barrier (all of Pᵀ, dSᵀ in shared memory)
  *   dV, dQ_0, dQ_1, dK issued (four groups)
- *   wait 2 → dV, dQ_0; release dO_i, D_i (do_empty); dQ_0 → sdQ, bulk add         [dQ_1, dK]
- *   wait 1 → dQ_1; thread 0: wait for dQ_0's bulk read; warpgroup barrier; dQ_1 → sdQ, bulk add    [dK]
- *   wait 0 → dK; release Q_i, lse2_i (q_empty[it % 2])                            []
- * After the loop: wait for the bulk adds; 256-thread barrier; scale·dK, dV → the Q ring → global (16-byte chunks).
+ *   wait 2 → dV, dQ_0; release dO_i, D_i (do_empty); dQ_0 → sdQ, bulk add                     [dQ_1, dK]
+ *   NEXT:  wait q_full of block it + 1 (the last block: its own, long complete); its Sᵀ_c issued [dQ_1, dK, Sᵀ]
+ *   wait → dQ_1; thread 0: wait for dQ_0's bulk read; warpgroup barrier; dQ_1 → sdQ, bulk add  [dK (, Sᵀ)]
+ *   wait → dK; release Q_i, lse2_i (q_empty[it % 2])                                           [(Sᵀ)]
+ * After the loop (NEXT: wait 0 for the discarded Sᵀ): wait for the bulk adds; 256-thread barrier; scale·dK, dV → the
+ * Q ring → global (16-byte chunks).
+ * Buffer it % 2 of sP, sdS is free when block it writes it: its last readers, block it − 2's dV, dQ, dK wgmmas of
+ * both warpgroups, retired before their warpgroup arrived at barrier B of block it − 1, which the writer has passed.
+ * The same barrier orders the sdQ tile (its bulk reader waited for before the issuing thread arrives there, the tile
+ * rewritten after it); within a block the warpgroup's own barrier does, after a second wait for the read. NEXT's Sᵀ
+ * of block it + 1 reads Q stage (it + 1) % 2, not the stage block it releases (the last block's discarded Sᵀ reads
+ * its own stage, which no fill follows).
  *
  * Barrier protocol (mbarriers; "every consumer thread" = 256 arrivals, because each thread's generic reads of the
  * lse2/D rows must be done before the copy engine overwrites them, racecheck's lesson of the first kernel):
@@ -70,16 +84,17 @@
  *   do_full      1 + the bytes of dO_i and D_i; block it waits parity it & 1
  *   do_empty     256; every consumer thread after its wait for dV of block it; the producer waits parity
  *                (it − 1) & 1 before the dO fill of block it ≥ 1
- * Named barriers: 3 (256 threads, A and B above, and the epilogue's), 1 + c (128, the dQ tile hand-overs of c).
- * Deadlock-freedom: the producer waits only for releases of earlier fills (q_empty for block it − 2, do_empty for
- * block it − 1), and each release is given after waits that need only fills of blocks ≤ the released one, which the
- * producer issued before its wait (it issues Q of block it before waiting for block it − 1's dO release, and block
- * it − 1 releases dO without waiting on anything of block it). Consumers wait on fills, their own wgmma groups and
- * bulk reads, and on named barriers that both consumer warpgroups reach equally often (same n_iter, same trips,
- * no early exit after the first barrier); a CTA past the sequence's keys returns before any barrier, a CTA no query
- * block sees (n_iter = 0) loads nothing and stores zeros. Every fill is consumed, so no copy is in flight at exit.
- * Phases cannot be confused: a barrier's phase n + 1 cannot complete before every waiter of phase n has passed it,
- * since its arrivals (releases or fills) come only after those waits. */
+ * Named barriers: 3 (256 threads, B above and the epilogue's), 1 + c (128, the dQ tile hand-overs of c).
+ * Deadlock-freedom: the producer waits only for releases of earlier fills (before Q of block it: q_empty of block
+ * it − 2; before dO of block it: do_empty of block it − 1), and each release is given after waits that need only
+ * fills the producer issued before that wait: block it − 1 releases dO after waiting for its own Q, dO (and NEXT: Sᵀ
+ * of block it − 1 needed Q of block it − 1 only), and it releases its Q stage after waiting for (NEXT) Q of block it,
+ * which the producer issued after q_empty and do_empty of block it − 2, both released before. Consumers
+ * wait on fills, their own wgmma groups and bulk reads, and on named barriers that both consumer warpgroups reach
+ * equally often (same n_iter, same trips, no early exit after the first barrier); a CTA past the sequence's keys
+ * returns before any barrier, a CTA no query block sees (n_iter = 0) loads nothing and stores zeros. Every fill is
+ * consumed, so no copy is in flight at exit. Phases cannot be confused: a barrier's phase n + 1 cannot complete before
+ * every waiter of phase n has passed it, since its arrivals (releases or fills) come only after those waits. */
 #ifndef FLASHC_CUDA_HOPPER_BWD_D256_CUH
 #define FLASHC_CUDA_HOPPER_BWD_D256_CUH
 
@@ -95,8 +110,8 @@ enum {
   FC_HPB256_DQ_TILE = FC_BWD_DQ_TILE * FC_HPB256_DQ_W * 4, /* 16 KB */
   FC_HPB256_ROWS = FC_HPB256_BR * 4,                       /* lse2_i or D_i: 256 bytes */
   FC_HPB256_OUT_TILE = 64 * 128 * 2,                       /* epilogue: one warpgroup's dK or dV, 16 bits */
-  /* sK, sV, sQ ×2, sdO, sP, sdS, sdQ ×2, lse2 ×2, D, 7 barriers, slack */
-  FC_HPB256_SMEM = 5 * FC_HPB256_TILE + 2 * FC_HPB256_PS + 2 * FC_HPB256_DQ_TILE + 3 * FC_HPB256_ROWS + 7 * 8 + 1024,
+  /* sK, sV, sQ ×2, sdO, (sP, sdS) ×2, sdQ ×2, lse2 ×2, D, 7 barriers, slack */
+  FC_HPB256_SMEM = 5 * FC_HPB256_TILE + 4 * FC_HPB256_PS + 2 * FC_HPB256_DQ_TILE + 3 * FC_HPB256_ROWS + 7 * 8 + 1024,
 };
 
 #if FC_HOPPER_ARCH
@@ -186,8 +201,10 @@ static __device__ __forceinline__ void fc_hpb256_store_half(const float (&f)[FC_
 }
 #endif /* FC_HOPPER_ARCH */
 
-/* The D = 256 dK/dV kernel (the header above). */
-template <typename T>
+/* The D = 256 dK/dV kernel (the header above). NEXT: block i + 1's Sᵀ is issued behind block i's dQ_1 and dK
+ * (FLASHC_HOPPER_BWD_D256 = 1, the default of the gate); without it every group is waited for within its block (= 2,
+ * for comparisons and as a fallback). */
+template <typename T, bool NEXT>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -201,7 +218,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sV = sK + FC_HPB256_TILE, sQ = sV + FC_HPB256_TILE, sdO = sQ + 2 * FC_HPB256_TILE;
-  const uint32_t sP = sdO + FC_HPB256_TILE, sdS = sP + FC_HPB256_PS, sdQ = sdS + FC_HPB256_PS;
+  const uint32_t sPS = sdO + FC_HPB256_TILE, sdQ = sPS + 4 * FC_HPB256_PS; /* sPS: [2] × (sP, sdS) */
   const uint32_t sLse = sdQ + 2 * FC_HPB256_DQ_TILE, sDsum = sLse + 2 * FC_HPB256_ROWS;
   const uint32_t bars = sDsum + FC_HPB256_ROWS;
   const uint32_t kv_full = bars, do_full = bars + 8u * 5, do_empty = bars + 8u * 6;
@@ -269,6 +286,13 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_fence_regs(dv);
     if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
 
+    float st[QS / 2], dpt[QS / 2];
+    if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
+      fc_mbar_wait(Q_FULL(0), 0);
+      fc_wgmma_fence();
+      fc_hpb256_s_chain<T>(st, sK, sQ + q_rows);
+      fc_wgmma_commit();
+    }
     /* Every trip commits the same groups in the same order (no test of `it` around an issue or a wait): ptxas must
      * see which groups each wait retires, else it adds waits (C7517) or serialises (C7514). */
     for (int it = 0; it < n_iter; it++) {
@@ -277,23 +301,35 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const int qs = q0 + QS * cw; /* this warpgroup's first query of Sᵀ, dPᵀ */
       const uint32_t q_tile = sQ + s * FC_HPB256_TILE;
       const uint32_t sL = sLse + s * FC_HPB256_ROWS + 4 * QS * cw, sD = sDsum + 4 * QS * cw;
+      const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 
-      /* Sᵀ_c = K_j·Q_iᵀ, dPᵀ_c = V_j·dO_iᵀ (this warpgroup's 32 queries): two groups, Sᵀ first */
-      fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i, lse2_i have landed */
-      fc_mbar_wait(do_full, it & 1);  /* dO_i, D_i */
-      fc_fence_regs(dk);
-      fc_fence_regs(dv);
-      float st[QS / 2], dpt[QS / 2];
-      fc_wgmma_fence();
-      fc_hpb256_s_chain<T>(st, sK, q_tile + q_rows);
-      fc_wgmma_commit();
-      fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
-      fc_wgmma_commit();
-      fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
-      fc_fence_regs(st);
+      /* Sᵀ_c = K_j·Q_iᵀ, dPᵀ_c = V_j·dO_iᵀ (this warpgroup's 32 queries): two groups, Sᵀ first (NEXT: Sᵀ was issued
+       * by the last trip or the prologue) */
+      if constexpr (NEXT) {
+        /* A wait 0 first: ptxas lets a group cross the back edge only when the next trip's first wait retires
+         * everything (hopper_bwd_v2.cuh, C7515) */
+        fc_wgmma_wait<0>(); /* Sᵀ */
+        fc_fence_regs(st);
+        fc_mbar_wait(do_full, it & 1); /* dO_i, D_i have landed */
+        fc_wgmma_fence();
+        fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
+        fc_wgmma_commit();
+      } else {
+        fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i, lse2_i have landed */
+        fc_mbar_wait(do_full, it & 1);  /* dO_i, D_i */
+        fc_fence_regs(dk);
+        fc_fence_regs(dv);
+        fc_wgmma_fence();
+        fc_hpb256_s_chain<T>(st, sK, q_tile + q_rows);
+        fc_wgmma_commit();
+        fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
+        fc_wgmma_commit();
+        fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
+        fc_fence_regs(st);
+      }
 
-      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked only when some pair of keys k0 .. k0 + 63 × queries qs .. qs + 31 is cut
-       * (fc_hpb_p_from_s's test for this block shape) */
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i) beside dPᵀ's wgmma, masked only when some pair of keys k0 .. k0 + 63 × queries qs ..
+       * qs + 31 is cut (fc_hpb_p_from_s's test for this block shape) */
       const bool whole = k0 + FC_HPB256_BC <= sk && (wr < 0 || k0 + FC_HPB256_BC - 1 <= qs + shift + wr) &&
                          (wl < 0 || k0 >= qs + QS - 1 + shift - wl);
       if (whole)
@@ -304,16 +340,15 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_fence_regs(dpt);
       fc_hpb_ds_from_dp<QS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
 
-      /* The last block's second bulk dQ add has read this warpgroup's tile before it is written again (after
-       * barrier B). */
-      if (ct == 0) fc_bulk_wait_read<0>();
-      fc_fence_proxy_async(); /* after the async proxy's reads of sP, sdS (last block's wgmmas), before the writes */
-      /* A: every consumer thread is past its wait for the last block's dK, so no wgmma of either warpgroup still
-       * reads sP or sdS */
-      fc_named_barrier(FC_HPB_BAR_DS_ALL, 256);
+      /* Pᵀ_c, dSᵀ_c into buffer it % 2 of sP, sdS. Its last readers, the dV, dQ, dK wgmmas of block it − 2 (both
+       * warpgroups), retired before their warpgroup arrived at barrier B of block it − 1, which this thread passed. */
+      fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
       fc_hpb256_store_half<T>(st, sP, cw, warp, g, t);
       fc_hpb256_store_half<T>(dpt, sdS, cw, warp, g, t);
-      fc_fence_proxy_async();                   /* these generic writes, before the async proxy (wgmma) reads them */
+      fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
+      /* The last block's second bulk dQ add has read this warpgroup's sdQ tile before it is written again (after
+       * barrier B). */
+      if (ct == 0) fc_bulk_wait_read<0>();
       fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* B: both warpgroups' halves of Pᵀ, dSᵀ are in shared memory */
 
       /* dV_j += Pᵀ·dO_i, dQ_i = dS·K_j (two 64-column halves of this warpgroup's 128), dK_j += dSᵀ·Q_i: four groups,
@@ -339,17 +374,36 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * FC_HPB256_D + 2 * cw * FC_BWD_DQ_TILE * FC_HPB256_DQ_W;
       fc_hpb_dq_tile_add<64>(dq0, dq_tile, dq_dst, warp, g, t, ct, FC_HPB_BAR_DS + cw);
 
-      fc_wgmma_wait<1>(); /* dQ_1; dK may still run */
+      if constexpr (NEXT) {
+        /* Block it + 1's Sᵀ behind dQ_1 and dK, now that dQ_0's registers are free; the last block issues its own
+         * again (discarded; its stage is not refilled: there are no more fills), so that every trip commits the
+         * same groups. Its Q stage is (it + 1) % 2, not this block's, which is released below. */
+        const int nx = it + 1 < n_iter ? it + 1 : it;
+        fc_mbar_wait(Q_FULL(nx & 1), (nx >> 1) & 1); /* the last block: its own fill, long complete */
+        fc_wgmma_fence();
+        fc_hpb256_s_chain<T>(st, sK, sQ + (nx & 1) * FC_HPB256_TILE + q_rows);
+        fc_wgmma_commit();
+        fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
+      } else {
+        fc_wgmma_wait<1>(); /* dQ_1; dK may still run */
+      }
       fc_fence_regs(dq1);
       if (ct == 0) fc_bulk_wait_read<0>();       /* dQ_0's bulk add has read the tile ... */
       fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone of the warpgroup writes it again */
       fc_hpb_dq_tile_add<64>(dq1, dq_tile, dq_dst + FC_BWD_DQ_TILE * FC_HPB256_DQ_W, warp, g, t, ct,
                              FC_HPB_BAR_DS + cw);
 
-      fc_wgmma_wait<0>(); /* dK */
+      if constexpr (NEXT)
+        fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
+      else
+        fc_wgmma_wait<0>(); /* dK */
       fc_fence_regs(dk);
       /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
       fc_mbar_arrive_if(Q_EMPTY(s), true);
+    }
+    if constexpr (NEXT) { /* the discarded Sᵀ */
+      fc_wgmma_wait<0>();
+      fc_fence_regs(st);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
