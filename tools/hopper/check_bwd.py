@@ -17,17 +17,18 @@ one CTA per SM walking the tiles, where the default second kernel runs: D = 128 
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
 tiles per CTA: the phases across tiles, empty tiles, varlen), d256 (FLASHC_HOPPER_BWD_D256=1: the head-dim-256 kernel,
 src/cuda/hopper_bwd_d256.cuh, at 128 < d <= 256 only, not deterministic; compile-only until its first GPU run; the
-d = 256 cases run in this mode only, unless FLASHC_HOPPER_BWD_D256=1 is set for env too). Every check runs in each of
---modes that applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds
-times, the median), the first mode being the reference of the ratio columns; --bench-d picks their head dims. An A/B of
-two modes without the peers:
+d = 256 cases run in the d256 modes only, unless FLASHC_HOPPER_BWD_D256 is set for env too), d256p (the same kernel
+without its next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block). Every
+check runs in each of --modes that applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved
+per shape (--rounds times, the median), the first mode being the reference of the ratio columns; --bench-d picks
+their head dims. An A/B of two modes without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,v2,v3,v4 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk128,v2d64,v3d64,v4d64,v5d64,v6d64 --rounds 3 \
         --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes env,p --rounds 3 --no-peers
-    python3 tools/hopper/check_bwd.py --no-check --bench-modes d256 --bench-d 256   # vs cuda-mma, flash, cudnn
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes d256,d256p --bench-d 256   # vs cuda-mma, flash, cudnn
 
 What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128 without
 FLASHC_HOPPER_BWD_D256=1, deterministic mode past 128 with it) it must refuse, and auto must fall back to another
@@ -82,7 +83,7 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "v2d64": _mode("bulk", "128", "2"), "v3d64": _mode("bulk", "128", "3"), "v4d64": _mode("bulk", "128", "4"),
          "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6"),
          "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3"),
-         "d256": _mode(None, None, None, None, "1")}
+         "d256": _mode(None, None, None, None, "1"), "d256p": _mode(None, None, None, None, "2")}
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
@@ -104,12 +105,12 @@ def mode_applies(name, d, deterministic=0):
     kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
     kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check); p, p3 (the
     persistent second kernel) outside deterministic mode, at both head dims. Past d = 128 only the head-dim-256
-    kernel runs: mode d256 (and env when FLASHC_HOPPER_BWD_D256=1 was set for it), not deterministic (refused there);
-    d256 does not apply at d <= 128 (it would repeat env)."""
+    kernel runs: modes d256, d256p (and env when FLASHC_HOPPER_BWD_D256 was set to 1 or 2 for it), not deterministic
+    (refused there); d256, d256p do not apply at d <= 128 (they would repeat env)."""
     if d > 128:
-        gated_env = name == "env" and MODES["env"]["FLASHC_HOPPER_BWD_D256"] == "1"
-        return not deterministic and (name == "d256" or gated_env)
-    if name == "d256":
+        gated_env = name == "env" and MODES["env"]["FLASHC_HOPPER_BWD_D256"] in ("1", "2")
+        return not deterministic and (name in ("d256", "d256p") or gated_env)
+    if name in ("d256", "d256p"):
         return False
     if name in ("p", "p3"):
         return not deterministic
@@ -268,7 +269,7 @@ def check_refusals(dtype):
     attempt(f"{str(dtype)[6:]:8s} odd strides", *odd, params()[0], "stride")
     big = [make(1, 300, 4, 192, dtype, "bshd") for _ in range(4)]
     attempt(f"{str(dtype)[6:]:8s} d192", *big, params()[0], "192")
-    if "d256" in modes:
+    if "d256" in modes or "d256p" in modes:
         d256 = [make(1, 300, 4, 256, dtype, "bshd") for _ in range(4)]
         attempt(f"{str(dtype)[6:]:8s} d256 without FLASHC_HOPPER_BWD_D256", *d256, params()[0], "256")
         os.environ["FLASHC_HOPPER_BWD_D256"] = "1"
