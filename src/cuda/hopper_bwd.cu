@@ -997,7 +997,7 @@ static int fc_hpb_vec16(const fc_view *v) {
 }
 
 /* The keys per CTA (Bc) of the dK/dV kernel that runs this head dim. */
-static int fc_hpb_bc(int64_t head_dim) { return head_dim > 128 ? FC_HPB256_BC : FC_HPB_BC; }
+static int fc_hpb_bc(int64_t head_dim) { return head_dim > 128 ? (int)FC_HPB256_BC : (int)FC_HPB_BC; }
 
 flashc_status fc_hopper_bwd_head_dim_max(int *max) {
   int d256 = 0;
