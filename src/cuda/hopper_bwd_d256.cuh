@@ -94,7 +94,9 @@
  * equally often (same n_iter, same trips, no early exit after the first barrier); a CTA past the sequence's keys
  * returns before any barrier, a CTA no query block sees (n_iter = 0) loads nothing and stores zeros. Every fill is
  * consumed, so no copy is in flight at exit. Phases cannot be confused: a barrier's phase n + 1 cannot complete before
- * every waiter of phase n has passed it, since its arrivals (releases or fills) come only after those waits. */
+ * every waiter of phase n has passed it, since its arrivals (releases or fills) come only after those waits.
+ * tools/hopper/bwd_d256_model.py checks these orders under random interleavings, tools/hopper/bwd_d256_layout.py the
+ * index arithmetic. */
 #ifndef FLASHC_CUDA_HOPPER_BWD_D256_CUH
 #define FLASHC_CUDA_HOPPER_BWD_D256_CUH
 
