@@ -719,11 +719,16 @@ static bool hopper_usable(char *why, size_t len) {
 }
 
 static flashc_status hopper_supports(const fc_problem *p) {
-  /* The backward (hopper_bwd.cu) has D = 64 and 128; auto takes cuda-mma's for larger head dims. */
-  if (p->is_backward) FC_CHECK(fc_hopper_bwd_supports(p));
-  if (p->head_dim > (p->is_backward ? 128 : 256))
+  /* The backward (hopper_bwd.cu) has D = 64, 128 and 256 (FLASHC_HOPPER_BWD_D256=0: up to 128); auto takes
+   * cuda-mma's for what it refuses (deterministic mode past 128). */
+  int max_head_dim = 256;
+  if (p->is_backward) {
+    FC_CHECK(fc_hopper_bwd_supports(p));
+    if (p->head_dim > 128) FC_CHECK(fc_hopper_bwd_head_dim_max(&max_head_dim));
+  }
+  if (p->head_dim > max_head_dim)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds %d on backend cuda-hopper%s", (long long)p->head_dim,
-                    p->is_backward ? 128 : 256, p->is_backward ? " (backward)" : "");
+                    max_head_dim, p->is_backward ? " (backward)" : "");
   if (p->scale < 0.0f)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "scale %g is negative; backend cuda-hopper needs a positive scale",
                     (double)p->scale);
@@ -798,11 +803,11 @@ static flashc_status hopper_forward(const fc_problem *p) {
 extern "C" const fc_backend fc_backend_cuda_hopper = {
     "cuda-hopper",
     "FlashAttention-3 style forward: TMA, wgmma, warp-specialised producer/consumers, mbarrier ring "
-    "(sm_90a); the backward likewise, head dims up to 128",
+    "(sm_90a); the backward likewise",
     FLASHC_DEVICE_CUDA,
     (1u << FLASHC_F16) | (1u << FLASHC_BF16),
     1,
-    256, /* the backward up to 128 (hopper_supports) */
+    256, /* the backward too (up to 128 with FLASHC_HOPPER_BWD_D256=0: hopper_supports) */
     hopper_usable,
     hopper_supports,
     hopper_forward,

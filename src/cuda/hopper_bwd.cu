@@ -41,7 +41,10 @@
  * D = 128, 2 at D = 64 with Br = 128). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
  * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the single-tile kernel on the H100), runs the
  * same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV
- * staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward"). */
+ * staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward").
+ * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, or 2): fc_hopper_bwd_d256_kernel
+ * (hopper_bwd_d256.cuh: Bc = 64 keys per CTA, Sᵀ/dPᵀ split by queries and dK/dV/dQ by head-dim columns between the
+ * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -109,12 +112,12 @@ static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
 
 /* The query blocks (Br rows) that see some key of the block [k0, k0 + Bc): [*i_begin, *i_begin + *n_i). Rows
  * i ≥ j − shift − wr see key j from the right edge, i ≤ j − shift + wl from the left (cuda-mma's dkdv walks the
- * same range). */
-template <int BR>
+ * same range). BC: 64 for the D = 256 kernel (hopper_bwd_d256.cuh). */
+template <int BR, int BC = FC_HPB_BC>
 static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int sk, int64_t shift, int64_t wl,
                                                            int64_t wr, int *i_begin, int *n_i) {
   int64_t i_lo = wr < 0 ? 0 : k0 - shift - wr;
-  int64_t i_hi = wl < 0 ? sq : (int64_t)min(k0 + FC_HPB_BC, sk) - 1 - shift + wl + 1;
+  int64_t i_hi = wl < 0 ? sq : (int64_t)min(k0 + BC, sk) - 1 - shift + wl + 1;
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)sq);
   *i_begin = (int)(i_lo / BR);
   *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
@@ -127,9 +130,10 @@ struct fc_hpb_tile {
   int64_t b, pad0, shift;
 };
 
-/* Tile (jb, bh = b·heads_kv + hk): the single-tile kernels' from blockIdx.x, the persistent one's from its schedule
- * (fc_hpb_tile_at). False: k0 ≥ sk (a key block past a shorter sequence of a varlen batch: nothing to do). */
-template <int BR>
+/* Tile (jb, bh = b·heads_kv + hk) of key blocks of BC keys: the single-tile kernels' from blockIdx.x, the persistent
+ * one's from its schedule (fc_hpb_tile_at). False: k0 ≥ sk (a key block past a shorter sequence of a varlen batch:
+ * nothing to do). */
+template <int BR, int BC = FC_HPB_BC>
 static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args &a, int jb, int64_t bh,
                                                         fc_hpb_tile *ti) {
   ti->jb = jb;
@@ -144,11 +148,11 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
     ti->sk = a.cu_k[ti->b + 1] - ti->k_start;
     ti->pad0 = a.cu_pad[ti->b];
   }
-  ti->k0 = jb * FC_HPB_BC;
+  ti->k0 = jb * BC;
   if (ti->k0 >= ti->sk) return false;
   ti->bt = a.cu_q ? 0 : (int)ti->b; /* batch coordinate of the tensor maps */
   ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
-  fc_hpb_query_blocks<BR>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
+  fc_hpb_query_blocks<BR, BC>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
   ti->n_iter = a.group * ti->n_i; /* (query head, query block) pairs, head-major */
   return true;
 }
@@ -784,6 +788,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 
 /* The second version of the D = 128 kernel (FLASHC_HOPPER_BWD_V): its own file, sharing the helpers above. */
 #include "hopper_bwd_v2.cuh"
+/* The D = 256 kernel (FLASHC_HOPPER_BWD_D256): its own file, sharing the helpers above. */
+#include "hopper_bwd_d256.cuh"
 
 /* ---- host ------------------------------------------------------------------------------------------------ */
 /* How the key blocks add dQ into the fp32 sum (FLASHC_HOPPER_BWD_DQ, read at every call, for comparisons):
@@ -859,6 +865,17 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
   return FLASHC_OK;
 }
 
+/* The head-dim-256 kernel (FLASHC_HOPPER_BWD_D256, read at every call, like the variables above; only at head dims
+ * past 128): 1 (unset) runs the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel<T, NEXT = true>
+ * (hopper_bwd_d256.cuh), 2 the same with NEXT = false (every wgmma group waited for within its block: for
+ * comparisons, 0.88–0.99× of 1); 0 refuses those head dims, so that auto takes cuda-mma's backward. H100, session 10
+ * (bf16, 16k tokens): 1 runs 1.0–1.26× cuDNN, 1.5–1.7× SDPA flash, 1.4× cuda-mma. *variant: 0 off, else the value. */
+static flashc_status fc_hpb_d256_get(int *variant) {
+  static const char *const names[] = {"0", "1", "2"};
+  return fc_env_choice("FLASHC_HOPPER_BWD_D256", names, (int)(sizeof names / sizeof names[0]), 1,
+                       "flashc_backward (cuda-hopper)", variant);
+}
+
 /* The columns of one tile of the blocked dQ sum (w of fc_bwd_dq_blocked_index), or 0 (red.global.add). */
 static int fc_hpb_dq_tile_w(fc_hpb_dq_mode mode, int d) { return mode == FC_HPB_DQ_BULK ? d / 2 : 0; }
 
@@ -883,6 +900,22 @@ static size_t fc_hpb_v2_smem_bytes(int d, int stages) {
 
 typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
                                  const fc_hopper_bwd_args);
+
+/* The D = 256 kernel (hopper_bwd_d256.cuh): Bc = 64 keys per CTA, FC_HPB256_SMEM = 231224 bytes of shared memory;
+ * FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without (fc_hpb_d256_get). */
+template <typename T>
+static flashc_status fc_hpb_launch_d256(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
+                                        int grid) {
+  int variant = 0;
+  FC_CHECK(fc_hpb_d256_get(&variant));
+  const fc_hpb_kernel_fn kernel =
+      variant == 2 ? fc_hopper_bwd_d256_kernel<T, false> : fc_hopper_bwd_d256_kernel<T, true>;
+  const size_t smem = FC_HPB256_SMEM;
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (head dim 256)"));
+  kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
+  FC_LAUNCH_CHECK("fc_hopper_bwd_d256_kernel");
+  return FLASHC_OK;
+}
 
 template <typename T, int D, int STAGES, int BR>
 static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, const CUtensorMap maps[4],
@@ -984,7 +1017,9 @@ static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br
                                 int persist /* max CTAs */, int order, int32_t *claim, const CUtensorMap maps[4],
                                 const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  if (persist && p->head_dim > 64)
+  if (p->head_dim > 128) /* fc_hopper_bwd_supports let it through: FLASHC_HOPPER_BWD_D256 = 1 or 2 */
+    FC_CHECK(fc_hpb_launch_d256<T>(p, maps, a, grid));
+  else if (persist && p->head_dim > 64)
     FC_CHECK((fc_hpb_launch_v2p<T, 128>(p, maps, a, persist, order, claim)));
   else if (persist)
     FC_CHECK((fc_hpb_launch_v2p<T, 64>(p, maps, a, persist, order, claim)));
@@ -1008,12 +1043,30 @@ static int fc_hpb_vec16(const fc_view *v) {
   return (uintptr_t)v->data % 16 == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 && v->stride_h % 8 == 0;
 }
 
+/* The keys per CTA (Bc) of the dK/dV kernel that runs this head dim. */
+static int fc_hpb_bc(int64_t head_dim) { return head_dim > 128 ? (int)FC_HPB256_BC : (int)FC_HPB_BC; }
+
+flashc_status fc_hopper_bwd_head_dim_max(int *max) {
+  int d256 = 0;
+  FC_CHECK(fc_hpb_d256_get(&d256));
+  *max = d256 ? 256 : 128;
+  return FLASHC_OK;
+}
+
 flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
   if (p->heads_kv > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_kv %lld exceeds 2^31-1 on backend cuda-hopper",
                     (long long)p->heads_kv);
+  if (p->head_dim > 128) { /* the D = 256 kernel unless FLASHC_HOPPER_BWD_D256 = 0 (then hopper_supports refuses) */
+    int d256 = 0;
+    FC_CHECK(fc_hpb_d256_get(&d256));
+    if (d256 && p->deterministic)
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "deterministic backward at head_dim %lld (> 128) is not built on backend cuda-hopper",
+                      (long long)p->head_dim);
+  }
   int grid = 0;
-  FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, FC_HPB_BC), p->heads_kv, p->batch, &grid));
+  FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim)), p->heads_kv, p->batch, &grid));
   FC_CHECK(fc_hp_check_view(p, &p->dout, true, "dout"));
   return FLASHC_OK;
 }
@@ -1045,12 +1098,14 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
     rows.sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
     rows.total_pad = p->batch * rows.sq_pad;
   }
-  const int D = p->head_dim <= 64 ? 64 : 128;
+  const int D = p->head_dim <= 64 ? 64 : p->head_dim <= 128 ? 128 : 256;
+  /* The blocked sum's tile width: D = 256 always adds 64 × 64 tiles (FLASHC_HOPPER_BWD_DQ does not apply there) */
+  const int dq_tile_w = D == 256 ? FC_HPB256_DQ_W : fc_hpb_dq_tile_w(mode, D);
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
   const size_t pad_bytes = cu_pad_host ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
   /* The dQ sum: [total_q][hq][D], or blocked over the padded rows (bulk) */
-  const int64_t dq_rows = mode >= FC_HPB_DQ_BULK ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
+  const int64_t dq_rows = dq_tile_w > 0 ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
   const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
   const size_t claim_bytes = persist && order == FC_HPB_SCHED_DYNAMIC ? 256 : 0; /* the claim counter */
@@ -1070,7 +1125,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   }
   float *lse2 = (float *)(ws + cu_bytes + pad_bytes), *dsum = (float *)(ws + cu_bytes + pad_bytes + row_bytes);
   float *dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
-  const bool blocked = fc_hpb_dq_tile_w(mode, D) > 0; /* then prep zeroes the sum (rows.dq_zero) */
+  const bool blocked = dq_tile_w > 0; /* then prep zeroes the sum (rows.dq_zero) */
   if (!blocked) FC_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
   int *dq_ticket = NULL;
   if (ticket_bytes) {
@@ -1084,7 +1139,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   rows.do_sb = p->dout.stride_b, rows.do_ss = p->dout.stride_s, rows.do_sh = p->dout.stride_h;
   rows.dq_sb = p->dq.stride_b, rows.dq_ss = p->dq.stride_s, rows.dq_sh = p->dq.stride_h;
   rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
-  rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_tile_w = fc_hpb_dq_tile_w(mode, D);
+  rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_tile_w = dq_tile_w;
   rows.dq_zero = blocked ? dq_accum : NULL;
   rows.cu_q = cu_q, rows.cu_pad = cu_pad;
   rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
@@ -1102,7 +1157,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
   a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv, a.group = (int)(p->heads_q / p->heads_kv);
   a.head_dim = (int)p->head_dim;
-  a.n_blocks = (int)fc_cdiv(p->seqlen_k, FC_HPB_BC);
+  a.n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim));
   a.scale = p->scale;
   a.scale_log2 = p->scale * 1.4426950408889634f;
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
@@ -1113,8 +1168,8 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
   CUtensorMap maps[4];
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_backward", &maps[0]));
-  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", FC_HPB_BC, "flashc_backward", &maps[1]));
-  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", FC_HPB_BC, "flashc_backward", &maps[2]));
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[1]));
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", br, "flashc_backward", &maps[3]));
   if (p->dtype == FLASHC_F16)
     return fc_hpb_run<__half>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);

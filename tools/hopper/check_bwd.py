@@ -3,9 +3,9 @@ the backward of PyTorch SDPA (flash, cudnn) and of cuda-mma on the shapes of /wo
 tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
 
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
-        [--modes env,bulk] [--bench-modes env] [--rounds 1] [--no-peers]
+        [--modes env,bulk] [--bench-modes env] [--rounds 1] [--no-peers] [--bench-d 64,128]
 
-Modes (the library reads FLASHC_HOPPER_BWD_DQ, _BR, _V and _PERSIST at every call): env
+Modes (the library reads FLASHC_HOPPER_BWD_DQ, _BR, _V, _PERSIST and _D256 at every call): env
 (the variables as this script found them: the defaults when unset, i.e. bulk128 where it applies), bulk, split,
 each (dQ paths, Br = 64), bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only
 there and not in deterministic mode, where the library would run the Br = 64 kernel anyway), v2, v3, v4 (bulk at
@@ -16,18 +16,24 @@ d <= 64 only, not deterministic), p (the defaults with FLASHC_HOPPER_BWD_PERSIST
 one CTA per SM walking the tiles, where the default second kernel runs: D = 128 V 3, D = 64 V 2; not deterministic),
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
 tiles per CTA: the phases across tiles, empty tiles, varlen); both in the default dynamic order; ps, p3s the same in
-the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED). Every check runs in each of --modes that applies to
-it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being the
-reference of the ratio columns. An A/B of two modes without the peers:
+the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED); d256 (FLASHC_HOPPER_BWD_D256=1, the library's
+default: the head-dim-256 kernel, src/cuda/hopper_bwd_d256.cuh, at 128 < d <= 256 only, not deterministic; the
+d = 256 cases run in the modes d256, d256p and in env unless env sets FLASHC_HOPPER_BWD_D256=0), d256p (the same
+kernel without its next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block). Every check runs in each of --modes that
+applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the
+median), the first mode being the reference of the ratio columns; --bench-d picks their head dims. An A/B of two modes
+without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,v2,v3,v4 --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk128,v2d64,v3d64,v4d64,v5d64,v6d64 --rounds 3 \
         --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes env,p --rounds 3 --no-peers
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes d256,d256p --bench-d 256   # vs cuda-mma, flash, cudnn
 
-What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128) it must refuse, and
-auto must fall back to another backend.
+What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128 with
+FLASHC_HOPPER_BWD_D256=0, deterministic mode past 128) it must refuse, and auto must fall back to another
+backend.
 
 Correctness rule (FlashAttention's): for each of dq, dk, dv, the kernel's max |error| against the fp64 reference
 is at most 3x the error of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax
@@ -57,17 +63,18 @@ ap.add_argument("--modes", default="env,bulk", help="correctness: each case in e
 ap.add_argument("--bench-modes", default="env", help="timings: cuda-hopper in each mode; the first is the reference")
 ap.add_argument("--rounds", type=int, default=1, help="timings: interleaved rounds over the modes (median)")
 ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper only (no cuda-mma, flash, cudnn)")
+ap.add_argument("--bench-d", default="64,128", help="timings: the head dims (256: with --bench-modes d256)")
 args = ap.parse_args()
 
 os.environ.pop("FLASHC_HOPPER", None)  # the backend must not be hidden here
 MODE_VARS = ("FLASHC_HOPPER_BWD_DQ", "FLASHC_HOPPER_BWD_BR", "FLASHC_HOPPER_BWD_V", "FLASHC_HOPPER_BWD_PERSIST",
-             "FLASHC_HOPPER_BWD_SCHED")
+             "FLASHC_HOPPER_BWD_SCHED", "FLASHC_HOPPER_BWD_D256")
 
 
-def _mode(dq, br, v="1", persist=None, sched=None):
+def _mode(dq, br, v="1", persist=None, sched=None, d256=None):
     """None: unset (the library's default)."""
     return {"FLASHC_HOPPER_BWD_DQ": dq, "FLASHC_HOPPER_BWD_BR": br, "FLASHC_HOPPER_BWD_V": v,
-            "FLASHC_HOPPER_BWD_PERSIST": persist, "FLASHC_HOPPER_BWD_SCHED": sched}
+            "FLASHC_HOPPER_BWD_PERSIST": persist, "FLASHC_HOPPER_BWD_SCHED": sched, "FLASHC_HOPPER_BWD_D256": d256}
 
 
 MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
@@ -78,11 +85,13 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6"),
          "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3"),
          "ps": _mode(None, None, None, "1", "stride"), "p3s": _mode(None, None, None, "3", "stride"),
-         "pg": _mode(None, None, None, "1", "grouped")}
+         "pg": _mode(None, None, None, "1", "grouped"),
+         "d256": _mode(None, None, None, None, None, "1"), "d256p": _mode(None, None, None, None, None, "2")}
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
         sys.exit(f"unknown mode {m!r} (known: {', '.join(MODES)})")
+bench_dims = [int(x) for x in args.bench_d.split(",")]
 
 
 def set_mode(name):
@@ -99,7 +108,14 @@ def mode_applies(name, d, deterministic=0):
     kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
     kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check); p, p3 (the
     persistent second kernel; ps, p3s, pg: its stride and grouped orders) outside deterministic mode, at both
-    head dims."""
+    head dims. Past d = 128 only the head-dim-256 kernel runs: modes d256, d256p and env (unless env turns it off with
+    FLASHC_HOPPER_BWD_D256=0), not deterministic (refused there); d256, d256p do not apply at d <= 128 (they would
+    repeat env)."""
+    if d > 128:
+        gated_env = name == "env" and MODES["env"]["FLASHC_HOPPER_BWD_D256"] != "0"
+        return not deterministic and (name in ("d256", "d256p") or gated_env)
+    if name in ("d256", "d256p"):
+        return False
     if name in ("p", "p3", "ps", "p3s", "pg"):
         return not deterministic
     if name.endswith("d64") or name == "bulk128":
@@ -167,6 +183,8 @@ def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout=
     case = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} w({wl},{wr}) "
             f"{layout}" + (f" varlen{varlen}" if varlen else "") + (" deterministic" if deterministic else "") +
             (f" grads {grad_layout}" if grad_layout else ""))
+    if not any(mode_applies(m, d, deterministic) for m in modes):
+        return  # d > 128 in modes that do not run the head-dim-256 kernel
     q, k, v, dout, o, lse, seqs, cu = problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen)
     p, keep = params(causal, align, wl, wr, cu=cu, deterministic=deterministic)
     set_mode("env")
@@ -230,8 +248,8 @@ def check_mode(tag, dtype, d, causal, align, wl, wr, deterministic, q, k, v, dou
 
 
 def check_refusals(dtype):
-    """What cuda-hopper must refuse (UNSUPPORTED, auto falling back): no gate (deterministic too), views TMA
-    cannot address, head dim 192."""
+    """What cuda-hopper must refuse (UNSUPPORTED, auto falling back): views TMA cannot address, head dims past 256,
+    head dims past 128 with FLASHC_HOPPER_BWD_D256=0, and deterministic mode at d = 256 with the kernel on."""
     def attempt(tag, q, k, v, dout, p, expect_msg):
         o = torch.empty_like(q)
         lse = torch.empty(q.shape[2] * q.shape[0] * q.shape[1], device="cuda")
@@ -249,10 +267,21 @@ def check_refusals(dtype):
               not any(torch.isnan(x).any() for x in g))
         record(tag + " (must refuse)", ok, f"status {st} ({msg}); auto ran {fell!r} with status {st2}")
 
+    gate = os.environ.pop("FLASHC_HOPPER_BWD_D256", None)
     odd = [make(1, 300, 4, 64, dtype, "odd") for _ in range(4)]
     attempt(f"{str(dtype)[6:]:8s} odd strides", *odd, params()[0], "stride")
+    os.environ["FLASHC_HOPPER_BWD_D256"] = "0"
     big = [make(1, 300, 4, 192, dtype, "bshd") for _ in range(4)]
-    attempt(f"{str(dtype)[6:]:8s} d192", *big, params()[0], "192")
+    attempt(f"{str(dtype)[6:]:8s} d192 with FLASHC_HOPPER_BWD_D256=0", *big, params()[0], "192")
+    if "d256" in modes or "d256p" in modes or gate != "0":
+        d256 = [make(1, 300, 4, 256, dtype, "bshd") for _ in range(4)]
+        attempt(f"{str(dtype)[6:]:8s} d256 with FLASHC_HOPPER_BWD_D256=0", *d256, params()[0], "256")
+        os.environ.pop("FLASHC_HOPPER_BWD_D256", None)  # the default: the kernel on
+        attempt(f"{str(dtype)[6:]:8s} d256 deterministic", *d256, params(deterministic=1)[0], "deterministic")
+    if gate is None:
+        os.environ.pop("FLASHC_HOPPER_BWD_D256", None)
+    else:
+        os.environ["FLASHC_HOPPER_BWD_D256"] = gate
 
 
 def correctness():
@@ -261,11 +290,14 @@ def correctness():
     masks = [dict(), dict(causal=1, align=0), dict(causal=1, align=1), dict(wl=32, wr=16), dict(wl=200, wr=0)]
     layouts = ["bshd", "bhsd", "padded"]
     dims = (64, 128)
+    d256 = any(mode_applies(m, 256) for m in modes)  # the head-dim-256 kernel: mode d256 (or env with its gate)
     if args.quick:
         shapes, masks = [(97, 97), (257, 257), (203, 113), (1024, 1023)], [dict(), dict(causal=1)]
     if args.tiny:  # d = 128 too when a mode runs only there (the sanitizers of v2..v4) or differs there (p, p3)
         shapes, masks = [(97, 97), (203, 113)], [dict(causal=1)]
         dims = (64, 128) if any(m in ("v2", "v3", "v4", "p", "p3") for m in modes) else (64,)
+    if d256:  # every shape and mask above at d = 256 too (odd seqlens, causal both alignments, windows, GQA 2:1,
+        dims += (256,)  # rows that see no key: (203, 113) causal align 1), and the odd gradient layout below
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         for d in dims:
@@ -280,6 +312,13 @@ def correctness():
         check(dtype, 1, 257, 300, 4, 2, 100, causal=1, layout="padded")  # d = 100 runs as D = 128
         check(dtype, 1, 0, 0, 4, 2, 128, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
         check_refusals(dtype)
+        if d256:  # D = 256: a head dim it pads (column tails), varlen with empty sequences, MQA, a long causal one
+            check(dtype, 1, 257, 300, 4, 2, 200, causal=1, layout="padded")  # d = 200 runs as D = 256
+            check(dtype, 1, 0, 0, 4, 2, 256, causal=1, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
+            check(dtype, 1, 0, 0, 4, 4, 256, wl=20, wr=5, varlen=([1, 1025, 64], [1, 1025, 130]))
+            check(dtype, 1, 300, 300, 8, 1, 256, layout="bhsd")  # MQA: one CTA walks all 8 query heads
+            if not args.quick:
+                check(dtype, 1, 4096, 4096, 2, 2, 256, causal=1, align=1)
         if args.quick:
             continue
         check(dtype, 1, 300, 300, 8, 1, 128)  # MQA
@@ -310,7 +349,7 @@ def bench():
     print(f"{'d':>4} {'causal':>6} {'seqlen':>6} {'hopper':>8} {'mma':>8} {'flash':>8} {'cudnn':>8} "
           f"{'hp/cudnn':>8} {'hp/flash':>8}" + "".join(f" {m[:8]:>8} {'/' + ref[:7]:>8}" for m in others), flush=True)
     seqlens = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
-    for d in (64, 128):
+    for d in bench_dims:
         for causal in (0, 1):
             for s in seqlens:
                 b, h = 16384 // s, 2048 // d

@@ -28,6 +28,18 @@ def ss(n, ctype, ptype, zero, trans=False):
 '''
 
 
+def ss_tb(n, ctype, ptype):
+    """A K-major, B MN-major (imm-trans-a = 0, imm-trans-b = 1), accumulating."""
+    r = n // 2
+    return f'''template <> __device__ __forceinline__ void fc_wgmma_ss_tb<{ctype}, {n}>(float (&d)[{r}], uint64_t a_desc, uint64_t b_desc) {{
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
+               "{{{regs(0, r)}}}, %{r}, %{r + 1}, 1, 1, 1, 0, 1;\\n"
+               : {accs("+f", r)}
+               : "l"(a_desc), "l"(b_desc));
+}}
+'''
+
+
 def rs(n, ctype, ptype):
     r = n // 2
     return f'''template <> __device__ __forceinline__ void fc_wgmma_rs<{ctype}, {n}>(float (&d)[{r}], const uint32_t (&a)[4], uint64_t b_desc) {{
@@ -50,6 +62,9 @@ print('''/* hopper_wgmma.cuh — the wgmma.mma_async instructions cuda-hopper is
  *   fc_wgmma_ss_tt<T, N>,   the same with both operands MN-major (imm-trans-a = imm-trans-b = 1): the backward's
  *   fc_wgmma_ss_tt_zero:    dQ_i += dS·K_j, dS stored as dSᵀ (key rows) and K_j row by row (key rows); N = 64, or
  *                           32 (D = 64 split between two warpgroups: B starts 64 bytes into K_j's swizzled rows).
+ *   fc_wgmma_ss_tb<T, N>:   D += A·B, A K-major and B MN-major (imm-trans-a = 0, imm-trans-b = 1), both in
+ *                           shared memory: the D = 256 backward's dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i, with Pᵀ
+ *                           and dSᵀ stored a row per key (queries contiguous) and dO_i, Q_i a row per query.
  *   fc_wgmma_rs<T, N>:      D += A·B, A from registers (four .b32 per thread, two 16-bit values each), B in
  *                           shared memory MN-major (imm-trans-b = 1): O += P·V_j with V_j stored row by row
  *                           (its rows are the k dimension, its contiguous columns the n dimension).
@@ -81,6 +96,8 @@ template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_ss_tt_zero(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
+template <typename T, int N>
+static __device__ __forceinline__ void fc_wgmma_ss_tb(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 
 #if FC_HOPPER_ARCH''')
 for ctype, ptype in TYPES:
@@ -106,6 +123,12 @@ for ctype, ptype in TYPES:
     print(ss(80, ctype, ptype, False))
     print(ss(80, ctype, ptype, True))
     print(rs(256, ctype, ptype))
+# The backward at head dim 256 (hopper_bwd_d256.cuh): S^T, dP^T of 64 keys x 32 queries per consumer warpgroup,
+# and dV_j, dK_j (64 keys x 128 columns of the head dim per warpgroup) with P^T, dS^T from shared memory.
+for ctype, ptype in TYPES:
+    print(ss(32, ctype, ptype, False))
+    print(ss(32, ctype, ptype, True))
+    print(ss_tb(128, ctype, ptype))
 print('''#endif /* FC_HOPPER_ARCH */
 
 #endif /* FLASHC_CUDA_HOPPER_WGMMA_CUH */''')

@@ -6,6 +6,8 @@
 # and the backward:
 #   bash tools/hopper/gpu.sh build bwd-smoke bwd-sanitize   (does it run at all, and cleanly)
 #   bash tools/hopper/gpu.sh bwd bwd-bench                  (all shapes; TFLOP/s against SDPA's backward)
+# and the head-dim-256 backward (FLASHC_HOPPER_BWD_D256, check_bwd.py modes d256, d256p):
+#   bash tools/hopper/gpu.sh build d256-smoke d256-sanitize d256 d256-bench
 # build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
 # barrier protocol hangs rather than fails. Logs go to $OUT (default /tmp/out).
 OUT=${OUT:-/tmp/out}
@@ -68,7 +70,23 @@ for step in "$@"; do
   bwd-bench)
     run_and_show bwd-bench 400 $CHECK_BWD --no-check
     ;;
-  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench)"; exit 2 ;;
+  d256-smoke)
+    run_and_show d256-smoke 150 $CHECK_BWD --quick --no-bench --modes d256,d256p ||
+      { tail -20 "$OUT/d256-smoke.log"; echo "d256-smoke failed: stopping"; exit 1; }
+    ;;
+  d256)
+    run_and_show d256 420 $CHECK_BWD --no-bench --modes d256,d256p
+    ;;
+  d256-sanitize)
+    for tool in memcheck synccheck racecheck; do
+      run_and_show "d256-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 --kernel-name kns=fc_hopper_bwd_d256 \
+        $CHECK_BWD --tiny --no-bench --modes d256,d256p
+    done
+    ;;
+  d256-bench)
+    run_and_show d256-bench 400 $CHECK_BWD --no-check --bench-modes d256,d256p --bench-d 256
+    ;;
+  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench d256-smoke d256 d256-sanitize d256-bench)"; exit 2 ;;
   esac
   echo "-- $step done at $(($(date +%s) - T0))s"
 done

@@ -1,0 +1,247 @@
+"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh,
+FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without), run under random interleavings with bwd_v2_model.py's machinery. Agents:
+the producer thread (Q_i, lse2_i into a ring of 2 stages; dO_i, D_i into one buffer), the two consumer warpgroups
+(each one agent: its 128 threads pass every step together), and the asynchronous units: TMA copies landing, each
+warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of sdQ.
+
+Checks, each at the moment it matters:
+  - no deadlock; every fill lands before its readers run, in the right phase (the right block);
+  - a fill never starts on a Q stage or the dO buffer that a warpgroup still holds (first read .. release) or that an
+    in-flight wgmma reads;
+  - the dV, dQ, dK wgmmas find both warpgroups' halves of Pᵀ, dSᵀ of their own block in sP/sdS; nobody writes a
+    buffer of sP/sdS that an in-flight wgmma (of either warpgroup) reads;
+  - sdQ: a warpgroup writes its tile (twice per block) only when no bulk add still reads it, and each bulk add reads
+    what it was issued for;
+  - registers: Sᵀ, dPᵀ, both dQ halves are read only after their group retired; dK, dV at the end after all.
+Deliberately broken protocols (MUTATIONS) must each be caught in every kernel they concern.
+
+    python3 tools/hopper/bwd_d256_model.py      (NEXT and not; 0..9, 13, 24 blocks; 300 seeds each; the mutations)
+"""
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bwd_v2_model import Violation, check, step  # noqa: E402
+from protocol_model import MBar  # noqa: E402
+
+MUTATIONS = {
+    "single_ps": "one sP/sdS buffer (with the single barrier per block)",
+    "release_do_before_dv": "dO released before the wait that retires dV",
+    "release_q_before_dk": "the Q stage released before the wait that retires dK",
+    "no_wait_read": "dQ_0 written into sdQ without waiting for the last block's second bulk read",
+    "no_wait_read_half": "dQ_1 written into sdQ without waiting for dQ_0's bulk read",
+    "next_wrong_parity": "NEXT: block it + 1's Q wait with block it's parity",
+    "do_parity_off": "the dO wait with the parity of the next use",
+    "dq1_early": "dQ_1 stored after the wait that retires dV and dQ_0 only",
+}
+
+
+def simulate(n_iter, nxt, seed, mutation=None):
+    rng = random.Random(seed)
+    q_full, q_empty = [MBar(1), MBar(1)], [MBar(2), MBar(2)]  # one arrival per warpgroup stands for its 128 threads'
+    do_full, do_empty = MBar(1), MBar(2)
+    q_block, do_block = [None, None], [None]  # which block each buffer holds (None: being written)
+    q_holds, do_holds = [set(), set()], set()
+    ps = [[None, None], [None, None]]  # sP/sdS [buffer][warpgroup's half] = block
+    sdq = [None, None]  # each warpgroup's tile: (block, half)
+    bulk_reads = [[], []]
+    groups = [[], []]
+    retired = [set(), set()]
+    tma = []  # in-flight fills: ("q", s, block) or ("do", 0, block)
+    bar3 = {"arrived": 0, "gen": 0}
+    done = [False, False, False]
+
+    def inflight_reads(res):
+        return [(c, g) for c in (0, 1) for g in groups[c] if res in g["reads"]]
+
+    def issue(c, name, block, reads):
+        for res, want in reads:
+            have = {"q": lambda r: q_block[r[1]], "do": lambda r: do_block[0], "ps": lambda r: ps[r[1]][r[2]],
+                    "sK": lambda r: want}[res[0]](res)
+            check(have == want, f"wg{c} {name}[{block}] reads {res} holding block {have}")
+        groups[c].append({"name": name, "block": block, "reads": set(r for r, _ in reads)})
+
+    def need(c, name, block, what):
+        check((name, block) in retired[c], f"wg{c} reads {what} before {name}[{block}] retired")
+
+    def wait_groups(c, n):
+        yield lambda: len(groups[c]) <= n
+
+    def barrier3(c):
+        gen = bar3["gen"]
+        bar3["arrived"] += 1
+        if bar3["arrived"] == 2:
+            bar3["arrived"], bar3["gen"] = 0, gen + 1
+        yield lambda: bar3["gen"] != gen
+
+    def producer():
+        for it in range(n_iter):
+            s, u = it & 1, it >> 1
+            if u > 0:
+                yield lambda: q_empty[s].passed((u - 1) & 1)
+            check(not q_holds[s], f"Q fill of block {it} into stage {s} while warpgroups {q_holds[s]} hold it")
+            check(not inflight_reads(("q", s)), f"Q fill of block {it} into stage {s} under a wgmma")
+            q_full[s].arrive(expect_tx=1)
+            q_block[s] = None
+            tma.append(("q", s, it))
+            yield
+            if it > 0:
+                yield lambda: do_empty.passed((it - 1) & 1)
+            check(not do_holds, f"dO fill of block {it} while warpgroups {do_holds} hold it")
+            check(not inflight_reads(("do",)), f"dO fill of block {it} under a wgmma")
+            do_full.arrive(expect_tx=1)
+            do_block[0] = None
+            tma.append(("do", 0, it))
+        done[0] = True
+
+    def store_dq(c, it, half):
+        check(not bulk_reads[c], f"wg{c} writes dQ_{half} of block {it} into its sdQ tile under a bulk read")
+        sdq[c] = (it, half)
+        bulk_reads[c].append((it, half))
+
+    def consumer(c):
+        if nxt and n_iter > 0:
+            yield lambda: q_full[0].passed(0)
+            q_holds[0].add(c)
+            issue(c, "S", 0, [(("q", 0), 0), (("sK",), None)])
+        for it in range(n_iter):
+            s, u = it & 1, it >> 1
+            buf = 0 if mutation == "single_ps" else it & 1
+            do_parity = ((it + 1) if mutation == "do_parity_off" else it) & 1
+            if nxt:
+                yield from wait_groups(c, 0)
+                need(c, "S", it, "Sᵀ")
+                yield lambda: do_full.passed(do_parity)
+                do_holds.add(c)
+                issue(c, "dP", it, [(("do",), it)])
+            else:
+                yield lambda: q_full[s].passed(u & 1)
+                q_holds[s].add(c)
+                yield lambda: do_full.passed(do_parity)
+                do_holds.add(c)
+                issue(c, "S", it, [(("q", s), it)])
+                issue(c, "dP", it, [(("do",), it)])
+                yield from wait_groups(c, 1)
+                need(c, "S", it, "Sᵀ")
+            check(q_block[s] == it, f"wg{c} reads lse2 of block {it} from stage {s} = {q_block[s]}")
+            yield
+            yield from wait_groups(c, 0)
+            need(c, "dP", it, "dPᵀ")
+            check(do_block[0] == it, f"wg{c} reads D_i of block {it} from dO's buffer = {do_block[0]}")
+            check(not inflight_reads(("ps", buf, c)), f"wg{c} writes sP/sdS[{buf}] under a wgmma that reads it")
+            ps[buf][c] = it
+            yield
+            if mutation != "no_wait_read":
+                yield lambda: not bulk_reads[c]
+            yield from barrier3(c)  # B
+            both = [(("ps", buf, 0), it), (("ps", buf, 1), it)]
+            issue(c, "dV", it, both + [(("do",), it)])
+            issue(c, "dQ0", it, both + [(("sK",), None)])
+            issue(c, "dQ1", it, both + [(("sK",), None)])
+            issue(c, "dK", it, both + [(("q", s), it)])
+            yield
+            if mutation == "release_do_before_dv":
+                do_holds.discard(c)
+                do_empty.arrive()
+            yield from wait_groups(c, 2)
+            need(c, "dV", it, "dV")
+            need(c, "dQ0", it, "dQ_0")
+            if mutation != "release_do_before_dv":
+                do_holds.discard(c)
+                do_empty.arrive()
+            if mutation == "release_q_before_dk":
+                q_holds[s].discard(c)
+                q_empty[s].arrive()
+            store_dq(c, it, 0)
+            yield
+            if nxt:
+                nx = it + 1 if it + 1 < n_iter else it
+                parity = (u if mutation == "next_wrong_parity" else nx >> 1) & 1
+                yield lambda: q_full[nx & 1].passed(parity)
+                q_holds[nx & 1].add(c)
+                issue(c, "S", nx, [(("q", nx & 1), nx), (("sK",), None)])
+            if mutation != "dq1_early":
+                yield from wait_groups(c, 2 if nxt else 1)
+            need(c, "dQ1", it, "dQ_1")
+            if mutation != "no_wait_read_half":
+                yield lambda: not bulk_reads[c]
+            store_dq(c, it, 1)
+            yield
+            yield from wait_groups(c, 1 if nxt else 0)
+            need(c, "dK", it, "dK (Q stage release)")
+            if mutation != "release_q_before_dk":
+                q_holds[s].discard(c)
+                q_empty[s].arrive()
+        yield from wait_groups(c, 0)
+        yield lambda: not bulk_reads[c]
+        for it in range(n_iter):
+            need(c, "dK", it, "dK at the end")
+            need(c, "dV", it, "dV at the end")
+        yield from barrier3(c)  # the epilogue's
+        done[1 + c] = True
+
+    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
+    agents = [producer(), consumer(0), consumer(1)]
+    active = [True, True, True]
+    blocked = [None, None, None]
+    while True:
+        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
+        if ev is None:
+            break
+        kind, x = ev
+        if kind == "tma":
+            what, s, blk = tma.pop(x)
+            if what == "q":
+                check(not inflight_reads(("q", s)), f"Q of block {blk} lands in stage {s} under a wgmma")
+                q_block[s] = blk
+                q_full[s].complete_tx(1)
+            else:
+                check(not inflight_reads(("do",)), f"dO of block {blk} lands under a wgmma")
+                do_block[0] = blk
+                do_full.complete_tx(1)
+        elif kind == "wgmma":
+            g = groups[x].pop(0)  # groups complete in order
+            retired[x].add((g["name"], g["block"]))
+        elif kind == "bulk":
+            got = bulk_reads[x].pop(0)
+            check(sdq[x] == got, f"bulk add of {got} read wg{x}'s tile holding {sdq[x]}")
+    if not all(done):
+        raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
+
+
+def main():
+    failures = runs = 0
+    for nxt in (True, False):
+        for n_iter in list(range(0, 10)) + [13, 24]:
+            for seed in range(300):
+                runs += 1
+                try:
+                    simulate(n_iter, nxt, seed)
+                except (Violation, AssertionError) as e:
+                    failures += 1
+                    if failures < 10:
+                        print(f"{'NEXT' if nxt else 'plain'} n_iter {n_iter} seed {seed}: {e}")
+    print(f"protocol: {runs - failures}/{runs} interleavings clean")
+    missed = 0
+    for m, what in MUTATIONS.items():
+        for nxt in ((True,) if m == "next_wrong_parity" else (True, False)):
+            caught = False
+            for n_iter in (2, 3, 5, 8):
+                for seed in range(300):
+                    try:
+                        simulate(n_iter, nxt, seed, mutation=m)
+                    except (Violation, AssertionError):
+                        caught = True
+                        break
+                if caught:
+                    break
+            print(f"mutation {m:20s} {'NEXT' if nxt else 'plain':5s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
+            missed += not caught
+    ok = failures == 0 and missed == 0
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
