@@ -970,7 +970,7 @@ static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br
                                 int persist /* max CTAs */, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
                                 const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  if (p->head_dim > 128) /* fc_hopper_bwd_supports let it through: FLASHC_HOPPER_BWD_D256 = 1 */
+  if (p->head_dim > 128) /* fc_hopper_bwd_supports let it through: FLASHC_HOPPER_BWD_D256 = 1, 2 */
     FC_CHECK(fc_hpb_launch_d256<T>(p, maps, a, grid));
   else if (persist && p->head_dim > 64)
     FC_CHECK((fc_hpb_launch_v2p<T, 128>(p, maps, a, persist)));
@@ -1010,7 +1010,7 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
   if (p->heads_kv > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_kv %lld exceeds 2^31-1 on backend cuda-hopper",
                     (long long)p->heads_kv);
-  if (p->head_dim > 128) { /* the D = 256 kernel, when FLASHC_HOPPER_BWD_D256 = 1 (else hopper_supports refuses) */
+  if (p->head_dim > 128) { /* the D = 256 kernel, when FLASHC_HOPPER_BWD_D256 = 1, 2 (else hopper_supports refuses) */
     int d256 = 0;
     FC_CHECK(fc_hpb_d256_get(&d256));
     if (d256 && p->deterministic)

@@ -9,8 +9,8 @@
  * message naming the value, what it cannot address. */
 flashc_status fc_hopper_bwd_supports(const fc_problem *p);
 
-/* The largest head dim the backward runs: 128, or 256 when FLASHC_HOPPER_BWD_D256=1 (read at every call; the D = 256
- * kernel is compile-only so far). Fails only on an unknown value of that variable. */
+/* The largest head dim the backward runs: 128, or 256 when FLASHC_HOPPER_BWD_D256 is 1 or 2 (read at every call;
+ * the D = 256 kernel is compile-only so far). Fails only on an unknown value of that variable. */
 flashc_status fc_hopper_bwd_head_dim_max(int *max);
 
 /* dq, dk, dv of a problem that fc_hopper_bwd_supports accepted. */
