@@ -42,7 +42,7 @@
  * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the single-tile kernel on the H100), runs the
  * same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV
  * staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward").
- * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, or 2): fc_hopper_bwd_d256_kernel
+ * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, 2 or 3): fc_hopper_bwd_d256_kernel
  * (hopper_bwd_d256.cuh: Bc = 64 keys per CTA, Sᵀ/dPᵀ split by queries and dK/dV/dQ by head-dim columns between the
  * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
 #include "common.cuh"
@@ -866,12 +866,14 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
 }
 
 /* The head-dim-256 kernel (FLASHC_HOPPER_BWD_D256, read at every call, like the variables above; only at head dims
- * past 128): 1 (unset) runs the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel<T, NEXT = true>
- * (hopper_bwd_d256.cuh), 2 the same with NEXT = false (every wgmma group waited for within its block: for
- * comparisons, 0.88–0.99× of 1); 0 refuses those head dims, so that auto takes cuda-mma's backward. H100, session 10
- * (bf16, 16k tokens): 1 runs 1.0–1.26× cuDNN, 1.5–1.7× SDPA flash, 1.4× cuda-mma. *variant: 0 off, else the value. */
+ * past 128): 1 (unset) runs the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel<T, NEXT = true, WHOLE =
+ * false> (hopper_bwd_d256.cuh), 2 the same with NEXT = false (every wgmma group waited for within its block: for
+ * comparisons, 0.88–0.99× of 1), 3 with WHOLE = true (each consumer warpgroup one whole product at N = 64, Sᵀ or
+ * dPᵀ, instead of half of both at N = 32; compile-only so far); 0 refuses those head dims, so that auto takes
+ * cuda-mma's backward. H100, session 10 (bf16, 16k tokens): 1 runs 1.0–1.26× cuDNN, 1.5–1.7× SDPA flash, 1.4×
+ * cuda-mma. *variant: 0 off, else the value. */
 static flashc_status fc_hpb_d256_get(int *variant) {
-  static const char *const names[] = {"0", "1", "2"};
+  static const char *const names[] = {"0", "1", "2", "3"};
   return fc_env_choice("FLASHC_HOPPER_BWD_D256", names, (int)(sizeof names / sizeof names[0]), 1,
                        "flashc_backward (cuda-hopper)", variant);
 }
@@ -902,14 +904,15 @@ typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUt
                                  const fc_hopper_bwd_args);
 
 /* The D = 256 kernel (hopper_bwd_d256.cuh): Bc = 64 keys per CTA, FC_HPB256_SMEM = 231224 bytes of shared memory;
- * FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without (fc_hpb_d256_get). */
+ * FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without, 3: WHOLE (with NEXT) (fc_hpb_d256_get). */
 template <typename T>
 static flashc_status fc_hpb_launch_d256(const fc_problem *p, const CUtensorMap maps[4], const fc_hopper_bwd_args *a,
                                         int grid) {
   int variant = 0;
   FC_CHECK(fc_hpb_d256_get(&variant));
-  const fc_hpb_kernel_fn kernel =
-      variant == 2 ? fc_hopper_bwd_d256_kernel<T, false> : fc_hopper_bwd_d256_kernel<T, true>;
+  const fc_hpb_kernel_fn kernel = variant == 2   ? fc_hopper_bwd_d256_kernel<T, false, false>
+                                  : variant == 3 ? fc_hopper_bwd_d256_kernel<T, true, true>
+                                                 : fc_hopper_bwd_d256_kernel<T, true, false>;
   const size_t smem = FC_HPB256_SMEM;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (head dim 256)"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
@@ -1017,7 +1020,7 @@ static flashc_status fc_hpb_run(const fc_problem *p, fc_hpb_dq_mode mode, int br
                                 int persist /* max CTAs */, int order, int32_t *claim, const CUtensorMap maps[4],
                                 const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  if (p->head_dim > 128) /* fc_hopper_bwd_supports let it through: FLASHC_HOPPER_BWD_D256 = 1 or 2 */
+  if (p->head_dim > 128) /* fc_hopper_bwd_supports let it through: FLASHC_HOPPER_BWD_D256 = 1, 2 or 3 */
     FC_CHECK(fc_hpb_launch_d256<T>(p, maps, a, grid));
   else if (persist && p->head_dim > 64)
     FC_CHECK((fc_hpb_launch_v2p<T, 128>(p, maps, a, persist, order, claim)));

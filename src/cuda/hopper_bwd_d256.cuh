@@ -1,5 +1,6 @@
 /* hopper_bwd_d256.cuh — cuda-hopper's dK/dV kernel at head dim 256 (d in 129 .. 256; FLASHC_HOPPER_BWD_D256 = 1, the
- * default: verified on the H100 in session 10, tools/hopper/BWD-NOTES.md, "D = 256 backward"). Included by
+ * default: verified on the H100 in session 10, tools/hopper/BWD-NOTES.md, "D = 256 backward"; = 3, WHOLE, at the end
+ * of this comment: compile-only so far). Included by
  * hopper_bwd.cu only, after its device helpers (fc_hpb_*), whose Pᵀ/dSᵀ passes, dQ wgmma chain, bulk dQ tile add,
  * dK/dV tile store, blocked dQ sum and row passes it shares.
  *
@@ -96,7 +97,45 @@
  * consumed, so no copy is in flight at exit. Phases cannot be confused: a barrier's phase n + 1 cannot complete before
  * every waiter of phase n has passed it, since its arrivals (releases or fills) come only after those waits.
  * tools/hopper/bwd_d256_model.py checks these orders under random interleavings, tools/hopper/bwd_d256_layout.py the
- * index arithmetic. */
+ * index arithmetic.
+ *
+ * WHOLE (FLASHC_HOPPER_BWD_D256 = 3, with NEXT; written without a GPU, not yet run). Split by queries, Sᵀ_c and dPᵀ_c
+ * are m64n32k16 chains that read A (2 KB) + B (1 KB) of shared memory per 16 tensor cycles, 192 bytes per cycle,
+ * above the ~128 the SM's shared memory serves (Nsight Compute: tensor pipe 38–43 % busy, shared memory 68–79 %). WHOLE
+ * gives each consumer warpgroup one whole product at N = 64 instead (A 2 KB + B 2 KB per 32 cycles: 128 bytes per
+ * cycle), with the descriptors chosen by c, so that both run the same wgmma code:
+ *   c = 0:  Sᵀ  = K_j·Q_iᵀ   64 keys × 64 queries, m64n64k16 SS, 16 k-steps; Pᵀ = 2^(c·Sᵀ − lse2_i) (fc_hpb_p_pass at
+ *           Br = 64, the mask test for the 64 × 64 block) → sP [it % 2] (all 64 queries)
+ *   c = 1:  dPᵀ = V_j·dO_iᵀ  the same shape; after named barrier P, Pᵀ read back from sP (16 bits, the values dV uses;
+ *           the split order forms dSᵀ from the fp32 Pᵀ), dSᵀ = Pᵀ∘(dPᵀ − D_i) → sdS [it % 2] (all 64 queries)
+ * and from barrier B on everything is the split order's (dV, dQ_0, dQ_1, dK by head-dim columns, the releases, the dQ
+ * tiles, the epilogue). Per block it and warpgroup c (pending groups on the right):
+ *   wait 0 → X_c (Sᵀ or dPᵀ, issued by the last trip or before the loop)                           []
+ *   c = 0: Pᵀ → sP; fence.proxy.async; bar.arrive P (256); wait do_full (dO_i, for dV)
+ *   c = 1: bar.sync P (256); dSᵀ from sP and dPᵀ → sdS; fence.proxy.async; wait q_full[it % 2] (for dK)
+ *   thread 0 of c: wait for the last bulk dQ read; B (256 threads); dV, dQ_0, dQ_1, dK issued      [4 groups]
+ *   wait 2 → dV, dQ_0; release dO_i; dQ_0 → sdQ, bulk add                                           [dQ_1, dK]
+ *   c = 0: wait q_full of block it + 1, issue its Sᵀ; c = 1: wait do_full of block it + 1, issue its
+ *   dPᵀ (the last block: its own again, discarded, as NEXT's Sᵀ)                                    [dQ_1, dK, X_c]
+ *   wait 2 → dQ_1 → sdQ, bulk add; wait 1 → dK; release Q_i                                         [X_c]
+ * Barrier P (named barrier 4): 128 arrivals (bar.arrive, warpgroup 0: it goes on to barrier B without waiting) + 128
+ * (bar.sync, warpgroup 1); bar.arrive orders warpgroup 0's generic writes of sP before warpgroup 1's reads after its
+ * bar.sync (FlashAttention-3's dQ hand-over uses the same pair). Warpgroup 0 cannot arrive at P of block it + 1
+ * before warpgroup 1 passed P of block it: in between it passes B of block it, which warpgroup 1 reaches after P. sP
+ * [it % 2] is rewritten (block it + 2) only after B of block it + 1, which warpgroup 1 reaches after its reads of
+ * block it. Each warpgroup still waits for both fills it reads (its own product's, and before B the other: Q_i for
+ * dK, dO_i for dV): the other warpgroup's wait would order the data too (through B), but each reader keeps its own
+ * acquire of the fill's barrier; no phase confusion: the next phase of q_full[s] / do_full needs this warpgroup's
+ * release of the current one, given later. Warpgroup 1's early dPᵀ waits for dO_{i+1}, which the producer fills only
+ * once both warpgroups released dO_i (just before): with one dO buffer that fill may still be landing there, a stall
+ * that dQ_1 and dK in flight partly cover (the GPU will say how much). Deadlock-freedom: the argument above, with the
+ * early wait on dO_{i+1} needing only do_empty of block it (released by both before) and q_empty of block it − 1.
+ * Registers: one 32-register tile (Sᵀ/Pᵀ or dPᵀ/dSᵀ) where the split order holds two 16-register ones; the peak is
+ * dK, dV, dQ_1 and the next block's tile in flight: 64 + 64 + 32 + 32 = 192, as the split order's dQ_0 + dQ_1 + dK +
+ * dV (NEXT's next Sᵀ, 16, is issued once dQ_0 is stored). ptxas (nvcc 13.0, sm_90a): 0 spills, no C75xx advisory,
+ * highest consumer register R222, 48 HGMMA (16 + 16 × 64x64x16 for the product before the loop and in it, 16 for dV,
+ * dQ, dK). The work is uneven: warpgroup 0 does the exponentials, warpgroup 1 the cheaper dSᵀ but only after Pᵀ.
+ * tools/hopper/bwd_d256_model.py models this order too. */
 #ifndef FLASHC_CUDA_HOPPER_BWD_D256_CUH
 #define FLASHC_CUDA_HOPPER_BWD_D256_CUH
 
@@ -105,6 +144,7 @@ enum {
   FC_HPB256_BR = 64,                                       /* query rows per block */
   FC_HPB256_BC = 64,                                       /* keys per CTA */
   FC_HPB256_QS = 32,                                       /* queries of Sᵀ, dPᵀ per consumer warpgroup */
+  FC_HPB256_BAR_P = 4,                                     /* WHOLE: named barrier, warpgroup 0's Pᵀ is in sP */
   FC_HPB256_HALF = 64 * FC_HPB_ROW_BYTES,                  /* one 64-column half of a 64-row tile: 8 KB */
   FC_HPB256_TILE = FC_HPB256_D / 64 * FC_HPB256_HALF,      /* K_j, V_j, Q_i or dO_i: 32 KB */
   FC_HPB256_PS = 64 * FC_HPB_ROW_BYTES,                    /* sP or sdS: 64 keys × 64 queries × 2 bytes */
@@ -157,20 +197,20 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
   }
 }
 
-/* acc (64 keys × 32 queries) = A·Bᵀ over the head dim, 16 k-steps: A = K_j or V_j (64 rows, halves 8 KB apart), B =
- * this warpgroup's 32 rows of Q_i or dO_i (b_rows: 32c rows into each half; 32·128 bytes, a multiple of the swizzle's
- * 1024-byte period). Both K-major; step kk reads columns 16·kk .., 32·(kk % 4) bytes into the rows of half kk / 4. */
-template <typename T>
-static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[FC_HPB256_QS / 2], uint32_t a_tile,
-                                                         uint32_t b_rows) {
+/* acc (64 keys × N queries) = A·Bᵀ over the head dim, 16 k-steps: A = K_j or V_j (64 rows, halves 8 KB apart), B =
+ * N rows of Q_i or dO_i (b_rows: N = 32: this warpgroup's, 32c rows into each half, 32·128 bytes, a multiple of the
+ * swizzle's 1024-byte period; N = 64, WHOLE: all of them). Both K-major; step kk reads columns 16·kk .., 32·(kk % 4)
+ * bytes into the rows of half kk / 4. */
+template <typename T, int N = FC_HPB256_QS>
+static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[N / 2], uint32_t a_tile, uint32_t b_rows) {
 #pragma unroll
   for (int kk = 0; kk < FC_HPB256_D / 16; kk++) {
     const uint32_t off = (kk / 4) * FC_HPB256_HALF + (kk % 4) * 32;
     const uint64_t da = fc_wgmma_desc(a_tile + off, 16, 1024), db = fc_wgmma_desc(b_rows + off, 16, 1024);
     if (kk == 0)
-      fc_wgmma_ss_zero<T, FC_HPB256_QS>(acc, da, db);
+      fc_wgmma_ss_zero<T, N>(acc, da, db);
     else
-      fc_wgmma_ss<T, FC_HPB256_QS>(acc, da, db);
+      fc_wgmma_ss<T, N>(acc, da, db);
   }
 }
 
@@ -186,33 +226,60 @@ static __device__ __forceinline__ void fc_hpb256_kv_chain(float (&acc)[64], uint
                            fc_wgmma_desc(b_cols + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB256_HALF, 1024));
 }
 
-/* This thread's 16-bit pairs of a 64 keys × 32 queries fragment (queries 32c + 8x + 2t, + 1 of keys 16·warp + g +
- * 8·rh) into `tile` (sP or sdS), swizzled as TMA would write a 128-byte-swizzled tile: 16-byte chunk 4c + x of row r
- * at r·128 + (((4c + x) ^ r % 8)·16); this thread's rows have r % 8 = g. */
-template <typename T>
-static __device__ __forceinline__ void fc_hpb256_store_half(const float (&f)[FC_HPB256_QS / 2], uint32_t tile, int cw,
-                                                            int warp, int g, int t) {
+/* This thread's 16-bit pairs of a 64 keys × N queries fragment (queries N·c + 8x + 2t, + 1 of keys 16·warp + g +
+ * 8·rh) into `tile` (sP or sdS), swizzled as TMA would write a 128-byte-swizzled tile: 16-byte chunk (N / 8)·c + x of
+ * row r at r·128 + ((((N / 8)·c + x) ^ r % 8)·16); this thread's rows have r % 8 = g. N = 64 (WHOLE): c = 0, all. */
+template <typename T, int N = FC_HPB256_QS>
+static __device__ __forceinline__ void fc_hpb256_store_half(const float (&f)[N / 2], uint32_t tile, int cw, int warp,
+                                                            int g, int t) {
 #pragma unroll
-  for (int x = 0; x < FC_HPB256_QS / 8; x++)
+  for (int x = 0; x < N / 8; x++)
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
       const int r = 16 * warp + g + 8 * rh;
-      fc_st_shared_u32(tile + r * FC_HPB_ROW_BYTES + (((4 * cw + x) ^ g) << 4) + 4 * t,
+      fc_st_shared_u32(tile + r * FC_HPB_ROW_BYTES + ((((N / 8) * cw + x) ^ g) << 4) + 4 * t,
                        fc_pack2<T>(f[4 * x + 2 * rh], f[4 * x + 2 * rh + 1]));
     }
+}
+
+/* WHOLE: dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (64 keys × 64 queries, this thread's fragment), Pᵀ read back from sP
+ * where warpgroup 0 stored it (fc_hpb256_store_half<T, 64>'s addresses: the same fragment, so each thread reads the
+ * pairs it needs), D_i at sD (all 64 queries). Pᵀ comes back rounded to 16 bits (dV uses those values too); the other
+ * kernels form dSᵀ from the fp32 Pᵀ. */
+template <typename T>
+static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint32_t sP, uint32_t sD, int warp, int g,
+                                                          int t) {
+#pragma unroll
+  for (int x = 0; x < 8; x++) {
+    const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int r = 16 * warp + g + 8 * rh;
+      uint32_t pp;
+      asm volatile("ld.shared.b32 %0, [%1];\n"
+                   : "=r"(pp)
+                   : "r"(sP + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t)
+                   : "memory");
+      dpt[4 * x + 2 * rh] = fc_to_float<T>((uint16_t)(pp & 0xffffu)) * (dpt[4 * x + 2 * rh] - dr.x);
+      dpt[4 * x + 2 * rh + 1] = fc_to_float<T>((uint16_t)(pp >> 16)) * (dpt[4 * x + 2 * rh + 1] - dr.y);
+    }
+  }
 }
 #endif /* FC_HOPPER_ARCH */
 
 /* The D = 256 dK/dV kernel (the header above). NEXT: block i + 1's Sᵀ is issued behind block i's dQ_1 and dK
  * (FLASHC_HOPPER_BWD_D256 = 1, the default); without it every group is waited for within its block (= 2,
- * for comparisons and as a fallback). */
-template <typename T, bool NEXT>
+ * for comparisons and as a fallback). WHOLE (= 3, with NEXT; compile-only so far): warpgroup 0 computes all of Sᵀ,
+ * warpgroup 1 all of dPᵀ, at N = 64 (the header's "WHOLE"). */
+template <typename T, bool NEXT, bool WHOLE>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int QS = FC_HPB256_QS;
+  constexpr int XN = WHOLE ? FC_HPB256_BR : QS; /* queries of this warpgroup's Sᵀ (WHOLE: Sᵀ or dPᵀ) */
+  static_assert(!WHOLE || NEXT, "WHOLE issues the next block's product early, as NEXT does");
   static_assert(FC_BWD_ROWS_PAD % FC_HPB256_BR == 0, "a query block stays inside its sequence's padded rows");
   static_assert(FC_HPB256_SMEM <= 232448, "the H100's shared memory per block");
   static_assert(2 * FC_HPB256_TILE >= 4 * FC_HPB256_OUT_TILE, "the Q ring holds both warpgroups' dK, dV tiles");
@@ -270,8 +337,15 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_fence_regs(dv);
     if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
 
-    float st[QS / 2], dpt[QS / 2];
-    if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
+    float st[XN / 2], dpt[QS / 2]; /* WHOLE: st holds warpgroup 0's Sᵀ, Pᵀ or warpgroup 1's dPᵀ, dSᵀ; dpt unused */
+    if constexpr (WHOLE) {
+      if (n_iter > 0) { /* block 0's Sᵀ (warpgroup 0: K_j·Q_0ᵀ) or dPᵀ (warpgroup 1: V_j·dO_0ᵀ), all 64 queries */
+        fc_mbar_wait(cw ? do_full : Q_FULL(0), 0);
+        fc_wgmma_fence();
+        fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
+        fc_wgmma_commit();
+      }
+    } else if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
       fc_mbar_wait(Q_FULL(0), 0);
       fc_wgmma_fence();
       fc_hpb256_s_chain<T>(st, sK, sQ + q_rows);
@@ -287,49 +361,81 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const uint32_t sL = sLse + s * FC_HPB256_ROWS + 4 * QS * cw, sD = sDsum + 4 * QS * cw;
       const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 
-      /* Sᵀ_c = K_j·Q_iᵀ, dPᵀ_c = V_j·dO_iᵀ (this warpgroup's 32 queries): two groups, Sᵀ first (NEXT: Sᵀ was issued
-       * by the last trip or the prologue) */
-      if constexpr (NEXT) {
-        /* A wait 0 first: ptxas lets a group cross the back edge only when the next trip's first wait retires
-         * everything (hopper_bwd_v2.cuh, C7515) */
-        fc_wgmma_wait<0>(); /* Sᵀ */
+      if constexpr (WHOLE) {
+        /* Warpgroup 0's Sᵀ or warpgroup 1's dPᵀ (issued by the last trip or the prologue); warpgroup 0 forms Pᵀ and
+         * hands it to warpgroup 1 through sP and named barrier P (bar.arrive: warpgroup 0 goes on to barrier B),
+         * which forms dSᵀ from it. Neither touches the other's product; the stores below and barrier B are as in
+         * the split order. A wait 0 first, as NEXT's. */
+        fc_wgmma_wait<0>();
         fc_fence_regs(st);
-        fc_mbar_wait(do_full, it & 1); /* dO_i, D_i have landed */
-        fc_wgmma_fence();
-        fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
-        fc_wgmma_commit();
+        fc_fence_proxy_async(); /* after the async proxy's reads of this buffer (block it − 2), before these writes */
+        if (cw == 0) {
+          /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
+           * .. q0 + 63 is cut */
+          const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
+          const bool whole = k0 + FC_HPB256_BC <= sk && (wr < 0 || k0 + FC_HPB256_BC - 1 <= q0 + shift + wr) &&
+                             (wl < 0 || k0 >= q0 + FC_HPB256_BR - 1 + shift - wl);
+          if (whole)
+            fc_hpb_p_pass<XN, false, false>(st, st, sLw, sDsum, c, t, q0, key0, sk, shift, wl, wr);
+          else
+            fc_hpb_p_pass<XN, true, false>(st, st, sLw, sDsum, c, t, q0, key0, sk, shift, wl, wr);
+          fc_hpb256_store_half<T, XN>(st, sP, 0, warp, g, t);
+          fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P: Pᵀ is in sP (bar.arrive orders the writes) */
+          /* dO_i for dV: warpgroup 1 waited for it before its dPᵀ; waiting here too keeps each reader's own wait on
+           * the fill it reads, as the split order does (it is complete by now) */
+          fc_mbar_wait(do_full, it & 1);
+        } else {
+          fc_named_barrier(FC_HPB256_BAR_P, 256);           /* P: warpgroup 0's Pᵀ of this block is in sP */
+          fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+          fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
+          fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK (as warpgroup 0's wait for dO_i) */
+        }
+        fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
       } else {
-        fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i, lse2_i have landed */
-        fc_mbar_wait(do_full, it & 1);  /* dO_i, D_i */
-        fc_fence_regs(dk);
-        fc_fence_regs(dv);
-        fc_wgmma_fence();
-        fc_hpb256_s_chain<T>(st, sK, q_tile + q_rows);
-        fc_wgmma_commit();
-        fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
-        fc_wgmma_commit();
-        fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
-        fc_fence_regs(st);
+        /* Sᵀ_c = K_j·Q_iᵀ, dPᵀ_c = V_j·dO_iᵀ (this warpgroup's 32 queries): two groups, Sᵀ first (NEXT: Sᵀ was issued
+         * by the last trip or the prologue) */
+        if constexpr (NEXT) {
+          /* A wait 0 first: ptxas lets a group cross the back edge only when the next trip's first wait retires
+           * everything (hopper_bwd_v2.cuh, C7515) */
+          fc_wgmma_wait<0>(); /* Sᵀ */
+          fc_fence_regs(st);
+          fc_mbar_wait(do_full, it & 1); /* dO_i, D_i have landed */
+          fc_wgmma_fence();
+          fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
+          fc_wgmma_commit();
+        } else {
+          fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i, lse2_i have landed */
+          fc_mbar_wait(do_full, it & 1);  /* dO_i, D_i */
+          fc_fence_regs(dk);
+          fc_fence_regs(dv);
+          fc_wgmma_fence();
+          fc_hpb256_s_chain<T>(st, sK, q_tile + q_rows);
+          fc_wgmma_commit();
+          fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
+          fc_wgmma_commit();
+          fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
+          fc_fence_regs(st);
+        }
+
+        /* Pᵀ = 2^(c·Sᵀ − lse2_i) beside dPᵀ's wgmma, masked only when some pair of keys k0 .. k0 + 63 × queries qs ..
+         * qs + 31 is cut (fc_hpb_p_from_s's test for this block shape) */
+        const bool whole = k0 + FC_HPB256_BC <= sk && (wr < 0 || k0 + FC_HPB256_BC - 1 <= qs + shift + wr) &&
+                           (wl < 0 || k0 >= qs + QS - 1 + shift - wl);
+        if (whole)
+          fc_hpb_p_pass<QS, false, false>(st, dpt, sL, sD, c, t, qs, key0, sk, shift, wl, wr);
+        else
+          fc_hpb_p_pass<QS, true, false>(st, dpt, sL, sD, c, t, qs, key0, sk, shift, wl, wr);
+        fc_wgmma_wait<0>(); /* dPᵀ */
+        fc_fence_regs(dpt);
+        fc_hpb_ds_from_dp<QS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+
+        /* Pᵀ_c, dSᵀ_c into buffer it % 2 of sP, sdS. Its last readers, the dV, dQ, dK wgmmas of block it − 2 (both
+         * warpgroups), retired before their warpgroup arrived at B of block it − 1, which this thread passed. */
+        fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
+        fc_hpb256_store_half<T>(st, sP, cw, warp, g, t);
+        fc_hpb256_store_half<T>(dpt, sdS, cw, warp, g, t);
+        fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
       }
-
-      /* Pᵀ = 2^(c·Sᵀ − lse2_i) beside dPᵀ's wgmma, masked only when some pair of keys k0 .. k0 + 63 × queries qs ..
-       * qs + 31 is cut (fc_hpb_p_from_s's test for this block shape) */
-      const bool whole = k0 + FC_HPB256_BC <= sk && (wr < 0 || k0 + FC_HPB256_BC - 1 <= qs + shift + wr) &&
-                         (wl < 0 || k0 >= qs + QS - 1 + shift - wl);
-      if (whole)
-        fc_hpb_p_pass<QS, false, false>(st, dpt, sL, sD, c, t, qs, key0, sk, shift, wl, wr);
-      else
-        fc_hpb_p_pass<QS, true, false>(st, dpt, sL, sD, c, t, qs, key0, sk, shift, wl, wr);
-      fc_wgmma_wait<0>(); /* dPᵀ */
-      fc_fence_regs(dpt);
-      fc_hpb_ds_from_dp<QS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-
-      /* Pᵀ_c, dSᵀ_c into buffer it % 2 of sP, sdS. Its last readers, the dV, dQ, dK wgmmas of block it − 2 (both
-       * warpgroups), retired before their warpgroup arrived at barrier B of block it − 1, which this thread passed. */
-      fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
-      fc_hpb256_store_half<T>(st, sP, cw, warp, g, t);
-      fc_hpb256_store_half<T>(dpt, sdS, cw, warp, g, t);
-      fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
       /* The last block's second bulk dQ add has read this warpgroup's sdQ tile before it is written again (after
        * barrier B). */
       if (ct == 0) fc_bulk_wait_read<0>();
@@ -363,9 +469,18 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
          * again (discarded; its stage is not refilled: there are no more fills), so that every trip commits the
          * same groups. Its Q stage is (it + 1) % 2, not this block's, which is released below. */
         const int nx = it + 1 < n_iter ? it + 1 : it;
-        fc_mbar_wait(Q_FULL(nx & 1), (nx >> 1) & 1); /* the last block: its own fill, long complete */
-        fc_wgmma_fence();
-        fc_hpb256_s_chain<T>(st, sK, sQ + (nx & 1) * FC_HPB256_TILE + q_rows);
+        if constexpr (WHOLE) {
+          /* Warpgroup 1: block it + 1's dPᵀ, on dO_{i+1}, whose fill the producer issued once both warpgroups
+           * released dO_i above: it may still be landing (the cost of the single dO buffer). The last block: its own
+           * dO, long complete, not refilled. */
+          fc_mbar_wait(cw ? do_full : Q_FULL(nx & 1), cw ? nx & 1 : (nx >> 1) & 1);
+          fc_wgmma_fence();
+          fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ + (nx & 1) * FC_HPB256_TILE);
+        } else {
+          fc_mbar_wait(Q_FULL(nx & 1), (nx >> 1) & 1); /* the last block: its own fill, long complete */
+          fc_wgmma_fence();
+          fc_hpb256_s_chain<T>(st, sK, sQ + (nx & 1) * FC_HPB256_TILE + q_rows);
+        }
         fc_wgmma_commit();
         fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
       } else {

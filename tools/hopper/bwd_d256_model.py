@@ -1,5 +1,5 @@
 """A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh,
-FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without), run under random interleavings with bwd_v2_model.py's machinery. Agents:
+FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without, 3: WHOLE), run under random interleavings with bwd_v2_model.py's machinery. Agents:
 the producer thread (Q_i, lse2_i into a ring of 2 stages; dO_i, D_i into one buffer), the two consumer warpgroups
 (each one agent: its 128 threads pass every step together), and the asynchronous units: TMA copies landing, each
 warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of sdQ.
@@ -10,12 +10,17 @@ Checks, each at the moment it matters:
     in-flight wgmma reads;
   - the dV, dQ, dK wgmmas find both warpgroups' halves of Pᵀ, dSᵀ of their own block in sP/sdS; nobody writes a
     buffer of sP/sdS that an in-flight wgmma (of either warpgroup) reads;
+  - WHOLE (warpgroup 0 computes all of Sᵀ and writes all of Pᵀ, warpgroup 1 all of dPᵀ and, after named barrier P,
+    reads Pᵀ back and writes all of dSᵀ; ps[buffer][0] stands for sP, ps[buffer][1] for sdS): warpgroup 1 reads the
+    Pᵀ of its own block, over the whole read (nobody rewrites it meanwhile); barrier P is modelled as the hardware
+    counts it (arrivals of either warpgroup; bar.arrive does not wait);
   - sdQ: a warpgroup writes its tile (twice per block) only when no bulk add still reads it, and each bulk add reads
     what it was issued for;
   - registers: Sᵀ, dPᵀ, both dQ halves are read only after their group retired; dK, dV at the end after all.
 Deliberately broken protocols (MUTATIONS) must each be caught in every kernel they concern.
 
-    python3 tools/hopper/bwd_d256_model.py      (NEXT and not; 0..9, 13, 24 blocks; 300 seeds each; the mutations)
+    python3 tools/hopper/bwd_d256_model.py      (NEXT, plain, WHOLE; 0..9, 13, 24 blocks; 300 seeds each; the
+                                                 mutations)
 """
 import os
 import random
@@ -34,10 +39,16 @@ MUTATIONS = {
     "next_wrong_parity": "NEXT: block it + 1's Q wait with block it's parity",
     "do_parity_off": "the dO wait with the parity of the next use",
     "dq1_early": "dQ_1 stored after the wait that retires dV and dQ_0 only",
+    "no_bar_p": "WHOLE: warpgroup 1 reads Pᵀ without waiting at barrier P",
+    "p_arrive_early": "WHOLE: warpgroup 0 arrives at barrier P before it writes Pᵀ",
+    "p_arrive_after_b": "WHOLE: warpgroup 0 arrives at barrier P after barrier B",
+    "whole_next_do_parity": "WHOLE: warpgroup 1's early dPᵀ waits for dO with block it's parity",
 }
+WHOLE_ONLY = ("no_bar_p", "p_arrive_early", "p_arrive_after_b", "whole_next_do_parity")
 
 
-def simulate(n_iter, nxt, seed, mutation=None):
+def simulate(n_iter, nxt, seed, mutation=None, whole=False):
+    assert nxt or not whole  # WHOLE runs the NEXT order
     rng = random.Random(seed)
     q_full, q_empty = [MBar(1), MBar(1)], [MBar(2), MBar(2)]  # one arrival per warpgroup stands for its 128 threads'
     do_full, do_empty = MBar(1), MBar(2)
@@ -50,6 +61,7 @@ def simulate(n_iter, nxt, seed, mutation=None):
     retired = [set(), set()]
     tma = []  # in-flight fills: ("q", s, block) or ("do", 0, block)
     bar3 = {"arrived": 0, "gen": 0}
+    barp = {"arrived": 0, "gen": 0}  # WHOLE's named barrier P: completes at two warpgroups' arrivals, whoever's
     done = [False, False, False]
 
     def inflight_reads(res):
@@ -74,6 +86,59 @@ def simulate(n_iter, nxt, seed, mutation=None):
         if bar3["arrived"] == 2:
             bar3["arrived"], bar3["gen"] = 0, gen + 1
         yield lambda: bar3["gen"] != gen
+
+    def barp_arrive():
+        barp["arrived"] += 1
+        if barp["arrived"] == 2:
+            barp["arrived"], barp["gen"] = 0, barp["gen"] + 1
+
+    def barp_sync():
+        gen = barp["gen"]
+        barp_arrive()
+        yield lambda: barp["gen"] != gen
+
+    def whole_first(c, it):
+        """WHOLE: the wait before this warpgroup's product of block it (Sᵀ: Q_i; dPᵀ: dO_i) and its issue."""
+        if c == 0:
+            yield lambda: q_full[it & 1].passed((it >> 1) & 1)
+            q_holds[it & 1].add(c)
+            issue(c, "S", it, [(("q", it & 1), it), (("sK",), None)])
+        else:
+            parity = (it - 1 if mutation == "whole_next_do_parity" and it > 0 else it) & 1
+            yield lambda: do_full.passed(parity)
+            do_holds.add(c)
+            issue(c, "dP", it, [(("do",), it)])
+
+    def whole_ps(c, it, s, u, buf):
+        """WHOLE: Pᵀ (warpgroup 0) or dSᵀ (1) into buffer buf, barrier P, the wait for the other fill."""
+        yield from wait_groups(c, 0)
+        need(c, "S" if c == 0 else "dP", it, "Sᵀ" if c == 0 else "dPᵀ")
+        if c == 0:
+            check(q_block[s] == it, f"wg0 reads lse2 of block {it} from stage {s} = {q_block[s]}")
+            if mutation == "p_arrive_early":
+                barp_arrive()
+            check(not inflight_reads(("ps", buf, 0)), f"wg0 writes sP[{buf}] under a wgmma that reads it")
+            ps[buf][0] = None  # being written
+            yield
+            ps[buf][0] = it
+            if mutation not in ("p_arrive_early", "p_arrive_after_b"):
+                barp_arrive()
+            yield lambda: do_full.passed(it & 1)  # dO_i for dV
+            do_holds.add(c)
+        else:
+            if mutation != "no_bar_p":
+                yield from barp_sync()
+            check(ps[buf][0] == it, f"wg1 reads Pᵀ of block {it} from sP[{buf}] holding {ps[buf][0]}")
+            check(do_block[0] == it, f"wg1 reads D_i of block {it} from dO's buffer = {do_block[0]}")
+            yield
+            check(ps[buf][0] == it, f"wg1's read of Pᵀ of block {it}: sP[{buf}] rewritten to {ps[buf][0]} under it")
+            check(not inflight_reads(("ps", buf, 1)), f"wg1 writes sdS[{buf}] under a wgmma that reads it")
+            ps[buf][1] = it
+            yield
+            # Q_i for dK. Warpgroup 0 waited for it before barrier B already, so leaving this out breaks nothing the
+            # model sees: the kernel keeps it so that each reader of a fill has its own acquire of the fill's barrier.
+            yield lambda: q_full[s].passed(u & 1)
+            q_holds[s].add(c)
 
     def producer():
         for it in range(n_iter):
@@ -101,7 +166,9 @@ def simulate(n_iter, nxt, seed, mutation=None):
         bulk_reads[c].append((it, half))
 
     def consumer(c):
-        if nxt and n_iter > 0:
+        if whole and n_iter > 0:
+            yield from whole_first(c, 0)
+        elif nxt and n_iter > 0:
             yield lambda: q_full[0].passed(0)
             q_holds[0].add(c)
             issue(c, "S", 0, [(("q", 0), 0), (("sK",), None)])
@@ -109,7 +176,9 @@ def simulate(n_iter, nxt, seed, mutation=None):
             s, u = it & 1, it >> 1
             buf = 0 if mutation == "single_ps" else it & 1
             do_parity = ((it + 1) if mutation == "do_parity_off" else it) & 1
-            if nxt:
+            if whole:
+                yield from whole_ps(c, it, s, u, buf)
+            elif nxt:
                 yield from wait_groups(c, 0)
                 need(c, "S", it, "Sᵀ")
                 yield lambda: do_full.passed(do_parity)
@@ -124,17 +193,20 @@ def simulate(n_iter, nxt, seed, mutation=None):
                 issue(c, "dP", it, [(("do",), it)])
                 yield from wait_groups(c, 1)
                 need(c, "S", it, "Sᵀ")
-            check(q_block[s] == it, f"wg{c} reads lse2 of block {it} from stage {s} = {q_block[s]}")
-            yield
-            yield from wait_groups(c, 0)
-            need(c, "dP", it, "dPᵀ")
-            check(do_block[0] == it, f"wg{c} reads D_i of block {it} from dO's buffer = {do_block[0]}")
-            check(not inflight_reads(("ps", buf, c)), f"wg{c} writes sP/sdS[{buf}] under a wgmma that reads it")
-            ps[buf][c] = it
-            yield
+            if not whole:
+                check(q_block[s] == it, f"wg{c} reads lse2 of block {it} from stage {s} = {q_block[s]}")
+                yield
+                yield from wait_groups(c, 0)
+                need(c, "dP", it, "dPᵀ")
+                check(do_block[0] == it, f"wg{c} reads D_i of block {it} from dO's buffer = {do_block[0]}")
+                check(not inflight_reads(("ps", buf, c)), f"wg{c} writes sP/sdS[{buf}] under a wgmma that reads it")
+                ps[buf][c] = it
+                yield
             if mutation != "no_wait_read":
                 yield lambda: not bulk_reads[c]
             yield from barrier3(c)  # B
+            if mutation == "p_arrive_after_b" and c == 0:
+                barp_arrive()
             both = [(("ps", buf, 0), it), (("ps", buf, 1), it)]
             issue(c, "dV", it, both + [(("do",), it)])
             issue(c, "dQ0", it, both + [(("sK",), None)])
@@ -155,7 +227,9 @@ def simulate(n_iter, nxt, seed, mutation=None):
                 q_empty[s].arrive()
             store_dq(c, it, 0)
             yield
-            if nxt:
+            if whole:
+                yield from whole_first(c, it + 1 if it + 1 < n_iter else it)
+            elif nxt:
                 nx = it + 1 if it + 1 < n_iter else it
                 parity = (u if mutation == "next_wrong_parity" else nx >> 1) & 1
                 yield lambda: q_full[nx & 1].passed(parity)
@@ -210,33 +284,42 @@ def simulate(n_iter, nxt, seed, mutation=None):
         raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
 
 
+KINDS = {"NEXT": (True, False), "plain": (False, False), "WHOLE": (True, True)}
+
+
 def main():
     failures = runs = 0
-    for nxt in (True, False):
+    for kind, (nxt, whole) in KINDS.items():
         for n_iter in list(range(0, 10)) + [13, 24]:
             for seed in range(300):
                 runs += 1
                 try:
-                    simulate(n_iter, nxt, seed)
+                    simulate(n_iter, nxt, seed, whole=whole)
                 except (Violation, AssertionError) as e:
                     failures += 1
                     if failures < 10:
-                        print(f"{'NEXT' if nxt else 'plain'} n_iter {n_iter} seed {seed}: {e}")
+                        print(f"{kind} n_iter {n_iter} seed {seed}: {e}")
     print(f"protocol: {runs - failures}/{runs} interleavings clean")
     missed = 0
     for m, what in MUTATIONS.items():
-        for nxt in ((True,) if m == "next_wrong_parity" else (True, False)):
+        # the split order's own steps (Sᵀ/dPᵀ halves, their waits) are not in WHOLE: those mutations are its kinds'
+        kinds = ("WHOLE",) if m in WHOLE_ONLY else ("NEXT",) if m in ("next_wrong_parity", "do_parity_off") else None
+        kinds = kinds or ("NEXT", "plain", "WHOLE")
+        if m == "do_parity_off":
+            kinds = ("NEXT", "plain")
+        for kind in kinds:
+            nxt, whole = KINDS[kind]
             caught = False
             for n_iter in (2, 3, 5, 8):
                 for seed in range(300):
                     try:
-                        simulate(n_iter, nxt, seed, mutation=m)
+                        simulate(n_iter, nxt, seed, mutation=m, whole=whole)
                     except (Violation, AssertionError):
                         caught = True
                         break
                 if caught:
                     break
-            print(f"mutation {m:20s} {'NEXT' if nxt else 'plain':5s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
+            print(f"mutation {m:20s} {kind:5s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
             missed += not caught
     ok = failures == 0 and missed == 0
     print("OK" if ok else "FAILED")

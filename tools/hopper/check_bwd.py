@@ -18,8 +18,10 @@ p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so tha
 tiles per CTA: the phases across tiles, empty tiles, varlen); both in the default dynamic order; ps, p3s the same in
 the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED); d256 (FLASHC_HOPPER_BWD_D256=1, the library's
 default: the head-dim-256 kernel, src/cuda/hopper_bwd_d256.cuh, at 128 < d <= 256 only, not deterministic; the
-d = 256 cases run in the modes d256, d256p and in env unless env sets FLASHC_HOPPER_BWD_D256=0), d256p (the same
-kernel without its next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block). Every check runs in each of --modes that
+d = 256 cases run in the modes d256, d256p, d256w and in env unless env sets FLASHC_HOPPER_BWD_D256=0), d256p (the
+same kernel without its next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block),
+d256w (FLASHC_HOPPER_BWD_D256=3, WHOLE: each consumer warpgroup one whole product at N = 64, consumer 0 all of S^T and
+P^T, consumer 1 all of dP^T and dS^T). Every check runs in each of --modes that
 applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the
 median), the first mode being the reference of the ratio columns; --bench-d picks their head dims. An A/B of two modes
 without the peers:
@@ -30,6 +32,7 @@ without the peers:
         --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes env,p --rounds 3 --no-peers
     python3 tools/hopper/check_bwd.py --no-check --bench-modes d256,d256p --bench-d 256   # vs cuda-mma, flash, cudnn
+    python3 tools/hopper/check_bwd.py --no-check --bench-modes d256,d256w --bench-d 256 --rounds 3
 
 What cuda-hopper's backward cannot address (rows not 16-byte aligned, head dims past 128 with
 FLASHC_HOPPER_BWD_D256=0, deterministic mode past 128) it must refuse, and auto must fall back to another
@@ -86,7 +89,9 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3"),
          "ps": _mode(None, None, None, "1", "stride"), "p3s": _mode(None, None, None, "3", "stride"),
          "pg": _mode(None, None, None, "1", "grouped"),
-         "d256": _mode(None, None, None, None, None, "1"), "d256p": _mode(None, None, None, None, None, "2")}
+         "d256": _mode(None, None, None, None, None, "1"), "d256p": _mode(None, None, None, None, None, "2"),
+         "d256w": _mode(None, None, None, None, None, "3")}
+D256_MODES = ("d256", "d256p", "d256w")  # the head-dim-256 kernel's variants (FLASHC_HOPPER_BWD_D256 = 1, 2, 3)
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
@@ -108,13 +113,13 @@ def mode_applies(name, d, deterministic=0):
     kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
     kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check); p, p3 (the
     persistent second kernel; ps, p3s, pg: its stride and grouped orders) outside deterministic mode, at both
-    head dims. Past d = 128 only the head-dim-256 kernel runs: modes d256, d256p and env (unless env turns it off with
-    FLASHC_HOPPER_BWD_D256=0), not deterministic (refused there); d256, d256p do not apply at d <= 128 (they would
-    repeat env)."""
+    head dims. Past d = 128 only the head-dim-256 kernel runs: modes d256, d256p, d256w and env (unless env turns it
+    off with FLASHC_HOPPER_BWD_D256=0), not deterministic (refused there); d256, d256p, d256w do not apply at d <= 128
+    (they would repeat env)."""
     if d > 128:
         gated_env = name == "env" and MODES["env"]["FLASHC_HOPPER_BWD_D256"] != "0"
-        return not deterministic and (name in ("d256", "d256p") or gated_env)
-    if name in ("d256", "d256p"):
+        return not deterministic and (name in D256_MODES or gated_env)
+    if name in D256_MODES:
         return False
     if name in ("p", "p3", "ps", "p3s", "pg"):
         return not deterministic
@@ -273,7 +278,7 @@ def check_refusals(dtype):
     os.environ["FLASHC_HOPPER_BWD_D256"] = "0"
     big = [make(1, 300, 4, 192, dtype, "bshd") for _ in range(4)]
     attempt(f"{str(dtype)[6:]:8s} d192 with FLASHC_HOPPER_BWD_D256=0", *big, params()[0], "192")
-    if "d256" in modes or "d256p" in modes or gate != "0":
+    if any(m in modes for m in D256_MODES) or gate != "0":
         d256 = [make(1, 300, 4, 256, dtype, "bshd") for _ in range(4)]
         attempt(f"{str(dtype)[6:]:8s} d256 with FLASHC_HOPPER_BWD_D256=0", *d256, params()[0], "256")
         os.environ.pop("FLASHC_HOPPER_BWD_D256", None)  # the default: the kernel on
