@@ -1,5 +1,5 @@
 """Host-side checks of the index arithmetic of cuda-hopper's head-dim-256 backward (src/cuda/hopper_bwd_d256.cuh,
-FLASHC_HOPPER_BWD_D256=1), which nothing but a GPU can run: every formula below is copied from the kernel and
+FLASHC_HOPPER_BWD_D256=1, 2, 3), which nothing but a GPU can run: every formula below is copied from the kernel and
 compared with an independent statement of what it must be (the PTX ISA's canonical 128-byte-swizzled layouts, the
 TMA box, the blocked dQ sum).
 
@@ -15,6 +15,9 @@ Checked:
   5. the epilogue's staging of dK/dV (writes vs fc_hpb_store_tile<128>'s reads);
   6. fc_hpb_query_blocks<64, 64> and the kernel's whole-block test (keys k0 .. k0 + 63 × the warpgroup's 32 queries)
      against brute force over random masks.
+WHOLE (= 3) too: warpgroup 0's store of all 64 queries (fc_hpb256_store_half<T, 64>) at the same addresses as the
+split stores (so the A operands of 2. read it), warpgroup 1's read-back (fc_hpb256_ds_whole) of each thread's own
+fragment, Sᵀ/dPᵀ's B = all 64 rows (fc_hpb256_s_chain<T, 64>), the whole-block test at 64 queries.
 """
 import random
 import sys
@@ -115,6 +118,28 @@ for buf in range(2):
                     bad += 1
     check(f"sdS[{buf}]: dQ's A (MN-major) reads dS[query][key] = dSᵀ[key][query]", bad == 0, f"{bad} mismatches")
 
+    # WHOLE: warpgroup 0 stores all 64 queries (N = 64, c = 0: chunk x of 8); warpgroup 1's thread (warp, g, t)
+    # reads back, at fc_hpb256_ds_whole's address, the pair of its own dPᵀ accumulators 4x + 2rh, + 1
+    whole_w, bad = {}, 0
+    for cw, warp, g, t in threads():
+        if cw != 0:
+            continue
+        for x in range(8):
+            for rh in range(2):
+                r = 16 * warp + g + 8 * rh
+                for e in range(2):
+                    whole_w[(r, 8 * x + 2 * t + e)] = sP + r * ROW + (((8 * 0 + x) ^ g) << 4) + 4 * t + 2 * e
+    for cw, warp, g, t in threads():
+        if cw != 1:
+            continue
+        for x in range(8):
+            for rh in range(2):
+                r = 16 * warp + g + 8 * rh
+                rd = sP + r * ROW + ((x ^ g) << 4) + 4 * t
+                bad += rd != whole_w[(r, 8 * x + 2 * t)] or rd + 2 != whole_w[(r, 8 * x + 2 * t + 1)]
+    check(f"WHOLE sP[{buf}]: warpgroup 0's 64-query store = the split stores' map; warpgroup 1 reads its own pairs",
+          whole_w == written and bad == 0, f"{bad} read mismatches")
+
 # ---- 3. operands from the TMA tiles -----------------------------------------------------------------------------
 bad = 0
 q_tile = sQ + TILE  # stage 1
@@ -130,6 +155,14 @@ for cw in range(2):
                 if k_major_addr(sK + off, m, k) != tma(sK, m, 16 * kk + k):
                     bad += 1
 check("Sᵀ/dPᵀ: A = K_j (64 keys), B = the warpgroup's 32 rows of Q_i, both K-major", bad == 0, f"{bad} mismatches")
+bad = 0
+for kk in range(D // 16):  # WHOLE: fc_hpb256_s_chain<T, 64>(st, .., q_tile): B = all 64 rows, N = 64
+    off = (kk // 4) * HALF + (kk % 4) * 32
+    for n in range(64):
+        for k in range(16):
+            if k_major_addr(q_tile + off, n, k) != tma(q_tile, n, 16 * kk + k):
+                bad += 1
+check("WHOLE Sᵀ/dPᵀ: B = all 64 rows of Q_i/dO_i, K-major", bad == 0, f"{bad} mismatches")
 bad = 0
 for cw in range(2):
     for kb in range(BR // 16):  # fc_hpb256_kv_chain: B = q_tile + 2c·HALF + kb·2048, LBO = HALF, N = 128
@@ -227,6 +260,11 @@ for _ in range(1500):
         if not seen <= set(range(begin, begin + n)) or (seen and (min(seen) != begin or max(seen) != begin + n - 1)):
             bad_range += 1
         for ib in range(begin, begin + n):
+            q0 = ib * BR  # WHOLE: keys k0 .. k0 + 63 × all 64 queries of the block
+            whole = k0 + BC <= sk and (wr < 0 or k0 + BC - 1 <= q0 + shift + wr) and \
+                (wl < 0 or k0 >= q0 + BR - 1 + shift - wl)
+            if whole and not all(visible(i, j, shift, wl, wr) for i in range(q0, q0 + BR) for j in range(k0, k0 + BC)):
+                bad_whole += 1
             for cw in range(2):
                 qs = ib * BR + QS * cw
                 whole = k0 + BC <= sk and (wr < 0 or k0 + BC - 1 <= qs + shift + wr) and \

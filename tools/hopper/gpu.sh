@@ -8,6 +8,8 @@
 #   bash tools/hopper/gpu.sh bwd bwd-bench                  (all shapes; TFLOP/s against SDPA's backward)
 # and the head-dim-256 backward (FLASHC_HOPPER_BWD_D256, check_bwd.py modes d256, d256p):
 #   bash tools/hopper/gpu.sh build d256-smoke d256-sanitize d256 d256-bench
+# and its WHOLE variant (FLASHC_HOPPER_BWD_D256=3, mode d256w; compile-only until it has run there):
+#   bash tools/hopper/gpu.sh build d256w-smoke d256w-sanitize d256w d256w-bench
 # build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
 # barrier protocol hangs rather than fails. Logs go to $OUT (default /tmp/out).
 OUT=${OUT:-/tmp/out}
@@ -86,7 +88,23 @@ for step in "$@"; do
   d256-bench)
     run_and_show d256-bench 400 $CHECK_BWD --no-check --bench-modes d256,d256p --bench-d 256
     ;;
-  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench d256-smoke d256 d256-sanitize d256-bench)"; exit 2 ;;
+  d256w-smoke)
+    run_and_show d256w-smoke 150 $CHECK_BWD --quick --no-bench --modes d256w ||
+      { tail -20 "$OUT/d256w-smoke.log"; echo "d256w-smoke failed: stopping"; exit 1; }
+    ;;
+  d256w)
+    run_and_show d256w 420 $CHECK_BWD --no-bench --modes d256w
+    ;;
+  d256w-sanitize)
+    for tool in memcheck synccheck racecheck; do
+      run_and_show "d256w-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 --kernel-name kns=fc_hopper_bwd_d256 \
+        $CHECK_BWD --tiny --no-bench --modes d256w
+    done
+    ;;
+  d256w-bench)
+    run_and_show d256w-bench 400 $CHECK_BWD --no-check --bench-modes d256,d256w --bench-d 256 --rounds 3
+    ;;
+  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench d256-smoke d256 d256-sanitize d256-bench d256w-smoke d256w d256w-sanitize d256w-bench)"; exit 2 ;;
   esac
   echo "-- $step done at $(($(date +%s) - T0))s"
 done
