@@ -304,16 +304,16 @@ static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float 
   }
 }
 
-/* fc_hpb_p_pass for the block of keys k0 .. k0 + Bc − 1 and queries q0 .. q0 + BR − 1, masked only where some pair
+/* fc_hpb_p_pass for the block of keys k0 .. k0 + BC − 1 and queries q0 .. q0 + BR − 1, masked only where some pair
  * of it is cut. Whether it is whole is tested once, around two loops: with the test inside the loop (`if (!whole
  * && !visible) p = 0`), ptxas branched per element and unmasked blocks ran ~6 instructions per element instead of
  * 2 (session 9's ncu source view: 3x the branches of cuDNN's kernel, the exponentials a third of the samples). */
-template <int BR, bool WITH_DS>
+template <int BR, bool WITH_DS, int BC = FC_HPB_BC>
 static __device__ __forceinline__ void fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
                                                        uint32_t sD, float c, int t, int q0, int k0, int key0, int sk,
                                                        int64_t shift, int64_t wl, int64_t wr) {
-  const bool whole = k0 + FC_HPB_BC <= sk && (wr < 0 || k0 + FC_HPB_BC - 1 <= q0 + shift + wr) &&
-                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+  const bool whole =
+      k0 + BC <= sk && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) && (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
   if (whole)
     fc_hpb_p_pass<BR, false, WITH_DS>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr);
   else

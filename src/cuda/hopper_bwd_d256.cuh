@@ -373,12 +373,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
            * .. q0 + 63 is cut */
           const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
-          const bool whole = k0 + FC_HPB256_BC <= sk && (wr < 0 || k0 + FC_HPB256_BC - 1 <= q0 + shift + wr) &&
-                             (wl < 0 || k0 >= q0 + FC_HPB256_BR - 1 + shift - wl);
-          if (whole)
-            fc_hpb_p_pass<XN, false, false>(st, st, sLw, sDsum, c, t, q0, key0, sk, shift, wl, wr);
-          else
-            fc_hpb_p_pass<XN, true, false>(st, st, sLw, sDsum, c, t, q0, key0, sk, shift, wl, wr);
+          fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sk, shift, wl, wr);
           fc_hpb256_store_half<T, XN>(st, sP, 0, warp, g, t);
           fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P: Pᵀ is in sP (bar.arrive orders the writes) */
           /* dO_i for dV: warpgroup 1 waited for it before its dPᵀ; waiting here too keeps each reader's own wait on
@@ -419,12 +414,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 
         /* Pᵀ = 2^(c·Sᵀ − lse2_i) beside dPᵀ's wgmma, masked only when some pair of keys k0 .. k0 + 63 × queries qs ..
          * qs + 31 is cut (fc_hpb_p_from_s's test for this block shape) */
-        const bool whole = k0 + FC_HPB256_BC <= sk && (wr < 0 || k0 + FC_HPB256_BC - 1 <= qs + shift + wr) &&
-                           (wl < 0 || k0 >= qs + QS - 1 + shift - wl);
-        if (whole)
-          fc_hpb_p_pass<QS, false, false>(st, dpt, sL, sD, c, t, qs, key0, sk, shift, wl, wr);
-        else
-          fc_hpb_p_pass<QS, true, false>(st, dpt, sL, sD, c, t, qs, key0, sk, shift, wl, wr);
+        fc_hpb_p_from_s<QS, false, FC_HPB256_BC>(st, dpt, sL, sD, c, t, qs, k0, key0, sk, shift, wl, wr);
         fc_wgmma_wait<0>(); /* dPᵀ */
         fc_fence_regs(dpt);
         fc_hpb_ds_from_dp<QS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
