@@ -27,7 +27,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_v2_model import Violation, check, step  # noqa: E402
+from bwd_v2_model import Violation, check, run  # noqa: E402
 from protocol_model import MBar  # noqa: E402
 
 MUTATIONS = {
@@ -255,33 +255,21 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False):
         yield from barrier3(c)  # the epilogue's
         done[1 + c] = True
 
-    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
-    agents = [producer(), consumer(0), consumer(1)]
-    active = [True, True, True]
-    blocked = [None, None, None]
-    while True:
-        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
-        if ev is None:
-            break
-        kind, x = ev
-        if kind == "tma":
-            what, s, blk = tma.pop(x)
-            if what == "q":
-                check(not inflight_reads(("q", s)), f"Q of block {blk} lands in stage {s} under a wgmma")
-                q_block[s] = blk
-                q_full[s].complete_tx(1)
-            else:
-                check(not inflight_reads(("do",)), f"dO of block {blk} lands under a wgmma")
-                do_block[0] = blk
-                do_full.complete_tx(1)
-        elif kind == "wgmma":
-            g = groups[x].pop(0)  # groups complete in order
-            retired[x].add((g["name"], g["block"]))
-        elif kind == "bulk":
-            got = bulk_reads[x].pop(0)
-            check(sdq[x] == got, f"bulk add of {got} read wg{x}'s tile holding {sdq[x]}")
-    if not all(done):
-        raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
+    def land(f):
+        what, s, blk = f
+        if what == "q":
+            check(not inflight_reads(("q", s)), f"Q of block {blk} lands in stage {s} under a wgmma")
+            q_block[s] = blk
+            q_full[s].complete_tx(1)
+        else:
+            check(not inflight_reads(("do",)), f"dO of block {blk} lands under a wgmma")
+            do_block[0] = blk
+            do_full.complete_tx(1)
+
+    def bulk_read(c, got):
+        check(sdq[c] == got, f"bulk add of {got} read wg{c}'s tile holding {sdq[c]}")
+
+    run(rng, [producer(), consumer(0), consumer(1)], done, tma, groups, bulk_reads, retired, land, bulk_read)
 
 
 KINDS = {"NEXT": (True, False), "plain": (False, False), "WHOLE": (True, True)}

@@ -82,6 +82,30 @@ def step(rng, speed, agents, active, blocked, tma, groups, bulk_reads):
     return kind, x
 
 
+def run(rng, agents, done, tma, groups, bulk_reads, retired, land, bulk_read):
+    """Drives one run until nothing can happen: the agents (producer, consumer 0, consumer 1) and the asynchronous
+    units, each kind at a speed drawn for the run (1: as likely as an agent's step; 0.03: it lags for tens of steps,
+    so that the slow-copy and slow-wgmma schedules that expose a missing wait are met often, not by rare luck).
+    land(f): TMA copy f (popped from tma) lands; a warpgroup's oldest wgmma group retires into retired[c];
+    bulk_read(c, blk): the oldest bulk add of warpgroup c's sdQ tile has read it. A deadlock unless all are done."""
+    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
+    active = [True] * len(agents)
+    blocked = [None] * len(agents)  # the condition an agent waits for (None: runnable)
+    while True:
+        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
+        if ev is None:
+            break
+        kind, x = ev
+        if kind == "tma":
+            land(tma.pop(x))
+        elif kind == "wgmma":
+            g = groups[x].pop(0)  # groups complete in order
+            retired[x].add((g["name"], g["block"]))
+        elif kind == "bulk":
+            bulk_read(x, bulk_reads[x].pop(0))
+    if not all(done):
+        raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
+
 def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=False):
     """early_dv: D = 128's order (dV issued before the dP^T wait); False: D = 64's (dV after dS^T is formed).
     early_s (with nxt, D = 64's V = 4): block it + 1's S^T issued before the dQ store instead of after it."""
@@ -229,32 +253,16 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=Fa
             need(c, "dV", it, "dV at the end")
         done[1 + c] = True
 
-    # Each run draws how fast each kind of unit is against the agents (1: as likely as an agent's step; 0.03: it
-    # lags for tens of steps), so that the slow-copy and slow-wgmma schedules that expose a missing wait are met
-    # often, not by rare luck.
-    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
-    agents = [producer(), consumer(0), consumer(1)]
-    active = [True, True, True]
-    blocked = [None, None, None]  # the condition an agent waits for (None: runnable)
-    while True:
-        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
-        if ev is None:
-            break
-        kind, x = ev
-        if kind == "tma":
-            s, blk = tma.pop(x)
-            check(not inflight_reads(("stage", s)), f"block {blk} lands in stage {s} under a wgmma")
-            stage_block[s] = blk
-            full[s].complete_tx(1)
-        elif kind == "wgmma":
-            g = groups[x].pop(0)  # groups complete in order
-            retired[x].add((g["name"], g["block"]))
-        elif kind == "bulk":
-            blk = bulk_reads[x].pop(0)
-            check(sdq[x] == blk, f"bulk add of block {blk} read wg{x}'s tile holding block {sdq[x]}")
-    # No runnable agent and no event left: a deadlock unless all are done.
-    if not all(done):
-        raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
+    def land(f):
+        s, blk = f
+        check(not inflight_reads(("stage", s)), f"block {blk} lands in stage {s} under a wgmma")
+        stage_block[s] = blk
+        full[s].complete_tx(1)
+
+    def bulk_read(c, blk):
+        check(sdq[c] == blk, f"bulk add of block {blk} read wg{c}'s tile holding block {sdq[c]}")
+
+    run(rng, [producer(), consumer(0), consumer(1)], done, tma, groups, bulk_reads, retired, land, bulk_read)
 
 
 PERSIST_MUTATIONS = {
@@ -512,34 +520,21 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
         yield lambda: not bulk_reads[c]
         done[1 + c] = True
 
-    speed = {"agent": 1.0, **{k: rng.choice((1.0, 0.2, 0.03)) for k in ("tma", "wgmma", "bulk")}}
-    agents = [producer(), consumer(0), consumer(1)]
-    active = [True, True, True]
-    blocked = [None, None, None]
-    while True:
-        ev = step(rng, speed, agents, active, blocked, tma, groups, bulk_reads)
-        if ev is None:
-            break
-        kind, x = ev
-        if kind == "tma":
-            f = tma.pop(x)
-            if f[0] == "stage":
-                _, s, blk = f
-                check(not inflight_reads(("stage", s)), f"block {blk} lands in stage {s} under a wgmma")
-                stage_block[s] = blk
-                full[s].complete_tx(1)
-            else:
-                check(not inflight_reads(("kv",)), f"K/V of tile {f[1]} land under a wgmma")
-                kv_tile[0] = f[1]
-                kv_full.complete_tx(1)
-        elif kind == "wgmma":
-            g = groups[x].pop(0)
-            retired[x].add((g["name"], g["block"]))
-        elif kind == "bulk":
-            blk = bulk_reads[x].pop(0)
-            check(sdq[x] == blk, f"bulk add of block {blk} read wg{x}'s tile holding block {sdq[x]}")
-    if not all(done):
-        raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
+    def land(f):
+        if f[0] == "stage":
+            _, s, blk = f
+            check(not inflight_reads(("stage", s)), f"block {blk} lands in stage {s} under a wgmma")
+            stage_block[s] = blk
+            full[s].complete_tx(1)
+        else:
+            check(not inflight_reads(("kv",)), f"K/V of tile {f[1]} land under a wgmma")
+            kv_tile[0] = f[1]
+            kv_full.complete_tx(1)
+
+    def bulk_read(c, blk):
+        check(sdq[c] == blk, f"bulk add of block {blk} read wg{c}'s tile holding block {sdq[c]}")
+
+    run(rng, [producer(), consumer(0), consumer(1)], done, tma, groups, bulk_reads, retired, land, bulk_read)
 
 
 PERSIST_VERSIONS = {"D128 V3 persistent": (2, True, True, False), "D64 V2 persistent": (2, False, False, False)}
