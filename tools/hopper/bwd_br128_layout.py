@@ -14,33 +14,17 @@ Checked:
      tile landing on one contiguous 16 KB range of the blocked sum (one bulk add);
   6. fc_hpb_query_blocks and the "whole block" test against brute force over random masks.
 """
+import os
 import random
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from layout_common import check, fails, swz, threads  # noqa: E402
+
 ROW, BC, DQ_TILE = 128, 128, 64
-fails = []
-
-
-def check(name, ok, info=""):
-    print(("ok   " if ok else "FAIL ") + name + (f": {info}" if info else ""))
-    if not ok:
-        fails.append(name)
-
-
-def swz(addr):
-    """128-byte swizzle of a byte address (tiles 1024-byte aligned): 16-byte chunk bits 4-6 ^= bits 7-9."""
-    return addr ^ (((addr >> 7) & 7) << 4)
-
-
-def threads():
-    for cw in range(2):
-        for warp in range(4):
-            for g in range(8):
-                for t in range(4):
-                    yield cw, warp, g, t
-
-
 # ---- 1. shared memory ---------------------------------------------------------------------------------------
+
+
 def smem_bytes(d, stages, w, br):  # fc_hpb_smem_bytes
     return 2 * BC * d * 2 + stages * 2 * br * d * 2 + BC * br * 2 + 2 * br * w * 4 + stages * 2 * br * 4 + \
         8 * (1 + 2 * stages) + 1024

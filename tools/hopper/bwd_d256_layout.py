@@ -19,8 +19,12 @@ WHOLE (= 3) too: warpgroup 0's store of all 64 queries (fc_hpb256_store_half<T, 
 split stores (so the A operands of 2. read it), warpgroup 1's read-back (fc_hpb256_ds_whole) of each thread's own
 fragment, Sᵀ/dPᵀ's B = all 64 rows (fc_hpb256_s_chain<T, 64>), the whole-block test at 64 queries.
 """
+import os
 import random
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from layout_common import check, fails, swz, threads  # noqa: E402
 
 ROW, D, BR, BC, QS, DQ_TILE, W = 128, 256, 64, 64, 32, 64, 64
 HALF = 64 * ROW
@@ -28,26 +32,6 @@ TILE = D // 64 * HALF
 PS = 64 * ROW
 DQ_TILE_BYTES = DQ_TILE * W * 4
 ROWS = BR * 4
-fails = []
-
-
-def check(name, ok, info=""):
-    print(("ok   " if ok else "FAIL ") + name + (f": {info}" if info else ""))
-    if not ok:
-        fails.append(name)
-
-
-def swz(addr):
-    """128-byte swizzle of a byte address (tiles 1024-byte aligned): 16-byte chunk bits 4-6 ^= bits 7-9."""
-    return addr ^ (((addr >> 7) & 7) << 4)
-
-
-def threads():
-    for cw in range(2):
-        for warp in range(4):
-            for g in range(8):
-                for t in range(4):
-                    yield cw, warp, g, t
 
 
 def k_major_addr(start, m, k, sbo=1024):
