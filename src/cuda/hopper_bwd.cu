@@ -157,6 +157,12 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   return true;
 }
 
+/* The tile's first key row of dk or dv (g, with that view's strides): where its dK_j or dV_j goes. */
+static __device__ __forceinline__ uint16_t *fc_hpb_key_rows(uint16_t *g, int64_t sb, int64_t ss, int64_t sh,
+                                                            const fc_hpb_tile &ti) {
+  return g + ti.b * sb + (int64_t)ti.k_start * ss + (int64_t)ti.hk * sh;
+}
+
 /* The barriers every dK/dV kernel has at `bars`: kv_full, full[STAGES] (the producer's arrive.expect_tx, then the
  * bytes), empty[STAGES] (one arrival per consumer thread). Thread 0, before the fence and the CTA barrier. */
 template <int STAGES> static __device__ __forceinline__ void fc_hpb_init_barriers(uint32_t bars) {
@@ -776,8 +782,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* BULK: the CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (BULK && ct == 0) fc_bulk_wait<0>();
 
-    uint16_t *dK = a.dk + ti.b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
-    uint16_t *dV = a.dv + ti.b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
+    uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
+    uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
     fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }

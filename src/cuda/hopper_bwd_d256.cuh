@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     return; /* the whole CTA, before any barrier */
   const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
-  const int64_t b = ti.b, pad0 = ti.pad0, shift = ti.shift;
+  const int64_t pad0 = ti.pad0, shift = ti.shift;
 
   if (threadIdx.x == 0) {
     fc_hpb_init_barriers<2>(bars); /* kv_full, q_full[2] (Q_FULL), q_empty[2] (Q_EMPTY): the same places */
@@ -515,8 +515,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       }
     }
     fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
-    uint16_t *dK = a.dk + b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh + 128 * cw;
-    uint16_t *dV = a.dv + b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh + 128 * cw;
+    uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti) + 128 * cw; /* this warpgroup's columns */
+    uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti) + 128 * cw;
     fc_hpb_store_tile<128>(tk, dK, a.dk_ss, k0, sk, a.head_dim - 128 * cw, a.dk_vec, ct);
     fc_hpb_store_tile<128>(tv, dV, a.dv_ss, k0, sk, a.head_dim - 128 * cw, a.dv_vec, ct);
   }

@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
 
-    uint16_t *dK = a.dk + ti.b * a.dk_sb + (int64_t)k_start * a.dk_ss + (int64_t)hk * a.dk_sh;
-    uint16_t *dV = a.dv + ti.b * a.dv_sb + (int64_t)k_start * a.dv_ss + (int64_t)hk * a.dv_sh;
+    uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
+    uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
     fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }
@@ -488,8 +488,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         kv_n++;
       }
 
-      uint16_t *dK = a.dk + ti.b * a.dk_sb + (int64_t)ti.k_start * a.dk_ss + (int64_t)ti.hk * a.dk_sh;
-      uint16_t *dV = a.dv + ti.b * a.dv_sb + (int64_t)ti.k_start * a.dv_ss + (int64_t)ti.hk * a.dv_sh;
+      uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
+      uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
       fc_hpb_store_dkdv<T, D, ONE_AT_A_TIME>(dk, dv, sdS, a, dK, dV, k0, sk, cw, ct);
       /* Every staging read of sdS is done before the next tile's first dSᵀ writes (the other warpgroup's too: its
        * dSᵀ rows and this warpgroup's staging tile share buffers) */
