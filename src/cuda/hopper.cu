@@ -365,6 +365,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
         float s[BC / 2];
         if constexpr (OVERLAP) {
+          /* V_{n−2} is read: its P·V was waited for at the end of the last trip. Released here, first thing, and
+           * not after the wait below (ptxas then serialises the wgmma pipeline: C7513, docs/hopper.md) nor after
+           * the next wait for S (one GEMM group later: with 2 stages the producer then refilled the stage too late
+           * for the other consumer's next turn, and the tensor cores idled; +2..20 % at D = 128, 256). */
+          fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
           /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
            * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
           fc_mbar_wait(FULL_K(sn), un & 1);
@@ -380,11 +385,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           your_turn(false);
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
           fc_fence_regs(s);
-          /* K_n is read. V_{n−2} was read by the P·V that the last iteration waited for; V_{n−1} is released
-           * one iteration late, here, and not after the wait below: an arrive there makes ptxas serialise the
-           * wgmma pipeline (C7513), and the producer refills V stages two blocks ahead anyway. */
-          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
-          fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
           if constexpr (NC == 2) {
             uint32_t pn[BC / 16][4];
             fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, pn);

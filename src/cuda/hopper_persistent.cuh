@@ -250,6 +250,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           /* K_n is K use kuse, V_{n−1} is V use vuse, V_{n−2} V use vuse − 1. */
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
           float s[64];
+          /* V_{n−2}: its P·V was waited for at the end of the last trip (where and why: hopper.cu) */
+          fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2);
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
           fc_mbar_wait(FULL_V(sp), (vuse / STAGES) & 1);
           fc_fence_regs(o);
@@ -264,7 +266,6 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
-          fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2); /* V_{n−2}, as hopper.cu */
           if constexpr (NC == 2) {
             uint32_t pn[FC_HP_BC / 16][4];
             fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);

@@ -71,11 +71,22 @@ def forward(backend, p, q, k, v, o, lse):
 
 
 SCHED_FROM_ENV = os.environ.get("FLASHC_HOPPER_SCHED")  # what a name without "~order" runs with
+EXTRA_KEYS = set()  # FLASHC_HOPPER_* switches set by "+KEY=VAL" suffixes
 
 
 def set_variant(name):
-    """FLASHC_HOPPER_VARIANT and FLASHC_HOPPER_SCHED for a column name VARIANT[~ORDER][.N] or "default" (both read
-    by the library at every call)."""
+    """FLASHC_HOPPER_VARIANT and FLASHC_HOPPER_SCHED for a column name VARIANT[~ORDER][.N][+KEY=VAL...] or "default"
+    (all read by the library at every call); each +KEY=VAL sets FLASHC_HOPPER_KEY (default value 1)."""
+    base, dot, rep = name.rpartition(".")
+    if dot and rep.isdigit():  # the repeat suffix ".N" may follow the "+KEY=VAL" parts
+        name = base
+    name, *extra = name.split("+")
+    for key in EXTRA_KEYS:  # "+KEY=VAL" sets FLASHC_HOPPER_KEY=VAL for this column alone
+        os.environ.pop(f"FLASHC_HOPPER_{key}", None)
+    for kv in extra:
+        key, _, val = kv.partition("=")
+        EXTRA_KEYS.add(key.upper())
+        os.environ[f"FLASHC_HOPPER_{key.upper()}"] = val or "1"
     variant, _, order = name.split(".")[0].partition("~")
     if variant == "default":
         os.environ.pop("FLASHC_HOPPER_VARIANT", None)

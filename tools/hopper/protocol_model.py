@@ -171,6 +171,8 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
                 done("K", sn, who)
                 release(empty_k[sn])
             else:
+                if n >= 2 and mutation != "v_released_at_wait1":  # V_{n-2}: its P.V was waited for last trip
+                    release(empty_v[(n - 2) % stages])
                 yield from wait(full_k[sn], pk)
                 yield from wait(full_v[sp], up & 1)
                 yield from my_turn()
@@ -182,8 +184,6 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
                 release(empty_k[sn])
                 if mutation == "v_released_at_wait1":
                     release(empty_v[sp])
-                elif n >= 2:  # V_{n-2}: its P.V was waited for in the last iteration
-                    release(empty_v[(n - 2) % stages])
                 yield "softmax"
                 yield "wgmma"
                 done("V", sp, who)  # wait_group 0: P.V done
@@ -415,6 +415,8 @@ def persistent_cta(order, cta, stages, mutation, nc):
                 kuse += 1
                 for n in range(1, n_blocks):
                     sn, sp = kuse % stages, vuse % stages
+                    if n >= 2:
+                        empty_v[(vuse - 1) % stages].arrive()  # V_{n-2}: its P.V was waited for last trip
                     yield from wait(full_k[sn], (kuse // stages) & 1)
                     yield from wait(full_v[sp], (vuse // stages) & 1)
                     yield from my_turn()
@@ -426,8 +428,6 @@ def persistent_cta(order, cta, stages, mutation, nc):
                     done("Q", 0, who)  # wait_group 1: S done
                     done("K", sn, who)
                     empty_k[sn].arrive()
-                    if n >= 2:
-                        empty_v[(vuse - 1) % stages].arrive()  # V_{n-2}
                     yield "softmax"
                     yield "wgmma"
                     done("V", sp, who)  # wait_group 0
