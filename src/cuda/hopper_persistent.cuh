@@ -3,8 +3,8 @@
  * (hopper_sched.cuh), with O staged in its own buffer sO so that the producer loads the next tile's Q_i, K_j, V_j
  * while the consumers finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense
  * o that TMA can address; the host falls back to persistent otherwise). tmastore3 is tmastore with NC = 3 consumer
- * warpgroups at D = 64 (Br = 192, 512 threads, consumers at 160 registers, pingpong3's loop and round-robin turns;
- * the turns chain across tiles, see the consumers), with the same fallback to direct stores.
+ * warpgroups at D = 64 (Br = 192, 512 threads, consumers at 160 registers, pingpong3's loop and round-robin turns),
+ * with the same fallback to direct stores. The consumers' turns chain across tiles (see the consumers).
  *
  * Included by hopper.cu after its device helpers (fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
  * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
@@ -170,33 +170,25 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int g = lane / 4, t = lane % 4;
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES, o_rows = sO + 64 * cw * FC_HP_ROW_BYTES;
     const float c = a.scale_log2;
-    /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads).
-     * NC = 2 balances them per tile: consumer 1 arrives once at each loaded tile's start and skips its hand-over
-     * after the tile's last group (below). NC = 3 hands them round robin, 0 → 1 → 2 → 0, as one chain over the
-     * CTA's whole life: consumer 2 hands over after every group, the last of a tile included, so consumer 0 takes
-     * its first turn of the next loaded tile as soon as consumer 2 has issued its last P·V of this one, while
-     * consumers 1 and 2 still run their epilogues (with per-tile balance it would wait for consumer 2's epilogue
-     * and its next tile's start). Each consumer issues n_blocks + 1 groups per loaded tile and none in a tile
-     * with n_blocks = 0 or past its sequence (the same tiles for all: n_blocks is the tile's), so the groups of
-     * all tiles form one sequence 0, 1, 2, 0, 1, 2, ... Consumer 2 arrives once on consumer 0's barrier before
-     * the first tile; the one arrival then left over at the end of the CTA's life (consumer 2's hand-over after
-     * its very last group, or that first arrival when the CTA loaded no tile) is taken by one more bar.sync of
-     * consumer 0 after its last tile, instead of a skipped hand-over: skipping would need each consumer to know
-     * that no later tile of its list loads anything. Barrier c then sees as many arrivals of consumer c − 1 as
-     * waits of its own, nothing is pending at exit, and no arrival lands in an earlier generation: consumer
+    /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
+     * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
+     * every group, the last of a tile included, so consumer 0 takes its first turn of the next loaded tile as soon
+     * as the last consumer has issued its last P·V of this one, while the others still run their epilogues.
+     * (Until session 11 the 2 consumers balanced their turns per tile, as the one-tile kernel does: consumer 0 then
+     * waited for consumer 1's epilogue and next tile's start.) Each consumer issues n_blocks + 1 groups per loaded
+     * tile and none in a tile with n_blocks = 0 or past its sequence (the same tiles for all: n_blocks is the
+     * tile's), so the groups of all tiles form one sequence 0, 1, (2,) 0, 1, ... The last consumer arrives once on
+     * consumer 0's barrier before the first tile; the one arrival then left over at the end of the CTA's life (its
+     * hand-over after its very last group, or that first arrival when the CTA loaded no tile) is taken by one more
+     * bar.sync of consumer 0 after its last tile, instead of a skipped hand-over: skipping would need each consumer
+     * to know that no later tile of its list loads anything. Barrier c then sees as many arrivals of consumer c − 1
+     * as waits of its own, nothing is pending at exit, and no arrival lands in an earlier generation: consumer
      * c − 1's next hand-over needs its next turn, which needs the hand-overs of all the others, consumer c's
      * (after consumer c's wait) among them, across a tile boundary as within a tile. */
     auto my_turn = [&]() { fc_named_barrier(BAR_TURN + cw, 256); };
-    auto your_turn = [&](bool last) {
-      if constexpr (NC == 2) {
-        fc_named_barrier_arrive_if(BAR_TURN + (cw ^ 1), 256, !(last && cw == 1));
-      } else {
-        (void)last;
-        fc_named_barrier_arrive_if(BAR_TURN + (cw == NC - 1 ? 0 : cw + 1), 256, true);
-      }
-    };
-    if constexpr (NC == 3) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
-    uint32_t kuse = 0, vuse = 0, quse = 0, tuse = 0; /* uses over all tiles: the producer's fill counts */
+    auto your_turn = [&]() { fc_named_barrier_arrive_if(BAR_TURN + (cw == NC - 1 ? 0 : cw + 1), 256, true); };
+    fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
+    uint32_t kuse = 0, vuse = 0, quse = 0, tuse = 0;         /* uses over all tiles: the producer's fill counts */
 
     /* The producer's sequence of positions: static orders derive it, the dynamic one takes it from the ring. */
     for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
@@ -225,11 +217,6 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 
       if (n_blocks > 0) {
         fc_mbar_wait(q_full, quse & 1); /* Q_i has landed */
-        /* NC = 2: the turns per tile as in hopper.cu: both consumers issue n_blocks + 1 groups, consumer 1 arrives
-         * once at the start and skips its last hand-over, so each named barrier's count is balanced at the end
-         * of every tile; consumer 1's first arrival of the next tile follows its last wait of this one, which
-         * followed consumer 0's last wait: no arrival ever lands in an earlier generation. */
-        if constexpr (NC == 2) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == 1);
         {
           float s[64];
           const uint32_t s0 = kuse % STAGES;
@@ -238,7 +225,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_wgmma_fence();
           fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + s0 * KV_BYTES);
           fc_wgmma_commit();
-          your_turn(false);
+          your_turn();
           fc_wgmma_wait<0>();
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
@@ -262,7 +249,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_wgmma_commit();
           fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
-          your_turn(false);
+          your_turn();
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
@@ -304,7 +291,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_wgmma_fence();
         fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
         fc_wgmma_commit();
-        your_turn(true);
+        your_turn();
         fc_wgmma_wait<0>();
         fc_fence_regs(o);
         fc_mbar_arrive_if(EMPTY_V(sl), lane == 0); /* V_{N−1}: the next tile's fills wait for it */
@@ -382,10 +369,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         }
       }
     }
-    /* NC = 3: consumer 2's last hand-over (or its first arrival, when the CTA loaded no tile), see the turns. */
-    if constexpr (NC == 3) {
-      if (cw == 0) my_turn();
-    }
+    /* The last consumer's last hand-over (or its first arrival, when the CTA loaded no tile), see the turns. */
+    if (cw == 0) my_turn();
     if constexpr (TMA_STORE) {
       if (ct == 0) fc_bulk_wait<0>(); /* the CTA's shared memory lives until its last store has read it */
     }

@@ -7,10 +7,10 @@ expects in its stage, and no copy overwrites a stage that a consumer is still re
 
 pingpong3 is the one-tile kernel with 3 consumer warpgroups (D = 64, Br = 192): empty barriers of 12 arrivals,
 turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 arriving first and skipping its
-last hand-over. The persistent kernel runs with 2 consumers (persistent, tmastore: turns balanced per tile) and
-with 3 (tmastore3: q_empty and empty barriers of 12 arrivals, the round-robin turns one chain over all the CTA's
-tiles, consumer 2 arriving once before the first tile and consumer 0 taking the last hand-over with one more
-bar.sync after its last tile), under static orders (each CTA's list of tiles given) and under the dynamic order
+last hand-over. The persistent kernel runs with 2 consumers (persistent, tmastore) and with 3 (tmastore3: q_empty
+and empty barriers of 12 arrivals); either way the round-robin turns form one chain over all the CTA's tiles, the
+last consumer arriving once before the first tile and consumer 0 taking the last hand-over with one more bar.sync
+after its last tile, under static orders (each CTA's list of tiles given) and under the dynamic order
 (FLASHC_HOPPER_SCHED=dynamic: 1..3 CTAs share a claim counter; each producer publishes its next position in a
 2-entry tile ring guarded by mbarriers, which its consumer warps read; every position must be walked by one CTA).
 
@@ -230,9 +230,9 @@ PERSISTENT_MUTATIONS = {
     "p_q_not_waited": "the producer loads the next Q_i without waiting for q_empty",
     # tmastore3 (3 consumers, turns chained across tiles)
     "p3_counts_of_two": "3 consumers with the 2-consumer arrival counts (8) on q_empty and the empty barriers",
-    "p3_skip_per_tile": "consumer 2 skips its hand-over after every tile's last group, as the one-tile kernel",
+    "p3_skip_per_tile": "the last consumer skips its hand-over after every tile's last group, as the one-tile kernel",
     "p3_no_final_wait": "consumer 0 does not take the last hand-over at the end of the CTA's life",
-    "p3_turn_in_empty_tile": "consumer 2 hands the turn over once in a tile with no key block",
+    "p3_turn_in_empty_tile": "the last consumer hands the turn over once in a tile with no key block",
 }
 
 # the dynamic order (FLASHC_HOPPER_SCHED=dynamic): several CTAs claim positions of one order with a shared counter
@@ -375,13 +375,10 @@ def persistent_cta(order, cta, stages, mutation, nc):
                 turn_order.append(cw)
 
         def your_turn(last):
-            if nc == 2:
-                if not (last and cw == 1):
-                    turn[cw ^ 1].add(32)
-            elif not (last and cw == nc - 1 and mutation == "p3_skip_per_tile"):
+            if not (last and cw == nc - 1 and mutation == "p3_skip_per_tile"):
                 turn[(cw + 1) % nc].add(32)  # round robin, the tile's last group included
 
-        if nc == 3 and cw == nc - 1:
+        if cw == nc - 1:
             turn[0].add(32)  # consumer 0 first, once for the CTA's life
         kuse = vuse = quse = tuse = 0
         skipped = False  # mutation d_consumer_skips_tile
@@ -392,7 +389,7 @@ def persistent_cta(order, cta, stages, mutation, nc):
         while 0 <= ti < len(order.weights):
             n_blocks = weight(ti)
             walked[(cw, warp)].append(ti)
-            if n_blocks == 0 and mutation == "p3_turn_in_empty_tile" and nc == 3 and cw == nc - 1:
+            if n_blocks == 0 and mutation == "p3_turn_in_empty_tile" and cw == nc - 1:
                 turn[0].add(32)
             if n_blocks:
                 if per_tile:
@@ -400,8 +397,6 @@ def persistent_cta(order, cta, stages, mutation, nc):
                 yield from wait(q_full, quse & 1)
                 if mutation == "p_q_released_first":
                     q_empty.arrive()
-                if nc == 2 and cw == 1:
-                    turn[0].add(32)  # per tile
                 s0 = kuse % stages
                 yield from wait(full_k[s0], (kuse // stages) & 1)
                 yield from my_turn()
@@ -458,8 +453,8 @@ def persistent_cta(order, cta, stages, mutation, nc):
                 skipped = True
                 ti = yield from take(tuse, who)
                 tuse += 1
-        if nc == 3 and cw == 0 and mutation != "p3_no_final_wait":
-            yield from my_turn()  # consumer 2's last hand-over (or its first arrival: no tile loaded)
+        if cw == 0 and mutation != "p3_no_final_wait":
+            yield from my_turn()  # the last consumer's last hand-over (or its first arrival: no tile loaded)
 
     def end_check():
         assert all(b.arrived == 0 for b in turn), \
@@ -469,7 +464,7 @@ def persistent_cta(order, cta, stages, mutation, nc):
         seq = seqs.pop()
         order.walked += [(cta, t) for t in seq]
         groups = sum(order.weights[t] + 1 for t in seq if order.weights[t])
-        want = [c for _ in range(groups) for c in range(nc)] + ([0] if nc == 3 else [])
+        want = [c for _ in range(groups) for c in range(nc)] + [0]
         assert turn_order == want, f"CTA {cta}: turns taken in the order {turn_order}, not round robin {want}"
 
     actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
