@@ -50,6 +50,7 @@ ap.add_argument("--bench-variants", default=None,
                 help="timed in this order (default: --variants if given, else pingpong,persistent,tmastore); the first "
                 "is the reference column pp/cudnn; names as in --variants (e.g. tmastore3,tmastore3~snake1,"
                 "tmastore3~dynamic)")
+ap.add_argument("--bench-d", default="64,128,256", help="head dims timed (default 64,128,256)")
 ap.add_argument("--layout", choices=("bshd", "bhsd"), default="bshd",
                 help="memory of q, k, v, o in the timings: bshd = contiguous [b, s, h, d] tensors (default: what "
                 "bench/compare.py and users pass); bhsd = head-major [b, h, s, d] memory passed as [b, s, h, d] views")
@@ -271,7 +272,7 @@ def bench():
     print(f"{'d':>4} {'causal':>6} {'seqlen':>6} " + " ".join(f"{vn:>{width[vn]}}" for vn in bvs) +
           f" {'flash':>8} {'cudnn':>8} {'pp/cudnn':>8} {'best/cudnn':>10} {'best':>{wbest}}", flush=True)
     seqlens = (1024, 4096, 16384) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
-    for d in (64, 128, 256):
+    for d in (int(x) for x in args.bench_d.split(",")):
         for causal in (0, 1):
             for s in seqlens:
                 b, h = 16384 // s, 2048 // d
