@@ -11,6 +11,7 @@
  *         S = Q_i·K_jᵀ                       wgmma m64n128k16, Q_i and K_j from shared memory
  *         m' = max(m, rowmax S);  P = 2^(c·S − c·m');  l = 2^(c·(m − m'))·l + rowsum P   (c = scale·log2 e)
  *         O = 2^(c·(m − m'))·O + P·V_j        wgmma m64nDk16, P from registers, V_j from shared memory
+ *       (m moves only when c·rowmax S passes c·m by 8, a factor 2^8, so O's rescale is skipped in most blocks),
  *       where S_{j+1} = Q_i·K_{j+1}ᵀ and O += P_j·V_j are issued back to back, and the softmax of block
  *       j + 1 runs on the CUDA cores while P_j·V_j is still in flight on the tensor cores (intra-warpgroup
  *       overlap), and the two consumers take turns to issue their GEMMs, so that one's softmax runs during
@@ -59,6 +60,7 @@ enum {
   FC_HP_HALF_BYTES = 128 * 128, /* one 64-column half of a 128-row tile */
   FC_HP_REGS_PRODUCER = 24,     /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
   FC_HP_REGS_CONSUMER = 240,
+  FC_HP_BASE_SLACK = 8,   /* the softmax's base moves once a row's max passes it by 2^8 (fc_hp_softmax_f32) */
   FC_HP_BAR_EPILOGUE = 1, /* named barriers 1, 2: one consumer warpgroup each */
   FC_HP_BAR_TURN = 3,     /* named barriers 3, 4: consumer c may issue its GEMMs */
   /* pingpong3 (D = 64 only): 3 consumer warpgroups, Br = 192, 512 threads; 128·24 + 384·160 = 64512 ≤ 65536.
@@ -128,9 +130,14 @@ static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_
 
 /* Masks S (keys outside each row's range → −inf), then the online softmax of one block, P in place of S (fp32):
  *   m' = max(m, rowmax S);  alpha = 2^(c·m − c·m');  P = 2^(c·S − c·m');  l = alpha·l + rowsum P
- * A row that has seen only masked keys keeps m = −inf and uses 0 as its base, so every exponent is −inf and
- * P = 0. This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows (rh = 0, 1); the 4 threads t of a row
- * share its max, and each sums only its own columns of l (summed over the 4 at the end). */
+ * except that m, the base of the exponents, moves only when the row's max passes it by more than
+ * FC_HP_BASE_SLACK (in units of c·S, base 2): otherwise m' = m and alpha = 1 exactly, P ≤ 2^FC_HP_BASE_SLACK, and
+ * the rescale of O is skipped (fc_hp_rescale_if) where no row of the warp moved its base, which after the first
+ * block is nearly always (FlashAttention-4's conditional rescale). Exact: O, l and lse share the base, whatever it
+ * is, and 2^8 is far inside fp16's range. A row that has seen only masked keys keeps m = −inf and uses 0 as its
+ * base, so every exponent is −inf and P = 0. This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows
+ * (rh = 0, 1); the 4 threads t of a row share its max, and each sums only its own columns of l (summed over the 4 at
+ * the end). */
 template <int BC = FC_HP_BC>
 static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
                                                          const int (&hi)[2], int t, float c, float (&m)[2],
@@ -151,9 +158,11 @@ static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], boo
     for (int x = 0; x < BC / 8; x++) mx = fmaxf(mx, fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float base = mx == -INFINITY ? 0.0f : mx * c;
-    alpha[rh] = fc_exp2(m[rh] * c - base); /* m = −inf: 0, and O, l are still 0 */
-    m[rh] = mx;
+    const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK; /* m = −inf: any key seen moves it */
+    const float mb = move ? mx : m[rh];
+    const float base = mb == -INFINITY ? 0.0f : mb * c;
+    alpha[rh] = move ? fc_exp2(m[rh] * c - base) : 1.0f; /* m = −inf: 0, and O, l are still 0 */
+    m[rh] = mb;
     float sum = 0.0f;
 #pragma unroll
     for (int x = 0; x < BC / 8; x++) {
@@ -195,6 +204,12 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)
     o[4 * x + 2] *= alpha[1];
     o[4 * x + 3] *= alpha[1];
   }
+}
+
+/* O's rescale, skipped by the whole warp when none of its rows moved its base (alpha = 1: fc_hp_softmax_f32). Called
+ * only where no wgmma is in flight: the branch would otherwise make ptxas serialise the pipeline. */
+template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (&o)[D / 2], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) fc_hp_rescale<D>(o, alpha);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -386,30 +401,19 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
-          if constexpr (NC == 2) {
-            uint32_t pn[BC / 16][4];
-            fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, pn);
-            fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-            fc_fence_regs(o);
-            fc_fence_regs(p);
-            fc_hp_rescale<D>(o, alpha);
-#pragma unroll
-            for (int kb = 0; kb < BC / 16; kb++)
-#pragma unroll
-              for (int x = 0; x < 4; x++) p[kb][x] = pn[kb][x];
-          } else {
-            /* 3 consumers, 160 registers: S (64), O (32) and P_{n−1} (32, read by the P·V in flight) leave no
-             * room for a second packed P. The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1};
-             * only the pack into P's registers waits for it. The block boundary keeps ptxas from hoisting the
-             * wait above the softmax, as it does in the 2-consumer loop (docs/hopper.md). */
-            fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
-            fc_block_boundary(a.head_dim > 0);
-            fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-            fc_fence_regs(o);
-            fc_fence_regs(p);
-            fc_hp_pack<T, BC>(s, p);
-            fc_hp_rescale<D>(o, alpha);
-          }
+          /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
+           * O's rescale wait for it (3 consumers at 160 registers have no room for a second packed P anyway). The
+           * block boundary keeps ptxas from hoisting the wait above the softmax (docs/hopper.md). Until session 11
+           * the 2 consumers packed the next P into registers of their own before the wait and copied it after; the
+           * branch of the conditional rescale made ptxas serialise that loop (C7513), and this one measured the
+           * same without it. */
+          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
+          fc_block_boundary(a.head_dim > 0);
+          fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          fc_hp_pack<T, BC>(s, p);
+          fc_hp_rescale_if<D>(o, alpha);
         } else {
           /* One step after the other: O += P_{n−1}·V_{n−1}, then S = Q_i·K_nᵀ and its softmax. */
           fc_mbar_wait(FULL_V(sp), up & 1);
@@ -429,7 +433,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, p);
-          fc_hp_rescale<D>(o, alpha);
+          fc_hp_rescale_if<D>(o, alpha);
         }
       }
 

@@ -253,28 +253,15 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
           fc_fence_regs(s);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
-          if constexpr (NC == 2) {
-            uint32_t pn[FC_HP_BC / 16][4];
-            fc_hp_softmax<T>(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha, pn);
-            fc_wgmma_wait<0>();
-            fc_fence_regs(o);
-            fc_fence_regs(p);
-            fc_hp_rescale<D>(o, alpha);
-#pragma unroll
-            for (int kb = 0; kb < FC_HP_BC / 16; kb++)
-#pragma unroll
-              for (int e = 0; e < 4; e++) p[kb][e] = pn[kb][e];
-          } else {
-            /* 160 registers: the softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack after the
-             * wait, the block boundary keeping the wait after the softmax (hopper.cu's 3-consumer loop). */
-            fc_hp_softmax_f32(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha);
-            fc_block_boundary(a.head_dim > 0);
-            fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-            fc_fence_regs(o);
-            fc_fence_regs(p);
-            fc_hp_pack<T>(s, p);
-            fc_hp_rescale<D>(o, alpha);
-          }
+          /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
+           * the block boundary keeping the wait after the softmax (hopper.cu's loop). */
+          fc_hp_softmax_f32(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha);
+          fc_block_boundary(a.head_dim > 0);
+          fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+          fc_fence_regs(o);
+          fc_fence_regs(p);
+          fc_hp_pack<T>(s, p);
+          fc_hp_rescale_if<D>(o, alpha);
           kuse++;
           vuse++;
         }
