@@ -34,7 +34,9 @@
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
  * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
  * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there, but with a causal mask below 4096) and
- * tmastore's above. */
+ * tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in, unverified on a GPU) runs the ping-pong kernel at D = 128
+ * with each consumer's 64 rows of Q_i loaded into registers once per tile (ldmatrix) and S = Q_i·K_jᵀ issued as wgmma
+ * with A from registers and K_j from shared memory; pingpong's kernel at d ≤ 64 and d > 128. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_gemm.cuh"
@@ -84,6 +86,11 @@ enum { FC_HP_PINGPONG3 = 5 };
  * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). The default at D = 64 except with a
  * causal mask below seqlen 4096 (fc_hp_variant). */
 enum { FC_HP_TMASTORE3 = 6 };
+/* The one-tile ping-pong kernel with each consumer's rows of Q_i in registers at D = 128 (S = Q_i·K_jᵀ as wgmma with
+ * A from registers: the tensor cores stop reading Q_i from shared memory for every key block, a fifth of the loop's
+ * shared-memory operand traffic, at the H100's power cap); pingpong's kernel at D = 64 and 256. Opt-in, unverified on
+ * a GPU (docs/hopper.md, session 11). */
+enum { FC_HP_PINGPONGQ = 7 };
 
 typedef struct fc_hopper_fwd_args {
   uint16_t *o;
@@ -219,10 +226,16 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
-  constexpr bool OVERLAP = VARIANT >= FC_HP_OVERLAP, PINGPONG = VARIANT == FC_HP_PINGPONG;
+  /* QREG (pingpongq): the ping-pong loop with S = Q_i·K_jᵀ issued from the warpgroup's rows of Q_i in registers. */
+  constexpr bool QREG = VARIANT == FC_HP_PINGPONGQ;
+  constexpr bool OVERLAP = VARIANT >= FC_HP_OVERLAP, PINGPONG = VARIANT == FC_HP_PINGPONG || QREG;
   /* NC consumer warpgroups of 64 query rows. NC = 3 only at D = 64: fc_hp_ss_kmajor steps between the
    * 64-column halves of Q_i as a 128-row tile's, and 160 registers hold no more than D = 64's O. */
   static_assert(NC == 2 || (NC == 3 && D == 64 && VARIANT == FC_HP_PINGPONG), "3 consumers: D = 64 ping-pong only");
+  /* Q in registers: D/16 × 4 = 32 registers per thread at D = 128 beside O 64, S 64 and P 32 (240 allowed). D = 128
+   * only, the head dim this experiment is for (at D = 64 the defaults are the persistent kernels); D = 256 has no room
+   * for them (O alone is 128 registers, S 40, P 20). */
+  static_assert(!QREG || (D == 128 && BC == FC_HP_BC && NC == 2), "Q in registers: D = 128 only");
   constexpr int BR = 64 * NC, CONSUMER_WARPS = 4 * NC, BAR_TURN = FC_HP_BAR_EPILOGUE + NC;
   constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -355,9 +368,21 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 
     float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
     uint32_t p[BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
+    /* QREG: this warpgroup's rows of Q_i, the A operand of every S = Q_i·K_jᵀ (one k-step of 16 columns each). Loaded
+     * once per tile and never written again, so no wgmma in flight ever sees them change (no fence_regs, and nothing
+     * for ptxas to serialise). */
+    [[maybe_unused]] uint32_t q[QREG ? D / 16 : 1][4];
 #pragma unroll
     for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
-    fc_mbar_wait(q_full, 0); /* Q_i has landed */
+    fc_mbar_wait(q_full, 0); /* Q_i has landed (TMA's writes are visible to these threads' loads from here on) */
+    if constexpr (QREG) fc_hp_load_a_kmajor<D>(q, q_rows, warp, lane);
+    /* S = Q_i·K_jᵀ of the key block in K stage k_tile, Q_i from shared memory or (QREG) from registers. */
+    auto qk = [&](float(&s)[BC / 2], uint32_t k_tile) {
+      if constexpr (QREG)
+        fc_hp_rs_kmajor<T, D, BC>(s, q, k_tile);
+      else
+        fc_hp_ss_kmajor<T, D, BC>(s, q_rows, k_tile);
+    };
 
     if (n_blocks > 0) {
       if constexpr (PINGPONG) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
@@ -367,7 +392,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_mbar_wait(FULL_K(0), 0);
         my_turn();
         fc_wgmma_fence();
-        fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK);
+        qk(s, sK);
         fc_wgmma_commit();
         your_turn(false);
         fc_wgmma_wait<0>();
@@ -393,7 +418,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_fence_regs(p);
           my_turn();
           fc_wgmma_fence();
-          fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
+          qk(s, sK + sn * KV_BYTES);
           fc_wgmma_commit();
           fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
@@ -427,7 +452,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_mbar_arrive_if(EMPTY_V(sp), lane == 0);
           fc_mbar_wait(FULL_K(sn), un & 1);
           fc_wgmma_fence();
-          fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
+          qk(s, sK + sn * KV_BYTES);
           fc_wgmma_commit();
           fc_wgmma_wait<0>();
           fc_fence_regs(s);
@@ -534,6 +559,10 @@ static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3]
       variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE, BC>
       : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP, BC>
                                  : fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONG, BC>;
+  /* pingpongq exists at D = 128 only (hopper_forward runs pingpong's kernel for it elsewhere): no instantiation
+   * at the other head dims. */
+  if constexpr (D == 128)
+    if (variant == FC_HP_PINGPONGQ) kernel = fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONGQ, BC>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
@@ -671,9 +700,10 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim);
 }
 
-/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3 or tmastore3 (an
- * unknown name is an error). Unset: what measured fastest on the H100 in session 7 (bench/results/configs/
- * hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt) and session 8 (hopper-fwd-dynsched.txt):
+/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3, tmastore3 or
+ * pingpongq (an unknown name is an error). Unset: what measured fastest on the H100 in session 7 (bench/results/
+ * configs/hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt) and session 8
+ * (hopper-fwd-dynsched.txt):
  *   d ≤ 64:  tmastore3 (three consumer warpgroups, persistent), except with a triangular (causal) mask below seqlen
  *            2048, where tmastore's 128-row tiles balance better (tmastore3 lost 5..7 % at 1k); unmasked tmastore3
  *            was +2..17 % over tmastore and even with pingpong3 at 4k–16k, with the snake1 schedule +1..11 % over
@@ -683,10 +713,11 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  *            (+1..6 %). Unmasked from 2k the persistent kernel lost 4..9 % (one CTA per SM; pingpong keeps two
  *            tiles' prologues in flight).
  *   d > 128: pingpong (no room for the persistent kernel's sO).
- * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128). */
+ * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128);
+ * pingpongq (Q in registers, opt-in, unverified) runs pingpong's kernel at d ≤ 64 and d > 128. */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
-  static const char *const names[] = {"simple",   "overlap",   "pingpong", "persistent",
-                                      "tmastore", "pingpong3", "tmastore3"}; /* FC_HP_* order */
+  static const char *const names[] = {"simple",   "overlap",   "pingpong",  "persistent",
+                                      "tmastore", "pingpong3", "tmastore3", "pingpongq"}; /* FC_HP_* order */
   const bool tri = fc_hp_triangular(p);
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
@@ -755,6 +786,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   const bool three = (variant == FC_HP_PINGPONG3 || variant == FC_HP_TMASTORE3) && p->head_dim <= 64;
   if (variant == FC_HP_PINGPONG3 && !three) variant = FC_HP_PINGPONG;
   if (variant == FC_HP_TMASTORE3 && !three) variant = FC_HP_TMASTORE;
+  /* Q in registers (pingpongq) at d in 65..128 only (D = 128); pingpong's kernel elsewhere */
+  if (variant == FC_HP_PINGPONGQ && (p->head_dim <= 64 || p->head_dim > 128)) variant = FC_HP_PINGPONG;
   const int br = three ? FC_HP_BR_NC3 : FC_HP_BR;
   const int m_blocks = (int)fc_cdiv(p->seqlen_q, br);
   int grid = 0;
@@ -766,7 +799,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, "flashc_forward", &maps[2]));
   /* The persistent kernel (D = 256 has no room for its sO: one tile per CTA) and its order, known before the
    * workspace: the dynamic order's claim counter lives there, after the varlen offsets. */
-  const bool persistent = three ? variant == FC_HP_TMASTORE3 : variant >= FC_HP_PERSISTENT && p->head_dim <= 128;
+  const bool persistent = three ? variant == FC_HP_TMASTORE3
+                                : (variant == FC_HP_PERSISTENT || variant == FC_HP_TMASTORE) && p->head_dim <= 128;
   int order = FC_HP_SCHED_STRIDE;
   if (persistent) FC_CHECK(fc_hp_sched_order(p, p->head_dim <= 64 ? 64 : 128, three ? 3 : 2, &order));
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);

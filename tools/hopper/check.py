@@ -10,9 +10,11 @@ row sees no key. Every case runs for each kernel variant (FLASHC_HOPPER_VARIANT)
 waited for at once), overlap (+ intra-warpgroup pipelining), pingpong (+ the two consumers taking turns, the
 default), persistent (+ one CTA per SM looping over a tile schedule, barrier phases carried across tiles),
 tmastore (+ O written by a TMA store), so that a failure points at the step that brought it; pingpong3 (3 consumer
-warpgroups, Br = 192, at d <= 64; pingpong's kernel above) and tmastore3 (the persistent kernel with those 3
-consumer warpgroups at d <= 64; tmastore's kernel above) on request (--variants pingpong3,tmastore3; --no-check
---bench-variants tmastore,pingpong3,tmastore3 times them side by side). A variant name may carry the persistent
+warpgroups, Br = 192, at d <= 64; pingpong's kernel above), tmastore3 (the persistent kernel with those 3
+consumer warpgroups at d <= 64; tmastore's kernel above) and pingpongq (pingpong with each consumer's rows of Q in
+registers for S = Q.K^T, at d in 65..128; pingpong's kernel elsewhere) on request (--variants
+pingpong3,tmastore3,pingpongq; --no-check --bench-variants tmastore,pingpong3,tmastore3 times them side by side,
+--bench-variants pingpong,pingpongq --bench-d 128 the Q-in-registers A/B). A variant name may carry the persistent
 kernel's schedule order, "variant~order" (FLASHC_HOPPER_SCHED=order for that variant alone: tmastore3~dynamic,
 tmastore~snake1; without "~" the environment's FLASHC_HOPPER_SCHED, or the library's default), a repeat suffix ".N"
 (tmastore3.2: the same column timed again, to see the noise; each cell starts at the next column, so that the first of a
@@ -43,10 +45,10 @@ ap.add_argument("--tiny", action="store_true", help="two small shapes, causal on
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--variants", default=None, help="checked (default simple,overlap,pingpong,persistent,tmastore; "
-                "pingpong3, tmastore3 on request); also timed when --bench-variants is not given. Each name is "
-                "VARIANT[~ORDER][.N] or default: ~ORDER sets FLASHC_HOPPER_SCHED (stride, snake, snake1, dynamic) for "
-                "that name alone (else the environment's is used), .N marks a repeat column, default = the library's "
-                "own choice of variant and order (e.g. tmastore3~dynamic,tmastore~dynamic)")
+                "pingpong3, tmastore3, pingpongq on request); also timed when --bench-variants is not given. Each "
+                "name is VARIANT[~ORDER][.N] or default: ~ORDER sets FLASHC_HOPPER_SCHED (stride, snake, snake1, "
+                "dynamic) for that name alone (else the environment's is used), .N marks a repeat column, default = "
+                "the library's own choice of variant and order (e.g. tmastore3~dynamic,tmastore~dynamic)")
 ap.add_argument("--bench-variants", default=None,
                 help="timed in this order (default: --variants if given, else pingpong,persistent,tmastore); the first "
                 "is the reference column pp/cudnn; names as in --variants (e.g. tmastore3,tmastore3~snake1,"
