@@ -1,6 +1,7 @@
 """SM clock and board power while one forward call runs back to back, cuda-hopper beside cuDNN's (one device call):
 
     FLASHC_LIBRARY=build-gc/libflashc.so PYTHONPATH=python python3 tools/profile/power.py [--seconds 2.5]
+        [--d128-variants tmastore,pingpongq]
 
 Each case (bf16, 16k tokens, width 2048) runs for --seconds after 3 warm-up calls, with a pause between cases, while
 nvidia-smi samples the SM clock, the power draw, the temperature and the throttle reasons every 20 ms; each row is
@@ -49,6 +50,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.5)
     ap.add_argument("--log", default="/tmp/power-smi.csv", help="nvidia-smi's samples")
+    ap.add_argument("--d128-variants", default="tmastore",
+                    help="FLASHC_HOPPER_VARIANT values run beside the default (pingpong in these d = 128 cases) at "
+                    "d = 128, comma-separated, each with FLASHC_HOPPER_SCHED=dynamic (read by the persistent kernels "
+                    "only); e.g. tmastore,pingpongq")
     a = ap.parse_args()
     query = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
     with open(a.log, "w") as log:
@@ -60,7 +65,7 @@ def main():
             b, h = 16384 // s, 2048 // d
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
-            for variant in ["default"] + (["tmastore"] if d == 128 else []):
+            for variant in ["default"] + (a.d128_variants.split(",") if d == 128 and a.d128_variants else []):
                 if variant == "default":
                     os.environ.pop("FLASHC_HOPPER_VARIANT", None)
                 else:
