@@ -1,13 +1,16 @@
-"""SM clock and board power while one forward call runs back to back, cuda-hopper beside cuDNN's (one device call):
+"""SM clock and board power while one attention call runs back to back, flashc's beside PyTorch SDPA's (one device
+call):
 
-    FLASHC_LIBRARY=build-gc/libflashc.so PYTHONPATH=python python3 tools/profile/power.py [--seconds 2.5]
-        [--d128-variants tmastore,pingpongq]
+    FLASHC_LIBRARY=build-gc/libflashc.so PYTHONPATH=python python3 tools/profile/power.py [--seconds 2.5] [--pass bwd]
+        [--cases 64:4096:1,...] [--backend cuda-mma --peers flash,cudnn] [--variants 64@tmastore,128@pingpong+stages=3]
 
 Each case (bf16, 16k tokens, width 2048) runs for --seconds after 3 warm-up calls, with a pause between cases, while
 nvidia-smi samples the SM clock, the power draw, the temperature and the throttle reasons every 20 ms; each row is
 the median over the run (the first 0.5 s left out). Under the power cap (H100 SXM: 700 W) the clock a kernel gets
 depends on the energy it spends per cycle, so a faster kernel at fixed clocks (ncu) may still lose: the table shows
-work per clock (TFLOP/s per GHz) and energy per work (J per PFLOP) beside the time.
+work per clock (TFLOP/s per GHz) and energy per work (J per PFLOP) beside the time. nvidia-smi's power.draw is an
+average over about a second (it climbs for ~1 s after a kernel starts), and the clock steps down again once that
+average reaches the cap (bench/results/profile/hopper-power-s12.txt): runs shorter than ~1.5 s read a mix of states.
 """
 import argparse
 import datetime
@@ -24,7 +27,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import flashc  # noqa: E402
 
-CASES = ((128, 2048, False), (256, 8192, False), (128, 8192, False), (64, 4096, True))  # head dim, seqlen, causal
+CASES = "128:2048:0,256:8192:0,128:8192:0,64:4096:1"  # head dim : seqlen : causal
+BWD_CASES = "64:2048:0,64:2048:1,128:2048:0,128:2048:1,128:8192:0,256:4096:1"
+SDPA = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
 def run(name, call, flops, seconds, phases):
@@ -46,41 +51,85 @@ def run(name, call, flops, seconds, phases):
     time.sleep(1.0)
 
 
+def sdpa_call(peer, which, q, k, v, dout, causal):
+    """torch SDPA pinned to one backend: the forward, or the backward alone through autograd.grad."""
+    if which == "fwd":
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def fwd():
+            with sdpa_kernel(SDPA[peer]):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+        return fwd
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    with sdpa_kernel(SDPA[peer]):
+        ot = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=causal)
+    g = dout.transpose(1, 2)
+
+    def bwd():
+        with sdpa_kernel(SDPA[peer]):
+            return torch.autograd.grad(ot, leaves, g, retain_graph=True)
+
+    return bwd
+
+
+def set_env(variant):
+    """FLASHC_HOPPER_VARIANT[+KEY=VAL...] as tools/hopper/check.py's column names ("default": the library's choice);
+    a named variant with FLASHC_HOPPER_SCHED=dynamic (read by the persistent kernels) unless +sched=ORDER says."""
+    for key in [k for k in os.environ if k.startswith("FLASHC_HOPPER_")]:
+        os.environ.pop(key)
+    name, *extra = variant.split("+")
+    if name != "default":
+        os.environ["FLASHC_HOPPER_VARIANT"], os.environ["FLASHC_HOPPER_SCHED"] = name, "dynamic"
+    for kv in extra:  # after the variant: +sched=snake1 overrides the dynamic order
+        key, _, val = kv.partition("=")
+        os.environ[f"FLASHC_HOPPER_{key.upper()}"] = val or "1"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.5)
     ap.add_argument("--log", default="/tmp/power-smi.csv", help="nvidia-smi's samples")
-    ap.add_argument("--d128-variants", default="tmastore",
-                    help="FLASHC_HOPPER_VARIANT values run beside the default (pingpong in these d = 128 cases) at "
-                    "d = 128, comma-separated, each with FLASHC_HOPPER_SCHED=dynamic (read by the persistent kernels "
-                    "only); e.g. tmastore,pingpongq")
+    ap.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd",
+                    help="bwd: the backward alone (flashc.prepare_backward beside the peers' through autograd.grad), "
+                    "FLOPs counted as 2.5 forwards")
+    ap.add_argument("--cases", default=None, help=f"D:S:CAUSAL,... (default fwd {CASES}; bwd {BWD_CASES})")
+    ap.add_argument("--backend", default="cuda-hopper", help="flashc's backend (cuda-hopper, cuda-mma, ...)")
+    ap.add_argument("--peers", default="cudnn", help="SDPA backends run after it: cudnn, flash (comma-separated)")
+    ap.add_argument("--variants", default="", help="cuda-hopper: FLASHC_HOPPER_VARIANT values run beside the default, "
+                    "D@VARIANT[+KEY=VAL] for one head dim only (e.g. 128@tmastore,64@pingpong3,128@pingpong+stages=3)")
+    ap.add_argument("--d128-variants", default=None, help="the variants at d = 128 alone (older spelling of "
+                    "--variants 128@V,...)")
     a = ap.parse_args()
+    variants = [v for v in a.variants.split(",") if v]
+    if a.d128_variants:
+        variants += [f"128@{v}" for v in a.d128_variants.split(",") if v]
+    spec = a.cases or (BWD_CASES if a.which == "bwd" else CASES)
+    cases = [tuple(int(x) for x in c.split(":")) for c in spec.split(",")]
     query = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
     with open(a.log, "w") as log:
         smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "20"],
                                stdout=log)
         time.sleep(1.0)
         phases = []
-        for d, s, causal in CASES:
+        for d, s, causal in cases:
+            causal = bool(causal)
             b, h = 16384 // s, 2048 // d
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
-            for variant in ["default"] + (a.d128_variants.split(",") if d == 128 and a.d128_variants else []):
-                if variant == "default":
-                    os.environ.pop("FLASHC_HOPPER_VARIANT", None)
-                else:
-                    os.environ["FLASHC_HOPPER_VARIANT"], os.environ["FLASHC_HOPPER_SCHED"] = variant, "dynamic"
-                fwd = flashc.prepare_forward(q, k, v, causal=causal, backend="cuda-hopper")
-                run(f"hopper-{variant} d{d} s{s} c{int(causal)}", fwd, flops, a.seconds, phases)
-                os.environ.pop("FLASHC_HOPPER_VARIANT", None)
-                os.environ.pop("FLASHC_HOPPER_SCHED", None)
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-            def cudnn():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-            run(f"cudnn d{d} s{s} c{int(causal)}", cudnn, flops, a.seconds, phases)
+            q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if a.which == "bwd" else 1.0)
+            tag = f"{'-bwd' if a.which == 'bwd' else ''} d{d} s{s} c{int(causal)}"
+            mine = ["default"] + [v.split("@", 1)[1] for v in variants if v.split("@", 1)[0] == str(d)]
+            for variant in mine if a.backend == "cuda-hopper" else ["default"]:
+                set_env(variant)
+                call = fwd = flashc.prepare_forward(q, k, v, causal=causal, backend=a.backend)
+                if a.which == "bwd":
+                    o, lse = fwd()
+                    call = flashc.prepare_backward(dout, q, k, v, o, lse, causal=causal, backend=a.backend)
+                name = a.backend.replace("cuda-", "") + ("" if variant == "default" else "-" + variant)
+                run(name + tag, call, flops, a.seconds, phases)
+                set_env("default")
+            for peer in a.peers.split(","):
+                run(peer + tag, sdpa_call(peer, a.which, q, k, v, dout, causal), flops, a.seconds, phases)
         smi.terminate()
     samples = []
     for line in open(a.log):
