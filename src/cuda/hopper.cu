@@ -34,7 +34,7 @@
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
  * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
  * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there, but with a causal mask below 4096) and
- * tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in, unverified on a GPU) runs the ping-pong kernel at D = 128
+ * tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in; verified, no faster) runs the ping-pong kernel at D = 128
  * with each consumer's 64 rows of Q_i loaded into registers once per tile (ldmatrix) and S = Q_i·K_jᵀ issued as wgmma
  * with A from registers and K_j from shared memory; pingpong's kernel at d ≤ 64 and d > 128. */
 #include "common.cuh"
@@ -88,8 +88,8 @@ enum { FC_HP_PINGPONG3 = 5 };
 enum { FC_HP_TMASTORE3 = 6 };
 /* The one-tile ping-pong kernel with each consumer's rows of Q_i in registers at D = 128 (S = Q_i·K_jᵀ as wgmma with
  * A from registers: the tensor cores stop reading Q_i from shared memory for every key block, a fifth of the loop's
- * shared-memory operand traffic, at the H100's power cap); pingpong's kernel at D = 64 and 256. Opt-in, unverified on
- * a GPU (docs/hopper.md, session 11). */
+ * shared-memory operand traffic, at the H100's power cap); pingpong's kernel at D = 64 and 256. Opt-in: verified on
+ * the H100 in session 12 and within the noise of pingpong in time, clock and energy per FLOP (docs/hopper.md). */
 enum { FC_HP_PINGPONGQ = 7 };
 
 typedef struct fc_hopper_fwd_args {
@@ -627,9 +627,8 @@ static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 &&
  * make the causal weights fall within each group, not over the whole order, which snake needs); or dynamic, each CTA
  * claiming the next position with an atomic counter when it is about to finish a tile (greedy, and the CTAs at work
  * keep neighbouring positions: the L2 groups hold). Unset, what measured fastest on the H100:
- *   192-row tiles (tmastore3, D = 64) with a triangular mask: snake1 from seqlen_k 4096, dynamic below;
- *   D = 128 with a triangular mask: snake1 from seqlen_k 8192, dynamic below; without a mask: dynamic up to
- *   seqlen_k 1024, stride above;
+ *   192-row tiles (tmastore3, D = 64) and D = 128 with a triangular mask: dynamic (snake1 from seqlen_k 4096 and
+ *   8192 until session 12); D = 128 without a mask: dynamic up to seqlen_k 1024, stride above;
  *   stride otherwise.
  * Session 7 (bench/results/configs/hopper-fwd-sched.txt), causal, snake1 vs stride: tmastore3 +6..18 % at 2k–16k
  * (−4 % at 1k); tmastore at D = 128 +1..21 % at 4k–16k (−19..−22 % at 1k–2k, where stride's L2 groups, heads whose
@@ -639,14 +638,17 @@ static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 &&
  * tile weighs the same: snake1 only loses the groups. Session 8 (configs/hopper-fwd-dynsched.txt, bshd tensors,
  * interleaved rounds): dynamic balances like snake1 and keeps the groups: tmastore3 causal 2k +8 % over the
  * 2-consumer tmastore; D = 128 causal 512–4k +5..9 % over pingpong, unmasked 512 +6 %; behind snake1/stride at
- * 8k–16k (its claims cost a round trip per tile). */
+ * 8k–16k (its claims cost a round trip per tile). Session 12 (configs/hopper-fwd-s12.txt), in the steady state under
+ * the H100's power cap (tools/profile/power.py: 2.5 s of back-to-back calls; the short benchmarks above read the first
+ * milliseconds): snake1 does up to 10 % more work per clock than dynamic but spends 3–10 % more energy per FLOP
+ * (more traffic beyond L2: it gives up the groups), so the capped clock falls 90–170 MHz and it ends 2–10 % slower
+ * (tmastore3 causal 4k–16k; tmastore D = 128 causal 8k–16k), and within the noise in the short benchmark. */
 enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_SNAKE = 1, FC_HP_SCHED_SNAKE1 = 2, FC_HP_SCHED_DYNAMIC = 3 };
 static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *order) {
   static const char *const names[] = {"stride", "snake", "snake1", "dynamic"}; /* FC_HP_SCHED_* order */
   const bool tri = fc_hp_triangular(p);
   int fallback = FC_HP_SCHED_STRIDE;
-  if (nc == 3 && tri) fallback = p->seqlen_k >= 4096 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_DYNAMIC;
-  if (d == 128 && tri) fallback = p->seqlen_k >= 8192 ? FC_HP_SCHED_SNAKE1 : FC_HP_SCHED_DYNAMIC;
+  if ((nc == 3 || d == 128) && tri) fallback = FC_HP_SCHED_DYNAMIC;
   if (d == 128 && !tri && p->seqlen_k <= 1024) fallback = FC_HP_SCHED_DYNAMIC;
   return fc_env_choice("FLASHC_HOPPER_SCHED", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", order);
@@ -694,7 +696,10 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
   if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
   const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
-  const fc_hp_sched sc = fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group);
+  /* L2 groups of heads with a causal mask only (hopper_sched.cuh, FC_HP_L2_GROUP_BYTES) */
+  const int64_t group_bytes = fc_hp_triangular(p) ? FC_HP_L2_GROUP_BYTES : 0;
+  const fc_hp_sched sc =
+      fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
   if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store, order, claim);
   if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store, order, claim);
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim);
@@ -709,12 +714,15 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  *            was +2..17 % over tmastore and even with pingpong3 at 4k–16k, with the snake1 schedule +1..11 % over
  *            pingpong3 causal at 4k–16k, and with the dynamic one +8 % over tmastore causal at 2k.
  *   d ≤ 128: pingpong, except the persistent kernel (tmastore) with the dynamic schedule where it measured faster
- *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask up to 1024
- *            (+1..6 %). Unmasked from 2k the persistent kernel lost 4..9 % (one CTA per SM; pingpong keeps two
- *            tiles' prologues in flight).
+ *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask up to 4096
+ *            (+1..6 % up to 1k; 2k–4k since session 12, below). Unmasked from 2k the persistent kernel lost 4..9 %
+ *            until session 12, when its L2 groups turned out to read K and V 2.5× from DRAM.
  *   d > 128: pingpong (no room for the persistent kernel's sO).
  * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128);
- * pingpongq (Q in registers, opt-in, unverified) runs pingpong's kernel at d ≤ 64 and d > 128. */
+ * pingpongq (Q in registers, opt-in) runs pingpong's kernel at d ≤ 64 and d > 128. Session 12 (configs/hopper-fwd-
+ * s12.txt): with the persistent schedule's L2 groups dropped for unmasked attention (hopper_sched.cuh), tmastore reads
+ * what pingpong reads from DRAM and runs +1..3 % over it in the steady state under the power cap at 2k–4k, +5..10 %
+ * at 2k in the short benchmark; so unmasked D = 128 takes tmastore up to seqlen_k 4096. */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   static const char *const names[] = {"simple",   "overlap",   "pingpong",  "persistent",
                                       "tmastore", "pingpong3", "tmastore3", "pingpongq"}; /* FC_HP_* order */
@@ -722,7 +730,7 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
     fallback = !tri || (p->seqlen_q >= 2048 && p->seqlen_k >= 2048) ? (int)FC_HP_TMASTORE3 : (int)FC_HP_TMASTORE;
-  else if (p->head_dim <= 128 && (tri ? p->seqlen_k < 8192 : p->seqlen_k <= 1024))
+  else if (p->head_dim <= 128 && (tri ? p->seqlen_k < 8192 : p->seqlen_k <= 4096))
     fallback = FC_HP_TMASTORE;
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);

@@ -44,18 +44,24 @@ typedef struct fc_hp_sched {
   int group_bh;   /* (sequence, head) pairs per L2 group, 1 .. bh_total */
 } fc_hp_sched;
 
-/* The L2 budget a group's K and V may take: about half of an H100's 50 MB, the rest for Q, O and the
- * other partition's copy (H100's L2 is two halves that mirror lines read from both). */
-#define FC_HP_L2_GROUP_BYTES ((int64_t)24 << 20)
+/* The L2 budget a group's K and V may take with a causal mask. Session 12 (ncu, H100): with 24 MB, about half of
+ * the 50 MB, the persistent forward read 1.4–2.6× the compulsory bytes from DRAM (K and V evicted before the group's
+ * last query block read them: H100's L2 is two halves that mirror lines read from both, and Q, O stream through
+ * it too) and spent 3–6 % more energy per FLOP, which the H100's power cap turns into time; with 8 MB it reads
+ * each byte once. Without a mask every tile weighs the same and a group buys nothing: one pair per group
+ * (group_bytes 0), query blocks fastest, the order of the one-tile grid. */
+#define FC_HP_L2_GROUP_BYTES ((int64_t)8 << 20)
 
 /* The schedule of a problem: kv_bytes_per_bh = the K and V bytes one (sequence, head) pair reads. GQA shares K
- * and V among `group` query heads, so a group holds that many more pairs for the same bytes. */
-static inline fc_hp_sched fc_hp_make_sched(int m_blocks, int bh_total, int64_t kv_bytes_per_bh, int group) {
+ * and V among `group` query heads, so a group holds that many more pairs for the same bytes. group_bytes: the
+ * group's budget (FC_HP_L2_GROUP_BYTES), ≤ 0 for one pair per group. */
+static inline fc_hp_sched fc_hp_make_sched(int m_blocks, int bh_total, int64_t kv_bytes_per_bh, int group,
+                                           int64_t group_bytes) {
   fc_hp_sched s;
   s.tiles = (int)((int64_t)m_blocks * bh_total);
   s.m_blocks = m_blocks;
   s.bh_total = bh_total;
-  int64_t g = kv_bytes_per_bh > 0 ? FC_HP_L2_GROUP_BYTES / kv_bytes_per_bh * (group > 0 ? group : 1) : bh_total;
+  int64_t g = kv_bytes_per_bh > 0 ? group_bytes / kv_bytes_per_bh * (group > 0 ? group : 1) : bh_total;
   if (g < 1) g = 1;
   if (g > bh_total) g = bh_total;
   s.group_bh = (int)g;
