@@ -132,7 +132,7 @@ template <typename T, int D, int BC = FC_HP_BC>
 static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_t (&p)[BC / 16][4], uint32_t v_tile) {
 #pragma unroll
   for (int kb = 0; kb < BC / 16; kb++)
-    fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc(v_tile + kb * 16 * FC_HP_ROW_BYTES, BC * FC_HP_ROW_BYTES, 1024));
+    fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc_off(v_tile, kb * 16 * FC_HP_ROW_BYTES, BC * FC_HP_ROW_BYTES, 1024));
 }
 
 /* Masks S (keys outside each row's range → −inf), then the online softmax of one block, P in place of S (fp32):

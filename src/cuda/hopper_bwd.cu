@@ -350,8 +350,8 @@ static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[BR / 2], float (&d
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32,
                    ob = (kk / 4) * (BR * FC_HPB_ROW_BYTES) + (kk % 4) * 32;
-    const uint64_t dk = fc_wgmma_desc(k_rows + oa, 16, 1024), dq = fc_wgmma_desc(q_tile + ob, 16, 1024);
-    const uint64_t dv = fc_wgmma_desc(v_rows + oa, 16, 1024), ddo = fc_wgmma_desc(do_tile + ob, 16, 1024);
+    const uint64_t dk = fc_wgmma_desc_off(k_rows, oa, 16, 1024), dq = fc_wgmma_desc_off(q_tile, ob, 16, 1024);
+    const uint64_t dv = fc_wgmma_desc_off(v_rows, oa, 16, 1024), ddo = fc_wgmma_desc_off(do_tile, ob, 16, 1024);
     if (kk == 0) {
       fc_wgmma_ss_zero<T, BR>(st, dk, dq);
       fc_wgmma_ss_zero<T, BR>(dpt, dv, ddo);
@@ -371,8 +371,8 @@ static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&d
                                                    uint32_t q_tile, uint32_t do_tile) {
 #pragma unroll
   for (int kb = 0; kb < BR / 16; kb++) {
-    fc_wgmma_rs<T, D>(dv, p[kb], fc_wgmma_desc(do_tile + kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
-    fc_wgmma_rs<T, D>(dk, ds[kb], fc_wgmma_desc(q_tile + kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+    fc_wgmma_rs<T, D>(dv, p[kb], fc_wgmma_desc_off(do_tile, kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+    fc_wgmma_rs<T, D>(dk, ds[kb], fc_wgmma_desc_off(q_tile, kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
   }
 }
 
@@ -386,8 +386,8 @@ template <typename T, int N, bool ZERO = true>
 static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[N / 2], uint32_t ds_rows, uint32_t k_cols) {
 #pragma unroll
   for (int kb = 0; kb < 4; kb++) {
-    const uint64_t da = fc_wgmma_desc(ds_rows + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024);
-    const uint64_t db = fc_wgmma_desc(k_cols + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
+    const uint64_t da = fc_wgmma_desc_off(ds_rows, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024);
+    const uint64_t db = fc_wgmma_desc_off(k_cols, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
     if (ZERO && kb == 0)
       fc_wgmma_ss_tt_zero<T, N>(dq, da, db);
     else

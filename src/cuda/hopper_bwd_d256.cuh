@@ -206,7 +206,7 @@ static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[N / 2], ui
 #pragma unroll
   for (int kk = 0; kk < FC_HPB256_D / 16; kk++) {
     const uint32_t off = (kk / 4) * FC_HPB256_HALF + (kk % 4) * 32;
-    const uint64_t da = fc_wgmma_desc(a_tile + off, 16, 1024), db = fc_wgmma_desc(b_rows + off, 16, 1024);
+    const uint64_t da = fc_wgmma_desc_off(a_tile, off, 16, 1024), db = fc_wgmma_desc_off(b_rows, off, 16, 1024);
     if (kk == 0)
       fc_wgmma_ss_zero<T, N>(acc, da, db);
     else
@@ -222,8 +222,8 @@ template <typename T>
 static __device__ __forceinline__ void fc_hpb256_kv_chain(float (&acc)[64], uint32_t a_rows, uint32_t b_cols) {
 #pragma unroll
   for (int kb = 0; kb < FC_HPB256_BR / 16; kb++)
-    fc_wgmma_ss_tb<T, 128>(acc, fc_wgmma_desc(a_rows + kb * 32, 16, 1024),
-                           fc_wgmma_desc(b_cols + kb * 16 * FC_HPB_ROW_BYTES, FC_HPB256_HALF, 1024));
+    fc_wgmma_ss_tb<T, 128>(acc, fc_wgmma_desc_off(a_rows, kb * 32, 16, 1024),
+                           fc_wgmma_desc_off(b_cols, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB256_HALF, 1024));
 }
 
 /* This thread's 16-bit pairs of a 64 keys × N queries fragment (queries N·c + 8x + 2t, + 1 of keys 16·warp + g +

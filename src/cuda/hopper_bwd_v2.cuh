@@ -47,7 +47,7 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
                                                        uint32_t b_tile) {
 #pragma unroll
   for (int kb = 0; kb < BR / 16; kb++)
-    fc_wgmma_rs<T, D>(acc, a[kb], fc_wgmma_desc(b_tile + kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+    fc_wgmma_rs<T, D>(acc, a[kb], fc_wgmma_desc_off(b_tile, kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
 }
 #endif /* FC_HOPPER_ARCH */
 

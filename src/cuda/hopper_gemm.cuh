@@ -25,7 +25,7 @@ static __device__ __forceinline__ void fc_hp_ss_kmajor(float (&acc)[N / 2], uint
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t a_off = (kk / 4) * (128 * 128) + (kk % 4) * 32, b_off = (kk / 4) * (N * 128) + (kk % 4) * 32;
-    const uint64_t da = fc_wgmma_desc(a_rows + a_off, 16, 1024), db = fc_wgmma_desc(b_rows + b_off, 16, 1024);
+    const uint64_t da = fc_wgmma_desc_off(a_rows, a_off, 16, 1024), db = fc_wgmma_desc_off(b_rows, b_off, 16, 1024);
     if (kk == 0)
       fc_wgmma_ss_zero<T, N>(acc, da, db);
     else
@@ -71,7 +71,7 @@ static __device__ __forceinline__ void fc_hp_rs_kmajor(float (&acc)[N / 2], cons
                                                        uint32_t b_rows) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
-    const uint64_t db = fc_wgmma_desc(b_rows + (kk / 4) * (N * 128) + (kk % 4) * 32, 16, 1024);
+    const uint64_t db = fc_wgmma_desc_off(b_rows, (kk / 4) * (N * 128) + (kk % 4) * 32, 16, 1024);
     if (kk == 0)
       fc_wgmma_rs_kmajor_zero<T, N>(acc, a[kk], db);
     else
