@@ -19,7 +19,9 @@ Method. Each case builds --input-sets sets of random inputs (default: enough to 
 happen there; flashc through flashc.prepare_forward/prepare_backward). Each is first checked against the
 fp64 reference (outputs poisoned with NaN before), then timed: --warmup calls, then --repeats (≥ 30) calls
 rotating over the sets, each between two CUDA events, with an L2 flush enqueued before each start event
-(outside the timed region); the median is reported. PyTorch's own ops allocate their outputs from its
+(outside the timed region); the median is reported. --warmup-s S first runs each implementation back to back
+for S seconds, so that the timed calls see the clock the GPU settles at under its power cap (an H100 needs about
+a second of sustained load; without it a row reads a clock set by what ran just before). PyTorch's own ops allocate their outputs from its
 caching allocator inside their calls: that is their cost as users see it. Backward rows time the backward
 alone (flashc: its backward kernel given its own forward's o and lse; PyTorch: autograd.grad through SDPA).
 
@@ -108,6 +110,13 @@ def parse_args(argv=None):
     p.add_argument("--append", action="store_true", help="append to --csv instead of replacing it")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per row, at least 30 (median)")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="GPU: run each implementation back to back for this many seconds before its timed calls (e.g. 1.5: "
+        "the H100 reaches its power-capped clock after about a second; default 0, the short form TARGETS.md used)",
+    )
     p.add_argument("--input-sets", type=int, default=None, help="input sets to rotate over (default: see header)")
     p.add_argument("--order", choices=("flashc-first", "peers-first"), default="flashc-first",
                    help="which implementations of a case run first (default flashc-first)")
@@ -173,6 +182,7 @@ def main(argv=None) -> int:
     opts = engine.Options(
         seed=args.seed,
         warmup=args.warmup,
+        warmup_s=args.warmup_s,
         repeats=args.repeats,
         check=not args.no_check,
         ref_engine=ref,

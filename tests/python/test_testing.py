@@ -221,3 +221,23 @@ def test_compare_writes_the_results_schema(tmp_path, capsys, cpu_ref):
     assert len(rows) == 2 * 2 * 2  # (cpu-ref, torch:cpu) x (full, causal) x (fwd, bwd)
     r = next(r for r in rows if r["impl"] == "flashc:cpu-ref")
     assert r["world"] == "1" and r["status"] == "pass" and float(r["max_abs_err"]) < 1e-5 and r["repeats"] == "30"
+
+
+def test_time_based_warmup_runs_for_its_seconds():
+    """timing.time_calls(warmup_s=...) keeps calling, untimed, until the time has passed, then times `repeats`."""
+    import time
+
+    from flashc.testing import timing
+
+    seen = []
+
+    def call():
+        seen.append(time.perf_counter())
+        time.sleep(0.002)
+
+    t0 = time.perf_counter()
+    out = timing.time_calls([call], "cpu", warmup=1, repeats=3, warmup_s=0.1)
+    assert out["repeats"] == 3 and len(out["samples"]) == 3
+    assert time.perf_counter() - t0 >= 0.1
+    assert len(seen) >= 3 + 1 + 10  # the timed calls, the counted warm-up and at least 0.1 s / 2 ms / 2 more
+    assert len(timing.time_calls([call], "cpu", warmup=1, repeats=3)["samples"]) == 3

@@ -79,6 +79,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=30, help="timed repeats per row (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
     p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="GPU rows: seconds of back-to-back untimed calls before timing (the clock under the power cap settles "
+        "after about a second on an H100)",
+    )
+    p.add_argument(
         "--time-budget",
         type=float,
         default=None,
@@ -195,6 +202,7 @@ def main(argv=None) -> int:
     opts = engine.Options(
         seed=args.seed,
         warmup=args.warmup,
+        warmup_s=args.warmup_s,
         repeats=args.repeats,
         budget_s=args.time_budget,
         input_sets=args.input_sets,

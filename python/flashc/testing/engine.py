@@ -63,6 +63,7 @@ COLUMNS = SCHEMA + EXTRA
 class Options:
     seed: int = 0
     warmup: int = 3
+    warmup_s: float = 0.0  # GPU rows: seconds of back-to-back calls before timing (timing.time_calls)
     repeats: int = 30
     budget_s: float | None = None  # per host row (GPU rows always run every repeat), see timing.time_calls
     min_repeats: int = 3
@@ -232,6 +233,7 @@ def _measure_one(impl, inputs, case, pass_, ref, opts, tol, flop, nbytes) -> dic
             None if on_gpu else opts.budget_s,
             opts.min_repeats,
             between=opts.flush if on_gpu else None,
+            warmup_s=opts.warmup_s if on_gpu else 0.0,
         )
     ms = t["ms"]
     out.update(

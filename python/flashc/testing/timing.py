@@ -26,6 +26,7 @@ def time_calls(
     budget_s: float | None = None,
     min_repeats: int = 3,
     between=None,
+    warmup_s: float = 0.0,
 ) -> dict:
     """{'ms': median, 'repeats': n, 'samples': [ms, ...]} of `repeats` calls after `warmup` untimed ones (at
     least one; fewer when one call already exceeds budget_s).
@@ -33,6 +34,11 @@ def time_calls(
     budget_s caps the timed loop: with the warm-up's speed, repeats shrink to fit (never below
     min_repeats), so a slow host implementation does not hold a run for minutes. `between` (GPU) is
     enqueued before each timed call, outside its events: an L2 flush.
+
+    warmup_s > 0: the calls first run back to back for that long (after the counted warm-up), so that the
+    timed ones see the steady state. On a GPU under its power cap that matters: an H100's SM clock falls once
+    about a second of sustained load has filled its power average, so a short run reads a clock set by what
+    ran in the second before it (bench/results/profile/hopper-power-s12.txt).
     """
     calls = list(calls)
     if not calls:
@@ -45,6 +51,8 @@ def time_calls(
             break  # a call slower than the budget needs no more warming (a GPU call returns early: no effect)
     _sync(device)
     per_call = (time.perf_counter() - t0) / done
+    if warmup_s > 0:
+        _run_for(calls, device, warmup_s)
     n = repeats
     if budget_s is not None and per_call > 0:
         n = max(min_repeats, min(repeats, int(budget_s / per_call)))
@@ -58,6 +66,19 @@ def time_calls(
             fn()
             samples.append((time.perf_counter() - t) * 1e3)
     return {"ms": statistics.median(samples), "repeats": n, "samples": samples}
+
+
+def _run_for(calls, device: str, seconds: float) -> int:
+    """Runs the calls in turn until `seconds` of wall time have passed (on the GPU, synchronising every few
+    calls so that the queue never runs far ahead of the clock); returns how many ran."""
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        calls[n % len(calls)]()
+        n += 1
+        if n % 8 == 0:
+            _sync(device)
+    _sync(device)
+    return n
 
 
 def l2_flush(device: str):
