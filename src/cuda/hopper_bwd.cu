@@ -1003,8 +1003,8 @@ static flashc_status fc_hpb_launch_v2p(const fc_problem *p, const CUtensorMap ma
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (persistent)"));
   const int64_t sq = p->cu_seqlens_q ? p->total_q / p->batch : p->seqlen_q;
   const int64_t qdo_bytes_per_bh = 2 * (int64_t)a->group * sq * D * 2;
-  fc_hp_sched sc = fc_hp_make_sched(a->n_blocks, a->heads_kv * (int)p->batch, qdo_bytes_per_bh, 1,
-                                    FC_HP_L2_GROUP_BYTES);
+  fc_hp_sched sc =
+      fc_hp_make_sched(a->n_blocks, a->heads_kv * (int)p->batch, qdo_bytes_per_bh, 1, FC_HP_L2_GROUP_BYTES);
   if (order != FC_HPB_SCHED_GROUPED) sc.group_bh = 1; /* pair by pair, key block 0 first */
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
