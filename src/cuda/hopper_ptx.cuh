@@ -106,18 +106,13 @@ template <int N> static __device__ __forceinline__ void fc_fence_regs(uint32_t (
  * K-major operand (Q_i, K_j): rows of 128 bytes (64 elements of the head dim), 8-row groups 1024 bytes apart
  * (stride offset); the leading offset is unused with swizzling. MN-major operand (V_j): the 8-row groups of
  * the k dimension are 1024 bytes apart (stride offset) and the leading offset jumps between 64-column
- * blocks of the n dimension. */
-static __device__ __forceinline__ uint64_t fc_wgmma_desc(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((leading_bytes & 0x3FFFF) >> 4) << 16 |
-         (uint64_t)((stride_bytes & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
-}
-/* fc_wgmma_desc(base + off, …) for a tile at `base` (16-byte aligned) and a compile-time offset `off` into it
- * (a k-step, a 64-column half), written so that the descriptor of `base` is computed once per tile and each
- * k-step adds off / 16 to its low word: one uniform add per descriptor instead of five (add, mask, shift, or,
- * move), which ptxas cannot derive itself (it does not know that base is aligned, nor that base + off < 2^18).
- * Both hold for every tile here: shared addresses stay below 228 KB, so the start-address field (bits 0–13)
- * never carries into the leading offset. Session 12: ~20 % of the forward's executed instructions were this
- * uniform-datapath arithmetic. */
+ * blocks of the n dimension.
+ * The operand at `base` + `off`: a tile at `base` (16-byte aligned) and a compile-time offset `off` into it (a
+ * k-step, a 64-column half), written so that the descriptor of `base` is computed once per tile and each k-step
+ * adds off / 16 to its low word: one uniform add per descriptor instead of five (add, mask, shift, or, move),
+ * which ptxas cannot derive itself (it does not know that base is aligned, nor that base + off < 2^18). Both hold
+ * for every tile here: shared addresses stay below 228 KB, so the start-address field never carries into the
+ * leading offset. Session 12: ~20 % of the forward's executed instructions had been this arithmetic. */
 static __device__ __forceinline__ uint64_t fc_wgmma_desc_off(uint32_t base, uint32_t off, uint32_t leading_bytes,
                                                              uint32_t stride_bytes) {
   const uint32_t lo = (((base & 0x3FFFF) >> 4) | ((leading_bytes & 0x3FFFF) >> 4) << 16) + (off >> 4);

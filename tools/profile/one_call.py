@@ -56,28 +56,30 @@ def timed(fn, calls, cuda):
     return statistics.median(times)
 
 
-def sdpa_call(a, q, k, v, dout):
-    """A call of torch SDPA pinned to one backend (forward, or the backward alone through autograd.grad)."""
+def sdpa_call(backend, which, q, k, v, dout, causal):
+    """A call of torch SDPA pinned to one backend (sdpa-flash, sdpa-cudnn, sdpa-efficient): the forward, or the
+    backward alone through autograd.grad. q, k, v, dout are [b, s, h, d]; SDPA sees them as [b, h, s, d].
+    tools/profile/power.py runs the peers through it too."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    which = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-             "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[a.backend]
-    if a.which == "fwd":
+    pinned = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+              "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    if which == "fwd":
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
         def fwd():
-            with sdpa_kernel(which):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal)
+            with sdpa_kernel(pinned):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
         return fwd
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
-    with sdpa_kernel(which):
-        o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=a.causal)
+    with sdpa_kernel(pinned):
+        o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=causal)
     g = dout.transpose(1, 2)
 
     def bwd():
-        with sdpa_kernel(which):
+        with sdpa_kernel(pinned):
             return torch.autograd.grad(o, leaves, g, retain_graph=True)
 
     return bwd
@@ -90,7 +92,7 @@ def main():
     shape = (b, a.seqlen, h, a.head_dim)
     q, k, v, dout = (torch.randn(shape, device=a.device, dtype=DTYPES[a.dtype]) for _ in range(4))
     if a.backend.startswith("sdpa-"):
-        call, name = sdpa_call(a, q, k, v, dout), a.backend
+        call, name = sdpa_call(a.backend, a.which, q, k, v, dout, a.causal), a.backend
     else:
         fwd = flashc.prepare_forward(q, k, v, causal=a.causal, backend=a.backend)
         o, lse = fwd()

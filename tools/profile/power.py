@@ -22,14 +22,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import flashc  # noqa: E402
+from one_call import sdpa_call  # noqa: E402  (this script's folder is on sys.path when it runs)
 
 CASES = "128:2048:0,256:8192:0,128:8192:0,64:4096:1"  # head dim : seqlen : causal
 BWD_CASES = "64:2048:0,64:2048:1,128:2048:0,128:2048:1,128:8192:0,256:4096:1"
-SDPA = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
 def run(name, call, flops, seconds, phases):
@@ -49,28 +47,6 @@ def run(name, call, flops, seconds, phases):
     ms = e0.elapsed_time(e1) / n
     phases.append(dict(name=name, t0=t0 + 0.5, t1=time.time(), ms=ms, tflops=flops / ms / 1e9))
     time.sleep(1.0)
-
-
-def sdpa_call(peer, which, q, k, v, dout, causal):
-    """torch SDPA pinned to one backend: the forward, or the backward alone through autograd.grad."""
-    if which == "fwd":
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def fwd():
-            with sdpa_kernel(SDPA[peer]):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-        return fwd
-    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
-    with sdpa_kernel(SDPA[peer]):
-        ot = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=causal)
-    g = dout.transpose(1, 2)
-
-    def bwd():
-        with sdpa_kernel(SDPA[peer]):
-            return torch.autograd.grad(ot, leaves, g, retain_graph=True)
-
-    return bwd
 
 
 def set_env(variant):
@@ -95,7 +71,7 @@ def main():
                     "FLOPs counted as 2.5 forwards")
     ap.add_argument("--cases", default=None, help=f"D:S:CAUSAL,... (default fwd {CASES}; bwd {BWD_CASES})")
     ap.add_argument("--backend", default="cuda-hopper", help="flashc's backend (cuda-hopper, cuda-mma, ...)")
-    ap.add_argument("--peers", default="cudnn", help="SDPA backends run after it: cudnn, flash (comma-separated)")
+    ap.add_argument("--peers", default="cudnn", help="SDPA backends run after it: cudnn, flash, efficient (comma-separated)")
     ap.add_argument("--variants", default="", help="cuda-hopper: FLASHC_HOPPER_VARIANT values run beside the default, "
                     "D@VARIANT[+KEY=VAL] for one head dim only (e.g. 128@tmastore,64@pingpong3,128@pingpong+stages=3)")
     ap.add_argument("--d128-variants", default=None, help="the variants at d = 128 alone (older spelling of "
@@ -129,7 +105,7 @@ def main():
                 run(name + tag, call, flops, a.seconds, phases)
                 set_env("default")
             for peer in a.peers.split(","):
-                run(peer + tag, sdpa_call(peer, a.which, q, k, v, dout, causal), flops, a.seconds, phases)
+                run(peer + tag, sdpa_call("sdpa-" + peer, a.which, q, k, v, dout, causal), flops, a.seconds, phases)
         smi.terminate()
     samples = []
     for line in open(a.log):
