@@ -29,11 +29,11 @@
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
  * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore
- * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 64 with a causal mask below 4096).
- * FLASHC_HOPPER_VARIANT=pingpong3 (for comparisons; no default) runs this kernel with NC = 3 consumer
+ * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 128 up to seqlen 4096 or 8192,
+ * causal). FLASHC_HOPPER_VARIANT=pingpong3 (for comparisons; no default) runs this kernel with NC = 3 consumer
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
  * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
- * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there, but with a causal mask below 4096) and
+ * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there) and
  * tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in; verified, no faster) runs the ping-pong kernel at D = 128
  * with each consumer's 64 rows of Q_i loaded into registers once per tile (ldmatrix) and S = Q_i·K_jᵀ issued as wgmma
  * with A from registers and K_j from shared memory; pingpong's kernel at d ≤ 64 and d > 128. */
@@ -76,7 +76,7 @@ enum {
 /* Kernel variants, each one step further (bring-up bisects a failure to a step). */
 enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
 /* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
- * directly (persistent) or by TMA (tmastore). tmastore is the default for D = 64 with a causal mask below seqlen 4096
+ * directly (persistent) or by TMA (tmastore). tmastore is a default at D = 128
  * (fc_hp_variant). */
 enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
 /* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64 (for comparisons since tmastore3);
@@ -105,7 +105,9 @@ typedef struct fc_hopper_fwd_args {
   float scale_log2; /* scale·log2(e): exponent of S in base 2 */
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
-  int o_aligned; /* rows of o start on 16-byte boundaries: 16-byte stores */
+  int o_aligned;  /* rows of o start on 16-byte boundaries: 16-byte stores */
+  int own_blocks; /* each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks) */
+  int align_end;  /* the persistent kernel's query blocks end at the sequence's last row (fc_hp_tile_setup) */
 } fc_hopper_fwd_args;
 
 /* 1 in the sm_90a image of this file, 0 in the others: tells the host whether the kernels it would launch on
@@ -125,6 +127,26 @@ static __device__ __forceinline__ void fc_hp_row_keys(int64_t i, int64_t shift, 
 }
 
 static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) { return a / b - (a % b < 0); }
+
+/* The key blocks of a tile that one consumer warpgroup needs, counted from the tile's first (j_begin): up to the
+ * block holding the last key its last row sees, at least 1 and at most the tile's n_blocks. Past them every key is
+ * masked for all 64 of its rows (a causal or right-window edge runs down the tile), so their S would be all −inf, P
+ * all 0, and m, l, O unchanged: the warpgroup skips their GEMMs and softmax and only keeps the turns and the stage
+ * hand-overs (the consumers' dummy trips). The tile's blocks run to its last row's edge, the first warpgroups'
+ * blocks end earlier where the edge crosses a block boundary inside the tile: Br = 192 with Bc = 128 (tmastore3,
+ * pingpong3) skips 1 block of 64 × 128 in 3 of every 6 warpgroup tiles of a causal head (a tenth of the tensor work at
+ * seqlen 2048), D = 256's Bc = 80 about 0.8 of a block per 128-row tile, and a bottom-right alignment whose shift is
+ * not a multiple of Bc does likewise. Rows past the sequence (the last tile's) need none: 1, the least the loop
+ * runs. Warpgroup-uniform (wg_row0 is). */
+static __device__ __forceinline__ int fc_hp_own_blocks(const fc_hopper_fwd_args &a, int wg_row0, int sq, int sk,
+                                                       int64_t shift, int bc, int j_begin, int n_blocks) {
+  if (!a.own_blocks || n_blocks <= 1) return n_blocks;
+  if (wg_row0 >= sq || wg_row0 + 63 < 0) return 1;
+  int lo, hi;
+  fc_hp_row_keys(min(wg_row0 + 63, sq - 1), shift, a.window_left, a.window_right, sk, &lo, &hi);
+  const int n = (hi + bc - 1) / bc - j_begin;
+  return n < 1 ? 1 : n > n_blocks ? n_blocks : n;
+}
 
 /* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
  * bytes apart), every 64-column half (Bc·128 bytes apart: the leading offset). */
@@ -330,7 +352,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
-    const int wg_row0 = i0 + 64 * cw;                       /* this warpgroup's first query row */
+    const int wg_row0 = i0 + 64 * cw; /* this warpgroup's first query row */
+    /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (overlap variants; the rest are dummy trips). */
+    const int n_own = OVERLAP ? fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks) : n_blocks;
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
     const float c = a.scale_log2;
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
@@ -350,8 +374,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     /* Ping-pong: before issuing its GEMMs a consumer waits for its turn (barrier BAR_TURN + c, 256 threads:
      * its own bar.sync and the previous consumer's bar.arrive); after issuing them it hands the turn to the next
      * consumer, c + 1 mod NC (round robin: with 3, one's GEMMs run while the other two do their softmax). All
-     * issue n_blocks + 1 groups (block 0's S, the loop's S + P·V, the last P·V) whatever their rows (n_blocks
-     * is the CTA's, so a warpgroup whose rows all lie past the sequence still takes every turn); consumer 0
+     * take n_blocks + 1 turns (block 0's S, the loop's S + P·V, the last P·V, then a dummy trip's empty turn per
+     * block past n_own) whatever their rows (n_blocks is the CTA's, so a warpgroup whose rows all lie past the
+     * sequence still takes every turn); consumer 0
      * goes first (consumer NC − 1 arrives once at the start), and consumer NC − 1's last hand-over is skipped:
      * barrier c then sees n_blocks + 1 arrivals of consumer c − 1 against n_blocks + 1 waits of its own, and no
      * arrival is left pending at exit. A consumer cannot hand over twice before the next one waited: its next
@@ -401,7 +426,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
       }
 
-      for (int n = 1; n < n_blocks; n++) {
+      for (int n = 1; n < n_own; n++) {
         const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
         float s[BC / 2];
         if constexpr (OVERLAP) {
@@ -462,8 +487,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         }
       }
 
-      /* The last O += P·V. */
-      const int sl = (n_blocks - 1) % STAGES, ul = (n_blocks - 1) / STAGES;
+      /* The last O += P·V (of block n_own − 1). */
+      const int sl = (n_own - 1) % STAGES, ul = (n_own - 1) / STAGES;
       fc_mbar_wait(FULL_V(sl), ul & 1);
       fc_fence_regs(o);
       fc_fence_regs(p);
@@ -471,10 +496,28 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       fc_wgmma_fence();
       fc_hp_pv<T, D, BC>(o, p, sV + sl * KV_BYTES);
       fc_wgmma_commit();
-      your_turn(true);
+      your_turn(n_own == n_blocks);
       fc_wgmma_wait<0>();
       fc_fence_regs(o);
-      /* The last V stages are not released: no fill waits for them. */
+      /* The tile's last V stages are not released: no fill waits for them. A warpgroup that stops early
+       * (n_own < n_blocks) releases V_{n_own−2} and V_{n_own−1}, whose stages the producer refills for the
+       * blocks it skips, then runs one dummy trip per skipped block: a turn (the others' groups of that block
+       * take theirs), and the block's K and V stages released after their full waits (so that no arrival falls
+       * into the phase of a stage's previous use). An arrival nobody waits for (the tile's last stages) is
+       * harmless. */
+      if (n_own < n_blocks) {
+        fc_mbar_arrive_if(EMPTY_V((n_own + STAGES - 2) % STAGES), lane == 0 && n_own >= 2);
+        fc_mbar_arrive_if(EMPTY_V(sl), lane == 0);
+        for (int n = n_own; n < n_blocks; n++) {
+          const int sn = n % STAGES, un = n / STAGES;
+          fc_mbar_wait(FULL_K(sn), un & 1);
+          my_turn();
+          your_turn(n == n_blocks - 1);
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          fc_mbar_wait(FULL_V(sn), un & 1);
+          fc_mbar_arrive_if(EMPTY_V(sn), lane == 0);
+        }
+      }
     }
 
     /* O = O / l and lse = scale·m + ln l; a row that saw no key has l = 0: O = 0, lse = −inf. */
@@ -709,10 +752,12 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  * pingpongq (an unknown name is an error). Unset: what measured fastest on the H100 in session 7 (bench/results/
  * configs/hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt) and session 8
  * (hopper-fwd-dynsched.txt):
- *   d ≤ 64:  tmastore3 (three consumer warpgroups, persistent), except with a triangular (causal) mask below seqlen
- *            2048, where tmastore's 128-row tiles balance better (tmastore3 lost 5..7 % at 1k); unmasked tmastore3
- *            was +2..17 % over tmastore and even with pingpong3 at 4k–16k, with the snake1 schedule +1..11 % over
- *            pingpong3 causal at 4k–16k, and with the dynamic one +8 % over tmastore causal at 2k.
+ *   d ≤ 64:  tmastore3 (three consumer warpgroups, persistent); unmasked tmastore3 was +2..17 % over tmastore and
+ *            even with pingpong3 at 4k–16k, with the snake1 schedule +1..11 % over pingpong3 causal at 4k–16k, and
+ *            with the dynamic one +8 % over tmastore causal at 2k. With a triangular (causal) mask below seqlen 2048
+ *            tmastore's 128-row tiles ran 5..7 % faster until session 13, when each warpgroup stopped at its own
+ *            last key block and the query blocks were aligned to the sequence's end (fc_hp_own_blocks,
+ *            fc_hp_tile_setup): tmastore3 then ran +9..17 % over tmastore at 512–16k (steady state, bf16).
  *   d ≤ 128: pingpong, except the persistent kernel (tmastore) with the dynamic schedule where it measured faster
  *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask up to 4096
  *            (+1..6 % up to 1k; 2k–4k since session 12, below). Unmasked from 2k the persistent kernel lost 4..9 %
@@ -729,11 +774,29 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   const bool tri = fc_hp_triangular(p);
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
-    fallback = !tri || (p->seqlen_q >= 2048 && p->seqlen_k >= 2048) ? (int)FC_HP_TMASTORE3 : (int)FC_HP_TMASTORE;
+    fallback = FC_HP_TMASTORE3;
   else if (p->head_dim <= 128 && (tri ? p->seqlen_k < 8192 : p->seqlen_k <= 4096))
     fallback = FC_HP_TMASTORE;
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);
+}
+
+/* FLASHC_HOPPER_OWN_BLOCKS (comparisons): 1 (unset), each consumer warpgroup of the forward stops at its own last
+ * visible key block (fc_hp_own_blocks); 0, every warpgroup runs the tile's blocks (through session 12). The same
+ * results bit for bit: the skipped blocks are all masked for the warpgroup's rows. */
+static flashc_status fc_hp_own_blocks_get(int *on) {
+  static const char *const names[] = {"0", "1"};
+  return fc_env_choice("FLASHC_HOPPER_OWN_BLOCKS", names, 2, 1, "flashc_forward (cuda-hopper)", on);
+}
+
+/* FLASHC_HOPPER_ALIGN_END (comparisons): 1 (unset), with a causal-like mask the persistent kernel's query blocks end at
+ * each sequence's last row, so that a partial block is the first (fc_hp_tile_setup); 0, they start at row 0 (through
+ * session 12). Without such a mask every block weighs the same: off. */
+static flashc_status fc_hp_align_end_get(const fc_problem *p, int *on) {
+  static const char *const names[] = {"0", "1"};
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_ALIGN_END", names, 2, 1, "flashc_forward (cuda-hopper)", on));
+  *on = *on && fc_hp_triangular(p);
+  return FLASHC_OK;
 }
 
 static bool hopper_usable(char *why, size_t len) {
@@ -835,6 +898,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
+  FC_CHECK(fc_hp_own_blocks_get(&a.own_blocks));
+  FC_CHECK(fc_hp_align_end_get(p, &a.align_end));
   if (persistent) {
     if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, three ? 3 : 2, order, claim);
     return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, three ? 3 : 2, order, claim);

@@ -65,6 +65,13 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   }
   x->i0 = mb * BR;
   if (x->i0 >= x->sq) return false;
+  /* align_end (a causal-like mask): the query blocks end at the sequence's last row, so that a partial block is the
+   * first, the lightest, rather than the last, the heaviest (FC_HP_BR_NC3 = 192 rows do not divide a seqlen of 2^k:
+   * at 4096 the last block held 64 rows, one warpgroup alone through every key block, no partner to ping-pong
+   * with). Shifted by whole warpgroups (64 rows) only: each warpgroup's rows are all < 0 (nothing to store) or
+   * all ≥ 0, and a remainder below 64 rows stays at the end as before. Rows < 0 see no key (fc_hp_row_keys), their Q
+   * rows are TMA's zero fill, or the previous sequence's rows for varlen, either way never stored. */
+  if (a.align_end) x->i0 -= (BR - x->sq % BR) % BR / 64 * 64;
   x->hk = x->h / a.group;
   x->bt = a.cu_q ? 0 : (int)x->b;
   x->shift = (a.bottom_right ? (int64_t)x->sk - x->sq : 0) + a.mask_offset;
@@ -196,6 +203,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       fc_hp_tile x;
       if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue;
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
+      /* This warpgroup's blocks [0, n_own) of the tile's n_blocks; the rest are dummy trips (below). */
+      const int n_own = fc_hp_own_blocks(a, wg_row0, x.sq, x.sk, x.shift, FC_HP_BC, j_begin, n_blocks);
+      const bool stores = wg_row0 >= 0; /* align_end: a warpgroup before the sequence's first row stores nothing */
       int lo[2], hi[2];
 #pragma unroll
       for (int rh = 0; rh < 2; rh++)
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_hp_softmax<T>(s, needs_mask(j_begin), j_begin * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
         }
 
-        for (int n = 1; n < n_blocks; n++) {
+        for (int n = 1; n < n_own; n++) {
           /* K_n is K use kuse, V_{n−1} is V use vuse, V_{n−2} V use vuse − 1. */
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
           float s[64];
@@ -266,12 +276,12 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           vuse++;
         }
 
-        /* The last O += P·V. Before it: every S of the tile was waited for, so Q_i may be overwritten by the
-         * next tile's, and V_{N−2}'s P·V was waited for in the loop's last trip. */
+        /* The last O += P·V (of block n_own − 1). Before it: every S of the tile was waited for, so Q_i may be
+         * overwritten by the next tile's, and V_{n_own−2}'s P·V was waited for in the loop's last trip. */
         const uint32_t sl = vuse % STAGES;
         fc_mbar_wait(FULL_V(sl), (vuse / STAGES) & 1);
         fc_mbar_arrive_if(q_empty, lane == 0);
-        fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n_blocks >= 2);
+        fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n_own >= 2);
         fc_fence_regs(o);
         fc_fence_regs(p);
         my_turn();
@@ -281,9 +291,25 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         your_turn();
         fc_wgmma_wait<0>();
         fc_fence_regs(o);
-        fc_mbar_arrive_if(EMPTY_V(sl), lane == 0); /* V_{N−1}: the next tile's fills wait for it */
+        fc_mbar_arrive_if(EMPTY_V(sl), lane == 0); /* V_{n_own−1}: the next tile's fills wait for it */
         vuse++;
         quse++;
+        /* Dummy trips: blocks n_own .. n_blocks − 1 are masked for all of this warpgroup's rows (fc_hp_own_blocks).
+         * One turn each, as the other consumers' groups of those blocks take theirs (the chain counts n_blocks + 1
+         * per consumer and tile), and each K and V use released once as the producer's counts expect; after the
+         * stage's full wait, so that the arrival cannot fall into the phase of the stage's previous use (the fill
+         * that completes this full barrier waited for that phase's end). */
+        for (int n = n_own; n < n_blocks; n++) {
+          const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
+          fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
+          my_turn();
+          your_turn();
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          fc_mbar_wait(FULL_V(sp), (vuse / STAGES) & 1);
+          fc_mbar_arrive_if(EMPTY_V(sp), lane == 0);
+          kuse++;
+          vuse++;
+        }
       }
 
       /* O = O / l and lse = scale·m + ln l (l = 0: O = 0, lse = −inf). */
@@ -299,7 +325,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           o[4 * e + 2 * rh + 1] *= inv;
         }
         const int row = wg_row0 + 16 * warp + g + 8 * rh;
-        if (a.lse && t == 0 && row < x.sq) {
+        if (a.lse && t == 0 && row < x.sq && stores) {
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
           a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
@@ -329,7 +355,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
          * (dense o only: the host picks this kernel only then). */
         fc_fence_proxy_async();
         fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
-        if (ct == 0) {
+        if (ct == 0 && stores) {
 #pragma unroll
           for (int hf = 0; hf < HALVES; hf++)
             fc_tma_store_4d(&tm_o, o_rows + hf * Q_HALF_BYTES, 64 * hf, wg_row0, x.h, x.bt);
@@ -341,7 +367,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
           const int r = idx / (D / 8), e = idx % (D / 8), row = wg_row0 + r;
           const int cols = min(a.head_dim - 8 * e, 8);
-          if (row >= x.sq || cols <= 0) continue;
+          if (row >= x.sq || cols <= 0 || !stores) continue;
           const uint4 v =
               fc_ld_shared_v4(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
           uint16_t *to = O + (int64_t)row * a.o_ss + 8 * e;

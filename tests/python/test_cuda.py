@@ -84,3 +84,45 @@ def test_host_memory_on_a_cuda_backend_is_refused(rng):
     qt = torch.from_numpy(q)
     with pytest.raises(ValueError, match="is on cpu but q is on cuda"):
         flashc.attention(qt.cuda(), qt, qt.cuda(), backend=b.name)
+
+
+HOPPER = next((b for b in CUDA_BACKENDS if b.name == "cuda-hopper"), None)
+
+
+@pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
+@pytest.mark.parametrize("variant", ["default", "pingpong", "pingpong3", "tmastore", "tmastore3"])
+def test_hopper_mask_shortcuts_give_the_same_bits(variant, rng, monkeypatch):
+    """Two shortcuts of the Hopper forward where a causal or right-window edge runs through a tile, both on by
+    default: each consumer warpgroup stops at its own last visible key block (FLASHC_HOPPER_OWN_BLOCKS), and the
+    persistent kernel's query blocks end at the sequence's last row (FLASHC_HOPPER_ALIGN_END, causal-like masks). What
+    they skip is masked for every row it covers, so O and lse must match the plain walk bit for bit: Br = 192 with
+    Bc = 128, D = 256's Bc = 80, bottom-right shifts that are not a multiple of Bc, seqlens that 192 does not divide."""
+    if variant != "default":
+        monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
+    cases = [  # (sq, sk, d, causal, align, window)
+        (1025, 1025, 64, True, "top-left", None),
+        (2048, 2048, 64, True, "top-left", None),
+        (400, 1000, 64, True, "bottom-right", None),
+        (1000, 417, 64, True, "bottom-right", None),
+        (777, 777, 64, False, "top-left", (-1, 37)),
+        (900, 900, 128, False, "top-left", (200, 45)),
+        (1000, 1000, 128, True, "top-left", None),
+        (1025, 1025, 256, True, "top-left", None),
+        (300, 700, 256, True, "bottom-right", None),
+        (513, 513, 111, True, "top-left", None),
+    ]
+    for sq, sk, d, causal, align, window in cases:
+        dp = -(-d // 8) * 8  # rows padded to a multiple of 8 elements, as TMA needs its strides
+        q, k, v = (torch.from_numpy(rng.standard_normal((2, s, 3, dp))).to("cuda", torch.bfloat16)[..., :d]
+                   for s in (sq, sk, sk))
+        out = {}
+        for shortcuts in ("0", "1"):
+            monkeypatch.setenv("FLASHC_HOPPER_OWN_BLOCKS", shortcuts)
+            monkeypatch.setenv("FLASHC_HOPPER_ALIGN_END", shortcuts)
+            out[shortcuts] = flashc.attention(q, k, v, causal=causal, window=window, causal_align=align,
+                                              backend="cuda-hopper", return_lse=True)
+        torch.cuda.synchronize()
+        case = f"sq {sq} sk {sk} d {d} causal {causal} {align} window {window}"
+        assert torch.isfinite(out["1"][0].float()).all(), case
+        assert torch.equal(out["0"][0], out["1"][0]), case
+        assert torch.equal(out["0"][1], out["1"][1]), case
