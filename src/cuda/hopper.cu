@@ -376,11 +376,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
      * consumer, c + 1 mod NC (round robin: with 3, one's GEMMs run while the other two do their softmax). All
      * take n_blocks + 1 turns (block 0's S, the loop's S + P·V, the last P·V, then a dummy trip's empty turn per
      * block past n_own) whatever their rows (n_blocks is the CTA's, so a warpgroup whose rows all lie past the
-     * sequence still takes every turn); consumer 0
-     * goes first (consumer NC − 1 arrives once at the start), and consumer NC − 1's last hand-over is skipped:
-     * barrier c then sees n_blocks + 1 arrivals of consumer c − 1 against n_blocks + 1 waits of its own, and no
-     * arrival is left pending at exit. A consumer cannot hand over twice before the next one waited: its next
-     * turn needs the hand-overs of all the others, the next one's among them. */
+     * sequence still takes every turn); consumer 0 goes first (consumer NC − 1 arrives once at the start), and
+     * consumer NC − 1's last hand-over is skipped: barrier c then sees n_blocks + 1 arrivals of consumer c − 1
+     * against n_blocks + 1 waits of its own, and no arrival is left pending at exit. A consumer cannot hand over
+     * twice before the next one waited: its next turn needs the hand-overs of all the others, the next one's among
+     * them. */
     auto my_turn = [&]() {
       if constexpr (PINGPONG) fc_named_barrier(BAR_TURN + cw, 256);
     };
