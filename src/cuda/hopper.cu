@@ -781,21 +781,22 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
                        "flashc_forward (cuda-hopper)", variant);
 }
 
-/* FLASHC_HOPPER_OWN_BLOCKS (comparisons): 1 (unset), each consumer warpgroup of the forward stops at its own last
- * visible key block (fc_hp_own_blocks); 0, every warpgroup runs the tile's blocks (through session 12). The same
- * results bit for bit: the skipped blocks are all masked for the warpgroup's rows. */
-static flashc_status fc_hp_own_blocks_get(int *on) {
+/* A forward switch read at every call (for comparisons): `var` = 0 or 1, unset 1. */
+static flashc_status fc_hp_switch(const char *var, int *on) {
   static const char *const names[] = {"0", "1"};
-  return fc_env_choice("FLASHC_HOPPER_OWN_BLOCKS", names, 2, 1, "flashc_forward (cuda-hopper)", on);
+  return fc_env_choice(var, names, 2, 1, "flashc_forward (cuda-hopper)", on);
 }
 
-/* FLASHC_HOPPER_ALIGN_END (comparisons): 1 (unset), with a causal-like mask the persistent kernel's query blocks end at
- * each sequence's last row, so that a partial block is the first (fc_hp_tile_setup); 0, they start at row 0 (through
- * session 12). Without such a mask every block weighs the same: off. */
-static flashc_status fc_hp_align_end_get(const fc_problem *p, int *on) {
-  static const char *const names[] = {"0", "1"};
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_ALIGN_END", names, 2, 1, "flashc_forward (cuda-hopper)", on));
-  *on = *on && fc_hp_triangular(p);
+/* The forward's two mask shortcuts, each on unless its variable is 0; both give the same results bit for bit.
+ * FLASHC_HOPPER_OWN_BLOCKS: each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks); 0,
+ * every warpgroup runs the tile's blocks (through session 12). FLASHC_HOPPER_ALIGN_END: with a causal-like mask the
+ * persistent kernel's query blocks end at each sequence's last row, so that a partial block is the first
+ * (fc_hp_tile_setup); 0, they start at row 0 (through session 12); without such a mask every block weighs the same:
+ * off. */
+static flashc_status fc_hp_shortcuts_get(const fc_problem *p, fc_hopper_fwd_args *a) {
+  FC_CHECK(fc_hp_switch("FLASHC_HOPPER_OWN_BLOCKS", &a->own_blocks));
+  FC_CHECK(fc_hp_switch("FLASHC_HOPPER_ALIGN_END", &a->align_end));
+  a->align_end = a->align_end && fc_hp_triangular(p);
   return FLASHC_OK;
 }
 
@@ -898,8 +899,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
-  FC_CHECK(fc_hp_own_blocks_get(&a.own_blocks));
-  FC_CHECK(fc_hp_align_end_get(p, &a.align_end));
+  FC_CHECK(fc_hp_shortcuts_get(p, &a));
   if (persistent) {
     if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, three ? 3 : 2, order, claim);
     return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, three ? 3 : 2, order, claim);
