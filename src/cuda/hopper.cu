@@ -43,6 +43,7 @@
 #include "hopper_ptx.cuh"
 #include "hopper_sched.cuh"
 #include "hopper_tma.cuh"
+#include "hopper_trace.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
 #include "mma_ptx.cuh"
@@ -108,6 +109,7 @@ typedef struct fc_hopper_fwd_args {
   int o_aligned;  /* rows of o start on 16-byte boundaries: 16-byte stores */
   int own_blocks; /* each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks) */
   int align_end;  /* the persistent kernel's query blocks end at the sequence's last row (fc_hp_tile_setup) */
+  int q_slots;    /* the persistent kernel's Q buffers in use: 2, or 1 (FLASHC_HOPPER_Q_SLOTS, comparisons) */
 } fc_hopper_fwd_args;
 
 /* 1 in the sm_90a image of this file, 0 in the others: tells the host whether the kernels it would launch on
@@ -167,6 +169,16 @@ static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_
  * base, so every exponent is −inf and P = 0. This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows
  * (rh = 0, 1); the 4 threads t of a row share its max, and each sums only its own columns of l (summed over the 4 at
  * the end). */
+/* The max of v[0 .. N) into v[0], as a tree of depth ceil(log2 N) (N need not be a power of 2: D = 256 has 10). A
+ * template: each level's bounds must be constants, so that v stays in registers. */
+template <int N> static __device__ __forceinline__ void fc_hp_tree_max(float (&v)[N]) {
+  if constexpr (N > 1) {
+#pragma unroll
+    for (int x = 0; x < N / 2; x++) v[x] = fmaxf(v[x], v[x + (N + 1) / 2]);
+    fc_hp_tree_max<(N + 1) / 2>(*(float(*)[(N + 1) / 2]) v);
+  }
+}
+
 template <int BC = FC_HP_BC>
 static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
                                                          const int (&hi)[2], int t, float c, float (&m)[2],
@@ -182,9 +194,13 @@ static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], boo
   }
 #pragma unroll
   for (int rh = 0; rh < 2; rh++) {
-    float mx = m[rh];
+    /* The row's max as a tree (depth log2(BC/4), not a chain of BC/4 dependent FMNMX: the exponentials wait for it,
+     * and the consumer's chain of S, softmax and P·V sets the loop's pace; tools/hopper/trace.py). */
+    float v[BC / 8];
 #pragma unroll
-    for (int x = 0; x < BC / 8; x++) mx = fmaxf(mx, fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]));
+    for (int x = 0; x < BC / 8; x++) v[x] = fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]);
+    fc_hp_tree_max<BC / 8>(v);
+    float mx = fmaxf(m[rh], v[0]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK; /* m = −inf: any key seen moves it */
@@ -643,7 +659,7 @@ static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[
  * and a position per entry; the static orders leave it unused). tmastore3 (Br = 192, D = 64): sQ 24 KB + 3 × (16 +
  * 16) KB + sO 24 KB = 144 KB (+ barriers, ring and slack: 148,632 bytes). */
 static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages) {
-  return fc_hp_smem_bytes(br, d, stages, FC_HP_BC) + (size_t)br * d * 2 + 8 + 20 * FC_HP_TILE_RING;
+  return fc_hp_smem_bytes(br, d, stages, FC_HP_BC) + 2 * (size_t)br * d * 2 + 3 * 8 + (16 + 64) * FC_HP_TILE_RING;
 }
 
 /* The dynamic order's claim counter in the device workspace, after the varlen offsets: 256 bytes, so that anything
@@ -797,6 +813,11 @@ static flashc_status fc_hp_shortcuts_get(const fc_problem *p, fc_hopper_fwd_args
   FC_CHECK(fc_hp_switch("FLASHC_HOPPER_OWN_BLOCKS", &a->own_blocks));
   FC_CHECK(fc_hp_switch("FLASHC_HOPPER_ALIGN_END", &a->align_end));
   a->align_end = a->align_end && fc_hp_triangular(p);
+  /* FLASHC_HOPPER_Q_SLOTS=1: the persistent kernel loads each tile's Q into one buffer, after the last tile's last S
+   * (through session 13); unset or 2: two buffers, the next tile's Q during this one's last blocks (session 14: no
+   * measurable change on its own, kept so that the tile boundary never waits for Q). */
+  static const char *const slots[] = {"0", "1", "2"};
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_Q_SLOTS", slots, 3, 2, "flashc_forward (cuda-hopper)", &a->q_slots));
   return FLASHC_OK;
 }
 
@@ -911,6 +932,21 @@ static flashc_status hopper_forward(const fc_problem *p) {
   if (p->dtype == FLASHC_F16) return fc_hp_dispatch<__half>(p, maps, &a, grid, variant);
   return fc_hp_dispatch<__nv_bfloat16>(p, maps, &a, grid, variant);
 }
+
+#if FC_HP_TRACE
+/* The trace build's readers (tools/hopper/trace.py, through ctypes): zero the timeline before a call, copy it out
+ * after (bytes ≤ sizeof fc_hp_trace_buf). 0 on success, the CUDA error otherwise. */
+extern "C" __attribute__((visibility("default"))) int fc_hopper_trace_reset(void) {
+  void *at = NULL;
+  cudaError_t e = cudaGetSymbolAddress(&at, fc_hp_trace_buf);
+  if (e == cudaSuccess) e = cudaMemset(at, 0, sizeof fc_hp_trace_buf);
+  return (int)e;
+}
+extern "C" __attribute__((visibility("default"))) int fc_hopper_trace_read(void *to, size_t bytes) {
+  if (bytes > sizeof fc_hp_trace_buf) bytes = sizeof fc_hp_trace_buf;
+  return (int)cudaMemcpyFromSymbol(to, fc_hp_trace_buf, bytes);
+}
+#endif
 
 extern "C" const fc_backend fc_backend_cuda_hopper = {
     "cuda-hopper",

@@ -9,23 +9,27 @@
  * Included by hopper.cu after its device helpers (fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
  * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
  *
- * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64]
- * (D = 128: 32 + 128 + 32 = 192 KB; D = 64: 16 + 96 + 16 = 128 KB; NC = 3: 24 + 96 + 24 = 144 KB), then the
- * mbarriers: q_full (1), q_empty (4·NC: one arrival per consumer warp), full_k, full_v (1), empty_k, empty_v
- * (4·NC) [STAGES], then the tile ring of the dynamic order: tile_full (1), tile_empty (4·NC) [FC_HP_TILE_RING] and
- * the positions (int32) [FC_HP_TILE_RING].
+ * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64], then
+ * Q's second slot sQ1 (D = 128: 32 + 128 + 32 + 32 = 224 KB, 230,656 bytes with barriers, ring and alignment slack
+ * of the 232,448 a block may have; D = 64: 16 + 96 + 16 + 16 = 144 KB; NC = 3: 24 + 96 + 24 + 24 = 168 KB), then the
+ * mbarriers: q_full (1) [2], q_empty (4·NC: one arrival per consumer warp) [2], full_k, full_v (1), empty_k,
+ * empty_v (4·NC) [STAGES], then the tile ring: tile_full (1), tile_empty (4·NC) [FC_HP_TILE_RING] and the entries
+ * (fc_hp_tile, 64 bytes) [FC_HP_TILE_RING].
  *
+ * The tile ring (FC_HP_TILE_RING = 2 entries of 64 bytes after the barriers): the producer sets every tile of the
+ * CTA's walk up once (fc_hp_tile_setup: the schedule's divisions, the sequence, the visible key blocks) and publishes
+ * the result in entry f % 2 (f = the tiles published so far) before its loads, then an end marker; each consumer warp
+ * takes entry u when it needs tile u: the first at its start, the next one after the last P·V and the dummy trips of
+ * the one before (not earlier: the producer's last fills of tile f − 1 may wait for the dummy trips' releases before
+ * it publishes tile f). Publishing entry f waits for the consumers' release of tile f − 2, taken at the end of tile
+ * f − 3, long before the producer (at most STAGES fills ahead) gets there; the consumers' take of tile f waits only
+ * for the producer to finish issuing the loads of tile f − 1. Until session 14 both sides ran the set-up:
+ * on the consumers it lay on the critical path of every tile boundary, its integer divisions queued on the MUFU pipe
+ * behind the other warpgroup's exponentials (1300-1600 cycles; tools/hopper/trace.py).
  * Dynamic order (FLASHC_HOPPER_SCHED=dynamic, sc.claim set): the tiles of a CTA are not known in advance. Its first
- * is position blockIdx.x for everyone; after the last load of each tile the producer claims the next position
- * (fc_hp_claim: grid + atomicAdd(claim, 1), −1 once past the last tile) and publishes it in entry f % FC_HP_TILE_RING
- * of the ring (f = its claims so far, counted over the CTA's life as the K/V fills are), and every consumer warp
- * takes entry u after its tile u's epilogue (fc_hp_take). So producer and consumers walk the same sequence of
- * positions, call fc_hp_tile_setup on the same ones and skip the same tiles: the K/V/Q counts below hold as for
- * the static orders. Each tile is still computed whole by one CTA, so the results do not depend on which CTA took
- * it: deterministic as before. Two entries: the producer publishes entry f after every load of its tile f; when
- * tiles f − 1 and f both load, Q_f's load already waited for Q_{f−1}'s release, which every consumer warp gives
- * after taking entry f − 2, so the wait for entry f − 2's release never blocks; through tiles without loads
- * (skipped, or no visible key) the producer runs up to two claims ahead of the consumers, then waits.
+ * is position blockIdx.x; after the last load of each tile the producer claims the next position
+ * (fc_hp_claim_position: grid + atomicAdd(claim, 1), −1 once past the last tile). Each tile is still computed whole
+ * by one CTA, so the results do not depend on which CTA took it: deterministic as before.
  *
  * Barrier phases across tiles (docs/hopper.md, "Persistent variant"): the producer and the consumers count
  * K uses, V uses and Q uses over the CTA's whole life, not per tile; use number u of a ring is stage u % STAGES,
@@ -34,16 +38,23 @@
  * (no query row in the sequence) and the same loads (no visible key block: no Q, K, V at all), so the counts
  * agree. Every K, V and Q use is released exactly once, in use order per stage: unlike the one-tile kernel,
  * the last two V stages of a tile are released too (the next tile's fills wait for them), and Q_i is released
- * once every S = Q_i·K_jᵀ of the tile has been waited for. The tile ring's helpers
- * (fc_hp_claim, fc_hp_take) live in hopper_sched.cuh: the persistent backward uses them too. */
+ * once every S = Q_i·K_jᵀ of the tile has been waited for. Q_i has two slots (use u in slot u % 2), so that the
+ * next tile's Q lands during this one's last blocks. */
 #if FC_HOPPER_ARCH
-/* One tile of the schedule, as both the producer and the consumers see it. */
+/* One tile of the schedule, as the producer sets it up and the consumers take it from the tile ring. */
 typedef struct fc_hp_tile {
   int64_t b, shift;
   int h, hk, bt;                /* query head, its K/V head, the batch coordinate of the tensor maps */
   int q_start, k_start, sq, sk; /* the sequence: offsets (varlen) and lengths */
   int i0, j_begin, n_blocks;    /* first query row; visible key blocks [j_begin, j_begin + n_blocks) */
 } fc_hp_tile;
+static_assert(sizeof(fc_hp_tile) <= 64, "a tile ring entry holds 64 bytes");
+
+/* Where one consumer warpgroup's rows of a tile go: what its epilogue needs once the tile itself is past. */
+typedef struct fc_hp_out {
+  int64_t b;
+  int h, bt, q_start, sq, row0; /* row0: the warpgroup's first query row (< 0: before the sequence, align_end) */
+} fc_hp_out;
 
 /* The tile of this CTA's slot `slot` (query blocks of BR rows); false when the slot has no tile (snake's last round)
  * or its query block lies past its sequence (varlen: shorter sequences). */
@@ -97,16 +108,24 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
   constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = FC_HP_BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, sO = sV + STAGES * KV_BYTES, bars = sO + Q_BYTES;
-  const uint32_t q_full = bars, q_empty = bars + 8u, ring = bars + 8u * (2 + 4 * STAGES); /* ring: the tile ring */
-#define FULL_K(s)  (bars + 8u * (2 + (s)))
-#define FULL_V(s)  (bars + 8u * (2 + STAGES + (s)))
-#define EMPTY_K(s) (bars + 8u * (2 + 2 * STAGES + (s)))
-#define EMPTY_V(s) (bars + 8u * (2 + 3 * STAGES + (s)))
+  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, sO = sV + STAGES * KV_BYTES;
+  const uint32_t sQ1 = sO + Q_BYTES, bars = sQ1 + Q_BYTES; /* Q's second slot */
+  /* q_full, q_empty: one per Q slot; ring: the tile ring */
+  const uint32_t q_full = bars, q_empty = bars + 16u, ring = bars + 8u * (4 + 4 * STAGES);
+  const uint32_t q_slots = a.q_slots == 1 ? 1u : 2u;
+  /* The tile ring's entries (after its barriers): the tiles as the producer set them up, 64 bytes each. */
+  fc_hp_tile *const tile_info = (fc_hp_tile *)(smem_raw + (ring + 16u * FC_HP_TILE_RING - fc_smem_u32(smem_raw)));
+#define FC_HP_TILE_INFO(e) (tile_info + (e))
+#define FULL_K(s)          (bars + 8u * (4 + (s)))
+#define FULL_V(s)          (bars + 8u * (4 + STAGES + (s)))
+#define EMPTY_K(s)         (bars + 8u * (4 + 2 * STAGES + (s)))
+#define EMPTY_V(s)         (bars + 8u * (4 + 3 * STAGES + (s)))
 
   if (threadIdx.x == 0) {
-    fc_mbar_init(q_full, 1);
-    fc_mbar_init(q_empty, CONSUMER_WARPS);
+    for (int q = 0; q < 2; q++) {
+      fc_mbar_init(q_full + 8u * q, 1);
+      fc_mbar_init(q_empty + 8u * q, CONSUMER_WARPS);
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
       fc_mbar_init(FULL_K(s), 1);
@@ -126,21 +145,36 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
   if (threadIdx.x < 128) {
     /* ---- producer: per tile K_0, Q_i, K_1, V_0, K_2, V_1, ..., V_{N−1}, fills counted over all tiles ---- */
     fc_setmaxnreg_dec<FC_HP_REGS_PRODUCER>();
+    FC_HP_TRACE_BEGIN(0, threadIdx.x == 0);
     if (threadIdx.x == 0) {
       fc_tma_prefetch_map(&tm_q);
       fc_tma_prefetch_map(&tm_k);
       fc_tma_prefetch_map(&tm_v);
       uint32_t kfill = 0, vfill = 0, qfill = 0, tfill = 0;
-      /* Static orders: slots blockIdx.x + k·grid (64-bit: slot + grid may pass 2^31). Dynamic: after the last load of
-       * each tile, the next position is claimed and published for the consumers (−1: none left). */
+      /* Every tile of the CTA's walk that has rows in its sequence goes to the consumers through the tile ring, set
+       * up here once (the consumers' copies of the set-up sat on their critical path at every tile boundary: integer
+       * divisions queued behind the other warpgroup's exponentials on the MUFU pipe, tools/hopper/trace.py), then
+       * an end marker (n_blocks −1). Static orders: slots blockIdx.x + k·grid (64-bit: slot + grid may pass 2^31).
+       * Dynamic: after the last load of each tile, the next position is claimed (−1: none left). */
+      auto publish = [&](const fc_hp_tile &x) {
+        const uint32_t e = tfill % FC_HP_TILE_RING, u = tfill / FC_HP_TILE_RING;
+        if (u > 0) fc_mbar_wait(FC_HP_TILE_EMPTY(e), (u - 1) & 1); /* use tfill − FC_HP_TILE_RING was read */
+        *FC_HP_TILE_INFO(e) = x;
+        fc_mbar_arrive_if(FC_HP_TILE_FULL(e), true); /* releases the store above to the consumers' wait */
+        tfill++;
+      };
       for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
-           slot = sc.claim ? fc_hp_claim(sc, ring, tfill++) : slot + gridDim.x) {
+           slot = sc.claim ? fc_hp_claim_position(sc) : slot + gridDim.x) {
         fc_hp_tile x;
-        if (!fc_hp_tile_setup<BR>(a, sc, slot, &x) || x.n_blocks == 0) continue; /* the consumers skip it too */
+        if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue; /* no rows: the consumers never see it */
+        publish(x);
+        if (x.n_blocks == 0) continue; /* nothing to load: the consumers store zeros */
+        FC_HP_MARK(20, x.n_blocks);
         for (int n = 0; n <= x.n_blocks; n++) {
           if (n < x.n_blocks) {
             const uint32_t s = kfill % STAGES, u = kfill / STAGES;
             if (u > 0) fc_mbar_wait(EMPTY_K(s), (u - 1) & 1); /* use kfill − STAGES is released */
+            FC_HP_MARK(22, n);
             fc_mbar_arrive_expect_tx(FULL_K(s), KV_BYTES);
             const int row = x.k_start + (x.j_begin + n) * FC_HP_BC;
 #pragma unroll
@@ -150,15 +184,19 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           }
           if (n == 0) {
             /* Q_i after K_0: K_0's stage is usually free already, while Q waits for the last tile's final S. */
-            if (qfill > 0) fc_mbar_wait(q_empty, (qfill - 1) & 1);
-            fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
+            const uint32_t qs = qfill % q_slots, qu = qfill / q_slots;
+            if (qu > 0) fc_mbar_wait(q_empty + 8u * qs, (qu - 1) & 1);
+            FC_HP_MARK(21, 0);
+            fc_mbar_arrive_expect_tx(q_full + 8u * qs, Q_BYTES);
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d(sQ + hf * Q_HALF_BYTES, &tm_q, 64 * hf, x.q_start + x.i0, x.h, x.bt, q_full);
+              fc_tma_load_4d((qs ? sQ1 : sQ) + hf * Q_HALF_BYTES, &tm_q, 64 * hf, x.q_start + x.i0, x.h, x.bt,
+                             q_full + 8u * qs);
             qfill++;
           } else {
             const uint32_t s = vfill % STAGES, u = vfill / STAGES;
             if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
+            FC_HP_MARK(23, n - 1);
             fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
             const int row = x.k_start + (x.j_begin + n - 1) * FC_HP_BC;
 #pragma unroll
@@ -168,6 +206,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           }
         }
       }
+      fc_hp_tile end = {};
+      end.n_blocks = -1;
+      publish(end);
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
@@ -175,8 +216,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1; /* uniform: see hopper.cu */
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
-    const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES, o_rows = sO + 64 * cw * FC_HP_ROW_BYTES;
+    const uint32_t o_rows = sO + 64 * cw * FC_HP_ROW_BYTES;
     const float c = a.scale_log2;
+    FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
      * every group, the last of a tile included, so consumer 0 takes its first turn of the next loaded tile as soon
@@ -197,15 +239,115 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
     uint32_t kuse = 0, vuse = 0, quse = 0, tuse = 0;         /* uses over all tiles: the producer's fill counts */
 
-    /* The producer's sequence of positions: static orders derive it, the dynamic one takes it from the ring. */
-    for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
-         slot = sc.claim ? fc_hp_take(ring, tuse++, lane) : slot + gridDim.x) {
-      fc_hp_tile x;
-      if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue;
+    /* The tiles as the producer set them up, from the tile ring (false: the end marker). Each warp reads the entry,
+     * then lane 0 releases it once the whole warp has (__syncwarp orders the lanes' reads before its arrival). */
+    auto take = [&](fc_hp_tile *x) -> bool {
+      const uint32_t e = tuse % FC_HP_TILE_RING;
+      fc_mbar_wait(FC_HP_TILE_FULL(e), (tuse / FC_HP_TILE_RING) & 1);
+      *x = *FC_HP_TILE_INFO(e);
+      __syncwarp();
+      fc_mbar_arrive_if(FC_HP_TILE_EMPTY(e), lane == 0);
+      tuse++;
+      return x->n_blocks >= 0;
+    };
+    fc_hp_tile x;
+    bool ok = take(&x);
+
+    /* This warpgroup's rows of the last tile whose O (divided by l, packed to 16 bits in ob) still waits for its
+     * epilogue (pending): it is stored while the next tile's S_0 runs (see fc_hp_epilogue's callers). Packed first,
+     * so that the epilogue reads registers no wgmma wrote: reading O itself beside S_0 in flight made ptxas wait for
+     * S_0 before the epilogue (C7517). */
+    float o[D / 2], inv[2];
+    uint32_t ob[D / 4];
+    fc_hp_out out = {0, 0, 0, 0, 0, 0};
+    bool pending = false;
+    auto pack_o = [&]() {
+#pragma unroll
+      for (int e = 0; e < D / 8; e++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++)
+          ob[2 * e + rh] = fc_pack2<T>(o[4 * e + 2 * rh] * inv[rh], o[4 * e + 2 * rh + 1] * inv[rh]);
+    };
+
+    /* ob (this warpgroup's rows of O / l) through sO to global memory, swizzled as in hopper.cu: chunk e of row r at
+     * half e / 8, byte r·128 + ((e % 8) ^ (r % 8))·16. sO is this warpgroup's alone, so only its own last tile is in
+     * the way: TMA store: the thread that issued it waits until the copy engine has read sO; direct stores: the
+     * barrier below waits for every thread's reads. */
+    auto fc_hp_epilogue = [&](const fc_hp_out &w) {
+      const bool stores = w.row0 >= 0; /* align_end: a warpgroup before the sequence's first row stores nothing */
+      FC_HP_MARK(15, 0);
+      if constexpr (TMA_STORE) {
+        if (ct == 0) fc_bulk_wait_read<0>();
+      }
+      fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the last tile's O has left sO */
+      FC_HP_MARK(16, 0);
+#pragma unroll
+      for (int e = 0; e < D / 8; e++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int r = 16 * warp + g + 8 * rh;
+          fc_st_shared_u32(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ g) << 4) + 4 * t,
+                           ob[2 * e + rh]);
+        }
+      if constexpr (TMA_STORE) {
+        /* The copy engine reads sO through the async proxy: each writer's generic stores are made visible to
+         * it (fence.proxy.async), then the barrier orders all of them before the one thread that issues the
+         * store. TMA writes nothing outside the tensor: rows past the sequence and columns past d stay untouched
+         * (dense o only: the host picks this kernel only then). */
+        fc_fence_proxy_async();
+        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
+        FC_HP_MARK(17, 0);
+        if (ct == 0 && stores) {
+#pragma unroll
+          for (int hf = 0; hf < HALVES; hf++)
+            fc_tma_store_4d(&tm_o, o_rows + hf * Q_HALF_BYTES, 64 * hf, w.row0, w.h, w.bt);
+          fc_bulk_commit();
+        }
+      } else {
+        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
+        uint16_t *O = a.o + w.b * a.o_sb + (int64_t)w.q_start * a.o_ss + (int64_t)w.h * a.o_sh;
+        for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
+          const int r = idx / (D / 8), e = idx % (D / 8), row = w.row0 + r;
+          const int cols = min(a.head_dim - 8 * e, 8);
+          if (row >= w.sq || cols <= 0 || !stores) continue;
+          const uint4 v =
+              fc_ld_shared_v4(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
+          uint16_t *to = O + (int64_t)row * a.o_ss + 8 * e;
+          if (a.o_aligned && cols == 8) {
+            *(uint4 *)to = v;
+          } else {
+            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+              if (k < cols) to[k] = (uint16_t)(wd[k / 2] >> (16 * (k % 2)));
+          }
+        }
+      }
+      FC_HP_MARK(18, 0);
+    };
+
+    /* 1 / l and lse = scale·m + ln l of this warpgroup's rows (l = 0: inv 0 and lse −inf), lse stored at once. */
+    auto fc_hp_finish_rows = [&](const fc_hp_tile &x, int wg_row0, const float(&m)[2], const float(&l)[2]) {
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        float lr = l[rh];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        inv[rh] = lr > 0.0f ? 1.0f / lr : 0.0f;
+        const int row = wg_row0 + 16 * warp + g + 8 * rh;
+        if (a.lse && t == 0 && row < x.sq && wg_row0 >= 0) {
+          const int64_t at =
+              a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
+          a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
+        }
+      }
+    };
+
+    while (ok) {
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
       /* This warpgroup's blocks [0, n_own) of the tile's n_blocks; the rest are dummy trips (below). */
       const int n_own = fc_hp_own_blocks(a, wg_row0, x.sq, x.sk, x.shift, FC_HP_BC, j_begin, n_blocks);
-      const bool stores = wg_row0 >= 0; /* align_end: a warpgroup before the sequence's first row stores nothing */
+      FC_HP_MARK(1, n_blocks | n_own << 8);
       int lo[2], hi[2];
 #pragma unroll
       for (int rh = 0; rh < 2; rh++)
@@ -220,27 +362,39 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
                 j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
       auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
 
-      float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
       uint32_t p[FC_HP_BC / 16][4];
-#pragma unroll
-      for (int e = 0; e < D / 2; e++) o[e] = 0.0f;
+      fc_hp_tile xn;
+      bool okn;
+      const fc_hp_out here = {x.b, x.h, x.bt, x.q_start, x.sq, wg_row0};
 
       if (n_blocks > 0) {
-        fc_mbar_wait(q_full, quse & 1); /* Q_i has landed */
+#pragma unroll
+        for (int e = 0; e < D / 2; e++) o[e] = 0.0f;
+        const uint32_t qs = quse % q_slots, q_rows = (qs ? sQ1 : sQ) + 64 * cw * FC_HP_ROW_BYTES;
+        fc_mbar_wait(q_full + 8u * qs, (quse / q_slots) & 1); /* Q_i has landed */
+        FC_HP_MARK(2, 0);
         {
           float s[64];
           const uint32_t s0 = kuse % STAGES;
           fc_mbar_wait(FULL_K(s0), (kuse / STAGES) & 1);
+          FC_HP_MARK(3, 0);
           my_turn();
+          FC_HP_MARK(4, 0);
           fc_wgmma_fence();
           fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + s0 * KV_BYTES);
           fc_wgmma_commit();
           your_turn();
+          /* The last tile's epilogue while S_0 runs. */
+          if (pending) fc_hp_epilogue(out);
+          pending = false;
           fc_wgmma_wait<0>();
           fc_fence_regs(s);
+          FC_HP_MARK(5, 0);
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
           kuse++;
           fc_hp_softmax<T>(s, needs_mask(j_begin), j_begin * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+          FC_HP_MARK(6, 0);
         }
 
         for (int n = 1; n < n_own; n++) {
@@ -251,9 +405,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2);
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
           fc_mbar_wait(FULL_V(sp), (vuse / STAGES) & 1);
+          FC_HP_MARK(7, n);
           fc_fence_regs(o);
           fc_fence_regs(p);
           my_turn();
+          FC_HP_MARK(8, n);
           fc_wgmma_fence();
           fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
@@ -262,6 +418,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           your_turn();
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
           fc_fence_regs(s);
+          FC_HP_MARK(9, n);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
            * the block boundary keeping the wait after the softmax (hopper.cu's loop). */
@@ -270,8 +427,10 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
           fc_fence_regs(o);
           fc_fence_regs(p);
+          FC_HP_MARK(10, n);
           fc_hp_pack<T>(s, p);
           fc_hp_rescale_if<D>(o, alpha);
+          FC_HP_MARK(19, n);
           kuse++;
           vuse++;
         }
@@ -280,17 +439,22 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
          * overwritten by the next tile's, and V_{n_own−2}'s P·V was waited for in the loop's last trip. */
         const uint32_t sl = vuse % STAGES;
         fc_mbar_wait(FULL_V(sl), (vuse / STAGES) & 1);
-        fc_mbar_arrive_if(q_empty, lane == 0);
+        FC_HP_MARK(11, 0);
+        fc_mbar_arrive_if(q_empty + 8u * qs, lane == 0);
         fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n_own >= 2);
         fc_fence_regs(o);
         fc_fence_regs(p);
         my_turn();
+        FC_HP_MARK(12, 0);
         fc_wgmma_fence();
         fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
         fc_wgmma_commit();
         your_turn();
+        /* While it runs: this tile's 1 / l and lse (m, l are final). */
+        fc_hp_finish_rows(x, wg_row0, m, l);
         fc_wgmma_wait<0>();
         fc_fence_regs(o);
+        FC_HP_MARK(13, 0);
         fc_mbar_arrive_if(EMPTY_V(sl), lane == 0); /* V_{n_own−1}: the next tile's fills wait for it */
         vuse++;
         quse++;
@@ -303,6 +467,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
           my_turn();
+          FC_HP_MARK(14, n);
           your_turn();
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           fc_mbar_wait(FULL_V(sp), (vuse / STAGES) & 1);
@@ -310,78 +475,27 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           kuse++;
           vuse++;
         }
-      }
-
-      /* O = O / l and lse = scale·m + ln l (l = 0: O = 0, lse = −inf). */
-#pragma unroll
-      for (int rh = 0; rh < 2; rh++) {
-        float lr = l[rh];
-        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-#pragma unroll
-        for (int e = 0; e < D / 8; e++) {
-          o[4 * e + 2 * rh] *= inv;
-          o[4 * e + 2 * rh + 1] *= inv;
-        }
-        const int row = wg_row0 + 16 * warp + g + 8 * rh;
-        if (a.lse && t == 0 && row < x.sq && stores) {
-          const int64_t at =
-              a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
-          a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
-        }
-      }
-
-      /* Stage O in this warpgroup's rows of sO (swizzled as in hopper.cu: chunk e of row r at half e / 8, byte
-       * r·128 + ((e % 8) ^ (r % 8))·16). sO is this warpgroup's alone, so only its own last tile is in the way:
-       * TMA store: the thread that issued it waits until the copy engine has read sO; direct stores: the
-       * barrier below waits for every thread's reads. */
-      if constexpr (TMA_STORE) {
-        if (ct == 0) fc_bulk_wait_read<0>();
-      }
-      fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the last tile's O has left sO */
-#pragma unroll
-      for (int e = 0; e < D / 8; e++)
-#pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-          const int r = 16 * warp + g + 8 * rh;
-          fc_st_shared_u32(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ g) << 4) + 4 * t,
-                           fc_pack2<T>(o[4 * e + 2 * rh], o[4 * e + 2 * rh + 1]));
-        }
-      if constexpr (TMA_STORE) {
-        /* The copy engine reads sO through the async proxy: each writer's generic stores are made visible to
-         * it (fence.proxy.async), then the barrier orders all of them before the one thread that issues the
-         * store. TMA writes nothing outside the tensor: rows past the sequence and columns past d stay untouched
-         * (dense o only: the host picks this kernel only then). */
-        fc_fence_proxy_async();
-        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
-        if (ct == 0 && stores) {
-#pragma unroll
-          for (int hf = 0; hf < HALVES; hf++)
-            fc_tma_store_4d(&tm_o, o_rows + hf * Q_HALF_BYTES, 64 * hf, wg_row0, x.h, x.bt);
-          fc_bulk_commit();
-        }
+        /* The next tile: only after the dummy trips, whose releases the producer's last fills of this tile may wait
+         * for before it publishes the next one. O / l waits for its epilogue until the next loaded tile's S_0 is
+         * issued (or the CTA's end). */
+        okn = take(&xn);
+        pack_o();
+        out = here;
+        pending = true;
       } else {
-        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
-        uint16_t *O = a.o + x.b * a.o_sb + (int64_t)x.q_start * a.o_ss + (int64_t)x.h * a.o_sh;
-        for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
-          const int r = idx / (D / 8), e = idx % (D / 8), row = wg_row0 + r;
-          const int cols = min(a.head_dim - 8 * e, 8);
-          if (row >= x.sq || cols <= 0 || !stores) continue;
-          const uint4 v =
-              fc_ld_shared_v4(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
-          uint16_t *to = O + (int64_t)row * a.o_ss + 8 * e;
-          if (a.o_aligned && cols == 8) {
-            *(uint4 *)to = v;
-          } else {
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        /* No key: O = 0 and lse = −inf (l = 0), after any tile still pending. */
+        if (pending) fc_hp_epilogue(out);
+        fc_hp_finish_rows(x, wg_row0, m, l);
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-              if (k < cols) to[k] = (uint16_t)(w[k / 2] >> (16 * (k % 2)));
-          }
-        }
+        for (int e = 0; e < D / 4; e++) ob[e] = 0u;
+        fc_hp_epilogue(here);
+        pending = false;
+        okn = take(&xn);
       }
+      x = xn;
+      ok = okn;
     }
+    if (pending) fc_hp_epilogue(out);
     /* The last consumer's last hand-over (or its first arrival, when the CTA loaded no tile), see the turns. */
     if (cw == 0) my_turn();
     if constexpr (TMA_STORE) {
@@ -392,6 +506,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 #undef FULL_V
 #undef EMPTY_K
 #undef EMPTY_V
+#undef FC_HP_TILE_INFO
 #endif /* FC_HOPPER_ARCH */
 }
 

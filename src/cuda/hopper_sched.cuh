@@ -107,21 +107,26 @@ enum { FC_HP_TILE_RING = 2 };
 #define FC_HP_TILE_EMPTY(e) (ring + 8u * (FC_HP_TILE_RING + (e)))
 #define FC_HP_TILE_POS(e)   (ring + 16u * FC_HP_TILE_RING + 4u * (e))
 
-/* Dynamic order, the producer: claims the position after its tile `fill` (grid + the counter's old value: positions
- * 0 .. grid − 1 are the CTAs' first tiles) and publishes it in the ring, −1 once the order is exhausted. Fill
- * f ≥ FC_HP_TILE_RING of an entry waits for the consumers' release of fill f − FC_HP_TILE_RING (its empty barrier's
- * phase f / FC_HP_TILE_RING − 1). The counter ends at `tiles` (one claim per tile past the first grid, one failed
- * claim per CTA): no overflow. The store is ordered before the arrival (mbarrier.arrive releases, the consumers'
- * try_wait acquires). */
-static __device__ __forceinline__ int64_t fc_hp_claim(const fc_hp_sched &sc, uint32_t ring, uint32_t fill) {
+/* Dynamic order: the position after this CTA's current tile (grid + the counter's old value: positions 0 .. grid − 1
+ * are the CTAs' first tiles), −1 once the order is exhausted. The counter ends at `tiles` (one claim per tile past the
+ * first grid, one failed claim per CTA): no overflow. Through a shuffle (one thread alone): a value ptxas can keep in
+ * uniform registers, as the static orders' slots are, so that the tile set-up fits the producer's 24 registers. */
+static __device__ __forceinline__ int64_t fc_hp_claim_position(const fc_hp_sched &sc) {
   const int64_t next = (int64_t)gridDim.x + atomicAdd(sc.claim, 1);
+  return __shfl_sync(1u, next < sc.tiles ? (int)next : -1, 0);
+}
+
+/* Dynamic order, the producer (the persistent backward): claims the position after its tile `fill` and publishes it
+ * in the ring (−1: none left). Fill f ≥ FC_HP_TILE_RING of an entry waits for the consumers' release of fill
+ * f − FC_HP_TILE_RING (its empty barrier's phase f / FC_HP_TILE_RING − 1). The store is ordered before the arrival
+ * (mbarrier.arrive releases, the consumers' try_wait acquires). */
+static __device__ __forceinline__ int64_t fc_hp_claim(const fc_hp_sched &sc, uint32_t ring, uint32_t fill) {
+  const int64_t next = fc_hp_claim_position(sc);
   const uint32_t e = fill % FC_HP_TILE_RING, u = fill / FC_HP_TILE_RING;
   if (u > 0) fc_mbar_wait(FC_HP_TILE_EMPTY(e), (u - 1) & 1);
-  fc_st_shared_u32(FC_HP_TILE_POS(e), next < sc.tiles ? (uint32_t)next : 0xffffffffu);
+  fc_st_shared_u32(FC_HP_TILE_POS(e), (uint32_t)next); /* −1: 0xffffffff */
   fc_mbar_arrive_if(FC_HP_TILE_FULL(e), true);
-  /* Through a shuffle (the producer thread alone): a value ptxas can keep in uniform registers, as the static
-   * orders' slots are, so that the tile set-up fits the producer's 24 registers. */
-  return __shfl_sync(1u, next < sc.tiles ? (int)next : -1, 0);
+  return next;
 }
 
 /* Dynamic order, a consumer warp: the position published after its tile `use` (−1: no more). Lane 0 reads it and
