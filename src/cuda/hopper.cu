@@ -150,6 +150,29 @@ static __device__ __forceinline__ int fc_hp_own_blocks(const fc_hopper_fwd_args 
   return n < 1 ? 1 : n > n_blocks ? n_blocks : n;
 }
 
+/* A warpgroup's 64 rows of O, staged in shared memory at `rows` (swizzled: 16-byte chunk x of row r at half x / 8,
+ * `half` bytes apart, byte r·128 + ((x % 8) ^ (r % 8))·16), to o at O (the sequence's row 0): rows row0 + r < sq
+ * and columns < head_dim only, whole 16-byte chunks where o allows, element by element otherwise. */
+template <int D>
+static __device__ __forceinline__ void fc_hp_store_o_rows(const fc_hopper_fwd_args &a, uint16_t *O, uint32_t rows,
+                                                          uint32_t half, int row0, int sq, int ct) {
+  for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
+    const int r = idx / (D / 8), x = idx % (D / 8), row = row0 + r;
+    const int cols = min(a.head_dim - 8 * x, 8);
+    if (row >= sq || cols <= 0) continue;
+    const uint4 v = fc_ld_shared_v4(rows + (x / 8) * half + r * FC_HP_ROW_BYTES + (((x % 8) ^ (r % 8)) << 4));
+    uint16_t *to = O + (int64_t)row * a.o_ss + 8 * x;
+    if (a.o_aligned && cols == 8) {
+      *(uint4 *)to = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (e < cols) to[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
 /* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
  * bytes apart), every 64-column half (Bc·128 bytes apart: the leading offset). */
 template <typename T, int D, int BC = FC_HP_BC>
@@ -572,22 +595,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
                          fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]));
       }
     fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
-    for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
-      const int r = idx / (D / 8), x = idx % (D / 8), row = wg_row0 + r;
-      const int cols = min(a.head_dim - 8 * x, 8);
-      if (row >= sq || cols <= 0) continue;
-      const uint4 v =
-          fc_ld_shared_v4(q_rows + (x / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ (r % 8)) << 4));
-      uint16_t *to = O + (int64_t)row * a.o_ss + 8 * x;
-      if (a.o_aligned && cols == 8) {
-        *(uint4 *)to = v;
-      } else {
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-          if (e < cols) to[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
-      }
-    }
+    fc_hp_store_o_rows<D>(a, O, q_rows, Q_HALF_BYTES, wg_row0, sq, ct);
   }
 #undef FULL_K
 #undef FULL_V

@@ -306,22 +306,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       } else {
         fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
         uint16_t *O = a.o + w.b * a.o_sb + (int64_t)w.q_start * a.o_ss + (int64_t)w.h * a.o_sh;
-        for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
-          const int r = idx / (D / 8), e = idx % (D / 8), row = w.row0 + r;
-          const int cols = min(a.head_dim - 8 * e, 8);
-          if (row >= w.sq || cols <= 0 || !stores) continue;
-          const uint4 v =
-              fc_ld_shared_v4(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ (r % 8)) << 4));
-          uint16_t *to = O + (int64_t)row * a.o_ss + 8 * e;
-          if (a.o_aligned && cols == 8) {
-            *(uint4 *)to = v;
-          } else {
-            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-              if (k < cols) to[k] = (uint16_t)(wd[k / 2] >> (16 * (k % 2)));
-          }
-        }
+        if (stores) fc_hp_store_o_rows<D>(a, O, o_rows, Q_HALF_BYTES, w.row0, w.sq, ct);
       }
       FC_HP_MARK(18, 0);
     };
