@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/hopper/build_trace.sh BUILD TRACE_BUILD — a copy of the configured build folder BUILD (e.g. build-gc) with
+# tools/hopper/build_trace.sh BUILD TRACE_BUILD [DEFINES] — a copy of the configured build folder BUILD (e.g. build-gc) with
 # src/cuda/hopper.cu compiled with -DFC_HP_TRACE=1 (hopper_trace.cuh: the persistent forward's timeline) and the
 # library relinked; everything else is BUILD's objects as they are. tools/hopper/trace.py reads the result:
 #   FLASHC_LIBRARY=TRACE_BUILD/libflashc.so PYTHONPATH=python python3 tools/hopper/trace.py
@@ -13,6 +13,6 @@ cd "$dst"
 obj=CMakeFiles/flashc.dir/src/cuda/hopper.cu.o
 compile=$(ninja -t commands "$obj" | tail -1)
 link=$(ninja -t commands libflashc.so.0.1.0 | tail -1)
-eval "${compile/ -c / -DFC_HP_TRACE=1 -c }"
+eval "${compile/ -c / ${3:--DFC_HP_TRACE=1} -c }"
 eval "$link"
 echo "trace build: $dst/libflashc.so"
