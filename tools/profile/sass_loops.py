@@ -2,8 +2,8 @@
 """sass_loops.py — the hot loop of each kernel, read statically off its SASS.
 
 For every kernel of a cubin (or of nvdisasm/cuobjdump -sass output) whose demangled name matches --kernels, finds
-the loops (a branch back to a label at a lower address) and picks the hot one: the loop with the most tensor-core
-instructions (HGMMA, HMMA), the innermost among equals. Prints per kernel: its instruction count, the hot loop's
+the loops (a branch back to a label at a lower address) and picks the hot one: the innermost loop with tensor-core
+instructions (HGMMA, HMMA). Prints per kernel: its instruction count, the hot loop's
 instruction count and its mix (HMMA/HGMMA, MUFU, FP32, ldmatrix, shared and global memory, uniform datapath,
 barriers), and local-memory traffic (LDL/STL: spills) in the loop and in the whole kernel.
 
@@ -135,7 +135,7 @@ def hot_loop(insns, labels):
     best = None
     for head, tail in loops(insns, labels):
         n_tensor = sum(is_tensor(insns[k][2]) for k in range(head, tail + 1))
-        key = (n_tensor, -(tail - head))  # most tensor instructions, then the shortest (innermost)
+        key = -(tail - head)  # the innermost (shortest) loop that issues tensor instructions
         if n_tensor and (best is None or key > best[0]):
             best = (key, head, tail)
     return None if best is None else best[1:]
