@@ -23,7 +23,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:\{\s*)?(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
 LABEL = re.compile(r"^\s*(\.L_[A-Za-z0-9_]+):")
@@ -63,42 +62,23 @@ def read_sass(path, nvdisasm):
     if path.endswith(".sass") or path.endswith(".txt"):
         return open(path).read()
     tool = nvdisasm or shutil.which("nvdisasm") or "/usr/local/cuda/bin/nvdisasm"
-    cubin = path
-    tmp = None
-    if not path.endswith(".cubin"):  # a host object with an embedded fatbinary: extract its cubins
+    if not path.endswith(".cubin"):  # a host object with an embedded fatbinary: cuobjdump reads it
         cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
-        if os.path.exists(cuobjdump):
-            return subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, check=True).stdout
-        tmp = tempfile.mkdtemp()
-        subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", path, tmp + "/fatbin"], check=True)
-        sys.exit("sass_loops.py: no cuobjdump to unpack %s; pass a .cubin (nvcc -cubin) or nvdisasm output" % path)
-    return subprocess.run([tool, "-c", cubin], capture_output=True, text=True, check=True).stdout
+        if not os.path.exists(cuobjdump):
+            sys.exit("sass_loops.py: no cuobjdump to read %s; pass a .cubin (nvcc -cubin) or nvdisasm output" % path)
+        return subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True).stdout
 
 
 def split_functions(text):
-    funcs, cur, lines = [], None, []
+    """[(mangled name, its lines)]: nvdisasm marks a kernel with ".text.name:", cuobjdump -sass with "Function : name"."""
+    funcs = []
     for line in text.split("\n"):
-        m = FUNC.match(line)
+        m = FUNC.match(line) or re.match(r"\s*Function : (\S+)", line)
         if m:
-            if cur:
-                funcs.append((cur, lines))
-            cur, lines = m.group(1), []
-        elif cur:
-            lines.append(line)
-    if cur:
-        funcs.append((cur, lines))
-    if not funcs:  # cuobjdump -sass: "Function : name"
-        cur, lines = None, []
-        for line in text.split("\n"):
-            m = re.match(r"\s*Function : (\S+)", line)
-            if m:
-                if cur:
-                    funcs.append((cur, lines))
-                cur, lines = m.group(1), []
-            elif cur:
-                lines.append(line)
-        if cur:
-            funcs.append((cur, lines))
+            funcs.append((m.group(1), []))
+        elif funcs:
+            funcs[-1][1].append(line)
     return funcs
 
 
