@@ -52,8 +52,7 @@ def group_of(op):
     if op.startswith("R2UR") or op.startswith("S2UR"):
         return "integer"
     for name, prefixes in GROUPS:
-        if any(op == p or op.startswith(p + ".") or (p == "U" and op.startswith("U")) or op.startswith(p)
-               for p in prefixes):
+        if op.startswith(prefixes):
             return name
     return "other"
 
@@ -107,14 +106,10 @@ def loops(insns, labels):
     return out
 
 
-def is_tensor(op):
-    return op.startswith("HGMMA") or op.startswith("HMMA")
-
-
 def hot_loop(insns, labels):
     best = None
     for head, tail in loops(insns, labels):
-        n_tensor = sum(is_tensor(insns[k][2]) for k in range(head, tail + 1))
+        n_tensor = sum(group_of(insns[k][2]) == "tensor" for k in range(head, tail + 1))
         key = -(tail - head)  # the innermost (shortest) loop that issues tensor instructions
         if n_tensor and (best is None or key > best[0]):
             best = (key, head, tail)
