@@ -3,7 +3,8 @@
 
     tools/hopper/build_trace.sh build-gc build-tr
     FLASHC_LIBRARY=build-tr/libflashc.so PYTHONPATH=python python3 tools/hopper/trace.py [--cases 128:2048:0,...]
-        [--variants default,tmastore+sched=stride]
+        [--variants default,tmastore+sched=stride] [--dump PREFIX]
+    python3 tools/hopper/trace.py --load PREFIX-128-2048-0-default.npz ...   (no GPU: a --dump's records again)
 
 A library built with -DFC_HP_TRACE=1 (src/cuda/hopper_trace.cuh) has the producer's thread and thread 0 of each
 consumer warpgroup write the SM's clock at marks in hopper_persistent.cuh. Each case (bf16, TARGETS.md's shapes: 16k
@@ -29,10 +30,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "profile"))
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import flashc  # noqa: E402
-from power import set_env  # noqa: E402
 
 CTAS, SLOTS, EVENTS = 132, 4, 6144  # hopper_trace.cuh
 MARK = {1: "tile", 2: "Q", 3: "K0", 4: "S0-turn", 5: "S0-done", 6: "softmax0", 11: "lastV", 12: "lastPV-turn",
@@ -118,6 +115,10 @@ def analyse(buf, title):
                 if ti + 1 == len(ts):
                     continue
                 _, cut, nxt = ts[ti + 1]
+                if c == 0:
+                    t4, n4 = first(ev, 4), first(nxt, 4)
+                    if t4 is not None and n4 is not None:
+                        tile_spans.append((n4 - t4, pay & 0xFF))
                 # the boundary as it ran: this tile's marks from its last P.V's turn on, the next tile's up to its
                 # softmax_0, in clock order (the epilogue may sit on either side of the cut)
                 t12 = first(ev, 12)
@@ -131,10 +132,6 @@ def analyse(buf, title):
                 gaps = [b[0] - a_[0] for a_, b in zip(seq, seq[1:])]
                 row.setdefault(key, []).append(gaps)
                 add(row.setdefault("span", {}), "12->4", t12, first(nxt, 4))
-                if c == 0:
-                    t4, n4 = first(ev, 4), first(nxt, 4)
-                    if t4 is not None and n4 is not None:
-                        tile_spans.append((n4 - t4, pay & 0xFF))
         for ti, (_, _, ev) in enumerate(prod):
             q = first(ev, 21)
             if q is None or ti >= len(cons[0]):
@@ -148,7 +145,8 @@ def analyse(buf, title):
                 q_rel.append(q - max(rel))
     period = med(period_all)
     fmt = lambda d: ", ".join(f"{k} {med(v):.0f}" for k, v in d.items())  # noqa: E731
-    print(f"\n== {title}: CTA span {med(spans):.0f} cycles (median); trip period (consumer 0) {period:.0f}")
+    print(f"\n== {title}: CTA span {med(spans):.0f} cycles (median; longest {max(spans, default=0):.0f}); trip period "
+          f"(consumer 0) {period:.0f}")
     for c, row in sorted(trip.items()):
         print(f"  trip {c}:      {fmt(row)}")
     for c, row in sorted(phase.items()):
@@ -177,7 +175,17 @@ def main():
     ap.add_argument("--cases", default="128:2048:0,128:2048:1,64:2048:0,128:16384:0", help="D:S:CAUSAL,...")
     ap.add_argument("--variants", default="default", help="as tools/profile/power.py's (VARIANT[+KEY=VAL])")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--dump", default=None,
+                    help="also save each case's records to DUMP-D-S-CAUSAL-VARIANT.npz (array buf), for --load")
+    ap.add_argument("--load", nargs="+", default=None, help="analyse these --dump files (no GPU, no library)")
     a = ap.parse_args()
+    if a.load:
+        for path in a.load:
+            analyse(np.load(path)["buf"], path)
+        return
+    import flashc  # the GPU run only: --load needs numpy alone
+    import torch
+    from power import set_env
     lib = ctypes.CDLL(os.environ["FLASHC_LIBRARY"])
     lib.fc_hopper_trace_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     for spec in a.cases.split(","):
@@ -198,7 +206,10 @@ def main():
             end.record()
             end.synchronize()
             ms = start.elapsed_time(end)
-            analyse(read_trace(lib), f"d{d} s{s} c{causal} {variant} ({ms:.3f} ms traced)")
+            buf = read_trace(lib)
+            if a.dump:
+                np.savez_compressed(f"{a.dump}-{d}-{s}-{causal}-{variant}.npz", buf=buf)
+            analyse(buf, f"d{d} s{s} c{causal} {variant} ({ms:.3f} ms traced)")
             set_env("default")
 
 
