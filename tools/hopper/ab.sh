@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tools/hopper/ab.sh [--cases D:S:C,...] [--rounds N] [--pass fwd|bwd] [--no-bitcmp] PACK.tar.xz REF NAME ... — on the
+# device, an A/B of libflashc builds packed by tools/hopper/pack_libs.sh: first tools/hopper/bitcmp.py (the forward of
+# every NAME against REF's, bit for bit; skipped with --no-bitcmp or --pass bwd), then tools/profile/power.py's steady
+# state (cuda-hopper beside cuDNN, bf16) for each library in turn, --rounds times (alternating, so that drift hits all
+# alike), and last a table: TFLOP/s per case and library (the mean of the rounds), cuDNN's mean, each NAME / REF.
+# Logs to $OUT. A round of four cases takes ~35 s per library.
+set -uo pipefail
+cases=128:2048:0,128:2048:1,64:2048:0,64:2048:1
+rounds=2
+pass=fwd
+bitcmp=1
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in
+    --cases) cases=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --pass) pass=$2; shift 2 ;;
+    --no-bitcmp) bitcmp=0; shift ;;
+    *) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+pack=${1:?usage: ab.sh [options] PACK.tar.xz REF NAME ...}
+shift
+[ $# -ge 2 ] || { echo "ab.sh: give a reference and at least one other library" >&2; exit 2; }
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+here=$(cd "$(dirname "$0")/../.." && pwd)
+export PYTHONPATH=$here/python PYTHONUNBUFFERED=1
+libs=$(mktemp -d)
+tar xJf "$pack" -C "$libs" || exit 1
+for name in "$@"; do [ -f "$libs/$name.so" ] || { echo "ab.sh: $name.so is not in $pack" >&2; exit 2; }; done
+rc=0
+if [ "$bitcmp" = 1 ] && [ "$pass" = fwd ]; then
+  ref=$1
+  FLASHC_LIBRARY=$libs/$ref.so timeout 200 python3 "$here/tools/hopper/bitcmp.py" save "$libs/ref.pt" >"$OUT/bitcmp-$ref.txt" 2>&1 || rc=1
+  tail -1 "$OUT/bitcmp-$ref.txt"
+  for name in "${@:2}"; do
+    FLASHC_LIBRARY=$libs/$name.so timeout 200 python3 "$here/tools/hopper/bitcmp.py" compare "$libs/ref.pt" \
+      >"$OUT/bitcmp-$name.txt" 2>&1 || rc=1
+    echo "$name: $(tail -1 "$OUT/bitcmp-$name.txt")"
+  done
+fi
+for r in $(seq "$rounds"); do
+  for name in "$@"; do
+    FLASHC_LIBRARY=$libs/$name.so timeout 300 python3 "$here/tools/profile/power.py" --pass "$pass" --seconds 2 \
+      --cases "$cases" >"$OUT/ab-$name-$r.txt" 2>&1 || { echo "power.py: $name round $r failed"; rc=1; }
+  done
+done
+python3 - "$OUT" "$rounds" "$@" <<'PY'
+import collections, sys
+out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+tf = collections.defaultdict(list)  # (case, impl, name) -> TFLOP/s per round
+for name in names:
+    for r in range(1, rounds + 1):
+        try:
+            lines = open(f"{out}/ab-{name}-{r}.txt").read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 6 and f[0] in ("hopper", "cudnn", "flash", "mma") and f[1].startswith("d"):
+                tf[(" ".join(f[1:4]), f[0], name)].append(float(f[5]))
+cases = sorted({k[0] for k in tf}, key=lambda c: [int("".join(ch for ch in w if ch.isdigit())) for w in c.split()])
+mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+print(f"TFLOP/s, mean of {rounds} rounds   " + "".join(f"{n:>9s}" for n in names) + "    cudnn"
+      + "".join(f"  {n}/{names[0]}" for n in names[1:]))
+for c in cases:
+    v = [mean([x for k, xs in tf.items() if k[0] == c and k[2] == n and k[1] != "cudnn" for x in xs]) for n in names]
+    cd = mean([x for k, xs in tf.items() if k[0] == c and k[1] == "cudnn" for x in xs])
+    print(f"{c:30s}   " + "".join(f"{x:9.1f}" for x in v) + f"{cd:9.1f}"
+          + "".join(f"  {x / v[0]:{len(n) + len(names[0]) + 1}.3f}" for x, n in zip(v[1:], names[1:])))
+PY
+rm -rf "$libs"
+exit $rc
