@@ -7,12 +7,14 @@ expects in its stage, and no copy overwrites a stage that a consumer is still re
 
 pingpong3 is the one-tile kernel with 3 consumer warpgroups (D = 64, Br = 192): empty barriers of 12 arrivals,
 turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 arriving first and skipping its
-last hand-over. The persistent kernel runs with 2 consumers (persistent, tmastore) and with 3 (tmastore3: q_empty
-and empty barriers of 12 arrivals); either way the round-robin turns form one chain over all the CTA's tiles, the
-last consumer arriving once before the first tile and consumer 0 taking the last hand-over with one more bar.sync
-after its last tile, under static orders (each CTA's list of tiles given) and under the dynamic order
-(FLASHC_HOPPER_SCHED=dynamic: 1..3 CTAs share a claim counter; each producer publishes its next position in a
-2-entry tile ring guarded by mbarriers, which its consumer warps read; every position must be walked by one CTA).
+last hand-over. The persistent kernel (session 14's protocol) runs with 2 consumers (persistent, tmastore) and with
+3 (tmastore3: q_empty and empty barriers of 12 arrivals); either way the round-robin turns form one chain over all the
+CTA's tiles, the last consumer arriving once before the first tile and consumer 0 taking the last hand-over with one
+more bar.sync after its last tile. The producer publishes every tile with rows in a 2-entry tile ring guarded by
+mbarriers before its loads, then an end marker; the consumer warps take each tile from the ring (the next one only
+after the dummy trips: blocks past a warpgroup's own last block, one turn each and their K and V released unused);
+Q_i has two slots. Under static orders (each CTA's list of tiles given) and under the dynamic order
+(FLASHC_HOPPER_SCHED=dynamic: 1..3 CTAs share a claim counter; every position with rows must be walked by one CTA).
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
 the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
@@ -227,7 +229,11 @@ PERSISTENT_MUTATIONS = {
     "p_counts_per_tile": "stage and parity counted from 0 in every tile, not over the CTA's life",
     "p_last_v_kept": "the tile's last V stage is never released (as the one-tile kernel may)",
     "p_q_released_first": "Q_i released at the start of the tile, before its S wgmmas",
-    "p_q_not_waited": "the producer loads the next Q_i without waiting for q_empty",
+    "p_q_not_waited": "the producer loads the next Q_i without waiting for its slot's q_empty",
+    "p_q_one_slot": "two Q slots in the parity arithmetic, but every Q_i loaded into slot 0",
+    "p_take_before_dummy": "the next tile taken from the ring before this tile's dummy trips (session 14's hang)",
+    "p_dummy_no_turn": "a warpgroup's dummy trips release K and V but take no turn",
+    "p_dummy_v_kept": "a dummy trip releases K only, never V",
     # tmastore3 (3 consumers, turns chained across tiles)
     "p3_counts_of_two": "3 consumers with the 2-consumer arrival counts (8) on q_empty and the empty barriers",
     "p3_skip_per_tile": "the last consumer skips its hand-over after every tile's last group, as the one-tile kernel",
@@ -240,33 +246,35 @@ DYNAMIC_MUTATIONS = {
     "d_consumer_skips_tile": "consumer 1 takes the next ring entry at once after its first loaded one from the ring, "
                              "skipping a tile the producer loads",
     "d_ring_not_waited": "the producer overwrites a ring entry without waiting for the consumers' release",
-    "d_first_from_ring": "the consumers take their first tile from the ring too, not from blockIdx.x",
     "d_claim_without_grid": "the claim forgets the grid: positions 0 .. grid - 1 are handed out twice",
-    "d_no_sentinel": "the producer stops without publishing -1",
+    "d_no_sentinel": "the producer stops without publishing the end marker",
 }
 
-TILE_RING = 2  # entries of the dynamic order's tile ring (FC_HP_TILE_RING)
+TILE_RING = 2  # entries of the tile ring (FC_HP_TILE_RING)
+Q_SLOTS = 2  # Q_i buffers (use u in slot u % 2)
 
 
 class Order:
     """Where a CTA's tiles come from. Static: its own list (tile id = index in it). Dynamic: one list of all
-    positions (weights[t]: key blocks of position t, 0 = no load, None = past its sequence) shared by `grid` CTAs;
-    CTA c takes position c first, then its producer claims grid + counter (the kernel's atomicAdd) after each tile."""
+    positions (weights[t]: key blocks of position t, 0 = no load, None = no row in its sequence: never published)
+    shared by `grid` CTAs; CTA c takes position c first, then its producer claims grid + counter (the kernel's
+    atomicAdd) after each tile's loads. own[t]: each consumer warpgroup's own key blocks of tile t (1 .. n_blocks,
+    fc_hp_own_blocks; the rest are its dummy trips), or None for all n_blocks."""
 
-    def __init__(self, weights, grid=None):
-        self.weights, self.grid, self.counter = weights, grid, 0
-        self.walked = []  # (cta, position) for each position a CTA's consumers walked (dynamic)
-
-    def first(self, cta):
-        return cta if self.grid is not None else (0 if self.weights else -1)
+    def __init__(self, weights, grid=None, own=None):
+        self.weights, self.grid, self.counter, self.own = weights, grid, 0, own or {}
+        self.walked = []  # (cta, position) for each position a CTA's consumers walked
 
 
 def persistent_cta(order, cta, stages, mutation, nc):
-    """One CTA of the persistent kernel: (actors, in_flight, bufs, end_check). The producer and the consumer warps
-    walk the positions of `order` (static: the CTA's list; dynamic: claimed and handed over through the tile ring)."""
+    """One CTA of the persistent kernel (session 14's protocol): (actors, in_flight, bufs, end_check). The producer
+    walks the positions of `order` (static: the CTA's list; dynamic: claimed), publishes each tile with rows in the
+    2-entry tile ring before its loads, then an end marker; every consumer warp takes each tile from the ring (the
+    first at its start, the next after the last P.V and the dummy trips of the one before). Q_i in two slots."""
     dynamic = order.grid is not None
     arrivals = 8 if mutation == "p3_counts_of_two" else 4 * nc  # one per consumer warp
-    q_full, q_empty = MBar(1), MBar(arrivals)
+    q_full = [MBar(1) for _ in range(Q_SLOTS)]
+    q_empty = [MBar(arrivals) for _ in range(Q_SLOTS)]
     full_k = [MBar(1) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
     empty_k = [MBar(arrivals) for _ in range(stages)]
@@ -277,13 +285,14 @@ def persistent_cta(order, cta, stages, mutation, nc):
     turn = [NamedBar(256) for _ in range(nc)]
     turn_order = []  # the consumer whose warp 0 passed a turn, in order
     walked = {}  # consumer warp -> the positions it walked
-    bufs = {"Q": [None], "K": [None] * stages, "V": [None] * stages}
+    bufs = {"Q": [None] * Q_SLOTS, "K": [None] * stages, "V": [None] * stages}
     readers = {(kind, s): set() for kind, b in bufs.items() for s in range(len(b))}
     in_flight = []
     per_tile = mutation == "p_counts_per_tile"
 
-    def weight(t):
-        return order.weights[t]
+    def n_own(t, cw):
+        own = order.own.get(t)
+        return order.weights[t] if own is None else own[cw]
 
     def tma(bar, kind, stage, tile):
         if readers[(kind, stage)]:
@@ -294,21 +303,13 @@ def persistent_cta(order, cta, stages, mutation, nc):
         while not bar.passed(parity):
             yield "blocked"
 
-    def claim(fill):
-        """Dynamic order: the producer's next position, claimed and published in the ring (-1: none left)."""
-        nxt = order.counter + (0 if mutation == "d_claim_without_grid" else order.grid)  # the atomicAdd
-        order.counter += 1
-        if nxt >= len(order.weights):
-            nxt = -1
-        yield "claimed"
-        if nxt < 0 and mutation == "d_no_sentinel":
-            return nxt
+    def publish(fill, pos):
+        """The producer's tile `fill` (-1: the end marker) into the ring."""
         e, u = fill % TILE_RING, fill // TILE_RING
         if u > 0 and mutation != "d_ring_not_waited":
             yield from wait(tile_empty[e], (u - 1) & 1)
-        ring[e] = (fill, nxt)
+        ring[e] = (fill, pos)
         tile_full[e].arrive()
-        return nxt
 
     def take(use, who):
         e = use % TILE_RING
@@ -319,40 +320,52 @@ def persistent_cta(order, cta, stages, mutation, nc):
         tile_empty[e].arrive()
         return pos
 
+    def next_position(ti):
+        """The position after ti (static: the next of the list; dynamic: claimed, -1 when none is left)."""
+        if not dynamic:
+            return ti + 1 if ti + 1 < len(order.weights) else -1
+        nxt = order.counter + (0 if mutation == "d_claim_without_grid" else order.grid)  # the atomicAdd
+        order.counter += 1
+        yield "claimed"
+        return nxt if nxt < len(order.weights) else -1
+
     def producer():
         kfill = vfill = qfill = tfill = 0
-        ti = cta if dynamic else 0
-        while 0 <= ti < len(order.weights):
-            n_blocks = weight(ti)
-            if n_blocks and per_tile:
-                kfill = vfill = 0
-            for n in range(n_blocks + 1 if n_blocks else 0):
-                if n < n_blocks:
-                    s, u = kfill % stages, kfill // stages
-                    if u > 0:
-                        yield from wait(empty_k[s], (u - 1) & 1)
-                    full_k[s].arrive(expect_tx=1)
-                    tma(full_k[s], "K", s, (ti, n))
-                    kfill += 1
-                if n == 0:
-                    if qfill > 0 and mutation != "p_q_not_waited":
-                        yield from wait(q_empty, (qfill - 1) & 1)
-                    q_full.arrive(expect_tx=1)
-                    tma(q_full, "Q", 0, ti)
-                    qfill += 1
-                else:
-                    s, u = vfill % stages, vfill // stages
-                    if u > 0:
-                        yield from wait(empty_v[s], (u - 1) & 1)
-                    full_v[s].arrive(expect_tx=1)
-                    tma(full_v[s], "V", s, (ti, n - 1))
-                    vfill += 1
-                yield "step"
-            if not dynamic:
-                ti += 1
-            else:
-                ti = yield from claim(tfill)
+        ti = (cta if cta < len(order.weights) else -1) if dynamic else (0 if order.weights else -1)
+        while ti >= 0:
+            n_blocks = order.weights[ti]
+            if n_blocks is not None:  # rows in its sequence: published, loaded when it sees a key
+                yield from publish(tfill, ti)
                 tfill += 1
+                if n_blocks and per_tile:
+                    kfill = vfill = 0
+                for n in range(n_blocks + 1 if n_blocks else 0):
+                    if n < n_blocks:
+                        s, u = kfill % stages, kfill // stages
+                        if u > 0:
+                            yield from wait(empty_k[s], (u - 1) & 1)
+                        full_k[s].arrive(expect_tx=1)
+                        tma(full_k[s], "K", s, (ti, n))
+                        kfill += 1
+                    if n == 0:
+                        qs = 0 if mutation == "p_q_one_slot" else qfill % Q_SLOTS
+                        qu = qfill // Q_SLOTS
+                        if qu > 0 and mutation != "p_q_not_waited":
+                            yield from wait(q_empty[qs], (qu - 1) & 1)
+                        q_full[qs].arrive(expect_tx=1)
+                        tma(q_full[qs], "Q", qs, ti)
+                        qfill += 1
+                    else:
+                        s, u = vfill % stages, vfill // stages
+                        if u > 0:
+                            yield from wait(empty_v[s], (u - 1) & 1)
+                        full_v[s].arrive(expect_tx=1)
+                        tma(full_v[s], "V", s, (ti, n - 1))
+                        vfill += 1
+                    yield "step"
+            ti = yield from next_position(ti)
+        if mutation != "d_no_sentinel":
+            yield from publish(tfill, -1)
 
     def read(kind, s, tile, who):
         assert bufs[kind][s] == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{bufs[kind][s]}"
@@ -382,45 +395,46 @@ def persistent_cta(order, cta, stages, mutation, nc):
             turn[0].add(32)  # consumer 0 first, once for the CTA's life
         kuse = vuse = quse = tuse = 0
         skipped = False  # mutation d_consumer_skips_tile
-        ti = cta if dynamic else 0
-        if dynamic and mutation == "d_first_from_ring":
-            ti = yield from take(tuse, who)
-            tuse += 1
-        while 0 <= ti < len(order.weights):
-            n_blocks = weight(ti)
+        ti = yield from take(tuse, who)
+        tuse += 1
+        while ti >= 0:
+            n_blocks = order.weights[ti]
             walked[(cw, warp)].append(ti)
             if n_blocks == 0 and mutation == "p3_turn_in_empty_tile" and cw == nc - 1:
                 turn[0].add(32)
+            taken = False
             if n_blocks:
+                own = n_own(ti, cw)
                 if per_tile:
                     kuse = vuse = 0
-                yield from wait(q_full, quse & 1)
+                qs = 0 if mutation == "p_q_one_slot" else quse % Q_SLOTS
+                yield from wait(q_full[qs], (quse // Q_SLOTS) & 1)
                 if mutation == "p_q_released_first":
-                    q_empty.arrive()
+                    q_empty[qs].arrive()
                 s0 = kuse % stages
                 yield from wait(full_k[s0], (kuse // stages) & 1)
                 yield from my_turn()
-                read("Q", 0, ti, who)
+                read("Q", qs, ti, who)
                 read("K", s0, (ti, 0), who)
                 your_turn(False)
                 yield "wgmma"
-                done("Q", 0, who)
+                done("Q", qs, who)
                 done("K", s0, who)
                 empty_k[s0].arrive()
                 kuse += 1
-                for n in range(1, n_blocks):
+                for n in range(1, own):
                     sn, sp = kuse % stages, vuse % stages
                     if n >= 2:
                         empty_v[(vuse - 1) % stages].arrive()  # V_{n-2}: its P.V was waited for last trip
                     yield from wait(full_k[sn], (kuse // stages) & 1)
                     yield from wait(full_v[sp], (vuse // stages) & 1)
                     yield from my_turn()
-                    read("Q", 0, ti, who)
+                    read("Q", qs, ti, who)
                     read("K", sn, (ti, n), who)
                     read("V", sp, (ti, n - 1), who)
                     your_turn(False)
                     yield "wgmma"
-                    done("Q", 0, who)  # wait_group 1: S done
+                    done("Q", qs, who)  # wait_group 1: S done
                     done("K", sn, who)
                     empty_k[sn].arrive()
                     yield "softmax"
@@ -431,25 +445,41 @@ def persistent_cta(order, cta, stages, mutation, nc):
                 sl = vuse % stages
                 yield from wait(full_v[sl], (vuse // stages) & 1)
                 if mutation != "p_q_released_first":
-                    q_empty.arrive()  # every S of the tile was waited for
-                if n_blocks >= 2:
-                    empty_v[(vuse - 1) % stages].arrive()  # V_{N-2}
+                    q_empty[qs].arrive()  # every S of the tile was waited for
+                if own >= 2:
+                    empty_v[(vuse - 1) % stages].arrive()  # V_{own-2}
                 yield from my_turn()
-                read("V", sl, (ti, n_blocks - 1), who)
-                your_turn(True)
+                read("V", sl, (ti, own - 1), who)
+                your_turn(own == n_blocks)
                 yield "wgmma"
                 done("V", sl, who)
                 if mutation != "p_last_v_kept":
-                    empty_v[sl].arrive()  # V_{N-1}
+                    empty_v[sl].arrive()  # V_{own-1}
                 vuse += 1
                 quse += 1
+                if mutation == "p_take_before_dummy" and own < n_blocks:
+                    nxt = yield from take(tuse, who)
+                    tuse += 1
+                    taken = True
+                for n in range(own, n_blocks):  # dummy trips: masked for all this warpgroup's rows
+                    sn, sp = kuse % stages, vuse % stages
+                    yield from wait(full_k[sn], (kuse // stages) & 1)
+                    if mutation != "p_dummy_no_turn":
+                        yield from my_turn()
+                        your_turn(n == n_blocks - 1)
+                    empty_k[sn].arrive()
+                    yield from wait(full_v[sp], (vuse // stages) & 1)
+                    if mutation != "p_dummy_v_kept":
+                        empty_v[sp].arrive()
+                    kuse += 1
+                    vuse += 1
             yield "epilogue"
-            if not dynamic:
-                ti += 1
-                continue
-            ti = yield from take(tuse, who)
-            tuse += 1
-            if mutation == "d_consumer_skips_tile" and cw == 1 and not skipped and ti >= 0 and weight(ti):
+            if taken:
+                ti = nxt
+            else:
+                ti = yield from take(tuse, who)
+                tuse += 1
+            if mutation == "d_consumer_skips_tile" and cw == 1 and not skipped and ti >= 0 and order.weights[ti]:
                 skipped = True
                 ti = yield from take(tuse, who)
                 tuse += 1
@@ -498,26 +528,27 @@ def run_ctas(ctas, rng):
         c[3]()
 
 
-def simulate_persistent(tiles, stages, seed, mutation=None, nc=2):
+def simulate_persistent(tiles, stages, seed, mutation=None, nc=2, own=None):
     """tiles: per tile of this CTA, its number of visible key blocks (0: no load at all, the epilogue only), or
-    None for a tile past its sequence (skipped by everyone). Models Q_i as a one-slot buffer (q_full, q_empty)
-    and the K/V rings with fill/use counts kept over all tiles, and the ping-pong turns across tiles: nc = 2
-    balances them per tile, nc = 3 chains them round robin over the CTA's life. Checks the order in which the
-    consumers' warps 0 pass their turns: 0, 1, (2,) 0, 1, (2,) ..."""
+    None for a tile with no row in its sequence (never published); own: {tile: each consumer's own blocks}. Models
+    Q_i in two slots, the K/V rings with fill/use counts kept over all tiles, the dummy trips and the ping-pong turns
+    chained round robin over the CTA's life. Checks the order in which the consumers' warps 0 pass their turns:
+    0, 1, (2,) 0, 1, (2,) ..."""
     rng = random.Random(seed)
-    run_ctas([persistent_cta(Order(tiles), 0, stages, mutation, nc)], rng)
+    run_ctas([persistent_cta(Order(tiles, own=own), 0, stages, mutation, nc)], rng)
 
 
-def simulate_dynamic(weights, grid, stages, seed, mutation=None, nc=2):
+def simulate_dynamic(weights, grid, stages, seed, mutation=None, nc=2, own=None):
     """The dynamic order: `grid` CTAs over the positions `weights` (as simulate_persistent's tiles), each CTA's
     producer claiming positions with the shared counter and handing them to its consumers through the tile ring,
     under random interleavings (so which CTA gets which position varies). Checks, besides each CTA's protocol, that
-    all the warps of a CTA walk the same positions and that every position is walked by exactly one CTA."""
+    all the warps of a CTA walk the same positions and that every position with rows is walked by exactly one CTA."""
     rng = random.Random(seed)
-    order = Order(weights, grid)
+    order = Order(weights, grid, own)
     run_ctas([persistent_cta(order, c, stages, mutation, nc) for c in range(grid)], rng)
     got = sorted(t for _, t in order.walked)
-    assert got == list(range(len(weights))), f"positions walked {got}, not each of 0 .. {len(weights) - 1} once"
+    want = [t for t, w in enumerate(weights) if w is not None]
+    assert got == want, f"positions walked {got}, not each of {want} once"
 
 
 def random_tiles(rng, n_min, n_max):
@@ -525,9 +556,18 @@ def random_tiles(rng, n_min, n_max):
             for _ in range(rng.randint(n_min, n_max))]
 
 
+def random_own(rng, weights, nc):
+    """Each consumer's own key blocks for about half the tiles of 2+ blocks (the others: all of them)."""
+    return {t: tuple(rng.randint(1, w) for _ in range(nc))
+            for t, w in enumerate(weights) if w and w >= 2 and rng.random() < 0.5}
+
+
+DUMMY_MUTATIONS = ("p_take_before_dummy", "p_dummy_no_turn", "p_dummy_v_kept")
+
+
 def run_persistent(mutation=None, seeds=40):
-    """Random tile lists (1..6 tiles of 0..6 key blocks, some skipped) under random interleavings, with 2 and 3
-    consumers."""
+    """Random tile lists (1..6 tiles of 0..6 key blocks, some with no rows, some with dummy trips) under random
+    interleavings, with 2 and 3 consumers."""
     runs = 0
     for nc in (2, 3):
         for stages in (2, 3):
@@ -540,17 +580,21 @@ def run_persistent(mutation=None, seeds=40):
                     tiles += [2, 4]  # the cross-tile mutations need two loaded tiles to show
                 if mutation == "p3_turn_in_empty_tile" and 0 not in tiles:
                     tiles.insert(1, 0)
+                own = random_own(rng, tiles, nc)
+                if mutation in DUMMY_MUTATIONS:  # a tile whose first warpgroup runs dummy trips, then another
+                    own[len(tiles)] = (1,) + (5,) * (nc - 1)
+                    tiles += [5, 3]
                 try:
-                    simulate_persistent(tiles, stages, seed, mutation, nc)
+                    simulate_persistent(tiles, stages, seed, mutation, nc, own)
                 except AssertionError as e:
-                    return f"persistent nc={nc} stages={stages} tiles={tiles} seed={seed}: {e}", runs
+                    return f"persistent nc={nc} stages={stages} tiles={tiles} own={own} seed={seed}: {e}", runs
                 runs += 1
     return None, runs
 
 
 def run_dynamic(mutation=None, seeds=40):
     """The dynamic order: 1..3 CTAs over 1..12 positions (at least one per CTA, as the host's grid = min(tiles,
-    SMs)), random weights with skipped and empty tiles, 2 and 3 consumers, 2 and 3 stages."""
+    SMs)), random weights with tiles without rows, empty tiles and dummy trips, 2 and 3 consumers, 2 and 3 stages."""
     runs = 0
     for nc in (2, 3):
         for stages in (2, 3):
@@ -560,8 +604,9 @@ def run_dynamic(mutation=None, seeds=40):
                 weights = random_tiles(rng, grid, 12)
                 if mutation:
                     weights += [rng.choice([0, None, 2]) for _ in range(3)] + [3, 1, 2] * grid  # several tiles per CTA
+                own = random_own(rng, weights, nc)
                 try:
-                    simulate_dynamic(weights, grid, stages, seed, mutation, nc)
+                    simulate_dynamic(weights, grid, stages, seed, mutation, nc, own)
                 except AssertionError as e:
                     return f"dynamic nc={nc} stages={stages} grid={grid} weights={weights} seed={seed}: {e}", runs
                 runs += 1
