@@ -19,7 +19,7 @@ The marks cost a global store each (a few per cent): read the shape, not the abs
 tile, 21 Q issued, 22 K_n's stage free, 23 V_n's; consumers 1 tile (payload n_blocks | n_own << 8), 2 Q landed, 3 K_0
 landed, 4 S_0's turn, 5 S_0 done, 6 softmax_0 done, 7 trip n's K/V landed, 8 its turn, 9 its S done, 10 its P·V done, 19 its
 rescale done, 11 last V landed, 12 last P·V's turn, 13 its P·V done, 14 a dummy trip's turn, 15 epilogue start, 16 sO free,
-17 sO written, 18 stored.
+17 sO written, 18 stored, 24 right after 1 (the cost of a mark itself).
 """
 import argparse
 import ctypes
@@ -85,7 +85,7 @@ def add(row, name, a, b):
 
 def analyse(buf, title):
     trip, block0, bound, phase = {}, {}, {}, {}
-    period_all, tile_spans, q_lat, q_rel, spans = [], [], [], [], []
+    period_all, tile_spans, q_lat, q_rel, spans, mark_cost = [], [], [], [], [], []
     for cta in range(CTAS):
         prod = tiles(events(buf[cta, 0]), 20)
         cons = [[t for t in tiles(events(buf[cta, slot]), 1) if t[0] & 0xFF] for slot in range(1, SLOTS)]
@@ -96,7 +96,8 @@ def analyse(buf, title):
         spans.append(max(clocks) - min(clocks))
         for c, ts in enumerate(cons):
             row, trow = bound.setdefault(c, {}), trip.setdefault(c, {})
-            for ti, (pay, _, ev) in enumerate(ts):
+            for ti, (pay, cut, ev) in enumerate(ts):
+                add({"m": mark_cost}, "m", cut, first(ev, 24))
                 for n in range(2, pay >> 8):  # trips 2 .. n_own - 1: steady ones
                     t19p, t7, t8, t9, t10, t19 = (first(ev, g, x) for g, x in
                                                   ((19, n - 1), (7, n), (8, n), (9, n), (10, n), (19, n)))
@@ -168,6 +169,9 @@ def analyse(buf, title):
         print(f"  per tile:    span - n_blocks x period = {med(ex):.2f} trips (median of {len(ex)}; n_blocks median "
               f"{med([nb for _, nb in tile_spans]):.0f})")
     print(f"  Q_i:         last release -> issue {med(q_rel):.0f}, issue -> consumer 0 sees it {med(q_lat):.0f}")
+    if mark_cost:
+        print(f"  a mark:      {med(mark_cost):.0f} cycles from one mark to the next with nothing between (tags 1, 24): "
+              f"every split above includes about that much")
 
 
 def main():
