@@ -151,3 +151,62 @@ def test_hopper_mask_shortcuts_give_the_same_bits(variant, rng, monkeypatch):
         assert torch.isfinite(out["1"][0].float()).all(), case
         assert torch.equal(out["0"][0], out["1"][0]), case
         assert torch.equal(out["0"][1], out["1"][1]), case
+
+
+@pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
+def test_hopper_backward_tile_order_gives_the_same_bits(rng, monkeypatch):
+    """The Hopper backward's dK/dV kernels walk their last (sequence, kv head) pairs key block by key block where a
+    right mask edge makes the tiles differ in length (FLASHC_HOPPER_BWD_TAIL: 0 off, 1..4 waves of CTAs; the default
+    2). A CTA's tile is computed the same way wherever it lands in the grid, so dK and dV keep their bits in every
+    order, and so does dQ in deterministic mode (its adds take turns key block by key block: they must still make
+    progress). Cases with the whole grid in the new order and with both orders, D = 64 (Br = 128), 128, 256, GQA,
+    bottom-right shifts, a window; the default's gradients within 3x bf16 SDPA's error of fp32 SDPA's."""
+    cases = [  # (b, hq, hkv, sq, sk, d, causal, align, window)
+        (2, 6, 3, 1000, 1000, 64, True, "top-left", None),
+        (4, 24, 24, 1000, 1000, 64, True, "top-left", None),
+        (3, 16, 8, 700, 1100, 128, True, "bottom-right", None),
+        (2, 8, 8, 900, 1500, 128, True, "bottom-right", None),
+        (2, 4, 4, 999, 999, 128, False, "top-left", (300, 45)),
+        (2, 4, 2, 777, 777, 256, True, "top-left", None),
+    ]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for b, hq, hkv, sq, sk, d, causal, align, window in cases:
+        q = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
+        k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, d))).to("cuda", torch.bfloat16) for _ in range(2))
+        dout = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
+        kw = dict(causal=causal, window=window, causal_align=align, backend="cuda-hopper")
+        o, lse = flashc.attention(q, k, v, return_lse=True, **kw)
+        case = f"b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} causal {causal} {align} window {window}"
+        grads = {}
+        for tail in ("0", "1", "2", "4"):
+            monkeypatch.setenv("FLASHC_HOPPER_BWD_TAIL", tail)
+            grads[tail] = flashc.attention_backward(dout, q, k, v, o, lse, **kw)
+            if d <= 128:
+                grads[tail + "det"] = flashc.attention_backward(dout, q, k, v, o, lse, deterministic=True, **kw)
+        torch.cuda.synchronize()
+        for tail in ("1", "2", "4"):
+            for name, got, want in zip("qkv", grads[tail], grads["0"]):
+                assert name == "q" or torch.equal(got, want), f"{case}: d{name} differs, tail {tail} vs 0"
+            if d <= 128:
+                for name, got, want in zip("qkv", grads[tail + "det"], grads["0det"]):
+                    assert torch.equal(got, want), f"{case}: deterministic d{name} differs, tail {tail} vs 0"
+        # the default order's gradients against fp32 SDPA's (GQA: k, v repeated over their query heads)
+        rep = hq // hkv
+        if causal:  # SDPA's causal mask is top-left; bottom-right as an explicit mask
+            i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+            mask = j <= i + (sk - sq if align == "bottom-right" else 0)
+        else:
+            i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+            mask = (j >= i - window[0]) & (j <= i + window[1])
+
+        def grads_of(dt):
+            x = [t.to(dt).transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
+            kk, vv = (t.repeat_interleave(rep, dim=1) for t in x[1:])
+            y = sdpa(x[0], kk, vv, attn_mask=mask)
+            y.backward(dout.to(dt).transpose(1, 2))
+            return [t.grad.transpose(1, 2) for t in x]
+
+        ref, plain = grads_of(torch.float32), grads_of(torch.bfloat16)
+        for name, got, r, p in zip("qkv", grads["2"], ref, plain):
+            err, err_plain = (got.float() - r).abs().max().item(), (p.float() - r).abs().max().item()
+            assert err <= 3 * err_plain + 1e-3, f"{case}: d{name} max error {err}, bf16 SDPA's {err_plain}"
