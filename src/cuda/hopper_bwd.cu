@@ -45,6 +45,7 @@
  * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, 2 or 3): fc_hopper_bwd_d256_kernel
  * (hopper_bwd_d256.cuh: Bc = 64 keys per CTA, Sᵀ/dPᵀ split by queries and dK/dV/dQ by head-dim columns between the
  * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
+#include "bwd_tile_order.cuh"
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -88,7 +89,7 @@ typedef struct fc_hopper_bwd_args {
   int heads_q, heads_kv, group, head_dim;
   int n_blocks;     /* key blocks per (kv head, sequence) */
   int n_pairs;      /* (sequence, kv head) pairs: batch·heads_kv */
-  int tail_from;    /* the single-tile kernels' first pair walked key block by key block (fc_hpb_tile_of_cta) */
+  int tail_from;    /* the single-tile kernels' first pair walked key block by key block (bwd_tile_order.cuh) */
   float scale;      /* > 0 (supports refuses a negative one) */
   float scale_log2; /* scale·log2(e) */
   int64_t window_left, window_right, mask_offset;
@@ -159,21 +160,14 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   return true;
 }
 
-/* The tile of this CTA in the single-tile kernels. CTAs below tail_from·n_blocks take key block x % n_blocks of pair
- * x / n_blocks: every key block of a pair runs at about the same time, sharing its Q_i, dO_i and dQ_i rows in L2
- * (session 10: the orders that spread the CTAs at work over many pairs lost 2..37 % to L2 misses). The last pairs,
- * from tail_from on, go key block by key block instead: key block 0 of each, then key block 1 of each, ... With a
- * right mask edge (causal) key block 0 is a pair's heaviest and the last its lightest, so in the key-block-fastest
- * order the grid's last heavy tiles start while the other SMs run out of work (a list-scheduling model: 5..7 %
- * idle at d128 causal 2k-8k); in this order the grid ends on the lightest tiles. Within a pair the key blocks still
- * start in ascending order, which the deterministic dQ's turns (fc_hpb_ticket_wait) need to make progress. */
+/* The tile of this CTA in the single-tile kernels (bwd_tile_order.cuh: the grid's last pairs key block by key
+ * block where a right mask edge makes the tiles unequal). */
 template <int BR, int BC = FC_HPB_BC>
 static __device__ __forceinline__ bool fc_hpb_tile_of_cta(const fc_hopper_bwd_args &a, fc_hpb_tile *ti) {
-  /* 32-bit: the grid is below 2^31 CTAs (fc_mma_grid); 64-bit divisions would add a call and a stack frame */
-  const uint32_t x = blockIdx.x, nb = (uint32_t)a.n_blocks, split = (uint32_t)a.tail_from * nb;
-  if (x < split) return fc_hpb_tile_from<BR, BC>(a, (int)(x % nb), x / nb, ti);
-  const uint32_t tail = (uint32_t)(a.n_pairs - a.tail_from); /* > 0 here */
-  return fc_hpb_tile_from<BR, BC>(a, (int)((x - split) / tail), a.tail_from + (x - split) % tail, ti);
+  int jb;
+  int64_t bh;
+  fc_bwd_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
+  return fc_hpb_tile_from<BR, BC>(a, jb, bh, ti);
 }
 
 /* The tile's first key row of dk or dv (g, with that view's strides): where its dK_j or dV_j goes. */
@@ -1005,24 +999,6 @@ static flashc_status fc_hpb_sched_get(int *order) {
                        "flashc_backward (cuda-hopper)", order);
 }
 
-/* FLASHC_HOPPER_BWD_TAIL (comparisons): how many waves of CTAs (SMs' worth) at the single-tile kernels' end walk
- * their pairs key block by key block (fc_hpb_tile_of_cta), where a right mask edge (causal) makes key blocks differ
- * in length: 2 (unset), or 0 (off: key block fastest everywhere), 1, 3, 4. The model's idle share at d128 causal
- * 2k-8k: 5.6..7.2 % off, 1.1..1.3 % with 2 waves (1 wave: up to 2.5 %). */
-static flashc_status fc_hpb_tail_from(const fc_problem *p, int n_blocks, int n_pairs, int *tail_from) {
-  static const char *const names[] = {"0", "1", "2", "3", "4"};
-  int waves = 2;
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_TAIL", names, (int)(sizeof names / sizeof names[0]), 2,
-                         "flashc_backward (cuda-hopper)", &waves));
-  *tail_from = n_pairs;
-  if (waves == 0 || p->window_right < 0) return FLASHC_OK; /* tiles of one length: the L2-friendly order alone */
-  fc_device_props props;
-  FC_CHECK(fc_device_get_props(&props));
-  const int64_t tail = fc_cdiv((int64_t)waves * props.num_sms, n_blocks);
-  *tail_from = tail >= n_pairs ? 0 : n_pairs - (int)tail;
-  return FLASHC_OK;
-}
-
 /* The persistent second version (fc_hpb_persist_get): grid = min(SMs, tiles), the tiles in the order `order`
  * (fc_hpb_sched_get; fc_hopper_bwd_v2p_kernel says how a tile maps to a key block); claim: the dynamic order's
  * counter in the workspace. Shared memory: the single-tile kernel's + kv_empty and the tile ring (48 bytes): D = 128
@@ -1214,7 +1190,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
   a.n_pairs = (int)(p->batch * p->heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
-  FC_CHECK(fc_hpb_tail_from(p, a.n_blocks, a.n_pairs, &a.tail_from));
+  FC_CHECK(fc_bwd_tail_from(p, a.n_blocks, a.n_pairs, 1, &a.tail_from)); /* one CTA per SM */
   CUtensorMap maps[4];
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_backward", &maps[0]));
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[1]));

@@ -57,8 +57,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   const int kg = warp % KG, wn = warp / KG; /* Sᵀ and dK/dV role */
   const int qg = warp % QG, wq = warp / QG; /* dQ role */
 
-  const int jb = (int)(blockIdx.x % a.n_blocks);
-  const int64_t bh = blockIdx.x / a.n_blocks;
+  int jb; /* the grid's order: bwd_tile_order.cuh */
+  int64_t bh;
+  fc_bwd_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
   const int hk = (int)(bh % a.heads_kv);
   const int64_t b = bh / a.heads_kv;
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
@@ -507,6 +508,16 @@ template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, 
   return fc_bwd_rows_prep<T>(p, r);
 }
 
+/* The dK/dV grid's order (bwd_tile_order.cuh), with as many CTAs per SM as this kernel gets. After fc_mma_grid:
+ * batch·heads_kv fits an int. */
+static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
+                                     fc_mma_bwd_args *a) {
+  int per_sm = 0;
+  FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  a->n_pairs = (int)(p->batch * p->heads_kv);
+  return fc_bwd_tail_from(p, a->n_blocks, a->n_pairs, per_sm, &a->tail_from);
+}
+
 /* 2, base configuration. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES>
 static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
@@ -523,6 +534,7 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
               : (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, true>
                         : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, false>);
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
+  FC_CHECK(fc_mma_bwd_tail(p, (const void *)dkdv, NW * 32, smem, &a));
   dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dkdv_kernel");
   return FLASHC_OK;
@@ -569,6 +581,7 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   if (MINB > 1) /* several CTAs per SM need the largest shared-memory carve-out (d128 fa2x2: 2 × 113 KB) */
     FC_CUDA_CHECK(cudaFuncSetAttribute((const void *)dkdv, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared));
+  FC_CHECK(fc_mma_bwd_tail(p, (const void *)dkdv, NW * 32, smem, &a));
   dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_fa2_kernel");
   *ran = true;

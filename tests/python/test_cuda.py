@@ -153,14 +153,25 @@ def test_hopper_mask_shortcuts_give_the_same_bits(variant, rng, monkeypatch):
         assert torch.equal(out["0"][1], out["1"][1]), case
 
 
-@pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
-def test_hopper_backward_tile_order_gives_the_same_bits(rng, monkeypatch):
-    """The Hopper backward's dK/dV kernels walk their last (sequence, kv head) pairs key block by key block where a
-    right mask edge makes the tiles differ in length (FLASHC_HOPPER_BWD_TAIL: 0 off, 1..4 waves of CTAs; the default
-    2). A CTA's tile is computed the same way wherever it lands in the grid, so dK and dV keep their bits in every
-    order, and so does dQ in deterministic mode (its adds take turns key block by key block: they must still make
-    progress). Cases with the whole grid in the new order and with both orders, D = 64 (Br = 128), 128, 256, GQA,
-    bottom-right shifts, a window; the default's gradients within 3x bf16 SDPA's error of fp32 SDPA's."""
+def tensor_core_backends():
+    out = []
+    for name in ("cuda-hopper", "cuda-mma"):
+        b = next((b for b in CUDA_BACKENDS if b.name == name), None)
+        usable = b is not None and b.usable and b.has_backward
+        out.append(pytest.param(name, id=name, marks=[] if usable else [
+            pytest.mark.skip(reason=f"{name} is not usable here" + (f": {b.why_unusable}" if b else ""))]))
+    return out
+
+
+@pytest.mark.parametrize("backend", tensor_core_backends())
+def test_backward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
+    """The tensor-core backwards' dK/dV grids walk their last (sequence, kv head) pairs key block by key block where
+    a right mask edge makes the tiles differ in length (FLASHC_BWD_TAIL: 0 off, 1..4 waves of CTAs; the default 2;
+    src/cuda/bwd_tile_order.cuh). A CTA's tile is computed the same way wherever it lands in the grid, so dK and dV
+    keep their bits in every order, and so does dQ in deterministic mode (cuda-hopper's adds take turns key block by
+    key block: they must still make progress). Cases with the whole grid in the new order and with both orders, D =
+    64, 128, 256, GQA, bottom-right shifts, a window; the default's gradients within 3x bf16 SDPA's error of fp32
+    SDPA's."""
     cases = [  # (b, hq, hkv, sq, sk, d, causal, align, window)
         (2, 6, 3, 1000, 1000, 64, True, "top-left", None),
         (4, 24, 24, 1000, 1000, 64, True, "top-left", None),
@@ -174,20 +185,20 @@ def test_hopper_backward_tile_order_gives_the_same_bits(rng, monkeypatch):
         q = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
         k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, d))).to("cuda", torch.bfloat16) for _ in range(2))
         dout = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
-        kw = dict(causal=causal, window=window, causal_align=align, backend="cuda-hopper")
+        kw = dict(causal=causal, window=window, causal_align=align, backend=backend)
         o, lse = flashc.attention(q, k, v, return_lse=True, **kw)
         case = f"b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} causal {causal} {align} window {window}"
         grads = {}
         for tail in ("0", "1", "2", "4"):
-            monkeypatch.setenv("FLASHC_HOPPER_BWD_TAIL", tail)
+            monkeypatch.setenv("FLASHC_BWD_TAIL", tail)
             grads[tail] = flashc.attention_backward(dout, q, k, v, o, lse, **kw)
-            if d <= 128:
+            if d <= 128 or backend == "cuda-mma":
                 grads[tail + "det"] = flashc.attention_backward(dout, q, k, v, o, lse, deterministic=True, **kw)
         torch.cuda.synchronize()
         for tail in ("1", "2", "4"):
             for name, got, want in zip("qkv", grads[tail], grads["0"]):
                 assert name == "q" or torch.equal(got, want), f"{case}: d{name} differs, tail {tail} vs 0"
-            if d <= 128:
+            if tail + "det" in grads:
                 for name, got, want in zip("qkv", grads[tail + "det"], grads["0det"]):
                     assert torch.equal(got, want), f"{case}: deterministic d{name} differs, tail {tail} vs 0"
         # the default order's gradients against fp32 SDPA's (GQA: k, v repeated over their query heads)
