@@ -6,9 +6,9 @@
  * work over many pairs lost 2..37 % to L2 misses). The last pairs, from tail_from on, go key block by key block
  * instead: key block 0 of each, then key block 1 of each, ... With a right mask edge (causal) key block 0 is a pair's
  * heaviest tile and its last key block the lightest, so in the key-block-fastest order the grid's last heavy tiles
- * start while the other SMs run out of work (a list-scheduling model: 5.6..7.2 % idle at d128 causal 2k-8k on 132
- * SMs); in this order the grid ends on its lightest tiles (1.1..1.3 % idle with two waves). Within a pair the key
- * blocks still start in ascending order, which cuda-hopper's deterministic dQ turns need to make progress. */
+ * start while the other SMs run out of work (tools/profile/grid_order_model.py: 5.3..6.7 % idle at d128 causal
+ * 2k-8k on 132 SMs); in this order the grid ends on its lightest tiles (1.1..1.3 % idle with two waves). Within a
+ * pair the key blocks still start in ascending order, which cuda-hopper's deterministic dQ turns need. */
 #ifndef FLASHC_CUDA_BWD_TILE_ORDER_CUH
 #define FLASHC_CUDA_BWD_TILE_ORDER_CUH
 
@@ -34,8 +34,8 @@ static inline flashc_status fc_bwd_tail_from(const fc_problem *p, int n_blocks, 
                                              int *tail_from) {
   static const char *const names[] = {"0", "1", "2", "3", "4"};
   int waves = 2;
-  FC_CHECK(fc_env_choice("FLASHC_BWD_TAIL", names, (int)(sizeof names / sizeof names[0]), 2, "flashc_backward",
-                         &waves));
+  FC_CHECK(
+      fc_env_choice("FLASHC_BWD_TAIL", names, (int)(sizeof names / sizeof names[0]), 2, "flashc_backward", &waves));
   *tail_from = n_pairs;
   if (waves == 0 || p->window_right < 0) return FLASHC_OK; /* tiles of one length: the L2-friendly order alone */
   fc_device_props props;

@@ -258,8 +258,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 
   /* Which tile (fc_hpb_tile_of_cta, as the first version). */
   fc_hpb_tile ti;
-  if (!fc_hpb_tile_of_cta<BR>(a, &ti))
-    return; /* the whole CTA, before any barrier */
+  if (!fc_hpb_tile_of_cta<BR>(a, &ti)) return; /* the whole CTA, before any barrier */
   const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
