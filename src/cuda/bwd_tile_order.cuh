@@ -37,7 +37,8 @@ static inline flashc_status fc_bwd_tail_from(const fc_problem *p, int n_blocks, 
   FC_CHECK(
       fc_env_choice("FLASHC_BWD_TAIL", names, (int)(sizeof names / sizeof names[0]), 2, "flashc_backward", &waves));
   *tail_from = n_pairs;
-  if (waves == 0 || p->window_right < 0) return FLASHC_OK; /* tiles of one length: the L2-friendly order alone */
+  /* tiles of one length (or no grid): the L2-friendly order alone */
+  if (waves == 0 || p->window_right < 0 || n_blocks < 1 || n_pairs < 1) return FLASHC_OK;
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
   const int64_t ctas = (int64_t)waves * props.num_sms * (ctas_per_sm > 1 ? ctas_per_sm : 1);
