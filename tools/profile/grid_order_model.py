@@ -2,6 +2,7 @@
 scheduling model behind src/cuda/bwd_tile_order.cuh (no GPU).
 
     python3 tools/profile/grid_order_model.py [--sms 132] [--ctas-per-sm 1] [--pass bwd|fwd] [--waves 1,2,3,4]
+        [--mask causal|full]
 
 The hardware hands a grid's CTAs out in blockIdx order, each to the first free slot (SMs x CTAs per SM): greedy
 list scheduling. A tile costs `overhead` plus one unit per block it loops over; with a causal mask (top-left,
@@ -11,7 +12,10 @@ TARGETS.md: 16k tokens, width 2048 (b = 16384 / s, h = 2048 / d). Orders:
   pair   each pair's tiles together, heaviest first (the kernels before session 17; the forwards still);
   tailW  the same, except the last W waves' pairs tile index by tile index (bwd_tile_order.cuh: W = 2);
   lpt    every tile by length, longest first (the model's best; spreads the CTAs at work over every pair: L2).
-Prints the idle share of each: (makespan - ideal) / makespan, ideal = total work / slots.
+Prints the idle share of each: (makespan - ideal) / makespan, ideal = total work / slots. With --mask full every
+tile has one length and the order cannot matter: the table shows what the last, partial round of tiles leaves idle,
+beside "split": tiles cut at block boundaries so that every slot gets the same number of blocks (stream-K; the
+combine of a cut tile's partial results not counted).
 """
 import argparse
 import heapq
@@ -30,9 +34,11 @@ def makespan(costs, slots):
     return max(free)
 
 
-def tile_costs(which, d, s):
+def tile_costs(which, d, s, mask="causal"):
     own, other, overhead = (BWD if which == "bwd" else FWD)[d]
     n = math.ceil(s / own)
+    if mask == "full":
+        return [overhead + math.ceil(s / other)] * n
     if which == "bwd":  # key block j: query rows j·Bc .. s
         return [overhead + math.ceil((s - j * own) / other) for j in range(n)]
     # forward, heaviest first: query block i (from the end) sees keys 0 .. its last row
@@ -46,15 +52,27 @@ def main():
     ap.add_argument("--pass", dest="which", choices=("bwd", "fwd"), default="bwd")
     ap.add_argument("--waves", default="1,2,3,4")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--mask", choices=("causal", "full"), default="causal")
     a = ap.parse_args()
     slots = a.sms * a.ctas_per_sm
     waves = [int(w) for w in a.waves.split(",")]
-    print(f"idle share of the SMs' time, {a.which}, causal, {slots} slots ({a.sms} SMs x {a.ctas_per_sm})")
+    print(f"idle share of the SMs' time, {a.which}, {a.mask}, {slots} slots ({a.sms} SMs x {a.ctas_per_sm})")
+    if a.mask == "full":
+        print(f"{'d':>4s} {'seqlen':>6s} {'tiles':>6s} {'rounds':>7s} {'pair':>7s} {'split':>7s}")
+        for d in (64, 128, 256):
+            for s in (int(x) for x in a.seqlens.split(",")):
+                per_pair = tile_costs(a.which, d, s, "full")
+                tiles = len(per_pair) * (16384 // s) * (2048 // d)
+                work = per_pair[0] * tiles
+                pair = 1 - work / slots / (math.ceil(tiles / slots) * per_pair[0])
+                split = 1 - work / slots / math.ceil(work / slots)
+                print(f"{d:4d} {s:6d} {tiles:6d} {tiles / slots:7.2f} {100 * pair:6.1f}% {100 * split:6.1f}%")
+        return
     print(f"{'d':>4s} {'seqlen':>6s} {'tiles':>6s} {'pair':>7s} " + " ".join(f"{'tail' + str(w):>7s}" for w in waves)
           + f" {'lpt':>7s}")
     for d in (64, 128, 256):
         for s in (int(x) for x in a.seqlens.split(",")):
-            per_pair = tile_costs(a.which, d, s)
+            per_pair = tile_costs(a.which, d, s, a.mask)
             pairs, n = (16384 // s) * (2048 // d), len(per_pair)
             ideal = sum(per_pair) * pairs / slots
             idle = lambda order: 1 - ideal / makespan(order, slots)  # noqa: E731
