@@ -203,11 +203,11 @@ def test_backward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
                     assert torch.equal(got, want), f"{case}: deterministic d{name} differs, tail {tail} vs 0"
         # the default order's gradients against fp32 SDPA's (GQA: k, v repeated over their query heads)
         rep = hq // hkv
-        if causal:  # SDPA's causal mask is top-left; bottom-right as an explicit mask
-            i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+        # the mask as an explicit one (SDPA's is_causal is top-left only)
+        i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+        if causal:
             mask = j <= i + (sk - sq if align == "bottom-right" else 0)
         else:
-            i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
             mask = (j >= i - window[0]) & (j <= i + window[1])
 
         def grads_of(dt):
