@@ -1,7 +1,6 @@
 """The torch path on a GPU: CUDA tensors by data_ptr and strides, on the current stream, results on the same
 device. Skipped, with the reason, where torch or a CUDA device is missing."""
 
-import os
 
 import numpy as np
 
