@@ -47,6 +47,7 @@
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
 #include "mma_ptx.cuh"
+#include "tail_order.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -102,6 +103,8 @@ typedef struct fc_hopper_fwd_args {
   int64_t total_q;            /* varlen lse row stride */
   int heads_q, group;         /* group = heads_q / heads_kv */
   int head_dim, m_blocks;
+  int n_pairs;      /* the one-tile kernels' grid: (sequence, query head) pairs, batch·heads_q */
+  int tail_from;    /* the first pair walked query block by query block (tail_order.cuh) */
   float scale;      /* > 0 (supports refuses a negative one) */
   float scale_log2; /* scale·log2(e): exponent of S in base 2 */
   int64_t window_left, window_right, mask_offset;
@@ -311,9 +314,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 #define EMPTY_V(s) (bars + 8u * (1 + 3 * STAGES + (s)))
 
   /* Which tile: row blocks vary fastest (CTAs running together share K and V in L2), the heaviest causal
-   * block of each head first (a short tail). */
-  const int mb = a.m_blocks - 1 - (int)(blockIdx.x % a.m_blocks);
-  const int64_t bh = blockIdx.x / a.m_blocks;
+   * block of each head first, the last pairs row block by row block (tail_order.cuh: a short tail). */
+  int blk;
+  int64_t bh;
+  fc_tail_tile_of_cta(a.m_blocks, a.n_pairs, a.tail_from, &blk, &bh);
+  const int mb = a.m_blocks - 1 - blk;
   const int h = (int)(bh % a.heads_q);
   const int64_t b = bh / a.heads_q;
   int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
@@ -619,9 +624,20 @@ static bool hopper_enabled(void) {
   return !(e && strcmp(e, "0") == 0);
 }
 
+/* The one-tile kernels' grid order (tail_order.cuh), with as many CTAs per SM as the kernel gets; a: a copy of the
+ * caller's arguments, launched. */
+static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
+                                fc_hopper_fwd_args *a) {
+  int per_sm = 0;
+  FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  a->n_pairs = (int)(p->batch * p->heads_q); /* fits: the caller's fc_mma_grid refused a grid past 2^31 − 1 CTAs */
+  return fc_tail_from(p, "FLASHC_FWD_TAIL", a->m_blocks, a->n_pairs, per_sm, &a->tail_from);
+}
+
 template <typename T, int D, int STAGES, int BC = FC_HP_BC>
-static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a, int grid,
-                                  int variant) {
+static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
+                                  int grid, int variant) {
+  fc_hopper_fwd_args a = *a0;
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
       variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE, BC>
       : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP, BC>
@@ -632,7 +648,8 @@ static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3]
     if (variant == FC_HP_PINGPONGQ) kernel = fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONGQ, BC>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
-  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
+  FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
+  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a);
   FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
   return FLASHC_OK;
 }
@@ -641,13 +658,15 @@ static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3]
  * (FlashAttention-3's tile for head dim 64), 512 threads; 24 + 2·3·16 = 120 KB of shared memory. The caller
  * made q's map with boxes of 192 rows and the grid of cdiv(seqlen_q, 192) query blocks. */
 template <typename T>
-static flashc_status fc_hp_launch_nc3(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
+static flashc_status fc_hp_launch_nc3(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
                                       int grid) {
+  fc_hopper_fwd_args a = *a0;
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
       fc_hopper_fwd_kernel<T, 64, 3, FC_HP_PINGPONG, FC_HP_BC_NC3, 3>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR_NC3, 64, 3, FC_HP_BC_NC3);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (pingpong3)"));
-  kernel<<<grid, FC_HP_THREADS_NC3, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], *a);
+  FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS_NC3, smem, &a));
+  kernel<<<grid, FC_HP_THREADS_NC3, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a);
   FC_LAUNCH_CHECK("fc_hopper_fwd_kernel (pingpong3)");
   return FLASHC_OK;
 }

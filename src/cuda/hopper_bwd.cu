@@ -45,7 +45,7 @@
  * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, 2 or 3): fc_hopper_bwd_d256_kernel
  * (hopper_bwd_d256.cuh: Bc = 64 keys per CTA, Sᵀ/dPᵀ split by queries and dK/dV/dQ by head-dim columns between the
  * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
-#include "bwd_tile_order.cuh"
+#include "tail_order.cuh"
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
@@ -89,7 +89,7 @@ typedef struct fc_hopper_bwd_args {
   int heads_q, heads_kv, group, head_dim;
   int n_blocks;     /* key blocks per (kv head, sequence) */
   int n_pairs;      /* (sequence, kv head) pairs: batch·heads_kv */
-  int tail_from;    /* the single-tile kernels' first pair walked key block by key block (bwd_tile_order.cuh) */
+  int tail_from;    /* the single-tile kernels' first pair walked key block by key block (tail_order.cuh) */
   float scale;      /* > 0 (supports refuses a negative one) */
   float scale_log2; /* scale·log2(e) */
   int64_t window_left, window_right, mask_offset;
@@ -160,13 +160,13 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   return true;
 }
 
-/* The tile of this CTA in the single-tile kernels (bwd_tile_order.cuh: the grid's last pairs key block by key
+/* The tile of this CTA in the single-tile kernels (tail_order.cuh: the grid's last pairs key block by key
  * block where a right mask edge makes the tiles unequal). */
 template <int BR, int BC = FC_HPB_BC>
 static __device__ __forceinline__ bool fc_hpb_tile_of_cta(const fc_hopper_bwd_args &a, fc_hpb_tile *ti) {
   int jb;
   int64_t bh;
-  fc_bwd_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
+  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
   return fc_hpb_tile_from<BR, BC>(a, jb, bh, ti);
 }
 
@@ -1189,7 +1189,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
   a.n_pairs = (int)(p->batch * p->heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
-  FC_CHECK(fc_bwd_tail_from(p, a.n_blocks, a.n_pairs, 1, &a.tail_from)); /* one CTA per SM */
+  FC_CHECK(fc_tail_from(p, "FLASHC_BWD_TAIL", a.n_blocks, a.n_pairs, 1, &a.tail_from)); /* one CTA per SM */
   CUtensorMap maps[4];
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_backward", &maps[0]));
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[1]));

@@ -57,9 +57,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   const int kg = warp % KG, wn = warp / KG; /* Sᵀ and dK/dV role */
   const int qg = warp % QG, wq = warp / QG; /* dQ role */
 
-  int jb; /* the grid's order: bwd_tile_order.cuh */
+  int jb; /* the grid's order: tail_order.cuh */
   int64_t bh;
-  fc_bwd_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
+  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
   const int hk = (int)(bh % a.heads_kv);
   const int64_t b = bh / a.heads_kv;
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
@@ -508,14 +508,14 @@ template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, 
   return fc_bwd_rows_prep<T>(p, r);
 }
 
-/* The dK/dV grid's order (bwd_tile_order.cuh), with as many CTAs per SM as this kernel gets. After fc_mma_grid:
+/* The dK/dV grid's order (tail_order.cuh), with as many CTAs per SM as this kernel gets. After fc_mma_grid:
  * batch·heads_kv fits an int. */
 static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
                                      fc_mma_bwd_args *a) {
   int per_sm = 0;
   FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   a->n_pairs = (int)(p->batch * p->heads_kv);
-  return fc_bwd_tail_from(p, a->n_blocks, a->n_pairs, per_sm, &a->tail_from);
+  return fc_tail_from(p, "FLASHC_BWD_TAIL", a->n_blocks, a->n_pairs, per_sm, &a->tail_from);
 }
 
 /* 2, base configuration. */

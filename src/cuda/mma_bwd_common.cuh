@@ -4,7 +4,7 @@
 #ifndef FLASHC_CUDA_MMA_BWD_COMMON_CUH
 #define FLASHC_CUDA_MMA_BWD_COMMON_CUH
 
-#include "bwd_tile_order.cuh"
+#include "tail_order.cuh"
 #include "common.cuh"
 #include "mma_tile.cuh"
 
@@ -30,7 +30,7 @@ typedef struct fc_mma_bwd_args {
   int heads_q, heads_kv, group, head_dim;
   int n_blocks;     /* row blocks per (head, sequence) in the kernel's grid */
   int n_pairs;      /* dK/dV grids: (sequence, kv head) pairs, batch·heads_kv */
-  int tail_from;    /* dK/dV grids: the first pair walked key block by key block (bwd_tile_order.cuh) */
+  int tail_from;    /* dK/dV grids: the first pair walked key block by key block (tail_order.cuh) */
   float scale;      /* signed */
   float scale_log2; /* |scale|·log2(e) */
   int negate_q;     /* scale < 0: scores from −Q with |scale| */

@@ -302,9 +302,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
   const int kd = warp % WD, nd = warp / WD; /* dK, dV: keys kd·MD.., columns nd·ND.. */
   const int qm = warp % WQ, qn = warp / WQ; /* dQ: queries qm·MQ.., columns qn·NQ.. */
 
-  int jb; /* the grid's order: bwd_tile_order.cuh */
+  int jb; /* the grid's order: tail_order.cuh */
   int64_t bh;
-  fc_bwd_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
+  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
   const int hk = (int)(bh % a.heads_kv);
   const int64_t b = bh / a.heads_kv;
   const fc_bwd_seq s = LEAN ? fc_bwd_seq_uniform(FC_BWD_SEQ(a, b)) : FC_BWD_SEQ(a, b);

@@ -5,6 +5,7 @@
 #define FLASHC_CUDA_MMA_FWD_COMMON_CUH
 
 #include "mma_fwd_steps.cuh"
+#include "tail_order.cuh"
 
 #include <math.h>
 
@@ -20,6 +21,8 @@ typedef struct fc_mma_fwd_args {
   int64_t total_q;            /* varlen lse row stride */
   int heads_q, group;         /* group = heads_q / heads_kv */
   int head_dim, m_blocks;
+  int n_pairs;      /* (sequence, query head) pairs: batch·heads_q */
+  int tail_from;    /* the first pair walked tile by tile (tail_order.cuh) */
   float scale_log2; /* |scale|·log2(e): exponent of S in base 2 */
   float scale;      /* |scale| */
   int negate_q;     /* scale < 0: use −Q and |scale| (the scores are the same) */
@@ -28,17 +31,19 @@ typedef struct fc_mma_fwd_args {
 } fc_mma_fwd_args;
 
 /* Which tile a CTA computes: row blocks vary fastest (CTAs running together
- * share K and V in L2), the heaviest causal block of each head first (a short
- * tail). Sequence b's rows are [q_start, q_start + sq) of q and its keys
- * [k_start, k_start + sk) of k and v. */
+ * share K and V in L2), the heaviest causal block of each head first, the last
+ * pairs row block by row block (tail_order.cuh: a short tail). Sequence b's rows are [q_start, q_start + sq) of q and
+ * its keys [k_start, k_start + sk) of k and v. */
 typedef struct fc_fwd_where {
   int64_t b, q_start, k_start;
   int h, mb, sq, sk;
 } fc_fwd_where;
 static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_args &a) {
   fc_fwd_where w;
-  w.mb = a.m_blocks - 1 - (int)(blockIdx.x % a.m_blocks);
-  const int64_t bh = blockIdx.x / a.m_blocks;
+  int blk; /* 0: the pair's heaviest query block (the last, under a causal mask); the grid's order: tail_order.cuh */
+  int64_t bh;
+  fc_tail_tile_of_cta(a.m_blocks, a.n_pairs, a.tail_from, &blk, &bh);
+  w.mb = a.m_blocks - 1 - blk;
   w.h = (int)(bh % a.heads_q);
   w.b = bh / a.heads_q;
   w.q_start = w.k_start = 0;

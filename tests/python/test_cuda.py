@@ -166,7 +166,7 @@ def tensor_core_backends():
 def test_backward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
     """The tensor-core backwards' dK/dV grids walk their last (sequence, kv head) pairs key block by key block where
     a right mask edge makes the tiles differ in length (FLASHC_BWD_TAIL: 0 off, 1..4 waves of CTAs; the default 2;
-    src/cuda/bwd_tile_order.cuh). A CTA's tile is computed the same way wherever it lands in the grid, so dK and dV
+    src/cuda/tail_order.cuh). A CTA's tile is computed the same way wherever it lands in the grid, so dK and dV
     keep their bits in every order, and so does dQ in deterministic mode (cuda-hopper's adds take turns key block by
     key block: they must still make progress). Cases with the whole grid in the new order and with both orders, D =
     64, 128, 256, GQA, bottom-right shifts, a window; the default's gradients within 3x bf16 SDPA's error of fp32
@@ -220,3 +220,46 @@ def test_backward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
         for name, got, r, p in zip("qkv", grads["2"], ref, plain):
             err, err_plain = (got.float() - r).abs().max().item(), (p.float() - r).abs().max().item()
             assert err <= 3 * err_plain + 1e-3, f"{case}: d{name} max error {err}, bf16 SDPA's {err_plain}"
+
+
+@pytest.mark.parametrize("backend", tensor_core_backends())
+def test_forward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
+    """The one-tile forwards (cuda-mma's; cuda-hopper's pingpong and pingpong3, which its persistent default does not
+    use) walk their last (sequence, query head) pairs query block by query block under a causal or right-window mask
+    (FLASHC_FWD_TAIL, tail_order.cuh). Each tile is computed the same way wherever it lands in the grid: O and lse keep
+    their bits in every order, and O stays within 2x bf16 SDPA's error of fp32 SDPA's."""
+    variants = ["pingpong", "pingpong3"] if backend == "cuda-hopper" else [None]
+    cases = [  # (b, hq, hkv, sq, sk, d, align, window)
+        (2, 6, 3, 1000, 1000, 64, "top-left", None),
+        (4, 24, 24, 700, 700, 128, "top-left", None),
+        (2, 8, 4, 900, 1500, 128, "bottom-right", None),
+        (2, 4, 4, 999, 999, 256, "top-left", (-1, 45)),
+    ]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for variant in variants:
+        if variant:
+            monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
+        for b, hq, hkv, sq, sk, d, align, window in cases:
+            if variant == "pingpong3" and d > 64:
+                continue
+            q = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
+            k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, d))).to("cuda", torch.bfloat16)
+                    for _ in range(2))
+            kw = dict(causal=window is None, window=window, causal_align=align, backend=backend, return_lse=True)
+            out = {}
+            for tail in ("0", "1", "2", "4"):
+                monkeypatch.setenv("FLASHC_FWD_TAIL", tail)
+                out[tail] = flashc.attention(q, k, v, **kw)
+            torch.cuda.synchronize()
+            case = f"{backend} {variant} b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} {align} window {window}"
+            for tail in ("1", "2", "4"):
+                assert torch.equal(out[tail][0], out["0"][0]) and torch.equal(out[tail][1], out["0"][1]), case
+            i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+            shift = sk - sq if align == "bottom-right" else 0
+            mask = j <= i + shift + (window[1] if window else 0)
+            rep = hq // hkv
+            ref, plain = (sdpa(q.to(dt).transpose(1, 2), *(t.to(dt).transpose(1, 2).repeat_interleave(rep, dim=1)
+                                                             for t in (k, v)), attn_mask=mask).transpose(1, 2)
+                          for dt in (torch.float32, torch.bfloat16))
+            err, err_plain = ((x.float() - ref).abs().max().item() for x in (out["2"][0], plain))
+            assert err <= 2 * err_plain + 1e-3, f"{case}: max error {err}, bf16 SDPA's {err_plain}"
