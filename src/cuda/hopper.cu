@@ -740,11 +740,29 @@ static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *
                        "flashc_forward (cuda-hopper)", order);
 }
 
-/* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others). */
+/* FLASHC_HOPPER_SPLIT=1 (unset 0: an experiment, not the default): the persistent forward's last rounds split by key
+ * blocks (stream-K, fc_hp_sched_split) where every tile weighs the same: no mask, no varlen. Its workspace, per CTA
+ * (SM) and consumer warpgroup: a flag and each thread's o, m, l (d/2 + 4 floats). Two consumer warpgroups only:
+ * tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles fill 20.7
+ * rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5). Session 18 (H100,
+ * bench/results/configs/ hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half round is
+ * real: 3 %), but the split wins back only 0.6-1 % of it in the short form and nothing in the steady state (not yet
+ * explained: the flags' memset, the parts' unoverlapped first S and last P·V, the merge are the candidates). Off until
+ * it pays. */
+static bool fc_hp_split_wanted(const fc_problem *p) {
+  return p->window_left < 0 && p->window_right < 0 && !p->cu_seqlens_q && !p->cu_seqlens_k;
+}
+static size_t fc_hp_split_flag_bytes(int sms) { return ((size_t)sms * 2 * sizeof(int32_t) + 255) / 256 * 256; }
+static size_t fc_hp_split_bytes(int sms, int d, int nc) {
+  return fc_hp_split_flag_bytes(sms) + (size_t)sms * nc * 128 * (d / 2 + 4) * sizeof(float);
+}
+
+/* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others); split: the split
+ * rounds' workspace (fc_hp_split_bytes; NULL: whole tiles only). */
 template <typename T, int D, int STAGES, int NC = 2>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store,
-                                             int order, int32_t *claim) {
+                                             int order, int32_t *claim, void *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
                  const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC>
                                                 : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC>;
@@ -766,6 +784,11 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
     walk.claim = claim;
     FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
   }
+  if (NC == 2 && split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, FC_HP_BC))) {
+    walk.split_flag = (int32_t *)split;
+    walk.split_part = (float *)((uint8_t *)split + fc_hp_split_flag_bytes(props.num_sms));
+    FC_CUDA_CHECK(cudaMemsetAsync(walk.split_flag, 0, (size_t)grid * NC * sizeof(int32_t), fc_stream(p)));
+  }
   kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
   FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
   return FLASHC_OK;
@@ -776,7 +799,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
  * boxes of 64 rows (each consumer warpgroup stores its own 64 rows). */
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      int variant, int nc, int order, int32_t *claim) {
+                                      int variant, int nc, int order, int32_t *claim, void *split) {
   const int D = p->head_dim <= 64 ? 64 : 128;
   const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
@@ -786,9 +809,9 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   const int64_t group_bytes = fc_hp_triangular(p) ? FC_HP_L2_GROUP_BYTES : 0;
   const fc_hp_sched sc =
       fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
-  if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store, order, claim);
-  if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store, order, claim);
-  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim);
+  if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store, order, claim, split);
+  if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store, order, claim, split);
+  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim, split);
 }
 
 /* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3, tmastore3 or
@@ -923,10 +946,21 @@ static flashc_status hopper_forward(const fc_problem *p) {
                                 : (variant == FC_HP_PERSISTENT || variant == FC_HP_TMASTORE) && p->head_dim <= 128;
   int order = FC_HP_SCHED_STRIDE;
   if (persistent) FC_CHECK(fc_hp_sched_order(p, p->head_dim <= 64 ? 64 : 128, three ? 3 : 2, &order));
-  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
+  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),
+               claim_bytes = order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
+  int split_on = 0;
+  size_t split_bytes = 0;
+  if (persistent && fc_hp_split_wanted(p)) {
+    static const char *const names[] = {"0", "1"};
+    FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, 0, "flashc_forward (cuda-hopper)", &split_on));
+    fc_device_props props;
+    FC_CHECK(fc_device_get_props(&props));
+    if (split_on && !three) split_bytes = fc_hp_split_bytes(props.num_sms, p->head_dim <= 64 ? 64 : 128, 2);
+  }
   void *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, cu_bytes + (order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0), &ws));
+  FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));
   int32_t *claim = order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
+  void *split = split_bytes ? (uint8_t *)ws + cu_bytes + claim_bytes : NULL;
   fc_hopper_fwd_args a;
   memset(&a, 0, sizeof a);
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
@@ -949,8 +983,9 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.o_aligned = fc_mma_view_aligned(&p->o);
   FC_CHECK(fc_hp_shortcuts_get(p, &a));
   if (persistent) {
-    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, variant, three ? 3 : 2, order, claim);
-    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, three ? 3 : 2, order, claim);
+    if (p->dtype == FLASHC_F16)
+      return fc_hp_persistent<__half>(p, maps, &a, variant, three ? 3 : 2, order, claim, split);
+    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, three ? 3 : 2, order, claim, split);
   }
   if (three) {
     if (p->dtype == FLASHC_F16) return fc_hp_launch_nc3<__half>(p, maps, &a, grid);

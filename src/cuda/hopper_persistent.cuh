@@ -47,6 +47,8 @@ typedef struct fc_hp_tile {
   int h, hk, bt;                /* query head, its K/V head, the batch coordinate of the tensor maps */
   int q_start, k_start, sq, sk; /* the sequence: offsets (varlen) and lengths */
   int i0, j_begin, n_blocks;    /* first query row; visible key blocks [j_begin, j_begin + n_blocks) */
+  int split; /* the split rounds (fc_hp_sched_split): 0 a whole tile; −1 a tail part, its O, m, l to split_part; 1 a
+              * head part, merged with CTA blockIdx.x + 1's tail part */
 } fc_hp_tile;
 static_assert(sizeof(fc_hp_tile) <= 64, "a tile ring entry holds 64 bytes");
 
@@ -91,6 +93,7 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   fc_hp_row_keys(min(x->i0 + BR, x->sq) - 1, x->shift, a.window_left, a.window_right, x->sk, &lo_last, &hi_last);
   x->j_begin = lo_first / FC_HP_BC;
   x->n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - x->j_begin : 0;
+  x->split = 0;
   return true;
 }
 #endif /* FC_HOPPER_ARCH */
@@ -163,12 +166,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_mbar_arrive_if(FC_HP_TILE_FULL(e), true); /* releases the store above to the consumers' wait */
         tfill++;
       };
-      for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
-           slot = sc.claim ? fc_hp_claim_position(sc) : slot + gridDim.x) {
-        fc_hp_tile x;
-        if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue; /* no rows: the consumers never see it */
-        publish(x);
-        if (x.n_blocks == 0) continue; /* nothing to load: the consumers store zeros */
+      auto load = [&](const fc_hp_tile &x) {
         FC_HP_MARK(20, x.n_blocks);
         for (int n = 0; n <= x.n_blocks; n++) {
           if (n < x.n_blocks) {
@@ -204,6 +202,30 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
               fc_tma_load_4d(sV + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_v, 64 * hf, row, x.hk, x.bt, FULL_V(s));
             vfill++;
           }
+        }
+      };
+      for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
+           slot = sc.claim ? fc_hp_claim_position(sc) : slot + gridDim.x) {
+        fc_hp_tile x;
+        if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue; /* no rows: the consumers never see it */
+        publish(x);
+        if (x.n_blocks > 0) load(x); /* none: nothing to load, the consumers store zeros */
+      }
+      /* The split last rounds (fc_hp_sched_split): this CTA's range of key-block units, in parts of tiles. Every
+       * tile there has n_kb key blocks from 0 (no mask, no varlen: the set-up cannot refuse it). */
+      if (NC == 2 && sc.split_units > 0) {
+        const int64_t u_end = sc.split_u0 + (blockIdx.x + 1) * sc.split_units / gridDim.x;
+        for (int64_t u = sc.split_u0 + blockIdx.x * sc.split_units / gridDim.x; u < u_end;) {
+          const int64_t t = u / sc.n_kb;
+          const int kb0 = (int)(u - t * sc.n_kb), kb1 = (int)min((int64_t)sc.n_kb, kb0 + (u_end - u));
+          fc_hp_tile x;
+          fc_hp_tile_setup<BR>(a, sc, t, &x);
+          x.j_begin = kb0;
+          x.n_blocks = kb1 - kb0;
+          x.split = kb0 > 0 ? -1 : kb1 < sc.n_kb ? 1 : 0;
+          publish(x);
+          load(x);
+          u += kb1 - kb0;
         }
       }
       fc_hp_tile end = {};
@@ -328,8 +350,51 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       }
     };
 
+    /* A split tile's two parts (fc_hp_sched_split), each thread's o, m, l as its registers hold them (unnormalised
+     * O, l per thread before the quad's sum, m the quad's), thread-major so that a warp's accesses are whole lines.
+     * Tail part (split −1): written to this CTA's slot, then its flag is raised. Head part (1): CTA blockIdx.x + 1's
+     * tail part waited for, read and merged as two blocks of the online softmax, then 1 / l and lse as for a whole
+     * tile. L2 only (.cg): the partner's lines never sit in this SM's L1. */
+    auto fc_hp_split_fixup = [&](const fc_hp_tile &x, int wg_row0, float(&m)[2], float(&l)[2]) {
+      constexpr int WORDS = D / 2 + 4;
+      const int slot = (int)blockIdx.x + (x.split > 0 ? 1 : 0);
+      float *part = sc.split_part + ((int64_t)slot * NC + cw) * WORDS * 128 + ct;
+      int32_t *flag = sc.split_flag + slot * NC + cw;
+      if (x.split < 0) {
+#pragma unroll
+        for (int e = 0; e < D / 2; e++) __stcg(part + e * 128, o[e]);
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          __stcg(part + (D / 2 + rh) * 128, m[rh]);
+          __stcg(part + (D / 2 + 2 + rh) * 128, l[rh]);
+        }
+        __threadfence();
+        fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* every thread's part is written and fenced */
+        if (ct == 0) fc_st_release_gpu(flag, 1);
+        return;
+      }
+      if (ct == 0)
+        while (fc_ld_acquire_gpu(flag) == 0) __nanosleep(100);
+      fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the partner's part is visible to the whole warpgroup */
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        const float m2 = __ldcg(part + (D / 2 + rh) * 128), l2 = __ldcg(part + (D / 2 + 2 + rh) * 128);
+        const float mn = fmaxf(m[rh], m2), base = mn == -INFINITY ? 0.0f : mn * c;
+        const float a1 = fc_exp2(m[rh] * c - base), a2 = fc_exp2(m2 * c - base);
+        l[rh] = l[rh] * a1 + l2 * a2;
+        m[rh] = mn;
+#pragma unroll
+        for (int x4 = 0; x4 < D / 8; x4++)
+#pragma unroll
+          for (int e = 2 * rh; e < 2 * rh + 2; e++)
+            o[4 * x4 + e] = o[4 * x4 + e] * a1 + __ldcg(part + (4 * x4 + e) * 128) * a2;
+      }
+      fc_hp_finish_rows(x, wg_row0, m, l);
+    };
+
     while (ok) {
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
+      const int split = NC == 2 ? x.split : 0; /* the split rounds: two consumer warpgroups only (hopper.cu) */
       /* This warpgroup's blocks [0, n_own) of the tile's n_blocks; the rest are dummy trips (below). */
       const int n_own = fc_hp_own_blocks(a, wg_row0, x.sq, x.sk, x.shift, FC_HP_BC, j_begin, n_blocks);
       FC_HP_MARK(1, n_blocks | n_own << 8);
@@ -436,8 +501,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
         fc_wgmma_commit();
         your_turn();
-        /* While it runs: this tile's 1 / l and lse (m, l are final). */
-        fc_hp_finish_rows(x, wg_row0, m, l);
+        /* While it runs: this tile's 1 / l and lse (m, l are final; a part of a split tile's are not). */
+        if (split == 0) fc_hp_finish_rows(x, wg_row0, m, l);
         fc_wgmma_wait<0>();
         fc_fence_regs(o);
         FC_HP_MARK(13, 0);
@@ -461,13 +526,16 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           kuse++;
           vuse++;
         }
+        if constexpr (NC == 2) {
+          if (split != 0) fc_hp_split_fixup(x, wg_row0, m, l);
+        }
         /* The next tile: only after the dummy trips, whose releases the producer's last fills of this tile may wait
          * for before it publishes the next one. O / l waits for its epilogue until the next loaded tile's S_0 is
-         * issued (or the CTA's end). */
+         * issued (or the CTA's end); a tail part's O went to split_part instead. */
         okn = take(&xn);
-        pack_o();
+        if (split >= 0) pack_o();
         out = here;
-        pending = true;
+        pending = split >= 0;
       } else {
         /* No key: O = 0 and lse = −inf (l = 0), after any tile still pending. */
         if (pending) fc_hp_epilogue(out);

@@ -149,6 +149,16 @@ static __device__ __forceinline__ void fc_block_boundary(bool taken) {
                "FC_BLOCK_BOUNDARY_%=:\n}\n" ::"r"((int)taken)
                : "memory");
 }
+/* A flag between CTAs: the store releases this thread's earlier writes (and, after a barrier, those the barrier
+ * ordered before it) at GPU scope; the load acquires them. */
+static __device__ __forceinline__ void fc_st_release_gpu(int32_t *p, int32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ int32_t fc_ld_acquire_gpu(const int32_t *p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 static __device__ __forceinline__ void fc_st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }

@@ -42,6 +42,13 @@ typedef struct fc_hp_sched {
   int m_blocks;   /* query blocks per (sequence, head) */
   int bh_total;   /* sequences · heads_q */
   int group_bh;   /* (sequence, head) pairs per L2 group, 1 .. bh_total */
+  /* The split last rounds (stream-K; fc_hp_sched_split): slots [0, slots) walk whole tiles as above, then CTA x works
+   * on key-block units [split_u0 + x·split_units / grid, split_u0 + (x + 1)·split_units / grid) of the tiles after
+   * them (unit u: key block u % n_kb of tile u / n_kb). split_units = 0: none. */
+  int64_t split_u0, split_units;
+  int n_kb;            /* key blocks per tile (every tile the same: no mask, no varlen) */
+  float *split_part;   /* per (CTA, consumer warpgroup): the partial O, m, l of the tile it starts in (fp32) */
+  int32_t *split_flag; /* per (CTA, consumer warpgroup): 1 once its partial is written (zeroed per launch) */
 } fc_hp_sched;
 
 /* The L2 budget a group's K and V may take with a causal mask. Session 12 (ncu, H100): with 24 MB, about half of
@@ -67,6 +74,8 @@ static inline fc_hp_sched fc_hp_make_sched(int m_blocks, int bh_total, int64_t k
   s.group_bh = (int)g;
   s.grid = 1, s.snake = 0, s.slots = s.tiles;
   s.claim = NULL;
+  s.split_u0 = 0, s.split_units = 0, s.n_kb = 0;
+  s.split_part = NULL, s.split_flag = NULL;
   return s;
 }
 
@@ -76,6 +85,27 @@ static inline fc_hp_sched fc_hp_sched_for_grid(fc_hp_sched s, int grid, int snak
   s.snake = snake;
   s.slots = snake ? (s.tiles + (int64_t)s.grid - 1) / s.grid * s.grid : s.tiles;
   return s;
+}
+
+/* Stream-K for the last rounds (the FLASHC_HOPPER_SPLIT switch; tiles of equal weight only: no mask, no varlen, a
+ * static stride order). A grid of equal tiles on `grid` SMs ends with a partial round: 2048 tiles of d128 take 15.5
+ * rounds on 132 SMs, so half the SMs idle for the last tile's time (3 % of the call;
+ * tools/profile/grid_order_model.py). Here the rounds but the last whole one and the partial one stay whole tiles; the
+ * remaining tiles' key blocks are cut into `grid` equal ranges, one per CTA after its whole tiles. A range covers at
+ * least one tile's worth of key blocks, so a tile is cut at most once: the head part (key blocks 0 .. e − 1) ends CTA
+ * x's range, the tail part (e .. n_kb − 1) starts CTA x + 1's. CTA x + 1 writes its tail part's unnormalised O, m and l
+ * (split_part) right after its whole tiles and raises its flag; CTA x merges them into its head part at its very end,
+ * normally long after. A CTA only waits for one with a larger index, which the hardware starts no later: no cycle of
+ * waits even when fewer CTAs than the grid run at once. n_kb: key blocks per tile (≥ 2); false: not worth it (no
+ * partial round, or fewer tiles than CTAs). */
+static inline bool fc_hp_sched_split(fc_hp_sched *s, int n_kb) {
+  if (s->snake || s->claim || n_kb < 2 || s->tiles <= s->grid || s->tiles % s->grid == 0) return false;
+  const int64_t whole = ((int64_t)s->tiles / s->grid - 1) * s->grid; /* tiles walked whole */
+  s->slots = whole;
+  s->n_kb = n_kb;
+  s->split_u0 = whole * n_kb;
+  s->split_units = ((int64_t)s->tiles - whole) * n_kb;
+  return true;
 }
 
 /* The position in the order of this CTA's slot `slot` (slot = blockIdx.x + k·grid); ≥ tiles: nothing to do. */

@@ -114,6 +114,53 @@ def test_hopper_persistent_walks_many_tiles(variant, rng, monkeypatch):
 
 
 @pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
+def test_hopper_split_rounds(rng, monkeypatch):
+    """The persistent forward's last rounds split by key blocks (FLASHC_HOPPER_SPLIT, stream-K: a tile cut between
+    two CTAs, the later one merging the other's O, m, l). Unmasked problems whose tiles do not fill whole rounds of
+    the SMs: a partial last key block, GQA, rows past the sequence, d 100 (padded to 128), D = 64 with two consumers,
+    direct stores (persistent) and TMA stores, a tile of two key blocks. Split and whole give O within 2x bf16 SDPA's
+    error of fp32 SDPA's and lse within 1e-3 of fp32's; the split is deterministic (bit for bit run to run); and it
+    was taken: a merged tile rounds differently, so some element of O or lse differs from the whole walk's."""
+    monkeypatch.setenv("FLASHC_HOPPER_SCHED", "stride")  # the dynamic order (d128 up to 1k keys) keeps whole tiles
+    cases = [  # (b, hq, hkv, sq, sk, d, variant)
+        (2, 16, 16, 2048, 2048, 128, "tmastore"),
+        (3, 12, 4, 1000, 1900, 128, "tmastore"),
+        (2, 10, 10, 3000, 1100, 100, "persistent"),
+        (4, 8, 8, 1500, 1500, 64, "tmastore"),
+        (8, 16, 16, 700, 129, 128, "tmastore"),
+    ]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    differs = []
+    for b, hq, hkv, sq, sk, d, variant in cases:
+        monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
+        dp = -(-d // 8) * 8
+        q = torch.from_numpy(rng.standard_normal((b, sq, hq, dp))).to("cuda", torch.bfloat16)[..., :d]
+        k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, dp))).to("cuda", torch.bfloat16)[..., :d]
+                for _ in range(2))
+        out = {}
+        for split in ("0", "1", "1again"):
+            monkeypatch.setenv("FLASHC_HOPPER_SPLIT", split[0])
+            out[split] = flashc.attention(q, k, v, backend="cuda-hopper", return_lse=True)
+        torch.cuda.synchronize()
+        case = f"b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} {variant}"
+        assert torch.equal(out["1"][0], out["1again"][0]) and torch.equal(out["1"][1], out["1again"][1]), case
+        differs.append(not (torch.equal(out["1"][0], out["0"][0]) and torch.equal(out["1"][1], out["0"][1])))
+        rep = hq // hkv
+        qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
+        kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
+        ref = sdpa(qf, kf, vf).transpose(1, 2)
+        plain = sdpa(q.transpose(1, 2), *(x.to(torch.bfloat16) for x in (kf, vf))).transpose(1, 2)
+        lse_ref = torch.logsumexp(qf @ kf.transpose(-1, -2) * d**-0.5, dim=-1)  # (b, h, sq)
+        for split in ("0", "1"):
+            o, lse = out[split]
+            err, err_plain = (o.float() - ref).abs().max().item(), (plain.float() - ref).abs().max().item()
+            assert err <= 2 * err_plain + 1e-3, f"{case} split {split}: max error {err}, bf16 SDPA's {err_plain}"
+            lse_err = (lse.reshape(lse_ref.shape) - lse_ref).abs().max().item()
+            assert lse_err <= 1e-3, f"{case} split {split}: lse error {lse_err}"
+    assert any(differs), "FLASHC_HOPPER_SPLIT=1 gave the whole walk's bits everywhere: was the split taken?"
+
+
+@pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
 @pytest.mark.parametrize("variant", ["default", "pingpong", "pingpong3", "tmastore", "tmastore3"])
 def test_hopper_mask_shortcuts_give_the_same_bits(variant, rng, monkeypatch):
     """Two shortcuts of the Hopper forward where a causal or right-window edge runs through a tile, both on by

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tools/profile/split_ab.sh LIB — on the device, one call: cuda-hopper's split last rounds (FLASHC_HOPPER_SPLIT,
+# stream-K in hopper_persistent.cuh) checked and timed. Correctness: pytest's persistent-forward tests (the split
+# against SDPA and against whole tiles, determinism), tools/hopper/check.py --quick with the persistent variants,
+# compute-sanitizer memcheck on one split call. Timing: tools/profile/power.py's steady state, the same library with
+# the split on (default) and off (+split=0), unmasked d128 cells. Logs to $OUT, a short table last.
+set -u
+lib=${1:?usage: split_ab.sh LIB}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export FLASHC_LIBRARY=$lib PYTHONPATH=$here/python PYTHONUNBUFFERED=1
+cd "$here" || exit 1
+run() { # name timeout command...
+  local name=$1 t=$2
+  shift 2
+  timeout "$t" "$@" >"$OUT/$name.txt" 2>&1
+  echo "$name: rc=$? $(tail -1 "$OUT/$name.txt")"
+}
+run pytest 200 python3 -m pytest -q -p no:cacheprovider tests/python/test_cuda.py -k "split_rounds or persistent_walks"
+run check 150 python3 tools/hopper/check.py --lib "$lib" --quick --no-bench --variants tmastore,persistent
+cat >/tmp/split_one.py <<'PY'
+import torch, flashc
+q, k, v = (torch.randn(2, 2048, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+o, lse = flashc.attention(q, k, v, backend="cuda-hopper", return_lse=True)
+torch.cuda.synchronize()
+ref = torch.nn.functional.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+print("split call under the sanitizer: max error", (o.float() - ref).abs().max().item())
+PY
+run memcheck 150 compute-sanitizer --tool memcheck --print-limit 10 python3 /tmp/split_one.py
+run power 200 python3 tools/profile/power.py --seconds 1.5 --peers cudnn --cases 128:2048:0,128:4096:0,128:8192:0 \
+  --variants 128@default+split=0
+echo "== TFLOP/s (steady state): split on (default) vs off"
+grep -E "^(hopper|cudnn)" "$OUT/power.txt" | awk '{printf "%-34s %8s %7s\n", $1 " " $2 " " $3 " " $4, $6, $7}'
