@@ -240,6 +240,9 @@ struct flashc_handle_s {
   void *device_ws;
   size_t device_ws_size;
   int device_ws_device; /* the CUDA device device_ws lives on */
+  void *device_zero;    /* fc_device_zeroed: device memory that every kernel using it leaves zero */
+  size_t device_zero_size;
+  int device_zero_device;
 };
 
 /* ---- validation (validate.c) ---------------------------------------------------------------------- */
@@ -257,6 +260,11 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
 flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr);
 /* The same for device memory (CUDA builds only; defined in src/cuda/runtime.cu). */
 flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr);
+/* Device memory of the handle that is zero when a kernel starts: allocated and zeroed once (again when it must grow
+ * or the device changes), and every kernel that uses it must leave it zero again (e.g. flags between CTAs, each
+ * raised and then reset within the launch), so that no call has to clear it first. A kernel that dies leaves the
+ * context unusable (CUDA errors in kernels are sticky), so no later call can read what it left. */
+flashc_status fc_device_zeroed(const fc_problem *p, size_t bytes, void **ptr);
 /* flashc_set_stream's hook: work already enqueued on the old stream may still use the device workspace, so
  * the new stream waits for it (an event, not a host sync: legal while a graph is being captured). No-op
  * without CUDA or before the handle's first GPU call. */

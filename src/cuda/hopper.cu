@@ -741,28 +741,29 @@ static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *
 }
 
 /* FLASHC_HOPPER_SPLIT=1 (unset 0: an experiment, not the default): the persistent forward's last rounds split by key
- * blocks (stream-K, fc_hp_sched_split) where every tile weighs the same: no mask, no varlen. Its workspace, per CTA
- * (SM) and consumer warpgroup: a flag and each thread's o, m, l (d/2 + 4 floats). Two consumer warpgroups only:
+ * blocks (stream-K, fc_hp_sched_split) where every tile weighs the same: no mask, no varlen. Its memory, per CTA (SM)
+ * and consumer warpgroup: each thread's o, m, l (d/2 + 4 floats) in the workspace, and a flag in the handle's zeroed
+ * memory (fc_device_zeroed: the merging CTA resets the flag it waited for, so no call clears them first; until
+ * session 18's last runs a memset before each launch did, one more node on the stream). Two consumer warpgroups only:
  * tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles fill 20.7
  * rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5). Session 18 (H100,
- * bench/results/configs/ hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half round is
- * real: 3 %), but the split wins back only 0.6-1 % of it in the short form and nothing in the steady state (not yet
- * explained: the flags' memset, the parts' unoverlapped first S and last P·V, the merge are the candidates). Off until
- * it pays. */
+ * bench/results/configs/hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half round is
+ * real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state. */
+typedef struct fc_hp_split_mem {
+  float *part;
+  int32_t *flags;
+} fc_hp_split_mem;
 static bool fc_hp_split_wanted(const fc_problem *p) {
   return p->window_left < 0 && p->window_right < 0 && !p->cu_seqlens_q && !p->cu_seqlens_k;
 }
-static size_t fc_hp_split_flag_bytes(int sms) { return ((size_t)sms * 2 * sizeof(int32_t) + 255) / 256 * 256; }
-static size_t fc_hp_split_bytes(int sms, int d, int nc) {
-  return fc_hp_split_flag_bytes(sms) + (size_t)sms * nc * 128 * (d / 2 + 4) * sizeof(float);
-}
+static size_t fc_hp_split_part_bytes(int sms, int d) { return (size_t)sms * 2 * 128 * (d / 2 + 4) * sizeof(float); }
 
 /* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others); split: the split
- * rounds' workspace (fc_hp_split_bytes; NULL: whole tiles only). */
+ * rounds' memory (NULL: whole tiles only). */
 template <typename T, int D, int STAGES, int NC = 2>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store,
-                                             int order, int32_t *claim, void *split) {
+                                             int order, int32_t *claim, const fc_hp_split_mem *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
                  const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC>
                                                 : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC>;
@@ -785,9 +786,8 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
     FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
   }
   if (NC == 2 && split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, FC_HP_BC))) {
-    walk.split_flag = (int32_t *)split;
-    walk.split_part = (float *)((uint8_t *)split + fc_hp_split_flag_bytes(props.num_sms));
-    FC_CUDA_CHECK(cudaMemsetAsync(walk.split_flag, 0, (size_t)grid * NC * sizeof(int32_t), fc_stream(p)));
+    walk.split_flag = split->flags;
+    walk.split_part = split->part;
   }
   kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
   FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
@@ -799,7 +799,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
  * boxes of 64 rows (each consumer warpgroup stores its own 64 rows). */
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      int variant, int nc, int order, int32_t *claim, void *split) {
+                                      int variant, int nc, int order, int32_t *claim, const fc_hp_split_mem *split) {
   const int D = p->head_dim <= 64 ? 64 : 128;
   const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
@@ -950,17 +950,24 @@ static flashc_status hopper_forward(const fc_problem *p) {
                claim_bytes = order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
   int split_on = 0;
   size_t split_bytes = 0;
-  if (persistent && fc_hp_split_wanted(p)) {
+  fc_device_props props;
+  if (persistent && !three && fc_hp_split_wanted(p)) {
     static const char *const names[] = {"0", "1"};
     FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, 0, "flashc_forward (cuda-hopper)", &split_on));
-    fc_device_props props;
     FC_CHECK(fc_device_get_props(&props));
-    if (split_on && !three) split_bytes = fc_hp_split_bytes(props.num_sms, p->head_dim <= 64 ? 64 : 128, 2);
+    if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, p->head_dim <= 64 ? 64 : 128);
   }
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));
   int32_t *claim = order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
-  void *split = split_bytes ? (uint8_t *)ws + cu_bytes + claim_bytes : NULL;
+  fc_hp_split_mem split_mem = {NULL, NULL}, *split = NULL;
+  if (split_bytes) {
+    void *flags = NULL;
+    FC_CHECK(fc_device_zeroed(p, (size_t)props.num_sms * 2 * sizeof(int32_t), &flags));
+    split_mem.part = (float *)((uint8_t *)ws + cu_bytes + claim_bytes);
+    split_mem.flags = (int32_t *)flags;
+    split = &split_mem;
+  }
   fc_hopper_fwd_args a;
   memset(&a, 0, sizeof a);
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));

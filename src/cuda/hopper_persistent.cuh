@@ -360,6 +360,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       const int slot = (int)blockIdx.x + (x.split > 0 ? 1 : 0);
       float *part = sc.split_part + ((int64_t)slot * NC + cw) * WORDS * 128 + ct;
       int32_t *flag = sc.split_flag + slot * NC + cw;
+      FC_HP_MARK(25, x.split + 1); /* trace.py: the fix-up's start (payload 0 tail part, 2 head part) */
       if (x.split < 0) {
 #pragma unroll
         for (int e = 0; e < D / 2; e++) __stcg(part + e * 128, o[e]);
@@ -371,11 +372,15 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         __threadfence();
         fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* every thread's part is written and fenced */
         if (ct == 0) fc_st_release_gpu(flag, 1);
+        FC_HP_MARK(26, 0);
         return;
       }
-      if (ct == 0)
+      if (ct == 0) {
         while (fc_ld_acquire_gpu(flag) == 0) __nanosleep(100);
+        *flag = 0; /* zero again for the next launch (fc_device_zeroed's contract): the only reader of this flag */
+      }
       fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the partner's part is visible to the whole warpgroup */
+      FC_HP_MARK(26, 1);
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         const float m2 = __ldcg(part + (D / 2 + rh) * 128), l2 = __ldcg(part + (D / 2 + 2 + rh) * 128);
@@ -390,6 +395,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
             o[4 * x4 + e] = o[4 * x4 + e] * a1 + __ldcg(part + (4 * x4 + e) * 128) * a2;
       }
       fc_hp_finish_rows(x, wg_row0, m, l);
+      FC_HP_MARK(27, 0);
     };
 
     while (ok) {

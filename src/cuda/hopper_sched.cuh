@@ -48,7 +48,7 @@ typedef struct fc_hp_sched {
   int64_t split_u0, split_units;
   int n_kb;            /* key blocks per tile (every tile the same: no mask, no varlen) */
   float *split_part;   /* per (CTA, consumer warpgroup): the partial O, m, l of the tile it starts in (fp32) */
-  int32_t *split_flag; /* per (CTA, consumer warpgroup): 1 once its partial is written (zeroed per launch) */
+  int32_t *split_flag; /* per (CTA, consumer warpgroup): 1 once its partial is written; its reader resets it */
 } fc_hp_sched;
 
 /* The L2 budget a group's K and V may take with a causal mask. Session 12 (ncu, H100): with 24 MB, about half of

@@ -115,6 +115,33 @@ extern "C" flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, 
   return FLASHC_OK;
 }
 
+extern "C" flashc_status fc_device_zeroed(const fc_problem *p, size_t bytes, void **ptr) {
+  struct flashc_handle_s *h = p->handle;
+  int dev = 0;
+  FC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (h->device_zero && (bytes > h->device_zero_size || dev != h->device_zero_device)) {
+    FC_CUDA_CHECK(cudaFree(h->device_zero)); /* waits for work that may still use it */
+    h->device_zero = NULL;
+    h->device_zero_size = 0;
+  }
+  if (!h->device_zero && bytes > 0) {
+    cudaError_t e = cudaMalloc(&h->device_zero, bytes);
+    /* once, on the call's stream (ordered before its kernels): the users keep it zero */
+    if (e == cudaSuccess) e = cudaMemsetAsync(h->device_zero, 0, bytes, (cudaStream_t)p->stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (h->device_zero) cudaFree(h->device_zero);
+      h->device_zero = NULL;
+      return fc_error(FLASHC_ERR_OUT_OF_MEMORY, "zeroed device memory of %zu bytes on device %d: %s", bytes, dev,
+                      cudaGetErrorString(e));
+    }
+    h->device_zero_size = bytes;
+    h->device_zero_device = dev;
+  }
+  *ptr = h->device_zero;
+  return FLASHC_OK;
+}
+
 extern "C" flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_stream, void *new_stream) {
   if (!h->device_ws) return FLASHC_OK; /* no GPU call yet: nothing can be pending */
   int prev = 0;
@@ -147,4 +174,14 @@ extern "C" void fc_device_workspace_free(struct flashc_handle_s *h) {
   }
   h->device_ws = NULL;
   h->device_ws_size = 0;
+  if (h->device_zero) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(h->device_zero_device);
+    cudaFree(h->device_zero);
+    cudaSetDevice(prev);
+    cudaGetLastError();
+  }
+  h->device_zero = NULL;
+  h->device_zero_size = 0;
 }

@@ -19,7 +19,8 @@ The marks cost a global store each (a few per cent): read the shape, not the abs
 tile, 21 Q issued, 22 K_n's stage free, 23 V_n's; consumers 1 tile (payload n_blocks | n_own << 8), 2 Q landed, 3 K_0
 landed, 4 S_0's turn, 5 S_0 done, 6 softmax_0 done, 7 trip n's K/V landed, 8 its turn, 9 its S done, 10 its P·V done, 19 its
 rescale done, 11 last V landed, 12 last P·V's turn, 13 its P·V done, 14 a dummy trip's turn, 15 epilogue start, 16 sO free,
-17 sO written, 18 stored, 24 right after 1 (the cost of a mark itself).
+17 sO written, 18 stored, 24 right after 1 (the cost of a mark itself); the split rounds' fix-up (FLASHC_HOPPER_SPLIT=1)
+25 its start (payload 0 a tail part, 2 a head part), 26 flag raised / seen, 27 merged.
 """
 import argparse
 import ctypes
