@@ -740,7 +740,7 @@ static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *
                        "flashc_forward (cuda-hopper)", order);
 }
 
-/* FLASHC_HOPPER_SPLIT=1 (unset 0: an experiment, not the default): the persistent forward's last rounds split by key
+/* FLASHC_HOPPER_SPLIT (unset 1; 0 for comparisons): the persistent forward's last rounds split by key
  * blocks (stream-K, fc_hp_sched_split) where every tile weighs the same: no mask, no varlen. Its memory, per CTA (SM)
  * and consumer warpgroup: each thread's o, m, l (d/2 + 4 floats) in the workspace, and a flag in the handle's zeroed
  * memory (fc_device_zeroed: the merging CTA resets the flag it waited for, so no call clears them first; until
@@ -748,7 +748,11 @@ static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *
  * tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles fill 20.7
  * rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5). Session 18 (H100,
  * bench/results/configs/hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half round is
- * real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state. */
+ * real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state; without
+ * it 0.2-3.1 % in the short form (two rounds at 2k, 4k, 8k and 2176 tiles, 7 of 8 pairs ahead), -0.4..+0.9 % steady.
+ * The waits: CTA x waits for x + 1 only, at its very end; the hardware starts CTAs in index order, so the lowest
+ * CTA still waiting always has its partner running or done, even with fewer SMs free than the grid (NCCL's kernels
+ * beside it): no hang. */
 typedef struct fc_hp_split_mem {
   float *part;
   int32_t *flags;
@@ -953,7 +957,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   fc_device_props props;
   if (persistent && !three && fc_hp_split_wanted(p)) {
     static const char *const names[] = {"0", "1"};
-    FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, 0, "flashc_forward (cuda-hopper)", &split_on));
+    FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, 1, "flashc_forward (cuda-hopper)", &split_on));
     FC_CHECK(fc_device_get_props(&props));
     if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, p->head_dim <= 64 ? 64 : 128);
   }
