@@ -163,25 +163,23 @@ extern "C" flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void
   return FLASHC_OK;
 }
 
+/* Frees *mem on its device (the caller's device is restored) and clears the pointer; errors are dropped: the handle is
+ * going away. */
+static void fc_device_free_on(void **mem, int device) {
+  if (*mem) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
+    cudaFree(*mem);
+    cudaSetDevice(prev);
+    cudaGetLastError();
+  }
+  *mem = NULL;
+}
+
 extern "C" void fc_device_workspace_free(struct flashc_handle_s *h) {
-  if (h->device_ws) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(h->device_ws_device);
-    cudaFree(h->device_ws);
-    cudaSetDevice(prev);
-    cudaGetLastError();
-  }
-  h->device_ws = NULL;
+  fc_device_free_on(&h->device_ws, h->device_ws_device);
   h->device_ws_size = 0;
-  if (h->device_zero) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(h->device_zero_device);
-    cudaFree(h->device_zero);
-    cudaSetDevice(prev);
-    cudaGetLastError();
-  }
-  h->device_zero = NULL;
+  fc_device_free_on(&h->device_zero, h->device_zero_device);
   h->device_zero_size = 0;
 }

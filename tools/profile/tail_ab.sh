@@ -6,18 +6,8 @@
 # tools/profile/power.py's steady state, the same library with the order off (=0) and on (unset), causal cells.
 # Logs to $OUT, a short table last. ~5 min.
 set -u
-lib=${1:?usage: tail_ab.sh LIB}
-here=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export FLASHC_LIBRARY=$lib PYTHONPATH=$here/python PYTHONUNBUFFERED=1
-cd "$here" || exit 1
-run() { # name timeout command...
-  local name=$1 t=$2
-  shift 2
-  timeout "$t" "$@" >"$OUT/$name.txt" 2>&1
-  echo "$name: rc=$? $(tail -1 "$OUT/$name.txt")"
-}
+# shellcheck source=tools/profile/ab_common.sh
+source "$(dirname "$0")/ab_common.sh"
 run pytest 150 python3 -m pytest -q -p no:cacheprovider tests/python/test_cuda.py -k "tile_order"
 run check_fwd 120 python3 tools/mma/check_fwd.py --lib "$lib" --quick --no-bench --configs lean
 run check_hopper 120 python3 tools/hopper/check.py --lib "$lib" --quick --no-bench --variants pingpong,pingpong3,simple
