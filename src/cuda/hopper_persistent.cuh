@@ -30,6 +30,10 @@
  * is position blockIdx.x; after the last load of each tile the producer claims the next position
  * (fc_hp_claim_position: grid + atomicAdd(claim, 1), −1 once past the last tile). Each tile is still computed whole
  * by one CTA, so the results do not depend on which CTA took it: deterministic as before.
+ * Split rounds (FLASHC_HOPPER_SPLIT, fc_hp_sched_split; unmasked problems, the stride order, NC = 2): after its whole
+ * tiles each CTA walks a range of key blocks, in parts of tiles published like tiles (j_begin, n_blocks set to the
+ * part; split −1 or 1), and fc_hp_split_fixup joins a cut tile's two parts. Where the cuts fall depends only on the
+ * problem and the grid (the SM count): the same bits run to run on one GPU model.
  *
  * Barrier phases across tiles (docs/hopper.md, "Persistent variant"): the producer and the consumers count
  * K uses, V uses and Q uses over the CTA's whole life, not per tile; use number u of a ring is stage u % STAGES,
