@@ -624,14 +624,11 @@ static bool hopper_enabled(void) {
   return !(e && strcmp(e, "0") == 0);
 }
 
-/* The one-tile kernels' grid order (tail_order.cuh), with as many CTAs per SM as the kernel gets; a: a copy of the
- * caller's arguments, launched. */
+/* The one-tile kernels' grid order (tail_order.cuh); a: a copy of the caller's arguments, launched. */
 static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
                                 fc_hopper_fwd_args *a) {
-  int per_sm = 0;
-  FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   a->n_pairs = (int)(p->batch * p->heads_q); /* fits: the caller's fc_mma_grid refused a grid past 2^31 − 1 CTAs */
-  return fc_tail_from(p, "FLASHC_FWD_TAIL", a->m_blocks, a->n_pairs, per_sm, &a->tail_from);
+  return fc_tail_from(p, "FLASHC_FWD_TAIL", a->m_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
 template <typename T, int D, int STAGES, int BC = FC_HP_BC>

@@ -508,14 +508,11 @@ template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, 
   return fc_bwd_rows_prep<T>(p, r);
 }
 
-/* The dK/dV grid's order (tail_order.cuh), with as many CTAs per SM as this kernel gets. After fc_mma_grid:
- * batch·heads_kv fits an int. */
+/* The dK/dV grid's order (tail_order.cuh). After fc_mma_grid: batch·heads_kv fits an int. */
 static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
                                      fc_mma_bwd_args *a) {
-  int per_sm = 0;
-  FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   a->n_pairs = (int)(p->batch * p->heads_kv);
-  return fc_tail_from(p, "FLASHC_BWD_TAIL", a->n_blocks, a->n_pairs, per_sm, &a->tail_from);
+  return fc_tail_from(p, "FLASHC_BWD_TAIL", a->n_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
 /* 2, base configuration. */

@@ -28,18 +28,21 @@ static __device__ __forceinline__ void fc_tail_tile_of_cta(int n_blocks, int n_p
   *blk = (int)((x - split) / tail), *bh = tail_from + (x - split) % tail;
 }
 
-/* tail_from for a grid of n_pairs × n_blocks CTAs, ctas_per_sm resident per SM. The environment variable `env`
- * (FLASHC_BWD_TAIL, FLASHC_FWD_TAIL): how many waves of CTAs at the grid's end take the tile-by-tile order, where a
- * right mask edge (causal) makes the tiles unequal: 2 (unset), or 0 (off), 1, 3, 4 (the model: 1 wave leaves up to
- * 3 % idle). */
+/* tail_from for a grid of n_pairs × n_blocks CTAs of `kernel` (threads, smem: its launch), as many resident per SM as
+ * the occupancy calculator says (kernel NULL: one). The environment variable `env` (FLASHC_BWD_TAIL,
+ * FLASHC_FWD_TAIL): how many waves of CTAs at the grid's end take the tile-by-tile order, where a right mask edge
+ * (causal) makes the tiles unequal: 2 (unset), or 0 (off), 1, 3, 4 (the model: 1 wave leaves up to 3 % idle). The
+ * occupancy query only where the order applies: an unmasked call asks nothing of the runtime. */
 static inline flashc_status fc_tail_from(const fc_problem *p, const char *env, int n_blocks, int n_pairs,
-                                         int ctas_per_sm, int *tail_from) {
+                                         const void *kernel, int threads, size_t smem, int *tail_from) {
   static const char *const names[] = {"0", "1", "2", "3", "4"};
   int waves = 2;
   FC_CHECK(fc_env_choice(env, names, (int)(sizeof names / sizeof names[0]), 2, "cuda grid order", &waves));
   *tail_from = n_pairs;
   /* tiles of one length (or no grid): the L2-friendly order alone */
   if (waves == 0 || p->window_right < 0 || n_blocks < 1 || n_pairs < 1) return FLASHC_OK;
+  int ctas_per_sm = 1;
+  if (kernel) FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, threads, smem));
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
   const int64_t ctas = (int64_t)waves * props.num_sms * (ctas_per_sm > 1 ? ctas_per_sm : 1);
