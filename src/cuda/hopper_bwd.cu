@@ -24,7 +24,7 @@
  *   3. convert (hopper_bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
  * Deterministic mode (bit-identical gradients run to run): the dQ adds of one query block are made in a fixed
  * order, key block by key block, warpgroup 0 then 1, through a ticket per (query head, query block) in global
- * memory (fc_hpb_ticket_wait); dK, dV are sums in registers in a fixed order anyway.
+ * memory (fc_flag_wait); dK, dV are sums in registers in a fixed order anyway.
  *
  * Shared memory (tiles in 64-column halves of 128-byte rows, 128-byte swizzle, 1024-byte aligned):
  *   sK, sV [D/64][Bc][64]                    K_j, V_j (A of Sᵀ, dPᵀ; K_j also B of dQ, MN-major)
@@ -282,17 +282,7 @@ fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorM
  * turns go key block by key block, warpgroup 0 then 1: warpgroup c of key block j adds once the ticket reads
  * 2j + c, then posts 2j + c + 1. Only warpgroup 0 of the first key block of the run does not wait. A turn
  * waits only for lower key blocks of the same (kv head, sequence), i.e. CTAs of lower index, which were
- * scheduled no later. The waiting thread spins inside one asm statement (acquire loads, a short sleep). */
-static __device__ __forceinline__ void fc_hpb_ticket_wait(const int *ticket, int want) {
-  asm volatile("{\n.reg .pred p;\n.reg .b32 v;\nFC_TICKET_%=:\nld.acquire.gpu.global.b32 v, [%0];\n"
-               "setp.ne.s32 p, v, %1;\n@p nanosleep.u32 32;\n@p bra FC_TICKET_%=;\n}\n" ::"l"(ticket),
-               "r"(want)
-               : "memory");
-}
-static __device__ __forceinline__ void fc_hpb_ticket_post(int *ticket, int value) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(ticket), "r"(value) : "memory");
-}
-
+ * scheduled no later. The ticket is a flag between CTAs (fc_flag_wait, fc_flag_post). */
 /* Key j is visible to query i (the problem's mask, with the sequence's shift). */
 static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
@@ -700,12 +690,12 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const int qrow = q0 + 16 * warp + g + (odd ? 8 : 0);
       float *dq_row = a.dq_accum + ((q_row0 + qrow) * a.heads_q + hh) * (int64_t)D + 4 * (t >> 1);
       if constexpr (DET) {
-        /* Wait for this warpgroup's turn (fc_hpb_ticket_wait); the previous key block saw query block q0 / Br
+        /* Wait for this warpgroup's turn (fc_flag_wait); the previous key block saw query block q0 / Br
          * iff it lies in that block's range. */
         const int ib = q0 / BR;
         const bool first = cw == 0 && !(prev_n > 0 && ib >= prev_begin && ib < prev_begin + prev_n);
         ticket = a.dq_ticket + ((int64_t)hh * a.total_pad + pad0 + q0) / BR;
-        if (ct == 0 && !first) fc_hpb_ticket_wait(ticket, 2 * jb + cw);
+        if (ct == 0 && !first) fc_flag_wait(ticket, 2 * jb + cw, 32);
         fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the whole warpgroup adds after the acquire */
       }
       if constexpr (PIPE) { /* SPLIT: both warpgroups' dSᵀ rows, this warpgroup's NQ columns */
@@ -778,7 +768,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       if constexpr (DET) {
         __threadfence();                           /* this thread's adds are performed ... */
         fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... every thread's, before the turn passes on */
-        if (ct == 0) fc_hpb_ticket_post(ticket, 2 * jb + cw + 1);
+        if (ct == 0) fc_flag_post(ticket, 2 * jb + cw + 1);
       }
       if constexpr (!PIPE) { /* dV, dK of this block are done (the waits above covered them) */
         fc_wgmma_wait<0>();

@@ -375,12 +375,12 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         }
         __threadfence();
         fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* every thread's part is written and fenced */
-        if (ct == 0) fc_st_release_gpu(flag, 1);
+        if (ct == 0) fc_flag_post(flag, 1);
         FC_HP_MARK(26, 0);
         return;
       }
       if (ct == 0) {
-        while (fc_ld_acquire_gpu(flag) == 0) __nanosleep(100);
+        fc_flag_wait(flag, 1, 100);
         *flag = 0; /* zero again for the next launch (fc_device_zeroed's contract): the only reader of this flag */
       }
       fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the partner's part is visible to the whole warpgroup */

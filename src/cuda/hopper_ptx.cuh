@@ -149,15 +149,18 @@ static __device__ __forceinline__ void fc_block_boundary(bool taken) {
                "FC_BLOCK_BOUNDARY_%=:\n}\n" ::"r"((int)taken)
                : "memory");
 }
-/* A flag between CTAs: the store releases this thread's earlier writes (and, after a barrier, those the barrier
- * ordered before it) at GPU scope; the load acquires them. */
-static __device__ __forceinline__ void fc_st_release_gpu(int32_t *p, int32_t v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+/* A flag between CTAs. The post releases this thread's earlier writes (and, after a barrier, those the barrier
+ * ordered before it) at GPU scope; the wait spins with acquire loads until the flag reads `want`, sleeping
+ * `sleep_ns` between reads, all inside one asm statement (the compiler cannot hoist or split the loop). Used by
+ * the persistent forward's split rounds and the backward's deterministic dQ tickets. */
+static __device__ __forceinline__ void fc_flag_post(int32_t *flag, int32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
 }
-static __device__ __forceinline__ int32_t fc_ld_acquire_gpu(const int32_t *p) {
-  int32_t v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
+static __device__ __forceinline__ void fc_flag_wait(const int32_t *flag, int32_t want, uint32_t sleep_ns) {
+  asm volatile("{\n.reg .pred p;\n.reg .b32 v;\nFC_FLAG_WAIT_%=:\nld.acquire.gpu.global.b32 v, [%0];\n"
+               "setp.ne.s32 p, v, %1;\n@p nanosleep.u32 %2;\n@p bra FC_FLAG_WAIT_%=;\n}\n" ::"l"(flag),
+               "r"(want), "r"(sleep_ns)
+               : "memory");
 }
 static __device__ __forceinline__ void fc_st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
