@@ -79,9 +79,8 @@ static __device__ __forceinline__ fc_bwd_rows_cta fc_bwd_rows_where(const fc_bwd
   return w;
 }
 
-/* The dot product of 8 columns of O and dO, each one 16-byte load. */
-template <typename T> static __device__ __forceinline__ float fc_bwd_rows_dot8(const uint16_t *o, const uint16_t *g) {
-  const uint4 x = *(const uint4 *)o, y = *(const uint4 *)g;
+/* The dot product of 8 columns of O and dO (x, y: one 16-byte load each). */
+template <typename T> static __device__ __forceinline__ float fc_bwd_rows_dot8(uint4 x, uint4 y) {
   const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
   float d = 0.0f;
 #pragma unroll
@@ -93,8 +92,10 @@ template <typename T> static __device__ __forceinline__ float fc_bwd_rows_dot8(c
 
 /* prep: one CTA of 8 warps per FC_BWD_ROWS_PAD padded rows of one head of one sequence. With od_lanes, each row is
  * od_lanes lanes of a warp, each 8 columns (16-byte loads; H100, 16k tokens × 2048: 105 µs with a warp per row and
- * a 2-byte load per lane and column); else a warp per row, the lanes over its columns. Grid: row blocks × hq ×
- * sequences. */
+ * a 2-byte load per lane and column), PREP_ROWS of a thread's rows at a time with all their loads issued before
+ * the first use (one row at a time, each row's shuffles and stores held the next row's loads back: 103 µs, session
+ * 19); else a warp per row, the lanes over its columns. Grid: row blocks × hq × sequences. */
+enum { FC_BWD_PREP_ROWS = 4 };
 template <typename T>
 __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(const fc_bwd_rows_args a) {
   const fc_bwd_rows_cta w = fc_bwd_rows_where(a);
@@ -114,24 +115,46 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(c
   const uint16_t *O = a.o + b * a.o_sb + q_start * a.o_ss + (int64_t)h * a.o_sh;
   const uint16_t *dO = a.dout + b * a.do_sb + q_start * a.do_ss + (int64_t)h * a.do_sh;
   const int lanes = a.od_lanes ? a.od_lanes : 32, per_warp = 32 / lanes, sub = lane % lanes;
+  const float *lse = a.lse + (a.cu_q ? (int64_t)h * a.total_q + q_start : (b * a.heads_q + h) * a.seqlen_q);
+  float *lse2 = a.lse2 + (int64_t)h * a.total_pad + pad0, *dsum = a.dsum + (int64_t)h * a.total_pad + pad0;
+  if (a.od_lanes) {
+    const int step = warps * per_warp; /* rows per pass of the CTA */
+    for (int r0 = warp * per_warp + lane / lanes; r0 < FC_BWD_ROWS_PAD; r0 += FC_BWD_PREP_ROWS * step) {
+      uint4 x[FC_BWD_PREP_ROWS], y[FC_BWD_PREP_ROWS];
+      float l[FC_BWD_PREP_ROWS];
+#pragma unroll
+      for (int k = 0; k < FC_BWD_PREP_ROWS; k++) {
+        const int r = r0 + k * step, i = blk * FC_BWD_ROWS_PAD + r;
+        const bool row = r < FC_BWD_ROWS_PAD && i < sq, cols = row && 8 * sub < a.head_dim;
+        x[k] = cols ? *(const uint4 *)(O + (int64_t)i * a.o_ss + 8 * sub) : make_uint4(0, 0, 0, 0);
+        y[k] = cols ? *(const uint4 *)(dO + (int64_t)i * a.do_ss + 8 * sub) : make_uint4(0, 0, 0, 0);
+        l[k] = row ? lse[i] : -INFINITY;
+      }
+#pragma unroll
+      for (int k = 0; k < FC_BWD_PREP_ROWS; k++) {
+        const int r = r0 + k * step, i = blk * FC_BWD_ROWS_PAD + r;
+        float d = fc_bwd_rows_dot8<T>(x[k], y[k]);
+        for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off); /* the row's lanes */
+        if (sub == 0 && r < FC_BWD_ROWS_PAD) { /* < pad_rows: whole blocks of FC_BWD_ROWS_PAD */
+          lse2[i] = l[k] == -INFINITY ? INFINITY : l[k] * 1.4426950408889634f;
+          dsum[i] = d;
+        }
+      }
+    }
+    return;
+  }
   for (int r = warp * per_warp; r < FC_BWD_ROWS_PAD; r += warps * per_warp) {
     const int i = blk * FC_BWD_ROWS_PAD + r + lane / lanes; /* < pad_rows: whole blocks of FC_BWD_ROWS_PAD */
     float d = 0.0f, l2 = INFINITY;
     if (i < sq) {
-      if (a.od_lanes) {
-        if (8 * sub < a.head_dim)
-          d = fc_bwd_rows_dot8<T>(O + (int64_t)i * a.o_ss + 8 * sub, dO + (int64_t)i * a.do_ss + 8 * sub);
-      } else {
-        for (int c = lane; c < a.head_dim; c += 32)
-          d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) * fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
-      }
-      const float lse = a.lse[a.cu_q ? (int64_t)h * a.total_q + q_start + i : (b * a.heads_q + h) * a.seqlen_q + i];
-      l2 = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+      for (int c = lane; c < a.head_dim; c += 32)
+        d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) * fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
+      l2 = lse[i] == -INFINITY ? INFINITY : lse[i] * 1.4426950408889634f;
     }
-    for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off); /* within the row's lanes */
-    if (sub == 0) {
-      a.lse2[(int64_t)h * a.total_pad + pad0 + i] = l2;
-      a.dsum[(int64_t)h * a.total_pad + pad0 + i] = d;
+    for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off); /* over the warp */
+    if (lane == 0) {
+      lse2[i] = l2;
+      dsum[i] = d;
     }
   }
 }
