@@ -283,6 +283,7 @@ fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorM
  * 2j + c, then posts 2j + c + 1. Only warpgroup 0 of the first key block of the run does not wait. A turn
  * waits only for lower key blocks of the same (kv head, sequence), i.e. CTAs of lower index, which were
  * scheduled no later. The ticket is a flag between CTAs (fc_flag_wait, fc_flag_post). */
+
 /* Key j is visible to query i (the problem's mask, with the sequence's shift). */
 static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
