@@ -33,6 +33,8 @@ ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--configs", default=CONFIGS)
 ap.add_argument("--dtypes", default="bf16,fp16")
+ap.add_argument("--dims", default="64,128,256", help="head dims of the timings")
+ap.add_argument("--masks", default="0,1", help="causal values of the timings")
 ap.add_argument("--reps", type=int, default=20)
 ap.add_argument("--csv", default="", help="also write the timings here (TARGETS.md's columns)")
 args = ap.parse_args()
@@ -40,6 +42,8 @@ args = ap.parse_args()
 fc = Flashc(args.lib)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 OK, INVALID = fc.OK, fc.INVALID
+DIMS = [int(x) for x in args.dims.split(",")]
+MASKS = [int(x) for x in args.masks.split(",")]
 res = Results()
 record = res.record
 
@@ -169,8 +173,8 @@ def bench():
                   "threads,ms,tflops,gbps,max_abs_err,rel_l2_err\n")
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
-        for d in (64, 128, 256):
-            for causal in (0, 1):
+        for d in DIMS:
+            for causal in MASKS:
                 for s in seqlens:
                     b, h = 16384 // s, 2048 // d
                     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
@@ -212,8 +216,8 @@ def bench():
               f" {tf['cudnn'] / tf['flash']:8.2f}")
     print(f"\n== worst ratio to flash over seqlen >= 1k (both dtypes), per head dim and mask ==")
     print(f"{'d':>4} {'c':>2} " + " ".join(f"{c:>8}" for c in configs) + "  best")
-    for d in (64, 128, 256):
-        for causal in (0, 1):
+    for d in DIMS:
+        for causal in MASKS:
             cells = [tf for _, dd, cc, s, tf in table if dd == d and cc == causal and s >= 1024]
             worst = {c: min(tf[c] / tf["flash"] for tf in cells) for c in configs}
             best = max(configs, key=lambda c: worst[c] if worst[c] == worst[c] else -1)
