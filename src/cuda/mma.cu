@@ -22,9 +22,10 @@
  * tile, O (D/8 × 4 fp32), S (Bc/8 × 4 fp32), m and l of its two rows; Q (D/16 ×
  * 4 registers) when Q_IN_REGS.
  *
- * Tile shapes per head dim come from one table, fc_mma_fwd_configs: "lean"
- * (the default: mt2's shapes in mma_fwd_lean.cuh's kernel), "mt2" (the first
- * kernel, mma_fwd_steps.cuh), "base", "lean3" (FLASHC_MMA_FWD_CONFIG, for comparisons);
+ * Tile shapes per head dim come from one table, fc_mma_fwd_configs: "lean3"
+ * (the default: mt2's shapes in mma_fwd_lean.cuh's kernel, 3 stages at d ≤ 64),
+ * "lean" (2 stages everywhere), "mt2" (the first kernel, mma_fwd_steps.cuh),
+ * "base" (FLASHC_MMA_FWD_CONFIG, for comparisons);
  * tools/mma/bench-fwd.sh checks and times them all. */
 #include "common.cuh"
 #include "mma_fwd_common.cuh"
@@ -176,12 +177,13 @@ typedef struct fc_mma_fwd_shape {
   int lean; /* 1: mma_fwd_lean.cuh's kernel */
 } fc_mma_fwd_shape;
 
-enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 4, FC_MMA_FWD_BASE = 1, FC_MMA_FWD_LEAN = 2 };
+enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 4, FC_MMA_FWD_BASE = 1, FC_MMA_FWD_DEFAULT = 3 /* lean3 */ };
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
-/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; lean when
- * unset, since session 8: H100 bf16 vs SDPA flash in one run, d128 0.93–1.06×
- * where mt2 read 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×), d64 1.00–1.14×).
+/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; lean3 when
+ * unset, since session 20; lean from session 8: H100 bf16 vs SDPA flash in one
+ * run, d128 0.93–1.06× where mt2 read 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×),
+ * d64 1.00–1.14×).
  * Measured on the H100 against SDPA flash, geometric mean over bf16 and
  * fp16, seqlen 1k/4k/16k (tools/mma/bench-fwd.sh, 2026-11-22):
  *   mt2      (the default until session 8) d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
@@ -195,9 +197,12 @@ static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256
  *   lean     mt2's shapes in mma_fwd_lean.cuh's kernel: fewer
  *            instructions per key block (no per-fragment negation or swizzle
  *            XOR, unpredicated copies of whole blocks, the mask test hoisted).
- *   lean3    lean with 3 stages of the K/V ring at d ≤ 64 (2 CTAs of 64 KB
+ *   lean3    lean with 3 stages of the K/V ring at d ≤ 64 (2 CTAs of 74 KB
  *            fit an SM; from d 96 they would not), so that block j + 1's
- *            copies may still be in flight while block j computes.
+ *            copies may still be in flight while block j computes: the
+ *            default since session 20 (d64 vs lean, 5 rounds of the grid on
+ *            the H100: +0..3 % unmasked, +0..1 % causal, median per cell;
+ *            bench/results/configs/mma-fwd-s20.txt, E).
  * Tried and dropped (0.73–0.85×): issuing S_{j+1} = Q·K_{j+1}ᵀ before the
  * softmax of block j, and weaving its k-steps into the exponentials (the extra
  * accumulators cost the second CTA per SM, which overlapped better). */
@@ -244,7 +249,7 @@ static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
 /* The configuration FLASHC_MMA_FWD_CONFIG names (read at every call, so that a
  * benchmark can switch). */
 static flashc_status fc_mma_fwd_config(int *config) {
-  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS, FC_MMA_FWD_LEAN,
+  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS, FC_MMA_FWD_DEFAULT,
                        "flashc_forward (cuda-mma)", config);
 }
 
