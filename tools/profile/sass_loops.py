@@ -82,7 +82,8 @@ def split_functions(text):
 
 
 def parse(lines):
-    """Instructions [(addr, pred, op, operands)], labels {name: index of the next instruction}."""
+    """Instructions [(addr, pred, op, operands)], labels {name: index of the next instruction}. cuobjdump -sass
+    names a branch's target by its address ("BRA 0x9e30"), nvdisasm by a label: each address is a label too."""
     insns, labels = [], {}
     for line in lines:
         m = LABEL.match(line)
@@ -92,7 +93,20 @@ def parse(lines):
         m = INSN.match(line)
         if m:
             insns.append((int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4)))
+    for k, (addr, _, _, _) in enumerate(insns):
+        labels["0x%x" % addr] = k
     return insns, labels
+
+
+def target(rest, labels):
+    """The instruction index a branch's operands name (a label or an address), or None."""
+    m = TARGET.search(rest) or re.search(r"\b(0x[0-9a-f]+)\b", rest)
+    if not m:
+        return None
+    name = m.group(1)
+    if name.startswith("0x"):
+        name = "0x%x" % int(name, 16)
+    return labels.get(name)
 
 
 def loops(insns, labels):
@@ -100,9 +114,9 @@ def loops(insns, labels):
     out = []
     for k, (_, _, op, rest) in enumerate(insns):
         if op.startswith("BRA"):
-            m = TARGET.search(rest)
-            if m and m.group(1) in labels and labels[m.group(1)] <= k:
-                out.append((labels[m.group(1)], k))
+            to = target(rest, labels)
+            if to is not None and to <= k:
+                out.append((to, k))
     return out
 
 
@@ -132,9 +146,9 @@ def forward_branches(insns, labels, lo, hi):
     for k in range(lo, hi + 1):
         _, pred, op, rest = insns[k]
         if op.startswith("BRA"):
-            m = TARGET.search(rest)
-            if m and m.group(1) in labels and lo < labels[m.group(1)] <= hi + 1 and labels[m.group(1)] > k:
-                out.append((insns[k][0], pred, labels[m.group(1)] - k - 1))
+            to = target(rest, labels)
+            if to is not None and lo < to <= hi + 1 and to > k:
+                out.append((insns[k][0], pred, to - k - 1))
     return out
 
 
