@@ -1,5 +1,6 @@
 """Tests of the repository's analysis tools that run without a GPU: tools/profile/sass_loops.py reads a kernel's
 hot loop off SASS text, in nvdisasm's form (branch targets are labels) and in cuobjdump -sass's (addresses)."""
+
 import importlib.util
 import pathlib
 
@@ -24,10 +25,10 @@ BODY = [
     (0x0070, "HMMA.16816.F32.BF16 R8, R12, R16, R8"),
     (0x0080, "HMMA.16816.F32.BF16 R20, R12, R18, R20"),
     (0x0090, "ISETP.NE.AND P0, PT, R3, R4, PT"),
-    (0x00a0, "@P0 BRA {inner}"),
-    (0x00b0, "ISETP.NE.AND P1, PT, R2, 0x10, PT"),
-    (0x00c0, "@P1 BRA {outer}"),
-    (0x00d0, "EXIT"),
+    (0x00A0, "@P0 BRA {inner}"),
+    (0x00B0, "ISETP.NE.AND P1, PT, R2, 0x10, PT"),
+    (0x00C0, "@P1 BRA {outer}"),
+    (0x00D0, "EXIT"),
 ]
 
 
@@ -36,20 +37,20 @@ def sass(style):
     for row in BODY:
         addr, text = row[0], row[1]
         if len(row) > 2 and style == "nvdisasm":
-            lines.append(".L_x_%s:" % row[2])
+            lines.append(f".L_x_{row[2]}:")
         if style == "nvdisasm":
             text = text.format(inner="`(.L_x_inner)", outer="`(.L_x_outer)")
         else:
             text = text.format(inner="0x60", outer="0x40")
         pred, _, rest = text.partition(" ") if text.startswith("@") else ("", "", text)
-        lines.append("        /*%04x*/              %s %s ;" % (addr, pred, rest))
+        lines.append(f"        /*{addr:04x}*/              {pred} {rest} ;")
     return "\n".join(lines)
 
 
 def test_sass_loops_finds_the_hot_loop_in_both_forms():
     sl = load_sass_loops()
     for style in ("nvdisasm", "cuobjdump"):
-        (name, lines), = sl.split_functions(sass(style))
+        ((name, lines),) = sl.split_functions(sass(style))
         assert name == "_Z6kernelv"
         insns, labels = sl.parse(lines)
         assert len(insns) == len(BODY)
