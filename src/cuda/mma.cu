@@ -22,9 +22,10 @@
  * tile, O (D/8 × 4 fp32), S (Bc/8 × 4 fp32), m and l of its two rows; Q (D/16 ×
  * 4 registers) when Q_IN_REGS.
  *
- * Tile shapes per head dim come from one table, fc_mma_fwd_configs: "lean3"
- * (the default: mt2's shapes in mma_fwd_lean.cuh's kernel, 3 stages at d ≤ 64),
- * "lean" (2 stages everywhere), "mt2" (the first kernel, mma_fwd_steps.cuh),
+ * Tile shapes per head dim come from one table, fc_mma_fwd_configs: "lean3u"
+ * and "lean3" (the defaults without and with a mask: mt2's shapes in
+ * mma_fwd_lean.cuh's kernel, 3 stages at d ≤ 64, lean3u with Bc = 32 at d 96 and
+ * 128), "lean" (2 stages everywhere), "mt2" (the first kernel, mma_fwd_steps.cuh),
  * "base" (FLASHC_MMA_FWD_CONFIG, for comparisons);
  * tools/mma/bench-fwd.sh checks and times them all. */
 #include "common.cuh"
@@ -177,7 +178,13 @@ typedef struct fc_mma_fwd_shape {
   int lean; /* 1: mma_fwd_lean.cuh's kernel */
 } fc_mma_fwd_shape;
 
-enum { FC_MMA_NDIMS = 7, FC_MMA_NCONFIGS = 4, FC_MMA_FWD_BASE = 1, FC_MMA_FWD_DEFAULT = 3 /* lean3 */ };
+enum {
+  FC_MMA_NDIMS = 7,
+  FC_MMA_NCONFIGS = 5,
+  FC_MMA_FWD_BASE = 1,
+  FC_MMA_FWD_DEFAULT = 3 /* lean3 */,
+  FC_MMA_FWD_DEFAULT_UNMASKED = 4 /* lean3u */
+};
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
 /* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; lean3 when
@@ -202,7 +209,14 @@ static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256
  *            copies may still be in flight while block j computes: the
  *            default since session 20 (d64 vs lean, 5 rounds of the grid on
  *            the H100: +0..3 % unmasked, +0..1 % causal, median per cell;
- *            bench/results/configs/mma-fwd-s20.txt, E).
+ *            bench/results/configs/mma-fwd-s20.txt, E) for calls with a
+ *            causal mask or a window.
+ *   lean3u   lean3 with Bc = 32 at d 96/128 (S in half the registers: the
+ *            key loop reloads no spilled values, where Bc = 64 reloads 11–16
+ *            per block; 2 stages, so that 2 CTAs of 70 KB fit an A100's SM):
+ *            the default since session 20 for calls without a mask (d128 vs
+ *            lean: +1..8 % unmasked, but −1..−3 % causal at 2k–8k, hence the
+ *            choice by mask; mma-fwd-s20.txt, H and H').
  * Tried and dropped (0.73–0.85×): issuing S_{j+1} = Q·K_{j+1}ᵀ before the
  * softmax of block j, and weaving its k-steps into the exponentials (the extra
  * accumulators cost the second CTA per SM, which overlapped better). */
@@ -239,18 +253,28 @@ static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDI
      {64, 2, 1, 0, 1, 1},
      {64, 2, 1, 0, 1, 1},
      {64, 2, 1, 0, 1, 1}},
+    /* lean3u */
+    {{64, 3, 2, 1, 2, 1},
+     {64, 3, 2, 1, 2, 1},
+     {32, 2, 2, 0, 2, 1},
+     {32, 2, 2, 0, 2, 1},
+     {64, 2, 1, 0, 1, 1},
+     {64, 2, 1, 0, 1, 1},
+     {64, 2, 1, 0, 1, 1}},
 };
-static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"mt2", "base", "lean", "lean3"};
+static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"mt2", "base", "lean", "lean3", "lean3u"};
 
 static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
   return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
 }
 
 /* The configuration FLASHC_MMA_FWD_CONFIG names (read at every call, so that a
- * benchmark can switch). */
-static flashc_status fc_mma_fwd_config(int *config) {
-  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS, FC_MMA_FWD_DEFAULT,
-                       "flashc_forward (cuda-mma)", config);
+ * benchmark can switch); unset, lean3 for a call with a causal mask or a
+ * window and lean3u for one without. */
+static flashc_status fc_mma_fwd_config(const fc_problem *p, int *config) {
+  const int masked = p->window_left >= 0 || p->window_right >= 0;
+  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS,
+                       masked ? FC_MMA_FWD_DEFAULT : FC_MMA_FWD_DEFAULT_UNMASKED, "flashc_forward (cuda-mma)", config);
 }
 
 /* Which row of the table runs head dim d (index i of fc_mma_dims): the
@@ -339,7 +363,7 @@ static flashc_status mma_supports(const fc_problem *p) {
   if (!p->is_backward) { /* the backward's shared memory is mma_bwd.cu's to
                             check */
     int config = 0, row = 0;
-    FC_CHECK(fc_mma_fwd_config(&config));
+    FC_CHECK(fc_mma_fwd_config(p, &config));
     FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, i, &row));
   }
   int grid = 0;
@@ -355,7 +379,7 @@ static flashc_status mma_forward(const fc_problem *p) {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for head_dim %lld",
                     (long long)p->head_dim);
   int config = 0, row = 0;
-  FC_CHECK(fc_mma_fwd_config(&config));
+  FC_CHECK(fc_mma_fwd_config(p, &config));
   FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, i, &row));
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, fc_mma_cu_seqlens_bytes(p), &ws));

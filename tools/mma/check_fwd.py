@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
                       visible)
 
-CONFIGS = "mt2,base,lean,lean3"  # mma.cu's fc_mma_fwd_config_names, in order
+CONFIGS = "mt2,base,lean,lean3,lean3u"  # mma.cu's fc_mma_fwd_config_names, in order
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-mmafwd-gpu/libflashc.so")
