@@ -187,10 +187,10 @@ enum {
 };
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
-/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; lean3 when
- * unset, since session 20; lean from session 8: H100 bf16 vs SDPA flash in one
- * run, d128 0.93–1.06× where mt2 read 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×),
- * d64 1.00–1.14×).
+/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; unset, lean3u
+ * or lean3 by the call's mask since session 20 (fc_mma_fwd_config); lean from
+ * session 8: H100 bf16 vs SDPA flash in one run, d128 0.93–1.06× where mt2 read
+ * 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×), d64 1.00–1.14×).
  * Measured on the H100 against SDPA flash, geometric mean over bf16 and
  * fp16, seqlen 1k/4k/16k (tools/mma/bench-fwd.sh, 2026-11-22):
  *   mt2      (the default until session 8) d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
