@@ -917,6 +917,16 @@ static flashc_status hopper_supports(const fc_problem *p) {
                     (long long)p->heads_q);
   int grid = 0;
   FC_CHECK(fc_mma_grid("cuda-hopper", fc_cdiv(p->seqlen_q, FC_HP_BR), p->heads_q, p->batch, &grid));
+  if (!p->is_backward && p->handle && !p->handle->fixed) {
+    /* auto: a forward whose query tiles would fill at most a quarter of the GPU's slots runs faster as cuda-mma's
+     * split keys (mma_fwd_split.cuh: decoding, a few heads) than as one long tile per CTA here. */
+    int splits = 1;
+    if (fc_mma_fwd_splits(p, &splits) == FLASHC_OK && splits >= 4)
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "flashc_forward: %d query tiles are too few for cuda-hopper under auto (cuda-mma splits the keys "
+                      "%d ways)",
+                      grid, splits);
+  }
   FC_CHECK(fc_hp_check_view(p, &p->q, true, "q"));
   FC_CHECK(fc_hp_check_view(p, &p->k, false, "k"));
   FC_CHECK(fc_hp_check_view(p, &p->v, false, "v"));

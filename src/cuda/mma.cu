@@ -306,8 +306,9 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
    * with plain loads. */
   void (*kernel)(const fc_mma_fwd_args);
   if constexpr (LEAN)
-    kernel = a->aligned ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
-                        : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true>
+             : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
+                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
   else
     kernel = a->aligned ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
                         : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
@@ -315,8 +316,12 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
   a_tail.n_pairs = (int)(p->batch * p->heads_q); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
   FC_CHECK(fc_tail_from(p, "FLASHC_FWD_TAIL", a->m_blocks, a_tail.n_pairs, (const void *)kernel, FC_MMA_BR / MT * 2,
                         smem, &a_tail.tail_from)); /* the grid's order (tail_order.cuh) */
-  kernel<<<grid, FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
+  kernel<<<dim3(grid, a->n_splits), FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_mma_fwd_kernel");
+  if (a->n_splits > 1) { /* the parts of each row merged (mma_fwd_split.cuh) */
+    fc_mma_fwd_combine_kernel<T, D><<<grid, FC_SPLIT_COMBINE_THREADS, 0, fc_stream(p)>>>(*a);
+    FC_LAUNCH_CHECK("fc_mma_fwd_combine_kernel");
+  }
   return FLASHC_OK;
 }
 
@@ -370,22 +375,73 @@ static flashc_status mma_supports(const fc_problem *p) {
   return fc_mma_grid("cuda-mma", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &grid);
 }
 
-static flashc_status mma_forward(const fc_problem *p) {
+/* How many parts the keys of each tile are split into (mma_fwd_split.cuh): 1 unless the grid of `ctas` tiles fills
+ * less than half of the GPU's slots for them (CTAs per SM × SMs), then enough parts to fill it, at least 4 key
+ * blocks each, at most FC_SPLIT_MAX (FlashAttention-2's split-KV rule of thumb; decoding shapes are the case). Only
+ * the lean kernel on aligned rows splits. FLASHC_MMA_FWD_SPLITS: auto (unset) or a count, for tests and
+ * comparisons. */
+static flashc_status fc_mma_fwd_split_count(const fc_problem *p, int ctas, const fc_mma_fwd_shape *s, int *splits) {
+  static const char *const names[] = {"auto", "1", "2", "3", "4", "5", "8", "16", "64"};
+  static const int counts[] = {0, 1, 2, 3, 4, 5, 8, 16, 64};
+  int pick = 0;
+  FC_CHECK(fc_env_choice("FLASHC_MMA_FWD_SPLITS", names, (int)(sizeof names / sizeof names[0]), 0,
+                         "flashc_forward (cuda-mma)", &pick));
+  *splits = 1;
+  const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
+                       fc_mma_view_aligned(&p->o); /* the split kernel is the aligned one's */
+  if (!s->lean || !aligned || p->seqlen_k <= 0 || ctas < 1) return FLASHC_OK;
+  const int64_t key_blocks = fc_cdiv(p->seqlen_k, s->bc); /* varlen: the longest sequence's */
+  if (pick > 0) {
+    *splits = (int)(key_blocks < counts[pick] ? (key_blocks > 0 ? key_blocks : 1) : counts[pick]);
+    return FLASHC_OK;
+  }
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  const int64_t slots = (int64_t)props.num_sms * s->min_blocks;
+  if (2 * (int64_t)ctas > slots) return FLASHC_OK;
+  int64_t n = (slots + ctas - 1) / ctas;
+  if (n > key_blocks / 4) n = key_blocks / 4;
+  if (n > FC_SPLIT_MAX) n = FC_SPLIT_MAX;
+  *splits = n >= 2 ? (int)n : 1;
+  return FLASHC_OK;
+}
+
+/* What a forward call runs: the head dim's index i in the table, its row, the grid of query tiles and the parts
+ * the keys are split into. */
+static flashc_status fc_mma_fwd_plan(const fc_problem *p, int *i, int *row, int *grid, int *splits) {
   const int m_blocks = (int)fc_cdiv(p->seqlen_q, FC_MMA_BR);
-  int grid = 0;
-  FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
-  const int i = fc_mma_dim_index(p->head_dim);
-  if (i < 0)
+  FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, grid));
+  *i = fc_mma_dim_index(p->head_dim);
+  if (*i < 0)
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for head_dim %lld",
                     (long long)p->head_dim);
-  int config = 0, row = 0;
+  int config = 0;
   FC_CHECK(fc_mma_fwd_config(p, &config));
-  FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, i, &row));
+  FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, *i, row));
+  return fc_mma_fwd_split_count(p, *grid, &fc_mma_fwd_configs[*row][*i], splits);
+}
+
+flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits) {
+  int i = 0, row = 0, grid = 0;
+  return fc_mma_fwd_plan(p, &i, &row, &grid, splits);
+}
+
+static flashc_status mma_forward(const fc_problem *p) {
+  int i = 0, row = 0, grid = 0, splits = 1;
+  FC_CHECK(fc_mma_fwd_plan(p, &i, &row, &grid, &splits));
+  /* The parts' O (D floats a row) and lse, FC_MMA_BR rows per CTA of the split grid, after the varlen offsets. */
+  const size_t split_rows = (size_t)splits * grid * FC_MMA_BR, cu_bytes = fc_mma_cu_seqlens_bytes(p);
+  const size_t split_bytes = splits > 1 ? split_rows * (fc_mma_dims[i] + 1) * sizeof(float) : 0;
   void *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, fc_mma_cu_seqlens_bytes(p), &ws));
+  FC_CHECK(fc_device_workspace(p, cu_bytes + split_bytes, &ws));
   fc_mma_fwd_args a;
   memset(&a, 0, sizeof a);
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  a.n_splits = splits;
+  if (splits > 1) {
+    a.split_o = (float *)((uint8_t *)ws + cu_bytes);
+    a.split_lse = a.split_o + split_rows * fc_mma_dims[i];
+  }
   a.q = (const uint16_t *)p->q.data;
   a.k = (const uint16_t *)p->k.data;
   a.v = (const uint16_t *)p->v.data;
@@ -401,7 +457,7 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.heads_q = (int)p->heads_q;
   a.group = (int)(p->heads_q / p->heads_kv);
   a.head_dim = (int)p->head_dim;
-  a.m_blocks = m_blocks;
+  a.m_blocks = (int)fc_cdiv(p->seqlen_q, FC_MMA_BR);
   a.scale = fabsf(p->scale);
   a.scale_log2 = a.scale * 1.4426950408889634f;
   a.negate_q = p->scale < 0.0f;

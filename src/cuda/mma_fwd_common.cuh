@@ -28,6 +28,10 @@ typedef struct fc_mma_fwd_args {
   int negate_q;     /* scale < 0: use −Q and |scale| (the scores are the same) */
   int64_t window_left, window_right, mask_offset;
   int bottom_right, aligned;
+  /* Split keys (mma_fwd_split.cuh): n_splits > 1 runs each tile as n_splits CTAs (blockIdx.y) over equal parts of
+   * its key blocks, each writing O / l and lse of its part to split_o, split_lse; a second kernel combines them. */
+  int n_splits;
+  float *split_o, *split_lse;
 } fc_mma_fwd_args;
 
 /* Which tile a CTA computes: row blocks vary fastest (CTAs running together

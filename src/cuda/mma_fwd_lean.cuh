@@ -16,6 +16,7 @@
 #define FLASHC_CUDA_MMA_FWD_LEAN_CUH
 
 #include "mma_fwd_common.cuh"
+#include "mma_fwd_split.cuh"
 
 /* floor(x / y) and ceil(x / y) for y > 0 and x of either sign. */
 static __device__ __forceinline__ int64_t fc_floor_div(int64_t x, int64_t y) {
@@ -135,7 +136,8 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
 
 /* The kernel: mma.cu's fc_mma_fwd_kernel (same template arguments, same
  * shared-memory layout and launch) with the changes listed at the top. */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
+          bool SPLIT = false>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
   constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
@@ -166,8 +168,9 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   int lo_first, hi_first, lo_last, hi_last;
   fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
   fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
-  const int j_begin = lo_first / BC;
-  const int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  int j_begin = lo_first / BC;
+  int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  if constexpr (SPLIT) fc_fwd_split_range(a.n_splits, (int)blockIdx.y, &j_begin, &j_end); /* this CTA's part */
   /* Blocks that every row of the block sees whole, which need no mask: key
    * block j is such when (j + 1)·Bc <= min(sk, i0 + shift + window_right + 1)
    * (no key past the tail or right of the first row's window) and j·Bc >=
@@ -287,7 +290,11 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     stage = stage == STAGES - 1 ? 0 : stage + 1;
   }
 
-  fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
+  /* A compile-time switch: the split's end, beside the other, made ptxas spill more in the d128 Bc = 64 loop. */
+  if constexpr (SPLIT)
+    fc_fwd_finish_split<D, MT>(a, sq, i0, wrow, o, m, l, lane);
+  else
+    fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
 }
 
 #endif /* FLASHC_CUDA_MMA_FWD_LEAN_CUH */

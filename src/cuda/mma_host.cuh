@@ -67,4 +67,8 @@ static inline flashc_status fc_mma_smem(const void *kernel, size_t bytes, const 
   return FLASHC_OK;
 }
 
+/* How many parts cuda-mma's forward splits the keys of problem p into (mma.cu; 1: no split). cuda-hopper asks, so
+ * that `auto` leaves it the calls whose grid is too small for one query tile per SM to fill the GPU. */
+flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits);
+
 #endif /* FLASHC_CUDA_MMA_HOST_CUH */
