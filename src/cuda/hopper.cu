@@ -889,9 +889,21 @@ static bool hopper_usable(char *why, size_t len) {
                props.sm);
     return false;
   }
-  int built = 0;
-  if (cudaMemcpyFromSymbol(&built, fc_hopper_built_for_sm90a, sizeof built) != cudaSuccess || !built) {
-    cudaGetLastError();
+  /* Whether the device code loaded for this device is sm_90a's: asked once per device. The copy from the symbol is
+   * synchronous (it waits for all the device's queued work), and `usable` runs at every call (auto asks cuda-hopper
+   * first): until session 21 every call paid that wait, ~20 µs of an idle GPU before the kernel's launch and no
+   * host run-ahead (bench/results/configs/hopper-usable-sync-s21.txt). */
+  enum { MAX_DEVICES = 64 };
+  static int built_on[MAX_DEVICES]; /* 0 unknown, 1 sm_90a code, −1 none */
+  const int dev = props.device;
+  int built = dev >= 0 && dev < MAX_DEVICES ? __atomic_load_n(&built_on[dev], __ATOMIC_RELAXED) : 0;
+  if (built == 0) { /* threads racing here all copy the same flag */
+    int flag = 0;
+    built = cudaMemcpyFromSymbol(&flag, fc_hopper_built_for_sm90a, sizeof flag) == cudaSuccess && flag ? 1 : -1;
+    if (built < 0) cudaGetLastError();
+    if (dev >= 0 && dev < MAX_DEVICES) __atomic_store_n(&built_on[dev], built, __ATOMIC_RELAXED);
+  }
+  if (built < 0) {
     if (why) snprintf(why, len, "this libflashc was built without sm_90a code (add 90a to FLASHC_CUDA_ARCHITECTURES)");
     return false;
   }
