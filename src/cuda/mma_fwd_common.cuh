@@ -61,6 +61,16 @@ static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_ar
   return w;
 }
 
+/* A row's l summed over the quad of threads that hold its columns, and its lse = scale·m + ln l (−inf where l = 0:
+ * the row saw no key). Shared by the one-pass end below and the split keys' (mma_fwd_split.cuh). */
+static __device__ __forceinline__ float fc_fwd_quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+static __device__ __forceinline__ float fc_fwd_row_lse(float m, float l, float scale) {
+  return l > 0.0f ? m * scale + logf(l) : -INFINITY;
+}
+
 /* The end of a CTA: O = O / l and lse = scale·m + ln l (a row that saw no key
  * has l = 0: O = 0, lse = −inf), then O stored through shared memory, so that
  * global stores are whole 16-byte chunks of a row. Each warp stages its rows in
@@ -79,9 +89,7 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
-      float lr = l[mt][rh];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const float lr = fc_fwd_quad_sum(l[mt][rh]);
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
 #pragma unroll
       for (int x = 0; x < NO; x++) {
@@ -92,7 +100,7 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
       if (a.lse && t == 0 && row < sq) {
         const int64_t at =
             a.cu_q ? (int64_t)h * a.total_q + q_start + row : ((int64_t)b * a.heads_q + h) * a.seqlen_q + row;
-        a.lse[at] = lr > 0.0f ? m[mt][rh] * a.scale + logf(lr) : -INFINITY;
+        a.lse[at] = fc_fwd_row_lse(m[mt][rh], lr, a.scale);
       }
     }
 

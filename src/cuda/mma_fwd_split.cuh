@@ -37,9 +37,7 @@ static __device__ __forceinline__ void fc_fwd_finish_split(const fc_mma_fwd_args
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
-      float lr = l[mt][rh];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const float lr = fc_fwd_quad_sum(l[mt][rh]);
       const int r = wrow + 16 * mt + g + 8 * rh;
       if (i0 + r >= sq) continue;
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
@@ -47,7 +45,7 @@ static __device__ __forceinline__ void fc_fwd_finish_split(const fc_mma_fwd_args
 #pragma unroll
       for (int x = 0; x < D / 8; x++)
         *(float2 *)(to + 8 * x + 2 * t) = make_float2(o[mt][x][2 * rh] * inv, o[mt][x][2 * rh + 1] * inv);
-      if (t == 0) a.split_lse[tile_row0 + r] = lr > 0.0f ? m[mt][rh] * a.scale + logf(lr) : -INFINITY;
+      if (t == 0) a.split_lse[tile_row0 + r] = fc_fwd_row_lse(m[mt][rh], lr, a.scale);
     }
 }
 
