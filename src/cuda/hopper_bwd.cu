@@ -441,7 +441,7 @@ static __device__ __forceinline__ void fc_hpb_store_tile(uint32_t tile, uint16_t
     const uint4 v = fc_ld_shared_v4(tile + r * 2 * D + ((ch ^ (r % 8)) << 4));
     uint16_t *dst = to + (int64_t)key * ss + col;
     if (vec && col + 8 <= head_dim) {
-      *(uint4 *)dst = v;
+      fc_st_global_v4(dst, v);
     } else {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

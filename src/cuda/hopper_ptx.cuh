@@ -173,6 +173,12 @@ static __device__ __forceinline__ uint4 fc_ld_shared_v4(uint32_t addr) {
                : "memory");
   return v;
 }
+/* One 16-byte store to global memory (`to` 16-byte aligned). In asm because NVVM split the C form `*(uint4 *)to = v`
+ * inside the backward's epilogue into four 4-byte stores (ncu, session 22: 4x the L2 sectors of dK/dV). */
+static __device__ __forceinline__ void fc_st_global_v4(void *to, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(to), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 
 /* ---- TMA store: cp.async.bulk.tensor, shared → global (the persistent variant's epilogue) ------------------ */
 /* Copies the box at smem `src` (laid out as the map says) into the 4-d tensor `map` at coordinates (c0 .. c3);

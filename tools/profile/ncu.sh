@@ -6,11 +6,13 @@
 # LIB is a libflashc.so built for the GPU (e.g. build-gpu/libflashc.so). A CASE is backend:pass:head_dim:seqlen
 # [:causal]; default: cuda-hopper and cuda-mma, fwd and bwd, d128, seqlen 8192, full (issue #7's read). For each
 # case, tools/profile/one_call.py runs the call (warm-up outside the profiled range, then 2 calls profiled) under
-#   1. ncu with the SpeedOfLight, ComputeWorkloadAnalysis, Occupancy, LaunchStats, WarpStateStats and
-#      SourceCounters sections: the full report in $OUT/ncu-CASE.txt (stall reasons, pipe utilisation, spills);
+#   1. ncu with the SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis (and its tables: shared memory,
+#      L1, L2), Occupancy, LaunchStats, WarpStateStats and SourceCounters sections: the full report in
+#      $OUT/ncu-CASE.txt (stall reasons, pipe utilisation, shared-memory and L2 load, spills);
 #   2. ncu with a few metrics as CSV: per kernel, duration, the tensor pipes' utilisation (every
 #      sm__pipe_tensor*.avg.pct_of_peak_sustained_active this ncu knows), SM throughput, DRAM throughput,
-#      achieved occupancy, local-memory traffic, registers; printed as one table at the end ($OUT/ncu.txt).
+#      achieved occupancy, L1/shared and L2 throughput, local-memory traffic, registers; printed as one table at
+#      the end ($OUT/ncu.txt).
 # Environment: OUT (default /tmp/out), NCU (default: ncu on PATH, else /usr/local/cuda/bin/ncu).
 set -u
 LIB=${1:?usage: tools/profile/ncu.sh LIB [backend:pass:head_dim:seqlen[:causal] ...]}
@@ -30,6 +32,7 @@ pipes=$("$NCU" --query-metrics 2>/dev/null | awk '{print $1}' | grep -E '^sm__pi
   sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
 metrics="gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed"
 metrics+=",dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active"
+metrics+=",l1tex__throughput.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed"
 metrics+=",l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"
 metrics+=",launch__registers_per_thread${pipes:+,$pipes}"
 echo "ncu: $("$NCU" --version | tail -1); tensor-pipe metrics: ${pipes:-none found}"
@@ -41,7 +44,8 @@ for c in "${cases[@]}"; do
   [ "${causal:-}" = causal ] && args+=(--causal)
   name=${c//:/-}
   timeout 300 "$NCU" --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
-    --section Occupancy --section LaunchStats --section WarpStateStats --section SourceCounters \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SourceCounters \
     python3 tools/profile/one_call.py "${args[@]}" >"$OUT/ncu-$name.txt" 2>&1 || echo "ncu sections: $c failed (see $OUT/ncu-$name.txt)"
   grep "^one_call:" "$OUT/ncu-$name.txt"
   timeout 300 "$NCU" --profile-from-start off --csv --metrics "$metrics" \
