@@ -58,8 +58,9 @@ for name in names:
             continue
         for line in lines:
             f = line.split()
-            if len(f) > 6 and f[0] in ("hopper", "cudnn", "flash", "mma") and f[1].startswith("d"):
-                tf[(" ".join(f[1:4]), f[0], name)].append(float(f[5]))
+            impl = f[0].removesuffix("-bwd") if f else ""  # power.py names the backward's rows hopper-bwd, ...
+            if len(f) > 6 and impl in ("hopper", "cudnn", "flash", "mma") and f[1].startswith("d"):
+                tf[(" ".join(f[1:4]), impl, name)].append(float(f[5]))
 cases = sorted({k[0] for k in tf}, key=lambda c: [int("".join(ch for ch in w if ch.isdigit())) for w in c.split()])
 mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
 print(f"TFLOP/s, mean of {rounds} rounds   " + "".join(f"{n:>9s}" for n in names) + "    cudnn"
