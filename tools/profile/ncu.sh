@@ -6,9 +6,9 @@
 # LIB is a libflashc.so built for the GPU (e.g. build-gpu/libflashc.so). A CASE is backend:pass:head_dim:seqlen
 # [:causal]; default: cuda-hopper and cuda-mma, fwd and bwd, d128, seqlen 8192, full (issue #7's read). For each
 # case, tools/profile/one_call.py runs the call (warm-up outside the profiled range, then 2 calls profiled) under
-#   1. ncu with the SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis (and its tables: shared memory,
-#      L1, L2), Occupancy, LaunchStats, WarpStateStats and SourceCounters sections: the full report in
-#      $OUT/ncu-CASE.txt (stall reasons, pipe utilisation, shared-memory and L2 load, spills);
+#   1. ncu with the SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis, Occupancy, LaunchStats,
+#      WarpStateStats and SourceCounters sections: the full report in $OUT/ncu-CASE.txt (pipe utilisation, memory
+#      throughput and hit rates, uncoalesced accesses, spills);
 #   2. ncu with a few metrics as CSV: per kernel, duration, the tensor pipes' utilisation (every
 #      sm__pipe_tensor*.avg.pct_of_peak_sustained_active this ncu knows), SM throughput, DRAM throughput,
 #      achieved occupancy, L1/shared and L2 throughput, local-memory traffic, registers; printed as one table at
@@ -44,7 +44,7 @@ for c in "${cases[@]}"; do
   [ "${causal:-}" = causal ] && args+=(--causal)
   name=${c//:/-}
   timeout 300 "$NCU" --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+    --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SourceCounters \
     python3 tools/profile/one_call.py "${args[@]}" >"$OUT/ncu-$name.txt" 2>&1 || echo "ncu sections: $c failed (see $OUT/ncu-$name.txt)"
   grep "^one_call:" "$OUT/ncu-$name.txt"
