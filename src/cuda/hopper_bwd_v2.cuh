@@ -141,17 +141,19 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
 
   /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: in half x / 8
    * (queries 64·(x / 8) .., DS_HALF bytes apart; Br = 64: one), row r (a key), 16-byte chunk x % 8 (queries
-   * 8x .. 8x + 7) at r·128 + (((x % 8) ^ (r % 8))·16); this thread's rows have r % 8 = g. The buffer's last
-   * readers (block it − 2's dQ wgmmas) are done (the header says why). */
+   * 8x .. 8x + 7) at r·128 + (((x % 8) ^ (r % 8))·16). dsp[j][i] is the fragment of the 8 × 8 matrix of chunk
+   * x = 2j + i / 2 and rows 16·warp + 8·(i % 2) .. + 7, so one stmatrix.x4 per j stores four of them; this lane
+   * addresses row mr of matrix mi. The buffer's last readers (block it − 2's dQ wgmmas) are done (the header says
+   * why). */
   fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
+  {
+    const int mi = (4 * g + t) / 8, mr = (4 * g + t) % 8, r = 64 * cw + 16 * warp + 8 * (mi % 2) + mr;
 #pragma unroll
-  for (int x = 0; x < BR / 8; x++)
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      const int r = 64 * cw + 16 * warp + g + 8 * rh;
-      fc_st_shared_u32(ds_buf + (x / 8) * DS_HALF + r * FC_HPB_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
-                       dsp[x / 2][2 * (x % 2) + rh]);
+    for (int j = 0; j < BR / 16; j++) {
+      const int x = 2 * j + mi / 2;
+      fc_stmatrix_x4(ds_buf + (x / 8) * DS_HALF + r * FC_HPB_ROW_BYTES + (((x % 8) ^ mr) << 4), dsp[j]);
     }
+  }
   fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
   /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
    * barrier). */

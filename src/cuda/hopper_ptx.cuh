@@ -173,6 +173,14 @@ static __device__ __forceinline__ uint4 fc_ld_shared_v4(uint32_t addr) {
                : "memory");
   return v;
 }
+/* stmatrix.x4 (sm_90): four 8 × 8 matrices of 16-bit values from the mma/wgmma fragment layout (register i of
+ * lane 4g + t: row g, columns 2t, 2t + 1 of matrix i) into shared memory; lane l gives the address of row l % 8 of
+ * matrix l / 8 (16 bytes each). One instruction where 32-bit stores take four. */
+static __device__ __forceinline__ void fc_stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 /* One 16-byte store to global memory (`to` 16-byte aligned). In asm because NVVM split the C form `*(uint4 *)to = v`
  * inside the backward's epilogue into four 4-byte stores (ncu, session 22: 4x the L2 sectors of dK/dV). */
 static __device__ __forceinline__ void fc_st_global_v4(void *to, uint4 v) {
