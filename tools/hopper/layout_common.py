@@ -1,5 +1,6 @@
 """What the host-side layout checks of the cuda-hopper backward kernels share (bwd_br128_layout.py,
-bwd_d256_layout.py, bwd_v2_stmatrix_layout.py): the check recorder, the 128-byte swizzle and the consumer threads' coordinates."""
+bwd_d256_layout.py, bwd_v2_stmatrix_layout.py): the check recorder, the 128-byte swizzle and the consumer
+threads' coordinates."""
 fails = []  # names of the failed checks, in order
 
 
