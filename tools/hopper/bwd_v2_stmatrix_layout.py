@@ -18,7 +18,7 @@ ROW, BC = 128, 128
 DS_HALF = BC * ROW  # one 64-query half of sdS (Br = 128); Br = 64 has one
 
 
-def word_place(br, cw, warp, g, t, kb, i):
+def word_place(cw, warp, g, t, kb, i):
     """Where fragment word dsp[kb][i] of this thread belongs: key row r (a row of sdS), queries 8x + 2t, + 1 with
     x = 2·kb + i / 2 and r = 64·cw + 16·warp + g + 8·(i % 2) (the m64nBr accumulator layout, packed in pairs), in
     half x / 8, 16-byte chunk x % 8 swizzled by r % 8."""
@@ -26,7 +26,7 @@ def word_place(br, cw, warp, g, t, kb, i):
     return (x // 8) * DS_HALF + r * ROW + (((x % 8) ^ (r % 8)) << 4) + 4 * t
 
 
-def stmatrix_row_address(br, cw, warp, lane, j):  # the kernel's formula, lane l of the warp, store j
+def stmatrix_row_address(cw, warp, lane, j):  # the kernel's formula, lane l of the warp, store j
     mi, mr = lane // 8, lane % 8
     r = 64 * cw + 16 * warp + 8 * (mi % 2) + mr
     x = 2 * j + mi // 2
@@ -39,10 +39,10 @@ for br in (64, 128):
         for j in range(br // 16):
             for i in range(4):
                 # stmatrix writes register i of lane 4g + t at row g of matrix i, whose address lane 8i + g gave
-                got = stmatrix_row_address(br, cw, warp, 8 * i + g, j) + 4 * t
-                wrong += got != word_place(br, cw, warp, g, t, j, i)
+                got = stmatrix_row_address(cw, warp, 8 * i + g, j) + 4 * t
+                wrong += got != word_place(cw, warp, g, t, j, i)
                 seen.add(got)
-    rows_addressed = all(stmatrix_row_address(br, cw, w, lane, j) % 16 == 0
+    rows_addressed = all(stmatrix_row_address(cw, w, lane, j) % 16 == 0
                          for cw in range(2) for w in range(4) for lane in range(32) for j in range(br // 16))
     check(f"Br = {br}: every dSᵀ word where the dQ descriptor reads it", wrong == 0, f"{wrong} misplaced")
     check(f"Br = {br}: every 32-bit word of sdS's {2 * 64 * br * 2} bytes written once", len(seen) == 2 * 64 * br // 2)
