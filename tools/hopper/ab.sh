@@ -4,7 +4,8 @@
 # every NAME against REF's, bit for bit; skipped with --no-bitcmp or --pass bwd), then tools/profile/power.py's steady
 # state (cuda-hopper beside cuDNN, bf16) for each library in turn, --rounds times (alternating, so that drift hits all
 # alike), and last a table: TFLOP/s per case and library (the mean of the rounds), cuDNN's mean, each NAME / REF.
-# Logs to $OUT. A round of four cases takes ~35 s per library.
+# Logs to $OUT. A round of four cases takes ~35 s per library. A NAME may carry settings for its runs after an @:
+# new@FLASHC_HOPPER_BWD_V=4 runs new.so with that variable set (an A/B of two settings of one build).
 set -uo pipefail
 cases=128:2048:0,128:2048:1,64:2048:0,64:2048:1
 rounds=2
@@ -28,32 +29,40 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$here/python PYTHONUNBUFFERED=1
 libs=$(mktemp -d)
 tar xJf "$pack" -C "$libs" || exit 1
-for name in "$@"; do [ -f "$libs/$name.so" ] || { echo "ab.sh: $name.so is not in $pack" >&2; exit 2; }; done
+# a NAME's library, its settings (after its @, as words for env) and its name in file names
+lib_of() { echo "$libs/${1%%@*}.so"; }
+settings() { [[ $1 == *@* ]] && echo "${1#*@}" | tr ',' ' '; }
+file_of() { echo "${1//[^A-Za-z0-9_.-]/_}"; }
+for name in "$@"; do [ -f "$(lib_of "$name")" ] || { echo "ab.sh: ${name%%@*}.so is not in $pack" >&2; exit 2; }; done
 rc=0
+# shellcheck disable=SC2046  # settings: words on purpose
 if [ "$bitcmp" = 1 ] && [ "$pass" = fwd ]; then
   ref=$1
-  FLASHC_LIBRARY=$libs/$ref.so timeout 200 python3 "$here/tools/hopper/bitcmp.py" save "$libs/ref.pt" >"$OUT/bitcmp-$ref.txt" 2>&1 || rc=1
-  tail -1 "$OUT/bitcmp-$ref.txt"
+  env $(settings "$ref") FLASHC_LIBRARY="$(lib_of "$ref")" timeout 200 python3 "$here/tools/hopper/bitcmp.py" \
+    save "$libs/ref.pt" >"$OUT/bitcmp-$(file_of "$ref").txt" 2>&1 || rc=1
+  tail -1 "$OUT/bitcmp-$(file_of "$ref").txt"
   for name in "${@:2}"; do
-    FLASHC_LIBRARY=$libs/$name.so timeout 200 python3 "$here/tools/hopper/bitcmp.py" compare "$libs/ref.pt" \
-      >"$OUT/bitcmp-$name.txt" 2>&1 || rc=1
-    echo "$name: $(tail -1 "$OUT/bitcmp-$name.txt")"
+    env $(settings "$name") FLASHC_LIBRARY="$(lib_of "$name")" timeout 200 python3 "$here/tools/hopper/bitcmp.py" \
+      compare "$libs/ref.pt" >"$OUT/bitcmp-$(file_of "$name").txt" 2>&1 || rc=1
+    echo "$name: $(tail -1 "$OUT/bitcmp-$(file_of "$name").txt")"
   done
 fi
 for r in $(seq "$rounds"); do
   for name in "$@"; do
-    FLASHC_LIBRARY=$libs/$name.so timeout 300 python3 "$here/tools/profile/power.py" --pass "$pass" --seconds 2 \
-      --cases "$cases" >"$OUT/ab-$name-$r.txt" 2>&1 || { echo "power.py: $name round $r failed"; rc=1; }
+    # shellcheck disable=SC2046
+    env $(settings "$name") FLASHC_LIBRARY="$(lib_of "$name")" timeout 300 python3 "$here/tools/profile/power.py" \
+      --pass "$pass" --seconds 2 --cases "$cases" >"$OUT/ab-$(file_of "$name")-$r.txt" 2>&1 ||
+      { echo "power.py: $name round $r failed"; rc=1; }
   done
 done
 python3 - "$OUT" "$rounds" "$@" <<'PY'
-import collections, sys
+import collections, re, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 tf = collections.defaultdict(list)  # (case, impl, name) -> TFLOP/s per round
 for name in names:
     for r in range(1, rounds + 1):
         try:
-            lines = open(f"{out}/ab-{name}-{r}.txt").read().splitlines()
+            lines = open(f"{out}/ab-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{r}.txt").read().splitlines()
         except OSError:
             continue
         for line in lines:
