@@ -56,14 +56,18 @@ for r in $(seq "$rounds"); do
       { echo "power.py: $name round $r failed"; rc=1; }
   done
 done
-python3 - "$OUT" "$rounds" "$@" <<'PY'
-import collections, re, sys
-out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+# each NAME with its logs' name (file_of), so that the table reads the files the runs above wrote
+pairs=()
+for name in "$@"; do pairs+=("$name" "$(file_of "$name")"); done
+python3 - "$OUT" "$rounds" "${pairs[@]}" <<'PY'
+import collections, sys
+out, rounds, pairs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names, files = pairs[0::2], dict(zip(pairs[0::2], pairs[1::2]))
 tf = collections.defaultdict(list)  # (case, impl, name) -> TFLOP/s per round
 for name in names:
     for r in range(1, rounds + 1):
         try:
-            lines = open(f"{out}/ab-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{r}.txt").read().splitlines()
+            lines = open(f"{out}/ab-{files[name]}-{r}.txt").read().splitlines()
         except OSError:
             continue
         for line in lines:
