@@ -1026,18 +1026,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
 }
 
 #if FC_HP_TRACE
-/* The trace build's readers (tools/hopper/trace.py, through ctypes): zero the timeline before a call, copy it out
- * after (bytes ≤ sizeof fc_hp_trace_buf). 0 on success, the CUDA error otherwise. */
-extern "C" __attribute__((visibility("default"))) int fc_hopper_trace_reset(void) {
-  void *at = NULL;
-  cudaError_t e = cudaGetSymbolAddress(&at, fc_hp_trace_buf);
-  if (e == cudaSuccess) e = cudaMemset(at, 0, sizeof fc_hp_trace_buf);
-  return (int)e;
-}
-extern "C" __attribute__((visibility("default"))) int fc_hopper_trace_read(void *to, size_t bytes) {
-  if (bytes > sizeof fc_hp_trace_buf) bytes = sizeof fc_hp_trace_buf;
-  return (int)cudaMemcpyFromSymbol(to, fc_hp_trace_buf, bytes);
-}
+FC_HP_TRACE_READERS(fc_hopper) /* fc_hopper_trace_reset, fc_hopper_trace_read: tools/hopper/trace.py */
 #endif
 
 extern "C" const fc_backend fc_backend_cuda_hopper = {

@@ -53,6 +53,7 @@
 #include "hopper_ptx.cuh"
 #include "hopper_sched.cuh"
 #include "hopper_tma.cuh"
+#include "hopper_trace.cuh"
 #include "hopper_wgmma.cuh"
 #include "mma_host.cuh"
 #include "mma_ptx.cuh"
@@ -61,6 +62,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Trace marks (hopper_trace.cuh, built with -DFC_HP_TRACE=1; tools/hopper/trace_bwd.py reads them): mark k of block
+ * (or fill) n in slot `slot` (0 the producer, 1 + c consumer warpgroup c's thread 0) at index 16·n + k, tag k. */
+#if FC_HP_TRACE
+#define FC_HPB_MARK_AT(slot, n, k) fc_hp_mark_at((slot), 16u * (uint32_t)(n) + (k), (k), (uint32_t)(n))
+#else
+#define FC_HPB_MARK_AT(slot, n, k) ((void)0)
+#endif
 
 enum {
   FC_HPB_BR = 64,             /* query rows per block of the loop (Br; 128 at D = 64, bulk: FLASHC_HOPPER_BWD_BR) */
@@ -111,6 +120,13 @@ static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
   return v;
+}
+
+/* This thread's BR / 4 values of a per-query row buffer in shared memory (lse2_i or D_i at `at`): queries 8x + 2t and
+ * + 1, the columns of its Sᵀ fragments (fc_hpb_p_pass), loaded ahead of their use. */
+template <int BR> static __device__ __forceinline__ void fc_hpb_ld_rows(float2 (&v)[BR / 8], uint32_t at, int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) v[x] = fc_hpb_ld_shared_f32x2(at + 4 * (8 * x + 2 * t));
 }
 
 /* The query blocks (Br rows) that see some key of the block [k0, k0 + Bc): [*i_begin, *i_begin + *n_i). Rows
@@ -262,7 +278,9 @@ fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorM
   for (int it = 0; it < n_iter; it++) {
     const int s = it % STAGES, u = it / STAGES;
     const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    FC_HPB_MARK_AT(0, it, 0);
     if (u > 0) fc_mbar_wait(empty + 8u * s, (u - 1) & 1);
+    FC_HPB_MARK_AT(0, it, 1);
     fc_mbar_arrive_expect_tx(full + 8u * s, STAGE_TX);
 #pragma unroll
     for (int hf = 0; hf < HALVES; hf++) {
@@ -292,18 +310,22 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
 /* Pᵀ = 2^(c·Sᵀ − lse2_i) in place, for this thread's keys key0 (e < 2) and key0 + 8 (e ≥ 2) and queries
  * q0 + 8x + 2t + (e & 1); lse2_i at sL. Queries past the sequence have lse2 = +inf (P = 0); MASKED: keys past it
  * and pairs outside the mask are zeroed. WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
- * ready already (version 1 at Br = 64). */
-template <int BR, bool MASKED, bool WITH_DS>
+ * ready already (version 1 at Br = 64). l2_pre: lse2_i loaded already (fc_hpb_ld_rows), else loaded here. POLY: of
+ * every 8 exponentials, how many fc_exp2_poly computes on the FMA pipe (the rest: ex2 on the special-function unit;
+ * H100, session 24: 1 of 8 ran 1.005-1.01x at D = 128, 2 or 3 of 8 0.97-0.995x; the forward's softmax lost 6-14 %
+ * with 2-4 of 8). */
+template <int BR, bool MASKED, bool WITH_DS, int POLY>
 static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
                                                      uint32_t sD, float c, int t, int q0, int key0, int sk,
-                                                     int64_t shift, int64_t wl, int64_t wr) {
+                                                     int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre) {
 #pragma unroll
   for (int x = 0; x < BR / 8; x++) {
-    const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+    const float2 l2 = l2_pre ? l2_pre[x] : fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
     const float2 dr = WITH_DS ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      float p = fc_exp2(fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x));
+      const float arg = fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x);
+      float p = (4 * x + e) % 8 < POLY ? fc_exp2_poly(arg) : fc_exp2(arg);
       if constexpr (MASKED) {
         const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
         if (!(key < sk && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
@@ -318,16 +340,16 @@ static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float 
  * of it is cut. Whether it is whole is tested once, around two loops: with the test inside the loop (`if (!whole
  * && !visible) p = 0`), ptxas branched per element and unmasked blocks ran ~6 instructions per element instead of
  * 2 (session 9's ncu source view: 3x the branches of cuDNN's kernel, the exponentials a third of the samples). */
-template <int BR, bool WITH_DS, int BC = FC_HPB_BC>
-static __device__ __forceinline__ void fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
-                                                       uint32_t sD, float c, int t, int q0, int k0, int key0, int sk,
-                                                       int64_t shift, int64_t wl, int64_t wr) {
+template <int BR, bool WITH_DS, int BC = FC_HPB_BC, int POLY = 0>
+static __device__ __forceinline__ void
+fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t sD, float c, int t, int q0, int k0,
+                int key0, int sk, int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre = nullptr) {
   const bool whole =
       k0 + BC <= sk && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) && (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
   if (whole)
-    fc_hpb_p_pass<BR, false, WITH_DS>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr);
+    fc_hpb_p_pass<BR, false, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr, l2_pre);
   else
-    fc_hpb_p_pass<BR, true, WITH_DS>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr);
+    fc_hpb_p_pass<BR, true, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr, l2_pre);
 }
 
 /* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). */
@@ -1190,3 +1212,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
     return fc_hpb_run<__half>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);
   return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);
 }
+
+#if FC_HP_TRACE
+FC_HP_TRACE_READERS(fc_hopper_bwd) /* fc_hopper_bwd_trace_reset, fc_hopper_bwd_trace_read: tools/hopper/trace_bwd.py */
+#endif

@@ -80,6 +80,12 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
   const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
   const uint32_t ds_buf = sdS + (it & 1) * DS_BYTES; /* this block's dSᵀ, both warpgroups' rows */
+#define MARK(k)                                                                                                        \
+  do {                                                                                                                 \
+    if (ct == 0) FC_HPB_MARK_AT(1 + cw, ring, k);                                                                      \
+  } while (0)
+  MARK(1);
+  float2 l2_pre[BR / 8]; /* !NEXT: lse2_i, loaded before Sᵀ and dPᵀ are issued (below) */
   /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ: two groups (NEXT: Sᵀ issued by the last iteration, behind its dK) */
   if constexpr (NEXT) {
     /* A wait 0: ptxas accepts a group in flight across the back edge only when the next iteration's first
@@ -87,11 +93,16 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
      * beside it, it serialised every wgmma: C7515). */
     fc_wgmma_wait<0>(); /* Sᵀ */
     fc_fence_regs(st);
+    MARK(2);
     fc_wgmma_fence();
     fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
     fc_wgmma_commit();
   } else {
     fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
+    /* lse2_i now, while shared memory is quiet: loaded in the P pass, behind the operand reads of Sᵀ's and dPᵀ's
+     * wgmmas, they made it wait (H100, D = 64 at 4k: 1.025x; session 24). Not at D = 128 (NEXT), where loading them
+     * at the block's start ran 0.985x, and not D_i too (+16 registers: spills at D = 64). */
+    fc_hpb_ld_rows<BR>(l2_pre, sL, t);
     fc_fence_regs(dk);
     fc_fence_regs(dv);
     fc_wgmma_fence();
@@ -101,11 +112,14 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     fc_wgmma_commit();
     fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
     fc_fence_regs(st);
+    MARK(2);
   }
 
   /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
    * thread holds). */
-  fc_hpb_p_from_s<BR, false>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left, a.window_right);
+  fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left,
+                                                          a.window_right, NEXT ? nullptr : l2_pre);
+  MARK(3);
   /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
   uint32_t pp[BR / 16][4], dsp[BR / 16][4];
   if constexpr (EARLY_DV) {
@@ -123,6 +137,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     fc_wgmma_wait<0>(); /* dPᵀ */
   }
   fc_fence_regs(dpt);
+  MARK(4);
 
   fc_hpb_ds_from_dp<BR>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
 #pragma unroll
@@ -132,6 +147,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
       if constexpr (!EARLY_DV) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
       dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
     }
+  MARK(5);
   if constexpr (!EARLY_DV) {
     /* dV_j += Pᵀ·dO_i: it runs while dSᵀ is stored and the warpgroups meet */
     fc_wgmma_fence();
@@ -155,10 +171,12 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     }
   }
   fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
+  MARK(6);
   /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
    * barrier). */
   if (ct == 0) fc_bulk_wait_read<0>();
   fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
+  MARK(7);
 
   /* dQ_i (D = 128: columns 64·cw ..; D = 64: queries 64·cw .., half cw of the buffer) = dS·K_j over keys
    * 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then dK_j += dSᵀ·Q_i. dQ first: it is done (with dV)
@@ -174,6 +192,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
   fc_fence_regs(dv);
   fc_fence_regs(dq);
+  MARK(8);
   if constexpr (EARLY_S) {
     /* Block it + 1's Sᵀ behind dK already, before this block's dQ is stored (as NEXT below, one step earlier:
      * it runs beside the dQ store and bulk add; D = 64 only, where dQ 32 + Sᵀ 64 registers fit beside dK, dV
@@ -196,6 +215,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
                            t, ct, FC_HPB_BAR_DS + cw);
   }
 
+  MARK(9);
   if constexpr (NEXT) {
     /* Block it + 1's Sᵀ behind dK (EARLY_S: issued above); the last block issues its own again (discarded;
      * its stage is not refilled), so that every iteration commits the same groups. */
@@ -208,16 +228,19 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     }
     fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
     fc_fence_regs(dk);
+    MARK(10);
     /* stage s is read (as below); PERSIST: the last block's stage is released after the wait for the discarded
      * Sᵀ, which reads it (the ring is refilled for the next tile) */
     fc_mbar_arrive_if(EMPTY(s), !PERSIST || it + 1 < n_iter);
   } else {
     fc_wgmma_wait<0>(); /* dK */
     fc_fence_regs(dk);
+    MARK(10);
     /* Q_i, dO_i, lse2_i, D_i of stage s are read: every consumer thread arrives (an arrive releases only the
      * arriving thread's own reads of sLD). */
     fc_mbar_arrive_if(EMPTY(s), true);
   }
+#undef MARK
 }
 #undef FULL
 #undef EMPTY

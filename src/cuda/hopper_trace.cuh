@@ -1,5 +1,6 @@
-/* hopper_trace.cuh — a timeline of the persistent forward, for development only: compiled in with -DFC_HP_TRACE=1
- * (tools/hopper/trace.py builds such a library and reads it), nothing at all otherwise.
+/* hopper_trace.cuh — a timeline of the persistent forward (and of the backward's version-2 kernels), for development
+ * only: compiled in with -DFC_HP_TRACE=1 (tools/hopper/trace.py and trace_bwd.py read such a library), nothing at all
+ * otherwise.
  *
  * One thread per role records events: the producer's thread (slot 0) and thread 0 of each consumer warpgroup (slot
  * 1 + c). An event is one 64-bit word in fc_hp_trace_buf[CTA][slot][k]: the tag (8 bits), a payload (16 bits) and
@@ -17,7 +18,17 @@
 enum { FC_HP_TRACE_CTAS = 132, FC_HP_TRACE_SLOTS = 4, FC_HP_TRACE_EVENTS = 6144 };
 
 #if FC_HP_TRACE
-__device__ unsigned long long fc_hp_trace_buf[FC_HP_TRACE_CTAS * FC_HP_TRACE_SLOTS * FC_HP_TRACE_EVENTS];
+/* static: each traced translation unit (hopper.cu, hopper_bwd.cu) has its own, read through its own functions */
+static __device__ unsigned long long fc_hp_trace_buf[FC_HP_TRACE_CTAS * FC_HP_TRACE_SLOTS * FC_HP_TRACE_EVENTS];
+
+/* An event at a fixed index: for code that knows where it is (the backward: block `it`, mark k at it·16 + k)
+ * without a counter carried through its functions. */
+static __device__ __forceinline__ void fc_hp_mark_at(int slot, uint32_t idx, uint32_t tag, uint32_t payload) {
+  if (blockIdx.x < FC_HP_TRACE_CTAS && idx < FC_HP_TRACE_EVENTS)
+    fc_hp_trace_buf[((size_t)blockIdx.x * FC_HP_TRACE_SLOTS + slot) * FC_HP_TRACE_EVENTS + idx] =
+        ((unsigned long long)tag << 56) | ((unsigned long long)(payload & 0xffffu) << 40) |
+        ((unsigned long long)clock64() & 0xffffffffffull);
+}
 
 /* Declares this thread's recorder: slot `slot` of its CTA, recording only when `on` (and within the first CTAs). */
 #define FC_HP_TRACE_BEGIN(slot, on)                                                                                    \
@@ -32,6 +43,20 @@ __device__ unsigned long long fc_hp_trace_buf[FC_HP_TRACE_CTAS * FC_HP_TRACE_SLO
                            ((unsigned long long)((uint32_t)(payload)&0xffffu) << 40) |                                 \
                            ((unsigned long long)clock64() & 0xffffffffffull);                                          \
   } while (0)
+/* The trace build's readers, PREFIX_trace_reset and PREFIX_trace_read (for tools/hopper/trace*.py, through ctypes;
+ * one pair per traced translation unit): zero this unit's timeline before a call, copy it out after (bytes ≤ sizeof
+ * fc_hp_trace_buf). 0 on success, the CUDA error otherwise. */
+#define FC_HP_TRACE_READERS(prefix)                                                                                    \
+  extern "C" __attribute__((visibility("default"))) int prefix##_trace_reset(void) {                                   \
+    void *at = NULL;                                                                                                   \
+    cudaError_t e = cudaGetSymbolAddress(&at, fc_hp_trace_buf);                                                        \
+    if (e == cudaSuccess) e = cudaMemset(at, 0, sizeof fc_hp_trace_buf);                                               \
+    return (int)e;                                                                                                     \
+  }                                                                                                                    \
+  extern "C" __attribute__((visibility("default"))) int prefix##_trace_read(void *to, size_t bytes) {                  \
+    if (bytes > sizeof fc_hp_trace_buf) bytes = sizeof fc_hp_trace_buf;                                                \
+    return (int)cudaMemcpyFromSymbol(to, fc_hp_trace_buf, bytes);                                                      \
+  }
 #else
 #define FC_HP_TRACE_BEGIN(slot, on) static_assert(true, "")
 #define FC_HP_MARK(tag, payload)    static_assert(true, "")

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""tools/hopper/trace_bwd.py — where the backward's version-2 kernel spends a block, read off its own timeline (a
+development tool, the backward's counterpart of trace.py):
+
+    tools/hopper/build_variant.sh /tmp/tr src/cuda/hopper_bwd.cu -DFC_HP_TRACE=1
+    FLASHC_LIBRARY=/tmp/tr/libflashc.so PYTHONPATH=python python3 tools/hopper/trace_bwd.py [--cases 128:2048:0,...]
+        [--dump PREFIX]
+    python3 tools/hopper/trace_bwd.py --load PREFIX-128-2048-0.npz ...   (no GPU: a --dump's records again)
+
+A library whose hopper_bwd.cu is built with -DFC_HP_TRACE=1 has thread 0 of each consumer warpgroup write the SM's
+clock at ten marks of every block of fc_hpb_v2_block (src/cuda/hopper_bwd_v2.cuh, MARK(k)) and the producer's thread
+two per fill (fc_hpb_produce), for the first 132 CTAs (the first wave of the single-tile kernel: one per SM). Marks:
+  1 block entry   2 Sᵀ ready      3 Pᵀ done        4 dPᵀ ready (dV issued)   5 dSᵀ formed and packed
+  6 dSᵀ stored    7 barrier passed (both warpgroups' dSᵀ; sdQ free)          8 dV, dQ ready (dQ, dK issued)
+  9 dQ tile added (bulk add issued)   10 dK ready (next Sᵀ issued)
+  producer: 0 before the wait for a free stage, 1 after it (fill issued).
+Printed per case (bf16, TARGETS.md's shapes: 16k tokens, width 2048), medians over the steady blocks (each CTA's
+blocks 2 .. n − 2) of the 132 CTAs, in SM cycles: the block period; each warpgroup's split of a block at its marks;
+how far warpgroup 1 runs behind warpgroup 0 (its mark 1 minus 0's, same block); the producer's wait for a stage. A
+mark is one global store (a few cycles of issue, a few per cent of the kernel): read the shape, not absolute speed.
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "profile"))
+import numpy as np  # noqa: E402
+
+CTAS, SLOTS, EVENTS, PER = 132, 4, 6144, 16  # hopper_trace.cuh; 16 marks per block (FC_HPB_MARK_AT)
+NAMES = {1: "entry", 2: "S", 3: "P", 4: "dP", 5: "dS", 6: "dS-st", 7: "bar", 8: "dQ", 9: "dQ-add", 10: "dK"}
+SPLITS = [(1, 2, "wait S"), (2, 3, "P pass"), (3, 4, "dV issue, wait dP"), (4, 5, "dS maths, pack"),
+          (5, 6, "dS stmatrix"), (6, 7, "sdQ read, barrier"), (7, 8, "dQ/dK issue, wait dQ"),
+          (8, 9, "dQ tile + add"), (9, 10, "next S issue, wait dK"), (10, 1, "release, next entry")]
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def clocks(buf, cta, slot):
+    """{block: {mark: clock}} of one recorder (words with a zero clock are empty)."""
+    row = buf[cta, slot]
+    out = {}
+    for idx in np.nonzero(row)[0]:
+        n, k = divmod(int(idx), PER)
+        out.setdefault(n, {})[k] = int(row[idx]) & 0xFFFFFFFFFF
+    return out
+
+
+def analyse(buf, title):
+    split = {c: {s[2]: [] for s in SPLITS} for c in (0, 1)}
+    period, lag, prod_wait, blocks = [], [], [], []
+    for cta in range(CTAS):
+        wg = [clocks(buf, cta, 1 + c) for c in (0, 1)]
+        n_blocks = len(wg[0])
+        if n_blocks < 5:
+            continue
+        blocks.append(n_blocks)
+        steady = range(2, n_blocks - 2)
+        for c in (0, 1):
+            for n in steady:
+                m, nx = wg[c].get(n, {}), wg[c].get(n + 1, {})
+                for a, b, name in SPLITS:
+                    end = nx.get(1) if b == 1 else m.get(b)
+                    if a in m and end is not None:
+                        split[c][name].append(end - m[a])
+        for n in steady:
+            if 1 in wg[0].get(n, {}) and 1 in wg[0].get(n + 1, {}):
+                period.append(wg[0][n + 1][1] - wg[0][n][1])
+            if 1 in wg[0].get(n, {}) and 1 in wg[1].get(n, {}):
+                lag.append(wg[1][n][1] - wg[0][n][1])
+        prod = clocks(buf, cta, 0)
+        for n in steady:
+            if 0 in prod.get(n, {}) and 1 in prod.get(n, {}):
+                prod_wait.append(prod[n][1] - prod[n][0])
+    print(f"\n== {title}: {len(blocks)} CTAs traced, {med(blocks):.0f} blocks each (median); block period "
+          f"(warpgroup 0) {med(period):.0f} cycles")
+    print(f"  {'split of a block':28s} {'wg 0':>7s} {'wg 1':>7s}")
+    for _, _, name in SPLITS:
+        print(f"  {name:28s} {med(split[0][name]):7.0f} {med(split[1][name]):7.0f}")
+    tot = [sum(med(split[c][s[2]]) for s in SPLITS) for c in (0, 1)]
+    print(f"  {'sum of medians':28s} {tot[0]:7.0f} {tot[1]:7.0f}")
+    q = sorted(lag)
+    if q:
+        print(f"  warpgroup 1 behind 0 at entry: median {med(q):.0f} (quartiles {q[len(q) // 4]:.0f} .. "
+              f"{q[3 * len(q) // 4]:.0f})")
+    print(f"  producer: wait for a free stage, median {med(prod_wait):.0f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="128:2048:0,128:8192:0,64:4096:0", help="D:S:CAUSAL,...")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--dump", default=None, help="also save each case's records to DUMP-D-S-CAUSAL.npz (array buf)")
+    ap.add_argument("--load", nargs="+", default=None, help="analyse these --dump files (no GPU, no library)")
+    a = ap.parse_args()
+    if a.load:
+        for path in a.load:
+            analyse(np.load(path)["buf"], path)
+        return
+    import flashc  # the GPU run only: --load needs numpy alone
+    import torch
+    lib = ctypes.CDLL(os.environ["FLASHC_LIBRARY"])
+    lib.fc_hopper_bwd_trace_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    for spec in a.cases.split(","):
+        d, s, causal = (int(x) for x in spec.split(":"))
+        b, h = 16384 // s, 2048 // d
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o, lse = flashc.prepare_forward(q, k, v, causal=bool(causal), backend="cuda-hopper")()
+        bwd = flashc.prepare_backward(dout, q, k, v, o, lse, causal=bool(causal), backend="cuda-hopper")
+        for _ in range(a.warmup):
+            bwd()
+        torch.cuda.synchronize()
+        if lib.fc_hopper_bwd_trace_reset():
+            raise RuntimeError("fc_hopper_bwd_trace_reset failed")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        bwd()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        buf = np.zeros(CTAS * SLOTS * EVENTS, dtype=np.uint64)
+        rc = lib.fc_hopper_bwd_trace_read(buf.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(buf.nbytes))
+        if rc:
+            raise RuntimeError(f"fc_hopper_bwd_trace_read: CUDA error {rc}")
+        buf = buf.reshape(CTAS, SLOTS, EVENTS)
+        if a.dump:
+            np.savez_compressed(f"{a.dump}-{d}-{s}-{causal}.npz", buf=buf)
+        analyse(buf, f"d{d} s{s} c{causal} ({ms:.3f} ms traced)")
+
+
+if __name__ == "__main__":
+    main()
