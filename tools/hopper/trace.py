@@ -31,19 +31,11 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "profile"))
 import numpy as np  # noqa: E402
+from trace_common import CTAS, SLOTS, add_args, analyse_loaded, cases, traced_call  # noqa: E402
 
-CTAS, SLOTS, EVENTS = 132, 4, 6144  # hopper_trace.cuh
 MARK = {1: "tile", 2: "Q", 3: "K0", 4: "S0-turn", 5: "S0-done", 6: "softmax0", 11: "lastV", 12: "lastPV-turn",
         13: "lastPV-done", 14: "dummy", 15: "epi", 16: "sO-free", 17: "sO-written", 18: "stored"}
 BOUNDARY = {2, 3, 4, 5, 6, 12, 13, 14, 15, 16, 17, 18}
-
-
-def read_trace(lib):
-    buf = np.zeros(CTAS * SLOTS * EVENTS, dtype=np.uint64)
-    rc = lib.fc_hopper_trace_read(buf.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(buf.nbytes))
-    if rc:
-        raise RuntimeError(f"fc_hopper_trace_read: CUDA error {rc}")
-    return buf.reshape(CTAS, SLOTS, EVENTS)
 
 
 def events(words):
@@ -177,41 +169,21 @@ def analyse(buf, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="128:2048:0,128:2048:1,64:2048:0,128:16384:0", help="D:S:CAUSAL,...")
+    add_args(ap, "128:2048:0,128:2048:1,64:2048:0,128:16384:0", 20)
     ap.add_argument("--variants", default="default", help="as tools/profile/power.py's (VARIANT[+KEY=VAL])")
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--dump", default=None,
-                    help="also save each case's records to DUMP-D-S-CAUSAL-VARIANT.npz (array buf), for --load")
-    ap.add_argument("--load", nargs="+", default=None, help="analyse these --dump files (no GPU, no library)")
     a = ap.parse_args()
-    if a.load:
-        for path in a.load:
-            analyse(np.load(path)["buf"], path)
+    if analyse_loaded(a, analyse):
         return
     import flashc  # the GPU run only: --load needs numpy alone
     import torch
     from power import set_env
     lib = ctypes.CDLL(os.environ["FLASHC_LIBRARY"])
-    lib.fc_hopper_trace_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    for spec in a.cases.split(","):
-        d, s, causal = (int(x) for x in spec.split(":"))
-        b, h = 16384 // s, 2048 // d
+    for d, s, causal, b, h in cases(a.cases):
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for variant in a.variants.split(","):
             set_env(variant)
             fwd = flashc.prepare_forward(q, k, v, causal=bool(causal), backend="cuda-hopper")
-            for _ in range(a.warmup):
-                fwd()
-            torch.cuda.synchronize()
-            if lib.fc_hopper_trace_reset():
-                raise RuntimeError("fc_hopper_trace_reset failed")
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fwd()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-            buf = read_trace(lib)
+            ms, buf = traced_call(lib, "fc_hopper", fwd, a.warmup)
             if a.dump:
                 np.savez_compressed(f"{a.dump}-{d}-{s}-{causal}-{variant}.npz", buf=buf)
             analyse(buf, f"d{d} s{s} c{causal} {variant} ({ms:.3f} ms traced)")

@@ -28,8 +28,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "profile"))
 import numpy as np  # noqa: E402
+from trace_common import CTAS, add_args, analyse_loaded, cases, traced_call  # noqa: E402
 
-CTAS, SLOTS, EVENTS, PER = 132, 4, 6144, 16  # hopper_trace.cuh; 16 marks per block (FC_HPB_MARK_AT)
+PER = 16  # marks per block (FC_HPB_MARK_AT)
 NAMES = {1: "entry", 2: "S", 3: "P", 4: "dP", 5: "dS", 6: "dS-st", 7: "bar", 8: "dQ", 9: "dQ-add", 10: "dK"}
 SPLITS = [(1, 2, "wait S"), (2, 3, "P pass"), (3, 4, "dV issue, wait dP"), (4, 5, "dS maths, pack"),
           (5, 6, "dS stmatrix"), (6, 7, "sdQ read, barrier"), (7, 8, "dQ/dK issue, wait dQ"),
@@ -92,41 +93,19 @@ def analyse(buf, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="128:2048:0,128:8192:0,64:4096:0", help="D:S:CAUSAL,...")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--dump", default=None, help="also save each case's records to DUMP-D-S-CAUSAL.npz (array buf)")
-    ap.add_argument("--load", nargs="+", default=None, help="analyse these --dump files (no GPU, no library)")
+    add_args(ap, "128:2048:0,128:8192:0,64:4096:0", 10)
     a = ap.parse_args()
-    if a.load:
-        for path in a.load:
-            analyse(np.load(path)["buf"], path)
+    if analyse_loaded(a, analyse):
         return
     import flashc  # the GPU run only: --load needs numpy alone
     import torch
+
     lib = ctypes.CDLL(os.environ["FLASHC_LIBRARY"])
-    lib.fc_hopper_bwd_trace_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    for spec in a.cases.split(","):
-        d, s, causal = (int(x) for x in spec.split(":"))
-        b, h = 16384 // s, 2048 // d
+    for d, s, causal, b, h in cases(a.cases):
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         o, lse = flashc.prepare_forward(q, k, v, causal=bool(causal), backend="cuda-hopper")()
         bwd = flashc.prepare_backward(dout, q, k, v, o, lse, causal=bool(causal), backend="cuda-hopper")
-        for _ in range(a.warmup):
-            bwd()
-        torch.cuda.synchronize()
-        if lib.fc_hopper_bwd_trace_reset():
-            raise RuntimeError("fc_hopper_bwd_trace_reset failed")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        bwd()
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end)
-        buf = np.zeros(CTAS * SLOTS * EVENTS, dtype=np.uint64)
-        rc = lib.fc_hopper_bwd_trace_read(buf.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(buf.nbytes))
-        if rc:
-            raise RuntimeError(f"fc_hopper_bwd_trace_read: CUDA error {rc}")
-        buf = buf.reshape(CTAS, SLOTS, EVENTS)
+        ms, buf = traced_call(lib, "fc_hopper_bwd", bwd, a.warmup)
         if a.dump:
             np.savez_compressed(f"{a.dump}-{d}-{s}-{causal}.npz", buf=buf)
         analyse(buf, f"d{d} s{s} c{causal} ({ms:.3f} ms traced)")
