@@ -312,7 +312,7 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
  * and pairs outside the mask are zeroed. WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
  * ready already (version 1 at Br = 64). l2_pre: lse2_i loaded already (fc_hpb_ld_rows), else loaded here. POLY: of
  * every 8 exponentials, how many fc_exp2_poly computes on the FMA pipe (the rest: ex2 on the special-function unit;
- * H100, session 24: 1 of 8 ran 1.005-1.01x at D = 128, 2 or 3 of 8 0.97-0.995x; the forward's softmax lost 6-14 %
+ * H100, session 24: 1 of 8 ran 1.005-1.016x at D = 128, 2 or 3 of 8 0.97-0.995x; the forward's softmax lost 6-14 %
  * with 2-4 of 8). */
 template <int BR, bool MASKED, bool WITH_DS, int POLY>
 static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,

@@ -100,8 +100,9 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   } else {
     fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
     /* lse2_i now, while shared memory is quiet: loaded in the P pass, behind the operand reads of Sᵀ's and dPᵀ's
-     * wgmmas, they made it wait (H100, D = 64 at 4k: 1.025x; session 24). Not at D = 128 (NEXT), where loading them
-     * at the block's start ran 0.985x, and not D_i too (+16 registers: spills at D = 64). */
+     * wgmmas, they made it wait (H100, session 24: D = 64 1.023-1.032x). Not in the NEXT kernels (D = 128), where
+     * loading them at the block's start ran 0.985x and between the wait for Sᵀ and dPᵀ's issue 0.995x, and not D_i
+     * too (+16 registers: spills at D = 64). */
     fc_hpb_ld_rows<BR>(l2_pre, sL, t);
     fc_fence_regs(dk);
     fc_fence_regs(dv);
