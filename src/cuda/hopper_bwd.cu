@@ -83,6 +83,11 @@ enum {
   FC_HPB_REGS_CONSUMER = 240,
   FC_HPB_BAR_DS = 1,     /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
   FC_HPB_BAR_DS_ALL = 3, /* named barrier 3: both consumer warpgroups (split dQ: each reads the other's rows) */
+  /* The lagged version (hopper_bwd_v2.cuh, LAG): pairwise barriers of the two consumer warpgroups, 128 arrivals
+   * (bar.arrive, warpgroup c) + 128 (bar.sync, the other) each */
+  FC_HPB_BAR_READY = 4, /* 4 + 2c + b: warpgroup c's dSᵀ rows are in sdS buffer b */
+  FC_HPB_BAR_FREE = 8,  /* 8 + 2c + b: warpgroup c's dQ wgmmas have read sdS buffer b */
+  FC_HPB_BAR_TURN = 12, /* 12 + c: warpgroup c may start its Pᵀ/dSᵀ phase (LAG = 2: the ping-pong) */
 };
 
 typedef struct fc_hopper_bwd_args {
@@ -352,15 +357,39 @@ fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t
     fc_hpb_p_pass<BR, true, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr, l2_pre);
 }
 
-/* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). */
-template <int BR>
+/* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). BIASED: dPᵀ − D_i
+ * is what dpt holds already (fc_hpb_bias_init). */
+template <int BR, bool BIASED = false>
 static __device__ __forceinline__ void fc_hpb_ds_from_dp(float (&dpt)[BR / 2], const float (&st)[BR / 2], uint32_t sD,
                                                          int t) {
 #pragma unroll
   for (int x = 0; x < BR / 8; x++) {
-    const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+    const float2 dr = BIASED ? make_float2(0.0f, 0.0f) : fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
 #pragma unroll
     for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+  }
+}
+
+/* BIAS (hopper_bwd_v2.cuh): Sᵀ's and dPᵀ's accumulators start at −lse2_i/c (ST) and −D_i (DP) (the stage's rows at
+ * sL, sD, this thread's query columns as fc_hpb_p_pass reads them), so that the wgmmas, accumulating from their first
+ * k-step, leave Sᵀ − lse2_i/c and dPᵀ − D_i: the P pass and dSᵀ load nothing from shared memory then. lse2 = +inf
+ * (queries that see no key, padding) becomes −3.4e38: finite in the tensor core's sums, and still 2^(c·x) = 0. */
+template <int BR, bool ST, bool DP>
+static __device__ __forceinline__ void fc_hpb_bias_init(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
+                                                        uint32_t sD, float inv_c, int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    if constexpr (ST) {
+      const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+      const float bx = fmaxf(-l2.x * inv_c, -3.4e38f), by = fmaxf(-l2.y * inv_c, -3.4e38f);
+#pragma unroll
+      for (int e = 0; e < 4; e++) st[4 * x + e] = (e & 1) ? by : bx;
+    }
+    if constexpr (DP) {
+      const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+      for (int e = 0; e < 4; e++) dpt[4 * x + e] = (e & 1) ? -dr.y : -dr.x;
+    }
   }
 }
 
@@ -862,26 +891,31 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
  * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, D = 128: 3 with 3 Q/dO stages; D =
  * 64 (where a 3rd stage does not fit): 3 with that Sᵀ issued before block i's dQ store instead of after it; 5, 6:
  * 3, 4 with dV issued before the dPᵀ wait (D = 128 always does: there 5, 6 run 3, 4; D = 64 runs 2 to 4 with dV
- * issued after dSᵀ is formed, fewer registers). The second version is built for bulk dQ only (not deterministic:
+ * issued after dSᵀ is formed, fewer registers). D = 128 only (elsewhere 2 runs), 3 with: 7, each block's dQ issued
+ * one block later (LAG: no barrier of both warpgroups per block, hopper_bwd_v2.cuh); 8, 7 with the two warpgroups'
+ * Pᵀ/dSᵀ phases taking turns (ping-pong); 9, 10: 3 with the Sᵀ/dPᵀ accumulators started at −lse2/c, −D (BIAS; 10
+ * loads D at the block's start); 11: 7 and 9. The second version is built for bulk dQ only (not deterministic:
  * fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only (fc_hpb_br_get); elsewhere 1 runs, silently.
- * Unset: 3 at d > 64 (H100, session 8, bf16 d128, three interleaved rounds: +3.7..9.4 % over 1 without a mask,
- * +3.5..7.4 % causal, 512-16k; 2 and 4 between the two: bench/results/configs/hopper-bwd-v2.txt), 2 at d ≤ 64 with
- * Br = 128 (+0.2..2.9 % over 1 at every cell, 3..6 within ±2 %: configs/hopper-bwd-v2-d64.txt). */
+ * Unset: 11 at d > 64 (H100, session 25, bf16 d128, power-capped steady state, 2 rounds: 11 +2.9..6.6 % over 3, 7
+ * +1.3..3.7 %: bench/results/configs/hopper-s25-lag-bias.txt; 3 was +3.7..9.4 % over 1 in session 8:
+ * configs/hopper-bwd-v2.txt), 2 at d ≤ 64 with Br = 128 (+0.2..2.9 % over 1 at every cell, 3..6 within ±2 %:
+ * configs/hopper-bwd-v2-d64.txt). */
 static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int br, int *version) {
-  static const char *const names[] = {"1", "2", "3", "4", "5", "6"};
+  static const char *const names[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"};
   int m = -1; /* -1: unset */
   FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), -1,
                          "flashc_backward (cuda-hopper)", &m));
   if (p->head_dim > 64)
-    *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 3 : m >= 4 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
+    *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 11 : m == 4 || m == 5 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
   else
-    *version = br != 128 ? 1 : m < 0 ? 2 : m + 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
+    *version = br != 128 ? 1 : m < 0 || m >= 6 ? 2 : m + 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
   return FLASHC_OK;
 }
 
 /* The persistent second version (FLASHC_HOPPER_BWD_PERSIST, read at every call, for comparisons): 1 runs
  * fc_hopper_bwd_v2p_kernel (hopper_bwd_v2.cuh: one CTA per SM walking the tiles) where the default version of the
- * second kernel would run (D = 128: 3, D = 64: 2; bulk dQ, not deterministic); elsewhere, and with another version
+ * second kernel would run (D = 128: 11, or 3, whose form it has; D = 64: 2; bulk dQ, not deterministic); elsewhere,
+ * and with another version
  * set, the single-tile kernels run, silently. 3 (for tests): the same with at most 3 CTAs, so that small problems
  * walk many tiles per CTA. Unset or 0: off. H100, session 10 (bench/results/configs/hopper-bwd-persist.txt): in
  * its best order (dynamic) +0.7..4.3 % over the single-tile kernel at 512–1k, −2..5 % at 4k–16k; not the default.
@@ -891,7 +925,7 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
   int m = 0;
   FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_PERSIST", names, (int)(sizeof names / sizeof names[0]), 0,
                          "flashc_backward (cuda-hopper)", &m));
-  const bool runs = m > 0 && version == (p->head_dim > 64 ? 3 : 2);
+  const bool runs = m > 0 && (p->head_dim > 64 ? version == 3 || version == 11 : version == 2);
   *max_ctas = !runs ? 0 : m == 2 ? 3 : INT32_MAX;
   return FLASHC_OK;
 }
@@ -987,9 +1021,14 @@ static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CU
              : version == 5 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, true>
                             : fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, true>;
   else
-    kernel = version == 2   ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true>
-             : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true>
-                            : fc_hopper_bwd_v2_kernel<T, 3, true, 128, false, true>;
+    kernel = version == 2    ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true>
+             : version == 3  ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true>
+             : version == 7  ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 1>
+             : version == 8  ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 2>
+             : version == 9  ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 0, 1>
+             : version == 10 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 0, 2>
+             : version == 11 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 1, 1>
+                             : fc_hopper_bwd_v2_kernel<T, 3, true, 128, false, true>;
   const size_t smem = fc_hpb_v2_smem_bytes(D, stages);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);

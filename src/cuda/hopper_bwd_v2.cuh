@@ -60,7 +60,8 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
  * numbers the ring across its tiles). The header's order; st holds this block's Sᵀ on entry when NEXT (issued by the
  * last trip or the prologue) and the next block's on exit. PERSIST: the last block (it + 1 = n_iter) does not
  * release its stage (NEXT's discarded Sᵀ still reads it): the caller does, after that Sᵀ's wait. */
-template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV, bool PERSIST>
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV, bool PERSIST, int LAG = 0,
+          bool FIRST = false, int BIAS = 0>
 static __device__ __forceinline__ void
 fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n_i, int i_begin, int hk, int64_t pad0,
                 int k0, int key0, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
@@ -75,6 +76,8 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   constexpr uint32_t Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES;
+  static_assert(!LAG || (NEXT && D == 128 && !EARLY_S && !PERSIST), "LAG: the single-tile D = 128 kernel of NEXT");
+  static_assert(!BIAS || (NEXT && D == 128 && !EARLY_S && !PERSIST), "BIAS: the single-tile D = 128 kernel of NEXT");
   const int s = ring % STAGES, u = ring / STAGES;
   const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
   const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
@@ -94,9 +97,13 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     fc_wgmma_wait<0>(); /* Sᵀ */
     fc_fence_regs(st);
     MARK(2);
+    if constexpr (BIAS == 2) fc_hpb_bias_init<BR, false, true>(st, dpt, sL, sD, 1.0f / c, t);
     fc_wgmma_fence();
-    fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
+    fc_hp_ss_kmajor<T, D, BR, !BIAS>(dpt, v_rows, do_tile);
     fc_wgmma_commit();
+    MARK(11);
+    /* LAG = 2: this warpgroup's Pᵀ/dSᵀ phase waits until the other's is over (the other's GEMMs run beside it) */
+    if constexpr (LAG == 2) fc_named_barrier(FC_HPB_BAR_TURN + cw, 256);
   } else {
     fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
     /* lse2_i now, while shared memory is quiet: loaded in the P pass, behind the operand reads of Sᵀ's and dPᵀ's
@@ -118,8 +125,12 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
 
   /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
    * thread holds). */
+  const float2 no_l2[BR / 8] = {}; /* BIAS: −0 is subtracted (Sᵀ holds Sᵀ − lse2_i/c already) */
   fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left,
-                                                          a.window_right, NEXT ? nullptr : l2_pre);
+                                                          a.window_right,
+                                                          BIAS   ? no_l2
+                                                          : NEXT ? nullptr
+                                                                 : l2_pre);
   MARK(3);
   /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
   uint32_t pp[BR / 16][4], dsp[BR / 16][4];
@@ -140,7 +151,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   fc_fence_regs(dpt);
   MARK(4);
 
-  fc_hpb_ds_from_dp<BR>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+  fc_hpb_ds_from_dp<BR, BIAS != 0>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
 #pragma unroll
   for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll
@@ -156,6 +167,14 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     fc_wgmma_commit();
   }
 
+  /* LAG: the last reader of the buffer this block's dSᵀ goes to, the other warpgroup's dQ of block it − 2, is done
+   * (this warpgroup's retired in block it − 1). The barrier also makes thread 0's wait for the last bulk add's read
+   * of the warpgroup's sdQ tile (block it − 2's dQ) everyone's, before the tile is written below (at it = 1 there
+   * was no add). */
+  if constexpr (LAG && !FIRST) {
+    if (ct == 0) fc_bulk_wait_read<0>();
+    if (it >= 2) fc_named_barrier(FC_HPB_BAR_FREE + 2 * (1 - cw) + (it & 1), 256);
+  }
   /* dSᵀ into this warpgroup's 64 rows of buffer it % 2, swizzled as TMA would write it: in half x / 8
    * (queries 64·(x / 8) .., DS_HALF bytes apart; Br = 64: one), row r (a key), 16-byte chunk x % 8 (queries
    * 8x .. 8x + 7) at r·128 + (((x % 8) ^ (r % 8))·16). dsp[j][i] is the fragment of the 8 × 8 matrix of chunk
@@ -173,27 +192,42 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   }
   fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
   MARK(6);
-  /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
-   * barrier). */
-  if (ct == 0) fc_bulk_wait_read<0>();
-  fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
+  if constexpr (LAG) {
+    fc_named_barrier_arrive_if(FC_HPB_BAR_READY + 2 * cw + (it & 1), 256, true); /* bar.arrive orders the writes */
+    /* LAG = 2: the other warpgroup's Pᵀ/dSᵀ phase may start (warpgroup 1's last block gives no turn: warpgroup 0
+     * has none left to take; its first was given before the loop) */
+    if constexpr (LAG == 2) fc_named_barrier_arrive_if(FC_HPB_BAR_TURN + 1 - cw, 256, cw == 0 || it + 1 < n_iter);
+  } else {
+    /* The last block's bulk add has read this warpgroup's sdQ tile before anyone writes it again (after this
+     * barrier). */
+    if (ct == 0) fc_bulk_wait_read<0>();
+    fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
+  }
   MARK(7);
 
   /* dQ_i (D = 128: columns 64·cw ..; D = 64: queries 64·cw .., half cw of the buffer) = dS·K_j over keys
    * 0 .. 63 (warpgroup 0's rows of dSᵀ), then 64 .. 127; then dK_j += dSᵀ·Q_i. dQ first: it is done (with dV)
    * while dK runs on. */
-  const uint32_t ds_a = ROWSPLIT ? ds_buf + cw * DS_HALF : ds_buf;
+  /* LAG: block it − 1's dQ (this warpgroup's 64 columns, both warpgroups' dSᵀ rows), once the other warpgroup's
+   * rows of that block are in (written a block ago unless it runs a block behind) */
+  const uint32_t ds_a = LAG ? sdS + ((it + 1) & 1) * DS_BYTES : ROWSPLIT ? ds_buf + cw * DS_HALF : ds_buf;
   float dq[NQ / 2];
+  if constexpr (LAG && !FIRST) fc_named_barrier(FC_HPB_BAR_READY + 2 * (1 - cw) + ((it + 1) & 1), 256);
   fc_wgmma_fence();
-  fc_hpb_dq<T, NQ>(dq, ds_a, k_cols);
-  fc_hpb_dq<T, NQ, false>(dq, ds_a + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
-  fc_wgmma_commit();
+  if constexpr (!(LAG && FIRST)) {
+    fc_hpb_dq<T, NQ>(dq, ds_a, k_cols);
+    fc_hpb_dq<T, NQ, false>(dq, ds_a + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+    fc_wgmma_commit();
+  }
   fc_hpb_rs_chain<T, D, BR>(dk, dsp, q_tile);
   fc_wgmma_commit();
-  fc_wgmma_wait<1>(); /* dV, dQ; dK may still run */
+  fc_wgmma_wait<1>(); /* dV, dQ (LAG: block it − 1's; none in block 0); dK may still run */
   fc_fence_regs(dv);
-  fc_fence_regs(dq);
+  if constexpr (!(LAG && FIRST)) fc_fence_regs(dq);
   MARK(8);
+  /* LAG: this warpgroup's dQ has read buffer (it − 1) % 2, which the other writes next at block it + 1 */
+  if constexpr (LAG && !FIRST)
+    fc_named_barrier_arrive_if(FC_HPB_BAR_FREE + 2 * cw + ((it + 1) & 1), 256, it + 2 <= n_iter);
   if constexpr (EARLY_S) {
     /* Block it + 1's Sᵀ behind dK already, before this block's dQ is stored (as NEXT below, one step earlier:
      * it runs beside the dQ store and bulk add; D = 64 only, where dQ 32 + Sᵀ 64 registers fit beside dK, dV
@@ -209,10 +243,13 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
                                  a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0 + 64 * cw) * D, warp, g, t, ct,
                                  FC_HPB_BAR_DS + cw);
-  } else {
-    /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. */
+  } else if constexpr (!(LAG && FIRST)) {
+    /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. (LAG: block it − 1's) */
+    /* LAG: block it − 1's head and rows, from this block's (no second division) */
+    const int r = it % n_i;
+    const int hq = LAG && r == 0 ? hh - 1 : hh, qq = !LAG ? q0 : r == 0 ? (i_begin + n_i - 1) * BR : q0 - BR;
     fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
-                           a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * D + NQ * cw * FC_BWD_DQ_TILE, warp, g,
+                           a.dq_accum + ((int64_t)hq * a.total_pad + pad0 + qq) * D + NQ * cw * FC_BWD_DQ_TILE, warp, g,
                            t, ct, FC_HPB_BAR_DS + cw);
   }
 
@@ -223,8 +260,12 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     if constexpr (!EARLY_S) {
       const int nx = it + 1 < n_iter ? ring + 1 : ring, s1 = nx % STAGES;
       fc_mbar_wait(FULL(s1), (nx / STAGES) & 1); /* the last block: its own fill, long complete */
+      if constexpr (BIAS) {
+        const uint32_t sL1 = sLD + s1 * 2 * ROWS_BYTES;
+        fc_hpb_bias_init<BR, true, BIAS == 1>(st, dpt, sL1, sL1 + ROWS_BYTES, 1.0f / c, t);
+      }
       fc_wgmma_fence();
-      fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
+      fc_hp_ss_kmajor<T, D, BR, !BIAS>(st, k_rows, sQ + s1 * Q_BYTES);
       fc_wgmma_commit();
     }
     fc_wgmma_wait<1>(); /* dK, while Sᵀ queues up behind it */
@@ -245,6 +286,29 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
 }
 #undef FULL
 #undef EMPTY
+
+/* LAG: the last block's dQ (block `it`), after the loop: as a block's, without a next block to run beside it. */
+template <typename T>
+static __device__ __forceinline__ void fc_hpb_v2_lag_tail(const fc_hopper_bwd_args &a, int it, int n_i, int i_begin,
+                                                          int hk, int64_t pad0, int cw, int ct, int warp, int g, int t,
+                                                          uint32_t sdS, uint32_t sdQ, uint32_t k_cols) {
+  constexpr int NQ = 64;
+  const uint32_t ds = sdS + (it & 1) * (FC_HPB_BC * FC_HPB_BR * 2);
+  float dq[NQ / 2];
+  fc_named_barrier(FC_HPB_BAR_READY + 2 * (1 - cw) + (it & 1), 256); /* the other's rows of block it */
+  fc_wgmma_fence();
+  fc_hpb_dq<T, NQ>(dq, ds, k_cols);
+  fc_hpb_dq<T, NQ, false>(dq, ds + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+  fc_wgmma_commit();
+  fc_wgmma_wait<0>(); /* dQ, and the discarded Sᵀ (NEXT) */
+  fc_fence_regs(dq);
+  if (ct == 0) fc_bulk_wait_read<0>();       /* the last add has read sdQ ... */
+  fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone writes it */
+  const int hq = hk * a.group + it / n_i, qq = (i_begin + it % n_i) * FC_HPB_BR;
+  fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * FC_BWD_DQ_TILE * NQ * 4,
+                         a.dq_accum + ((int64_t)hq * a.total_pad + pad0 + qq) * 128 + NQ * cw * FC_BWD_DQ_TILE, warp, g,
+                         t, ct, FC_HPB_BAR_DS + cw);
+}
 #endif /* FC_HOPPER_ARCH */
 
 /* D = 128: Br = 64, STAGES (Q_i/dO_i stages) 2 or 3; D = 64: Br = 128, STAGES 2 (D comes last: the D = 128
@@ -253,7 +317,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
  * stores dQ (registers at that point, D = 128: dK, dV 128 + the dSᵀ fragments dK still reads 16 + Sᵀ 32; D = 64:
  * 64 + 32 + 64). EARLY_S (D = 64, FLASHC_HOPPER_BWD_V = 4, 6 there): NEXT with that Sᵀ issued before the dQ
  * store instead of after it (+ dQ 32 registers while it runs). EARLY_DV: the order of the dV issue (header). */
-template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV>
+template <typename T, int STAGES, bool NEXT, int D, bool EARLY_S, bool EARLY_DV, int LAG = 0, int BIAS = 0>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -329,17 +393,33 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     float st[BR / 2], dpt[BR / 2];
     if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
       fc_mbar_wait(FULL(0), 0);
+      if constexpr (BIAS) fc_hpb_bias_init<BR, true, BIAS == 1>(st, dpt, sLD, sLD + BR * 4, 1.0f / c, t);
       fc_wgmma_fence();
-      fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ);
+      fc_hp_ss_kmajor<T, D, BR, !BIAS>(st, k_rows, sQ);
       fc_wgmma_commit();
     }
     /* Every path through the body commits the same groups in the same order (no test of `it` around an issue
      * or a wait): ptxas must see which groups each wait retires, else it adds waits (C7517) or serialises
      * (C7514). */
-    for (int it = 0; it < n_iter; it++)
-      fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, false>(a, it, it, n_iter, n_i, i_begin, hk, pad0, k0, key0,
-                                                                    sk, shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ,
-                                                                    sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+    if constexpr (LAG) {
+      /* Block 0 has no dQ of a block before it to issue (its own comes in block 1), the tail the last block's */
+      if (n_iter > 0) {
+        if (LAG == 2 && cw == 1) fc_named_barrier_arrive_if(FC_HPB_BAR_TURN, 256, true); /* warpgroup 0 goes first */
+        fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, false, LAG, true, BIAS>(
+            a, 0, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sk, shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD,
+            bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+        for (int it = 1; it < n_iter; it++)
+          fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, false, LAG, false, BIAS>(
+              a, it, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sk, shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ,
+              sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+        fc_hpb_v2_lag_tail<T>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
+      }
+    } else {
+      for (int it = 0; it < n_iter; it++)
+        fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, false, 0, false, BIAS>(
+            a, it, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sk, shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ,
+            sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+    }
     if constexpr (NEXT) { /* the discarded Sᵀ */
       fc_wgmma_wait<0>();
       fc_fence_regs(st);

@@ -20,13 +20,13 @@
 #include "mma_ptx.cuh" /* fc_ldmatrix_x4 */
 
 #if FC_HOPPER_ARCH
-template <typename T, int D, int N>
+template <typename T, int D, int N, bool ZERO = true>
 static __device__ __forceinline__ void fc_hp_ss_kmajor(float (&acc)[N / 2], uint32_t a_rows, uint32_t b_rows) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     const uint32_t a_off = (kk / 4) * (128 * 128) + (kk % 4) * 32, b_off = (kk / 4) * (N * 128) + (kk % 4) * 32;
     const uint64_t da = fc_wgmma_desc_off(a_rows, a_off, 16, 1024), db = fc_wgmma_desc_off(b_rows, b_off, 16, 1024);
-    if (kk == 0)
+    if (ZERO && kk == 0)
       fc_wgmma_ss_zero<T, N>(acc, da, db);
     else
       fc_wgmma_ss<T, N>(acc, da, db);

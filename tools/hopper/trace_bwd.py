@@ -8,11 +8,12 @@ development tool, the backward's counterpart of trace.py):
     python3 tools/hopper/trace_bwd.py --load PREFIX-128-2048-0.npz ...   (no GPU: a --dump's records again)
 
 A library whose hopper_bwd.cu is built with -DFC_HP_TRACE=1 has thread 0 of each consumer warpgroup write the SM's
-clock at ten marks of every block of fc_hpb_v2_block (src/cuda/hopper_bwd_v2.cuh, MARK(k)) and the producer's thread
-two per fill (fc_hpb_produce), for the first 132 CTAs (the first wave of the single-tile kernel: one per SM). Marks:
+clock at ten or eleven marks of every block of fc_hpb_v2_block (src/cuda/hopper_bwd_v2.cuh, MARK(k)) and the
+producer's thread two per fill (fc_hpb_produce), for the first 132 CTAs (the first wave of the single-tile kernel:
+one per SM). Marks:
   1 block entry   2 Sᵀ ready      3 Pᵀ done        4 dPᵀ ready (dV issued)   5 dSᵀ formed and packed
   6 dSᵀ stored    7 barrier passed (both warpgroups' dSᵀ; sdQ free)          8 dV, dQ ready (dQ, dK issued)
-  9 dQ tile added (bulk add issued)   10 dK ready (next Sᵀ issued)
+  9 dQ tile added (bulk add issued)   10 dK ready (next Sᵀ issued)   11 dPᵀ issued (the NEXT kernels: D = 128)
   producer: 0 before the wait for a free stage, 1 after it (fill issued).
 Printed per case (bf16, TARGETS.md's shapes: 16k tokens, width 2048), medians over the steady blocks (each CTA's
 blocks 2 .. n − 2) of the 132 CTAs, in SM cycles: the block period; each warpgroup's split of a block at its marks;
@@ -31,10 +32,13 @@ import numpy as np  # noqa: E402
 from trace_common import CTAS, add_args, analyse_loaded, cases, traced_call  # noqa: E402
 
 PER = 16  # marks per block (FC_HPB_MARK_AT)
-NAMES = {1: "entry", 2: "S", 3: "P", 4: "dP", 5: "dS", 6: "dS-st", 7: "bar", 8: "dQ", 9: "dQ-add", 10: "dK"}
+NAMES = {1: "entry", 2: "S", 3: "P", 4: "dP", 5: "dS", 6: "dS-st", 7: "bar", 8: "dQ", 9: "dQ-add", 10: "dK",
+         11: "dP issued"}
 SPLITS = [(1, 2, "wait S"), (2, 3, "P pass"), (3, 4, "dV issue, wait dP"), (4, 5, "dS maths, pack"),
           (5, 6, "dS stmatrix"), (6, 7, "sdQ read, barrier"), (7, 8, "dQ/dK issue, wait dQ"),
           (8, 9, "dQ tile + add"), (9, 10, "next S issue, wait dK"), (10, 1, "release, next entry")]
+# parts of a split, printed where their marks are there (11: the NEXT kernels, after dPᵀ's issue)
+SUBSPLITS = [(2, 11, "  of which dP issue"), (11, 3, "  of which P maths")]
 
 
 def med(xs):
@@ -52,7 +56,7 @@ def clocks(buf, cta, slot):
 
 
 def analyse(buf, title):
-    split = {c: {s[2]: [] for s in SPLITS} for c in (0, 1)}
+    split = {c: {s[2]: [] for s in SPLITS + SUBSPLITS} for c in (0, 1)}
     period, lag, prod_wait, blocks = [], [], [], []
     for cta in range(CTAS):
         wg = [clocks(buf, cta, 1 + c) for c in (0, 1)]
@@ -64,7 +68,7 @@ def analyse(buf, title):
         for c in (0, 1):
             for n in steady:
                 m, nx = wg[c].get(n, {}), wg[c].get(n + 1, {})
-                for a, b, name in SPLITS:
+                for a, b, name in SPLITS + SUBSPLITS:
                     end = nx.get(1) if b == 1 else m.get(b)
                     if a in m and end is not None:
                         split[c][name].append(end - m[a])
@@ -80,8 +84,9 @@ def analyse(buf, title):
     print(f"\n== {title}: {len(blocks)} CTAs traced, {med(blocks):.0f} blocks each (median); block period "
           f"(warpgroup 0) {med(period):.0f} cycles")
     print(f"  {'split of a block':28s} {'wg 0':>7s} {'wg 1':>7s}")
-    for _, _, name in SPLITS:
-        print(f"  {name:28s} {med(split[0][name]):7.0f} {med(split[1][name]):7.0f}")
+    for _, _, name in SPLITS + SUBSPLITS:
+        if split[0][name] or split[1][name]:
+            print(f"  {name:28s} {med(split[0][name]):7.0f} {med(split[1][name]):7.0f}")
     tot = [sum(med(split[c][s[2]]) for s in SPLITS) for c in (0, 1)]
     print(f"  {'sum of medians':28s} {tot[0]:7.0f} {tot[1]:7.0f}")
     q = sorted(lag)

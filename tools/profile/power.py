@@ -49,11 +49,19 @@ def run(name, call, flops, seconds, phases):
     time.sleep(1.0)
 
 
+# The FLASHC_HOPPER_* settings this script was started with (tools/hopper/ab.sh's NAME@VAR=VALUE): every variant,
+# "default" too, runs on top of them. (Until session 25 set_env dropped them, so that ab.sh's A/Bs of two settings
+# of one build, sessions 23-25, ran the library's defaults on both sides.)
+BASE_ENV = {k: v for k, v in os.environ.items() if k.startswith("FLASHC_HOPPER_")}
+
+
 def set_env(variant):
-    """FLASHC_HOPPER_VARIANT[+KEY=VAL...] as tools/hopper/check.py's column names ("default": the library's choice);
-    a named variant with FLASHC_HOPPER_SCHED=dynamic (read by the persistent kernels) unless +sched=ORDER says."""
+    """FLASHC_HOPPER_VARIANT[+KEY=VAL...] as tools/hopper/check.py's column names ("default": the library's choice,
+    or the settings the script started with); a named variant with FLASHC_HOPPER_SCHED=dynamic (read by the
+    persistent kernels) unless +sched=ORDER says."""
     for key in [k for k in os.environ if k.startswith("FLASHC_HOPPER_")]:
         os.environ.pop(key)
+    os.environ.update(BASE_ENV)
     name, *extra = variant.split("+")
     if name != "default":
         os.environ["FLASHC_HOPPER_VARIANT"], os.environ["FLASHC_HOPPER_SCHED"] = name, "dynamic"
