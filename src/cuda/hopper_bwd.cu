@@ -37,8 +37,8 @@
  *
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
  * both head dims (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders
- * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 3 at
- * D = 128, 2 at D = 64 with Br = 128). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
+ * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 11 at
+ * D = 128, 7 at D = 64 with Br = 128; both with each block's dQ issued a block later, LAG). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
  * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the single-tile kernel on the H100), runs the
  * same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV
  * staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward").
@@ -891,15 +891,16 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
  * own tensor work); 3, 2 with block i + 1's Sᵀ issued behind block i's dK; 4, D = 128: 3 with 3 Q/dO stages; D =
  * 64 (where a 3rd stage does not fit): 3 with that Sᵀ issued before block i's dQ store instead of after it; 5, 6:
  * 3, 4 with dV issued before the dPᵀ wait (D = 128 always does: there 5, 6 run 3, 4; D = 64 runs 2 to 4 with dV
- * issued after dSᵀ is formed, fewer registers). D = 128 only (elsewhere 2 runs), 3 with: 7, each block's dQ issued
- * one block later (LAG: no barrier of both warpgroups per block, hopper_bwd_v2.cuh); 8, 7 with the two warpgroups'
- * Pᵀ/dSᵀ phases taking turns (ping-pong); 9, 10: 3 with the Sᵀ/dPᵀ accumulators started at −lse2/c, −D (BIAS; 10
- * loads D at the block's start); 11: 7 and 9. The second version is built for bulk dQ only (not deterministic:
- * fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only (fc_hpb_br_get); elsewhere 1 runs, silently.
- * Unset: 11 at d > 64 (H100, session 25, bf16 d128, power-capped steady state, 2 rounds: 11 +2.9..6.6 % over 3, 7
- * +1.3..3.7 %: bench/results/configs/hopper-s25-lag-bias.txt; 3 was +3.7..9.4 % over 1 in session 8:
- * configs/hopper-bwd-v2.txt), 2 at d ≤ 64 with Br = 128 (+0.2..2.9 % over 1 at every cell, 3..6 within ±2 %:
- * configs/hopper-bwd-v2-d64.txt). */
+ * issued after dSᵀ is formed, fewer registers). 7: each block's dQ issued one block later (LAG: no barrier of both
+ * warpgroups per block, hopper_bwd_v2.cuh; D = 128: 3 with it, D = 64: 2 with it). D = 64: 8, 3 with LAG. D = 128
+ * (9, 10 at D = 64 run 2): 8, 7 with the two warpgroups' Pᵀ/dSᵀ phases taking turns (ping-pong); 9, 10: 3 with the
+ * Sᵀ/dPᵀ accumulators started at −lse2/c, −D (BIAS; 10 loads D at the block's start); 11: 7 and 9. The second version
+ * is built for bulk dQ only (not deterministic: fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only
+ * (fc_hpb_br_get); elsewhere 1 runs, silently. Unset: 11 at d > 64 (H100, session 25, bf16 d128, power-capped
+ * steady state, 2 rounds: 11 +2.9..6.6 % over 3, 7 +1.3..3.7 %: bench/results/configs/hopper-s25-lag-bias.txt; 3 was
+ * +3.7..9.4 % over 1 in session 8: configs/hopper-bwd-v2.txt), 7 at d ≤ 64 with Br = 128 (session 26, same method:
+ * +6.8..13.1 % over 2 at 2k full and causal, 4k, 8k full, 8 +3.9..8.0 %: configs/hopper-s26-lag-d64.txt; 2 was
+ * +0.2..2.9 % over 1 at every cell, 3..6 within ±2 %: configs/hopper-bwd-v2-d64.txt). */
 static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int br, int *version) {
   static const char *const names[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"};
   int m = -1; /* -1: unset */
@@ -908,7 +909,7 @@ static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode
   if (p->head_dim > 64)
     *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 11 : m == 4 || m == 5 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
   else
-    *version = br != 128 ? 1 : m < 0 || m >= 6 ? 2 : m + 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
+    *version = br != 128 ? 1 : m < 0 ? 7 : m >= 8 ? 2 : m + 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
   return FLASHC_OK;
 }
 
@@ -925,7 +926,7 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
   int m = 0;
   FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_PERSIST", names, (int)(sizeof names / sizeof names[0]), 0,
                          "flashc_backward (cuda-hopper)", &m));
-  const bool runs = m > 0 && (p->head_dim > 64 ? version == 3 || version == 11 : version == 2);
+  const bool runs = m > 0 && (p->head_dim > 64 ? version == 3 || version == 11 : version == 2 || version == 7);
   *max_ctas = !runs ? 0 : m == 2 ? 3 : INT32_MAX;
   return FLASHC_OK;
 }
@@ -1006,9 +1007,9 @@ static flashc_status fc_hpb_launch(const fc_problem *p, fc_hpb_dq_mode mode, con
   return FLASHC_OK;
 }
 
-/* The second version (version 2 .. 6: fc_hpb_version_get; D = 128: 2, 3, 4). D = 64: Br = 128, 2 stages; 4 = 3
- * with the next block's Sᵀ issued before the dQ store (EARLY_S); 5, 6 = 3, 4 with dV issued before the dPᵀ wait
- * (EARLY_DV, D = 128's order). */
+/* The second version (version 2 .. 11: fc_hpb_version_get). D = 64: Br = 128, 2 stages; 4 = 3 with the next block's
+ * Sᵀ issued before the dQ store (EARLY_S); 5, 6 = 3, 4 with dV issued before the dPᵀ wait (EARLY_DV, D = 128's
+ * order); 7, 8 = 2, 3 with LAG. */
 template <typename T, int D>
 static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CUtensorMap maps[4],
                                       const fc_hopper_bwd_args *a, int grid) {
@@ -1019,7 +1020,9 @@ static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CU
              : version == 3 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, false>
              : version == 4 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, false>
              : version == 5 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, true>
-                            : fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, true>;
+             : version == 6 ? fc_hopper_bwd_v2_kernel<T, 2, true, 64, true, true>
+             : version == 7 ? fc_hopper_bwd_v2_kernel<T, 2, false, 64, false, false, 1>
+                            : fc_hopper_bwd_v2_kernel<T, 2, true, 64, false, false, 1>;
   else
     kernel = version == 2    ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true>
              : version == 3  ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true>

@@ -33,8 +33,8 @@
  * before arriving at block i − 1's barrier, which this warpgroup has passed. The same barrier orders sdQ: the
  * issuing thread waits for the last bulk add's read of its warpgroup's tile before arriving there, and the tile
  * is written after it. tools/hopper/bwd_v2_model.py checks these orders by exhaustive interleaving.
- * LAG (D = 128, NEXT; versions 7, 8, 11; 11 the default since session 25): each warpgroup issues block i − 1's dQ in
- * block i instead of block i's, so the barrier of both warpgroups per block becomes pairwise named barriers (READY:
+ * LAG (D = 128 with NEXT: versions 7, 8, 11, 11 the default since session 25; D = 64: 7 without NEXT, the default
+ * since session 26, and 8 with it): each warpgroup issues block i − 1's dQ in block i instead of block i's, so the barrier of both warpgroups per block becomes pairwise named barriers (READY:
  * the other's dSᵀ rows of a block are in; FREE: its dQ has read a buffer the other writes next) and the warpgroups
  * drift apart; block 0 is peeled (FIRST), fc_hpb_v2_lag_tail issues the last block's dQ (BWD-NOTES.md has the
  * protocol, tools/hopper/bwd_lag_model.py checks it). BIAS (9, 10, 11): Sᵀ's and dPᵀ's accumulators start at
@@ -58,6 +58,23 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
 #endif /* FC_HOPPER_ARCH */
 
 #if FC_HOPPER_ARCH
+/* A warpgroup's dQ product (64 × 64 fp32 in dq) → its sdQ tile → one bulk reduce-add into the blocked sum, for the
+ * query block at row qq of head hq. D = 64 (Br = 128): rows qq + 64·cw .., all 64 columns (two w = 32 tiles,
+ * contiguous); D = 128 (Br = 64): rows qq .., columns 64·cw .. */
+template <int D>
+static __device__ __forceinline__ void fc_hpb_v2_dq_add(const fc_hopper_bwd_args &a, const float (&dq)[32],
+                                                        uint32_t sdQ, int hq, int64_t pad0, int qq, int cw, int warp,
+                                                        int g, int t, int ct) {
+  constexpr int NQ = 64;
+  static_assert(D == 64 || D == 128, "the second version's head dims");
+  const uint32_t tile = sdQ + cw * (FC_BWD_DQ_TILE * NQ * 4);
+  float *const rows = a.dq_accum + ((int64_t)hq * a.total_pad + pad0 + qq) * D;
+  if constexpr (D == 64)
+    fc_hpb_dq_tile_add<NQ, D / 2>(dq, tile, rows + 64 * cw * D, warp, g, t, ct, FC_HPB_BAR_DS + cw);
+  else
+    fc_hpb_dq_tile_add<NQ>(dq, tile, rows + NQ * cw * FC_BWD_DQ_TILE, warp, g, t, ct, FC_HPB_BAR_DS + cw);
+}
+
 /* The same FULL/EMPTY as the kernels below (identical redefinitions there). */
 #define FULL(s)  (bars + 8u * (1 + (s)))
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
@@ -77,12 +94,13 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   constexpr int BR = D == 64 ? 128 : FC_HPB_BR;
   constexpr bool ROWSPLIT = BR == 128;
   constexpr int NQ = ROWSPLIT ? D : D / 2;
-  constexpr int DQ_W = D / 2;
-  constexpr uint32_t DQ_TILE_BYTES = FC_BWD_DQ_TILE * NQ * 4;
+  static_assert(NQ == 64, "a 64 × 64 fp32 dQ product per warpgroup (fc_hpb_v2_dq_add)");
   constexpr uint32_t Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES;
-  static_assert(!LAG || (NEXT && D == 128 && !EARLY_S && !PERSIST), "LAG: the single-tile D = 128 kernel of NEXT");
+  static_assert(!LAG || ((NEXT || D == 64) && !EARLY_S && !PERSIST),
+                "LAG: the single-tile kernels (D = 128: of NEXT; LAG = 2 at D = 128 only)");
+  static_assert(LAG != 2 || D == 128, "the ping-pong at D = 128 only");
   static_assert(!BIAS || (NEXT && D == 128 && !EARLY_S && !PERSIST), "BIAS: the single-tile D = 128 kernel of NEXT");
   const int s = ring % STAGES, u = ring / STAGES;
   const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
@@ -216,7 +234,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
    * while dK runs on. */
   /* LAG: block it − 1's dQ (this warpgroup's 64 columns, both warpgroups' dSᵀ rows), once the other warpgroup's
    * rows of that block are in (written a block ago unless it runs a block behind) */
-  const uint32_t ds_a = LAG ? sdS + ((it + 1) & 1) * DS_BYTES : ROWSPLIT ? ds_buf + cw * DS_HALF : ds_buf;
+  const uint32_t ds_a = (LAG ? sdS + ((it + 1) & 1) * DS_BYTES : ds_buf) + (ROWSPLIT ? cw * DS_HALF : 0);
   float dq[NQ / 2];
   if constexpr (LAG && !FIRST) fc_named_barrier(FC_HPB_BAR_READY + 2 * (1 - cw) + ((it + 1) & 1), 256);
   fc_wgmma_fence();
@@ -244,19 +262,12 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
     fc_hp_ss_kmajor<T, D, BR>(st, k_rows, sQ + s1 * Q_BYTES);
     fc_wgmma_commit();
   }
-  if constexpr (ROWSPLIT) {
-    /* the two w = 32 tiles of head-rows hh·total_pad + pad0 + q0 + 64·cw (a multiple of 64), contiguous */
-    fc_hpb_dq_tile_add<NQ, DQ_W>(dq, sdQ + cw * DQ_TILE_BYTES,
-                                 a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0 + 64 * cw) * D, warp, g, t, ct,
-                                 FC_HPB_BAR_DS + cw);
-  } else if constexpr (!(LAG && FIRST)) {
-    /* the tile of head-rows hh·total_pad + pad0 + q0 (a multiple of 64) and columns 64·cw .. (LAG: block it − 1's) */
-    /* LAG: block it − 1's head and rows, from this block's (no second division) */
+  if constexpr (!(LAG && FIRST)) {
+    /* The dQ tile's head hq and query block qq: this block's, or (LAG) block it − 1's, from this block's (no second
+     * division) */
     const int r = it % n_i;
     const int hq = LAG && r == 0 ? hh - 1 : hh, qq = !LAG ? q0 : r == 0 ? (i_begin + n_i - 1) * BR : q0 - BR;
-    fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * DQ_TILE_BYTES,
-                           a.dq_accum + ((int64_t)hq * a.total_pad + pad0 + qq) * D + NQ * cw * FC_BWD_DQ_TILE, warp, g,
-                           t, ct, FC_HPB_BAR_DS + cw);
+    fc_hpb_v2_dq_add<D>(a, dq, sdQ, hq, pad0, qq, cw, warp, g, t, ct);
   }
 
   MARK(9);
@@ -294,12 +305,13 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
 #undef EMPTY
 
 /* LAG: the last block's dQ (block `it`), after the loop: as a block's, without a next block to run beside it. */
-template <typename T>
+template <typename T, int D>
 static __device__ __forceinline__ void fc_hpb_v2_lag_tail(const fc_hopper_bwd_args &a, int it, int n_i, int i_begin,
                                                           int hk, int64_t pad0, int cw, int ct, int warp, int g, int t,
                                                           uint32_t sdS, uint32_t sdQ, uint32_t k_cols) {
-  constexpr int NQ = 64;
-  const uint32_t ds = sdS + (it & 1) * (FC_HPB_BC * FC_HPB_BR * 2);
+  constexpr int NQ = 64, BR = D == 64 ? 128 : FC_HPB_BR;
+  /* buffer it % 2; D = 64 (Br = 128): this warpgroup's 64 queries of it (its half) */
+  const uint32_t ds = sdS + (it & 1) * (FC_HPB_BC * BR * 2) + (D == 64 ? cw * FC_HPB_BC * FC_HPB_ROW_BYTES : 0);
   float dq[NQ / 2];
   fc_named_barrier(FC_HPB_BAR_READY + 2 * (1 - cw) + (it & 1), 256); /* the other's rows of block it */
   fc_wgmma_fence();
@@ -310,10 +322,7 @@ static __device__ __forceinline__ void fc_hpb_v2_lag_tail(const fc_hopper_bwd_ar
   fc_fence_regs(dq);
   if (ct == 0) fc_bulk_wait_read<0>();       /* the last add has read sdQ ... */
   fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone writes it */
-  const int hq = hk * a.group + it / n_i, qq = (i_begin + it % n_i) * FC_HPB_BR;
-  fc_hpb_dq_tile_add<NQ>(dq, sdQ + cw * FC_BWD_DQ_TILE * NQ * 4,
-                         a.dq_accum + ((int64_t)hq * a.total_pad + pad0 + qq) * 128 + NQ * cw * FC_BWD_DQ_TILE, warp, g,
-                         t, ct, FC_HPB_BAR_DS + cw);
+  fc_hpb_v2_dq_add<D>(a, dq, sdQ, hk * a.group + it / n_i, pad0, (i_begin + it % n_i) * BR, cw, warp, g, t, ct);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -418,7 +427,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           fc_hpb_v2_block<T, STAGES, NEXT, D, EARLY_S, EARLY_DV, false, LAG, false, BIAS>(
               a, it, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sk, shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ,
               sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
-        fc_hpb_v2_lag_tail<T>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
+        fc_hpb_v2_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
       }
     } else {
       for (int it = 0; it < n_iter; it++)

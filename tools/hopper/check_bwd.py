@@ -10,10 +10,11 @@ Modes (the library reads FLASHC_HOPPER_BWD_DQ, _BR, _V, _PERSIST and _D256 at ev
 each (dQ paths, Br = 64), bulk128 (bulk with Br = 128 query rows per block; built for d <= 64 only, so it runs only
 there and not in deterministic mode, where the library would run the Br = 64 kernel anyway), v2, v3, v4 (bulk at
 D = 128 with the second kernel, FLASHC_HOPPER_BWD_V = 2, 3, 4: src/cuda/hopper_bwd_v2.cuh; d > 64 only, not
-deterministic), v2d64 .. v6d64 (bulk128 with the second kernel at D = 64, Br = 128, FLASHC_HOPPER_BWD_V = 2 .. 6: 4
-there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with dV issued before the dP^T wait;
-d <= 64 only, not deterministic), p (the defaults with FLASHC_HOPPER_BWD_PERSIST=1: the persistent second kernel,
-one CTA per SM walking the tiles, where the default second kernel runs: D = 128 V 3, D = 64 V 2; not deterministic),
+deterministic), v2d64 .. v8d64 (bulk128 with the second kernel at D = 64, Br = 128, FLASHC_HOPPER_BWD_V = 2 .. 8: 4
+there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with dV issued before the dP^T wait, 7
+and 8 are 2 and 3 with each block's dQ issued a block later (LAG; 7 the default); d <= 64 only, not deterministic),
+p (the defaults with FLASHC_HOPPER_BWD_PERSIST=1: the persistent second kernel, one CTA per SM walking the tiles,
+where the default second kernel runs: D = 128 V 11 (V 3's form), D = 64 V 7 (V 2's form); not deterministic),
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
 tiles per CTA: the phases across tiles, empty tiles, varlen); both in the default dynamic order; ps, p3s the same in
 the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED); d256 (FLASHC_HOPPER_BWD_D256=1: the head-dim-256
@@ -86,6 +87,7 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "v2": _mode("bulk", "64", "2"), "v3": _mode("bulk", "64", "3"), "v4": _mode("bulk", "64", "4"),
          "v2d64": _mode("bulk", "128", "2"), "v3d64": _mode("bulk", "128", "3"), "v4d64": _mode("bulk", "128", "4"),
          "v5d64": _mode("bulk", "128", "5"), "v6d64": _mode("bulk", "128", "6"),
+         "v7d64": _mode("bulk", "128", "7"), "v8d64": _mode("bulk", "128", "8"),
          "p": _mode(None, None, None, "1"), "p3": _mode(None, None, None, "3"),
          "ps": _mode(None, None, None, "1", "stride"), "p3s": _mode(None, None, None, "3", "stride"),
          "pg": _mode(None, None, None, "1", "grouped"),
