@@ -38,11 +38,11 @@
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
  * both head dims (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders
  * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 11 at
- * D = 128, 7 at D = 64 with Br = 128; both with each block's dQ issued a block later, LAG). Its persistent form, fc_hopper_bwd_v2p_kernel (one CTA per SM walking the
- * tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the single-tile kernel on the H100), runs the
- * same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier before each new K_j, V_j, and dK, dV
- * staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward").
- * Head dims 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, 2 or 3): fc_hopper_bwd_d256_kernel
+ * D = 128, 7 at D = 64 with Br = 128; both with each block's dQ issued a block later, LAG). Its persistent form,
+ * fc_hopper_bwd_v2p_kernel (one CTA per SM walking the tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the
+ * single-tile kernel on the H100), runs the same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier
+ * before each new K_j, V_j, and dK, dV staged through sdS (tools/hopper/BWD-NOTES.md, "Persistent backward"). Head dims
+ * 129 .. 256 (FLASHC_HOPPER_BWD_D256: 1, the default since session 10, 2 or 3): fc_hopper_bwd_d256_kernel
  * (hopper_bwd_d256.cuh: Bc = 64 keys per CTA, Sᵀ/dPᵀ split by queries and dK/dV/dQ by head-dim columns between the
  * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
 #include "tail_order.cuh"

@@ -34,14 +34,15 @@
  * issuing thread waits for the last bulk add's read of its warpgroup's tile before arriving there, and the tile
  * is written after it. tools/hopper/bwd_v2_model.py checks these orders by exhaustive interleaving.
  * LAG (D = 128 with NEXT: versions 7, 8, 11, 11 the default since session 25; D = 64: 7 without NEXT, the default
- * since session 26, and 8 with it): each warpgroup issues block i − 1's dQ in block i instead of block i's, so the barrier of both warpgroups per block becomes pairwise named barriers (READY:
- * the other's dSᵀ rows of a block are in; FREE: its dQ has read a buffer the other writes next) and the warpgroups
- * drift apart; block 0 is peeled (FIRST), fc_hpb_v2_lag_tail issues the last block's dQ (BWD-NOTES.md has the
- * protocol, tools/hopper/bwd_lag_model.py checks it). BIAS (9, 10, 11): Sᵀ's and dPᵀ's accumulators start at
- * −lse2_i/c and −D_i (fc_hpb_bias_init, beside the previous block's dK), so that the P pass and dSᵀ load nothing.
- * Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO STAGES × 2 × 16 KB + sdS 2 × Bc·Br·2 bytes (2 × 16 KB; D = 64:
- * 2 × 32 KB) + sdQ 2 × 16 KB + sLD STAGES × 2·Br·4 + barriers + 1 KB slack. D = 128: 198696 bytes with 2
- * stages, 231992 with 3 (of the 232448 an H100 block may have); D = 64: 199720 with 2 stages (3: 233528). */
+ * since session 26, and 8 with it): each warpgroup issues block i − 1's dQ in block i instead of block i's, so the
+ * barrier of both warpgroups per block becomes pairwise named barriers (READY: the other's dSᵀ rows of a block are in;
+ * FREE: its dQ has read a buffer the other writes next) and the warpgroups drift apart; block 0 is peeled (FIRST),
+ * fc_hpb_v2_lag_tail issues the last block's dQ (BWD-NOTES.md has the protocol, tools/hopper/bwd_lag_model.py checks
+ * it). BIAS (9, 10, 11): Sᵀ's and dPᵀ's accumulators start at −lse2_i/c and −D_i (fc_hpb_bias_init, beside the previous
+ * block's dK), so that the P pass and dSᵀ load nothing. Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO STAGES × 2 × 16
+ * KB + sdS 2 × Bc·Br·2 bytes (2 × 16 KB; D = 64: 2 × 32 KB) + sdQ 2 × 16 KB + sLD STAGES × 2·Br·4 + barriers + 1 KB
+ * slack. D = 128: 198696 bytes with 2 stages, 231992 with 3 (of the 232448 an H100 block may have); D = 64: 199720 with
+ * 2 stages (3: 233528). */
 #ifndef FLASHC_CUDA_HOPPER_BWD_V2_CUH
 #define FLASHC_CUDA_HOPPER_BWD_V2_CUH
 
