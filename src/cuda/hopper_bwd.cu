@@ -37,7 +37,7 @@
  *
  * This kernel waits for every wgmma group as soon as it is issued (no intra-warpgroup overlap, no ping-pong). At
  * both head dims (bulk dQ, not deterministic) the default is the second version, hopper_bwd_v2.cuh, which orders
- * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 11 at
+ * each warpgroup's groups so that its CUDA-core work runs beside its own tensor work (FLASHC_HOPPER_BWD_V: 13 at
  * D = 128, 7 at D = 64 with Br = 128; both with each block's dQ issued a block later, LAG). Its persistent form,
  * fc_hopper_bwd_v2p_kernel (one CTA per SM walking the tiles; FLASHC_HOPPER_BWD_PERSIST = 1, opt-in: within ±4 % of the
  * single-tile kernel on the H100), runs the same blocks with the Q/dO ring numbered across tiles, a kv_empty barrier
@@ -894,20 +894,23 @@ static flashc_status fc_hpb_br_get(const fc_problem *p, fc_hpb_dq_mode mode, int
  * issued after dSᵀ is formed, fewer registers). 7: each block's dQ issued one block later (LAG: no barrier of both
  * warpgroups per block, hopper_bwd_v2.cuh; D = 128: 3 with it, D = 64: 2 with it). D = 64: 8, 3 with LAG. D = 128
  * (9, 10 at D = 64 run 2): 8, 7 with the two warpgroups' Pᵀ/dSᵀ phases taking turns (ping-pong); 9, 10: 3 with the
- * Sᵀ/dPᵀ accumulators started at −lse2/c, −D (BIAS; 10 loads D at the block's start); 11: 7 and 9. The second version
+ * Sᵀ/dPᵀ accumulators started at −lse2/c, −D (BIAS; 10 loads D at the block's start); 11: 7 and 9; 12: 2 with LAG
+ * (no NEXT); 13: 12 with BIAS (the accumulators biased at the block's start). The second version
  * is built for bulk dQ only (not deterministic: fc_hpb_dq_mode_get runs split there), at D = 64 with Br = 128 only
- * (fc_hpb_br_get); elsewhere 1 runs, silently. Unset: 11 at d > 64 (H100, session 25, bf16 d128, power-capped
- * steady state, 2 rounds: 11 +2.9..6.6 % over 3, 7 +1.3..3.7 %: bench/results/configs/hopper-s25-lag-bias.txt; 3 was
+ * (fc_hpb_br_get); elsewhere 1 runs, silently. Unset: 13 at d > 64 (H100, session 26, bf16 d128, power-capped
+ * steady state, 2 rounds: +0.5..1.6 % over 11 at 2k full and causal, 4k, 8k full and causal, and no local memory
+ * where 11 spills 8 bytes; 12 0.96-0.98x of 11: configs/hopper-s26-lag-d64.txt; session 25: 11 +2.9..6.6 % over 3,
+ * 7 +1.3..3.7 %: bench/results/configs/hopper-s25-lag-bias.txt; 3 was
  * +3.7..9.4 % over 1 in session 8: configs/hopper-bwd-v2.txt), 7 at d ≤ 64 with Br = 128 (session 26, same method:
  * +6.8..13.1 % over 2 at 2k full and causal, 4k, 8k full, 8 +3.9..8.0 %: configs/hopper-s26-lag-d64.txt; 2 was
  * +0.2..2.9 % over 1 at every cell, 3..6 within ±2 %: configs/hopper-bwd-v2-d64.txt). */
 static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode, int br, int *version) {
-  static const char *const names[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"};
+  static const char *const names[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"};
   int m = -1; /* -1: unset */
   FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_V", names, (int)(sizeof names / sizeof names[0]), -1,
                          "flashc_backward (cuda-hopper)", &m));
   if (p->head_dim > 64)
-    *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 11 : m == 4 || m == 5 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
+    *version = mode != FC_HPB_DQ_BULK ? 1 : m < 0 ? 13 : m == 4 || m == 5 ? m - 1 : m + 1; /* 5, 6: 3, 4 */
   else
     *version = br != 128 ? 1 : m < 0 ? 7 : m >= 8 ? 2 : m + 1; /* br = 128: bulk, not deterministic (fc_hpb_br_get) */
   return FLASHC_OK;
@@ -915,7 +918,7 @@ static flashc_status fc_hpb_version_get(const fc_problem *p, fc_hpb_dq_mode mode
 
 /* The persistent second version (FLASHC_HOPPER_BWD_PERSIST, read at every call, for comparisons): 1 runs
  * fc_hopper_bwd_v2p_kernel (hopper_bwd_v2.cuh: one CTA per SM walking the tiles) where the default version of the
- * second kernel would run (D = 128: 11, or 3, whose form it has; D = 64: 2; bulk dQ, not deterministic); elsewhere,
+ * second kernel would run (D = 128: 13, 11, or 3, whose form it has; D = 64: 2; bulk dQ, not deterministic); elsewhere,
  * and with another version
  * set, the single-tile kernels run, silently. 3 (for tests): the same with at most 3 CTAs, so that small problems
  * walk many tiles per CTA. Unset or 0: off. H100, session 10 (bench/results/configs/hopper-bwd-persist.txt): in
@@ -926,7 +929,8 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
   int m = 0;
   FC_CHECK(fc_env_choice("FLASHC_HOPPER_BWD_PERSIST", names, (int)(sizeof names / sizeof names[0]), 0,
                          "flashc_backward (cuda-hopper)", &m));
-  const bool runs = m > 0 && (p->head_dim > 64 ? version == 3 || version == 11 : version == 2 || version == 7);
+  const bool runs =
+      m > 0 && (p->head_dim > 64 ? version == 3 || version == 11 || version == 13 : version == 2 || version == 7);
   *max_ctas = !runs ? 0 : m == 2 ? 3 : INT32_MAX;
   return FLASHC_OK;
 }
@@ -1031,6 +1035,8 @@ static flashc_status fc_hpb_launch_v2(const fc_problem *p, int version, const CU
              : version == 9  ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 0, 1>
              : version == 10 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 0, 2>
              : version == 11 ? fc_hopper_bwd_v2_kernel<T, 2, true, 128, false, true, 1, 1>
+             : version == 12 ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true, 1>
+             : version == 13 ? fc_hopper_bwd_v2_kernel<T, 2, false, 128, false, true, 1, 1>
                              : fc_hopper_bwd_v2_kernel<T, 3, true, 128, false, true>;
   const size_t smem = fc_hpb_v2_smem_bytes(D, stages);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper"));

@@ -33,16 +33,16 @@
  * before arriving at block i − 1's barrier, which this warpgroup has passed. The same barrier orders sdQ: the
  * issuing thread waits for the last bulk add's read of its warpgroup's tile before arriving there, and the tile
  * is written after it. tools/hopper/bwd_v2_model.py checks these orders by exhaustive interleaving.
- * LAG (D = 128 with NEXT: versions 7, 8, 11, 11 the default since session 25; D = 64: 7 without NEXT, the default
- * since session 26, and 8 with it): each warpgroup issues block i − 1's dQ in block i instead of block i's, so the
- * barrier of both warpgroups per block becomes pairwise named barriers (READY: the other's dSᵀ rows of a block are in;
- * FREE: its dQ has read a buffer the other writes next) and the warpgroups drift apart; block 0 is peeled (FIRST),
- * fc_hpb_v2_lag_tail issues the last block's dQ (BWD-NOTES.md has the protocol, tools/hopper/bwd_lag_model.py checks
- * it). BIAS (9, 10, 11): Sᵀ's and dPᵀ's accumulators start at −lse2_i/c and −D_i (fc_hpb_bias_init, beside the previous
- * block's dK), so that the P pass and dSᵀ load nothing. Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO STAGES × 2 × 16
- * KB + sdS 2 × Bc·Br·2 bytes (2 × 16 KB; D = 64: 2 × 32 KB) + sdQ 2 × 16 KB + sLD STAGES × 2·Br·4 + barriers + 1 KB
- * slack. D = 128: 198696 bytes with 2 stages, 231992 with 3 (of the 232448 an H100 block may have); D = 64: 199720 with
- * 2 stages (3: 233528). */
+ * LAG (D = 128: versions 7, 8, 11 with NEXT, 12, 13 without, 13 the default since session 26; D = 64: 7 without
+ * NEXT, the default since session 26, and 8 with it): each warpgroup issues block i − 1's dQ in block i instead of
+ * block i's, so the barrier of both warpgroups per block becomes pairwise named barriers (READY: the other's dSᵀ rows
+ * of a block are in; FREE: its dQ has read a buffer the other writes next) and the warpgroups drift apart; block 0 is
+ * peeled (FIRST), fc_hpb_v2_lag_tail issues the last block's dQ (BWD-NOTES.md has the protocol,
+ * tools/hopper/bwd_lag_model.py checks it). BIAS (9, 10, 11, 13): Sᵀ's and dPᵀ's accumulators start at −lse2_i/c and
+ * −D_i (fc_hpb_bias_init, beside the previous block's dK with NEXT, after the stage's full-wait without), so that the P
+ * pass and dSᵀ load nothing. Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO STAGES × 2 × 16 KB + sdS 2 × Bc·Br·2 bytes
+ * (2 × 16 KB; D = 64: 2 × 32 KB) + sdQ 2 × 16 KB + sLD STAGES × 2·Br·4 + barriers + 1 KB slack. D = 128: 198696 bytes
+ * with 2 stages, 231992 with 3 (of the 232448 an H100 block may have); D = 64: 199720 with 2 stages (3: 233528). */
 #ifndef FLASHC_CUDA_HOPPER_BWD_V2_CUH
 #define FLASHC_CUDA_HOPPER_BWD_V2_CUH
 
@@ -99,10 +99,9 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
   constexpr uint32_t Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES;
-  static_assert(!LAG || ((NEXT || D == 64) && !EARLY_S && !PERSIST),
-                "LAG: the single-tile kernels (D = 128: of NEXT; LAG = 2 at D = 128 only)");
-  static_assert(LAG != 2 || D == 128, "the ping-pong at D = 128 only");
-  static_assert(!BIAS || (NEXT && D == 128 && !EARLY_S && !PERSIST), "BIAS: the single-tile D = 128 kernel of NEXT");
+  static_assert(!LAG || (!EARLY_S && !PERSIST), "LAG: the single-tile kernels");
+  static_assert(LAG != 2 || (D == 128 && NEXT), "the ping-pong: D = 128 with NEXT only");
+  static_assert(!BIAS || (!EARLY_S && !PERSIST && (NEXT || BIAS == 1)), "BIAS: the single-tile kernels");
   const int s = ring % STAGES, u = ring / STAGES;
   const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
   const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
@@ -135,13 +134,21 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int ring, int n_iter, int n
      * wgmmas, they made it wait (H100, session 24: D = 64 1.023-1.032x). Not in the NEXT kernels (D = 128), where
      * loading them at the block's start ran 0.985x and between the wait for Sᵀ and dPᵀ's issue 0.995x, and not D_i
      * too (+16 registers: spills at D = 64). */
-    fc_hpb_ld_rows<BR>(l2_pre, sL, t);
+    if constexpr (BIAS) {
+      fc_hpb_bias_init<BR, true, true>(st, dpt, sL, sD, 1.0f / c, t);
+      /* each accumulator its own register before the fence (else ptxas sinks the copies of a pair's shared bias
+       * between the two products' wgmmas and injects waits there: C7517/C7519) */
+      fc_fence_regs(st);
+      fc_fence_regs(dpt);
+    } else {
+      fc_hpb_ld_rows<BR>(l2_pre, sL, t);
+    }
     fc_fence_regs(dk);
     fc_fence_regs(dv);
     fc_wgmma_fence();
-    fc_hp_ss_kmajor<T, D, BR>(st, k_rows, q_tile);
+    fc_hp_ss_kmajor<T, D, BR, !BIAS>(st, k_rows, q_tile);
     fc_wgmma_commit();
-    fc_hp_ss_kmajor<T, D, BR>(dpt, v_rows, do_tile);
+    fc_hp_ss_kmajor<T, D, BR, !BIAS>(dpt, v_rows, do_tile);
     fc_wgmma_commit();
     fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
     fc_fence_regs(st);
