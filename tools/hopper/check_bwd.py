@@ -14,7 +14,7 @@ deterministic), v2d64 .. v8d64 (bulk128 with the second kernel at D = 64, Br = 1
 there issues the next block's S^T before the dQ store, 5 and 6 are 3 and 4 with dV issued before the dP^T wait, 7
 and 8 are 2 and 3 with each block's dQ issued a block later (LAG; 7 the default); d <= 64 only, not deterministic),
 p (the defaults with FLASHC_HOPPER_BWD_PERSIST=1: the persistent second kernel, one CTA per SM walking the tiles,
-where the default second kernel runs: D = 128 V 11 (V 3's form), D = 64 V 7 (V 2's form); not deterministic),
+where the default second kernel runs: D = 128 V 13 (V 3's form), D = 64 V 7 (V 2's form); not deterministic),
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
 tiles per CTA: the phases across tiles, empty tiles, varlen); both in the default dynamic order; ps, p3s the same in
 the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED); d256 (FLASHC_HOPPER_BWD_D256=1: the head-dim-256
