@@ -29,8 +29,8 @@
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
  * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore
- * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 128 up to seqlen 4096 or 8192,
- * causal). FLASHC_HOPPER_VARIANT=pingpong3 (for comparisons; no default) runs this kernel with NC = 3 consumer
+ * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 128 unmasked, and causal below
+ * seqlen 8192). FLASHC_HOPPER_VARIANT=pingpong3 (for comparisons; no default) runs this kernel with NC = 3 consumer
  * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
  * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
  * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there) and
@@ -826,15 +826,18 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  *            last key block and the query blocks were aligned to the sequence's end (fc_hp_own_blocks,
  *            fc_hp_tile_setup): tmastore3 then ran +9..17 % over tmastore at 512–16k (steady state, bf16).
  *   d ≤ 128: pingpong, except the persistent kernel (tmastore) with the dynamic schedule where it measured faster
- *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask up to 4096
- *            (+1..6 % up to 1k; 2k–4k since session 12, below). Unmasked from 2k the persistent kernel lost 4..9 %
- *            until session 12, when its L2 groups turned out to read K and V 2.5× from DRAM.
+ *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask at every
+ *            seqlen (+1..6 % up to 1k; 2k–4k since session 12, below; 8k–16k since session 27, below).
+ *            Unmasked from 2k the persistent kernel lost 4..9 % until session 12, when its L2 groups turned out to
+ *            read K and V 2.5× from DRAM.
  *   d > 128: pingpong (no room for the persistent kernel's sO).
  * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128);
  * pingpongq (Q in registers, opt-in) runs pingpong's kernel at d ≤ 64 and d > 128. Session 12 (configs/hopper-fwd-
  * s12.txt): with the persistent schedule's L2 groups dropped for unmasked attention (hopper_sched.cuh), tmastore reads
  * what pingpong reads from DRAM and runs +1..3 % over it in the steady state under the power cap at 2k–4k, +5..10 %
- * at 2k in the short benchmark; so unmasked D = 128 takes tmastore up to seqlen_k 4096. */
+ * at 2k in the short benchmark; so unmasked D = 128 took tmastore up to seqlen_k 4096. Session 27 (configs/
+ * hopper-fwd-s27.txt, steady state, bf16): with the split last rounds (session 18) tmastore runs +1.4 % over pingpong
+ * at 8k and +0.9 % at 16k (+5.6 % at 2k, +3.4 % at 4k), so unmasked D = 128 takes it at every seqlen. */
 static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   static const char *const names[] = {"simple",   "overlap",   "pingpong",  "persistent",
                                       "tmastore", "pingpong3", "tmastore3", "pingpongq"}; /* FC_HP_* order */
@@ -842,7 +845,7 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
   int fallback = FC_HP_PINGPONG;
   if (p->head_dim <= 64)
     fallback = FC_HP_TMASTORE3;
-  else if (p->head_dim <= 128 && (tri ? p->seqlen_k < 8192 : p->seqlen_k <= 4096))
+  else if (p->head_dim <= 128 && (!tri || p->seqlen_k < 8192))
     fallback = FC_HP_TMASTORE;
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);

@@ -161,8 +161,11 @@ template <int BR, int BC = FC_HPB_BC>
 static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args &a, int jb, int64_t bh,
                                                         fc_hpb_tile *ti) {
   ti->jb = jb;
-  ti->hk = (int)(bh % a.heads_kv);
-  ti->b = bh / a.heads_kv;
+  /* 32-bit: bh < batch·heads_kv (n_pairs, an int). A 64-bit division is a call whose result ptxas kept on the stack
+   * until the epilogue in the D = 256 kernel (8 bytes of local memory per CTA). */
+  const int pair = (int)bh;
+  ti->hk = pair % a.heads_kv;
+  ti->b = pair / a.heads_kv;
   ti->q_start = 0, ti->k_start = 0, ti->sq = a.seqlen_q, ti->sk = a.seqlen_k;
   ti->pad0 = ti->b * a.sq_pad;
   if (a.cu_q) {
@@ -943,7 +946,7 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
  * tokens; bench/results/configs/hopper-bwd-d256.txt): 1 runs 1.0–1.26× cuDNN, 1.5–1.7× SDPA flash, 1.4× cuda-mma;
  * 3 +0.9..5.9 % over 1 at every cell, 2 0.88–0.99× of 1. *variant: 0 off, else the value. */
 static flashc_status fc_hpb_d256_get(int *variant) {
-  static const char *const names[] = {"0", "1", "2", "3"};
+  static const char *const names[] = {"0", "1", "2", "3", "4", "5"};
   return fc_env_choice("FLASHC_HOPPER_BWD_D256", names, (int)(sizeof names / sizeof names[0]), 3,
                        "flashc_backward (cuda-hopper)", variant);
 }
@@ -980,9 +983,11 @@ static flashc_status fc_hpb_launch_d256(const fc_problem *p, const CUtensorMap m
                                         int grid) {
   int variant = 0;
   FC_CHECK(fc_hpb_d256_get(&variant));
-  const fc_hpb_kernel_fn kernel = variant == 2   ? fc_hopper_bwd_d256_kernel<T, false, false>
-                                  : variant == 3 ? fc_hopper_bwd_d256_kernel<T, true, true>
-                                                 : fc_hopper_bwd_d256_kernel<T, true, false>;
+  const fc_hpb_kernel_fn kernel = variant == 2   ? fc_hopper_bwd_d256_kernel<T, false, false, false, false>
+                                  : variant == 3 ? fc_hopper_bwd_d256_kernel<T, true, true, false, false>
+                                  : variant == 4 ? fc_hopper_bwd_d256_kernel<T, true, true, true, false>
+                                  : variant == 5 ? fc_hopper_bwd_d256_kernel<T, true, true, true, true>
+                                                 : fc_hopper_bwd_d256_kernel<T, true, false, false, false>;
   const size_t smem = FC_HPB256_SMEM;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (head dim 256)"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);

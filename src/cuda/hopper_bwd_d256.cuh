@@ -135,7 +135,16 @@
  * dV (NEXT's next Sᵀ, 16, is issued once dQ_0 is stored). ptxas (nvcc 13.0, sm_90a): 0 spills, no C75xx advisory,
  * highest consumer register R222, 48 HGMMA (16 + 16 × 64x64x16 for the product before the loop and in it, 16 for dV,
  * dQ, dK). The work is uneven: warpgroup 0 does the exponentials, warpgroup 1 the cheaper dSᵀ but only after Pᵀ.
- * tools/hopper/bwd_d256_model.py models this order too. */
+ * tools/hopper/bwd_d256_model.py models this order too.
+ *
+ * EDV (FLASHC_HOPPER_BWD_D256 = 4: WHOLE with dV early; session 27). dV_j += Pᵀ·dO_i reads sP and dO_i only, so both
+ * warpgroups issue it before barrier B instead of after it: warpgroup 0 once its Pᵀ is in sP (fence.proxy.async,
+ * bar.arrive P, then a 128-thread barrier of its own so that all of its threads' stores precede its wgmma), warpgroup 1
+ * right after bar.sync P, where its dV then runs beside its dSᵀ maths. Each waits for its dV (wait 0) and releases
+ * dO_i before B, so that the producer refills the single dO buffer a dV and a dQ_0 earlier than WHOLE does (warpgroup
+ * 1's next dPᵀ waits for that fill); after B three groups (dQ_0, dQ_1, dK) where WHOLE has four, the waits otherwise
+ * the same. sP [it % 2]'s last reader is now block it's dV, retired before B of block it. Registers as WHOLE's; ptxas
+ * (nvcc 13.0, sm_90a): 0 spills, 48 HGMMA. The protocol: bwd_d256_model.py's EDV kind. */
 #ifndef FLASHC_CUDA_HOPPER_BWD_D256_CUH
 #define FLASHC_CUDA_HOPPER_BWD_D256_CUH
 
@@ -182,13 +191,17 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
     const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
     /* Padded row buffers: rows q0 .. q0 + 63 exist and start 256-byte aligned (fc_hpb_fill says why). */
     const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
+    FC_HPB_MARK_AT(0, it, 0);
     if (u > 0) fc_mbar_wait(q_empty, (u - 1) & 1); /* block it − 2 is done with this stage */
+    FC_HPB_MARK_AT(0, it, 1);
     fc_mbar_arrive_expect_tx(q_full, FC_HPB256_TILE + FC_HPB256_ROWS);
 #pragma unroll
     for (int hf = 0; hf < FC_HPB256_D / 64; hf++)
       fc_tma_load_4d(sQ + s * FC_HPB256_TILE + hf * FC_HPB256_HALF, tm_q, 64 * hf, q_start + q0, hh, bt, q_full);
     fc_hpb_bulk_load(sLse + s * FC_HPB256_ROWS, a.lse2 + at, FC_HPB256_ROWS, q_full);
+    FC_HPB_MARK_AT(0, it, 2);
     if (it > 0) fc_mbar_wait(do_empty, (it - 1) & 1); /* block it − 1 is done with dO (after its dV) */
+    FC_HPB_MARK_AT(0, it, 3);
     fc_mbar_arrive_expect_tx(do_full, FC_HPB256_TILE + FC_HPB256_ROWS);
 #pragma unroll
     for (int hf = 0; hf < FC_HPB256_D / 64; hf++)
@@ -265,13 +278,14 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
     }
   }
 }
+
 #endif /* FC_HOPPER_ARCH */
 
 /* The D = 256 dK/dV kernel (the header above). NEXT: block i + 1's Sᵀ is issued behind block i's dQ_1 and dK
  * (FLASHC_HOPPER_BWD_D256 = 1); without it every group is waited for within its block (= 2, for comparisons and as
  * a fallback). WHOLE (= 3, with NEXT; the default, +1..6 % over 1 on the H100): warpgroup 0 computes all of Sᵀ,
  * warpgroup 1 all of dPᵀ, at N = 64 (the header's "WHOLE"). */
-template <typename T, bool NEXT, bool WHOLE>
+template <typename T, bool NEXT, bool WHOLE, bool EDV, bool LAGK>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -280,6 +294,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   constexpr int QS = FC_HPB256_QS;
   constexpr int XN = WHOLE ? FC_HPB256_BR : QS; /* queries of this warpgroup's Sᵀ (WHOLE: Sᵀ or dPᵀ) */
   static_assert(!WHOLE || NEXT, "WHOLE issues the next block's product early, as NEXT does");
+  static_assert(!EDV || WHOLE, "EDV issues dV once warpgroup 0's whole Pᵀ is in sP");
+  static_assert(!LAGK || EDV, "LAGK retires block it − 1's dK with block it's dV (EDV's wait before barrier B)");
   static_assert(FC_BWD_ROWS_PAD % FC_HPB256_BR == 0, "a query block stays inside its sequence's padded rows");
   static_assert(FC_HPB256_SMEM <= 232448, "the H100's shared memory per block");
   static_assert(2 * FC_HPB256_TILE >= 4 * FC_HPB256_OUT_TILE, "the Q ring holds both warpgroups' dK, dV tiles");
@@ -343,6 +359,17 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_wgmma_fence();
         fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
         fc_wgmma_commit();
+        if constexpr (LAGK) {
+          /* Block 0 issues "block −1's" dK like every block: zeros of sdS buffer 1 times Q_0 (stage 0), so that
+           * every trip commits the same groups. Both warpgroups zero it (256 threads × 32 bytes) and meet before
+           * either wgmma reads it; warpgroup 1 waits for Q_0 as well (it waited for dO_0 only). */
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            fc_st_shared_f32x2(sPS + 2 * FC_HPB256_PS + FC_HPB256_PS + 32 * (threadIdx.x - 128) + 8 * e, 0.0f, 0.0f);
+          fc_fence_proxy_async();
+          fc_named_barrier(FC_HPB_BAR_DS_ALL, 256);
+          if (cw) fc_mbar_wait(Q_FULL(0), 0);
+        }
       }
     } else if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
       fc_mbar_wait(Q_FULL(0), 0);
@@ -360,6 +387,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const uint32_t sL = sLse + s * FC_HPB256_ROWS + 4 * QS * cw, sD = sDsum + 4 * QS * cw;
       const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 
+#define MARK(k) \
+  do {      \
+    if (ct == 0) FC_HPB_MARK_AT(1 + cw, it, k); \
+  } while (0)
+      MARK(1);
       if constexpr (WHOLE) {
         /* Warpgroup 0's Sᵀ or warpgroup 1's dPᵀ (issued by the last trip or the prologue); warpgroup 0 forms Pᵀ and
          * hands it to warpgroup 1 through sP and named barrier P (bar.arrive: warpgroup 0 goes on to barrier B),
@@ -367,6 +399,15 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
          * the split order. A wait 0 first, as NEXT's. */
         fc_wgmma_wait<0>();
         fc_fence_regs(st);
+        MARK(2);
+        if constexpr (LAGK) {
+          /* dK_j += dSᵀ·Q of block it − 1 (its sdS buffer, its Q stage; block 0: zeros times Q_0, above), issued here
+           * so that it runs beside warpgroup 0's exponentials, where the tensor pipe had nothing to do */
+          fc_wgmma_fence();
+          fc_hpb256_kv_chain<T>(dk, sPS + ((it + 1) & 1) * 2 * FC_HPB256_PS + FC_HPB256_PS,
+                                sQ + (it > 0 ? (it + 1) & 1 : 0) * FC_HPB256_TILE + d_cols);
+          fc_wgmma_commit();
+        }
         fc_fence_proxy_async(); /* after the async proxy's reads of this buffer (block it − 2), before these writes */
         if (cw == 0) {
           /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
@@ -374,15 +415,48 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
           fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sk, shift, wl, wr);
           fc_hpb256_store_half<T, XN>(st, sP, 0, warp, g, t);
-          fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P: Pᵀ is in sP (bar.arrive orders the writes) */
+          MARK(3);
+          if constexpr (EDV) {
+            fc_fence_proxy_async(); /* the writes, before both warpgroups' dV wgmmas read them */
+            fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P */
+            fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* all of this warpgroup's Pᵀ is in sP, before its dV */
+          } else {
+            fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P: Pᵀ is in sP (bar.arrive orders writes) */
+          }
           /* dO_i for dV: warpgroup 1 waited for it before its dPᵀ; waiting here too keeps each reader's own wait on
            * the fill it reads, as the split order does (it is complete by now) */
           fc_mbar_wait(do_full, it & 1);
         } else {
-          fc_named_barrier(FC_HPB256_BAR_P, 256);           /* P: warpgroup 0's Pᵀ of this block is in sP */
-          fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-          fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
-          fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK (as warpgroup 0's wait for dO_i) */
+          fc_named_barrier(FC_HPB256_BAR_P, 256); /* P: warpgroup 0's Pᵀ of this block is in sP */
+          MARK(3);
+          if constexpr (!EDV) {
+            fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+            fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
+            fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK (as warpgroup 0's wait for dO_i) */
+          }
+        }
+        if constexpr (EDV) {
+          /* dV_j += Pᵀ·dO_i now, by both warpgroups at the same place (its inputs are in): its wgmmas run beside
+           * warpgroup 1's dSᵀ, and dO_i is released before barrier B rather than after it, so that the single dO
+           * buffer's next fill (which warpgroup 1's next dPᵀ waits for) starts a dV and a dQ_0 earlier */
+          fc_wgmma_fence();
+          fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
+          fc_wgmma_commit();
+          MARK(4);
+          if (cw == 1) {
+            fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+            fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
+          }
+          MARK(5);
+          fc_wgmma_wait<0>(); /* dV (LAGK: and block it − 1's dK) */
+          fc_fence_regs(dv);
+          fc_mbar_arrive_if(do_empty, true); /* dO_i, D_i are read: every consumer thread releases them */
+          if constexpr (LAGK) {
+            fc_fence_regs(dk);
+            fc_mbar_arrive_if(Q_EMPTY((it + 1) & 1), it > 0); /* Q_{i−1}, lse2_{i−1} are read */
+          }
+          MARK(6);
+          if (cw == 1) fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK */
         }
         fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
       } else {
@@ -429,29 +503,36 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
        * barrier B). */
       if (ct == 0) fc_bulk_wait_read<0>();
       fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* B: both warpgroups' halves of Pᵀ, dSᵀ are in shared memory */
+      MARK(7);
 
       /* dV_j += Pᵀ·dO_i, dQ_i = dS·K_j (two 64-column halves of this warpgroup's 128), dK_j += dSᵀ·Q_i: four groups,
        * in the order their results are needed */
       float dq0[32], dq1[32];
       fc_wgmma_fence();
-      fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
-      fc_wgmma_commit();
+      if constexpr (!EDV) {
+        fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
+        fc_wgmma_commit();
+      }
       fc_hpb_dq<T, 64>(dq0, sdS, sK + d_cols);
       fc_wgmma_commit();
       fc_hpb_dq<T, 64>(dq1, sdS, sK + d_cols + FC_HPB256_HALF);
       fc_wgmma_commit();
-      fc_hpb256_kv_chain<T>(dk, sdS, q_tile + d_cols);
-      fc_wgmma_commit();
+      if constexpr (!LAGK) {
+        fc_hpb256_kv_chain<T>(dk, sdS, q_tile + d_cols);
+        fc_wgmma_commit();
+      }
 
-      fc_wgmma_wait<2>(); /* dV, dQ_0; dQ_1, dK may still run */
-      fc_fence_regs(dv);
+      fc_wgmma_wait<LAGK ? 1 : 2>(); /* (dV,) dQ_0; dQ_1 (, dK) may still run */
+      if constexpr (!EDV) fc_fence_regs(dv);
       fc_fence_regs(dq0);
-      /* dO_i, D_i are read (dPᵀ and dV retired, D_i in registers): every consumer thread releases them */
-      fc_mbar_arrive_if(do_empty, true);
+      /* dO_i, D_i are read (dPᵀ and dV retired, D_i in registers): every consumer thread releases them (EDV: above) */
+      if constexpr (!EDV) fc_mbar_arrive_if(do_empty, true);
+      MARK(8);
       /* the blocked sum's head-rows hh·total_pad + pad0 + q0 (a multiple of 64), tile 2c + h of the row's four */
       float *dq_dst =
           a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * FC_HPB256_D + 2 * cw * FC_BWD_DQ_TILE * FC_HPB256_DQ_W;
       fc_hpb_dq_tile_add<64>(dq0, dq_tile, dq_dst, warp, g, t, ct, FC_HPB_BAR_DS + cw);
+      MARK(9);
 
       if constexpr (NEXT) {
         /* Block it + 1's Sᵀ behind dQ_1 and dK, now that dQ_0's registers are free; the last block issues its own
@@ -471,27 +552,43 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           fc_hpb256_s_chain<T>(st, sK, sQ + (nx & 1) * FC_HPB256_TILE + q_rows);
         }
         fc_wgmma_commit();
-        fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
+        MARK(10);
+        fc_wgmma_wait<LAGK ? 1 : 2>(); /* dQ_1; (dK,) the next Sᵀ may still run */
       } else {
         fc_wgmma_wait<1>(); /* dQ_1; dK may still run */
       }
       fc_fence_regs(dq1);
+      MARK(11);
       if (ct == 0) fc_bulk_wait_read<0>();       /* dQ_0's bulk add has read the tile ... */
       fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone of the warpgroup writes it again */
       fc_hpb_dq_tile_add<64>(dq1, dq_tile, dq_dst + FC_BWD_DQ_TILE * FC_HPB256_DQ_W, warp, g, t, ct,
                              FC_HPB_BAR_DS + cw);
+      MARK(12);
 
-      if constexpr (NEXT)
-        fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
-      else
-        fc_wgmma_wait<0>(); /* dK */
-      fc_fence_regs(dk);
-      /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
-      fc_mbar_arrive_if(Q_EMPTY(s), true);
+      if constexpr (!LAGK) { /* LAGK: dK is issued, waited for and Q_i released in block it + 1 */
+        if constexpr (NEXT)
+          fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
+        else
+          fc_wgmma_wait<0>(); /* dK */
+        fc_fence_regs(dk);
+        /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
+        fc_mbar_arrive_if(Q_EMPTY(s), true);
+      }
+      MARK(13);
+#undef MARK
     }
-    if constexpr (NEXT) { /* the discarded Sᵀ */
+    if constexpr (LAGK) { /* the last block's dK (its sdS buffer and Q stage: no fill follows) */
+      if (n_iter > 0) {
+        fc_wgmma_fence();
+        fc_hpb256_kv_chain<T>(dk, sPS + ((n_iter - 1) & 1) * 2 * FC_HPB256_PS + FC_HPB256_PS,
+                              sQ + ((n_iter - 1) & 1) * FC_HPB256_TILE + d_cols);
+        fc_wgmma_commit();
+      }
+    }
+    if constexpr (NEXT) { /* the discarded Sᵀ (LAGK: and the last dK) */
       fc_wgmma_wait<0>();
       fc_fence_regs(st);
+      if constexpr (LAGK) fc_fence_regs(dk);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();

@@ -15,6 +15,13 @@ one per SM). Marks:
   6 dSᵀ stored    7 barrier passed (both warpgroups' dSᵀ; sdQ free)          8 dV, dQ ready (dQ, dK issued)
   9 dQ tile added (bulk add issued)   10 dK ready (next Sᵀ issued)   11 dPᵀ issued (the NEXT kernels: D = 128)
   producer: 0 before the wait for a free stage, 1 after it (fill issued).
+The head-dim-256 kernel (src/cuda/hopper_bwd_d256.cuh, WHOLE and EDV: FLASHC_HOPPER_BWD_D256 = 3, 4; cases with
+D = 256) has its own marks, thread 0 of each consumer warpgroup:
+  1 block entry   2 Sᵀ (warpgroup 0) or dPᵀ (1) ready   3 Pᵀ stored (0) or barrier P passed (1)
+  4 dV issued (EDV)   5 dSᵀ stored (1; EDV)   6 dV retired, dO released (EDV)   7 barrier B passed
+  8 dQ_0 ready (dQ, dK issued)   9 dQ_0 tile added   10 the next block's Sᵀ / dPᵀ issued (after its fill's wait)
+  11 dQ_1 ready   12 dQ_1 tile added   13 dK ready, Q released
+  producer: 0, 1 around the wait for a free Q stage; 2, 3 around the wait for the dO buffer.
 Printed per case (bf16, TARGETS.md's shapes: 16k tokens, width 2048), medians over the steady blocks (each CTA's
 blocks 2 .. n − 2) of the 132 CTAs, in SM cycles: the block period; each warpgroup's split of a block at its marks;
 how far warpgroup 1 runs behind warpgroup 0 (its mark 1 minus 0's, same block); the producer's wait for a stage. A
@@ -39,6 +46,12 @@ SPLITS = [(1, 2, "wait S"), (2, 3, "P pass"), (3, 4, "dV issue, wait dP"), (4, 5
           (8, 9, "dQ tile + add"), (9, 10, "next S issue, wait dK"), (10, 1, "release, next entry")]
 # parts of a split, printed where their marks are there (11: the NEXT kernels, after dPᵀ's issue)
 SUBSPLITS = [(2, 11, "  of which dP issue"), (11, 3, "  of which P maths")]
+D256_SPLITS = [(1, 2, "wait Sᵀ (0) / dPᵀ (1)"), (2, 3, "P pass (0) / wait P (1)"), (3, 4, "dV issue"),
+               (4, 5, "dS maths, store (1)"), (5, 6, "wait dV, release dO"), (6, 7, "wait Q, barrier B"),
+               (7, 8, "dQ/dK issue, wait dQ_0"), (8, 9, "dQ_0 tile + add"), (9, 10, "fill wait, next issue"),
+               (10, 11, "wait dQ_1"), (11, 12, "dQ_1 tile + add"), (12, 13, "wait dK, release Q"),
+               (13, 1, "next entry")]
+D256_SUBSPLITS = [(3, 7, "  P to barrier B")]
 
 
 def med(xs):
@@ -55,9 +68,12 @@ def clocks(buf, cta, slot):
     return out
 
 
-def analyse(buf, title):
-    split = {c: {s[2]: [] for s in SPLITS + SUBSPLITS} for c in (0, 1)}
-    period, lag, prod_wait, blocks = [], [], [], []
+def analyse(buf, title, d256=None):
+    if d256 is None:  # --load: the case is in the file's name
+        d256 = "-256-" in title or "d256" in title
+    splits, subsplits = (D256_SPLITS, D256_SUBSPLITS) if d256 else (SPLITS, SUBSPLITS)
+    split = {c: {s[2]: [] for s in splits + subsplits} for c in (0, 1)}
+    period, lag, prod_wait, do_wait, blocks = [], [], [], [], []
     for cta in range(CTAS):
         wg = [clocks(buf, cta, 1 + c) for c in (0, 1)]
         n_blocks = len(wg[0])
@@ -68,7 +84,7 @@ def analyse(buf, title):
         for c in (0, 1):
             for n in steady:
                 m, nx = wg[c].get(n, {}), wg[c].get(n + 1, {})
-                for a, b, name in SPLITS + SUBSPLITS:
+                for a, b, name in splits + subsplits:
                     end = nx.get(1) if b == 1 else m.get(b)
                     if a in m and end is not None:
                         split[c][name].append(end - m[a])
@@ -81,19 +97,22 @@ def analyse(buf, title):
         for n in steady:
             if 0 in prod.get(n, {}) and 1 in prod.get(n, {}):
                 prod_wait.append(prod[n][1] - prod[n][0])
+            if 2 in prod.get(n, {}) and 3 in prod.get(n, {}):
+                do_wait.append(prod[n][3] - prod[n][2])
     print(f"\n== {title}: {len(blocks)} CTAs traced, {med(blocks):.0f} blocks each (median); block period "
           f"(warpgroup 0) {med(period):.0f} cycles")
     print(f"  {'split of a block':28s} {'wg 0':>7s} {'wg 1':>7s}")
-    for _, _, name in SPLITS + SUBSPLITS:
+    for _, _, name in splits + subsplits:
         if split[0][name] or split[1][name]:
             print(f"  {name:28s} {med(split[0][name]):7.0f} {med(split[1][name]):7.0f}")
-    tot = [sum(med(split[c][s[2]]) for s in SPLITS) for c in (0, 1)]
+    tot = [sum(med(split[c][s[2]]) for s in splits if split[c][s[2]]) for c in (0, 1)]
     print(f"  {'sum of medians':28s} {tot[0]:7.0f} {tot[1]:7.0f}")
     q = sorted(lag)
     if q:
         print(f"  warpgroup 1 behind 0 at entry: median {med(q):.0f} (quartiles {q[len(q) // 4]:.0f} .. "
               f"{q[3 * len(q) // 4]:.0f})")
-    print(f"  producer: wait for a free stage, median {med(prod_wait):.0f}")
+    print(f"  producer: wait for a free stage, median {med(prod_wait):.0f}" +
+          (f"; for the dO buffer, median {med(do_wait):.0f}" if do_wait else ""))
 
 
 def main():
@@ -113,7 +132,7 @@ def main():
         ms, buf = traced_call(lib, "fc_hopper_bwd", bwd, a.warmup)
         if a.dump:
             np.savez_compressed(f"{a.dump}-{d}-{s}-{causal}.npz", buf=buf)
-        analyse(buf, f"d{d} s{s} c{causal} ({ms:.3f} ms traced)")
+        analyse(buf, f"d{d} s{s} c{causal} ({ms:.3f} ms traced)", d256=d > 128)
 
 
 if __name__ == "__main__":
