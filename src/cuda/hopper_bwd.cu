@@ -939,15 +939,17 @@ static flashc_status fc_hpb_persist_get(const fc_problem *p, int version, int *m
 }
 
 /* The head-dim-256 kernel (FLASHC_HOPPER_BWD_D256, read at every call, like the variables above; only at head dims
- * past 128): 3 (unset) runs the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel<T, NEXT = true, WHOLE =
- * true> (hopper_bwd_d256.cuh: each consumer warpgroup one whole product at N = 64, Sᵀ or dPᵀ), 1 with WHOLE = false
- * (half of both at N = 32 each, above the shared-memory rate), 2 that without NEXT (every wgmma group waited for
- * within its block); 0 refuses those head dims, so that auto takes cuda-mma's backward. H100, session 10 (bf16, 16k
- * tokens; bench/results/configs/hopper-bwd-d256.txt): 1 runs 1.0–1.26× cuDNN, 1.5–1.7× SDPA flash, 1.4× cuda-mma;
- * 3 +0.9..5.9 % over 1 at every cell, 2 0.88–0.99× of 1. *variant: 0 off, else the value. */
+ * past 128): 4 (unset) runs the backward at d = 129 .. 256 with fc_hopper_bwd_d256_kernel<T, NEXT = true, WHOLE =
+ * true, EDV = true> (hopper_bwd_d256.cuh: each consumer warpgroup one whole product at N = 64, Sᵀ or dPᵀ, and dV
+ * issued before the block's barrier B), 3 the same with dV after B, 1 with WHOLE = false (half of both at N = 32 each,
+ * above the shared-memory rate), 2 that without NEXT (every wgmma group waited for within its block); 0 refuses those
+ * head dims, so that auto takes cuda-mma's backward. H100, session 10 (bf16, 16k tokens; bench/results/configs/
+ * hopper-bwd-d256.txt): 1 runs 1.0–1.26× cuDNN, 1.5–1.7× SDPA flash, 1.4× cuda-mma; 3 +0.9..5.9 % over 1 at every
+ * cell, 2 0.88–0.99× of 1. Session 27 (configs/hopper-s27-d256-bwd.txt): 4 +0.9..2.0 % over 3 (three A/B runs).
+ * *variant: 0 off, else the value. */
 static flashc_status fc_hpb_d256_get(int *variant) {
-  static const char *const names[] = {"0", "1", "2", "3", "4", "5"};
-  return fc_env_choice("FLASHC_HOPPER_BWD_D256", names, (int)(sizeof names / sizeof names[0]), 3,
+  static const char *const names[] = {"0", "1", "2", "3", "4"};
+  return fc_env_choice("FLASHC_HOPPER_BWD_D256", names, (int)(sizeof names / sizeof names[0]), 4,
                        "flashc_backward (cuda-hopper)", variant);
 }
 
@@ -983,11 +985,10 @@ static flashc_status fc_hpb_launch_d256(const fc_problem *p, const CUtensorMap m
                                         int grid) {
   int variant = 0;
   FC_CHECK(fc_hpb_d256_get(&variant));
-  const fc_hpb_kernel_fn kernel = variant == 2   ? fc_hopper_bwd_d256_kernel<T, false, false, false, false>
-                                  : variant == 3 ? fc_hopper_bwd_d256_kernel<T, true, true, false, false>
-                                  : variant == 4 ? fc_hopper_bwd_d256_kernel<T, true, true, true, false>
-                                  : variant == 5 ? fc_hopper_bwd_d256_kernel<T, true, true, true, true>
-                                                 : fc_hopper_bwd_d256_kernel<T, true, false, false, false>;
+  const fc_hpb_kernel_fn kernel = variant == 2   ? fc_hopper_bwd_d256_kernel<T, false, false, false>
+                                  : variant == 3 ? fc_hopper_bwd_d256_kernel<T, true, true, false>
+                                  : variant == 4 ? fc_hopper_bwd_d256_kernel<T, true, true, true>
+                                                 : fc_hopper_bwd_d256_kernel<T, true, false, false>;
   const size_t smem = FC_HPB256_SMEM;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_backward: backend cuda-hopper (head dim 256)"));
   kernel<<<grid, FC_HPB_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);

@@ -1,6 +1,6 @@
 /* hopper_bwd_d256.cuh — cuda-hopper's dK/dV kernel at head dim 256 (d in 129 .. 256; verified on the H100 in session
- * 10, tools/hopper/BWD-NOTES.md, "D = 256 backward": FLASHC_HOPPER_BWD_D256 = 3, WHOLE, at the end of this comment,
- * the default; = 1 the order described first). Included by
+ * 10, tools/hopper/BWD-NOTES.md, "D = 256 backward": FLASHC_HOPPER_BWD_D256 = 4, EDV, at the end of this comment,
+ * the default since session 27, on WHOLE (= 3, before it); = 1 the order described first). Included by
  * hopper_bwd.cu only, after its device helpers (fc_hpb_*), whose Pᵀ/dSᵀ passes, dQ wgmma chain, bulk dQ tile add,
  * dK/dV tile store, blocked dQ sum and row passes it shares.
  *
@@ -144,7 +144,14 @@
  * dO_i before B, so that the producer refills the single dO buffer a dV and a dQ_0 earlier than WHOLE does (warpgroup
  * 1's next dPᵀ waits for that fill); after B three groups (dQ_0, dQ_1, dK) where WHOLE has four, the waits otherwise
  * the same. sP [it % 2]'s last reader is now block it's dV, retired before B of block it. Registers as WHOLE's; ptxas
- * (nvcc 13.0, sm_90a): 0 spills, 48 HGMMA. The protocol: bwd_d256_model.py's EDV kind. */
+ * (nvcc 13.0, sm_90a): 0 spills, 48 HGMMA. The protocol: bwd_d256_model.py's EDV kind. H100 (bf16, steady state,
+ * three A/B runs): +0.9..2.0 % over WHOLE at d256 2k-8k causal and 4k full. Its timeline (tools/hopper/trace_bwd.py,
+ * d256 4k full, ~5800 cycles a block): the two dQ tile adds take ~850-930 cycles each per warpgroup, the next
+ * block's issue ~1000 (the tensor pipe is busy then), warpgroup 0's exponentials ~600 and warpgroup 1's dSᵀ ~700 with
+ * little tensor work beside them. Tried on top and not kept (session 27): dQ added from registers by
+ * red.global.add.v4 instead of the tile (0.70-0.75×: each add took 1700-2500 cycles), and block it's dK issued at the
+ * top of block it + 1 beside the exponentials (within 0.4 % of EDV: the exponentials slowed by as much; branch
+ * wip/bwd-d256-lagk-s27). */
 #ifndef FLASHC_CUDA_HOPPER_BWD_D256_CUH
 #define FLASHC_CUDA_HOPPER_BWD_D256_CUH
 
@@ -283,9 +290,10 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
 
 /* The D = 256 dK/dV kernel (the header above). NEXT: block i + 1's Sᵀ is issued behind block i's dQ_1 and dK
  * (FLASHC_HOPPER_BWD_D256 = 1); without it every group is waited for within its block (= 2, for comparisons and as
- * a fallback). WHOLE (= 3, with NEXT; the default, +1..6 % over 1 on the H100): warpgroup 0 computes all of Sᵀ,
- * warpgroup 1 all of dPᵀ, at N = 64 (the header's "WHOLE"). */
-template <typename T, bool NEXT, bool WHOLE, bool EDV, bool LAGK>
+ * a fallback). WHOLE (= 3, with NEXT; +1..6 % over 1 on the H100): warpgroup 0 computes all of Sᵀ, warpgroup 1 all
+ * of dPᵀ, at N = 64 (the header's "WHOLE"). EDV (= 4, with WHOLE; the default, +0.9..2.0 % over 3): dV issued before
+ * barrier B (the header's "EDV"). */
+template <typename T, bool NEXT, bool WHOLE, bool EDV>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -295,7 +303,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   constexpr int XN = WHOLE ? FC_HPB256_BR : QS; /* queries of this warpgroup's Sᵀ (WHOLE: Sᵀ or dPᵀ) */
   static_assert(!WHOLE || NEXT, "WHOLE issues the next block's product early, as NEXT does");
   static_assert(!EDV || WHOLE, "EDV issues dV once warpgroup 0's whole Pᵀ is in sP");
-  static_assert(!LAGK || EDV, "LAGK retires block it − 1's dK with block it's dV (EDV's wait before barrier B)");
   static_assert(FC_BWD_ROWS_PAD % FC_HPB256_BR == 0, "a query block stays inside its sequence's padded rows");
   static_assert(FC_HPB256_SMEM <= 232448, "the H100's shared memory per block");
   static_assert(2 * FC_HPB256_TILE >= 4 * FC_HPB256_OUT_TILE, "the Q ring holds both warpgroups' dK, dV tiles");
@@ -359,17 +366,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_wgmma_fence();
         fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
         fc_wgmma_commit();
-        if constexpr (LAGK) {
-          /* Block 0 issues "block −1's" dK like every block: zeros of sdS buffer 1 times Q_0 (stage 0), so that
-           * every trip commits the same groups. Both warpgroups zero it (256 threads × 32 bytes) and meet before
-           * either wgmma reads it; warpgroup 1 waits for Q_0 as well (it waited for dO_0 only). */
-#pragma unroll
-          for (int e = 0; e < 4; e++)
-            fc_st_shared_f32x2(sPS + 2 * FC_HPB256_PS + FC_HPB256_PS + 32 * (threadIdx.x - 128) + 8 * e, 0.0f, 0.0f);
-          fc_fence_proxy_async();
-          fc_named_barrier(FC_HPB_BAR_DS_ALL, 256);
-          if (cw) fc_mbar_wait(Q_FULL(0), 0);
-        }
       }
     } else if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
       fc_mbar_wait(Q_FULL(0), 0);
@@ -387,9 +383,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const uint32_t sL = sLse + s * FC_HPB256_ROWS + 4 * QS * cw, sD = sDsum + 4 * QS * cw;
       const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 
-#define MARK(k) \
-  do {      \
-    if (ct == 0) FC_HPB_MARK_AT(1 + cw, it, k); \
+#define MARK(k)                                                                                                        \
+  do {                                                                                                                 \
+    if (ct == 0) FC_HPB_MARK_AT(1 + cw, it, k);                                                                        \
   } while (0)
       MARK(1);
       if constexpr (WHOLE) {
@@ -400,14 +396,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         fc_wgmma_wait<0>();
         fc_fence_regs(st);
         MARK(2);
-        if constexpr (LAGK) {
-          /* dK_j += dSᵀ·Q of block it − 1 (its sdS buffer, its Q stage; block 0: zeros times Q_0, above), issued here
-           * so that it runs beside warpgroup 0's exponentials, where the tensor pipe had nothing to do */
-          fc_wgmma_fence();
-          fc_hpb256_kv_chain<T>(dk, sPS + ((it + 1) & 1) * 2 * FC_HPB256_PS + FC_HPB256_PS,
-                                sQ + (it > 0 ? (it + 1) & 1 : 0) * FC_HPB256_TILE + d_cols);
-          fc_wgmma_commit();
-        }
         fc_fence_proxy_async(); /* after the async proxy's reads of this buffer (block it − 2), before these writes */
         if (cw == 0) {
           /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
@@ -448,13 +436,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
             fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
           }
           MARK(5);
-          fc_wgmma_wait<0>(); /* dV (LAGK: and block it − 1's dK) */
+          fc_wgmma_wait<0>(); /* dV */
           fc_fence_regs(dv);
           fc_mbar_arrive_if(do_empty, true); /* dO_i, D_i are read: every consumer thread releases them */
-          if constexpr (LAGK) {
-            fc_fence_regs(dk);
-            fc_mbar_arrive_if(Q_EMPTY((it + 1) & 1), it > 0); /* Q_{i−1}, lse2_{i−1} are read */
-          }
           MARK(6);
           if (cw == 1) fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK */
         }
@@ -517,12 +501,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_wgmma_commit();
       fc_hpb_dq<T, 64>(dq1, sdS, sK + d_cols + FC_HPB256_HALF);
       fc_wgmma_commit();
-      if constexpr (!LAGK) {
-        fc_hpb256_kv_chain<T>(dk, sdS, q_tile + d_cols);
-        fc_wgmma_commit();
-      }
+      fc_hpb256_kv_chain<T>(dk, sdS, q_tile + d_cols);
+      fc_wgmma_commit();
 
-      fc_wgmma_wait<LAGK ? 1 : 2>(); /* (dV,) dQ_0; dQ_1 (, dK) may still run */
+      fc_wgmma_wait<2>(); /* (dV,) dQ_0; dQ_1, dK may still run */
       if constexpr (!EDV) fc_fence_regs(dv);
       fc_fence_regs(dq0);
       /* dO_i, D_i are read (dPᵀ and dV retired, D_i in registers): every consumer thread releases them (EDV: above) */
@@ -553,7 +535,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         }
         fc_wgmma_commit();
         MARK(10);
-        fc_wgmma_wait<LAGK ? 1 : 2>(); /* dQ_1; (dK,) the next Sᵀ may still run */
+        fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
       } else {
         fc_wgmma_wait<1>(); /* dQ_1; dK may still run */
       }
@@ -565,30 +547,19 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
                              FC_HPB_BAR_DS + cw);
       MARK(12);
 
-      if constexpr (!LAGK) { /* LAGK: dK is issued, waited for and Q_i released in block it + 1 */
-        if constexpr (NEXT)
-          fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
-        else
-          fc_wgmma_wait<0>(); /* dK */
-        fc_fence_regs(dk);
-        /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
-        fc_mbar_arrive_if(Q_EMPTY(s), true);
-      }
+      if constexpr (NEXT)
+        fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
+      else
+        fc_wgmma_wait<0>(); /* dK */
+      fc_fence_regs(dk);
+      /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
+      fc_mbar_arrive_if(Q_EMPTY(s), true);
       MARK(13);
 #undef MARK
     }
-    if constexpr (LAGK) { /* the last block's dK (its sdS buffer and Q stage: no fill follows) */
-      if (n_iter > 0) {
-        fc_wgmma_fence();
-        fc_hpb256_kv_chain<T>(dk, sPS + ((n_iter - 1) & 1) * 2 * FC_HPB256_PS + FC_HPB256_PS,
-                              sQ + ((n_iter - 1) & 1) * FC_HPB256_TILE + d_cols);
-        fc_wgmma_commit();
-      }
-    }
-    if constexpr (NEXT) { /* the discarded Sᵀ (LAGK: and the last dK) */
+    if constexpr (NEXT) { /* the discarded Sᵀ */
       fc_wgmma_wait<0>();
       fc_fence_regs(st);
-      if constexpr (LAGK) fc_fence_regs(dk);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();

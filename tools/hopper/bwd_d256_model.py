@@ -1,5 +1,5 @@
 """A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh,
-FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without, 3: WHOLE, 4: WHOLE with EDV, 5: EDV with LAGK), run under random interleavings with bwd_v2_model.py's
+FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without, 3: WHOLE, 4: WHOLE with EDV), run under random interleavings with bwd_v2_model.py's
 machinery. Agents: the producer thread (Q_i, lse2_i into a ring of 2 stages; dO_i, D_i into one buffer), the two
 consumer warpgroups (each one agent: its 128 threads pass every step together), and the asynchronous units: TMA copies
 landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of sdQ.
@@ -16,15 +16,12 @@ Checks, each at the moment it matters:
     counts it (arrivals of either warpgroup; bar.arrive does not wait);
   - EDV (WHOLE with dV issued before barrier B: warpgroup 0 once its Pᵀ is in sP, warpgroup 1 right after barrier P,
     both releasing dO_i once their dV retired, before B): dV finds Pᵀ of its block in sP and dO_i in the buffer;
-  - LAGK (EDV with block it's dK issued at the top of block it + 1, retired with its dV, the Q stage released there;
-    block 0 issues a dK of zeros, sdS buffer 1 zeroed by both warpgroups before the loop, times Q_0; the last block's
-    dK after the loop): each dK finds its block's dSᵀ (or both halves of the zeros) and Q_i;
   - sdQ: a warpgroup writes its tile (twice per block) only when no bulk add still reads it, and each bulk add reads
     what it was issued for;
   - registers: Sᵀ, dPᵀ, both dQ halves are read only after their group retired; dK, dV at the end after all.
 Deliberately broken protocols (MUTATIONS) must each be caught in every kernel they concern.
 
-    python3 tools/hopper/bwd_d256_model.py      (NEXT, plain, WHOLE, EDV, LAGK; 0..9, 13, 24 blocks; 300 seeds each; the
+    python3 tools/hopper/bwd_d256_model.py      (NEXT, plain, WHOLE, EDV; 0..9, 13, 24 blocks; 300 seeds each; the
                                                  mutations)
 """
 import os
@@ -50,18 +47,14 @@ MUTATIONS = {
     "whole_next_do_parity": "WHOLE: warpgroup 1's early dPᵀ waits for dO with block it's parity",
     "edv_before_bar_p": "EDV: warpgroup 1 issues dV before barrier P",
     "edv_no_do_wait": "EDV: warpgroup 0 issues dV without its wait for dO_i",
-    "lagk_release_q_early": "LAGK: Q_{i-1} released before the wait that retires its dK",
-    "lagk_no_zero_bar": "LAGK: no barrier between the zeroing of sdS buffer 1 and block 0's dK",
 }
 WHOLE_ONLY = ("no_bar_p", "p_arrive_early", "p_arrive_after_b", "whole_next_do_parity")
 EDV_ONLY = ("edv_before_bar_p", "edv_no_do_wait")
-LAGK_ONLY = ("lagk_release_q_early", "lagk_no_zero_bar")
 
 
-def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=False):
+def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
     assert nxt or not whole  # WHOLE runs the NEXT order
     assert whole or not edv  # EDV runs the WHOLE order
-    assert edv or not lagk  # LAGK runs the EDV order
     rng = random.Random(seed)
     q_full, q_empty = [MBar(1), MBar(1)], [MBar(2), MBar(2)]  # one arrival per warpgroup stands for its 128 threads'
     do_full, do_empty = MBar(1), MBar(2)
@@ -75,7 +68,6 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
     tma = []  # in-flight fills: ("q", s, block) or ("do", 0, block)
     bar3 = {"arrived": 0, "gen": 0}
     barp = {"arrived": 0, "gen": 0}  # WHOLE's named barrier P: completes at two warpgroups' arrivals, whoever's
-    zeroed = set()  # LAGK: the warpgroups whose half of sdS buffer 1's zeros is written
     done = [False, False, False]
 
     def inflight_reads(res):
@@ -127,9 +119,6 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
         """WHOLE: Pᵀ (warpgroup 0) or dSᵀ (1) into buffer buf, barrier P, the wait for the other fill."""
         yield from wait_groups(c, 0)
         need(c, "S" if c == 0 else "dP", it, "Sᵀ" if c == 0 else "dPᵀ")
-        if lagk:
-            lagk_dk(c, it - 1)
-            yield
         if c == 0:
             check(q_block[s] == it, f"wg0 reads lse2 of block {it} from stage {s} = {q_block[s]}")
             if mutation == "p_arrive_early":
@@ -182,38 +171,11 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
         if mutation == "release_do_before_dv":
             do_holds.discard(c)
             do_empty.arrive()
-        if lagk and it > 0 and mutation == "lagk_release_q_early":
-            q_release(c, (it - 1) & 1)
         yield from wait_groups(c, 0)
         need(c, "dV", it, "dV")
         if mutation != "release_do_before_dv":
             do_holds.discard(c)
             do_empty.arrive()
-        if lagk:
-            need(c, "dK", it - 1, "dK (the Q stage's release)")
-            if it > 0 and mutation != "lagk_release_q_early":
-                q_release(c, (it - 1) & 1)
-
-    def lagk_zero(c):
-        """LAGK, before the loop: this warpgroup's half of sdS buffer 1's zeros, the 256-thread barrier, warpgroup 1's
-        wait for Q_0."""
-        check(not inflight_reads(("ps", 1, 1)), f"wg{c} zeroes sdS[1] under a wgmma that reads it")
-        zeroed.add(c)
-        yield
-        if mutation != "lagk_no_zero_bar":
-            yield from barrier3(c)
-        if c == 1:  # the barrier orders Q_0's landing too (warpgroup 0 waited for it): the kernel keeps this
-            yield lambda: q_full[0].passed(0)  # reader's own wait, as everywhere
-            q_holds[0].add(c)
-
-    def lagk_dk(c, blk):
-        """LAGK: dK of block blk (−1: the zeros of sdS buffer 1 times Q_0)."""
-        if blk < 0:
-            check(zeroed == {0, 1}, f"wg{c} issues block 0's dK of zeros with only {zeroed} zeroed")
-            check(c in q_holds[0], f"wg{c} reads Q_0 without holding it")
-            issue(c, "dK", blk, [(("q", 0), 0)])
-        else:
-            issue(c, "dK", blk, [(("ps", blk & 1, 1), blk), (("q", blk & 1), blk)])
 
     def producer():
         for it in range(n_iter):
@@ -243,8 +205,6 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
     def consumer(c):
         if whole and n_iter > 0:
             yield from whole_first(c, 0)
-            if lagk:
-                yield from lagk_zero(c)
         elif nxt and n_iter > 0:
             yield lambda: q_full[0].passed(0)
             q_holds[0].add(c)
@@ -289,19 +249,18 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
                 issue(c, "dV", it, both + [(("do",), it)])
             issue(c, "dQ0", it, both + [(("sK",), None)])
             issue(c, "dQ1", it, both + [(("sK",), None)])
-            if not lagk:
-                issue(c, "dK", it, both + [(("q", s), it)])
+            issue(c, "dK", it, both + [(("q", s), it)])
             yield
             if mutation == "release_do_before_dv" and not edv:
                 do_holds.discard(c)
                 do_empty.arrive()
-            yield from wait_groups(c, 1 if lagk else 2)
+            yield from wait_groups(c, 2)
             need(c, "dV", it, "dV")
             need(c, "dQ0", it, "dQ_0")
             if mutation != "release_do_before_dv" and not edv:
                 do_holds.discard(c)
                 do_empty.arrive()
-            if mutation == "release_q_before_dk" and not lagk:
+            if mutation == "release_q_before_dk":
                 q_release(c, s)
             store_dq(c, it, 0)
             yield
@@ -314,20 +273,16 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
                 q_holds[nx & 1].add(c)
                 issue(c, "S", nx, [(("q", nx & 1), nx), (("sK",), None)])
             if mutation != "dq1_early":
-                yield from wait_groups(c, (1 if lagk else 2) if nxt else 1)
+                yield from wait_groups(c, 2 if nxt else 1)
             need(c, "dQ1", it, "dQ_1")
             if mutation != "no_wait_read_half":
                 yield lambda: not bulk_reads[c]
             store_dq(c, it, 1)
             yield
-            if not lagk:
-                yield from wait_groups(c, 1 if nxt else 0)
-                need(c, "dK", it, "dK (Q stage release)")
-                if mutation != "release_q_before_dk":
-                    q_release(c, s)
-        if lagk and n_iter > 0:
-            lagk_dk(c, n_iter - 1)
-            yield
+            yield from wait_groups(c, 1 if nxt else 0)
+            need(c, "dK", it, "dK (Q stage release)")
+            if mutation != "release_q_before_dk":
+                q_release(c, s)
         yield from wait_groups(c, 0)
         yield lambda: not bulk_reads[c]
         for it in range(n_iter):
@@ -353,18 +308,18 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False, lagk=Fals
     run(rng, [producer(), consumer(0), consumer(1)], done, tma, groups, bulk_reads, retired, land, bulk_read)
 
 
-KINDS = {"NEXT": (True, False, False, False), "plain": (False, False, False, False),
-         "WHOLE": (True, True, False, False), "EDV": (True, True, True, False), "LAGK": (True, True, True, True)}
+KINDS = {"NEXT": (True, False, False), "plain": (False, False, False), "WHOLE": (True, True, False),
+         "EDV": (True, True, True)}
 
 
 def main():
     failures = runs = 0
-    for kind, (nxt, whole, edv, lagk) in KINDS.items():
+    for kind, (nxt, whole, edv) in KINDS.items():
         for n_iter in list(range(0, 10)) + [13, 24]:
             for seed in range(300):
                 runs += 1
                 try:
-                    simulate(n_iter, nxt, seed, whole=whole, edv=edv, lagk=lagk)
+                    simulate(n_iter, nxt, seed, whole=whole, edv=edv)
                 except (Violation, AssertionError) as e:
                     failures += 1
                     if failures < 10:
@@ -373,20 +328,19 @@ def main():
     missed = 0
     for m, what in MUTATIONS.items():
         # the split order's own steps (Sᵀ/dPᵀ halves, their waits) are not in WHOLE: those mutations are its kinds'
-        kinds = ("WHOLE", "EDV", "LAGK") if m in WHOLE_ONLY else None
+        kinds = ("WHOLE", "EDV") if m in WHOLE_ONLY else None
         kinds = ("NEXT",) if m in ("next_wrong_parity", "do_parity_off") else kinds
-        kinds = ("EDV", "LAGK") if m in EDV_ONLY else ("LAGK",) if m in LAGK_ONLY else kinds
-        kinds = ("NEXT", "plain", "WHOLE", "EDV") if m in ("release_q_before_dk",) else kinds
-        kinds = kinds or ("NEXT", "plain", "WHOLE", "EDV", "LAGK")
+        kinds = ("EDV",) if m in EDV_ONLY else kinds
+        kinds = kinds or ("NEXT", "plain", "WHOLE", "EDV")
         if m == "do_parity_off":
             kinds = ("NEXT", "plain")
         for kind in kinds:
-            nxt, whole, edv, lagk = KINDS[kind]
+            nxt, whole, edv = KINDS[kind]
             caught = False
             for n_iter in (2, 3, 5, 8):
                 for seed in range(300):
                     try:
-                        simulate(n_iter, nxt, seed, mutation=m, whole=whole, edv=edv, lagk=lagk)
+                        simulate(n_iter, nxt, seed, mutation=m, whole=whole, edv=edv)
                     except (Violation, AssertionError):
                         caught = True
                         break

@@ -21,9 +21,9 @@ the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED); d256 (FLASHC_
 kernel, src/cuda/hopper_bwd_d256.cuh, at 128 < d <= 256 only, not deterministic; the
 d = 256 cases run in the modes d256, d256p, d256w, d256e and in env unless env sets FLASHC_HOPPER_BWD_D256=0), d256p (the
 same kernel without its next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block),
-d256w (FLASHC_HOPPER_BWD_D256=3, the library's default, WHOLE: each consumer warpgroup one whole product at N = 64,
-consumer 0 all of S^T and P^T, consumer 1 all of dP^T and dS^T), d256e (FLASHC_HOPPER_BWD_D256=4: WHOLE with dV issued
-before the block's barrier B, dO released there: EDV), d256l (=5: EDV with dK one block later, LAGK). Every check runs in each of --modes that
+d256w (FLASHC_HOPPER_BWD_D256=3, WHOLE: each consumer warpgroup one whole product at N = 64,
+consumer 0 all of S^T and P^T, consumer 1 all of dP^T and dS^T), d256e (FLASHC_HOPPER_BWD_D256=4, the library's default: WHOLE with dV
+issued before the block's barrier B, dO released there: EDV). Every check runs in each of --modes that
 applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the
 median), the first mode being the reference of the ratio columns; --bench-d picks their head dims. An A/B of two modes
 without the peers:
@@ -93,9 +93,8 @@ MODES = {"env": {v: os.environ.get(v) for v in MODE_VARS},
          "ps": _mode(None, None, None, "1", "stride"), "p3s": _mode(None, None, None, "3", "stride"),
          "pg": _mode(None, None, None, "1", "grouped"),
          "d256": _mode(None, None, None, None, None, "1"), "d256p": _mode(None, None, None, None, None, "2"),
-         "d256w": _mode(None, None, None, None, None, "3"), "d256e": _mode(None, None, None, None, None, "4"),
-         "d256l": _mode(None, None, None, None, None, "5")}
-D256_MODES = ("d256", "d256p", "d256w", "d256e", "d256l")  # the head-dim-256 kernel's (FLASHC_HOPPER_BWD_D256 = 1..5)
+         "d256w": _mode(None, None, None, None, None, "3"), "d256e": _mode(None, None, None, None, None, "4")}
+D256_MODES = ("d256", "d256p", "d256w", "d256e")  # the head-dim-256 kernel's variants (FLASHC_HOPPER_BWD_D256 = 1..4)
 modes, bench_modes = args.modes.split(","), args.bench_modes.split(",")
 for m in modes + bench_modes:
     if m not in MODES:
