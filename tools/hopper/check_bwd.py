@@ -18,13 +18,12 @@ where the default second kernel runs: D = 128 V 13 (V 3's form), D = 64 V 7 (V 2
 p3 (the same with the grid capped at 3 CTAs, FLASHC_HOPPER_BWD_PERSIST=3, so that even the small checks walk many
 tiles per CTA: the phases across tiles, empty tiles, varlen); both in the default dynamic order; ps, p3s the same in
 the stride order, pg in the grouped one (FLASHC_HOPPER_BWD_SCHED); d256 (FLASHC_HOPPER_BWD_D256=1: the head-dim-256
-kernel, src/cuda/hopper_bwd_d256.cuh, at 128 < d <= 256 only, not deterministic; the
-d = 256 cases run in the modes d256, d256p, d256w, d256e and in env unless env sets FLASHC_HOPPER_BWD_D256=0), d256p (the
-same kernel without its next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block),
-d256w (FLASHC_HOPPER_BWD_D256=3, WHOLE: each consumer warpgroup one whole product at N = 64,
-consumer 0 all of S^T and P^T, consumer 1 all of dP^T and dS^T), d256e (FLASHC_HOPPER_BWD_D256=4, the library's default: WHOLE with dV
-issued before the block's barrier B, dO released there: EDV). Every check runs in each of --modes that
-applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the
+kernel, src/cuda/hopper_bwd_d256.cuh, at 128 < d <= 256 only, not deterministic; the d = 256 cases run in the modes
+d256, d256p, d256w, d256e and in env unless env sets FLASHC_HOPPER_BWD_D256=0), d256p (the same kernel without its
+next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block), d256w
+(FLASHC_HOPPER_BWD_D256=3, WHOLE: each consumer warpgroup one whole product at N = 64, consumer 0 all of S^T and P^T,
+consumer 1 all of dP^T and dS^T), d256e (FLASHC_HOPPER_BWD_D256=4, the library's default: WHOLE with dV issued before
+the block's barrier B, dO released there: EDV). Every check runs in each of --modes that applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the
 median), the first mode being the reference of the ratio columns; --bench-d picks their head dims. An A/B of two modes
 without the peers:
 
@@ -116,9 +115,9 @@ def mode_applies(name, d, deterministic=0):
     kernel at D = 64, Br = 128) only at d <= 64 and outside deterministic mode (deterministic runs Br = 64's split
     kernel with its turns; at d > 64 they would run the D = 128 second version, which v2, v3 check); p, p3 (the
     persistent second kernel; ps, p3s, pg: its stride and grouped orders) outside deterministic mode, at both
-    head dims. Past d = 128 only the head-dim-256 kernel runs: modes d256, d256p, d256w, d256e and env (unless env turns it
-    off with FLASHC_HOPPER_BWD_D256=0), not deterministic (refused there); d256, d256p, d256w, d256e do not apply at d <= 128
-    (they would repeat env)."""
+    head dims. Past d = 128 only the head-dim-256 kernel runs: modes d256, d256p, d256w, d256e and env (unless env
+    turns it off with FLASHC_HOPPER_BWD_D256=0), not deterministic (refused there); d256, d256p, d256w, d256e do not
+    apply at d <= 128 (they would repeat env)."""
     if d > 128:
         gated_env = name == "env" and MODES["env"]["FLASHC_HOPPER_BWD_D256"] != "0"
         return not deterministic and (name in D256_MODES or gated_env)
