@@ -23,8 +23,9 @@ d256, d256p, d256w, d256e and in env unless env sets FLASHC_HOPPER_BWD_D256=0), 
 next-block S^T issue, FLASHC_HOPPER_BWD_D256=2: every wgmma group waited for within its block), d256w
 (FLASHC_HOPPER_BWD_D256=3, WHOLE: each consumer warpgroup one whole product at N = 64, consumer 0 all of S^T and P^T,
 consumer 1 all of dP^T and dS^T), d256e (FLASHC_HOPPER_BWD_D256=4, the library's default: WHOLE with dV issued before
-the block's barrier B, dO released there: EDV). Every check runs in each of --modes that applies to it; the timings time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the
-median), the first mode being the reference of the ratio columns; --bench-d picks their head dims. An A/B of two modes
+the block's barrier B, dO released there: EDV). Every check runs in each of --modes that applies to it; the timings
+time cuda-hopper in each of --bench-modes, interleaved per shape (--rounds times, the median), the first mode being
+the reference of the ratio columns; --bench-d picks their head dims. An A/B of two modes
 without the peers:
 
     python3 tools/hopper/check_bwd.py --no-check --bench-modes bulk,bulk128 --rounds 3 --no-peers
