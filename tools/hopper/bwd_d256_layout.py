@@ -1,7 +1,7 @@
 """Host-side checks of the index arithmetic of cuda-hopper's head-dim-256 backward (src/cuda/hopper_bwd_d256.cuh,
-FLASHC_HOPPER_BWD_D256=1, 2, 3; 4 adds no index of its own), which nothing but a GPU can run: every formula below is copied from the kernel and
-compared with an independent statement of what it must be (the PTX ISA's canonical 128-byte-swizzled layouts, the
-TMA box, the blocked dQ sum).
+FLASHC_HOPPER_BWD_D256=1, 2, 3; 4 adds no index of its own), which nothing but a GPU can run: every formula
+below is copied from the kernel and compared with an independent statement of what it must be (the PTX ISA's
+canonical 128-byte-swizzled layouts, the TMA box, the blocked dQ sum).
 
     python3 tools/hopper/bwd_d256_layout.py        (prints one line per check, exits 1 on a failure)
 
