@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         } else {
           fc_named_barrier(FC_HPB256_BAR_P, 256); /* P: warpgroup 0's Pᵀ of this block is in sP */
           MARK(3);
-          if constexpr (!EDV) {
+          if constexpr (!EDV) { /* WHOLE's order as verified (EDV's copy of these two calls follows its dV issue) */
             fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
             fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
             fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK (as warpgroup 0's wait for dO_i) */
