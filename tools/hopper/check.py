@@ -42,6 +42,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-gpu/libflashc.so")
 ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
 ap.add_argument("--tiny", action="store_true", help="two small shapes, causal only (racecheck, which is slow)")
+ap.add_argument("--many-tiles", action="store_true", help="only short cases with several tiles per CTA of the "
+                "persistent grid, bf16: compute-sanitizer (racecheck too) on the tile ring and the split rounds")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--variants", default=None, help="checked (default simple,overlap,pingpong,persistent,tmastore; "
@@ -185,6 +187,15 @@ def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, wan
     record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
 
 
+def sanitizer_tiles(vs, dtype):
+    """Short tiles, more per CTA of the persistent grid than the tile ring's two entries (400-800 tiles on 132 SMs),
+    and little data, so that compute-sanitizer's racecheck gets through: unmasked (the split rounds cut tiles, for two
+    and three consumer warpgroups) and bottom-right causal with sq > sk (tiles without a load between loaded ones)."""
+    check(vs, dtype, 1, 130, 130, 400, 100, 64)
+    check(vs, dtype, 1, 130, 130, 300, 75, 128)
+    check(vs, dtype, 1, 300, 100, 400, 100, 64, causal=1, align=0)
+
+
 def many_tiles(vs, dtype):
     """Cases with several tiles per CTA of the persistent grid (one CTA per SM: 132 on an H100), so that the
     barrier phases carried from tile to tile, the skipped tiles and the epilogue/next-tile overlap are exercised
@@ -202,9 +213,10 @@ def many_tiles(vs, dtype):
     # window), so each CTA's list opens with tiles without a load (the heaviest-first order puts the last query
     # blocks first) before loaded ones; the last block's rows 1100..1151 are clipped by the store
     check(vs, dtype, 2, 1100, 300, 32, 8, 64, align=1, wl=100, wr=0, layout="bhsd")
+    # d 64, full, TMA store: several loaded tiles per CTA, 384 (Br 192), the split rounds for 2 and 3 consumers
+    check(vs, dtype, 4, 1025, 1025, 16, 4, 64)
     if args.quick:
         return
-    check(vs, dtype, 4, 1025, 1025, 16, 4, 64)  # d 64, full, TMA store: several loaded tiles per CTA, 384 (Br 192)
     check(vs, dtype, 1, 0, 0, 8, 2, 128, varlen=(lens_q, lens_k), layout="bhsd")
     check(vs, dtype, 1, 2049, 2049, 32, 4, 64, wl=100, wr=50, layout="padded",  # 17 x 32 tiles; o rows of 65
           o_layout="odd")  # elements: TMA cannot store them, tmastore falls back to direct stores
@@ -239,6 +251,9 @@ def correctness():
     if args.tiny:
         shapes, masks = [(97, 97), (203, 113)], [dict(causal=1)]
     vs = args.variants.split(",")
+    if args.many_tiles:
+        sanitizer_tiles(vs, torch.bfloat16)
+        return
     n = 0
     for dtype in (torch.bfloat16, torch.float16):
         for d in (64, 128):
