@@ -741,18 +741,17 @@ static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *
  * blocks (stream-K, fc_hp_sched_split) where every tile weighs the same: no mask, no varlen. Its memory, per CTA (SM)
  * and consumer warpgroup: each thread's o, m, l (d/2 + 4 floats) in the workspace, and a flag in the handle's zeroed
  * memory (fc_device_zeroed: the merging CTA resets the flag it waited for, so no call clears them first; until
- * session 18's last runs a memset before each launch did, one more node on the stream). tmastore3 (three consumer
- * warpgroups, d64) splits too since session 28: its 192-row tiles fill 21.3 rounds at 2k and 4k (2816 tiles on 132
- * SMs: 3 % of the call idle in the last one). The fix-up costs its consumers at 160 registers 32 bytes of stack (a few
- * spills at block 0 and at the fix-up, none in the key loop: why session 18 left it out); steady state (bf16, ab.sh)
- * +1.7 % at 2k, +1.6 % at 4k, -0.1 % at 8k (20.85 rounds: 0.7 % to win), short form +2.3..2.8 % at 2k and 4k, bf16 and
- * fp16 (bench/results/configs/hopper-split-nc3-s28.txt). Session 18 (H100,
- * bench/results/configs/hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half round is
- * real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state; without
- * it 0.2-3.1 % in the short form (two rounds at 2k, 4k, 8k and 2176 tiles, 7 of 8 pairs ahead), -0.4..+0.9 % steady.
- * The waits: CTA x waits for x + 1 only, at its very end; the hardware starts CTAs in index order, so the lowest
- * CTA still waiting always has its partner running or done, even with fewer SMs free than the grid (NCCL's kernels
- * beside it): no hang. */
+ * session 18's last runs a memset before each launch did, one more node on the stream). Two consumer warpgroups only:
+ * tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles fill 20.7
+ * rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5). Session 28 built it for tmastore3
+ * (21.3 rounds at 2k and 4k): the split won +1.7 % at 2k over the same kernel with the split off, but that kernel,
+ * spilling per tile, lost 3 % at 8k to session 27's (bench/results/configs/hopper-split-nc3-s28.txt, A and E). Session
+ * 18 (H100, bench/results/configs/hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half
+ * round is real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state;
+ * without it 0.2-3.1 % in the short form (two rounds at 2k, 4k, 8k and 2176 tiles, 7 of 8 pairs ahead), -0.4..+0.9 %
+ * steady. The waits: CTA x waits for x + 1 only, at its very end; the hardware starts CTAs in index order, so the
+ * lowest CTA still waiting always has its partner running or done, even with fewer SMs free than the grid (NCCL's
+ * kernels beside it): no hang. */
 typedef struct fc_hp_split_mem {
   float *part;
   int32_t *flags;
@@ -760,9 +759,7 @@ typedef struct fc_hp_split_mem {
 static bool fc_hp_split_wanted(const fc_problem *p) {
   return p->window_left < 0 && p->window_right < 0 && !p->cu_seqlens_q && !p->cu_seqlens_k;
 }
-static size_t fc_hp_split_part_bytes(int sms, int nc, int d) {
-  return (size_t)sms * nc * 128 * (d / 2 + 4) * sizeof(float);
-}
+static size_t fc_hp_split_part_bytes(int sms, int d) { return (size_t)sms * 2 * 128 * (d / 2 + 4) * sizeof(float); }
 
 /* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others); split: the split
  * rounds' memory (NULL: whole tiles only). */
@@ -791,7 +788,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
     walk.claim = claim;
     FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
   }
-  if (split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, FC_HP_BC))) {
+  if (NC == 2 && split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, FC_HP_BC))) {
     walk.split_flag = split->flags;
     walk.split_part = split->part;
   }
@@ -982,11 +979,11 @@ static flashc_status hopper_forward(const fc_problem *p) {
   int split_on = 0;
   size_t split_bytes = 0;
   fc_device_props props;
-  if (persistent && fc_hp_split_wanted(p)) {
+  if (persistent && !three && fc_hp_split_wanted(p)) {
     static const char *const names[] = {"0", "1"};
     FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, 1, "flashc_forward (cuda-hopper)", &split_on));
     FC_CHECK(fc_device_get_props(&props));
-    if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, three ? 3 : 2, p->head_dim <= 64 ? 64 : 128);
+    if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, p->head_dim <= 64 ? 64 : 128);
   }
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));
@@ -994,7 +991,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   fc_hp_split_mem split_mem = {NULL, NULL}, *split = NULL;
   if (split_bytes) {
     void *flags = NULL;
-    FC_CHECK(fc_device_zeroed(p, (size_t)props.num_sms * (three ? 3 : 2) * sizeof(int32_t), &flags));
+    FC_CHECK(fc_device_zeroed(p, (size_t)props.num_sms * 2 * sizeof(int32_t), &flags));
     split_mem.part = (float *)((uint8_t *)ws + cu_bytes + claim_bytes);
     split_mem.flags = (int32_t *)flags;
     split = &split_mem;

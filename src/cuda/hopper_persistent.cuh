@@ -13,7 +13,7 @@
  * Q's second slot sQ1 (D = 128: 32 + 128 + 32 + 32 = 224 KB, 230,656 bytes with barriers, ring and alignment slack
  * of the 232,448 a block may have; D = 64: 16 + 96 + 16 + 16 = 144 KB; NC = 3: 24 + 96 + 24 + 24 = 168 KB), then the
  * mbarriers: q_full (1) [2], q_empty (4·NC: one arrival per consumer warp) [2], full_k, full_v (1), empty_k,
- * empty_v (4·NC) [STAGES], then the tile ring: tile_full (1), tile_empty (128·NC: one arrival per consumer thread)
+ * empty_v (4·NC) [STAGES], then the tile ring: tile_full (1), tile_empty (4·NC: lane 0 of each consumer warp)
  * [FC_HP_TILE_RING] and the entries (fc_hp_tile, 64 bytes) [FC_HP_TILE_RING].
  *
  * The tile ring (FC_HP_TILE_RING = 2 entries of 64 bytes after the barriers): the producer sets every tile of the
@@ -30,7 +30,7 @@
  * is position blockIdx.x; after the last load of each tile the producer claims the next position
  * (fc_hp_claim_position: grid + atomicAdd(claim, 1), −1 once past the last tile). Each tile is still computed whole
  * by one CTA, so the results do not depend on which CTA took it: deterministic as before.
- * Split rounds (FLASHC_HOPPER_SPLIT, fc_hp_sched_split; unmasked problems, the stride order): after its whole
+ * Split rounds (FLASHC_HOPPER_SPLIT, fc_hp_sched_split; unmasked problems, the stride order, NC = 2): after its whole
  * tiles each CTA walks a range of key blocks, in parts of tiles published like tiles (j_begin, n_blocks set to the
  * part; split −1 or 1), and fc_hp_split_fixup joins a cut tile's two parts. Where the cuts fall depends only on the
  * problem and the grid (the SM count): the same bits run to run on one GPU model.
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     }
 #pragma unroll
     for (int e = 0; e < FC_HP_TILE_RING; e++) {
-      fc_mbar_init(FC_HP_TILE_FULL(e), 1);         /* the producer's arrival after its store */
-      fc_mbar_init(FC_HP_TILE_EMPTY(e), 128 * NC); /* every consumer thread has read the entry */
+      fc_mbar_init(FC_HP_TILE_FULL(e), 1);               /* the producer's arrival after its store */
+      fc_mbar_init(FC_HP_TILE_EMPTY(e), CONSUMER_WARPS); /* every consumer warp has read the entry */
     }
     fc_mbar_fence_init();
   }
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       }
       /* The split last rounds (fc_hp_sched_split): this CTA's range of key-block units, in parts of tiles. Every
        * tile there has n_kb key blocks from 0 (no mask, no varlen: the set-up cannot refuse it). */
-      if (sc.split_units > 0) {
+      if (NC == 2 && sc.split_units > 0) {
         const int64_t u_end = sc.split_u0 + (blockIdx.x + 1) * sc.split_units / gridDim.x;
         for (int64_t u = sc.split_u0 + blockIdx.x * sc.split_units / gridDim.x; u < u_end;) {
           const int64_t t = u / sc.n_kb;
@@ -265,16 +265,23 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
     uint32_t kuse = 0, vuse = 0, quse = 0, tuse = 0;         /* uses over all tiles: the producer's fill counts */
 
-    /* The tiles as the producer set them up, from the tile ring (false: the end marker). Every consumer thread reads
-     * the entry, then releases it with its own arrival (each thread's arrival orders its own reads before the
-     * producer's next store there). Until session 28 lane 0 alone arrived, after a __syncwarp: correct (the warp
-     * barrier orders the lanes' reads before lane 0's arrival), but compute-sanitizer's racecheck does not follow that
-     * order and reported the producer's store against the lanes' reads wherever a CTA took more than two tiles. */
+    /* The tiles as the producer set them up, from the tile ring (false: the end marker). In each warp lane 0 alone
+     * reads the entry, shuffles it to the other lanes and releases it: its arrival orders its own reads before the
+     * producer's next store there. Until session 28 every lane read the entry and lane 0 arrived after a __syncwarp:
+     * correct (the warp barrier orders the lanes' reads before lane 0's arrival), but compute-sanitizer's racecheck
+     * does not follow that order and reported the producer's store against the lanes' reads wherever a CTA took more
+     * than two tiles. An arrival from every thread instead (128·NC per entry) cost 1-2 % at d128
+     * (bench/results/configs/hopper-split-nc3-s28.txt, E). */
     auto take = [&](fc_hp_tile *x) -> bool {
+      constexpr int WORDS = (int)(sizeof(fc_hp_tile) / 4);
       const uint32_t e = tuse % FC_HP_TILE_RING;
       fc_mbar_wait(FC_HP_TILE_FULL(e), (tuse / FC_HP_TILE_RING) & 1);
-      *x = *FC_HP_TILE_INFO(e);
-      fc_mbar_arrive_if(FC_HP_TILE_EMPTY(e), true);
+      uint32_t w[WORDS] = {};
+      if (lane == 0) memcpy(w, FC_HP_TILE_INFO(e), sizeof w);
+#pragma unroll
+      for (int i = 0; i < WORDS; i++) w[i] = __shfl_sync(0xffffffffu, w[i], 0);
+      fc_mbar_arrive_if(FC_HP_TILE_EMPTY(e), lane == 0);
+      memcpy(x, w, sizeof w);
       tuse++;
       return x->n_blocks >= 0;
     };
@@ -406,7 +413,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 
     while (ok) {
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
-      const int split = x.split; /* the split rounds (hopper.cu) */
+      const int split = NC == 2 ? x.split : 0; /* the split rounds: two consumer warpgroups only (hopper.cu) */
       /* This warpgroup's blocks [0, n_own) of the tile's n_blocks; the rest are dummy trips (below). */
       const int n_own = fc_hp_own_blocks(a, wg_row0, x.sq, x.sk, x.shift, FC_HP_BC, j_begin, n_blocks);
       FC_HP_MARK(1, n_blocks | n_own << 8);
@@ -538,7 +545,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           kuse++;
           vuse++;
         }
-        if (split != 0) fc_hp_split_fixup(x, wg_row0, m, l);
+        if constexpr (NC == 2) {
+          if (split != 0) fc_hp_split_fixup(x, wg_row0, m, l);
+        }
         /* The next tile: only after the dummy trips, whose releases the producer's last fills of this tile may wait
          * for before it publishes the next one. O / l waits for its epilogue until the next loaded tile's S_0 is
          * issued (or the CTA's end); a tail part's O went to split_part instead. */

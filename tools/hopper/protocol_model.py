@@ -280,8 +280,8 @@ def persistent_cta(order, cta, stages, mutation, nc):
     empty_k = [MBar(arrivals) for _ in range(stages)]
     empty_v = [MBar(arrivals) for _ in range(stages)]
     tile_full = [MBar(1) for _ in range(TILE_RING)]
-    # the kernel counts 128·nc arrivals, one per consumer thread after its own read (session 28; lane 0 per warp
-    # before): a warp is one actor here, whose 32 threads read and arrive together
+    # lane 0 of each consumer warp reads the entry, shuffles it to its warp and arrives (session 28: before, every
+    # lane read it and lane 0 arrived after a __syncwarp)
     tile_empty = [MBar(4 * nc) for _ in range(TILE_RING)]
     ring = [None] * TILE_RING  # (fill number, position): the fill number checks that a reader gets its entry
     turn = [NamedBar(256) for _ in range(nc)]
