@@ -189,8 +189,8 @@ def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, wan
 
 def sanitizer_tiles(vs, dtype):
     """Short tiles, more per CTA of the persistent grid than the tile ring's two entries (400-800 tiles on 132 SMs),
-    and little data, so that compute-sanitizer's racecheck gets through: unmasked (the split rounds cut tiles, for two
-    and three consumer warpgroups) and bottom-right causal with sq > sk (tiles without a load between loaded ones)."""
+    and little data, so that compute-sanitizer's racecheck gets through: unmasked (tmastore's split rounds cut tiles;
+    tmastore3 walks whole ones) and bottom-right causal with sq > sk (tiles without a load between loaded ones)."""
     check(vs, dtype, 1, 130, 130, 400, 100, 64)
     check(vs, dtype, 1, 130, 130, 300, 75, 128)
     check(vs, dtype, 1, 300, 100, 400, 100, 64, causal=1, align=0)
@@ -213,7 +213,7 @@ def many_tiles(vs, dtype):
     # window), so each CTA's list opens with tiles without a load (the heaviest-first order puts the last query
     # blocks first) before loaded ones; the last block's rows 1100..1151 are clipped by the store
     check(vs, dtype, 2, 1100, 300, 32, 8, 64, align=1, wl=100, wr=0, layout="bhsd")
-    # d 64, full, TMA store: several loaded tiles per CTA, 384 (Br 192), the split rounds for 2 and 3 consumers
+    # d 64, full, TMA store: several loaded tiles per CTA, 384 (Br 192); tmastore's split rounds (2 consumers only)
     check(vs, dtype, 4, 1025, 1025, 16, 4, 64)
     if args.quick:
         return
