@@ -176,6 +176,23 @@ static __device__ __forceinline__ void fc_hp_store_o_rows(const fc_hopper_fwd_ar
   }
 }
 
+/* This warp's 16 rows of a warpgroup's 64 rows of O, packed to 16 bits (ob[2x + rh]: columns 8x + 2t, 8x + 2t + 1
+ * of row 16·warp + g + 8·rh, the accumulator's layout), into the swizzled rows at `rows` as fc_hp_store_o_rows
+ * reads them: one stmatrix.x4 per 16 columns (chunks x, x + 1 of both row halves), D / 16 instructions where 32-bit
+ * stores take D / 4 (cuDNN's epilogue stages O so). Lane l gives the address of row l % 8 of matrix l / 8, that is
+ * of row 16·warp + 8·(l / 8 % 2) + l % 8, chunk x + l / 16; x is even, so (x % 8 + l / 16) ^ (l % 8) = (x % 8) ^ k. */
+template <int D>
+static __device__ __forceinline__ void fc_hp_stage_o(uint32_t rows, uint32_t half, const uint32_t (&ob)[D / 4],
+                                                     int warp, int lane) {
+  const int i = lane % 8, k = (lane / 16) ^ i;
+  const uint32_t row = rows + (16 * warp + 8 * (lane / 8 % 2) + i) * FC_HP_ROW_BYTES;
+#pragma unroll
+  for (int x = 0; x < D / 8; x += 2) {
+    const uint32_t r[4] = {ob[2 * x], ob[2 * x + 1], ob[2 * x + 2], ob[2 * x + 3]};
+    fc_stmatrix_x4(row + (x / 8) * half + (((x % 8) ^ k) << 4), r);
+  }
+}
+
 /* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
  * bytes apart), every 64-column half (Bc·128 bytes apart: the leading offset). */
 template <typename T, int D, int BC = FC_HP_BC>
@@ -591,14 +608,14 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_fence_proxy_async(); /* after the async proxy's reads of sQ, before these generic writes */
     /* Every warp of the warpgroup is past its last wgmma wait before any overwrites the rows of Q_i. */
     fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
+    {
+      uint32_t ob[D / 4];
 #pragma unroll
-    for (int x = 0; x < D / 8; x++)
+      for (int x = 0; x < D / 8; x++)
 #pragma unroll
-      for (int rh = 0; rh < 2; rh++) {
-        const int r = 16 * warp + g + 8 * rh;
-        fc_st_shared_u32(q_rows + (x / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((x % 8) ^ g) << 4) + 4 * t,
-                         fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]));
-      }
+        for (int rh = 0; rh < 2; rh++) ob[2 * x + rh] = fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]);
+      fc_hp_stage_o<D>(q_rows, Q_HALF_BYTES, ob, warp, lane);
+    }
     fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
     fc_hp_store_o_rows<D>(a, O, q_rows, Q_HALF_BYTES, wg_row0, sq, ct);
   }

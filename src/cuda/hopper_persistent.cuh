@@ -316,14 +316,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       }
       fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the last tile's O has left sO */
       FC_HP_MARK(16, 0);
-#pragma unroll
-      for (int e = 0; e < D / 8; e++)
-#pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-          const int r = 16 * warp + g + 8 * rh;
-          fc_st_shared_u32(o_rows + (e / 8) * Q_HALF_BYTES + r * FC_HP_ROW_BYTES + (((e % 8) ^ g) << 4) + 4 * t,
-                           ob[2 * e + rh]);
-        }
+      fc_hp_stage_o<D>(o_rows, Q_HALF_BYTES, ob, warp, lane);
       if constexpr (TMA_STORE) {
         /* The copy engine reads sO through the async proxy: each writer's generic stores are made visible to
          * it (fence.proxy.async), then the barrier orders all of them before the one thread that issues the
