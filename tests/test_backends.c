@@ -72,6 +72,7 @@ static const tcase cases[] = {
      * tile edges, in the quick subset too so that the sanitizers see them */
     DENSE("tiles-300x270-causal-d72", 1, 300, 270, 2, 1, 72, 1, BR, -1, -1, TH_BSHD, F16, QUICK),
     DENSE("tiles-140x150-d130-win40-20", 1, 140, 150, 2, 2, 130, 0, BR, 40, 20, TH_BHSD, BF16, QUICK),
+    DENSE("tiles-200x300-d200-gqa", 1, 200, 300, 4, 2, 200, 0, BR, -1, -1, TH_BSHD, BF16, QUICK),
     /* decoding: few query rows against many keys (cuda-mma splits the keys between CTAs: mma_fwd_split.cuh) */
     DENSE("decode-1x2000-gqa", 1, 1, 2000, 4, 2, 128, 1, BR, -1, -1, TH_BSHD, LOW, QUICK),
     DENSE("decode-5x3000-win100", 2, 5, 3000, 2, 2, 64, 0, BR, 100, 0, TH_BSHD, LOW, QUICK | DETERM),

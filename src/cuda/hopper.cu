@@ -29,14 +29,15 @@
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
  * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore
- * runs hopper_persistent.cuh's kernel instead (d ≤ 128; tmastore: the default at d ≤ 128 unmasked, and causal below
- * seqlen 8192). FLASHC_HOPPER_VARIANT=pingpong3 (for comparisons; no default) runs this kernel with NC = 3 consumer
- * warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers at 160 registers: FlashAttention-3's tile for head dim 64;
- * the turns go round robin) and pingpong's above. FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's
- * kernel with the same 3 consumer warpgroups at d ≤ 64 (the default there) and
- * tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in; verified, no faster) runs the ping-pong kernel at D = 128
- * with each consumer's 64 rows of Q_i loaded into registers once per tile (ldmatrix) and S = Q_i·K_jᵀ issued as wgmma
- * with A from registers and K_j from shared memory; pingpong's kernel at d ≤ 64 and d > 128. */
+ * runs hopper_persistent.cuh's kernel instead (tmastore: the default without a mask at every d, and causal at d ≤ 128
+ * below seqlen 8192; at D = 256 it has no sO and stores O from registers). FLASHC_HOPPER_VARIANT=pingpong3 (for
+ * comparisons; no default) runs this kernel with NC = 3 consumer warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers
+ * at 160 registers: FlashAttention-3's tile for head dim 64; the turns go round robin) and pingpong's above.
+ * FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's kernel with the same 3 consumer warpgroups at d ≤ 64
+ * (the default there) and tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in; verified, no faster) runs the
+ * ping-pong kernel at D = 128 with each consumer's 64 rows of Q_i loaded into registers once per tile (ldmatrix) and
+ * S = Q_i·K_jᵀ issued as wgmma with A from registers and K_j from shared memory; pingpong's kernel at d ≤ 64 and
+ * d > 128. */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_gemm.cuh"
@@ -172,6 +173,55 @@ static __device__ __forceinline__ void fc_hp_store_o_rows(const fc_hopper_fwd_ar
 #pragma unroll
       for (int e = 0; e < 8; e++)
         if (e < cols) to[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
+/* This thread's two rows of O / l (row0, row0 + 8), packed to 16 bits and stored to o at O (the sequence's row 0)
+ * straight from registers: rows < sq and columns < head_dim. For the persistent kernel at D = 256, which has no shared
+ * memory left to stage them in. The accumulator gives thread t of a quad columns 8x + 2t, 8x + 2t + 1 of each 8-column
+ * chunk x; per 4 chunks the quad transposes those words (two butterfly stages of shuffles), so that thread t holds
+ * chunk 4G + t whole and stores it as one 16-byte store where o's rows are aligned: a warp's store then writes 64
+ * contiguous bytes of each of 8 rows, where 4-byte stores wrote 16 (session 31: those cost up to 7 % at seqlen 1k). */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hp_store_o_regs(const fc_hopper_fwd_args &a, uint16_t *O,
+                                                          const float (&o)[D / 2], const float (&inv)[2], int row0,
+                                                          int sq, int t) {
+  const bool hi1 = t & 2, hi0 = t & 1;
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    const int row = row0 + 8 * rh;
+    uint16_t *to = O + (int64_t)row * a.o_ss;
+#pragma unroll
+    for (int G = 0; G < D / 32; G++) {
+      uint32_t w[4]; /* w[j]: columns 8(4G + j) + 2t, + 1 */
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        w[j] = fc_pack2<T>(o[4 * (4 * G + j) + 2 * rh] * inv[rh], o[4 * (4 * G + j) + 2 * rh + 1] * inv[rh]);
+      /* w as row t of a 4 × 4 matrix of the quad; transposed: w[j] = columns 8(4G + t) + 2j, + 1 */
+      uint32_t x0 = hi1 ? w[0] : w[2], x1 = hi1 ? w[1] : w[3];
+      x0 = __shfl_xor_sync(0xffffffffu, x0, 2);
+      x1 = __shfl_xor_sync(0xffffffffu, x1, 2);
+      if (hi1)
+        w[0] = x0, w[1] = x1;
+      else
+        w[2] = x0, w[3] = x1;
+      uint32_t y0 = hi0 ? w[0] : w[1], y1 = hi0 ? w[2] : w[3];
+      y0 = __shfl_xor_sync(0xffffffffu, y0, 1);
+      y1 = __shfl_xor_sync(0xffffffffu, y1, 1);
+      if (hi0)
+        w[0] = y0, w[2] = y1;
+      else
+        w[1] = y0, w[3] = y1;
+      const int col = 8 * (4 * G + t);
+      if (row >= sq || col >= a.head_dim) continue;
+      if (a.o_aligned && col + 8 <= a.head_dim) {
+        *(uint4 *)(to + col) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          if (col + e < a.head_dim) to[col + e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+      }
     }
   }
 }
@@ -699,8 +749,9 @@ static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[
 /* Its shared memory: the one-tile kernel's, plus sO (Br·D·2), the q_empty barrier and the tile ring (two mbarriers
  * and a position per entry; the static orders leave it unused). tmastore3 (Br = 192, D = 64): sQ 24 KB + 3 × (16 +
  * 16) KB + sO 24 KB = 144 KB (+ barriers, ring and slack: 148,632 bytes). */
-static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages) {
-  return fc_hp_smem_bytes(br, d, stages, FC_HP_BC) + 2 * (size_t)br * d * 2 + 3 * 8 + (16 + 64) * FC_HP_TILE_RING;
+static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages, int bc) {
+  const size_t so = d <= 128 ? 2 * (size_t)br * d * 2 : 0; /* sO and Q's second slot (none at D = 256) */
+  return fc_hp_smem_bytes(br, d, stages, bc) + so + 3 * 8 + (16 + 64) * FC_HP_TILE_RING;
 }
 
 /* The dynamic order's claim counter in the device workspace, after the varlen offsets: 256 bytes, so that anything
@@ -748,7 +799,7 @@ static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *
   static const char *const names[] = {"stride", "snake", "snake1", "dynamic"}; /* FC_HP_SCHED_* order */
   const bool tri = fc_hp_triangular(p);
   int fallback = FC_HP_SCHED_STRIDE;
-  if ((nc == 3 || d == 128) && tri) fallback = FC_HP_SCHED_DYNAMIC;
+  if ((nc == 3 || d >= 128) && tri) fallback = FC_HP_SCHED_DYNAMIC;
   if (d == 128 && !tri && p->seqlen_k <= 1024) fallback = FC_HP_SCHED_DYNAMIC;
   return fc_env_choice("FLASHC_HOPPER_SCHED", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", order);
@@ -778,16 +829,31 @@ static bool fc_hp_split_wanted(const fc_problem *p) {
 }
 static size_t fc_hp_split_part_bytes(int sms, int d) { return (size_t)sms * 2 * 128 * (d / 2 + 4) * sizeof(float); }
 
+/* FLASHC_HOPPER_SPLIT: 0 = whole tiles only, 1 = the split rounds wherever they can run; unset = 1 except at D = 256
+ * below 4096 keys, where the fix-up (each consumer's 64 × 256 fp32 partial through global memory, written and read
+ * back once per CTA) costs more than the partial round it saves. Session 32
+ * (configs/hopper-fwd-d256-persistent-s32.txt, H200, bf16, B·S = 16k, 8 heads): split against whole tiles −7 % at 512
+ * keys, −3.6 % at 1k, −0.5 % at 2k, +0.7 % at 4k, +1.3 % at 8k. At D ≤ 128 it measured faster at every seqlen it runs
+ * at (sessions 18 and 27). */
+enum { FC_HP_SPLIT_OFF, FC_HP_SPLIT_ON, FC_HP_SPLIT_AUTO };
+static flashc_status fc_hp_split_choice(const fc_problem *p, int d_tile, int *on) {
+  static const char *const names[] = {"0", "1"};
+  FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, FC_HP_SPLIT_AUTO, "flashc_forward (cuda-hopper)", on));
+  if (*on == FC_HP_SPLIT_AUTO) *on = d_tile <= 128 || p->seqlen_k >= 4096;
+  return FLASHC_OK;
+}
+
 /* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others); split: the split
  * rounds' memory (NULL: whole tiles only). */
-template <typename T, int D, int STAGES, int NC = 2>
+template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store,
                                              int order, int32_t *claim, const fc_hp_split_mem *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_hp_sched) = tma_store ? fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC>
-                                                : fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC>;
-  const size_t smem = fc_hp_persistent_smem_bytes(64 * NC, D, STAGES);
+                 const fc_hp_sched) = fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC>;
+  if constexpr (D <= 128) /* D = 256 has no sO to store from */
+    if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC>;
+  const size_t smem = fc_hp_persistent_smem_bytes(64 * NC, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (persistent)"));
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
@@ -805,7 +871,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
     walk.claim = claim;
     FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
   }
-  if (NC == 2 && split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, FC_HP_BC))) {
+  if (NC == 2 && split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, BC))) {
     walk.split_flag = split->flags;
     walk.split_part = split->part;
   }
@@ -820,8 +886,8 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
                                       int variant, int nc, int order, int32_t *claim, const fc_hp_split_mem *split) {
-  const int D = p->head_dim <= 64 ? 64 : 128;
-  const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && fc_hp_o_tma_ok(p);
+  const int D = p->head_dim <= 64 ? 64 : p->head_dim <= 128 ? 128 : 256;
+  const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && D <= 128 && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
   if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
   const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
@@ -831,6 +897,8 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
       fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
   if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store, order, claim, split);
   if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store, order, claim, split);
+  if (D == 256)
+    return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256>(p, maps, a, &sc, false, order, claim, split);
   return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim, split);
 }
 
@@ -849,8 +917,11 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
  *            seqlen (+1..6 % up to 1k; 2k–4k since session 12, below; 8k–16k since session 27, below).
  *            Unmasked from 2k the persistent kernel lost 4..9 % until session 12, when its L2 groups turned out to
  *            read K and V 2.5× from DRAM.
- *   d > 128: pingpong (no room for the persistent kernel's sO).
- * The 3-consumer names run the 2-consumer kernels at d > 64 (as persistent and tmastore run pingpong's at d > 128);
+ *   d > 128: tmastore without a mask or window (the persistent D = 256 kernel: one Q slot and no sO, O stored from
+ *            registers, so tmastore stores directly), else pingpong. Session 32 (configs/hopper-fwd-d256-persistent-
+ *            s32.txt, H200, bf16, short form): +6 % over pingpong at 1k (whole tiles), +2 % at 2k–8k; causal it
+ *            stayed 2 % under pingpong (session 31, dynamic order; the stride order lost 30 % to imbalance).
+ * The 3-consumer names run the 2-consumer kernels at d > 64;
  * pingpongq (Q in registers, opt-in) runs pingpong's kernel at d ≤ 64 and d > 128. Session 12 (configs/hopper-fwd-
  * s12.txt): with the persistent schedule's L2 groups dropped for unmasked attention (hopper_sched.cuh), tmastore reads
  * what pingpong reads from DRAM and runs +1..3 % over it in the steady state under the power cap at 2k–4k, +5..10 %
@@ -866,6 +937,8 @@ static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
     fallback = FC_HP_TMASTORE3;
   else if (p->head_dim <= 128 && (!tri || p->seqlen_k < 8192))
     fallback = FC_HP_TMASTORE;
+  else if (p->head_dim > 128 && p->window_left < 0 && p->window_right < 0)
+    fallback = FC_HP_TMASTORE; /* D = 256 unmasked: the persistent kernel with direct stores (session 32) */
   return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
                        "flashc_forward (cuda-hopper)", variant);
 }
@@ -985,22 +1058,21 @@ static flashc_status hopper_forward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));    /* the Q box: one query block */
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, "flashc_forward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, "flashc_forward", &maps[2]));
-  /* The persistent kernel (D = 256 has no room for its sO: one tile per CTA) and its order, known before the
-   * workspace: the dynamic order's claim counter lives there, after the varlen offsets. */
-  const bool persistent = three ? variant == FC_HP_TMASTORE3
-                                : (variant == FC_HP_PERSISTENT || variant == FC_HP_TMASTORE) && p->head_dim <= 128;
+  /* The persistent kernel (at D = 256 without sO: one Q slot, O stored from registers) and its order, known before
+   * the workspace: the dynamic order's claim counter lives there, after the varlen offsets. */
+  const bool persistent = three ? variant == FC_HP_TMASTORE3 : variant == FC_HP_PERSISTENT || variant == FC_HP_TMASTORE;
+  const int d_tile = p->head_dim <= 64 ? 64 : p->head_dim <= 128 ? 128 : 256; /* D */
   int order = FC_HP_SCHED_STRIDE;
-  if (persistent) FC_CHECK(fc_hp_sched_order(p, p->head_dim <= 64 ? 64 : 128, three ? 3 : 2, &order));
+  if (persistent) FC_CHECK(fc_hp_sched_order(p, d_tile, three ? 3 : 2, &order));
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),
                claim_bytes = order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
   int split_on = 0;
   size_t split_bytes = 0;
   fc_device_props props;
   if (persistent && !three && fc_hp_split_wanted(p)) {
-    static const char *const names[] = {"0", "1"};
-    FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, 1, "flashc_forward (cuda-hopper)", &split_on));
+    FC_CHECK(fc_hp_split_choice(p, d_tile, &split_on));
     FC_CHECK(fc_device_get_props(&props));
-    if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, p->head_dim <= 64 ? 64 : 128);
+    if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, d_tile);
   }
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));

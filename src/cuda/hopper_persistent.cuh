@@ -4,14 +4,19 @@
  * while the consumers finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense
  * o that TMA can address; the host falls back to persistent otherwise). tmastore3 is tmastore with NC = 3 consumer
  * warpgroups at D = 64 (Br = 192, 512 threads, consumers at 160 registers, pingpong3's loop and round-robin turns),
- * with the same fallback to direct stores. The consumers' turns chain across tiles (see the consumers).
+ * with the same fallback to direct stores. The consumers' turns chain across tiles (see the consumers). At D = 256
+ * (Bc = 80, 2 stages; session 31) sQ and the K/V ring fill 224 KB: no sO and one Q slot (the next tile's Q_i lands
+ * during this tile's last P·V), and each thread stores its rows of O / l from registers right after that P·V
+ * (fc_hp_store_o_regs), still overlapping the other warpgroup's GEMMs and the producer's loads of the next tile,
+ * where the one-tile kernel's CTAs stop and start.
  *
  * Included by hopper.cu after its device helpers (fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
  * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
  *
  * Shared memory: sQ [D/64][Br][64], sK, sV [STAGES][D/64][Bc][64] as in hopper.cu, then sO [D/64][Br][64], then
  * Q's second slot sQ1 (D = 128: 32 + 128 + 32 + 32 = 224 KB, 230,656 bytes with barriers, ring and alignment slack
- * of the 232,448 a block may have; D = 64: 16 + 96 + 16 + 16 = 144 KB; NC = 3: 24 + 96 + 24 + 24 = 168 KB), then the
+ * of the 232,448 a block may have; D = 64: 16 + 96 + 16 + 16 = 144 KB; NC = 3: 24 + 96 + 24 + 24 = 168 KB; D = 256:
+ * 64 + 160 = 224 KB, no sO or sQ1), then the
  * mbarriers: q_full (1) [2], q_empty (4·NC: one arrival per consumer warp) [2], full_k, full_v (1), empty_k,
  * empty_v (4·NC) [STAGES], then the tile ring: tile_full (1), tile_empty (4·NC: lane 0 of each consumer warp)
  * [FC_HP_TILE_RING] and the entries (fc_hp_tile, 64 bytes) [FC_HP_TILE_RING].
@@ -64,7 +69,7 @@ typedef struct fc_hp_out {
 
 /* The tile of this CTA's slot `slot` (query blocks of BR rows); false when the slot has no tile (snake's last round)
  * or its query block lies past its sequence (varlen: shorter sequences). */
-template <int BR = FC_HP_BR>
+template <int BR = FC_HP_BR, int BC = FC_HP_BC>
 static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args &a, const fc_hp_sched &sc,
                                                         int64_t slot, fc_hp_tile *x) {
   const int64_t t = fc_hp_slot_tile(sc, slot);
@@ -95,14 +100,14 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   int lo_first, hi_first, lo_last, hi_last;
   fc_hp_row_keys(x->i0, x->shift, a.window_left, a.window_right, x->sk, &lo_first, &hi_first);
   fc_hp_row_keys(min(x->i0 + BR, x->sq) - 1, x->shift, a.window_left, a.window_right, x->sk, &lo_last, &hi_last);
-  x->j_begin = lo_first / FC_HP_BC;
-  x->n_blocks = lo_first < hi_last ? (hi_last + FC_HP_BC - 1) / FC_HP_BC - x->j_begin : 0;
+  x->j_begin = lo_first / BC;
+  x->n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - x->j_begin : 0;
   x->split = 0;
   return true;
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2>
+template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2, int BC = FC_HP_BC>
 __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -112,14 +117,20 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
   /* NC consumer warpgroups of 64 query rows, as in hopper.cu (NC = 3: tmastore3, D = 64 only). */
   static_assert(NC == 2 || (NC == 3 && D == 64), "3 consumers: D = 64 only");
   constexpr int BR = 64 * NC, CONSUMER_WARPS = 4 * NC, BAR_TURN = FC_HP_BAR_EPILOGUE + NC;
-  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = FC_HP_BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
+  /* SO: sO and Q's second slot. D = 256 (Bc = 80) has no room for them: sQ and the K/V ring take 224 KB. There Q_i has
+   * one slot (the next tile's Q lands after this one's last S, during its last P·V) and each thread stores its O
+   * from registers (fc_hp_store_o_regs) right after the tile's last P·V. */
+  constexpr bool SO = D <= 128;
+  static_assert(SO || (!TMA_STORE && NC == 2), "D = 256: direct stores, 2 consumers");
+  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
+  constexpr uint32_t KV_HALF_BYTES = BC * FC_HP_ROW_BYTES; /* one 64-column half of a K or V block */
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, sO = sV + STAGES * KV_BYTES;
-  const uint32_t sQ1 = sO + Q_BYTES, bars = sQ1 + Q_BYTES; /* Q's second slot */
+  const uint32_t sQ1 = SO ? sO + Q_BYTES : sQ, bars = SO ? sQ1 + Q_BYTES : sO; /* Q's second slot */
   /* q_full, q_empty: one per Q slot; ring: the tile ring */
   const uint32_t q_full = bars, q_empty = bars + 16u, ring = bars + 8u * (4 + 4 * STAGES);
-  const uint32_t q_slots = a.q_slots == 1 ? 1u : 2u;
+  const uint32_t q_slots = SO && a.q_slots != 1 ? 2u : 1u;
   /* The tile ring's entries (after its barriers): the tiles as the producer set them up, 64 bytes each. */
   fc_hp_tile *const tile_info = (fc_hp_tile *)(smem_raw + (ring + 16u * FC_HP_TILE_RING - fc_smem_u32(smem_raw)));
 #define FC_HP_TILE_INFO(e) (tile_info + (e))
@@ -178,10 +189,10 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
             if (u > 0) fc_mbar_wait(EMPTY_K(s), (u - 1) & 1); /* use kfill − STAGES is released */
             FC_HP_MARK(22, n);
             fc_mbar_arrive_expect_tx(FULL_K(s), KV_BYTES);
-            const int row = x.k_start + (x.j_begin + n) * FC_HP_BC;
+            const int row = x.k_start + (x.j_begin + n) * BC;
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d(sK + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_k, 64 * hf, row, x.hk, x.bt, FULL_K(s));
+              fc_tma_load_4d(sK + s * KV_BYTES + hf * KV_HALF_BYTES, &tm_k, 64 * hf, row, x.hk, x.bt, FULL_K(s));
             kfill++;
           }
           if (n == 0) {
@@ -200,10 +211,10 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
             if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
             FC_HP_MARK(23, n - 1);
             fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
-            const int row = x.k_start + (x.j_begin + n - 1) * FC_HP_BC;
+            const int row = x.k_start + (x.j_begin + n - 1) * BC;
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d(sV + s * KV_BYTES + hf * FC_HP_HALF_BYTES, &tm_v, 64 * hf, row, x.hk, x.bt, FULL_V(s));
+              fc_tma_load_4d(sV + s * KV_BYTES + hf * KV_HALF_BYTES, &tm_v, 64 * hf, row, x.hk, x.bt, FULL_V(s));
             vfill++;
           }
         }
@@ -211,7 +222,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
            slot = sc.claim ? fc_hp_claim_position(sc) : slot + gridDim.x) {
         fc_hp_tile x;
-        if (!fc_hp_tile_setup<BR>(a, sc, slot, &x)) continue; /* no rows: the consumers never see it */
+        if (!fc_hp_tile_setup<BR, BC>(a, sc, slot, &x)) continue; /* no rows: the consumers never see it */
         publish(x);
         if (x.n_blocks > 0) load(x); /* none: nothing to load, the consumers store zeros */
       }
@@ -223,7 +234,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           const int64_t t = u / sc.n_kb;
           const int kb0 = (int)(u - t * sc.n_kb), kb1 = (int)min((int64_t)sc.n_kb, kb0 + (u_end - u));
           fc_hp_tile x;
-          fc_hp_tile_setup<BR>(a, sc, t, &x);
+          fc_hp_tile_setup<BR, BC>(a, sc, t, &x);
           x.j_begin = kb0;
           x.n_blocks = kb1 - kb0;
           x.split = kb0 > 0 ? -1 : kb1 < sc.n_kb ? 1 : 0;
@@ -242,7 +253,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1; /* uniform: see hopper.cu */
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
-    const uint32_t o_rows = sO + 64 * cw * FC_HP_ROW_BYTES;
+    const uint32_t o_rows = sO + 64 * cw * FC_HP_ROW_BYTES; /* SO only */
     const float c = a.scale_log2;
     FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
@@ -293,15 +304,17 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
      * so that the epilogue reads registers no wgmma wrote: reading O itself beside S_0 in flight made ptxas wait for
      * S_0 before the epilogue (C7517). */
     float o[D / 2], inv[2];
-    uint32_t ob[D / 4];
+    uint32_t ob[SO ? D / 4 : 1];
     fc_hp_out out = {0, 0, 0, 0, 0, 0};
     bool pending = false;
     auto pack_o = [&]() {
+      if constexpr (SO) {
 #pragma unroll
-      for (int e = 0; e < D / 8; e++)
+        for (int e = 0; e < D / 8; e++)
 #pragma unroll
-        for (int rh = 0; rh < 2; rh++)
-          ob[2 * e + rh] = fc_pack2<T>(o[4 * e + 2 * rh] * inv[rh], o[4 * e + 2 * rh + 1] * inv[rh]);
+          for (int rh = 0; rh < 2; rh++)
+            ob[2 * e + rh] = fc_pack2<T>(o[4 * e + 2 * rh] * inv[rh], o[4 * e + 2 * rh + 1] * inv[rh]);
+      }
     };
 
     /* ob (this warpgroup's rows of O / l) through sO to global memory, swizzled as in hopper.cu: chunk e of row r at
@@ -311,12 +324,18 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     auto fc_hp_epilogue = [&](const fc_hp_out &w) {
       const bool stores = w.row0 >= 0; /* align_end: a warpgroup before the sequence's first row stores nothing */
       FC_HP_MARK(15, 0);
+      if constexpr (!SO) { /* D = 256: O / l from registers, at once (no sO, and no registers to hold ob) */
+        uint16_t *O = a.o + w.b * a.o_sb + (int64_t)w.q_start * a.o_ss + (int64_t)w.h * a.o_sh;
+        if (stores) fc_hp_store_o_regs<T, D>(a, O, o, inv, w.row0 + 16 * warp + g, w.sq, t);
+        FC_HP_MARK(18, 0);
+        return;
+      }
       if constexpr (TMA_STORE) {
         if (ct == 0) fc_bulk_wait_read<0>();
       }
       fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the last tile's O has left sO */
       FC_HP_MARK(16, 0);
-      fc_hp_stage_o<D>(o_rows, Q_HALF_BYTES, ob, warp, lane);
+      if constexpr (SO) fc_hp_stage_o<D>(o_rows, Q_HALF_BYTES, ob, warp, lane);
       if constexpr (TMA_STORE) {
         /* The copy engine reads sO through the async proxy: each writer's generic stores are made visible to
          * it (fence.proxy.async), then the barrier orders all of them before the one thread that issues the
@@ -408,7 +427,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       const int wg_row0 = x.i0 + 64 * cw, n_blocks = x.n_blocks, j_begin = x.j_begin;
       const int split = NC == 2 ? x.split : 0; /* the split rounds: two consumer warpgroups only (hopper.cu) */
       /* This warpgroup's blocks [0, n_own) of the tile's n_blocks; the rest are dummy trips (below). */
-      const int n_own = fc_hp_own_blocks(a, wg_row0, x.sq, x.sk, x.shift, FC_HP_BC, j_begin, n_blocks);
+      const int n_own = fc_hp_own_blocks(a, wg_row0, x.sq, x.sk, x.shift, BC, j_begin, n_blocks);
       FC_HP_MARK(1, n_blocks | n_own << 8);
       FC_HP_MARK(24, 0); /* right after the last: what a mark itself costs (trace.py subtracts nothing, reports it) */
       int lo[2], hi[2];
@@ -417,16 +436,15 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, x.shift, a.window_left, a.window_right, x.sk, &lo[rh],
                        &hi[rh]);
       /* Whole key blocks of this warpgroup, as in hopper.cu. */
-      int64_t full_hi = x.sk / FC_HP_BC, full_lo = 0;
-      if (a.window_right >= 0)
-        full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + x.shift + a.window_right + 1, FC_HP_BC));
-      if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + x.shift - a.window_left), FC_HP_BC);
+      int64_t full_hi = x.sk / BC, full_lo = 0;
+      if (a.window_right >= 0) full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + x.shift + a.window_right + 1, BC));
+      if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + x.shift - a.window_left), BC);
       const int j_full_hi = (int)max(full_hi, (int64_t)0),
                 j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
       auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
 
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
-      uint32_t p[FC_HP_BC / 16][4];
+      uint32_t p[BC / 16][4];
       fc_hp_tile xn;
       bool okn;
       const fc_hp_out here = {x.b, x.h, x.bt, x.q_start, x.sq, wg_row0};
@@ -438,14 +456,14 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_mbar_wait(q_full + 8u * qs, (quse / q_slots) & 1); /* Q_i has landed */
         FC_HP_MARK(2, 0);
         {
-          float s[64];
+          float s[BC / 2];
           const uint32_t s0 = kuse % STAGES;
           fc_mbar_wait(FULL_K(s0), (kuse / STAGES) & 1);
           FC_HP_MARK(3, 0);
           my_turn();
           FC_HP_MARK(4, 0);
           fc_wgmma_fence();
-          fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + s0 * KV_BYTES);
+          fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK + s0 * KV_BYTES);
           fc_wgmma_commit();
           your_turn();
           /* The last tile's epilogue while S_0 runs. */
@@ -456,14 +474,14 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           FC_HP_MARK(5, 0);
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
           kuse++;
-          fc_hp_softmax<T>(s, needs_mask(j_begin), j_begin * FC_HP_BC, lo, hi, t, c, m, l, alpha, p);
+          fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
           FC_HP_MARK(6, 0);
         }
 
         for (int n = 1; n < n_own; n++) {
           /* K_n is K use kuse, V_{n−1} is V use vuse, V_{n−2} V use vuse − 1. */
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
-          float s[64];
+          float s[BC / 2];
           /* V_{n−2}: its P·V was waited for at the end of the last trip (where and why: hopper.cu) */
           fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2);
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
@@ -474,9 +492,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           my_turn();
           FC_HP_MARK(8, n);
           fc_wgmma_fence();
-          fc_hp_ss_kmajor<T, D, FC_HP_BC>(s, q_rows, sK + sn * KV_BYTES);
+          fc_hp_ss_kmajor<T, D, BC>(s, q_rows, sK + sn * KV_BYTES);
           fc_wgmma_commit();
-          fc_hp_pv<T, D>(o, p, sV + sp * KV_BYTES);
+          fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
           fc_wgmma_commit();
           your_turn();
           fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
@@ -485,13 +503,13 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
            * the block boundary keeping the wait after the softmax (hopper.cu's loop). */
-          fc_hp_softmax_f32(s, needs_mask(j_begin + n), (j_begin + n) * FC_HP_BC, lo, hi, t, c, m, l, alpha);
+          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
           fc_block_boundary(a.head_dim > 0);
           fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
           fc_fence_regs(o);
           fc_fence_regs(p);
           FC_HP_MARK(10, n);
-          fc_hp_pack<T>(s, p);
+          fc_hp_pack<T, BC>(s, p);
           fc_hp_rescale_if<D>(o, alpha);
           FC_HP_MARK(19, n);
           kuse++;
@@ -510,7 +528,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         my_turn();
         FC_HP_MARK(12, 0);
         fc_wgmma_fence();
-        fc_hp_pv<T, D>(o, p, sV + sl * KV_BYTES);
+        fc_hp_pv<T, D, BC>(o, p, sV + sl * KV_BYTES);
         fc_wgmma_commit();
         your_turn();
         /* While it runs: this tile's 1 / l and lse (m, l are final; a part of a split tile's are not). */
@@ -544,16 +562,23 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         /* The next tile: only after the dummy trips, whose releases the producer's last fills of this tile may wait
          * for before it publishes the next one. O / l waits for its epilogue until the next loaded tile's S_0 is
          * issued (or the CTA's end); a tail part's O went to split_part instead. */
+        if constexpr (!SO) {
+          if (split >= 0) fc_hp_epilogue(here); /* before the take, which may wait for the producer */
+        }
         okn = take(&xn);
         if (split >= 0) pack_o();
         out = here;
-        pending = split >= 0;
+        pending = SO && split >= 0;
       } else {
         /* No key: O = 0 and lse = −inf (l = 0), after any tile still pending. */
         if (pending) fc_hp_epilogue(out);
         fc_hp_finish_rows(x, wg_row0, m, l);
 #pragma unroll
-        for (int e = 0; e < D / 4; e++) ob[e] = 0u;
+        for (int e = 0; e < (SO ? D / 4 : 1); e++) ob[e] = 0u;
+        if constexpr (!SO) {
+#pragma unroll
+          for (int e = 0; e < D / 2; e++) o[e] = 0.0f;
+        }
         fc_hp_epilogue(here);
         pending = false;
         okn = take(&xn);

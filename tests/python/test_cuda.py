@@ -96,7 +96,7 @@ def test_hopper_persistent_walks_many_tiles(variant, rng, monkeypatch):
     to the consumers through the tile ring, and the next tile may only be taken after those trips (session 14: taken
     before them, tmastore3 hung here). Q in one slot or two gives the same bits; O's error against SDPA in fp32 at most twice that of SDPA in bf16."""
     monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
-    for d, causal in ((64, False), (64, True), (128, False)):
+    for d, causal in ((64, False), (64, True), (128, False), (256, False), (256, True)):
         q, k, v = (torch.from_numpy(rng.standard_normal((16, 1000, 20, d))).to("cuda", torch.bfloat16)
                    for _ in range(3))
         out = {}
@@ -128,6 +128,8 @@ def test_hopper_split_rounds(rng, monkeypatch):
         (2, 10, 10, 3000, 1100, 100, "persistent"),
         (4, 8, 8, 1500, 1500, 64, "tmastore"),
         (8, 16, 16, 700, 129, 128, "tmastore"),
+        (2, 8, 8, 2048, 2048, 256, "persistent"),  # D = 256: one Q slot, O stored from registers
+        (3, 6, 2, 1000, 1300, 200, "tmastore"),  # d 200 (padded to 256), GQA; tmastore takes direct stores there
     ]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     differs = []

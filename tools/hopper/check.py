@@ -187,12 +187,27 @@ def check_variant(variant, case, dtype, b, sq, hq, d, causal, align, wl, wr, wan
     record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
 
 
+def forced_split(*case, **kw):
+    """check(*case, **kw) with FLASHC_HOPPER_SPLIT=1: the split rounds where the library's default keeps whole tiles
+    (D = 256 below 4096 keys)."""
+    saved = os.environ.get("FLASHC_HOPPER_SPLIT")
+    os.environ["FLASHC_HOPPER_SPLIT"] = "1"
+    try:
+        check(*case, **kw)
+    finally:
+        if saved is None:
+            os.environ.pop("FLASHC_HOPPER_SPLIT", None)
+        else:
+            os.environ["FLASHC_HOPPER_SPLIT"] = saved
+
+
 def sanitizer_tiles(vs, dtype):
     """Short tiles, more per CTA of the persistent grid than the tile ring's two entries (400-800 tiles on 132 SMs),
     and little data, so that compute-sanitizer's racecheck gets through: unmasked (tmastore's split rounds cut tiles;
     tmastore3 walks whole ones) and bottom-right causal with sq > sk (tiles without a load between loaded ones)."""
     check(vs, dtype, 1, 130, 130, 400, 100, 64)
     check(vs, dtype, 1, 130, 130, 300, 75, 128)
+    forced_split(vs, dtype, 1, 170, 170, 300, 75, 256)  # D = 256 (Bc 80): one Q slot, O from registers, split rounds
     check(vs, dtype, 1, 300, 100, 400, 100, 64, causal=1, align=0)
 
 
@@ -227,8 +242,11 @@ def many_tiles(vs, dtype):
 def head_dim_256(vs, dtype):
     """Head dims 129..256 run as D = 256 (Bc = 80, 2 stages): full, causal both alignments, windows, GQA, varlen,
     padded layouts, d 192 and 129 (zero-filled columns), a key tail that is not a multiple of 80. The persistent
-    variants run the one-tile kernel here (no room for sO), so they repeat pingpong."""
+    variants run their D = 256 kernel here (one Q slot, O stored from registers: no room for sO), with several tiles
+    per CTA, whole tiles and the split rounds (forced) in the 1025 x 1025 unmasked case."""
     check(vs, dtype, 2, 97, 97, 4, 2, 256)
+    check(vs, dtype, 2, 1025, 1025, 20, 4, 256, layout="bhsd")  # whole tiles (the default below 4096 keys)
+    forced_split(vs, dtype, 2, 1025, 1025, 20, 4, 256, layout="bhsd")
     check(vs, dtype, 2, 1025, 1025, 4, 2, 256, causal=1, align=1, layout="bhsd")
     check(vs, dtype, 2, 203, 113, 4, 2, 256, causal=1, align=0)
     if args.quick:
