@@ -249,6 +249,7 @@ def head_dim_256(vs, dtype):
     forced_split(vs, dtype, 2, 1025, 1025, 20, 4, 256, layout="bhsd")
     check(vs, dtype, 2, 1025, 1025, 4, 2, 256, causal=1, align=1, layout="bhsd")
     check(vs, dtype, 2, 203, 113, 4, 2, 256, causal=1, align=0)
+    check(vs, dtype, 1, 0, 0, 4, 2, 256, varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))  # unmasked varlen
     if args.quick:
         return
     check(vs, dtype, 1, 1, 1, 2, 1, 256)
