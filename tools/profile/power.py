@@ -2,15 +2,16 @@
 call):
 
     FLASHC_LIBRARY=build-gc/libflashc.so PYTHONPATH=python python3 tools/profile/power.py [--seconds 2.5] [--pass bwd]
-        [--cases 64:4096:1,...] [--backend cuda-mma --peers flash,cudnn] [--variants 64@tmastore,128@pingpong+stages=3]
+        [--cases 64:4096:1,...] [--dtype f16] [--backend cuda-mma --peers flash,cudnn]
+        [--variants 64@tmastore,128@pingpong+stages=3]
 
-Each case (bf16, 16k tokens, width 2048) runs for --seconds after 3 warm-up calls, with a pause between cases, while
-nvidia-smi samples the SM clock, the power draw, the temperature and the throttle reasons every 20 ms; each row is
-the median over the run (the first 0.5 s left out). Under the power cap (H100 SXM: 700 W) the clock a kernel gets
-depends on the energy it spends per cycle, so a faster kernel at fixed clocks (ncu) may still lose: the table shows
-work per clock (TFLOP/s per GHz) and energy per work (J per PFLOP) beside the time. nvidia-smi's power.draw is an
-average over about a second (it climbs for ~1 s after a kernel starts), and the clock steps down again once that
-average reaches the cap (bench/results/profile/hopper-power-s12.txt): runs shorter than ~1.5 s read a mix of states.
+Each case (bf16 or --dtype f16, 16k tokens, width 2048) runs for --seconds after 3 warm-up calls, with a pause between
+cases, while nvidia-smi samples the SM clock, the power draw, the temperature and the throttle reasons every 20 ms; each
+row is the median over the run (the first 0.5 s left out). Under the power cap (H100 SXM: 700 W) the clock a kernel gets
+depends on the energy it spends per cycle, so a faster kernel at fixed clocks (ncu) may still lose: the table shows work
+per clock (TFLOP/s per GHz) and energy per work (J per PFLOP) beside the time. nvidia-smi's power.draw is an average
+over about a second (it climbs for ~1 s after a kernel starts), and the clock steps down again once that average reaches
+the cap (bench/results/profile/hopper-power-s12.txt): runs shorter than ~1.5 s read a mix of states.
 """
 import argparse
 import datetime
@@ -78,6 +79,7 @@ def main():
                     help="bwd: the backward alone (flashc.prepare_backward beside the peers' through autograd.grad), "
                     "FLOPs counted as 2.5 forwards")
     ap.add_argument("--cases", default=None, help=f"D:S:CAUSAL,... (default fwd {CASES}; bwd {BWD_CASES})")
+    ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--backend", default="cuda-hopper", help="flashc's backend (cuda-hopper, cuda-mma, ...)")
     ap.add_argument("--peers", default="cudnn", help="SDPA backends run after it: cudnn, flash, efficient (comma-separated)")
     ap.add_argument("--variants", default="", help="cuda-hopper: FLASHC_HOPPER_VARIANT values run beside the default, "
@@ -99,7 +101,8 @@ def main():
         for d, s, causal in cases:
             causal = bool(causal)
             b, h = 16384 // s, 2048 // d
-            q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+            q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4))
             flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if a.which == "bwd" else 1.0)
             tag = f"{'-bwd' if a.which == 'bwd' else ''} d{d} s{s} c{int(causal)}"
             mine = ["default"] + [v.split("@", 1)[1] for v in variants if v.split("@", 1)[0] == str(d)]
