@@ -177,6 +177,19 @@ static __device__ __forceinline__ void fc_hp_store_o_rows(const fc_hopper_fwd_ar
   }
 }
 
+/* One butterfly stage of a transpose across a quad: this lane sends its pair of words p where `hi`, q where not, to
+ * lane ^ mask (whose `hi` is the other: it sends the other pair), and the pair it receives replaces the one it sent. */
+static __device__ __forceinline__ void fc_quad_exchange(uint32_t &p0, uint32_t &p1, uint32_t &q0, uint32_t &q1, bool hi,
+                                                        int mask) {
+  uint32_t x0 = hi ? p0 : q0, x1 = hi ? p1 : q1;
+  x0 = __shfl_xor_sync(0xffffffffu, x0, mask);
+  x1 = __shfl_xor_sync(0xffffffffu, x1, mask);
+  if (hi)
+    p0 = x0, p1 = x1;
+  else
+    q0 = x0, q1 = x1;
+}
+
 /* This thread's two rows of O / l (row0, row0 + 8), packed to 16 bits and stored to o at O (the sequence's row 0)
  * straight from registers: rows < sq and columns < head_dim. For the persistent kernel at D = 256, which has no shared
  * memory left to stage them in. The accumulator gives thread t of a quad columns 8x + 2t, 8x + 2t + 1 of each 8-column
@@ -199,20 +212,8 @@ static __device__ __forceinline__ void fc_hp_store_o_regs(const fc_hopper_fwd_ar
       for (int j = 0; j < 4; j++)
         w[j] = fc_pack2<T>(o[4 * (4 * G + j) + 2 * rh] * inv[rh], o[4 * (4 * G + j) + 2 * rh + 1] * inv[rh]);
       /* w as row t of a 4 × 4 matrix of the quad; transposed: w[j] = columns 8(4G + t) + 2j, + 1 */
-      uint32_t x0 = hi1 ? w[0] : w[2], x1 = hi1 ? w[1] : w[3];
-      x0 = __shfl_xor_sync(0xffffffffu, x0, 2);
-      x1 = __shfl_xor_sync(0xffffffffu, x1, 2);
-      if (hi1)
-        w[0] = x0, w[1] = x1;
-      else
-        w[2] = x0, w[3] = x1;
-      uint32_t y0 = hi0 ? w[0] : w[1], y1 = hi0 ? w[2] : w[3];
-      y0 = __shfl_xor_sync(0xffffffffu, y0, 1);
-      y1 = __shfl_xor_sync(0xffffffffu, y1, 1);
-      if (hi0)
-        w[0] = y0, w[2] = y1;
-      else
-        w[1] = y0, w[3] = y1;
+      fc_quad_exchange(w[0], w[1], w[2], w[3], hi1, 2); /* 2 × 2 blocks of words between lanes t, t ^ 2 */
+      fc_quad_exchange(w[0], w[2], w[1], w[3], hi0, 1); /* then single words within each block: t, t ^ 1 */
       const int col = 8 * (4 * G + t);
       if (row >= sq || col >= a.head_dim) continue;
       if (a.o_aligned && col + 8 <= a.head_dim) {
