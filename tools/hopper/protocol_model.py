@@ -13,7 +13,7 @@ CTA's tiles, the last consumer arriving once before the first tile and consumer 
 more bar.sync after its last tile. The producer publishes every tile with rows in a 2-entry tile ring guarded by
 mbarriers before its loads, then an end marker; the consumer warps take each tile from the ring (the next one only
 after the dummy trips: blocks past a warpgroup's own last block, one turn each and their K and V released unused);
-Q_i has two slots. Under static orders (each CTA's list of tiles given) and under the dynamic order
+Q_i has two slots (one at D = 256). Under static orders (each CTA's list of tiles given) and under the dynamic order
 (FLASHC_HOPPER_SCHED=dynamic: 1..3 CTAs share a claim counter; every position with rows must be walked by one CTA).
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
@@ -251,7 +251,7 @@ DYNAMIC_MUTATIONS = {
 }
 
 TILE_RING = 2  # entries of the tile ring (FC_HP_TILE_RING)
-Q_SLOTS = 2  # Q_i buffers (use u in slot u % 2)
+Q_SLOTS = 2  # Q_i buffers (use u in slot u % Q_SLOTS); 1 at D = 256, where sQ and the K/V ring fill shared memory
 
 
 class Order:
@@ -266,15 +266,16 @@ class Order:
         self.walked = []  # (cta, position) for each position a CTA's consumers walked
 
 
-def persistent_cta(order, cta, stages, mutation, nc):
+def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
     """One CTA of the persistent kernel (session 14's protocol): (actors, in_flight, bufs, end_check). The producer
     walks the positions of `order` (static: the CTA's list; dynamic: claimed), publishes each tile with rows in the
     2-entry tile ring before its loads, then an end marker; every consumer warp takes each tile from the ring (the
-    first at its start, the next after the last P.V and the dummy trips of the one before). Q_i in two slots."""
+    first at its start, the next after the last P.V and the dummy trips of the one before). Q_i in q_slots slots (2;
+    1 at D = 256: the next tile's Q_i lands once every warp waited for this tile's last S)."""
     dynamic = order.grid is not None
     arrivals = 8 if mutation == "p3_counts_of_two" else 4 * nc  # one per consumer warp
-    q_full = [MBar(1) for _ in range(Q_SLOTS)]
-    q_empty = [MBar(arrivals) for _ in range(Q_SLOTS)]
+    q_full = [MBar(1) for _ in range(q_slots)]
+    q_empty = [MBar(arrivals) for _ in range(q_slots)]
     full_k = [MBar(1) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
     empty_k = [MBar(arrivals) for _ in range(stages)]
@@ -287,7 +288,7 @@ def persistent_cta(order, cta, stages, mutation, nc):
     turn = [NamedBar(256) for _ in range(nc)]
     turn_order = []  # the consumer whose warp 0 passed a turn, in order
     walked = {}  # consumer warp -> the positions it walked
-    bufs = {"Q": [None] * Q_SLOTS, "K": [None] * stages, "V": [None] * stages}
+    bufs = {"Q": [None] * q_slots, "K": [None] * stages, "V": [None] * stages}
     readers = {(kind, s): set() for kind, b in bufs.items() for s in range(len(b))}
     in_flight = []
     per_tile = mutation == "p_counts_per_tile"
@@ -350,8 +351,8 @@ def persistent_cta(order, cta, stages, mutation, nc):
                         tma(full_k[s], "K", s, (ti, n))
                         kfill += 1
                     if n == 0:
-                        qs = 0 if mutation == "p_q_one_slot" else qfill % Q_SLOTS
-                        qu = qfill // Q_SLOTS
+                        qs = 0 if mutation == "p_q_one_slot" else qfill % q_slots
+                        qu = qfill // q_slots
                         if qu > 0 and mutation != "p_q_not_waited":
                             yield from wait(q_empty[qs], (qu - 1) & 1)
                         q_full[qs].arrive(expect_tx=1)
@@ -409,8 +410,8 @@ def persistent_cta(order, cta, stages, mutation, nc):
                 own = n_own(ti, cw)
                 if per_tile:
                     kuse = vuse = 0
-                qs = 0 if mutation == "p_q_one_slot" else quse % Q_SLOTS
-                yield from wait(q_full[qs], (quse // Q_SLOTS) & 1)
+                qs = 0 if mutation == "p_q_one_slot" else quse % q_slots
+                yield from wait(q_full[qs], (quse // q_slots) & 1)
                 if mutation == "p_q_released_first":
                     q_empty[qs].arrive()
                 s0 = kuse % stages
@@ -530,24 +531,24 @@ def run_ctas(ctas, rng):
         c[3]()
 
 
-def simulate_persistent(tiles, stages, seed, mutation=None, nc=2, own=None):
+def simulate_persistent(tiles, stages, seed, mutation=None, nc=2, own=None, q_slots=Q_SLOTS):
     """tiles: per tile of this CTA, its number of visible key blocks (0: no load at all, the epilogue only), or
     None for a tile with no row in its sequence (never published); own: {tile: each consumer's own blocks}. Models
-    Q_i in two slots, the K/V rings with fill/use counts kept over all tiles, the dummy trips and the ping-pong turns
-    chained round robin over the CTA's life. Checks the order in which the consumers' warps 0 pass their turns:
+    Q_i in q_slots slots, the K/V rings with fill/use counts kept over all tiles, the dummy trips and the ping-pong
+    turns chained round robin over the CTA's life. Checks the order in which the consumers' warps 0 pass their turns:
     0, 1, (2,) 0, 1, (2,) ..."""
     rng = random.Random(seed)
-    run_ctas([persistent_cta(Order(tiles, own=own), 0, stages, mutation, nc)], rng)
+    run_ctas([persistent_cta(Order(tiles, own=own), 0, stages, mutation, nc, q_slots)], rng)
 
 
-def simulate_dynamic(weights, grid, stages, seed, mutation=None, nc=2, own=None):
+def simulate_dynamic(weights, grid, stages, seed, mutation=None, nc=2, own=None, q_slots=Q_SLOTS):
     """The dynamic order: `grid` CTAs over the positions `weights` (as simulate_persistent's tiles), each CTA's
     producer claiming positions with the shared counter and handing them to its consumers through the tile ring,
     under random interleavings (so which CTA gets which position varies). Checks, besides each CTA's protocol, that
     all the warps of a CTA walk the same positions and that every position with rows is walked by exactly one CTA."""
     rng = random.Random(seed)
     order = Order(weights, grid, own)
-    run_ctas([persistent_cta(order, c, stages, mutation, nc) for c in range(grid)], rng)
+    run_ctas([persistent_cta(order, c, stages, mutation, nc, q_slots) for c in range(grid)], rng)
     got = sorted(t for _, t in order.walked)
     want = [t for t, w in enumerate(weights) if w is not None]
     assert got == want, f"positions walked {got}, not each of {want} once"
@@ -565,13 +566,17 @@ def random_own(rng, weights, nc):
 
 
 DUMMY_MUTATIONS = ("p_take_before_dummy", "p_dummy_no_turn", "p_dummy_v_kept")
+# (consumer warpgroups, Q slots) of the persistent kernels: 2 consumers with two Q slots (D = 64, 128) and with one
+# (D = 256), tmastore3's 3 consumers with two
+PERSISTENT_SHAPES = ((2, 2), (2, 1), (3, 2))
+ONE_SLOT_MUTATIONS = ("p_q_released_first", "p_q_not_waited")  # checked again in the (2, 1) shape alone
 
 
-def run_persistent(mutation=None, seeds=40):
+def run_persistent(mutation=None, seeds=40, shapes=PERSISTENT_SHAPES):
     """Random tile lists (1..6 tiles of 0..6 key blocks, some with no rows, some with dummy trips) under random
-    interleavings, with 2 and 3 consumers."""
+    interleavings, with 2 and 3 consumers, one and two Q slots (PERSISTENT_SHAPES)."""
     runs = 0
-    for nc in (2, 3):
+    for nc, q_slots in shapes:
         for stages in (2, 3):
             for seed in range(seeds):
                 rng = random.Random(1000 + seed)
@@ -587,18 +592,20 @@ def run_persistent(mutation=None, seeds=40):
                     own[len(tiles)] = (1,) + (5,) * (nc - 1)
                     tiles += [5, 3]
                 try:
-                    simulate_persistent(tiles, stages, seed, mutation, nc, own)
+                    simulate_persistent(tiles, stages, seed, mutation, nc, own, q_slots)
                 except AssertionError as e:
-                    return f"persistent nc={nc} stages={stages} tiles={tiles} own={own} seed={seed}: {e}", runs
+                    return (f"persistent nc={nc} q_slots={q_slots} stages={stages} tiles={tiles} own={own} "
+                            f"seed={seed}: {e}", runs)
                 runs += 1
     return None, runs
 
 
 def run_dynamic(mutation=None, seeds=40):
     """The dynamic order: 1..3 CTAs over 1..12 positions (at least one per CTA, as the host's grid = min(tiles,
-    SMs)), random weights with tiles without rows, empty tiles and dummy trips, 2 and 3 consumers, 2 and 3 stages."""
+    SMs)), random weights with tiles without rows, empty tiles and dummy trips, 2 and 3 consumers, one and two Q slots
+    (PERSISTENT_SHAPES), 2 and 3 stages."""
     runs = 0
-    for nc in (2, 3):
+    for nc, q_slots in PERSISTENT_SHAPES:
         for stages in (2, 3):
             for seed in range(seeds):
                 rng = random.Random(5000 + seed)
@@ -608,9 +615,10 @@ def run_dynamic(mutation=None, seeds=40):
                     weights += [rng.choice([0, None, 2]) for _ in range(3)] + [3, 1, 2] * grid  # several tiles per CTA
                 own = random_own(rng, weights, nc)
                 try:
-                    simulate_dynamic(weights, grid, stages, seed, mutation, nc, own)
+                    simulate_dynamic(weights, grid, stages, seed, mutation, nc, own, q_slots)
                 except AssertionError as e:
-                    return f"dynamic nc={nc} stages={stages} grid={grid} weights={weights} seed={seed}: {e}", runs
+                    return (f"dynamic nc={nc} q_slots={q_slots} stages={stages} grid={grid} weights={weights} "
+                            f"seed={seed}: {e}", runs)
                 runs += 1
     return None, runs
 
@@ -640,6 +648,10 @@ def main():
         err, _ = run_persistent(mutation, seeds=20)
         print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
         failures += err is None
+    for mutation in ONE_SLOT_MUTATIONS:  # caught with one Q slot too (D = 256)
+        err, _ = run_persistent(mutation, seeds=20, shapes=((2, 1),))
+        print(f"mutation {mutation} (one Q slot): {'caught: ' + err if err else 'NOT CAUGHT'}")
+        failures += err is None
     for mutation, what in DYNAMIC_MUTATIONS.items():
         err, _ = run_dynamic(mutation, seeds=20)
         print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
@@ -659,8 +671,9 @@ def main():
     runs_p += runs_d
     print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong/pingpong3, stages 2 "
           f"and 3, "
-          f"0..9 key blocks; persistent (2 and 3 consumers) over random tile lists, static and dynamic orders; "
-          f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS) + len(DYNAMIC_MUTATIONS)} "
+          f"0..9 key blocks; persistent (2 consumers with 2 or 1 Q slots, 3 with 2) over random tile lists, static "
+          f"and dynamic orders; "
+          f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS) + len(ONE_SLOT_MUTATIONS) + len(DYNAMIC_MUTATIONS)} "
           f"broken protocols must be caught)")
     sys.exit(1 if failures else 0)
 
