@@ -887,7 +887,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
                                       int variant, int nc, int order, int32_t *claim, const fc_hp_split_mem *split) {
-  const int D = p->head_dim <= 64 ? 64 : p->head_dim <= 128 ? 128 : 256;
+  const int D = fc_hp_d_tile(p->head_dim);
   const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && D <= 128 && fc_hp_o_tma_ok(p);
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
   if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
@@ -1062,7 +1062,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   /* The persistent kernel (at D = 256 without sO: one Q slot, O stored from registers) and its order, known before
    * the workspace: the dynamic order's claim counter lives there, after the varlen offsets. */
   const bool persistent = three ? variant == FC_HP_TMASTORE3 : variant == FC_HP_PERSISTENT || variant == FC_HP_TMASTORE;
-  const int d_tile = p->head_dim <= 64 ? 64 : p->head_dim <= 128 ? 128 : 256; /* D */
+  const int d_tile = fc_hp_d_tile(p->head_dim); /* D */
   int order = FC_HP_SCHED_STRIDE;
   if (persistent) FC_CHECK(fc_hp_sched_order(p, d_tile, three ? 3 : 2, &order));
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),

@@ -1187,7 +1187,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
     rows.sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
     rows.total_pad = p->batch * rows.sq_pad;
   }
-  const int D = p->head_dim <= 64 ? 64 : p->head_dim <= 128 ? 128 : 256;
+  const int D = fc_hp_d_tile(p->head_dim);
   /* The blocked sum's tile width: D = 256 always adds 64 × 64 tiles (FLASHC_HOPPER_BWD_DQ does not apply there) */
   const int dq_tile_w = D == 256 ? FC_HPB256_DQ_W : fc_hpb_dq_tile_w(mode, D);
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);

@@ -7,6 +7,10 @@
 
 #include <cuda.h> /* CUtensorMap (a type only: no driver call is linked) */
 
+/* The head dim D a call runs as: d ≤ 64 as 64, d ≤ 128 as 128, d ≤ 256 as 256 (the copy engine fills the columns past
+ * d with zeros). */
+static inline int fc_hp_d_tile(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
+
 /* The 4-d shape of a [b, s, h, d] view for TMA: dims (head_dim, rows, heads, batch), innermost first. A dim of
  * size 1 gets a stride that TMA accepts (its coordinate is always 0). */
 typedef struct fc_hp_map_shape {
