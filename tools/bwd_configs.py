@@ -198,10 +198,10 @@ def parse_args(spec, more=None):
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--configs", default=spec.configs)
-    ap.add_argument("--csv", default="", help="write the bench rows here (TARGETS.md's columns + config)")
+    ap.add_argument("--csv", default="", help="write the bench rows here (docs/targets.md's columns + config)")
     ap.add_argument("--no-varlen", action="store_true",
                     help="skip the varlen cases (under racecheck, PyTorch's reference of their 1-token sequence "
-                    "fails with an illegal address inside the sanitizer, before any flashc call; session 6)")
+                    "fails with an illegal address inside the sanitizer, before any flashc call)")
     ap.add_argument("--dims", default="", type=lambda t: {int(x) for x in t.split(",") if x},
                     help="check only the cases of these head dims (e.g. 59,64,111,128: racecheck of one kernel)")
     if more:

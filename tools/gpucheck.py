@@ -300,7 +300,7 @@ def git_commit():
         return ""
 
 
-# TARGETS.md's columns of a results CSV
+# docs/targets.md's columns of a results CSV
 CSV_COLUMNS = ["date", "device", "commit", "impl", "dtype", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                "head_dim", "causal", "pass", "world", "threads", "ms", "tflops", "gbps", "max_abs_err", "rel_l2_err"]
 

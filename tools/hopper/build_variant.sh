@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # tools/hopper/build_variant.sh OUT_DIR SOURCE "DEFINES" — one source of the library (e.g. src/cuda/hopper_bwd.cu)
 # compiled with DEFINES (-DNAME=VALUE ...) and linked with the other objects of the configured Ninja build $BUILD
-# (default /work/bld, brought up to date first) into OUT_DIR/libflashc.so, for A/B runs of compile-time settings
+# (default build, the folder scripts/build makes; brought up to date first) into OUT_DIR/libflashc.so, for A/B runs of compile-time settings
 # (tools/hopper/pack_libs.sh, ab.sh). The build folder itself is left as it is.
 set -euo pipefail
 out=${1:?usage: build_variant.sh OUT_DIR SOURCE DEFINES} src=${2:?source} defs=${3-}
-build=${BUILD:-/work/bld}
+build=$(cd "${BUILD:-build}" && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 ninja -C "$build" flashc >/dev/null

@@ -1,5 +1,5 @@
 """GPU check of cuda-hopper (H100/H200): correctness against an fp64 reference, then timings against PyTorch
-SDPA (flash, cudnn) on the shapes of /work/shared/TARGETS.md. Run through tools/hopper/gpu.sh, or:
+SDPA (flash, cudnn) on the shapes of docs/targets.md. Run through tools/hopper/gpu.sh, or:
 
     python3 tools/hopper/check.py --lib build-gpu/libflashc.so [--quick] [--no-bench]
 
@@ -21,7 +21,7 @@ tmastore~snake1; without "~" the environment's FLASHC_HOPPER_SCHED, or the libra
 cell, which reads up to 10 % high, is a different one each time) or be "default" (the library's own choice of variant and
 order). The timings take q, k, v as contiguous [b, s, h, d] tensors (--layout bshd, the layout users and
 bench/compare.py pass) or as head-major memory passed as [b, s, h, d] views (--layout bhsd); the two can rank
-schedule variants differently (docs/hopper.md, session 7). The variants of a
+schedule variants differently (bench/compare.py, which times bshd, decides the defaults). The variants of a
 case share its inputs and its reference (computed once); the "many tiles" cases give each CTA of the
 persistent grid several tiles (with Br = 128 and with tmastore3's Br = 192), among them tiles with no visible key
 and tiles past their sequence, with the TMA store of o and without.

@@ -1,5 +1,5 @@
 """GPU check of cuda-hopper's backward (H100/H200): correctness against an fp64 reference, then timings against
-the backward of PyTorch SDPA (flash, cudnn) and of cuda-mma on the shapes of /work/shared/TARGETS.md. Run through
+the backward of PyTorch SDPA (flash, cudnn) and of cuda-mma on the shapes of docs/targets.md. Run through
 tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
 
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]

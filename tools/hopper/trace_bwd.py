@@ -22,7 +22,7 @@ D = 256) has its own marks, thread 0 of each consumer warpgroup:
   8 dQ_0 ready (dQ, dK issued)   9 dQ_0 tile added   10 the next block's Sᵀ / dPᵀ issued (after its fill's wait)
   11 dQ_1 ready   12 dQ_1 tile added   13 dK ready, Q released
   producer: 0, 1 around the wait for a free Q stage; 2, 3 around the wait for the dO buffer.
-Printed per case (bf16, TARGETS.md's shapes: 16k tokens, width 2048), medians over the steady blocks (each CTA's
+Printed per case (bf16, docs/targets.md's shapes: 16k tokens, width 2048), medians over the steady blocks (each CTA's
 blocks 2 .. n − 2) of the 132 CTAs, in SM cycles: the block period; each warpgroup's split of a block at its marks;
 how far warpgroup 1 runs behind warpgroup 0 (its mark 1 minus 0's, same block); the producer's wait for a stage. A
 mark is one global store (a few cycles of issue, a few per cent of the kernel): read the shape, not absolute speed.

@@ -24,7 +24,7 @@ def analyse_loaded(a, analyse):
 
 
 def cases(spec):
-    """(d, s, causal, batch, heads) per D:S:CAUSAL of spec: TARGETS.md's 16k tokens and model width 2048."""
+    """(d, s, causal, batch, heads) per D:S:CAUSAL of spec: docs/targets.md's 16k tokens and model width 2048."""
     for c in spec.split(","):
         d, s, causal = (int(x) for x in c.split(":"))
         yield d, s, causal, 16384 // s, 2048 // d

@@ -10,7 +10,7 @@
 #   CONFIGS=fa2,fa2x2 bash tools/mma/bench-bwd.sh   only these configurations (check and bench)
 # Steps may be named in any order; --quick applies to check and bench. Logs and the CSV go to $OUT
 # (default /tmp/out): build.log, resources.txt (registers and spills of every backward kernel), check.log,
-# bench.log, mma-bwd.csv (TARGETS.md's columns + config).
+# bench.log, mma-bwd.csv (docs/targets.md's columns + config).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # cuda-mma forward configurations on an H100/H200 in one device call (~8 min): build for sm_90a, ptxas's
 # register/spill table of the forward kernels, correctness of every configuration against fp64, then TFLOP/s of
-# every configuration against SDPA flash and cudnn on TARGETS.md's grid, the ratio table last.
+# every configuration against SDPA flash and cudnn on docs/targets.md's grid, the ratio table last.
 #   bash tools/mma/bench-fwd.sh            everything
 #   bash tools/mma/bench-fwd.sh --quick    a few shapes and seqlens (~3 min)
 #   FLASHC_MMA_SANITIZE=1 [FLASHC_MMA_SAN_CONFIGS=mt2,lean] bash tools/mma/bench-fwd.sh

@@ -1,6 +1,6 @@
 """GPU check of cuda-mma's backward, every configuration (FLASHC_MMA_BWD_CONFIG): correctness of dq, dk, dv
 against an fp64 reference, then backward TFLOP/s against PyTorch SDPA flash and cudnn on the shapes of
-/work/shared/TARGETS.md. Run through tools/mma/bench-bwd.sh, or:
+docs/targets.md. Run through tools/mma/bench-bwd.sh, or:
 
     python3 tools/mma/check_bwd.py --lib build-gpu-mmabwd/libflashc.so [--quick] [--no-check] [--no-bench]
                                    [--configs base,fa2,fa2p,fa2x2,fa2pb,fa2pbl] [--csv mma-bwd.csv]
@@ -34,8 +34,8 @@ SPEC = Spec(backend="cuda-mma", env="FLASHC_MMA_BWD_CONFIG", dtypes=(torch.bfloa
 
 
 def bench(h):
-    """Backward TFLOP/s of each configuration and of SDPA flash and cudnn (autograd backward only) on TARGETS.md's
-    shapes; the CSV (--csv) gets TARGETS.md's columns + config."""
+    """Backward TFLOP/s of each configuration and of SDPA flash and cudnn (autograd backward only) on docs/targets.md's
+    shapes; the CSV (--csv) gets docs/targets.md's columns + config."""
     args, configs = h.args, h.configs
     dev = torch.cuda.get_device_name()
     commit = git_commit()

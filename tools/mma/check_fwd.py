@@ -1,5 +1,5 @@
 """GPU check of cuda-mma's forward configurations (FLASHC_MMA_FWD_CONFIG): correctness of each against an fp64
-reference, then TFLOP/s of each against PyTorch SDPA (flash, cudnn) on the shapes of /work/shared/TARGETS.md.
+reference, then TFLOP/s of each against PyTorch SDPA (flash, cudnn) on the shapes of docs/targets.md.
 Run through tools/mma/bench-fwd.sh, or:
 
     python3 tools/mma/check_fwd.py --lib build-mmafwd-gpu/libflashc.so [--quick] [--no-check] [--no-bench]
@@ -36,7 +36,7 @@ ap.add_argument("--dtypes", default="bf16,fp16")
 ap.add_argument("--dims", default="64,128,256", help="head dims of the timings")
 ap.add_argument("--masks", default="0,1", help="causal values of the timings")
 ap.add_argument("--reps", type=int, default=20)
-ap.add_argument("--csv", default="", help="also write the timings here (TARGETS.md's columns)")
+ap.add_argument("--csv", default="", help="also write the timings here (docs/targets.md's columns)")
 args = ap.parse_args()
 
 fc = Flashc(args.lib)

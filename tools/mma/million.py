@@ -58,7 +58,7 @@ def parse_args():
     ap.add_argument("--rows", type=int, default=64, help="query rows checked (O, lse, dQ)")
     ap.add_argument("--cols", type=int, default=16, help="key rows checked (dK, dV)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu with a CPU backend")
-    ap.add_argument("--csv", default="", help="append rows with TARGETS.md's columns (+ memory) here")
+    ap.add_argument("--csv", default="", help="append rows with docs/targets.md's columns (+ memory) here")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     for mask in args.masks.split(","):
@@ -277,7 +277,7 @@ def run_mask(flashc, mask, args, dev, dtype, baseline):
 
 
 def csv_rows(summary, args, dev):
-    """TARGETS.md's columns, a fwd and a bwd row per mask, + used_gib, extra_gib, extra_per_row."""
+    """docs/targets.md's columns, a fwd and a bwd row per mask, + used_gib, extra_gib, extra_per_row."""
     commit = os.environ.get("FLASHC_COMMIT", "")  # a copy of the tree without .git (the device runs) says so here
     if not commit:
         try:

@@ -8,8 +8,8 @@ The hardware hands a grid's CTAs out in blockIdx order, each to the first free s
 list scheduling. A tile costs `overhead` plus one unit per block it loops over; with a causal mask (top-left,
 seqlen_q = seqlen_k) the tiles of one (sequence, head) pair differ: in the backward key block j of n sees n - j
 query blocks (Bc / Br of them per key block), in the forward query block i sees i + 1 key blocks. The grids of
-TARGETS.md: 16k tokens, width 2048 (b = 16384 / s, h = 2048 / d). Orders:
-  pair   each pair's tiles together, heaviest first (the kernels before session 17; the forwards still);
+docs/targets.md: 16k tokens, width 2048 (b = 16384 / s, h = 2048 / d). Orders:
+  pair   each pair's tiles together, heaviest first (the kernels before the tail order, 1874f51);
   tailW  the same, except the last W waves' pairs tile index by tile index (tail_order.cuh: W = 2);
   lpt    every tile by length, longest first (the model's best; spreads the CTAs at work over every pair: L2).
 Prints the idle share of each: (makespan - ideal) / makespan, ideal = total work / slots. With --mask full every

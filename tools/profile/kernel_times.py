@@ -4,10 +4,10 @@ PyTorch SDPA's flash and cudnn backends, side by side, through torch.profiler (C
 
     PYTHONPATH=python FLASHC_LIBRARY=build-gpu/libflashc.so python3 tools/profile/kernel_times.py [D/S/CAUSAL ...]
 
-A case D/S/CAUSAL (default 64/1024/0 64/2048/0 64/16384/0 128/1024/0 128/16384/0 64/1024/1) runs on TARGETS.md's
+A case D/S/CAUSAL (default 64/1024/0 64/2048/0 64/16384/0 128/1024/0 128/16384/0 64/1024/1) runs on docs/targets.md's
 shapes (16k tokens, model width 2048: batch = 16384 / S, heads = 2048 / D), bf16, q/k/v/dO as contiguous [b, s, h, d]
 tensors (PyTorch gets [b, h, s, d] views of the same memory). Each implementation is called 3 times, then 10 times
-under the profiler; printed: the mean µs per call of all its kernels and of its largest six. Session 8 found with it
+under the profiler; printed: the mean µs per call of all its kernels and of its largest six. It found
 that the backward's row passes, not its main kernel, made cuda-mma lose at seqlen 1k (convert 195 µs vs
 FlashAttention-2's 80, plus a 41 µs memset).
 """

@@ -2,7 +2,7 @@
 
     python3 tools/profile/one_call.py --backend cuda-hopper --pass fwd --seqlen 8192 --head-dim 128 [--causal]
 
-The shape is TARGETS.md's: 16k tokens (batch = 16384 / seqlen), model width 2048 (heads = 2048 / head_dim),
+The shape is docs/targets.md's: 16k tokens (batch = 16384 / seqlen), model width 2048 (heads = 2048 / head_dim),
 bf16 unless --dtype says otherwise, layout [b, s, h, d]. The forward (and for --pass bwd the backward) is
 prepared once, run --warmup times, then --calls times between cudaProfilerStart/Stop, so that `ncu
 --profile-from-start off` sees only the timed calls and no allocation or warm-up. It also prints the median

@@ -11,7 +11,7 @@ row is the median over the run (the first 0.5 s left out). Under the power cap (
 depends on the energy it spends per cycle, so a faster kernel at fixed clocks (ncu) may still lose: the table shows work
 per clock (TFLOP/s per GHz) and energy per work (J per PFLOP) beside the time. nvidia-smi's power.draw is an average
 over about a second (it climbs for ~1 s after a kernel starts), and the clock steps down again once that average reaches
-the cap (bench/results/profile/hopper-power-s12.txt): runs shorter than ~1.5 s read a mix of states.
+the cap (bench/results/profile/hopper-power-2026-11-23.txt): runs shorter than ~1.5 s read a mix of states.
 """
 import argparse
 import datetime
@@ -51,8 +51,8 @@ def run(name, call, flops, seconds, phases):
 
 
 # The FLASHC_HOPPER_* settings this script was started with (tools/hopper/ab.sh's NAME@VAR=VALUE): every variant,
-# "default" too, runs on top of them. (Until session 25 set_env dropped them, so that ab.sh's A/Bs of two settings
-# of one build, sessions 23-25, ran the library's defaults on both sides.)
+# "default" too, runs on top of them. (Before 2bfc597 set_env dropped them, so that ab.sh's A/Bs of two settings
+# of one build ran the library's defaults on both sides.)
 BASE_ENV = {k: v for k, v in os.environ.items() if k.startswith("FLASHC_HOPPER_")}
 
 
