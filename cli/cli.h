@@ -56,8 +56,13 @@ typedef struct cli_options {
   int n_seqlens;
   int repeats, warmup;
   const char *csv;
-  int check; /* bench: 1 yes, 0 no, -1 auto */
-  /* which of the generation flags were given (check: they exclude --data) */
+  int check; /* bench: 1 yes, 0 no, -1 auto; ring: 1 when --check was given */
+  /* ring */
+  const char *out; /* --out DIR: where rank 0 writes the outputs */
+  flashc_ring_layout layout;
+  int bench;          /* --bench */
+  int64_t timeout_ms; /* −1: the library's default */
+  /* which of the generation flags were given (check, ring: they exclude --data) */
   int gen_flags_given;
   int seqlen_k_given, heads_kv_given;
 } cli_options;
@@ -68,7 +73,8 @@ typedef enum {
   CLI_CHECK = 1u << 2,
   CLI_BENCH = 1u << 3,
   CLI_LIST = 1u << 4,
-  CLI_DEMO = 1u << 5
+  CLI_DEMO = 1u << 5,
+  CLI_RING = 1u << 6
 } cli_command_bit;
 
 /* Defaults for subcommand `bit`, then argv parsed into *o. Returns CLI_OK, CLI_ERROR (a message was
@@ -234,7 +240,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_ring(int argc, char **argv); /* ring.c: ring attention across MPI ranks */
-void cmd_ring_help(void);            /* its options, for the help of its row */
+void cmd_ring_help(void);            /* the paragraph after its options: FLOPs and efficiency */
 /* Prints the help of a subcommand by name (from the table in flashc.c). */
 void cli_print_command_help(const char *name);
 

@@ -3,7 +3,7 @@
  *
  * Per sequence length the inputs are generated once; per backend and pass a runner holds every buffer
  * before the timed loop starts, so nothing is allocated while timing. Results go to a table on stdout and,
- * with --csv, to rows in the schema of bench/results (TARGETS.md).
+ * with --csv, to rows in the schema of bench/results (docs/targets.md).
  */
 #include "cli.h"
 

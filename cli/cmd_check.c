@@ -19,6 +19,8 @@ int cmd_check(int argc, char **argv) {
   }
   if (rc) return rc;
   if (!o.backend) return cli_error("--backend NAME is required (see flashc list)");
+  flashc_backend_info info; /* an unknown name fails here, before anything is printed or generated */
+  if (cli_backend_info(o.backend, &info)) return CLI_ERROR;
   if (o.data && o.gen_flags_given)
     return cli_error("--data and the generation flags (--batch, --seqlen-q, ..., --seed) exclude each other: the "
                      "shape comes from the files");

@@ -8,6 +8,7 @@
  */
 #include "cli.h"
 #include "json.h"
+#include "readfile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -218,8 +219,10 @@ static int read_meta(const char *dir, int *dtype, uint64_t *seed) {
   join(path, sizeof path, dir, "meta.json");
   *dtype = -1;
   *seed = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f) return CLI_OK; /* optional */
+  char why[300];
+  FILE *f = io_open_regular(path, why, sizeof why); /* a FIFO is refused, not waited on */
+  if (!f && errno == ENOENT) return CLI_OK;         /* optional */
+  if (!f) return cli_error("%s: %s", path, why);
   char text[1 << 16];
   size_t n = fread(text, 1, sizeof text, f);
   int too_long = n == sizeof text;

@@ -8,6 +8,7 @@
  *   flashc run   --data DIR --backend B  outputs (and gradients) as .npy files
  *   flashc check --backend B ...         errors against the fp64 reference; exit 1 on FAIL
  *   flashc bench --backend B,... ...     timings, TFLOP/s, GB/s; CSV rows
+ *   mpirun -np N flashc ring ...         ring attention across MPI ranks (ring.c)
  */
 #include "cli.h"
 
@@ -79,12 +80,13 @@ static const cli_subcommand subcommands[] = {
      "error, then PASS or FAIL. Without --data the inputs are generated from the generation flags.",
      check_extra_help},
     {"bench", CLI_BENCH, cmd_bench, "time backends over sequence lengths; table on stdout, CSV rows",
-     "flashc bench [--backend NAME,...|all] [--seqlens N,...] [--batch B --heads H --head-dim D --dtype T\n"
-     "                  --causal --mode fwd|bwd|both] [--repeats N --warmup N] [--csv FILE] [--threads N]",
+     "flashc bench [--backend NAME,...|all] [--seqlens N,...] [--batch B --heads H --heads-kv HKV --head-dim D\n"
+     "                  --dtype T --causal --mode fwd|bwd|both] [--repeats N --warmup N] [--check yes|no|auto]\n"
+     "                  [--csv FILE] [--threads N]",
      "For each sequence length (seqlen_q = seqlen_k) and backend: validates against cpu-ref (see --check),\n"
      "then times the forward and/or backward pass and prints backend, shape, median ms, TFLOP/s and GB/s.",
      bench_extra_help},
-    {"ring", 0, cmd_ring, "ring attention across MPI ranks: mpirun -np N flashc ring ... (--check, --bench)",
+    {"ring", CLI_RING, cmd_ring, "ring attention across MPI ranks: mpirun -np N flashc ring ... (--check, --bench)",
      "mpirun -np N flashc ring [--data DIR | generation flags] [--backend NAME] [--layout contiguous|zigzag] ...",
      "Ring attention over the MPI ranks (CPU backends over MPI, CUDA backends over NCCL, one GPU per rank):\n"
      "every rank takes its shard of the whole inputs, rank 0 gathers the outputs.",

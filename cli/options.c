@@ -4,7 +4,9 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +24,8 @@ typedef enum {
   OPT_ALIGN,
   OPT_WINDOW,
   OPT_LIST,
-  OPT_CHECK
+  OPT_CHECK,
+  OPT_LAYOUT
 } opt_kind;
 
 typedef struct cli_option {
@@ -38,20 +41,24 @@ typedef struct cli_option {
 
 #define OFF(field) offsetof(cli_options, field)
 #define SHAPE      (CLI_GEN | CLI_CHECK)
-#define ATTN       (CLI_RUN | CLI_CHECK)
+#define ATTN       (CLI_RUN | CLI_CHECK | CLI_RING)
 
 static const cli_option options[] = {
-    {"data", "DIR", OPT_STRING, CLI_GEN | CLI_RUN | CLI_CHECK, OFF(data), 0, 0, 0,
+    {"data", "DIR", OPT_STRING, CLI_GEN | CLI_RUN | CLI_CHECK | CLI_RING, OFF(data), 0, 0, 0,
      "directory of q.npy k.npy v.npy do.npy meta.json"},
-    {"backend", "NAME", OPT_STRING, CLI_RUN | CLI_CHECK | CLI_DEMO, OFF(backend), 0, 0, 0,
+    {"out", "DIR", OPT_STRING, CLI_RING, OFF(out), 0, 0, 0, "where rank 0 writes o, lse, dq, dk, dv (default: --data)"},
+    {"backend", "NAME", OPT_STRING, CLI_RUN | CLI_CHECK | CLI_DEMO | CLI_RING, OFF(backend), 0, 0, 0,
      "a backend of `flashc list`"},
     {"backend", "NAME,...|all", OPT_STRING, CLI_BENCH, OFF(backend), 0, 0, 0,
      "backends to time; all = every usable one"},
+    {"layout", "contiguous|zigzag", OPT_LAYOUT, CLI_RING, OFF(layout), 0, 0, 0,
+     "rank r holds rows [r·L, (r+1)·L), or chunks r and 2N-1-r of 2N (causal balance)"},
     {"mode", "fwd|bwd|both", OPT_MODE, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(mode), 0, 0, 0,
      "forward, backward (after an untimed forward) or both"},
+    {"mode", "fwd|bwd|both", OPT_MODE, CLI_RING, OFF(mode), 0, 0, 0, "forward, or forward and backward (bwd = both)"},
     {"dtype", "f32|f16|bf16", OPT_DTYPE, CLI_GEN | CLI_BENCH, OFF(dtype), 0, 0, 0,
      "dtype of the data and the computation"},
-    {"dtype", "f32|f16|bf16", OPT_DTYPE, CLI_RUN | CLI_CHECK, OFF(dtype), 0, 0, 0,
+    {"dtype", "f32|f16|bf16", OPT_DTYPE, CLI_RUN | CLI_CHECK | CLI_RING, OFF(dtype), 0, 0, 0,
      "compute dtype (default: meta.json's, else f16 for '<f2' files, f32 for '<f4')"},
     {"causal", NULL, OPT_SWITCH, ATTN | CLI_BENCH, OFF(causal), 0, 0, 0, "causal mask"},
     {"causal-align", "bottom-right|top-left", OPT_ALIGN, ATTN, OFF(align), 0, 0, 0,
@@ -60,21 +67,29 @@ static const cli_option options[] = {
      "local attention: keys i-L .. i+R of the diagonal; -1 = unbounded"},
     {"scale", "S", OPT_FLOAT, ATTN, OFF(scale), 0, 0, 0, "softmax scale; 0 = 1/sqrt(head_dim)"},
     {"threads", "N", OPT_INT, ATTN | CLI_BENCH | CLI_DEMO, OFF(threads), 0, 4096, 0,
-     "CPU threads; 0 = all online processors"},
-    {"batch", "B", OPT_INT, SHAPE | CLI_BENCH, OFF(batch), 1, 1 << 20, 1, "batch size"},
+     "CPU threads (per rank); 0 = all online processors"},
+    {"batch", "B", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(batch), 1, 1 << 20, 1, "batch size"},
     {"seqlen-q", "SQ", OPT_INT, SHAPE, OFF(seqlen_q), 1, 1 << 24, 1, "query sequence length"},
     {"seqlen-k", "SK", OPT_INT, SHAPE, OFF(seqlen_k), 1, 1 << 24, 1, "key sequence length (default: SQ)"},
-    {"heads", "H", OPT_INT, SHAPE | CLI_BENCH, OFF(heads), 1, 4096, 1, "query heads"},
-    {"heads-kv", "HKV", OPT_INT, SHAPE | CLI_BENCH, OFF(heads_kv), 1, 4096, 1,
+    {"seqlen", "S", OPT_INT, CLI_RING, OFF(seqlen_q), 1, 1 << 26, 1,
+     "whole query sequence (a multiple of N ranks, of 2N for zigzag)"},
+    {"seqlen-k", "SK", OPT_INT, CLI_RING, OFF(seqlen_k), 1, 1 << 26, 1, "whole key sequence (default: S)"},
+    {"heads", "H", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(heads), 1, 4096, 1, "query heads"},
+    {"heads-kv", "HKV", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(heads_kv), 1, 4096, 1,
      "key/value heads, dividing H (default: H)"},
-    {"head-dim", "D", OPT_INT, SHAPE | CLI_BENCH, OFF(head_dim), 1, 1024, 1, "head dimension"},
-    {"seed", "N", OPT_SEED, SHAPE, OFF(seed), 0, 0, 1, "random seed"},
+    {"head-dim", "D", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(head_dim), 1, 1024, 1, "head dimension"},
+    {"seed", "N", OPT_SEED, SHAPE | CLI_RING, OFF(seed), 0, 0, 1, "random seed (ring: the same on every rank)"},
     {"seqlens", "N,...", OPT_LIST, CLI_BENCH, OFF(seqlens), 1, 1 << 24, 0, "sequence lengths (seqlen_q = seqlen_k)"},
-    {"repeats", "N", OPT_INT, CLI_BENCH, OFF(repeats), 1, 100000, 0, "timed calls per measurement (median)"},
-    {"warmup", "N", OPT_INT, CLI_BENCH, OFF(warmup), 0, 100000, 0, "untimed calls first"},
-    {"csv", "FILE", OPT_STRING, CLI_BENCH, OFF(csv), 0, 0, 0, "append rows (header first when new)"},
+    {"repeats", "N", OPT_INT, CLI_BENCH | CLI_RING, OFF(repeats), 1, 100000, 0, "timed calls per measurement (median)"},
+    {"warmup", "N", OPT_INT, CLI_BENCH | CLI_RING, OFF(warmup), 0, 100000, 0, "untimed calls first"},
+    {"csv", "FILE", OPT_STRING, CLI_BENCH | CLI_RING, OFF(csv), 0, 0, 0, "append rows (header first when new)"},
     {"check", "yes|no|auto", OPT_CHECK, CLI_BENCH, OFF(check), 0, 0, 0,
      "validate against cpu-ref first; auto = when forward <= 1e10 FLOP"},
+    {"check", NULL, OPT_SWITCH, CLI_RING, OFF(check), 0, 0, 0,
+     "rank 0 compares with one device and cpu-ref; exit 1 on FAIL"},
+    {"bench", NULL, OPT_SWITCH, CLI_RING, OFF(bench), 0, 0, 0, "time the ring: per-rank TFLOP/s and efficiency"},
+    {"timeout-ms", "T", OPT_INT, CLI_RING, OFF(timeout_ms), 0, INT64_MAX, 0,
+     "give up on a silent peer after T ms; 0 = never (default: $FLASHC_RING_TIMEOUT_MS, else 300000)"},
 };
 enum { N_OPTIONS = sizeof options / sizeof options[0] };
 
@@ -91,6 +106,15 @@ static void set_defaults(unsigned bit, cli_options *o) {
   o->seed = 1;
   o->check = -1;
   if (bit == CLI_GEN) o->dtype = FLASHC_F32;
+  o->timeout_ms = -1;
+  if (bit == CLI_RING) {
+    o->backend = "auto";
+    o->batch = 1;
+    o->seqlen_q = 1024;
+    o->check = 0; /* a switch here */
+    o->repeats = 10;
+    o->warmup = 3;
+  }
   if (bit == CLI_BENCH) {
     o->backend = "all";
     o->batch = 1;
@@ -113,6 +137,23 @@ static int parse_int(const char *flag, const char *s, int64_t min, int64_t max, 
   return CLI_OK;
 }
 
+/* The index of s among n words; else −1 after an error that lists them ("is not fwd, bwd or both"). */
+static int parse_choice(const cli_option *opt, const char *s, const char *const *words, int n) {
+  char list[128] = "";
+  size_t used = 0;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(s, words[i]) == 0) return i;
+    used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                             i == 0      ? ""
+                             : i + 1 < n ? ", "
+                                         : " or ",
+                             words[i]);
+    if (used >= sizeof list) used = sizeof list - 1;
+  }
+  cli_error("--%s: '%s' is not %s", opt->name, s, list);
+  return -1;
+}
+
 static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
   void *field = (char *)o + opt->offset;
   switch (opt->kind) {
@@ -133,8 +174,9 @@ static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || *end != '\0' || errno == ERANGE || *s == '-')
+    if (end == s || *end != '\0' || !isdigit((unsigned char)*s)) /* strtoull takes " -1" as 2^64 - 1 */
       return cli_error("--%s: '%s' is not a non-negative integer", opt->name, s);
+    if (errno == ERANGE) return cli_error("--%s: '%s' is larger than 2^64 - 1", opt->name, s);
     *(uint64_t *)field = v;
     return CLI_OK;
   }
@@ -142,8 +184,12 @@ static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
     char *end;
     errno = 0;
     float v = strtof(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v) || v < 0)
+    if (end == s || *end != '\0' || isnan(v) || v < 0 || (isinf(v) && errno != ERANGE))
       return cli_error("--%s: '%s' is not a finite number >= 0", opt->name, s);
+    /* Overflow, or underflow to a subnormal or to 0 (which would mean 1/sqrt(head_dim)): refused, not rounded. */
+    if (errno == ERANGE)
+      return cli_error("--%s: '%s' is outside fp32's range (0, or %g to %g)", opt->name, s, (double)FLT_MIN,
+                       (double)FLT_MAX);
     *(float *)field = v;
     return CLI_OK;
   }
@@ -154,24 +200,18 @@ static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
     *(int *)field = (int)d;
     return CLI_OK;
   }
-  case OPT_MODE:
-    if (strcmp(s, "fwd") == 0)
-      o->mode = CLI_MODE_FWD;
-    else if (strcmp(s, "bwd") == 0)
-      o->mode = CLI_MODE_BWD;
-    else if (strcmp(s, "both") == 0)
-      o->mode = CLI_MODE_BOTH;
-    else
-      return cli_error("--%s: '%s' is not fwd, bwd or both", opt->name, s);
-    return CLI_OK;
-  case OPT_ALIGN:
-    if (strcmp(s, "bottom-right") == 0)
-      o->align = FLASHC_ALIGN_BOTTOM_RIGHT;
-    else if (strcmp(s, "top-left") == 0)
-      o->align = FLASHC_ALIGN_TOP_LEFT;
-    else
-      return cli_error("--%s: '%s' is not bottom-right or top-left", opt->name, s);
-    return CLI_OK;
+  case OPT_MODE: {
+    static const char *const words[] = {"fwd", "bwd", "both"};
+    int i = parse_choice(opt, s, words, 3);
+    if (i >= 0) o->mode = (cli_mode[]){CLI_MODE_FWD, CLI_MODE_BWD, CLI_MODE_BOTH}[i];
+    return i >= 0 ? CLI_OK : CLI_ERROR;
+  }
+  case OPT_ALIGN: {
+    static const char *const words[] = {"bottom-right", "top-left"};
+    int i = parse_choice(opt, s, words, 2);
+    if (i >= 0) o->align = (flashc_causal_align[]){FLASHC_ALIGN_BOTTOM_RIGHT, FLASHC_ALIGN_TOP_LEFT}[i];
+    return i >= 0 ? CLI_OK : CLI_ERROR;
+  }
   case OPT_WINDOW: {
     const char *comma = strchr(s, ',');
     if (!comma) return cli_error("--%s: '%s' is not L,R (two integers, -1 = unbounded)", opt->name, s);
@@ -202,16 +242,18 @@ static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
     o->n_seqlens = n;
     return CLI_OK;
   }
-  case OPT_CHECK:
-    if (strcmp(s, "yes") == 0)
-      o->check = 1;
-    else if (strcmp(s, "no") == 0)
-      o->check = 0;
-    else if (strcmp(s, "auto") == 0)
-      o->check = -1;
-    else
-      return cli_error("--%s: '%s' is not yes, no or auto", opt->name, s);
-    return CLI_OK;
+  case OPT_CHECK: {
+    static const char *const words[] = {"yes", "no", "auto"};
+    int i = parse_choice(opt, s, words, 3);
+    if (i >= 0) o->check = (int[]){1, 0, -1}[i];
+    return i >= 0 ? CLI_OK : CLI_ERROR;
+  }
+  case OPT_LAYOUT: {
+    static const char *const words[] = {"contiguous", "zigzag"};
+    int i = parse_choice(opt, s, words, 2);
+    if (i >= 0) o->layout = (flashc_ring_layout[]){FLASHC_RING_CONTIGUOUS, FLASHC_RING_ZIGZAG}[i];
+    return i >= 0 ? CLI_OK : CLI_ERROR;
+  }
   }
   return cli_error("--%s: internal error: unknown option kind", opt->name);
 }
@@ -263,7 +305,8 @@ static void default_text(const cli_option *opt, const cli_options *d, char *out,
     if (*(const char *const *)field) snprintf(out, len, "%s", *(const char *const *)field);
     break;
   case OPT_INT:
-    if (opt->offset == OFF(seqlen_k) || opt->offset == OFF(heads_kv)) break; /* "default: SQ/H" in the help */
+    /* seqlen_k, heads_kv: "default: SQ/H" in the help; timeout_ms: the help says where it comes from */
+    if (opt->offset == OFF(seqlen_k) || opt->offset == OFF(heads_kv) || opt->offset == OFF(timeout_ms)) break;
     if (opt->offset == OFF(threads) || opt->offset == OFF(repeats) || opt->offset == OFF(warmup))
       snprintf(out, len, "%d", *(const int *)field);
     else
@@ -287,6 +330,7 @@ static void default_text(const cli_option *opt, const cli_options *d, char *out,
     break;
   }
   case OPT_CHECK: snprintf(out, len, "auto"); break;
+  case OPT_LAYOUT: snprintf(out, len, "%s", d->layout == FLASHC_RING_ZIGZAG ? "zigzag" : "contiguous"); break;
   }
 }
 

@@ -20,6 +20,31 @@
  * Rows of the score matrix that see no key (a causal mask with seqlen_q > seqlen_k, or a window) give
  * output 0, lse −inf and zero gradients: never NaN.
  *
+ * Non-finite values follow IEEE arithmetic, as in PyTorch and FlashAttention, on the CPU backends (the CUDA
+ * backends' running row maximum still drops a NaN score, so a row whose every score is NaN comes out there as
+ * o = 0, lse = −inf; their fix awaits its GPU check, issue #43). A NaN reaches every row that
+ * meets it: a NaN in q_i makes o_i and lse_i NaN; a NaN in k_j, or a score of +inf (softmax's exp(inf − inf)),
+ * makes NaN every row that sees key j; the backward gives NaN gradients where NaN flows (and, through 0·inf,
+ * in dq from a key with an infinite component). A score of −inf weighs nothing, like a masked key; a row
+ * that sees no key, or only scores of −inf, gives o = 0 and lse = −inf. Scores or sums past fp32's range
+ * (a huge scale, values near 3e38): `cpu` recomputes such rows in fp64 and gives cpu-ref's answer (lse
+ * rounds to ±inf past the range); the CUDA backends, computing in fp32, give inf or NaN there, or o = 0 and
+ * lse = −inf for a row whose scores all fall below −3.4e38.
+ *
+ * Empty inputs (as FlashAttention and PyTorch): batch = 0, seqlen_q = 0 or seqlen_k = 0, and varlen batches
+ * whose every sequence is empty on one side (total_q = 0 or total_k = 0) are valid calls. Queries that see
+ * no key give o = 0 and lse = −inf; the backward gives dq = 0 when there is no key and dk = dv = 0 when there
+ * is no query. A tensor's data (and lse) may be NULL exactly when its view has no element. heads = 0 and
+ * head_dim = 0 are refused; varlen needs num_seqs ≥ 1. Ring attention refuses empty shards.
+ *
+ * Aliasing: an output (o and lse in the forward; dq, dk, dv in the backward) must not share an element with
+ * itself, another output or an input, and must not be the same flashc_tensor struct as another argument;
+ * lse, a bare pointer, must not lie within the bytes from the first to the last element of a tensor it is
+ * checked against (the forward's q, k, v, o; the backward's dq, dk, dv). Inputs may share memory freely.
+ *
+ * Alignment: every tensor's data must be aligned to its element size (2, 4 or 8 bytes) and lse to 4 bytes;
+ * a misaligned pointer is refused with FLASHC_ERR_INVALID_ARGUMENT.
+ *
  * Every function returns a status. On failure, flashc_last_error() returns a message for this thread that
  * names the operation and the offending value. No function writes output before all input was validated.
  */
@@ -35,7 +60,7 @@ extern "C" {
 
 /* ---- version -------------------------------------------------------------------------------------- */
 #define FLASHC_VERSION_MAJOR 0
-#define FLASHC_VERSION_MINOR 1
+#define FLASHC_VERSION_MINOR 2
 #define FLASHC_VERSION_PATCH 0
 /* One comparable number that cannot collide as the parts grow: MAJOR·1e6 + MINOR·1e3 + PATCH. */
 #define FLASHC_VERSION_CODE(major, minor, patch) ((major)*1000000 + (minor)*1000 + (patch))
@@ -43,7 +68,7 @@ extern "C" {
 
 /* The version of the library actually linked (compare with FLASHC_VERSION, the header's). */
 int flashc_version(void);
-/* "0.1.0" */
+/* "0.2.0" */
 const char *flashc_version_string(void);
 
 /* ---- statuses ------------------------------------------------------------------------------------- */
@@ -54,7 +79,8 @@ typedef enum flashc_status {
   FLASHC_ERR_OUT_OF_MEMORY = 3,    /* host or device allocation failed; the message says how much   */
   FLASHC_ERR_CUDA = 4,             /* a CUDA call failed; the message carries CUDA's own words      */
   FLASHC_ERR_COMMUNICATION = 5,    /* NCCL/MPI failed, a peer died or timed out                     */
-  FLASHC_ERR_INTERNAL = 6          /* a bug in flashc: please report it with the message            */
+  FLASHC_ERR_INTERNAL = 6,         /* a bug in flashc: please report it with the message            */
+  FLASHC_STATUS_COUNT              /* the number of statuses (not one): a table indexed by status    */
 } flashc_status;
 
 /* A fixed name for a status ("invalid argument"). Never NULL. */
@@ -78,8 +104,9 @@ size_t flashc_dtype_size(flashc_dtype dtype);
 
 /* A 4-d view [batch, seqlen, heads, head_dim] of memory the caller owns. Strides are in elements;
  * stride[3] (along head_dim) must be 1, the others are free (BSHD, BHSD, slices of a packed QKV ...).
- * Output tensors must not overlap themselves or each other. `data` is host memory for CPU backends and
- * device memory for CUDA backends. */
+ * Output tensors must not overlap themselves, each other or an input (see "Aliasing" above). `data` is host
+ * memory for CPU backends and device memory for CUDA backends, aligned to the element size; NULL only for a
+ * view with no element. */
 typedef struct flashc_tensor {
   void *data;
   flashc_dtype dtype;
@@ -109,6 +136,7 @@ typedef enum flashc_causal_align {
  *   window (L,R) : d − L ≤ j ≤ d + R, a negative L or R meaning unbounded on that side
  * Causal and a window combine (causal sets R to 0). */
 typedef struct flashc_params {
+  size_t struct_size;          /* sizeof(flashc_params) where the caller was compiled: flashc_params_default sets it */
   float scale;                 /* 0: 1/sqrt(head_dim) */
   int causal;                  /* 0 or 1 */
   flashc_causal_align align;   /* where the diagonal sits when seqlen_q ≠ seqlen_k */
@@ -120,12 +148,31 @@ typedef struct flashc_params {
   int deterministic;           /* backward: bit-identical gradients run to run (may be slower) */
 } flashc_params;
 
-flashc_params flashc_params_default(void);
+/* The struct grows at its end as flashc gains features. flashc_params_default is compiled into the caller, so
+ * struct_size is the size the caller knows: a library built with a later header reads only those fields and
+ * gives the ones after them their defaults (an older caller keeps working); a struct_size larger than the
+ * library's (a caller built against a newer header) is refused. Build params from this function, not from
+ * {0}: a struct_size of 0 is refused too. */
+static inline flashc_params flashc_params_default(void) {
+  flashc_params p;
+  p.struct_size = sizeof p;
+  p.scale = 0.0f;
+  p.causal = 0;
+  p.align = FLASHC_ALIGN_BOTTOM_RIGHT;
+  p.window_left = -1;
+  p.window_right = -1;
+  p.cu_seqlens_q = NULL;
+  p.cu_seqlens_k = NULL;
+  p.num_seqs = 0;
+  p.deterministic = 0;
+  return p;
+}
 
 /* ---- backends ------------------------------------------------------------------------------------- */
 typedef enum flashc_device { FLASHC_DEVICE_CPU = 0, FLASHC_DEVICE_CUDA = 1 } flashc_device;
 
 typedef struct flashc_backend_info {
+  size_t struct_size;       /* sizeof(flashc_backend_info) where the caller was compiled (flashc_backend_get) */
   const char *name;         /* "cpu-ref", "cpu", "cuda-naive", ... */
   const char *summary;      /* one line: what the rung adds */
   flashc_device device;     /* where the tensors must live */
@@ -139,8 +186,14 @@ typedef struct flashc_backend_info {
 
 /* The number of backends compiled into this library (usable here or not). */
 int flashc_backend_count(void);
-/* Fills *info for backend index 0 ≤ i < flashc_backend_count(); the order is best first. */
-flashc_status flashc_backend_get(int i, flashc_backend_info *info);
+/* Fills the first info->struct_size bytes of *info for backend index 0 ≤ i < flashc_backend_count(); the order is
+ * best first. An older caller's smaller struct gets the fields it has; a struct_size larger than the library's
+ * is refused. flashc_backend_get sets struct_size to the caller's sizeof and calls it. */
+flashc_status flashc_backend_query(int i, flashc_backend_info *info);
+static inline flashc_status flashc_backend_get(int i, flashc_backend_info *info) {
+  if (info) info->struct_size = sizeof *info;
+  return flashc_backend_query(i, info);
+}
 
 /* ---- handle --------------------------------------------------------------------------------------- */
 /* A handle carries the backend, the CPU thread count, the CUDA stream and a workspace that grows as
@@ -236,12 +289,14 @@ flashc_status flashc_ring_backward(flashc_ring ring, const flashc_params *params
 
 /* Host-memory helpers, not collective. shard copies rank `rank`'s rows of a whole tensor [b, S, h, d] into
  * shard [b, S/world, h, d] (same dtype); unshard copies them back into their place in `full`. S must be a
- * multiple of world (contiguous) or of 2·world (zigzag). */
+ * multiple of world (contiguous) or of 2·world (zigzag). Both tensors are checked as flashc_forward's are
+ * (sizes, strides, offsets that overflow, NULL and alignment), and the one written must not overlap the other. */
 flashc_status flashc_ring_shard(flashc_ring_layout layout, int world, int rank, const flashc_tensor *full,
                                 flashc_tensor *shard);
 flashc_status flashc_ring_unshard(flashc_ring_layout layout, int world, int rank, const flashc_tensor *shard,
                                   flashc_tensor *full);
-/* The same for lse: full [batch, heads, seqlen], shard [batch, heads, seqlen / world], contiguous fp32. */
+/* The same for lse: full [batch, heads, seqlen], shard [batch, heads, seqlen / world], contiguous fp32,
+ * checked alike (batch ≥ 0, heads ≥ 1, sizes whose offsets fit). */
 flashc_status flashc_ring_shard_lse(flashc_ring_layout layout, int world, int rank, int64_t batch, int64_t heads,
                                     int64_t seqlen, const float *full, float *shard);
 flashc_status flashc_ring_unshard_lse(flashc_ring_layout layout, int world, int rank, int64_t batch, int64_t heads,

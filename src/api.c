@@ -52,16 +52,6 @@ flashc_tensor flashc_tensor_bhsd(void *data, flashc_dtype dtype, int64_t batch, 
   return t;
 }
 
-flashc_params flashc_params_default(void) {
-  flashc_params p;
-  memset(&p, 0, sizeof p);
-  p.scale = 0.0f;
-  p.align = FLASHC_ALIGN_BOTTOM_RIGHT;
-  p.window_left = -1;
-  p.window_right = -1;
-  return p;
-}
-
 /* ---- backends -------------------------------------------------------------------------------------- */
 int flashc_backend_count(void) {
   int n = 0;
@@ -69,8 +59,15 @@ int flashc_backend_count(void) {
   return n;
 }
 
-flashc_status flashc_backend_get(int i, flashc_backend_info *info) {
-  if (!info) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_backend_get: info is NULL");
+flashc_status flashc_backend_query(int i, flashc_backend_info *out) {
+  if (!out) return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_backend_get: info is NULL");
+  const size_t size = out->struct_size;
+  if (size < sizeof(size_t) || size > sizeof(flashc_backend_info))
+    return fc_error(FLASHC_ERR_INVALID_ARGUMENT,
+                    "flashc_backend_get: info->struct_size is %zu; it must be sizeof(flashc_backend_info) of the "
+                    "caller's flashc.h (this library's: %zu; flashc_backend_get sets it)",
+                    size, sizeof(flashc_backend_info));
+  flashc_backend_info whole, *info = &whole;
   int seen = 0;
   for (int j = 0; j < fc_backend_total; j++) {
     const fc_backend *b = fc_backends[j];
@@ -87,6 +84,7 @@ flashc_status flashc_backend_get(int i, flashc_backend_info *info) {
     info->max_head_dim = b->max_head_dim;
     info->usable = b->usable ? b->usable(why, sizeof why) : 1;
     info->why_unusable = info->usable ? "" : why;
+    memcpy((char *)out + sizeof(size_t), (const char *)info + sizeof(size_t), size - sizeof(size_t));
     return FLASHC_OK;
   }
   return fc_error(FLASHC_ERR_INVALID_ARGUMENT, "flashc_backend_get: index %d is outside [0, %d)", i,
@@ -168,13 +166,53 @@ flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr) {
   return FLASHC_OK;
 }
 
+/* ---- empty problems --------------------------------------------------------------------------------- */
+/* A problem with no query row or no key row runs no kernel: its results are known (flashc.h, "Empty inputs").
+ * Forward: every query row sees no key, so o = 0 and lse = −inf (nothing at all when there is no query row).
+ * Backward: dq = 0 when there is no key, dk = dv = 0 when there is no query. Written here once for every
+ * backend, into the memory the chosen backend works in. */
+
+/* Zero one output view: a q-like (keys 0) or k-like (keys 1) tensor of p, row by row (strides honoured). */
+static flashc_status zero_view(const fc_problem *p, const fc_backend *b, const fc_view *v, int keys) {
+  const bool varlen = p->cu_seqlens_q != NULL;
+  int64_t n[3] = {varlen ? 1 : p->batch,
+                  keys ? (varlen ? p->total_k : p->seqlen_k) : (varlen ? p->total_q : p->seqlen_q),
+                  keys ? p->heads_kv : p->heads_q};
+  int64_t st[3] = {v->stride_b, v->stride_s, v->stride_h};
+  if (n[0] == 0 || n[1] == 0) return FLASHC_OK; /* no element (its data may be NULL); heads are >= 1 */
+  if (b->device == FLASHC_DEVICE_CUDA) return fc_device_zero_rows(p, v->data, n, st, p->head_dim);
+  size_t es = flashc_dtype_size(p->dtype), row_bytes = (size_t)p->head_dim * es;
+  for (int64_t i0 = 0; i0 < n[0]; i0++) /* all-zero bits are +0 in every dtype */
+    for (int64_t i1 = 0; i1 < n[1]; i1++)
+      for (int64_t i2 = 0; i2 < n[2]; i2++)
+        memset((char *)v->data + (i0 * st[0] + i1 * st[1] + i2 * st[2]) * (int64_t)es, 0, row_bytes);
+  return FLASHC_OK;
+}
+
+static flashc_status write_empty_results(const fc_problem *p, const fc_backend *b) {
+  if (p->is_backward) {
+    if (p->total_k == 0) FC_CHECK(zero_view(p, b, &p->dq, 0));
+    if (p->total_q == 0) {
+      FC_CHECK(zero_view(p, b, &p->dk, 1));
+      FC_CHECK(zero_view(p, b, &p->dv, 1));
+    }
+    return FLASHC_OK;
+  }
+  FC_CHECK(zero_view(p, b, &p->o, 0));
+  const int64_t n_lse = p->total_q * p->heads_q; /* 0, or every row of a call without keys */
+  if (!p->lse || n_lse == 0) return FLASHC_OK;
+  if (b->device == FLASHC_DEVICE_CUDA) return fc_device_fill_f32(p, p->lse, n_lse, -INFINITY);
+  for (int64_t i = 0; i < n_lse; i++) p->lse[i] = -INFINITY;
+  return FLASHC_OK;
+}
+
 /* ---- attention ------------------------------------------------------------------------------------- */
 flashc_status flashc_forward(flashc_handle h, const flashc_params *params, const flashc_tensor *q,
                              const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *o, float *lse) {
   fc_problem p;
   const fc_backend *b;
   FC_CHECK(fc_prepare("flashc_forward", h, params, q, k, v, o, lse, NULL, NULL, NULL, NULL, 0, &p, &b));
-  flashc_status s = b->forward(&p);
+  flashc_status s = fc_problem_is_empty(&p) ? write_empty_results(&p, b) : b->forward(&p);
   if (s == FLASHC_OK) h->last_backend = b->name;
   return s;
 }
@@ -185,7 +223,7 @@ flashc_status flashc_backward(flashc_handle h, const flashc_params *params, cons
   fc_problem p;
   const fc_backend *b;
   FC_CHECK(fc_prepare("flashc_backward", h, params, q, k, v, o, lse, dout, dq, dk, dv, 1, &p, &b));
-  flashc_status s = b->backward(&p);
+  flashc_status s = fc_problem_is_empty(&p) ? write_empty_results(&p, b) : b->backward(&p);
   if (s == FLASHC_OK) h->last_backend = b->name;
   return s;
 }

@@ -15,6 +15,7 @@ const char *flashc_status_string(flashc_status status) {
   case FLASHC_ERR_CUDA: return "CUDA error";
   case FLASHC_ERR_COMMUNICATION: return "communication error";
   case FLASHC_ERR_INTERNAL: return "internal error";
+  case FLASHC_STATUS_COUNT: break;
   }
   return "unknown status";
 }

@@ -80,6 +80,11 @@ typedef struct fc_problem {
   struct flashc_handle_s *handle; /* for fc_workspace */
 } fc_problem;
 
+/* No query row or no key row at all (batch, seqlen_q or seqlen_k 0, or every sequence empty on one side): the
+ * results are known without a kernel, and api.c writes them (fc_prepare lets such a problem through without
+ * asking the backend's `supports`). */
+static inline bool fc_problem_is_empty(const fc_problem *p) { return p->total_q == 0 || p->total_k == 0; }
+
 /* Rows of sequence s: [*start, *start + *len) of the packed tensor (varlen), or [0, seqlen) of batch s. */
 static inline void fc_seq_q(const fc_problem *p, int64_t s, int64_t *start, int64_t *len) {
   if (p->cu_seqlens_q) {
@@ -249,10 +254,22 @@ struct flashc_handle_s {
 /* Checks every argument of a forward (is_backward 0: dout/dq/dk/dv NULL) or backward call, fills *p and
  * picks the backend (*chosen): the handle's own, or for "auto" the best one that accepts the call. `op`
  * names the entry point in messages. Touches no tensor data. */
+/* The caller's params (NULL: the defaults) as this library's struct: the fields the caller's struct_size covers,
+ * the defaults after them; a struct_size the library cannot read is refused. */
+flashc_status fc_params_read(const char *op, const flashc_params *params, flashc_params *out);
 flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
                          const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
                          const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
                          const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen);
+
+/* The checks of one tensor, for other entry points that take tensors (the ring's shard helpers): see
+ * validate.c. fc_check_tensor sets *span to the offset of the last element, −1 when the view has none. */
+flashc_status fc_check_tensor(const char *op, const char *name, const flashc_tensor *t, int64_t *span);
+/* Output `t` (checked) has no two indices at one address. */
+flashc_status fc_check_no_self_overlap(const char *op, const char *name, const flashc_tensor *t);
+/* Output `out` is not the struct `in` and shares no element with it (spans from fc_check_tensor). */
+flashc_status fc_check_disjoint(const char *op, const char *out_name, const flashc_tensor *out, int64_t out_span,
+                                const char *in_name, const flashc_tensor *in, int64_t in_span);
 
 /* ---- workspace and threads ------------------------------------------------------------------------- */
 /* Host scratch memory owned by the handle, grown on demand (so a repeated call allocates nothing).
@@ -269,6 +286,14 @@ flashc_status fc_device_zeroed(const fc_problem *p, size_t bytes, void **ptr);
  * the new stream waits for it (an event, not a host sync: legal while a graph is being captured). No-op
  * without CUDA or before the handle's first GPU call. */
 flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_stream, void *new_stream);
+
+/* The results of an empty problem in device memory (api.c), on p's stream: zero every element of the view of
+ * n[0] × n[1] × n[2] rows of `row` contiguous elements of p's dtype (strides in elements, honoured: the memory
+ * between rows is not touched), and set n floats to `value`. src/cuda/fill.cu; FLASHC_ERR_UNSUPPORTED without
+ * CUDA. */
+flashc_status fc_device_zero_rows(const fc_problem *p, void *data, const int64_t n[3], const int64_t stride[3],
+                                  int64_t row);
+flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, float value);
 
 /* Runs fn(ctx, i, worker) for i in [0, n) on up to `threads` threads (the calling thread included) and
  * returns when all are done. Work is handed out dynamically, one index at a time and in increasing order, each

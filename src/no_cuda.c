@@ -22,3 +22,21 @@ flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_strea
   (void)new_stream;
   return FLASHC_OK;
 }
+
+flashc_status fc_device_zero_rows(const fc_problem *p, void *data, const int64_t n[3], const int64_t stride[3],
+                                  int64_t row) {
+  (void)p;
+  (void)data;
+  (void)n;
+  (void)stride;
+  (void)row;
+  return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
+}
+
+flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, float value) {
+  (void)p;
+  (void)data;
+  (void)n;
+  (void)value;
+  return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
+}

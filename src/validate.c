@@ -14,38 +14,60 @@
 
 static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
 
-/* One tensor: non-null, known dtype, positive sizes, stride[3] == 1, non-negative strides, and the
- * furthest element addressable without overflow. */
-static flashc_status check_tensor(const char *op, const char *name, const flashc_tensor *t, int64_t *span) {
+/* One tensor: non-null, known dtype, sizes >= 0 of which heads and head_dim >= 1, stride[3] == 1,
+ * non-negative strides, the furthest element addressable without overflow, and data that is non-NULL and
+ * aligned to the element size wherever the view has an element. *span is the offset of the last element,
+ * or −1 for a view with none (batch or seqlen 0), whose data is never read and may be NULL. */
+flashc_status fc_check_tensor(const char *op, const char *name, const flashc_tensor *t, int64_t *span) {
   if (!t) return INVALID("%s: %s is NULL", op, name);
-  if (!t->data) return INVALID("%s: %s.data is NULL", op, name);
-  if (flashc_dtype_size(t->dtype) == 0)
-    return INVALID("%s: %s.dtype %d is not a flashc_dtype", op, name, (int)t->dtype);
-  int64_t last = 0; /* offset of the last element */
+  size_t es = flashc_dtype_size(t->dtype);
+  if (es == 0) return INVALID("%s: %s.dtype %d is not a flashc_dtype", op, name, (int)t->dtype);
+  bool empty = false;
   for (int d = 0; d < 4; d++) {
-    if (t->size[d] < 1)
-      return INVALID("%s: %s.size[%d] (%s) is %lld; sizes must be >= 1", op, name, d, dim_names[d],
+    if (t->size[d] < 0)
+      return INVALID("%s: %s.size[%d] (%s) is %lld; sizes must be >= 0", op, name, d, dim_names[d],
                      (long long)t->size[d]);
+    if (t->size[d] == 0 && d >= 2)
+      return INVALID("%s: %s.size[%d] (%s) is 0; heads and head_dim must be >= 1 (batch and seqlen may be 0: an "
+                     "empty call)",
+                     op, name, d, dim_names[d]);
+    empty |= t->size[d] == 0;
+  }
+  for (int d = 0; d < 4; d++) {
     if (t->stride[d] < 0)
       return INVALID("%s: %s.stride[%d] (%s) is %lld; strides must be >= 0", op, name, d, dim_names[d],
                      (long long)t->stride[d]);
+  }
+  if (t->stride[3] != 1 && t->size[3] > 1)
+    return INVALID("%s: %s.stride[3] (head_dim) is %lld; it must be 1", op, name, (long long)t->stride[3]);
+  *span = -1;
+  if (empty) return FLASHC_OK; /* no element: nothing is addressed, so no offset can overflow */
+  int64_t last = 0;            /* offset of the last element */
+  for (int d = 0; d < 4; d++) {
     int64_t reach;
     if (!fc_mul_ok(t->size[d] - 1, t->stride[d], &reach) || !fc_add_ok(last, reach, &last))
       return INVALID("%s: %s's sizes and strides overflow a 64-bit offset", op, name);
   }
-  if (t->stride[3] != 1 && t->size[3] > 1)
-    return INVALID("%s: %s.stride[3] (head_dim) is %lld; it must be 1", op, name, (long long)t->stride[3]);
   int64_t bytes;
-  if (!fc_add_ok(last, 1, &bytes) || !fc_mul_ok(bytes, (int64_t)flashc_dtype_size(t->dtype), &bytes) ||
-      (uint64_t)bytes > (uint64_t)SIZE_MAX)
+  if (!fc_add_ok(last, 1, &bytes) || !fc_mul_ok(bytes, (int64_t)es, &bytes) || (uint64_t)bytes > (uint64_t)SIZE_MAX)
     return INVALID("%s: %s spans more bytes than this machine can address", op, name);
+  if (!t->data)
+    return INVALID("%s: %s.data is NULL; only a view with no element (batch or seqlen 0) may have NULL data", op, name);
+  /* Kernels load whole elements (and vectors of them): a misaligned element is undefined behaviour in C and a
+   * fault on a GPU, so the contract is element-aligned data, checked here. */
+  if ((uintptr_t)t->data % es != 0)
+    return INVALID("%s: %s.data (%p) is not aligned to its %zu-byte %s elements; flashc needs element-aligned data", op,
+                   name, t->data, es, flashc_dtype_name(t->dtype));
   *span = last;
   return FLASHC_OK;
 }
 
 /* An output must not alias itself (two indices, one address): with dims sorted by stride, each stride must
- * pass the reach of the dims inside it. Sufficient, and true of every layout a framework produces. */
-static flashc_status check_no_self_overlap(const char *op, const char *name, const flashc_tensor *t) {
+ * pass the reach of the dims inside it. Sufficient, and true of every layout a framework produces. For a
+ * tensor that passed fc_check_tensor. */
+flashc_status fc_check_no_self_overlap(const char *op, const char *name, const flashc_tensor *t) {
+  for (int d = 0; d < 4; d++)
+    if (t->size[d] == 0) return FLASHC_OK; /* no element, no alias */
   int order[4] = {0, 1, 2, 3};
   for (int a = 1; a < 4; a++) /* insertion sort by stride, size-1 dims first (they never alias) */
     for (int b = a; b > 0; b--) {
@@ -81,25 +103,42 @@ static bool share_element(const int64_t *na, const int64_t *nb, const int64_t *s
   if (depth < 0) return delta == 0;
   int d = order[depth];
   int64_t st = s[d], lo = -(nb[d] - 1), hi = na[d] - 1;
-  if (st == 0) return share_element(na, nb, s, order, depth - 1, delta); /* only size-1 dims reach here */
+  if (st == 0) return share_element(na, nb, s, order, depth - 1, delta); /* the dim moves no address */
   int64_t c0 = delta / st - (delta % st < 0);                            /* floor */
   for (int64_t c = c0; c <= c0 + 1; c++)
     if (c >= lo && c <= hi && share_element(na, nb, s, order, depth - 1, delta - c * st)) return true;
   return false;
 }
 
+/* Do the bytes from the first to the last element of two views intersect? (spans in elements, ≥ 0) */
+static bool bytes_overlap(const void *a, int64_t span_a, size_t es_a, const void *b, int64_t span_b, size_t es_b) {
+  uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+  uintptr_t a1 = a0 + (uintptr_t)(span_a + 1) * es_a, b1 = b0 + (uintptr_t)(span_b + 1) * es_b;
+  return a1 > b0 && b1 > a0;
+}
+
+/* For two non-empty views (spans ≥ 0). Views of different element sizes are judged by their byte ranges. */
 static bool may_overlap(const flashc_tensor *a, int64_t span_a, const flashc_tensor *b, int64_t span_b) {
   size_t es = flashc_dtype_size(a->dtype);
+  if (!bytes_overlap(a->data, span_a, es, b->data, span_b, flashc_dtype_size(b->dtype)))
+    return false; /* disjoint byte ranges: the common case */
   uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-  uintptr_t a1 = a0 + (uintptr_t)(span_a + 1) * es, b1 = b0 + (uintptr_t)(span_b + 1) * es;
-  if (a1 <= b0 || b1 <= a0) return false; /* disjoint byte ranges: the common case */
-  if ((a0 > b0 ? a0 - b0 : b0 - a0) % es != 0) return true;
+  if (flashc_dtype_size(b->dtype) != es || (a0 > b0 ? a0 - b0 : b0 - a0) % es != 0) return true;
   int64_t s[4], na[4], nb[4];
   int order[4], n = 0;
   for (int d = 0; d < 4; d++) {
     na[d] = a->size[d], nb[d] = b->size[d];
-    s[d] = na[d] == 1 && nb[d] == 1 ? 0 : a->stride[d]; /* size-1 dims never move an address */
-    if (s[d] != 0 && a->stride[d] != b->stride[d]) return true;
+    /* The stride of a size-1 dim moves no address of its view, so the dim steps by the other view's stride
+     * (0 when both have size 1). Taking a's stride there would let b's rows along that dim go unseen: an
+     * output [1, 1, 1, d] with strides 0 inside a key tensor looked disjoint from it. */
+    if (na[d] == 1)
+      s[d] = nb[d] == 1 ? 0 : b->stride[d];
+    else if (nb[d] == 1)
+      s[d] = a->stride[d];
+    else if (a->stride[d] != b->stride[d])
+      return true;
+    else
+      s[d] = a->stride[d];
     order[n++] = d;
   }
   for (int x = 1; x < 4; x++) /* sort by stride, ascending */
@@ -144,6 +183,17 @@ static flashc_status check_cu_seqlens(const char *op, const char *name, const in
   return FLASHC_OK;
 }
 
+flashc_status fc_check_disjoint(const char *op, const char *out_name, const flashc_tensor *out, int64_t out_span,
+                                const char *in_name, const flashc_tensor *in, int64_t in_span) {
+  if (out == in)
+    return INVALID("%s: %s and %s are the same flashc_tensor; output %s needs memory of its own", op, out_name, in_name,
+                   out_name);
+  if (out_span < 0 || in_span < 0) return FLASHC_OK; /* an empty view has no element to share */
+  if (may_overlap(out, out_span, in, in_span))
+    return INVALID("%s: output %s shares memory with %s; outputs need memory of their own", op, out_name, in_name);
+  return FLASHC_OK;
+}
+
 static fc_view view_of(const flashc_tensor *t, bool varlen) {
   fc_view v = {t->data, varlen ? 0 : t->stride[0], t->stride[1], t->stride[2]};
   return v;
@@ -169,7 +219,8 @@ static flashc_status backend_accepts(const fc_backend *b, const fc_problem *p, c
   if (on_device >= 0 && on_device != (b->device == FLASHC_DEVICE_CUDA))
     return INVALID("%s: the tensors are in %s memory but backend %s needs %s memory", op,
                    on_device ? "CUDA device" : "host", b->name, b->device == FLASHC_DEVICE_CUDA ? "device" : "host");
-  if (b->supports) FC_CHECK(b->supports(p));
+  /* An empty problem runs no kernel (api.c writes its results), so a kernel's own limits do not apply. */
+  if (b->supports && !fc_problem_is_empty(p)) FC_CHECK(b->supports(p));
   return FLASHC_OK;
 }
 
@@ -187,13 +238,30 @@ static flashc_status locate(const char *op, const void *const *ptrs, const char 
   return FLASHC_OK;
 }
 
+flashc_status fc_params_read(const char *op, const flashc_params *params, flashc_params *out) {
+  *out = flashc_params_default();
+  if (!params) return FLASHC_OK;
+  const size_t size = params->struct_size;
+  if (size < sizeof(size_t))
+    return INVALID("%s: params.struct_size is %zu: build params with flashc_params_default()", op, size);
+  if (size > sizeof(flashc_params))
+    return INVALID("%s: params.struct_size is %zu, more than this library's flashc_params (%zu bytes): the caller "
+                   "was built against a newer flashc.h than this library (%s)",
+                   op, size, sizeof(flashc_params), flashc_version_string());
+  /* the caller's fields over the defaults; fields past its struct keep theirs */
+  memcpy((char *)out + sizeof(size_t), (const char *)params + sizeof(size_t), size - sizeof(size_t));
+  out->struct_size = sizeof(flashc_params);
+  return FLASHC_OK;
+}
+
 flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
                          const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
                          const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
                          const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen) {
   if (!h) return INVALID("%s: handle is NULL", op);
-  flashc_params defaults = flashc_params_default();
-  const flashc_params *pa = params ? params : &defaults;
+  flashc_params whole;
+  FC_CHECK(fc_params_read(op, params, &whole));
+  const flashc_params *pa = &whole;
   memset(p, 0, sizeof *p);
   p->is_backward = is_backward;
 
@@ -202,8 +270,7 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   const char *names[8] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
   int nt = is_backward ? 8 : 4;
   int64_t span[8];
-  for (int i = 0; i < nt; i++) FC_CHECK(check_tensor(op, names[i], ts[i], &span[i]));
-  if (is_backward && !lse) return INVALID("%s: lse is NULL; backward needs the forward's lse", op);
+  for (int i = 0; i < nt; i++) FC_CHECK(fc_check_tensor(op, names[i], ts[i], &span[i]));
 
   /* One dtype for all. */
   for (int i = 1; i < nt; i++)
@@ -265,6 +332,12 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   int64_t lse_elems;
   if (!fc_mul_ok(p->total_q, hq, &lse_elems) || (uint64_t)lse_elems > SIZE_MAX / sizeof(float))
     return INVALID("%s: lse would need more than 2^63 bytes", op);
+  if (lse_elems > 0) { /* with no query row there is no lse to read or write: NULL is fine */
+    if (is_backward && !lse) return INVALID("%s: lse is NULL; backward needs the forward's lse", op);
+    if ((uintptr_t)lse % sizeof(float) != 0)
+      return INVALID("%s: lse (%p) is not aligned to 4-byte floats; flashc needs element-aligned data", op,
+                     (const void *)lse);
+  }
   if (p->seqlen_q > INT32_MAX || p->seqlen_k > INT32_MAX)
     return INVALID("%s: a sequence of %lld rows exceeds 2^31-1", op,
                    (long long)(p->seqlen_q > p->seqlen_k ? p->seqlen_q : p->seqlen_k));
@@ -281,26 +354,22 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   p->bottom_right = pa->align == FLASHC_ALIGN_BOTTOM_RIGHT;
   p->deterministic = pa->deterministic;
 
-  /* Outputs (o in forward; dq, dk, dv in backward): no self-aliasing, and not the memory of an input. */
-  const flashc_tensor *outs[3] = {o, NULL, NULL};
-  const char *out_names[3] = {"o", NULL, NULL};
-  int n_out = 1;
-  if (is_backward) {
-    outs[0] = dq, outs[1] = dk, outs[2] = dv;
-    out_names[0] = "dq", out_names[1] = "dk", out_names[2] = "dv";
-    n_out = 3;
+  /* Outputs (o in forward; dq, dk, dv in backward): no self-aliasing, and not the memory of any other tensor,
+   * nor the same struct. lse is an output of the forward (checked against q, k, v, o) and an input of the
+   * backward (dq, dk, dv must not overlap it); being a bare pointer, it is judged by its byte range. */
+  const int out_first = is_backward ? 5 : 3;
+  for (int i = out_first; i < nt; i++) {
+    FC_CHECK(fc_check_no_self_overlap(op, names[i], ts[i]));
+    for (int j = 0; j < nt; j++)
+      if (j != i) FC_CHECK(fc_check_disjoint(op, names[i], ts[i], span[i], names[j], ts[j], span[j]));
   }
-  for (int i = 0; i < n_out; i++) {
-    FC_CHECK(check_no_self_overlap(op, out_names[i], outs[i]));
-    for (int j = 0; j < nt; j++) {
-      if (ts[j] == outs[i]) continue;
-      int oi = 0;
-      while (ts[oi] != outs[i]) oi++;
-      if (ts[j]->data == outs[i]->data || may_overlap(outs[i], span[oi], ts[j], span[j]))
-        return INVALID("%s: output %s shares memory with %s; outputs need memory of their own", op, out_names[i],
-                       names[j]);
-    }
-  }
+  if (lse && lse_elems > 0)
+    for (int j = is_backward ? out_first : 0; j < nt; j++)
+      if (span[j] >= 0 &&
+          bytes_overlap(lse, lse_elems - 1, sizeof(float), ts[j]->data, span[j], flashc_dtype_size(ts[j]->dtype)))
+        return is_backward
+                   ? INVALID("%s: output %s shares memory with lse; outputs need memory of their own", op, names[j])
+                   : INVALID("%s: output lse shares memory with %s; outputs need memory of their own", op, names[j]);
 
   p->q = view_of(q, varlen);
   p->k = view_of(k, varlen);

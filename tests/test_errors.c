@@ -215,10 +215,28 @@ static void shapes(void) {
       snprintf(n2, sizeof n2, "%lld", (long long)x[t]->size[d]);
       expect(what, &fx, &c, 1, INVALID, n1, n2, NULL);
     }
+  /* batch and seqlen 0 are valid (tests/test_empty.c); heads and head_dim 0 are refused, negative sizes too */
   call c;
   valid_call(&c, &fx, h_auto);
-  c.q.size[1] = 0, c.o.size[1] = 0;
-  expect("forward: q.size[1] = 0", &fx, &c, 0, INVALID, "q.size[1]", "is 0", NULL);
+  c.q.size[2] = 0, c.o.size[2] = 0;
+  expect("forward: q.size[2] (heads) = 0", &fx, &c, 0, INVALID, "q.size[2]", "heads", "is 0", "must be >= 1", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.k.size[3] = c.v.size[3] = c.q.size[3] = c.o.size[3] = 0;
+  expect("forward: head_dim 0", &fx, &c, 0, INVALID, "q.size[3]", "head_dim", "is 0", "must be >= 1", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.dk.size[2] = 0;
+  expect("backward: dk.size[2] (heads) = 0", &fx, &c, 1, INVALID, "dk.size[2]", "is 0", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.q.size[1] = -1, c.o.size[1] = -1;
+  expect("forward: q.size[1] = -1", &fx, &c, 0, INVALID, "q.size[1]", "is -1", "sizes must be >= 0", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.k.size[0] = c.v.size[0] = -2;
+  expect("forward: k.size[0] = -2", &fx, &c, 0, INVALID, "k.size[0]", "is -2", NULL);
+  /* an empty view may have NULL data, one with an element may not */
+  valid_call(&c, &fx, h_auto);
+  c.q.size[1] = c.o.size[1] = 0;
+  c.k.data = NULL;
+  expect("forward: k.data NULL with seqlen_q 0", &fx, &c, 0, INVALID, "k.data is NULL", "no element", NULL);
 }
 
 /* Tensors of heads_q 3 against heads_kv 2. */
@@ -286,6 +304,114 @@ static void strides(void) {
   valid_call(&c, &fx, h_auto);
   c.dk.data = (char *)c.dq.data + 3 * flashc_dtype_size(c.q.dtype); /* misaligned by 3 elements */
   expect("backward: dk starts 3 elements into dq", &fx, &c, 1, INVALID, "dk", "shares memory with", "dq", NULL);
+}
+
+/* Issue rows 1-3: an output that is the same struct as another tensor, an output whose size-1 dims have stride 0
+ * inside an input (the overlap test must use every view's real extent), and lse inside another tensor. */
+static void aliasing(void) {
+  call c;
+  valid_call(&c, &fx, h_auto);
+  c.po = &c.k;      /* flashc_forward(h, &p, &q, &k, &v, &k, lse) */
+  c.q.size[1] = SK; /* so that shapes pass: o (= k) must be shaped like q */
+  expect("forward: o is the same struct as k", &fx, &c, 0, INVALID, "o and k are the same flashc_tensor", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.po = &c.q;
+  expect("forward: o is the same struct as q", &fx, &c, 0, INVALID, "o and q", "same flashc_tensor", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.pdk = &c.dq, c.pdv = &c.dq; /* dq, dk, dv as one struct */
+  c.k = c.v = c.q;              /* (shapes of k, v as q's, so that shapes pass) */
+  c.k.data = fx.k.view.data, c.v.data = fx.v.view.data;
+  expect("backward: dq, dk, dv one struct", &fx, &c, 1, INVALID, "dq and dk are the same flashc_tensor", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.pdv = &c.dk;
+  c.v = c.k;
+  c.v.data = fx.v.view.data;
+  expect("backward: dk and dv one struct", &fx, &c, 1, INVALID, "dk and dv", "same flashc_tensor", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.pdout = &c.dq; /* an input struct that is an output */
+  expect("backward: dout is the same struct as dq", &fx, &c, 1, INVALID, "dq and dout", "same flashc_tensor", NULL);
+
+  /* o [1, 1, 1, D] with strides {0, 0, 0, 1}, its memory row 2 of k [1, SK, 1, D] (one query, one head) */
+  valid_call(&c, &fx, h_auto);
+  for (int i = 0; i < 4; i++) {
+    flashc_tensor *t[4] = {&c.q, &c.k, &c.v, &c.o};
+    t[i]->size[0] = 1, t[i]->size[2] = 1;
+  }
+  c.q.size[1] = 1, c.o.size[1] = 1;
+  c.o.stride[0] = c.o.stride[1] = c.o.stride[2] = 0;
+  c.o.data = (char *)c.k.data + 2 * c.k.stride[1] * flashc_dtype_size(c.k.dtype);
+  expect("forward: o [1,1,1,d] strides 0 inside k", &fx, &c, 0, INVALID, "output o shares memory with k", NULL);
+  c.o.data = (char *)c.v.data + (SK - 1) * c.v.stride[1] * flashc_dtype_size(c.v.dtype); /* v's last row */
+  expect("forward: o [1,1,1,d] strides 0 on v's last row", &fx, &c, 0, INVALID, "output o shares memory with v", NULL);
+  /* backward: dk [1, 1, 1, D] with strides 0 inside dout [1, SQ, 1, D] */
+  valid_call(&c, &fx, h_auto);
+  {
+    flashc_tensor *t[8] = {&c.q, &c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv};
+    for (int i = 0; i < 8; i++) t[i]->size[0] = 1, t[i]->size[2] = 1;
+  }
+  c.k.size[1] = c.v.size[1] = c.dk.size[1] = c.dv.size[1] = 1;
+  c.dk.stride[0] = c.dk.stride[1] = c.dk.stride[2] = 0;
+  c.dk.data = (char *)c.dout.data + 3 * c.dout.stride[1] * flashc_dtype_size(c.dout.dtype);
+  expect("backward: dk [1,1,1,d] strides 0 inside dout", &fx, &c, 1, INVALID, "output dk shares memory with dout",
+         NULL);
+
+  /* lse: an output of the forward, overlap-checked like o */
+  const char *in_names[4] = {"q", "k", "v", "o"};
+  for (int i = 0; i < 4; i++) {
+    char what[80], needle[64];
+    valid_call(&c, &fx, h_auto);
+    const flashc_tensor *t[4] = {&c.q, &c.k, &c.v, &c.o};
+    c.lse = (float *)t[i]->data + 3; /* inside, not at the start */
+    snprintf(what, sizeof what, "forward: lse inside %s", in_names[i]);
+    snprintf(needle, sizeof needle, "output lse shares memory with %s", in_names[i]);
+    expect(what, &fx, &c, 0, INVALID, needle, NULL);
+  }
+  /* the last lse element on q's first element: the ranges touch by one float */
+  {
+    float *buf = malloc(sizeof(float) * (B * H * SQ + B * SQ * H * D)); /* lse then q, adjacent */
+    if (!buf) abort();
+    for (int i = 0; i < B * SQ * H * D; i++) buf[B * H * SQ + i] = 1.0f;
+    c.q.data = buf + B * H * SQ - 1;
+    c.lse = buf;
+    expect("forward: lse's last float is q's first", &fx, &c, 0, INVALID, "output lse shares memory with q", NULL);
+    c.q.data = buf + B * H * SQ; /* adjacent, not overlapping: accepted */
+    expect("forward: lse just before q (adjacent) is fine", &fx, &c, 0, FLASHC_OK, NULL);
+    free(buf);
+  }
+  /* backward: lse is an input there, and dq, dk, dv must not overlap it */
+  const char *grads[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    char what[80], needle[64];
+    valid_call(&c, &fx, h_auto);
+    const flashc_tensor *t[3] = {&c.dq, &c.dk, &c.dv};
+    c.lse = (float *)t[i]->data + 1;
+    snprintf(what, sizeof what, "backward: lse inside %s", grads[i]);
+    snprintf(needle, sizeof needle, "output %s shares memory with lse", grads[i]);
+    expect(what, &fx, &c, 1, INVALID, needle, NULL);
+  }
+}
+
+/* Issue row 12: data must be aligned to its element size (lse to 4 bytes); anything else is refused, naming
+ * the tensor. */
+static void alignment(void) {
+  const char *names[8] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+  for (int i = 0; i < 8; i++) {
+    char what[80], needle[32];
+    call c;
+    valid_call(&c, &fx, h_auto);
+    flashc_tensor *t[8] = {&c.q, &c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv};
+    t[i]->data = (char *)t[i]->data + 1 + i % 3; /* 1, 2 or 3 bytes off a float */
+    snprintf(what, sizeof what, "%s: %s.data misaligned by %d", i >= 4 ? "backward" : "forward", names[i], 1 + i % 3);
+    snprintf(needle, sizeof needle, "%s.data", names[i]);
+    expect(what, &fx, &c, i >= 4, INVALID, needle, "not aligned", "4-byte", NULL);
+  }
+  for (int bwd = 0; bwd < 2; bwd++) {
+    call c;
+    valid_call(&c, &fx, h_auto);
+    c.lse = (float *)((char *)fx.lse + 2);
+    expect(bwd ? "backward: lse misaligned" : "forward: lse misaligned", &fx, &c, bwd, INVALID, "lse", "not aligned",
+           NULL);
+  }
 }
 
 /* The converse: gradients written as slices of one packed [b, s, 3, h, d] buffer interleave without
@@ -475,9 +601,128 @@ static void expect_status(const char *what, flashc_status got, flashc_status wan
   const char *msg = flashc_last_error();
   bool ok = th_check(got == want, "%s: status %s, expected %s (\"%s\")", what, flashc_status_string(got),
                      flashc_status_string(want), msg);
-  ok &= th_check(!needle1 || strstr(msg, needle1), "%s: message \"%s\" lacks \"%s\"", what, msg, needle1);
-  ok &= th_check(!needle2 || strstr(msg, needle2), "%s: message \"%s\" lacks \"%s\"", what, msg, needle2);
+  ok &=
+      th_check(!needle1 || strstr(msg, needle1), "%s: message \"%s\" lacks \"%s\"", what, msg, needle1 ? needle1 : "");
+  ok &=
+      th_check(!needle2 || strstr(msg, needle2), "%s: message \"%s\" lacks \"%s\"", what, msg, needle2 ? needle2 : "");
   if (ok) printf("ok   %-52s %s: %s\n", what, flashc_status_string(got), msg);
+}
+
+/* Issue row 8: the ring's host shard helpers validate their tensors as flashc_forward does (sizes, strides,
+ * offsets that overflow, NULL and misaligned data, an output overlapping the input), and still move the right
+ * rows. */
+static void shard_helpers(void) {
+  enum { W = 2, S = 8, HH = 3, DD = 4, L = S / W };
+  float full[2 * S * HH * DD], part[2 * L * HH * DD], back[2 * S * HH * DD];
+  for (int i = 0; i < 2 * S * HH * DD; i++) full[i] = (float)i;
+  const flashc_ring_layout lay[2] = {FLASHC_RING_CONTIGUOUS, FLASHC_RING_ZIGZAG};
+  for (int li = 0; li < 2; li++) {
+    memset(back, 0, sizeof back);
+    for (int r = 0; r < W; r++) {
+      flashc_tensor tf = flashc_tensor_bshd(full, FLASHC_F32, 2, S, HH, DD);
+      flashc_tensor tp = flashc_tensor_bshd(part, FLASHC_F32, 2, L, HH, DD);
+      flashc_tensor tb = flashc_tensor_bshd(back, FLASHC_F32, 2, S, HH, DD);
+      th_check(flashc_ring_shard(lay[li], W, r, &tf, &tp) == FLASHC_OK, "shard: %s", flashc_last_error());
+      th_check(flashc_ring_unshard(lay[li], W, r, &tp, &tb) == FLASHC_OK, "unshard: %s", flashc_last_error());
+    }
+    th_check(memcmp(full, back, sizeof full) == 0, "shard then unshard (layout %d) gives the tensor back", li);
+    float lfull[2 * HH * S], lpart[2 * HH * L], lback[2 * HH * S];
+    for (int i = 0; i < 2 * HH * S; i++) lfull[i] = (float)i, lback[i] = -1.0f;
+    for (int r = 0; r < W; r++) {
+      th_check(flashc_ring_shard_lse(lay[li], W, r, 2, HH, S, lfull, lpart) == FLASHC_OK, "shard_lse: %s",
+               flashc_last_error());
+      th_check(flashc_ring_unshard_lse(lay[li], W, r, 2, HH, S, lpart, lback) == FLASHC_OK, "unshard_lse: %s",
+               flashc_last_error());
+    }
+    th_check(memcmp(lfull, lback, sizeof lfull) == 0, "lse shard then unshard (layout %d) gives it back", li);
+  }
+  /* rank 1's contiguous shard is rows [L, 2L) of every batch and head */
+  {
+    flashc_tensor tf = flashc_tensor_bshd(full, FLASHC_F32, 2, S, HH, DD);
+    flashc_tensor tp = flashc_tensor_bshd(part, FLASHC_F32, 2, L, HH, DD);
+    th_check(flashc_ring_shard(FLASHC_RING_CONTIGUOUS, W, 1, &tf, &tp) == FLASHC_OK, "shard rank 1");
+    th_check(part[0] == full[L * HH * DD] && part[L * HH * DD] == full[S * HH * DD + L * HH * DD],
+             "rank 1's shard starts at row L of each batch");
+  }
+
+  typedef struct bad {
+    const char *what;
+    int field; /* 0 size, 1 stride */
+    int tensor, dim;
+    int64_t value;
+    const char *n1, *n2;
+  } bad;
+  const bad cases[] = {
+      {"size[3] = -1", 0, 0, 3, -1, "full.size[3]", "is -1"},
+      {"batch -3", 0, 0, 0, -3, "full.size[0]", "is -3"},
+      {"shard batch -3", 0, 1, 0, -3, "shard.size[0]", "is -3"},
+      {"batch INT64_MAX/2", 0, 0, 0, INT64_MAX / 2, "full", "overflow"},
+      {"stride[0] INT64_MAX/2", 1, 0, 0, INT64_MAX / 2, "full", "more bytes than"},
+      {"shard stride[1] INT64_MAX/2", 1, 1, 1, INT64_MAX / 2, "shard", "overflow"},
+      {"stride[2] -1", 1, 0, 2, -1, "full.stride[2]", "-1"},
+      {"heads 0", 0, 0, 2, 0, "full.size[2]", "must be >= 1"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int un = 0; un < 2; un++) {
+      flashc_tensor tf = flashc_tensor_bshd(full, FLASHC_F32, 2, S, HH, DD);
+      flashc_tensor tp = flashc_tensor_bshd(part, FLASHC_F32, 2, L, HH, DD);
+      flashc_tensor *t = cases[i].tensor ? &tp : &tf;
+      if (cases[i].field)
+        t->stride[cases[i].dim] = cases[i].value;
+      else
+        t->size[cases[i].dim] = cases[i].value;
+      if (!cases[i].field && !cases[i].tensor && cases[i].dim != 1) /* the shard's shape follows the full one's */
+        tp.size[cases[i].dim] = cases[i].value;
+      char what[96];
+      snprintf(what, sizeof what, "flashc_ring_%sshard: %s", un ? "un" : "", cases[i].what);
+      flashc_status st = un ? flashc_ring_unshard(FLASHC_RING_CONTIGUOUS, W, 0, &tp, &tf)
+                            : flashc_ring_shard(FLASHC_RING_CONTIGUOUS, W, 0, &tf, &tp);
+      expect_status(what, st, INVALID, cases[i].n1, cases[i].n2);
+    }
+  float lfull[2 * HH * S], lpart[2 * HH * L];
+  expect_status("flashc_ring_shard_lse: batch INT64_MAX/2",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, INT64_MAX / 2, HH, S, lfull, lpart), INVALID,
+                "flashc_ring_shard_lse", "overflow");
+  expect_status("flashc_ring_shard_lse: heads INT64_MAX/2",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 2, INT64_MAX / 2, S, lfull, lpart), INVALID,
+                "overflow", NULL);
+  expect_status("flashc_ring_shard_lse: batch -1",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, -1, HH, S, lfull, lpart), INVALID, "size[0]",
+                "is -1");
+  expect_status("flashc_ring_unshard_lse: seqlen -4",
+                flashc_ring_unshard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 2, HH, -4, lpart, lfull), INVALID, "size[1]",
+                "is -4");
+  expect_status("flashc_ring_shard_lse: heads 0",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 2, 0, S, lfull, lpart), INVALID, "heads",
+                "must be >= 1");
+  expect_status("flashc_ring_shard_lse: full NULL",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 2, HH, S, NULL, lpart), INVALID,
+                "full.data is NULL", NULL);
+  expect_status("flashc_ring_shard_lse: shard misaligned",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 2, HH, S, lfull, (float *)((char *)lpart + 1)),
+                INVALID, "shard.data", "not aligned");
+  expect_status("flashc_ring_shard_lse: shard inside full",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 2, HH, S, lfull, lfull + 4), INVALID,
+                "output shard shares memory with full", NULL);
+  expect_status("flashc_ring_shard_lse: batch 0, NULL pointers (nothing to move)",
+                flashc_ring_shard_lse(FLASHC_RING_CONTIGUOUS, W, 0, 0, HH, S, NULL, NULL), FLASHC_OK, NULL, NULL);
+  {
+    flashc_tensor tf = flashc_tensor_bshd(full, FLASHC_F32, 2, S, HH, DD);
+    flashc_tensor tp = flashc_tensor_bshd(full + 8, FLASHC_F32, 2, L, HH, DD);
+    expect_status("flashc_ring_shard: shard inside full", flashc_ring_shard(FLASHC_RING_CONTIGUOUS, W, 0, &tf, &tp),
+                  INVALID, "output shard shares memory with full", NULL);
+    expect_status("flashc_ring_unshard: full is the shard struct",
+                  flashc_ring_unshard(FLASHC_RING_CONTIGUOUS, 1, 0, &tf, &tf), INVALID, "same flashc_tensor", NULL);
+    tp = flashc_tensor_bshd(part, FLASHC_F32, 2, L, HH, DD);
+    tf.data = (char *)full + 2;
+    expect_status("flashc_ring_shard: full misaligned", flashc_ring_shard(FLASHC_RING_CONTIGUOUS, W, 0, &tf, &tp),
+                  INVALID, "full.data", "not aligned");
+    tf = flashc_tensor_bshd(NULL, FLASHC_F32, 0, S, HH, DD), tp = flashc_tensor_bshd(NULL, FLASHC_F32, 0, L, HH, DD);
+    expect_status("flashc_ring_shard: batch 0, NULL data (nothing to move)",
+                  flashc_ring_shard(FLASHC_RING_ZIGZAG, W, 1, &tf, &tp), FLASHC_OK, NULL, NULL);
+    expect_status("flashc_ring_shard: full NULL", flashc_ring_shard(FLASHC_RING_ZIGZAG, W, 1, NULL, &tp), INVALID,
+                  "full is NULL", NULL);
+  }
 }
 
 static void handles(void) {
@@ -514,11 +759,14 @@ int main(void) {
   shapes();
   gqa_heads(&rng);
   strides();
+  aliasing();
+  alignment();
   dtypes();
   params();
   varlen(&rng);
   backend_limits(&rng);
   handles();
+  shard_helpers();
   valid_calls();
   packed_gradients_accepted();
   fixture_free(&fx);

@@ -68,7 +68,7 @@ class Flashc:
 
     def params(self, causal=0, align=0, wl=-1, wr=-1, scale=0.0, cu=None, deterministic=0):
         """flashc_params, and what must outlive it (the cu_seqlens arrays it points into)."""
-        p = self.lib.flashc_params_default()
+        p = self.api.params_default()
         p.scale, p.causal, p.align, p.window_left, p.window_right = scale, causal, align, wl, wr
         p.deterministic = deterministic
         keep = None

@@ -55,7 +55,7 @@ def last_backend() -> str:
 
 # ---- options -------------------------------------------------------------------------------------------
 def _params(causal, window, scale, causal_align, deterministic) -> _lib.Params:
-    p = _lib.lib.flashc_params_default()
+    p = _lib.params_default()
     if causal not in (True, False, 0, 1):
         raise TypeError(f"flashc: causal must be a bool, not {causal!r}")
     p.causal = int(bool(causal))
@@ -211,6 +211,9 @@ class Call:
 
 
 def _float_ptr(x):
+    """lse's pointer; NULL for an lse with no element (a call without query rows), as the C library takes it."""
+    if _arrays.numel(x) == 0:
+        return None
     return ctypes.cast(_arrays.data_ptr(x), ctypes.POINTER(ctypes.c_float))
 
 
@@ -379,9 +382,11 @@ def attention(
       -inf where a row sees no key), which attention_backward needs.
     threads: CPU threads (None: all). deterministic: bit-identical backward, run to run.
 
-    Rows that see no key give output 0. Errors raise flashc.Error subclasses: ValueError (invalid
-    argument), NotImplementedError (the backend cannot do it), MemoryError, RuntimeError; the message is
-    the C library's, naming the offending value.
+    Rows that see no key give output 0. Empty inputs (batch 0, seqlen_q 0 or seqlen_k 0) are valid: the
+    results have the inputs' shapes (o = 0 and lse = -inf where queries see no key).
+
+    Errors raise flashc.Error subclasses: ValueError (invalid argument), NotImplementedError (the backend
+    cannot do it), MemoryError, RuntimeError; the message is the C library's, naming the offending value.
     """
     call = prepare_forward(
         q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
@@ -586,8 +591,8 @@ def backends() -> list:
     lib = _lib.lib
     result = []
     for i in range(lib.flashc_backend_count()):
-        info = _lib.BackendInfo()
-        _lib.check(lib.flashc_backend_get(i, ctypes.byref(info)))
+        info = _lib.backend_info()
+        _lib.check(lib.flashc_backend_query(i, ctypes.byref(info)))
         result.append(
             Backend(
                 name=info.name.decode(),

@@ -8,6 +8,9 @@ the caller hands in must already fit, since a copy would not be written back.
 
 Everything the C library reads through a raw pointer that has no size of its own (lse, cu_seqlens) is
 checked here: a wrong size there would make the library read out of bounds instead of failing.
+
+An array with no element (batch or seqlen 0) is a valid argument: it is passed with a NULL pointer and
+contiguous strides, as the C library takes it (its results: flashc.h, "Empty inputs").
 """
 
 from __future__ import annotations
@@ -80,8 +83,16 @@ def device_of(x) -> str:
     return str(dev)
 
 
+def numel(x) -> int:
+    return x.size if isinstance(x, np.ndarray) else x.numel()
+
+
 def _element_strides(x) -> tuple[int, ...] | None:
     """Strides in elements, or None where the C API cannot describe the layout."""
+    if numel(x) == 0:
+        # Nothing is read or written through an empty array, and numpy gives them arbitrary strides (and
+        # pointers): described as contiguous, never copied.
+        return tuple(int(np.prod(x.shape[i + 1 :], dtype=np.int64)) for i in range(x.ndim))
     if isinstance(x, np.ndarray):
         item = x.itemsize
         if any(s % item for s in x.strides) or not x.flags.aligned or not x.dtype.isnative:
@@ -109,7 +120,8 @@ def as_input(name: str, x, ndim: int):
     if _element_strides(x) is not None:
         return x
     if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+        # a copy always (ascontiguousarray would return a contiguous but misaligned array as it is)
+        return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", copy=True)
     return x.contiguous()
 
 
@@ -126,6 +138,11 @@ def check_output(name: str, x, shape: tuple[int, ...], dtype: int, like) -> None
         raise ValueError(f"flashc: {name} is on {device_of(x)} but q is on {device_of(like)}")
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         raise ValueError(f"flashc: {name} is a read-only array")
+    if isinstance(x, np.ndarray) and numel(x) and not x.flags.aligned:
+        raise ValueError(
+            f"flashc: {name} is not aligned to its {x.itemsize}-byte elements; flashc needs element-aligned "
+            "outputs (pass a fresh array)"
+        )
     if _element_strides(x) is None:
         raise ValueError(
             f"flashc: {name} has strides {tuple(_raw_strides(x))} that flashc cannot write "
@@ -144,19 +161,14 @@ def data_ptr(x) -> int:
 def describe(x) -> _lib.Tensor:
     """The flashc_tensor of a 4-d [b, s, h, d] or a 3-d packed [total, h, d] array (batch 1), with the
     array's own dtype (the C library checks that all agree)."""
-    if x.numel() == 0 if is_torch(x) else x.size == 0:
-        # Nothing to read; numpy gives empty arrays arbitrary strides. Describe it as contiguous and let the
-        # C library refuse the zero size with its message.
-        strides = tuple(int(np.prod(x.shape[i + 1 :])) for i in range(x.ndim))
-    else:
-        strides = _element_strides(x)
+    strides = _element_strides(x)
     assert strides is not None, "as_input/check_output let through a layout the C API cannot take"
     if x.ndim == 3:
         size, strides = (1,) + tuple(x.shape), (0,) + strides
     else:
         size = tuple(x.shape)
     t = _lib.Tensor()
-    t.data = data_ptr(x)
+    t.data = data_ptr(x) if numel(x) else None  # NULL for a view with no element
     t.dtype = dtype_code("tensor", x)
     t.size[:] = [int(s) for s in size]
     t.stride[:] = [int(s) for s in strides]
@@ -188,7 +200,7 @@ def as_lse(x, shape: tuple[int, ...], like):
     if device_of(x) != device_of(like):
         raise ValueError(f"flashc: lse is on {device_of(x)} but q is on {device_of(like)}")
     if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return np.require(x, np.float32, ["C", "A"])  # contiguous and aligned: read through a bare pointer
     return x.contiguous()
 
 
@@ -209,4 +221,4 @@ def as_cu_seqlens(name: str, x) -> np.ndarray:
         raise ValueError(f"flashc: {name} has shape {a.shape}; it must be 1-d with num_seqs + 1 >= 2 offsets")
     if a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max:
         raise ValueError(f"flashc: {name} holds offsets outside int32")
-    return np.ascontiguousarray(a, dtype=np.int32)
+    return np.require(a, np.int32, ["C", "A"])

@@ -39,6 +39,7 @@ class Params(ctypes.Structure):
     """flashc_params."""
 
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),  # sizeof(flashc_params) as this module knows it
         ("scale", ctypes.c_float),
         ("causal", ctypes.c_int),
         ("align", ctypes.c_int),
@@ -55,6 +56,7 @@ class BackendInfo(ctypes.Structure):
     """flashc_backend_info."""
 
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),  # sizeof(flashc_backend_info) as this module knows it
         ("name", ctypes.c_char_p),
         ("summary", ctypes.c_char_p),
         ("device", ctypes.c_int),
@@ -65,6 +67,16 @@ class BackendInfo(ctypes.Structure):
         ("usable", ctypes.c_int),
         ("why_unusable", ctypes.c_char_p),
     ]
+
+
+def params_default() -> Params:
+    """flashc_params_default() of the header (an inline function there, so not in the library)."""
+    return Params(struct_size=ctypes.sizeof(Params), align=ALIGN_BOTTOM_RIGHT, window_left=-1, window_right=-1)
+
+
+def backend_info() -> BackendInfo:
+    """An empty flashc_backend_info for flashc_backend_query, its struct_size set."""
+    return BackendInfo(struct_size=ctypes.sizeof(BackendInfo))
 
 
 Handle = ctypes.c_void_p
@@ -80,9 +92,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "flashc_version_string": (ctypes.c_char_p, []),
         "flashc_status_string": (ctypes.c_char_p, [ctypes.c_int]),
         "flashc_last_error": (ctypes.c_char_p, []),
-        "flashc_params_default": (Params, []),
         "flashc_backend_count": (ctypes.c_int, []),
-        "flashc_backend_get": (status, [ctypes.c_int, _P(BackendInfo)]),
+        "flashc_backend_query": (status, [ctypes.c_int, _P(BackendInfo)]),
         "flashc_create": (status, [_P(Handle), ctypes.c_char_p]),
         "flashc_destroy": (status, [Handle]),
         "flashc_set_threads": (status, [Handle, ctypes.c_int]),

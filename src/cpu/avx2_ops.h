@@ -10,7 +10,14 @@
 
 #define FC_AVX2_OP __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
+/* max(a, b), NaN when either is: maxps returns b when one is NaN, so a NaN a is ORed back in (the compare's
+ * all-ones lanes are a NaN). */
+FC_AVX2_OP __m256 fc_avx2_max_nan8(__m256 a, __m256 b) {
+  return _mm256_or_ps(_mm256_max_ps(a, b), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+/* The largest lane, NaN when a lane is NaN. */
 FC_AVX2_OP float fc_avx2_hmax8(__m256 v) {
+  if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) return __builtin_nanf("");
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));

@@ -133,9 +133,9 @@ static void forward_task(void *vctx, int64_t t, int worker) {
       /* m_new = max(m, rowmax S), P = 2^(S − m_new), l = 2^(m − m_new) l + rowsum P, O_i = 2^(m − m_new) O_i */
       for (int64_t r = r0; r < r0 + rows; r++) {
         float *S_r = T.S + (r - r0) * BC;
-        const float row_max = kern->row_max(S_r, gc), m_new = row_max > T.m[r] ? row_max : T.m[r];
+        const float m_new = fc_max_nan(T.m[r], kern->row_max(S_r, gc));
         /* A row that has seen no key yet has m_new = −inf; subtracting 0 instead gives 2^(−inf) = 0 where
-         * −inf − (−inf) would give NaN. */
+         * −inf − (−inf) would give NaN. (A NaN or +inf m_new gives NaN here: such rows are redone below.) */
         const float m_use = m_new == -INFINITY ? 0.0f : m_new, alpha = exp2f(T.m[r] - m_use);
         T.l[r] = alpha * T.l[r] + kern->exp2_row(S_r, gc, m_use);
         T.m[r] = m_new;
@@ -154,6 +154,16 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i0 + r)] = l > 0.0f ? (T.m[r] + log2f(l)) * FC_LN2 : -INFINITY;
   }
   fc_tile_store(kern, p, (fc_rows){&p->o, s, q0, i0, in, h}, 1.0f, T.O, dp);
+
+  /* Rows that left fp32 (flash.h) are redone in fp64: a maximum of NaN or +inf (a NaN score, or an infinite
+   * one: an input was not finite, or a score passed fp32's range), or of −inf while the row sees a key (its
+   * scores all −inf: infinite inputs, or scores below −3.4e38), or an O_i that overflowed. */
+  for (int64_t r = 0; r < in; r++) {
+    int64_t lo, hi;
+    if (isfinite(T.m[r]) && isfinite(T.l[r]) && fc_all_finite(T.O + r * dp, d)) continue;
+    fc_key_range(p, shift, i0 + r, sk, &lo, &hi);
+    if (T.m[r] != -INFINITY || lo < hi) fc_ref_forward_row(p, s, h, i0 + r);
+  }
 }
 
 static flashc_status flash_forward(const fc_problem *p) {

@@ -91,6 +91,7 @@ typedef struct {
   float *D;          /* D_i for every row and query head, indexed like lse */
   float *dq_acc;     /* dQ (without the scale) for every row and query head: row fc_lse_index of dp floats */
   dq_ticket *ticket; /* per (query head, query block): h·q_blocks.total + g */
+  atomic_int *fp64;  /* set when a value left fp32: the call is redone by cpu-ref (flash.h) */
   fc_scratch scratch;
 } bwd_ctx;
 
@@ -132,6 +133,15 @@ static void d_task(void *vctx, int64_t t, int worker) {
   fc_tile_load(kern, p, (fc_rows){&p->dout, s, q.q0, i0, in, h}, 1.0f, T.dO, dp);
   const int64_t first = fc_lse_index(p, s, q.q0, h, i0); /* the block's rows are consecutive in lse */
   for (int64_t r = 0; r < in; r++) ctx->D[first + r] = kern->dot(T.dO + r * dp, T.Q + r * dp, d);
+  /* A row whose D_i or lse_i is not finite, other than the lse −inf of a row that sees no key, cannot be done
+   * in fp32 (flash.h): a NaN or infinite input, or a forward whose scores passed fp32's range. */
+  for (int64_t r = 0; r < in; r++) {
+    const float lse = p->lse[first + r];
+    int64_t lo, hi;
+    fc_key_range(p, q.shift, i0 + r, q.sk, &lo, &hi);
+    if (!isfinite(ctx->D[first + r]) || !(isfinite(lse) || (lse == -INFINITY && lo >= hi)))
+      atomic_store_explicit(ctx->fp64, 1, memory_order_relaxed);
+  }
   memset(ctx->dq_acc + first * dp, 0, (size_t)(in * dp) * sizeof(float));
   atomic_init(&ctx->ticket[h * ctx->q_blocks.total + g].added, 0);
   int64_t lo, hi;
@@ -253,11 +263,16 @@ static void dkdv_task(void *vctx, int64_t t, int worker) {
       float *acc = ctx->dq_acc + fc_lse_index(p, s, q.q0, h, i0) * dp;
       for (int64_t r = a; r < b; r++)
         for (int64_t c = 0; c < dp; c++) acc[r * dp + c] += T.dQ[r * dp + c];
-      if (turn + 1 == adders) /* the last: dQ_i is complete */
+      if (turn + 1 == adders) { /* the last: dQ_i is complete */
+        if (!fc_all_finite(acc, in * dp)) atomic_store_explicit(ctx->fp64, 1, memory_order_relaxed);
         fc_tile_store(kern, p, (fc_rows){&p->dq, s, q.q0, i0, in, h}, p->scale, acc, dp);
+      }
       atomic_store_explicit(&ticket->added, turn + 1, memory_order_release);
     }
   }
+  /* A gradient that overflowed (from finite inputs and a finite lse: values near 3e38) is redone in fp64. */
+  if (!fc_all_finite(T.dK, jn * dp) || !fc_all_finite(T.dV, jn * dp))
+    atomic_store_explicit(ctx->fp64, 1, memory_order_relaxed);
   /* Every key row is written, those that no query sees with 0. */
   fc_tile_store(kern, p, (fc_rows){&p->dk, s, q.k0, j0, jn, hk}, p->scale, T.dK, dp);
   fc_tile_store(kern, p, (fc_rows){&p->dv, s, q.k0, j0, jn, hk}, 1.0f, T.dV, dp);
@@ -289,8 +304,12 @@ flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   fc_blocks_init(&ctx.q_blocks, p->cu_seqlens_q, p->batch, p->seqlen_q, z.br, q_first);
   fc_blocks_init(&ctx.k_blocks, p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc, k_first);
 
+  atomic_int fp64 = 0;
+  ctx.fp64 = &fp64;
   const int threads = ctx.scratch.threads;
   if (ctx.q_blocks.total > 0) fc_parallel_for(threads, p->heads_q * ctx.q_blocks.total, d_task, &ctx);
-  if (ctx.k_blocks.total > 0) fc_parallel_for(threads, p->heads_kv * ctx.k_blocks.total, dkdv_task, &ctx);
+  if (!atomic_load(&fp64) && ctx.k_blocks.total > 0)
+    fc_parallel_for(threads, p->heads_kv * ctx.k_blocks.total, dkdv_task, &ctx);
+  if (atomic_load(&fp64)) return fc_backend_cpu_ref.backward(p); /* writes every dq, dk, dv row again */
   return FLASHC_OK;
 }

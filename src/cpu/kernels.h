@@ -41,9 +41,10 @@ typedef struct fc_cpu_kernels {
   void (*gemm)(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs, int64_t a_cs, const float *B, int64_t ps,
                int64_t ldb, float *C, int64_t ldc, int accumulate);
 
-  /* max_j x_j over n ≥ 1 values (−inf when every value is −inf). */
+  /* max_j x_j over n ≥ 1 values (−inf when every value is −inf, NaN when one is NaN). */
   float (*row_max)(const float *x, int64_t n);
-  /* x_j ← 2^(x_j − shift) in place, returning Σ_j of the new x_j. `shift` must be finite. 2^y is within
+  /* x_j ← 2^(x_j − shift) in place, returning Σ_j of the new x_j. `shift` is finite, or the sum is NaN (or 0
+   * for shift = −inf and every x_j = −inf: a row that sees no key subtracts 0 instead). 2^y is within
    * one ulp for y ≥ −125, 0 below (2^y < 2.4e-38: softmax weights that no fp32 sum can see), +inf from 128
    * on, NaN for NaN; −inf gives 0 and 0 gives 1. */
   float (*exp2_row)(float *x, int64_t n, float shift);

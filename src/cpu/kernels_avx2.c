@@ -27,7 +27,7 @@
 #define V_ADD(a, b)    _mm256_add_ps(a, b)
 #define V_SUB(a, b)    _mm256_sub_ps(a, b)
 #define V_MUL(a, b)    _mm256_mul_ps(a, b)
-#define V_MAX(a, b)    _mm256_max_ps(a, b)
+#define V_MAX(a, b)    fc_avx2_max_nan8(a, b)
 #define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define V_ROUND(x)     fc_avx2_round8(x)
 /* minps returns its second operand when one is NaN: with x second, NaN passes through. */

@@ -23,6 +23,8 @@
 #define FC_MR 8
 #define FC_NV 2
 
+/* V_MAX, V_HMAX: vmaxps returns b when one operand is NaN, so a NaN a is put back; the reduction is NaN when a lane
+ * is. */
 #define V_ZERO()        _mm512_setzero_ps()
 #define V_SET1(x)       _mm512_set1_ps(x)
 #define V_LOAD(p)       _mm512_loadu_ps(p)
@@ -31,9 +33,9 @@
 #define V_ADD(a, b)     _mm512_add_ps(a, b)
 #define V_SUB(a, b)     _mm512_sub_ps(a, b)
 #define V_MUL(a, b)     _mm512_mul_ps(a, b)
-#define V_MAX(a, b)     _mm512_max_ps(a, b)
+#define V_MAX(a, b)     _mm512_mask_mov_ps(_mm512_max_ps(a, b), _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a)
 #define V_FMA(a, b, c)  _mm512_fmadd_ps(a, b, c)
-#define V_HMAX(v)       _mm512_reduce_max_ps(v)
+#define V_HMAX(v)       (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) ? __builtin_nanf("") : _mm512_reduce_max_ps(v))
 #define V_HSUM(v)       _mm512_reduce_add_ps(v)
 #define V_ROUND(x)      _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_MIN_NAN(x, b) _mm512_min_ps(b, x) /* NaN passes through (the second operand) */

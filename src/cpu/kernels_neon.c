@@ -59,9 +59,9 @@ FC_NEON void n_store_bf16(uint16_t *p, float32x4_t v) {
 #define V_ADD(a, b)           vaddq_f32(a, b)
 #define V_SUB(a, b)           vsubq_f32(a, b)
 #define V_MUL(a, b)           vmulq_f32(a, b)
-#define V_MAX(a, b)           vmaxq_f32(a, b)
+#define V_MAX(a, b)           vmaxq_f32(a, b) /* fmax: NaN when an operand is NaN (fmaxnm would drop it) */
 #define V_FMA(a, b, c)        vfmaq_f32(c, a, b)
-#define V_HMAX(v)             vmaxvq_f32(v)
+#define V_HMAX(v)             vmaxvq_f32(v) /* fmaxv: NaN when a lane is NaN */
 #define V_HSUM(v)             vaddvq_f32(v)
 #define V_ROUND(x)            vrndnq_f32(x)
 #define V_MIN_NAN(x, b)       vminq_f32(x, b) /* fmin returns NaN when an operand is NaN */

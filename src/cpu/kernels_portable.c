@@ -29,8 +29,8 @@ FC_PORTABLE fc_v4 p_set1(float x) { return (fc_v4){x, x, x, x}; }
 FC_PORTABLE fc_v4 p_select(fc_i4 mask, fc_v4 a, fc_v4 b) { /* a where mask is −1, b where 0 */
   return (fc_v4)(((fc_i4)a & mask) | ((fc_i4)b & ~mask));
 }
-FC_PORTABLE fc_v4 p_max(fc_v4 a, fc_v4 b) { return p_select(a > b, a, b); }
-/* NaN fails both comparisons, so it passes through. */
+/* a where a > b or a is NaN, else b (NaN when b is): NaN wins either way. */
+FC_PORTABLE fc_v4 p_max(fc_v4 a, fc_v4 b) { return p_select((a > b) | (a != a), a, b); }
 /* NaN fails the comparison, so it passes through. */
 FC_PORTABLE fc_v4 p_min_nan(fc_v4 x, fc_v4 b) { return p_select(x > b, b, x); }
 /* Nearest, ties to even, by adding and subtracting 1.5·2^23 (exact for |x| < 2^22 in the default rounding
@@ -45,7 +45,7 @@ FC_PORTABLE fc_v4 p_pow2_minus1(fc_v4 n) {
 FC_PORTABLE fc_v4 p_zero_below(fc_v4 r, fc_v4 x, float b) { return (fc_v4)((fc_i4)r & ~(x < p_set1(b))); }
 FC_PORTABLE float p_hmax(fc_v4 v) {
   float m = v[0];
-  for (int i = 1; i < 4; i++) m = v[i] > m ? v[i] : m;
+  for (int i = 1; i < 4; i++) m = v[i] > m || v[i] != v[i] ? v[i] : m;
   return m;
 }
 FC_PORTABLE float p_hsum(fc_v4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }

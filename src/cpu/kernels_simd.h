@@ -11,7 +11,9 @@
  *   FC_KERNELS_NAME  the table's name
  *   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, v) V_BCAST(p)   (p: float pointers, unaligned)
  *   V_LOADN(p, n) V_STOREN(p, v, n)  the first n lanes only (0 < n < FC_VL; the other lanes read as 0)
- *   V_ADD V_SUB V_MUL V_MAX V_FMA(a, b, c) = a·b + c, V_HMAX(v) V_HSUM(v)
+ *   V_ADD V_SUB V_MUL V_FMA(a, b, c) = a·b + c, V_HSUM(v)
+ *   V_MAX(a, b) V_HMAX(v)  the maximum, NaN when an operand (a lane) is NaN: softmax's running maximum must
+ *                          carry a NaN score, not drop it as the ISAs' max instructions do
  *   V_MIN_NAN(x, b)        min(x, b), NaN passing through
  *   V_ROUND(x)             to the nearest whole number (ties to even)
  *   V_POW2_MINUS1(n)       2^(n−1) for whole n in [−125, 128], built in the exponent field: (n + 126) << 23
@@ -153,8 +155,8 @@ FC_INLINE FC_V exp2_v(FC_V x) {
 
 /* ---- softmax rows ------------------------------------------------------------------------------------- */
 /* Four running maxima: one would chain every vector of the row through the max's latency (4 cycles on Intel
- * cores, against a throughput of two a cycle). The maximum is exact, so the result does not depend on how
- * the values are grouped. */
+ * cores, against a throughput of two a cycle). The maximum is exact and NaN wins wherever it is, so the result
+ * does not depend on how the values are grouped. */
 FC_TARGET static float row_max(const float *x, int64_t n) {
   FC_V m = V_SET1(-INFINITY), m1 = m, m2 = m, m3 = m;
   int64_t j = 0;
@@ -167,7 +169,7 @@ FC_TARGET static float row_max(const float *x, int64_t n) {
   for (; j + FC_VL <= n; j += FC_VL) m = V_MAX(m, V_LOAD(x + j));
   m = V_MAX(V_MAX(m, m1), V_MAX(m2, m3));
   float r = V_HMAX(m);
-  for (; j < n; j++) r = x[j] > r ? x[j] : r;
+  for (; j < n; j++) r = x[j] > r || x[j] != x[j] ? x[j] : r; /* a NaN r stays: x > NaN is false */
   return r;
 }
 

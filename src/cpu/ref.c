@@ -11,6 +11,7 @@
  * dk/dv rows of its kv head and the dq rows of the query heads that share it, so no two tasks write the same
  * row and the result does not depend on the thread count.
  */
+#include "flash.h"
 #include "scratch.h"
 
 #include <string.h>
@@ -37,7 +38,63 @@ static double dot(const double *a, const double *b, int64_t d) {
  *   P_ij = exp(S_ij − m_i) / l_i              (2)
  *   o_i = Σ_j P_ij v_j                        (3)
  *   lse_i = m_i + log l_i
- * A row that sees no key has no softmax: o_i = 0, lse_i = −inf. */
+ * A row that sees no key (or only scores of −inf, which weigh nothing) has no softmax: o_i = 0, lse_i = −inf.
+ * Non-finite values follow IEEE arithmetic as in PyTorch: the maximum propagates NaN (max_nan), so a NaN
+ * score, or a +inf one (exp(inf − inf)), makes l_i, o_i and lse_i NaN, and m_i = −inf means "no key seen"
+ * and nothing else. */
+
+/* max(m, x), NaN as soon as either is: a NaN, once met, stays (x > NaN is false). */
+static inline double max_nan(double m, double x) { return x > m || x != x ? x : m; }
+
+/* The rows k_j, v_j of one (sequence s, kv head hk) as fp64: from K, V (all rows, loaded once per task) or,
+ * where there is no room for them, read one at a time into buf (2·d doubles). */
+typedef struct {
+  const fc_problem *p;
+  int64_t s, k0, hk;
+  const double *K, *V;
+  double *buf;
+} kv_rows;
+
+static const double *key_row(const kv_rows *kv, int64_t j) {
+  const int64_t d = kv->p->head_dim;
+  if (kv->K) return kv->K + j * d;
+  load_row(&kv->p->k, kv->p->dtype, fc_offset(&kv->p->k, kv->s, kv->k0, j, kv->hk), d, kv->buf);
+  return kv->buf;
+}
+
+static const double *value_row(const kv_rows *kv, int64_t j) {
+  const int64_t d = kv->p->head_dim;
+  if (kv->V) return kv->V + j * d;
+  load_row(&kv->p->v, kv->p->dtype, fc_offset(&kv->p->v, kv->s, kv->k0, j, kv->hk), d, kv->buf + d);
+  return kv->buf + d;
+}
+
+/* o_i (d doubles) and the return value lse_i of query row i (q_i as fp64), over the sk keys of kv. S: room
+ * for the sk scores, or NULL to compute each score twice (the same bits both times). */
+static double forward_row(const kv_rows *kv, int64_t shift, int64_t i, int64_t sk, const double *q, double *S,
+                          double *o) {
+  const fc_problem *p = kv->p;
+  const int64_t d = p->head_dim;
+  double m = -INFINITY;
+  for (int64_t j = 0; j < sk; j++) { /* (1) */
+    if (!fc_visible(p, shift, i, j)) continue;
+    const double S_ij = (double)p->scale * dot(q, key_row(kv, j), d);
+    if (S) S[j] = S_ij;
+    m = max_nan(m, S_ij);
+  }
+  double l = 0.0;
+  memset(o, 0, (size_t)d * sizeof *o);
+  if (m == -INFINITY) return -INFINITY;
+  for (int64_t j = 0; j < sk; j++) { /* (2) and (3), with the division by l_i left to the end */
+    if (!fc_visible(p, shift, i, j)) continue;
+    const double e = exp((S ? S[j] : (double)p->scale * dot(q, key_row(kv, j), d)) - m);
+    l += e;
+    const double *v = value_row(kv, j);
+    for (int64_t c = 0; c < d; c++) o[c] += e * v[c];
+  }
+  for (int64_t c = 0; c < d; c++) o[c] /= l;
+  return m + log(l);
+}
 
 typedef struct {
   const fc_problem *p;
@@ -70,29 +127,28 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   double *K = fc_scratch_worker(&ctx->scratch, worker), *V = K + p->seqlen_k * d, *S = V + p->seqlen_k * d,
          *q = S + p->seqlen_k, *o = q + d;
   load_kv(p, s, k0, sk, hk, K, V);
+  const kv_rows kv = {.p = p, .s = s, .k0 = k0, .hk = hk, .K = K, .V = V};
 
   for (int64_t i = 0; i < sq; i++) {
     load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
-    double m = -INFINITY;
-    for (int64_t j = 0; j < sk; j++) { /* (1) */
-      if (!fc_visible(p, shift, i, j)) continue;
-      S[j] = (double)p->scale * dot(q, K + j * d, d);
-      if (S[j] > m) m = S[j];
-    }
-    double l = 0.0;
-    memset(o, 0, (size_t)d * sizeof *o);
-    if (m > -INFINITY) {
-      for (int64_t j = 0; j < sk; j++) { /* (2) and (3), with the division by l_i left to the end */
-        if (!fc_visible(p, shift, i, j)) continue;
-        const double e = exp(S[j] - m);
-        l += e;
-        for (int64_t c = 0; c < d; c++) o[c] += e * V[j * d + c];
-      }
-      for (int64_t c = 0; c < d; c++) o[c] /= l;
-    }
+    const double lse = forward_row(&kv, shift, i, sk, q, S, o);
     store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), d, o);
-    if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i)] = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
+    if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i)] = (float)lse;
   }
+}
+
+void fc_ref_forward_row(const fc_problem *p, int64_t s, int64_t h, int64_t i) {
+  enum { D_MAX = 256 }; /* the largest head_dim of any backend */
+  const int64_t hk = h / (p->heads_q / p->heads_kv), d = p->head_dim;
+  int64_t q0, sq, k0, sk;
+  fc_seq_q(p, s, &q0, &sq);
+  fc_seq_k(p, s, &k0, &sk);
+  double q[D_MAX] = {0}, o[D_MAX], buf[2 * D_MAX];
+  const kv_rows kv = {.p = p, .s = s, .k0 = k0, .hk = hk, .buf = buf};
+  load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
+  const double lse = forward_row(&kv, fc_mask_shift(p, sq, sk), i, sk, q, NULL, o);
+  store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), d, o);
+  if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i)] = (float)lse;
 }
 
 static flashc_status ref_forward(const fc_problem *p) {
@@ -145,19 +201,23 @@ static void backward_task(void *vctx, int64_t t, int worker) {
         P[j] = 0.0;
         if (!fc_visible(p, shift, i, j)) continue;
         P[j] = scale * dot(q, K + j * d, d);
-        if (P[j] > m) m = P[j];
+        m = max_nan(m, P[j]);
       }
-      if (m > -INFINITY) { /* else the row sees no key: P = 0 and every gradient of the row is 0 */
+      if (m != -INFINITY) { /* else the row sees no key: P = 0 and every gradient of the row is 0 */
         double l = 0.0;
         for (int64_t j = 0; j < sk; j++)
           if (fc_visible(p, shift, i, j)) l += P[j] = exp(P[j] - m);
-        for (int64_t j = 0; j < sk; j++) P[j] /= l;
+        /* A NaN l (a NaN or +inf score) reaches every key the row sees, and only those: a hidden key stays 0. */
+        for (int64_t j = 0; j < sk; j++)
+          if (fc_visible(p, shift, i, j)) P[j] /= l;
 
         /* Undo (3): dv_j += P_ij do_i, dP_ij = do_i·v_j; D_i = Σ_j P_ij dP_ij. */
         double D = 0.0;
         for (int64_t j = 0; j < sk; j++) {
           dP[j] = 0.0;
-          if (P[j] == 0.0) continue; /* masked (or underflowed: then its terms are 0 as well) */
+          /* Hidden keys take no part. A key the row sees does, with P_ij = 0 too: its k_j and v_j enter the
+           * products (so an infinite k_j makes dq_i NaN through 0·inf, as in PyTorch's matrix products). */
+          if (!fc_visible(p, shift, i, j)) continue;
           dP[j] = dot(dout, V + j * d, d);
           D += P[j] * dP[j];
           for (int64_t c = 0; c < d; c++) dV[j * d + c] += P[j] * dout[c];
@@ -165,7 +225,7 @@ static void backward_task(void *vctx, int64_t t, int worker) {
 
         /* Undo (2) and (1): dS_ij = P_ij (dP_ij − D_i); dq_i = scale Σ_j dS_ij k_j; dk_j += scale dS_ij q_i. */
         for (int64_t j = 0; j < sk; j++) {
-          if (P[j] == 0.0) continue;
+          if (!fc_visible(p, shift, i, j)) continue;
           const double dS = P[j] * (dP[j] - D);
           for (int64_t c = 0; c < d; c++) {
             dq[c] += scale * dS * K[j * d + c];

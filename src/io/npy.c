@@ -8,6 +8,7 @@
  * allocate at most the header limit plus the data it actually contains.
  */
 #include "npy.h"
+#include "readfile.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -388,18 +389,14 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
   if (!out) return fail(err, errlen, "npy_read: out is NULL");
   memset(out, 0, sizeof *out);
   if (!path) return fail(err, errlen, "npy_read: path is NULL");
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+  char why[400];
+  FILE *f = io_open_regular(path, why, sizeof why); /* a FIFO is refused here, not waited on */
+  if (!f) return fail(err, errlen, "%s: %s", path, why);
   unsigned char *head = NULL;
   void *data = NULL;
-  char why[400];
   struct stat st;
   if (fstat(fileno(f), &st) != 0) {
     fail(why, sizeof why, "cannot stat: %s", strerror(errno));
-    goto failed;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    fail(why, sizeof why, "not a regular file");
     goto failed;
   }
   size_t file_size = (size_t)st.st_size;

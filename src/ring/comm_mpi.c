@@ -229,13 +229,15 @@ flashc_status fc_ring_mpi_open(const void *mpi_comm, int64_t timeout_ms, fc_ring
   if (s == FLASHC_OK) {
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.world);
-    /* The rank within this node, for one GPU per rank. Blocking, but every rank has just joined the dup. */
+    /* The rank within this node (one GPU per rank) and the node's ranks (their share of its cores). Blocking,
+     * but every rank has just joined the dup. */
     MPI_Comm node;
     rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->base.rank, MPI_INFO_NULL, &node);
     if (rc != MPI_SUCCESS) {
       s = mpi_failure(rc, "MPI_Comm_split_type");
     } else {
       MPI_Comm_rank(node, &m->local_rank);
+      MPI_Comm_size(node, &m->base.local_ranks);
       MPI_Comm_free(&node);
     }
   }

@@ -34,6 +34,7 @@
  * it) through one reduction, so a mismatch or a local error fails on all ranks before any block moves.
  */
 #include "ring.h"
+#include "threads.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -381,11 +382,17 @@ static flashc_status prepare(ring_call *c, const flashc_params *params, const fl
                              const flashc_tensor *dv, int *entered, int *prev_device) {
   flashc_ring r = c->r;
   const char *op = c->op;
-  if (params && (params->cu_seqlens_q || params->cu_seqlens_k))
+  flashc_params pa;
+  FC_CHECK(fc_params_read(op, params, &pa));
+  if (pa.cu_seqlens_q || pa.cu_seqlens_k)
     return UNSUPPORTED("%s: varlen (params.cu_seqlens_q/k) is not supported by ring attention", op);
   if (c->layout != FLASHC_RING_CONTIGUOUS && c->layout != FLASHC_RING_ZIGZAG)
     return INVALID("%s: layout %d is not a flashc_ring_layout", op, (int)c->layout);
   FC_CHECK(fc_prepare(op, r->handle, params, q, k, v, o, lse, dout, dq, dk, dv, c->is_backward, &c->p0, &c->b));
+  if (fc_problem_is_empty(&c->p0)) /* valid for flashc_forward/backward, which need no kernel for it */
+    return UNSUPPORTED("%s: ring attention needs non-empty shards, but batch is %lld, local seqlen_q %lld and local "
+                       "seqlen_k %lld",
+                       op, (long long)c->p0.batch, (long long)c->p0.seqlen_q, (long long)c->p0.seqlen_k);
   c->on_device = c->b->device == FLASHC_DEVICE_CUDA;
   if (c->on_device) {
 #ifdef FLASHC_RING_NCCL
@@ -411,6 +418,9 @@ static flashc_status prepare(ring_call *c, const flashc_params *params, const fl
       return UNSUPPORTED("%s: host tensors need a ring made with flashc_ring_create_mpi; this one is over NCCL", op);
     c->mem = &fc_ring_mem_host;
     c->comm = r->mpi;
+    /* The handle's thread count unset (0): this rank's share of its node's cores, not every core, so that
+     * the node's ranks do not take each other's cores away (fc_ring_cpu_threads). */
+    if (r->handle->threads == 0 && r->mpi->local_ranks > 1) c->p0.threads = fc_ring_cpu_threads(r->mpi->local_ranks);
   }
   const fc_problem *p0 = &c->p0;
   if (p0->dtype == FLASHC_F64)

@@ -25,6 +25,7 @@ typedef struct fc_ring_comm fc_ring_comm;
 struct fc_ring_comm {
   const char *name; /* "MPI", "NCCL" */
   int rank, world;
+  int local_ranks; /* ranks on this node (MPI: its MPI_COMM_TYPE_SHARED split; 0 where unknown) */
   int64_t timeout_ms;
   /* Element-wise minimum and maximum over all ranks of n values. Collective. */
   flashc_status (*agree)(fc_ring_comm *c, const int64_t *mine, int64_t *lo, int64_t *hi, int n);

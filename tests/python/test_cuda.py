@@ -93,7 +93,7 @@ HOPPER = next((b for b in CUDA_BACKENDS if b.name == "cuda-hopper"), None)
 def test_hopper_persistent_walks_many_tiles(variant, rng, monkeypatch):
     """The persistent forward with many tiles per CTA (2000-odd tiles over the SMs) and a partial last query block in
     every head, where the last warpgroups' rows lie past the sequence and run dummy trips: the producer hands each tile
-    to the consumers through the tile ring, and the next tile may only be taken after those trips (session 14: taken
+    to the consumers through the tile ring, and the next tile may only be taken after those trips (a draft that took it
     before them, tmastore3 hung here). Q in one slot or two gives the same bits; O's error against SDPA in fp32 at most twice that of SDPA in bf16."""
     monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
     for d, causal in ((64, False), (64, True), (128, False), (256, False), (256, True)):

@@ -74,12 +74,71 @@ def test_shape_mismatches_carry_the_c_message(rng, qkv):
     raises(ValueError, "not a multiple of heads_kv", flashc.attention, randn(rng, (1, 16, 3, 8)), k, v)
     raises(ValueError, "batch", flashc.attention, randn(rng, (2, 16, 2, 8)), k, v)
     raises(ValueError, "dtype", flashc.attention, q, k.astype(np.float16), v)
-    raises(ValueError, "sizes must be >= 1", flashc.attention, q[:, :0], k, v)
+    # batch and seqlen 0 are valid (test_empty.py); heads and head_dim 0 are not
+    raises(ValueError, "heads and head_dim must be >= 1", flashc.attention, q[:, :, :0], k, v)
+    raises(ValueError, "heads and head_dim must be >= 1", flashc.attention, q[..., :0], k[..., :0], v[..., :0])
 
 
 def test_output_aliasing_an_input_is_refused(qkv):
     q, k, v = qkv
     raises(ValueError, "shares memory with", flashc.attention, q, k, v, out=q)
+
+
+def test_output_with_zero_strides_inside_an_input_is_refused(rng):
+    """Issue 43 row 2: an output [1, 1, 1, d] with strides 0 whose memory is a row of k: the overlap test
+    must use the real extent of both views."""
+    q, k, v = randn(rng, (1, 1, 1, 8)), randn(rng, (1, 16, 1, 8)), randn(rng, (1, 16, 1, 8))
+    saved = k.copy()
+    out = np.lib.stride_tricks.as_strided(k[0, 5], (1, 1, 1, 8), (0, 0, 0, 4))
+    raises(ValueError, "output o shares memory with k", flashc.attention, q, k, v, out=out, backend="cpu-ref")
+    np.testing.assert_array_equal(k, saved)
+
+
+def test_lse_inside_another_tensor_is_refused(qkv, cpu_ref):
+    """Issue 43 row 3: lse is an output of the forward (overlap-checked like o) and an input of the backward
+    (dq, dk, dv must not overlap it)."""
+    q, k, v = qkv
+    saved = q.copy()
+    lse_in_q = q.reshape(-1)[8 : 8 + 32].reshape(1, 2, 16)
+    raises(ValueError, "output lse shares memory with q", flashc.attention, q, k, v, lse=lse_in_q)
+    np.testing.assert_array_equal(q, saved)
+    o, lse = flashc.attention(q, k, v, return_lse=True, backend="cpu-ref")
+    buf = np.empty(32 + q.size, np.float32)
+    buf[:32] = lse.reshape(-1)
+    dq = buf[16 : 16 + q.size].reshape(q.shape)  # its first 16 floats are lse's last
+    raises(
+        ValueError,
+        "output dq shares memory with lse",
+        flashc.attention_backward,
+        o,
+        q,
+        k,
+        v,
+        o,
+        buf[:32].reshape(lse.shape),
+        dq=dq,
+        backend="cpu-ref",
+    )
+
+
+def _misaligned(shape):
+    """A float32 array one byte off its element alignment."""
+    n = int(np.prod(shape))
+    return np.empty(n * 4 + 1, np.uint8)[1 : 1 + n * 4].view(np.float32).reshape(shape)
+
+
+def test_misaligned_arrays(rng, cpu_ref):
+    """Issue 43 row 12: the C library refuses data not aligned to its element size; Python copies a misaligned
+    input (the result is the aligned one's) and refuses a misaligned output with a message that says so."""
+    q, k, v = (randn(rng, (1, 16, 2, 8)) for _ in range(3))
+    qm = _misaligned(q.shape)
+    qm[...] = q
+    assert not qm.flags.aligned
+    np.testing.assert_array_equal(
+        flashc.attention(qm, k, v, backend="cpu-ref"), flashc.attention(q, k, v, backend="cpu-ref")
+    )
+    raises(ValueError, "not aligned to its 4-byte elements", flashc.attention, q, k, v, out=_misaligned(q.shape))
+    raises(ValueError, "not aligned", flashc.attention, q, k, v, lse=_misaligned((1, 2, 16)))
 
 
 def test_unsupported_is_not_implemented(rng):

@@ -9,7 +9,7 @@
  *   test_ring_nccl ... --bench [--seqlen-per-gpu S --heads H --head-dim D --full --contiguous --repeats N]
  *                                                   per-GPU TFLOP/s of the ring (fwd, bwd, fwd+bwd, bf16) and
  *                                                   its efficiency against one GPU on the whole sequence
- *                                                   (TARGETS.md: b1 h32 d128, 32k tokens per GPU, causal zigzag)
+ *                                                   (docs/targets.md: b1 h32 d128, 32k tokens per GPU, causal zigzag)
  * NAME defaults to the best usable CUDA backend with a backward pass.
  */
 #include "harness.h"
