@@ -9,10 +9,10 @@
 Grids (--grid):
   fp32-ladder  the ten configurations of the CUDA-core FA2 project, the seqlen sweep 128…8192 at batch 4,
                heads 8, head_dim 64, full and causal, fp32; peers torch:efficient and torch:math.
-  targets      TARGETS.md: 16384 tokens (batch = 16384 / seqlen), model width 2048 (heads = 2048 / head_dim),
+  targets      docs/targets.md: 16384 tokens (batch = 16384 / seqlen), model width 2048 (heads = 2048 / head_dim),
                head_dim 64/128/256, seqlen 512…16k, full and causal, bf16 (--dtype bf16,f16 for both);
                peers torch:flash and torch:cudnn.
-  cpu          TARGETS.md's CPU table: 1/8/2048/64 and 1/8/4096/128, full and causal, fp32; peer torch:cpu.
+  cpu          docs/targets.md's CPU table: 1/8/2048/64 and 1/8/4096/128, full and causal, fp32; peer torch:cpu.
 
 Method. Each case builds --input-sets sets of random inputs (default: enough to pass twice the GPU's L2,
 3 to 16) and every implementation prepares one call per set up front (conversion and output allocation
@@ -29,7 +29,7 @@ Errors vs the fp64 reference (torch float64 on the GPU, or flashc's cpu-ref on t
 every row; above --max-ref-seqlen (default 4096 on the GPU, 512 on the host) on --ref-samples (batch,
 kv-head) slices of it. --no-check skips them.
 
-Output: a table on stdout, and with --csv the rows in the results schema of TARGETS.md
+Output: a table on stdout, and with --csv the rows in the results schema of docs/targets.md
 (date,device,commit,impl,dtype,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,causal,pass,world,threads,
 ms,tflops,gbps,max_abs_err,rel_l2_err) followed by config,status,speedup,baseline,repeats,reference,note.
 `speedup` is the fastest peer's time over the row's (>1: faster than every peer that ran).
@@ -106,7 +106,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default=None, help="f32, f16, bf16 (comma-separated; default: the grid's)")
     p.add_argument("--causal", choices=["full", "causal", "both"], default="both")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    p.add_argument("--csv", default=None, help="write the rows here (results schema of TARGETS.md)")
+    p.add_argument("--csv", default=None, help="write the rows here (results schema of docs/targets.md)")
     p.add_argument("--append", action="store_true", help="append to --csv instead of replacing it")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per row, at least 30 (median)")
     p.add_argument("--warmup", type=int, default=5)
@@ -115,7 +115,7 @@ def parse_args(argv=None):
         type=float,
         default=0.0,
         help="GPU: run each implementation back to back for this many seconds before its timed calls (e.g. 1.5: "
-        "the H100 reaches its power-capped clock after about a second; default 0, the short form TARGETS.md used)",
+        "the H100 reaches its power-capped clock after about a second; default 0, the short form docs/targets.md used)",
     )
     p.add_argument("--input-sets", type=int, default=None, help="input sets to rotate over (default: see header)")
     p.add_argument("--order", choices=("flashc-first", "peers-first"), default="flashc-first",

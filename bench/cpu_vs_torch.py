@@ -20,7 +20,7 @@ of the repeats (--min-repeats … --max-repeats, as many as fit --budget-s per r
 backward alone: flashc's backward given its own forward's o and lse; PyTorch's autograd.grad through SDPA
 (whose CPU kernel also saves and reuses the forward's logsumexp).
 
-Output: a table on stdout and, with --csv, rows in the results schema of /work/shared/TARGETS.md
+Output: a table on stdout and, with --csv, rows in the results schema of docs/targets.md
 (date,device,commit,impl,dtype,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,causal,pass,world,threads,ms,
 tflops,gbps,max_abs_err,rel_l2_err) followed by speedup (PyTorch's ms over this row's: > 1 is faster than
 PyTorch), repeats, torch_kernel and note. TFLOP/s count 4·b·h·s²·d for the forward (halved for causal) and 2.5×
@@ -50,7 +50,7 @@ except ImportError:  # a checkout without `pip install ./python`: FLASHC_LIBRARY
 import torch
 import torch.nn.functional as F
 
-from flashc.testing.engine import SCHEMA  # the results schema of TARGETS.md, in one place
+from flashc.testing.engine import SCHEMA  # the results schema of docs/targets.md, in one place
 
 COLUMNS = SCHEMA + ["speedup", "repeats", "torch_kernel", "note"]
 
@@ -100,7 +100,7 @@ def parse_args(argv=None):
         default="",
         help="the device column (default: the CPU's model name)",
     )
-    p.add_argument("--csv", help="write the rows here (the results schema of TARGETS.md)")
+    p.add_argument("--csv", help="write the rows here (the results schema of docs/targets.md)")
     return p.parse_args(argv)
 
 

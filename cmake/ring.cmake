@@ -10,7 +10,8 @@ set_property(CACHE FLASHC_NCCL PROPERTY STRINGS AUTO ON OFF)
 
 # ---- the comm-agnostic part: the public ring API, the algorithm, sharding, host buffers --------------
 target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/create.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/ring.c
-                              ${CMAKE_CURRENT_LIST_DIR}/../src/ring/shard.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_host.c)
+                              ${CMAKE_CURRENT_LIST_DIR}/../src/ring/shard.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_host.c
+                              ${CMAKE_CURRENT_LIST_DIR}/../src/ring/threads.c)
 
 # ---- MPI --------------------------------------------------------------------------------------------------
 set(FLASHC_HAVE_MPI OFF)
@@ -18,16 +19,25 @@ if(NOT FLASHC_MPI STREQUAL "OFF")
   find_package(MPI COMPONENTS C QUIET)
   if(MPI_C_FOUND)
     set(FLASHC_HAVE_MPI ON)
-    target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_mpi.c)
-    target_link_libraries(flashc PRIVATE MPI::MPI_C)
-    target_compile_definitions(flashc PRIVATE FLASHC_RING_MPI=1)
+    # MPI's headers and flags reach comm_mpi.c alone, and FLASHC_RING_MPI the C files alone: turning MPI on or
+    # off must not change the CUDA files' command lines, or every kernel would compile again.
+    set(flashc_comm_mpi ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_mpi.c)
+    target_sources(flashc PRIVATE ${flashc_comm_mpi})
+    set_source_files_properties(${flashc_comm_mpi} PROPERTIES INCLUDE_DIRECTORIES "${MPI_C_INCLUDE_DIRS}"
+                                COMPILE_OPTIONS "${MPI_C_COMPILE_OPTIONS}" COMPILE_DEFINITIONS "${MPI_C_COMPILE_DEFINITIONS}")
+    target_link_libraries(flashc PRIVATE $<LINK_ONLY:MPI::MPI_C>)
+    target_compile_definitions(flashc PRIVATE $<$<COMPILE_LANGUAGE:C>:FLASHC_RING_MPI=1>)
   elseif(FLASHC_MPI STREQUAL "ON")
     message(FATAL_ERROR "FLASHC_MPI=ON but no MPI was found (apt-get install openmpi-bin libopenmpi-dev)")
   endif()
 endif()
 message(STATUS "flashc: ring attention over MPI ${FLASHC_HAVE_MPI}")
 
-# ---- NCCL (from the CUDA toolkit's directories, or the system's) -----------------------------------------
+# ---- NCCL (the header from the CUDA toolkit's directories, or the system's) -------------------------------------
+# libflashc does not link NCCL: comm_nccl.c loads it when the first NCCL ring is created, and uses the one the
+# process has already loaded when there is one (PyTorch's), so that importing flashc never brings a second
+# NCCL ahead of torch's. Building needs only nccl.h; the library found here is the fallback path to load
+# and what the NCCL test links (it creates its communicators itself).
 set(FLASHC_HAVE_NCCL OFF)
 if(FLASHC_HAVE_CUDA AND NOT FLASHC_NCCL STREQUAL "OFF")
   find_path(FLASHC_NCCL_INCLUDE_DIR nccl.h
@@ -35,22 +45,33 @@ if(FLASHC_HAVE_CUDA AND NOT FLASHC_NCCL STREQUAL "OFF")
   find_library(FLASHC_NCCL_LIBRARY NAMES nccl
                HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64
                      /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
-  if(FLASHC_NCCL_INCLUDE_DIR AND FLASHC_NCCL_LIBRARY)
+  if(FLASHC_NCCL_INCLUDE_DIR)
     set(FLASHC_HAVE_NCCL ON)
-    add_library(flashc_nccl UNKNOWN IMPORTED) # imported: its headers are system headers (-isystem)
-    set_target_properties(flashc_nccl PROPERTIES IMPORTED_LOCATION ${FLASHC_NCCL_LIBRARY}
-                                                 INTERFACE_INCLUDE_DIRECTORIES ${FLASHC_NCCL_INCLUDE_DIR})
-    target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_nccl.c
-                                  ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_device.cu)
-    target_link_libraries(flashc PRIVATE flashc_nccl)
-    target_compile_definitions(flashc PRIVATE FLASHC_RING_NCCL=1)
+    set(flashc_comm_nccl ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_nccl.c)
+    target_sources(flashc PRIVATE ${flashc_comm_nccl} ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_device.cu)
+    # -isystem: NCCL's header is not held to the project's warnings. Only comm_nccl.c includes it.
+    set_source_files_properties(${flashc_comm_nccl} PROPERTIES COMPILE_OPTIONS "-isystem;${FLASHC_NCCL_INCLUDE_DIR}")
+    if(FLASHC_NCCL_LIBRARY)
+      get_filename_component(flashc_nccl_dir ${FLASHC_NCCL_LIBRARY} DIRECTORY)
+      set_property(SOURCE ${flashc_comm_nccl} APPEND PROPERTY COMPILE_DEFINITIONS
+                                                               FLASHC_NCCL_PATH="${flashc_nccl_dir}/libnccl.so.2")
+      add_library(flashc_nccl UNKNOWN IMPORTED) # for the test only; imported: its headers are system headers
+      set_target_properties(flashc_nccl PROPERTIES IMPORTED_LOCATION ${FLASHC_NCCL_LIBRARY}
+                                                   INTERFACE_INCLUDE_DIRECTORIES ${FLASHC_NCCL_INCLUDE_DIR})
+    endif()
+    target_link_libraries(flashc PRIVATE ${CMAKE_DL_LIBS})
+    target_compile_definitions(flashc PRIVATE $<$<COMPILE_LANGUAGE:C>:FLASHC_RING_NCCL=1>)
   elseif(FLASHC_NCCL STREQUAL "ON")
-    message(FATAL_ERROR "FLASHC_NCCL=ON but nccl.h or libnccl was not found next to the CUDA toolkit")
+    message(FATAL_ERROR "FLASHC_NCCL=ON but nccl.h was not found next to the CUDA toolkit")
   endif()
 elseif(FLASHC_NCCL STREQUAL "ON")
   message(FATAL_ERROR "FLASHC_NCCL=ON needs the CUDA backends (FLASHC_CUDA)")
 endif()
-message(STATUS "flashc: ring attention over NCCL ${FLASHC_HAVE_NCCL} ${FLASHC_NCCL_LIBRARY}")
+if(FLASHC_HAVE_NCCL)
+  message(STATUS "flashc: ring attention over NCCL ON (libnccl.so.2 loaded at run time; else ${FLASHC_NCCL_LIBRARY})")
+else()
+  message(STATUS "flashc: ring attention over NCCL OFF")
+endif()
 
 # ---- tests ------------------------------------------------------------------------------------------------
 set(FLASHC_RING_TEST_DIR ${CMAKE_CURRENT_LIST_DIR}/../tests/ring)
@@ -65,6 +86,15 @@ function(flashc_ring_test name)
     target_compile_definitions(${name} PRIVATE FLASHC_TEST_CUDA=1)
   endif()
 endfunction()
+
+# test_threads: a CPU rank's default share of its node's cores (no MPI needed).
+if(FLASHC_BUILD_TESTS)
+  add_executable(test_threads ${FLASHC_RING_TEST_DIR}/test_threads.c)
+  target_include_directories(test_threads PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
+  target_compile_options(test_threads PRIVATE ${FLASHC_C_WARNINGS} -O2)
+  target_link_libraries(test_threads PRIVATE flashc)
+  add_test(NAME ring_threads COMMAND test_threads)
+endif()
 
 # test_ring: the ranks as MPI processes, on 1..4 ranks (host tensors), and the peer-failure checks.
 if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_MPI)
@@ -90,7 +120,7 @@ if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_MPI)
 endif()
 
 # test_ring_nccl: the NCCL path without MPI, one thread per GPU; skipped (exit 77) where there is no GPU.
-if(FLASHC_BUILD_TESTS AND FLASHC_HAVE_NCCL)
+if(FLASHC_BUILD_TESTS AND TARGET flashc_nccl)
   flashc_ring_test(test_ring_nccl)
   target_link_libraries(test_ring_nccl PRIVATE flashc_nccl)
   add_test(NAME ring_nccl_threads COMMAND test_ring_nccl)

@@ -2,6 +2,7 @@
  * where a pointer lives, and the handle's device workspace. */
 #include "common.cuh"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,8 +23,13 @@ extern "C" bool fc_cuda_usable(char *why, size_t len) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
       cudaGetLastError(); /* clear it: this is an answer, not a failure */
+      /* The runtime says "driver version is insufficient" also where there is no driver at all. */
+      void *driver = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) : NULL;
+      if (driver) dlclose(driver);
       snprintf(device_why, sizeof device_why, "no CUDA device (%s)",
-               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+               e == cudaErrorInsufficientDriver && !driver ? "no CUDA driver / no GPU: libcuda.so.1 not found"
+               : e != cudaSuccess                          ? cudaGetErrorString(e)
+                                                           : "0 devices");
       device_state = 0;
     } else {
       device_state = 1;

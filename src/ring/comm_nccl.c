@@ -8,17 +8,103 @@
  * Nothing on the host blocks while the ring is queued; at the end the host waits for the queued steps one
  * by one, polling the CUDA events and NCCL's asynchronous error, and gives up (ncclCommAbort) when a step
  * made no progress for timeout_ms. The communicator the ring creates itself (bootstrap) is non-blocking, so
- * that its creation can time out as well. */
+ * that its creation can time out as well.
+ *
+ * libflashc does not link NCCL: the first NCCL ring loads it (dlopen, RTLD_LOCAL) and resolves the few
+ * functions it calls. A process has one NCCL: the one already loaded is used when there is one (PyTorch's
+ * bundled copy, say); linking the system's libnccl.so.2 instead made it load first and shadow torch's, which
+ * then failed to import (undefined symbol). nccl.h gives only the types and the prototypes. */
 #include "ring.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 enum { MAX_AGREE = 64 };
+
+/* ---- NCCL, loaded at run time ---------------------------------------------------------------------------- */
+/* Every NCCL function the ring calls. The pointers take their types from nccl.h's prototypes (__typeof__, a
+ * GNU C extension that gcc and clang accept in C11 mode), so a call is checked as if NCCL were linked. */
+#define FC_NCCL_FUNCTIONS(X)                                                                                           \
+  X(ncclGetErrorString)                                                                                                \
+  X(ncclGetLastError)                                                                                                  \
+  X(ncclGetUniqueId)                                                                                                   \
+  X(ncclCommInitRankConfig)                                                                                            \
+  X(ncclCommFinalize)                                                                                                  \
+  X(ncclCommDestroy)                                                                                                   \
+  X(ncclCommAbort)                                                                                                     \
+  X(ncclCommGetAsyncError)                                                                                             \
+  X(ncclCommCount)                                                                                                     \
+  X(ncclCommUserRank)                                                                                                  \
+  X(ncclCommCuDevice)                                                                                                  \
+  X(ncclGroupStart)                                                                                                    \
+  X(ncclGroupEnd)                                                                                                      \
+  X(ncclSend)                                                                                                          \
+  X(ncclRecv)                                                                                                          \
+  X(ncclAllReduce)
+
+#define FC_NCCL_POINTER(f) __typeof__(f) *f;
+static struct { FC_NCCL_FUNCTIONS(FC_NCCL_POINTER) } nccl;
+#undef FC_NCCL_POINTER
+
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static int nccl_loaded;
+static char nccl_why[512]; /* why loading failed */
+
+/* The library to load when the process has none: the soname, which the loader finds on its usual path;
+ * then the one this build was configured with (FLASHC_NCCL_PATH, cmake/ring.cmake), often in the CUDA
+ * toolkit's directory, which is not on that path. */
+static void *open_nccl(void) {
+  /* RTLD_NOLOAD: only if one is loaded already. It matches the soname, wherever that copy came from. */
+  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+  if (h) return h;
+  h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (h) return h;
+  const char *first = dlerror();
+  snprintf(nccl_why, sizeof nccl_why, "%s", first ? first : "libnccl.so.2: not found");
+#ifdef FLASHC_NCCL_PATH
+  h = dlopen(FLASHC_NCCL_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (h) return h;
+  const char *second = dlerror();
+  size_t n = strlen(nccl_why);
+  snprintf(nccl_why + n, sizeof nccl_why - n, "; %s", second ? second : FLASHC_NCCL_PATH ": not found");
+#endif
+  return NULL;
+}
+
+/* Resolves every function of the table. dlsym returns void *: each pointer is stored through memcpy, as ISO C
+ * has no cast from an object pointer to a function pointer. */
+static void load_nccl(void) {
+  void *h = open_nccl();
+  if (!h) return;
+#define FC_NCCL_RESOLVE(f)                                                                                             \
+  {                                                                                                                    \
+    void *sym = dlsym(h, #f);                                                                                          \
+    if (!sym) {                                                                                                        \
+      snprintf(nccl_why, sizeof nccl_why, "the loaded libnccl.so.2 has no %s (NCCL 2.14 or newer is needed)", #f);     \
+      return;                                                                                                          \
+    }                                                                                                                  \
+    memcpy(&nccl.f, &sym, sizeof sym);                                                                                 \
+  }
+  FC_NCCL_FUNCTIONS(FC_NCCL_RESOLVE)
+#undef FC_NCCL_RESOLVE
+  nccl_loaded = 1; /* the handle stays open: the pointers live as long as the process */
+}
+
+/* Loads NCCL once per process; every later call gives the same answer. */
+static flashc_status need_nccl(const char *op) {
+  pthread_once(&nccl_once, load_nccl);
+  if (nccl_loaded) return FLASHC_OK;
+  return fc_error(FLASHC_ERR_UNSUPPORTED,
+                  "%s: cannot load NCCL (%s); install NCCL 2.14 or newer (libnccl.so.2) "
+                  "where the dynamic loader finds it, or set LD_LIBRARY_PATH to its directory",
+                  op, nccl_why);
+}
 
 flashc_status fc_cuda_error(cudaError_t e, const char *what, const char *file, int line); /* runtime.cu */
 
@@ -55,15 +141,15 @@ static void nap(long us) {
 
 static void abort_comm(nccl_transport *t) {
   if (t->dead) return;
-  ncclCommAbort(t->comm); /* stops this rank's NCCL kernels, so the streams drain */
+  nccl.ncclCommAbort(t->comm); /* stops this rank's NCCL kernels, so the streams drain */
   t->dead = 1;
 }
 
 static flashc_status nccl_failure(nccl_transport *t, ncclResult_t r, const char *what) {
-  const char *detail = t->comm ? ncclGetLastError(t->comm) : "";
+  const char *detail = t->comm ? nccl.ncclGetLastError(t->comm) : "";
   flashc_status s =
       fc_error(FLASHC_ERR_COMMUNICATION, "ring attention: %s failed on rank %d of %d: %s%s%s", what, t->base.rank,
-               t->base.world, ncclGetErrorString(r), detail && *detail ? ": " : "", detail ? detail : "");
+               t->base.world, nccl.ncclGetErrorString(r), detail && *detail ? ": " : "", detail ? detail : "");
   abort_comm(t);
   return s;
 }
@@ -83,7 +169,7 @@ static flashc_status settle(nccl_transport *t, ncclResult_t r, const char *what)
   int64_t start = now_ms();
   long sleep_us = 1;
   while (r == ncclInProgress) {
-    if (ncclCommGetAsyncError(t->comm, &r) != ncclSuccess) break;
+    if (nccl.ncclCommGetAsyncError(t->comm, &r) != ncclSuccess) break;
     if (r != ncclInProgress) break;
     if (t->base.timeout_ms > 0 && now_ms() - start >= t->base.timeout_ms) return timed_out(t, what, now_ms() - start);
     nap(sleep_us);
@@ -101,7 +187,7 @@ static flashc_status wait_event(nccl_transport *t, cudaEvent_t ev, const char *w
     if (e == cudaSuccess) return FLASHC_OK;
     if (e != cudaErrorNotReady) return fc_cuda_error(e, what, __FILE__, __LINE__);
     ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(t->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+    if (nccl.ncclCommGetAsyncError(t->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
       return nccl_failure(t, async, what);
     int64_t waited = now_ms() - start;
     if (t->base.timeout_ms > 0 && waited >= t->base.timeout_ms) return timed_out(t, what, waited);
@@ -126,7 +212,8 @@ static flashc_status nccl_agree(fc_ring_comm *c, const int64_t *mine, int64_t *l
   }
   size_t bytes = 2 * (size_t)n * sizeof(int64_t);
   CUDA_OK(cudaMemcpyAsync(t->agree_dev, t->agree_host, bytes, cudaMemcpyHostToDevice, t->stream));
-  FC_CHECK(settle(t, ncclAllReduce(t->agree_dev, t->agree_dev, 2 * (size_t)n, ncclInt64, ncclMin, t->comm, t->stream),
+  FC_CHECK(settle(t,
+                  nccl.ncclAllReduce(t->agree_dev, t->agree_dev, 2 * (size_t)n, ncclInt64, ncclMin, t->comm, t->stream),
                   "the ranks' agreement on the call (ncclAllReduce)"));
   CUDA_OK(cudaMemcpyAsync(t->agree_host, t->agree_dev, bytes, cudaMemcpyDeviceToHost, t->stream));
   CUDA_OK(cudaEventRecord(t->done[0], t->stream));
@@ -145,10 +232,10 @@ static flashc_status nccl_start(fc_ring_comm *c, int ch, const void *send, void 
   CUDA_OK(cudaEventRecord(t->queued, (cudaStream_t)stream));
   CUDA_OK(cudaStreamWaitEvent(t->stream, t->queued, 0));
   int next = (c->rank + 1) % c->world, prev = (c->rank + c->world - 1) % c->world;
-  ncclResult_t r = ncclGroupStart();
-  if (r == ncclSuccess) r = ncclSend(send, bytes, ncclUint8, next, t->comm, t->stream);
-  if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(recv, bytes, ncclUint8, prev, t->comm, t->stream);
-  ncclResult_t end = ncclGroupEnd(); /* always: a group left open would swallow later calls */
+  ncclResult_t r = nccl.ncclGroupStart();
+  if (r == ncclSuccess) r = nccl.ncclSend(send, bytes, ncclUint8, next, t->comm, t->stream);
+  if (r == ncclSuccess || r == ncclInProgress) r = nccl.ncclRecv(recv, bytes, ncclUint8, prev, t->comm, t->stream);
+  ncclResult_t end = nccl.ncclGroupEnd(); /* always: a group left open would swallow later calls */
   if (r == ncclSuccess || r == ncclInProgress) r = end;
   FC_CHECK(settle(t, r, ch == FC_RING_KV ? "the exchange of K/V blocks" : "the exchange of dK/dV"));
   CUDA_OK(cudaEventRecord(t->done[ch], t->stream));
@@ -208,7 +295,7 @@ static void release(nccl_transport *t) {
   if (t->owned && !t->dead && t->comm) {
     /* Finalize flushes what is queued (a non-blocking communicator reports it as in progress), then the
      * communicator is freed; a finalize that does not settle in time ends in an abort instead. */
-    if (settle(t, ncclCommFinalize(t->comm), "ncclCommFinalize") == FLASHC_OK) ncclCommDestroy(t->comm);
+    if (settle(t, nccl.ncclCommFinalize(t->comm), "ncclCommFinalize") == FLASHC_OK) nccl.ncclCommDestroy(t->comm);
     fc_clear_error();
   }
   if (t->queued) cudaEventDestroy(t->queued);
@@ -245,16 +332,17 @@ static flashc_status setup(nccl_transport *t) {
 
 flashc_status fc_ring_nccl_wrap(void *nccl_comm, int64_t timeout_ms, fc_ring_comm **out) {
   const char *op = "flashc_ring_create_nccl";
+  FC_CHECK(need_nccl(op));
   nccl_transport *t = calloc(1, sizeof *t);
   if (!t) return fc_error(FLASHC_ERR_OUT_OF_MEMORY, "%s: %zu bytes", op, sizeof *t);
   t->comm = (ncclComm_t)nccl_comm;
   t->base.timeout_ms = timeout_ms;
-  ncclResult_t r = ncclCommCount(t->comm, &t->base.world);
-  if (r == ncclSuccess) r = ncclCommUserRank(t->comm, &t->base.rank);
-  if (r == ncclSuccess) r = ncclCommCuDevice(t->comm, &t->device);
+  ncclResult_t r = nccl.ncclCommCount(t->comm, &t->base.world);
+  if (r == ncclSuccess) r = nccl.ncclCommUserRank(t->comm, &t->base.rank);
+  if (r == ncclSuccess) r = nccl.ncclCommCuDevice(t->comm, &t->device);
   if (r != ncclSuccess) {
     flashc_status s = fc_error(FLASHC_ERR_INVALID_ARGUMENT, "%s: nccl_comm is not a usable ncclComm_t: %s", op,
-                               ncclGetErrorString(r));
+                               nccl.ncclGetErrorString(r));
     free(t);
     return s;
   }
@@ -287,23 +375,29 @@ flashc_status fc_ring_nccl_bootstrap(fc_ring_comm *mpi, int device, fc_ring_comm
     int32_t status;
     ncclUniqueId id;
   } msg;
+  enum { NO_NCCL = -1 }; /* rank 0 could not load NCCL */
   memset(&msg, 0, sizeof msg);
-  if (mpi->rank == 0) msg.status = (int32_t)ncclGetUniqueId(&msg.id);
+  flashc_status loaded = need_nccl("ring attention");
+  if (mpi->rank == 0) msg.status = loaded == FLASHC_OK ? (int32_t)nccl.ncclGetUniqueId(&msg.id) : NO_NCCL;
   flashc_status s = mpi->broadcast(mpi, &msg, sizeof msg);
-  if (s == FLASHC_OK && msg.status != ncclSuccess)
+  if (s == FLASHC_OK && loaded != FLASHC_OK)
+    s = need_nccl("ring attention"); /* its message again: the broadcast came after it */
+  else if (s == FLASHC_OK && msg.status == NO_NCCL)
+    s = fc_error(FLASHC_ERR_COMMUNICATION, "ring attention: rank 0 could not load NCCL (see its message)");
+  else if (s == FLASHC_OK && msg.status != ncclSuccess)
     s = fc_error(FLASHC_ERR_COMMUNICATION, "ring attention: ncclGetUniqueId failed on rank 0: %s",
-                 ncclGetErrorString((ncclResult_t)msg.status));
+                 nccl.ncclGetErrorString((ncclResult_t)msg.status));
   if (s == FLASHC_OK) {
     /* Non-blocking, so that a rank that never joins makes the others time out instead of hang. */
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&t->comm, mpi->world, msg.id, mpi->rank, &config);
+    ncclResult_t r = nccl.ncclCommInitRankConfig(&t->comm, mpi->world, msg.id, mpi->rank, &config);
     if (r == ncclSuccess || r == ncclInProgress) {
       t->dead = 0;
       s = settle(t, r, "ncclCommInitRankConfig (the ring's NCCL communicator)");
     } else {
       s = fc_error(FLASHC_ERR_COMMUNICATION, "ring attention: ncclCommInitRankConfig failed on rank %d: %s", mpi->rank,
-                   ncclGetErrorString(r));
+                   nccl.ncclGetErrorString(r));
     }
   }
   if (s == FLASHC_OK) s = setup(t);

@@ -38,7 +38,7 @@ Timing: --warmup calls, then --repeats calls (median), rotating over --input-set
 not flatter anyone; CUDA events on the GPU, perf_counter on the host. flashc is timed through prepared
 calls (flashc.prepare_forward/prepare_backward) whose outputs are allocated beforehand.
 
---save-results writes to --output-dir: <stem>.csv (the TARGETS.md results schema followed by the framework's
+--save-results writes to --output-dir: <stem>.csv (the docs/targets.md results schema followed by the framework's
 columns), <stem>_summary.txt (means per implementation, failures), kernel_comparison[_bwd].png (time,
 speed-up, TFLOP/s, GB/s per configuration) or seqlen_scaling[_bwd].png (log axes). A progress bar shows on a
 terminal when tqdm is installed.

@@ -167,10 +167,10 @@ def _print_list():
             f"  flashc:{b.name:<14} {b.device:<5} {','.join(b.dtypes):<16} d {b.min_head_dim}-{b.max_head_dim}"
             f"  {'fwd+bwd' if b.has_backward else 'fwd'}  {state}  — {b.summary}"
         )
-    torch = impls.torch_or_none()
-    print("  torch:cpu            " + ("available" if torch else "torch not installed"))
+    missing = impls.torch_missing_reason()
+    print("  torch:cpu            " + (missing or "available"))
     for name in impls.TORCH_SDPA_BACKENDS:
-        print(f"  torch:{name:<14} " + ("available" if _has_cuda() else "needs a CUDA device"))
+        print(f"  torch:{name:<14} " + (missing or ("available" if _has_cuda() else "needs a CUDA device")))
 
 
 def main(argv=None) -> int:

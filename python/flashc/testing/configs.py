@@ -1,5 +1,5 @@
 """The shapes the framework and bench/compare.py run: the CUDA-core FA2 project's ten configurations, the
-sequence-length sweep, and the grid of TARGETS.md (16k tokens, model width 2048)."""
+sequence-length sweep, and the grid of docs/targets.md (16k tokens, model width 2048)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def seqlen_sweep(seqlens=SEQLENS, batch=4, heads=8, head_dim=64) -> list:
 def targets_grid(
     tokens=16384, width=2048, head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384)
 ) -> list:
-    """TARGETS.md: batch = tokens / seqlen, heads = width / head_dim."""
+    """docs/targets.md: batch = tokens / seqlen, heads = width / head_dim."""
     return [Config(f"d{d}-s{s}", tokens // s, width // d, s, d) for d in head_dims for s in seqlens]
 
 

@@ -21,7 +21,7 @@ from .impls import Case, Inputs
 from .reference import Reference
 from .timing import time_calls
 
-# The results schema of TARGETS.md, then the framework's own columns.
+# The results schema of docs/targets.md, then the framework's own columns.
 SCHEMA = [
     "date",
     "device",

@@ -20,12 +20,28 @@ NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16
 TORCH_SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 
 
+_torch_error = None  # the ImportError of the first failed `import torch`
+
+
 def torch_or_none():
+    global _torch_error
     try:
         import torch
-    except ImportError:
+    except ImportError as e:
+        _torch_error = _torch_error or e
         return None
     return torch
+
+
+def torch_missing_reason():
+    """None when torch imports; else why not, in words: not installed, or installed but failing to import (a
+    broken install, or a library clash), with the import's own error."""
+    if torch_or_none() is not None:
+        return None
+    e = _torch_error
+    if isinstance(e, ModuleNotFoundError) and e.name == "torch":
+        return "torch is not installed (pip install torch)"
+    return f"torch is installed but fails to import: {type(e).__name__}: {e}"
 
 
 @dataclasses.dataclass
@@ -182,7 +198,7 @@ class TorchSDPA(Impl):
     def skip(self, case, pass_):
         torch = torch_or_none()
         if torch is None:
-            return "torch is not installed"
+            return torch_missing_reason()
         if self.device == "cuda" and not torch.cuda.is_available():
             return "no CUDA device"
         if case.window is not None:

@@ -1,6 +1,6 @@
 """FLOP and byte counts of attention, and the error metrics of an output against the fp64 reference.
 
-FLOPs follow TARGETS.md (and FlashAttention's benchmarks): forward 4·b·hq·sq·sk·d (two matmuls of
+FLOPs follow docs/targets.md (and FlashAttention's benchmarks): forward 4·b·hq·sq·sk·d (two matmuls of
 2·sq·sk·d each), halved for causal when sq = sk; a window (or causal with sq ≠ sk) counts the visible
 (query, key) pairs exactly. Backward is 2.5× the forward (five matmuls instead of two). Bytes are what a
 kernel must move at least: its inputs read once and its outputs written once.
@@ -32,7 +32,7 @@ def visible_pairs(sq: int, sk: int, causal: bool, window=None, align="bottom-rig
 def flops(cfg, causal: bool, pass_: str, window=None) -> float:
     full = 4.0 * cfg.batch * cfg.heads * cfg.seqlen * cfg.sk * cfg.head_dim
     if causal and window is None and cfg.seqlen == cfg.sk:
-        fwd = full / 2  # TARGETS.md's convention, as FlashAttention's benchmark counts it
+        fwd = full / 2  # docs/targets.md's convention, as FlashAttention's benchmark counts it
     elif causal or window is not None:
         fwd = full * visible_pairs(cfg.seqlen, cfg.sk, causal, window) / (cfg.seqlen * cfg.sk)
     else:

@@ -1,7 +1,8 @@
 """Rows to people: a table on stdout, a CSV, plots and a text summary.
 
 Plots (matplotlib, optional): per configuration, time, speed-up, TFLOP/s and bandwidth for every
-implementation (one figure per pass: kernel_comparison[_bwd].png), and for a sequence-length sweep the time
+implementation, each panel with its legend (one figure per pass: kernel_comparison[_bwd].png; the speed-up
+panel names its baseline, or says that no peer ran), and for a sequence-length sweep the time
 and TFLOP/s against seqlen on log axes (seqlen_scaling[_bwd].png).
 """
 
@@ -119,6 +120,16 @@ def summary(rows: list) -> str:
     return "\n".join(out)
 
 
+def speedup_title(rows: list) -> tuple[str, bool]:
+    """The speed-up panel's title, and whether it has anything to show. A speed-up is a row's time against its
+    group's baseline (engine.add_speedups); where no other implementation ran, every row is its own baseline
+    and every bar would be 1.0, which the panel then says instead of drawing."""
+    bases = sorted({r["baseline"] for r in rows if r.get("baseline")})
+    if not any(r.get("baseline") and r["baseline"] != r["impl"] for r in rows):
+        return "speed-up: no peer ran (each row would be 1.0 against itself)", False
+    return f"speed-up over {', '.join(bases)} (higher is faster)", True
+
+
 def plots(rows: list, outdir: str, seqlen_sweep: bool = False) -> list:
     """PNG files written (none, with a note on stderr, when matplotlib is missing)."""
     try:
@@ -153,7 +164,8 @@ def plots(rows: list, outdir: str, seqlen_sweep: bool = False) -> list:
                 ax.set_xlabel("seqlen")
                 ax.set_ylabel(what)
                 ax.grid(True, which="both", alpha=0.3)
-            axes[0].legend(fontsize=8)
+            for ax in axes:
+                ax.legend(fontsize=8)
             fig.suptitle(
                 f"sequence-length scaling ({pass_}, batch {mine[0]['batch']}, heads {mine[0]['heads_q']}, "
                 f"head_dim {mine[0]['head_dim']}, {mine[0]['dtype']})"
@@ -162,15 +174,29 @@ def plots(rows: list, outdir: str, seqlen_sweep: bool = False) -> list:
         else:
             fig, axes = plt.subplots(2, 2, figsize=(max(12, 1.3 * len(configs) + 4), 10))
             width = 0.8 / max(1, len(impls))
+            speedup_label, speedup_shown = speedup_title(mine)
             for ax, (key, title, log) in zip(
                 axes.ravel(),
                 (
                     ("ms", "time (ms)", True),
-                    ("speedup", "speed-up", True),
+                    ("speedup", speedup_label, True),
                     ("tflops", "TFLOP/s", False),
                     ("gbps", "GB/s", False),
                 ),
             ):
+                if key == "speedup" and not speedup_shown:
+                    ax.set_title(title)
+                    ax.text(
+                        0.5,
+                        0.5,
+                        "no peer ran:\nnothing to compare with",
+                        ha="center",
+                        va="center",
+                        transform=ax.transAxes,
+                    )
+                    ax.set_xticks([])
+                    ax.set_yticks([])
+                    continue
                 for i, impl in enumerate(impls):
                     ys = []
                     for c in configs:
@@ -183,7 +209,7 @@ def plots(rows: list, outdir: str, seqlen_sweep: bool = False) -> list:
                 if log:
                     ax.set_yscale("log")
                 ax.grid(True, axis="y", alpha=0.3)
-            axes[0][0].legend(fontsize=8)
+                ax.legend(fontsize=8)  # every panel: each is read on its own
             fig.suptitle(f"implementations compared ({pass_}, {mine[0]['dtype']})")
             path = os.path.join(outdir, f"kernel_comparison{suffix}.png")
         fig.tight_layout()

@@ -38,7 +38,7 @@ def time_calls(
     warmup_s > 0: the calls first run back to back for that long (after the counted warm-up), so that the
     timed ones see the steady state. On a GPU under its power cap that matters: an H100's SM clock falls once
     about a second of sustained load has filled its power average, so a short run reads a clock set by what
-    ran in the second before it (bench/results/profile/hopper-power-s12.txt).
+    ran in the second before it (bench/results/profile/hopper-power-2026-11-23.txt).
     """
     calls = list(calls)
     if not calls:

@@ -17,7 +17,7 @@ Checks, each at the moment it matters:
     rewritten only after the dV / dK group that reads them retired; dK, dV are read at the end after all groups.
 The model also runs deliberately broken protocols (MUTATIONS) and fails if it does not catch each of them.
 
-    python3 tools/hopper/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2 .. 6; 0..7 blocks; GQA-sized runs;
+    python3 tests/models/bwd_v2_model.py      (D = 128: versions 2, 3, 4; D = 64: 2 .. 6; 0..7 blocks; GQA-sized runs;
                                                300 seeds each; each mutation in every kernel it concerns; then the
                                                persistent kernel, fc_hopper_bwd_v2p_kernel: simulate_persist)
 
@@ -28,6 +28,7 @@ two 256-thread barriers; checked as above plus: K/V never rewritten while a warp
 them, every wgmma reads the K/V of its own tile, the staging never written under a dQ wgmma nor dS^T written under
 staging reads (PERSIST_MUTATIONS must each be caught).
 """
+import functools
 import os
 import random
 import sys
@@ -38,6 +39,20 @@ from protocol_model import MBar  # noqa: E402  (the mbarrier semantics, shared w
 
 class Violation(Exception):
     pass
+
+
+def groups_at_most(groups, c, n):
+    """wgmma.wait_group n of warpgroup c: until at most n of its groups are in flight."""
+    yield lambda: len(groups[c]) <= n
+
+
+def sync_both(bar, c):
+    """bar.sync by warpgroup c of a named barrier the two consumer warpgroups share (bar: {"arrived", "gen"})."""
+    gen = bar["gen"]
+    bar["arrived"] += 1
+    if bar["arrived"] == 2:
+        bar["arrived"], bar["gen"] = 0, gen + 1
+    yield lambda: bar["gen"] != gen
 
 
 def check(cond, msg):
@@ -152,15 +167,8 @@ def simulate(n_iter, stages, nxt, seed, mutation=None, early_dv=True, early_s=Fa
             tma.append((s, it))
         done[0] = True
 
-    def wait_groups(c, n):
-        yield lambda: len(groups[c]) <= n
-
-    def barrier3(c):
-        gen = bar3["gen"]
-        bar3["arrived"] += 1
-        if bar3["arrived"] == 2:
-            bar3["arrived"], bar3["gen"] = 0, gen + 1
-        yield lambda: bar3["gen"] != gen
+    wait_groups = functools.partial(groups_at_most, groups)  # wait_groups(c, n): wgmma.wait_group n
+    barrier3 = functools.partial(sync_both, bar3)  # barrier3(c): the two warpgroups' 256-thread barrier
 
     def consumer(c):
         last_dv = last_dk = None  # the blocks whose dV / dK read the packed fragments now in registers
@@ -379,15 +387,8 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
                 yield from claim(k)
         done[0] = True
 
-    def wait_groups(c, n):
-        yield lambda: len(groups[c]) <= n
-
-    def barrier3(c):
-        gen = bar3["gen"]
-        bar3["arrived"] += 1
-        if bar3["arrived"] == 2:
-            bar3["arrived"], bar3["gen"] = 0, gen + 1
-        yield lambda: bar3["gen"] != gen
+    wait_groups = functools.partial(groups_at_most, groups)  # wait_groups(c, n): wgmma.wait_group n
+    barrier3 = functools.partial(sync_both, bar3)  # barrier3(c): the two warpgroups' 256-thread barrier
 
     def consumer(c):
         last_dv = last_dk = None

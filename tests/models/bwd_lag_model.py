@@ -1,5 +1,5 @@
 """A model of the pairwise barriers of cuda-hopper's D = 128 backward with each block's dQ issued one block later
-(LAG: src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V = 7 and 11; tools/hopper/BWD-NOTES.md, "dQ one block later and
+(LAG: src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V = 7 and 11; docs/hopper.md, "dQ one block later and
 biased accumulators"), run under random interleavings of the two consumer warpgroups.
 
 Each warpgroup is one agent (its 128 threads pass every step together). Per block i of n:
@@ -16,7 +16,7 @@ Checks: no deadlock; a second arrival of the same warpgroup in an open phase (th
 the phase, which then completes early) is an error; a dQ reads rows of its own block from both warpgroups; nobody
 writes a buffer an issued, unretired dQ reads; every phase is closed at the end. MUTATIONS must each be caught.
 
-    python3 tools/hopper/bwd_lag_model.py      (0..9 blocks, 400 seeds each, then every mutation)
+    python3 tests/models/bwd_lag_model.py      (0..9 blocks, 400 seeds each, then every mutation)
 """
 import random
 import sys

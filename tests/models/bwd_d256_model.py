@@ -22,15 +22,16 @@ Checks, each at the moment it matters:
   - registers: Sᵀ, dPᵀ, both dQ halves are read only after their group retired; dK, dV at the end after all.
 Deliberately broken protocols (MUTATIONS) must each be caught in every kernel they concern.
 
-    python3 tools/hopper/bwd_d256_model.py      (NEXT, plain, WHOLE, EDV; 0..9, 13, 24 blocks; 300 seeds each; the
+    python3 tests/models/bwd_d256_model.py      (NEXT, plain, WHOLE, EDV; 0..9, 13, 24 blocks; 300 seeds each; the
                                                  mutations)
 """
+import functools
 import os
 import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_v2_model import Violation, check, run  # noqa: E402
+from bwd_v2_model import Violation, check, groups_at_most, run, sync_both  # noqa: E402
 from protocol_model import MBar  # noqa: E402
 
 MUTATIONS = {
@@ -84,15 +85,8 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
     def need(c, name, block, what):
         check((name, block) in retired[c], f"wg{c} reads {what} before {name}[{block}] retired")
 
-    def wait_groups(c, n):
-        yield lambda: len(groups[c]) <= n
-
-    def barrier3(c):
-        gen = bar3["gen"]
-        bar3["arrived"] += 1
-        if bar3["arrived"] == 2:
-            bar3["arrived"], bar3["gen"] = 0, gen + 1
-        yield lambda: bar3["gen"] != gen
+    wait_groups = functools.partial(groups_at_most, groups)  # wait_groups(c, n): wgmma.wait_group n
+    barrier3 = functools.partial(sync_both, bar3)  # barrier3(c): the two warpgroups' 256-thread barrier
 
     def barp_arrive():
         barp["arrived"] += 1

@@ -3,11 +3,11 @@ thread and the 8 consumer warps (2 warpgroups x 4; 12 = 3 x 4 for pingpong3) exe
 operations in the kernel's order; TMA copies land at random later times. Checks: no deadlock, every consumer read finds the tile it
 expects in its stage, and no copy overwrites a stage that a consumer is still reading.
 
-    python3 tools/hopper/protocol_model.py          (all variants, stages 2 and 3, 0..9 key blocks)
+    python3 tests/models/protocol_model.py          (all variants, stages 2 and 3, 0..9 key blocks)
 
 pingpong3 is the one-tile kernel with 3 consumer warpgroups (D = 64, Br = 192): empty barriers of 12 arrivals,
 turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 arriving first and skipping its
-last hand-over. The persistent kernel (session 14's protocol) runs with 2 consumers (persistent, tmastore) and with
+last hand-over. The persistent kernel (tile ring and dummy trips) runs with 2 consumers (persistent, tmastore) and with
 3 (tmastore3: q_empty and empty barriers of 12 arrivals); either way the round-robin turns form one chain over all the
 CTA's tiles, the last consumer arriving once before the first tile and consumer 0 taking the last hand-over with one
 more bar.sync after its last tile. The producer publishes every tile with rows in a 2-entry tile ring guarded by
@@ -231,7 +231,7 @@ PERSISTENT_MUTATIONS = {
     "p_q_released_first": "Q_i released at the start of the tile, before its S wgmmas",
     "p_q_not_waited": "the producer loads the next Q_i without waiting for its slot's q_empty",
     "p_q_one_slot": "two Q slots in the parity arithmetic, but every Q_i loaded into slot 0",
-    "p_take_before_dummy": "the next tile taken from the ring before this tile's dummy trips (session 14's hang)",
+    "p_take_before_dummy": "the next tile taken from the ring before this tile's dummy trips (it hung)",
     "p_dummy_no_turn": "a warpgroup's dummy trips release K and V but take no turn",
     "p_dummy_v_kept": "a dummy trip releases K only, never V",
     # tmastore3 (3 consumers, turns chained across tiles)
@@ -267,7 +267,7 @@ class Order:
 
 
 def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
-    """One CTA of the persistent kernel (session 14's protocol): (actors, in_flight, bufs, end_check). The producer
+    """One CTA of the persistent kernel (tile ring, dummy trips): (actors, in_flight, bufs, end_check). The producer
     walks the positions of `order` (static: the CTA's list; dynamic: claimed), publishes each tile with rows in the
     2-entry tile ring before its loads, then an end marker; every consumer warp takes each tile from the ring (the
     first at its start, the next after the last P.V and the dummy trips of the one before). Q_i in q_slots slots (2;
@@ -281,8 +281,8 @@ def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
     empty_k = [MBar(arrivals) for _ in range(stages)]
     empty_v = [MBar(arrivals) for _ in range(stages)]
     tile_full = [MBar(1) for _ in range(TILE_RING)]
-    # lane 0 of each consumer warp reads the entry, shuffles it to its warp and arrives (session 28: before, every
-    # lane read it and lane 0 arrived after a __syncwarp)
+    # lane 0 of each consumer warp reads the entry, shuffles it to its warp and arrives (rather than every
+    # lane reading it and lane 0 arriving after a __syncwarp: racecheck flagged that)
     tile_empty = [MBar(4 * nc) for _ in range(TILE_RING)]
     ring = [None] * TILE_RING  # (fill number, position): the fill number checks that a reader gets its entry
     turn = [NamedBar(256) for _ in range(nc)]
