@@ -47,6 +47,7 @@
  * consumer warpgroups, Pᵀ and dSᵀ through shared memory), with the same prep, blocked dQ sum (w = 64) and convert. */
 #include "tail_order.cuh"
 #include "common.cuh"
+#include "gqa.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_bwd_rows.cuh"
 #include "hopper_gemm.cuh"
@@ -100,9 +101,13 @@ typedef struct fc_hopper_bwd_args {
   const int64_t *cu_pad;
   int seqlen_q, seqlen_k;
   int64_t sq_pad, total_pad;
+  /* GQA: each kv head's query heads are split into kv_split parts of `group` heads, one CTA per part and key block,
+   * each writing its part's dK/dV (into a workspace that fc_gqa_reduce sums). heads_kv counts those parts (the real
+   * kv heads · kv_split), and a tile's hk is one: it reads K/V head hk / kv_split and query heads hk·group ... */
   int heads_q, heads_kv, group, head_dim;
-  int n_blocks;     /* key blocks per (kv head, sequence) */
-  int n_pairs;      /* (sequence, kv head) pairs: batch·heads_kv */
+  int kv_split;     /* query-head parts per kv head; 1: one CTA walks the whole group */
+  int n_blocks;     /* key blocks per (kv head part, sequence) */
+  int n_pairs;      /* (sequence, kv head part) pairs: batch·heads_kv */
   int tail_from;    /* the single-tile kernels' first pair walked key block by key block (tail_order.cuh) */
   float scale;      /* > 0 (supports refuses a negative one) */
   float scale_log2; /* scale·log2(e) */
@@ -211,7 +216,8 @@ template <int STAGES> static __device__ __forceinline__ void fc_hpb_init_barrier
   }
 }
 
-/* K_j, V_j (Bc rows, halves of 64 columns) into sK, sV, counted against kv_full (the producer's; armed here). */
+/* K_j, V_j (Bc rows, halves of 64 columns) of kv head hk into sK, sV, counted against kv_full (the producer's; armed
+ * here). */
 template <int D>
 static __device__ __forceinline__ void fc_hpb_load_kv(const CUtensorMap *tm_k, const CUtensorMap *tm_v, uint32_t sK,
                                                       uint32_t sV, uint32_t kv_full, int hk, int bt, int k_start,
@@ -280,8 +286,8 @@ fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorM
   fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
 #pragma unroll
   for (int hf = 0; hf < HALVES; hf++) {
-    fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
-    fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
+    fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
+    fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
   }
   for (int it = 0; it < n_iter; it++) {
     const int s = it % STAGES, u = it / STAGES;
@@ -1198,9 +1204,11 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
   const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
   const size_t claim_bytes = persist && order == FC_HPB_SCHED_DYNAMIC ? 256 : 0; /* the claim counter */
+  const int n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim));
+  const int split = fc_gqa_split(p, n_blocks, 1, 4); /* one dK/dV CTA per SM (its shared memory) */
+  const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + fc_hpb_round256(ticket_bytes) + claim_bytes;
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes + claim_bytes,
-                               (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
   int32_t *claim =
       claim_bytes ? (int32_t *)(ws + cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + ticket_bytes) : NULL;
   const cudaStream_t stream = fc_stream(p);
@@ -1237,25 +1245,28 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
 
   fc_hopper_bwd_args a;
   memset(&a, 0, sizeof a);
-  a.dk = (uint16_t *)p->dk.data, a.dv = (uint16_t *)p->dv.data;
-  a.dk_sb = p->dk.stride_b, a.dk_ss = p->dk.stride_s, a.dk_sh = p->dk.stride_h;
-  a.dv_sb = p->dv.stride_b, a.dv_ss = p->dv.stride_s, a.dv_sh = p->dv.stride_h;
+  fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
+  if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
+  a.dk = (uint16_t *)dk.data, a.dv = (uint16_t *)dv.data;
+  a.dk_sb = dk.stride_b, a.dk_ss = dk.stride_s, a.dk_sh = dk.stride_h;
+  a.dv_sb = dv.stride_b, a.dv_ss = dv.stride_s, a.dv_sh = dv.stride_h;
   a.lse2 = lse2, a.dsum = dsum, a.dq_accum = dq_accum, a.dq_ticket = dq_ticket;
   a.cu_q = cu_q, a.cu_k = cu_k, a.cu_pad = cu_pad;
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
-  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv, a.group = (int)(p->heads_q / p->heads_kv);
+  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
+  a.group = (int)(p->heads_q / p->heads_kv) / split, a.kv_split = split;
   a.head_dim = (int)p->head_dim;
-  a.n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim));
+  a.n_blocks = n_blocks;
   a.scale = p->scale;
   a.scale_log2 = p->scale * 1.4426950408889634f;
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  a.dk_vec = fc_hpb_vec16(&p->dk), a.dv_vec = fc_hpb_vec16(&p->dv);
+  a.dk_vec = fc_hpb_vec16(&dk), a.dv_vec = fc_hpb_vec16(&dv);
 
   int grid = 0;
-  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
-  a.n_pairs = (int)(p->batch * p->heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
+  a.n_pairs = (int)(p->batch * a.heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
   FC_CHECK(fc_tail_from(p, "FLASHC_BWD_TAIL", a.n_blocks, a.n_pairs, NULL, 0, 0, &a.tail_from)); /* one CTA per SM */
   CUtensorMap maps[4];
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_backward", &maps[0]));
@@ -1263,8 +1274,10 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", br, "flashc_backward", &maps[3]));
   if (p->dtype == FLASHC_F16)
-    return fc_hpb_run<__half>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);
-  return fc_hpb_run<__nv_bfloat16>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid);
+    FC_CHECK(fc_hpb_run<__half>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid));
+  else
+    FC_CHECK(fc_hpb_run<__nv_bfloat16>(p, mode, br, version, persist, order, claim, maps, &a, &rows, grid));
+  return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
 }
 
 #if FC_HP_TRACE

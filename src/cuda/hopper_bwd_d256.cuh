@@ -189,8 +189,8 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
   fc_mbar_arrive_expect_tx(kv_full, 2 * FC_HPB256_TILE);
 #pragma unroll
   for (int hf = 0; hf < FC_HPB256_D / 64; hf++) {
-    fc_tma_load_4d(sK + hf * FC_HPB256_HALF, tm_k, 64 * hf, k_start + k0, hk, bt, kv_full);
-    fc_tma_load_4d(sV + hf * FC_HPB256_HALF, tm_v, 64 * hf, k_start + k0, hk, bt, kv_full);
+    fc_tma_load_4d(sK + hf * FC_HPB256_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
+    fc_tma_load_4d(sV + hf * FC_HPB256_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
   }
   for (int it = 0; it < n_iter; it++) {
     const int s = it & 1, u = it >> 1;

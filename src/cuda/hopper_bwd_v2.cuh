@@ -557,7 +557,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           fc_hpb_fill<D, BR, STAGES>(&tm_q, &tm_do, a, sQ, sdO, sLD, bars, ti.hk, ti.bt, ti.q_start, ti.pad0,
                                      ti.i_begin, ti.n_i, it, ring + it);
         if (kv_n > 0) fc_mbar_wait(kv_empty, (kv_n - 1) & 1); /* the last tile's K_j, V_j are read */
-        fc_hpb_load_kv<D>(&tm_k, &tm_v, sK, sV, kv_full, ti.hk, ti.bt, ti.k_start, ti.k0);
+        fc_hpb_load_kv<D>(&tm_k, &tm_v, sK, sV, kv_full, ti.hk / a.kv_split, ti.bt, ti.k_start, ti.k0);
         for (int it = pre; it < ti.n_iter; it++)
           fc_hpb_fill<D, BR, STAGES>(&tm_q, &tm_do, a, sQ, sdO, sLD, bars, ti.hk, ti.bt, ti.q_start, ti.pad0,
                                      ti.i_begin, ti.n_i, it, ring + it);

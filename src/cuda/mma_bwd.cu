@@ -24,6 +24,7 @@
  *   sP, sdS [Bc][Br]          Pᵀ and dSᵀ: A of dV and dK; dSᵀ read with ldmatrix.trans is dS, A of dQ
  *   sL, sD [QSTAGES][Br] fp32 lse·log2(e) and D of the query block */
 #include "common.cuh"
+#include "gqa.cuh"
 #include "mma_bwd_common.cuh"
 #include "mma_bwd_fa2.cuh"
 #include "mma_host.cuh"
@@ -75,8 +76,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
   const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
 
-  const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)hk * a.v_sh;
+  const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
   fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
   fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
 
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int i0 = mb * BR;
   if (i0 >= s.sq) return;
-  const int hk = h / a.group;
+  const int hk = h / (a.group * a.kv_split); /* the kv head (a.group: query heads per part) */
   const uint16_t *Q = a.q + b * a.q_sb + s.q_start * a.q_ss + (int64_t)h * a.q_sh;
   const uint16_t *dO = a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
   const uint16_t *K = a.k + b * a.k_sb + s.k_start * a.k_ss + (int64_t)hk * a.k_sh;
@@ -511,7 +512,7 @@ template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, 
 /* The dK/dV grid's order (tail_order.cuh). After fc_mma_grid: batch·heads_kv fits an int. */
 static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
                                      fc_mma_bwd_args *a) {
-  a->n_pairs = (int)(p->batch * p->heads_kv);
+  a->n_pairs = (int)(p->batch * a->heads_kv);
   return fc_tail_from(p, "FLASHC_BWD_TAIL", a->n_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
@@ -522,7 +523,7 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
   const bool atomic = !p->deterministic;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
-  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
   const size_t smem = (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 +
                       (size_t)2 * BC * fc_tile_stride(BR) * 2 + (size_t)2 * QSTAGES * BR * sizeof(float);
   void (*dkdv)(const fc_mma_bwd_args) =
@@ -564,7 +565,7 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   if (smem > props.smem_per_block_optin) return FLASHC_OK;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
-  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_kv, p->batch, &grid));
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
 #define FC_FA2_KERNEL(AL, AT)                                                                                          \
   fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT, BULK, LEAN>
   void (*dkdv)(const fc_mma_bwd_args);
@@ -740,8 +741,13 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   /* blocked: every padded row, whole 64-row tiles (the bulk adds cover whole query blocks, padding included) */
   const int64_t dq_rows = a.dq_tile_w ? p->heads_q * a.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = p->deterministic ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
+  /* GQA: the group split (gqa.cu), sized for 64-key blocks and two CTAs per SM */
+  const int split = fc_gqa_split(p, fc_cdiv(p->seqlen_k, 64), 2, 0);
+  const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + fc_round256(dq_bytes);
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes, (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
+  fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
+  if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
   const cudaStream_t stream = fc_stream(p);
   FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
   if (cu_pad_host) {
@@ -757,19 +763,20 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   }
   a.q = (const uint16_t *)p->q.data, a.k = (const uint16_t *)p->k.data, a.v = (const uint16_t *)p->v.data;
   a.o = (const uint16_t *)p->o.data, a.dout = (const uint16_t *)p->dout.data;
-  a.dq = (uint16_t *)p->dq.data, a.dk = (uint16_t *)p->dk.data, a.dv = (uint16_t *)p->dv.data;
+  a.dq = (uint16_t *)p->dq.data, a.dk = (uint16_t *)dk.data, a.dv = (uint16_t *)dv.data;
   a.q_sb = p->q.stride_b, a.q_ss = p->q.stride_s, a.q_sh = p->q.stride_h;
   a.k_sb = p->k.stride_b, a.k_ss = p->k.stride_s, a.k_sh = p->k.stride_h;
   a.v_sb = p->v.stride_b, a.v_ss = p->v.stride_s, a.v_sh = p->v.stride_h;
   a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
   a.do_sb = p->dout.stride_b, a.do_ss = p->dout.stride_s, a.do_sh = p->dout.stride_h;
   a.dq_sb = p->dq.stride_b, a.dq_ss = p->dq.stride_s, a.dq_sh = p->dq.stride_h;
-  a.dk_sb = p->dk.stride_b, a.dk_ss = p->dk.stride_s, a.dk_sh = p->dk.stride_h;
-  a.dv_sb = p->dv.stride_b, a.dv_ss = p->dv.stride_s, a.dv_sh = p->dv.stride_h;
+  a.dk_sb = dk.stride_b, a.dk_ss = dk.stride_s, a.dk_sh = dk.stride_h;
+  a.dv_sb = dv.stride_b, a.dv_ss = dv.stride_s, a.dv_sh = dv.stride_h;
   a.lse = p->lse;
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.total_q = p->total_q;
-  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv, a.group = (int)(p->heads_q / p->heads_kv);
+  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
+  a.group = (int)(p->heads_q / p->heads_kv) / split, a.kv_split = split;
   a.head_dim = (int)p->head_dim;
   a.scale = p->scale;
   a.scale_log2 = fabsf(p->scale) * 1.4426950408889634f;
@@ -777,8 +784,11 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
-                       fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&p->dk) &&
-                       fc_mma_view_aligned(&p->dv);
-  if (p->dtype == FLASHC_F16) return fc_mma_bwd_dispatch<__half>(p, &a, aligned, config, lean);
-  return fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, config, lean);
+                       fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&dk) &&
+                       fc_mma_view_aligned(&dv);
+  if (p->dtype == FLASHC_F16)
+    FC_CHECK(fc_mma_bwd_dispatch<__half>(p, &a, aligned, config, lean));
+  else
+    FC_CHECK(fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, config, lean));
+  return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
 }

@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_
   const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
   const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
 
-  const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)hk * a.v_sh;
+  const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
   fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
   fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
 
