@@ -1,39 +1,278 @@
-"""PyTorch autograd for flashc: `loss.backward()` through flashc's forward and backward kernels.
+"""PyTorch: flashc attention as a native operator, with autograd.
 
     import torch, flashc.torch
     q, k, v = (torch.randn(2, 128, 8, 64, requires_grad=True) for _ in range(3))
-    o = flashc.torch.attention(q, k, v, causal=True)       # FlashAttentionFunction.apply underneath
-    o.square().sum().backward()                           # q.grad, k.grad, v.grad from flashc_backward
+    o = flashc.torch.attention(q, k, v, causal=True)       # the operator flashc::fwd when compiled
+    o.square().sum().backward()                           # q.grad, k.grad, v.grad from flashc::bwd
 
-The forward saves q, k, v, out and lse (float32, O(b·h·s)); the backward calls flashc.attention_backward
-with the same options. Tensors keep flash_attn's layout [batch, seqlen, heads, head_dim]; CUDA tensors run
-on the current stream. Double backward is not supported (the backward is itself a kernel).
+Tensors keep flash_attn's layout [batch, seqlen, heads, head_dim] ([total, heads, head_dim] packed, with
+cu_seqlens); CUDA tensors run on the current stream. With torch >= 2.4 the calls go through the operators
+flashc::fwd and flashc::bwd (flashc/_ops.py), so torch.compile(fullgraph=True), torch.export and fake/meta
+tensors work. In plain eager mode the kernels are called directly (through an autograd.Function when a
+gradient is needed): the operator's dispatch costs tens of microseconds of Python per call, and the result
+is the same. Older torch has only that eager path.
+
+Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet:
+- autocast: under torch.autocast, float32/float16/bfloat16 q, k, v are cast to the autocast dtype (SDPA is
+  on autocast's lower-precision list); outside it, q, k and v must share one dtype (TypeError otherwise).
+- return_lse=True returns (out, lse): lse is float32 [batch, heads_q, seqlen_q] ([heads_q, total_q] packed)
+  and not differentiable (as FlashAttention's); out is.
+- A second derivative (backward with create_graph=True, e.g. a gradient penalty) raises RuntimeError: the
+  backward is a kernel with no derivative of its own.
+- CPU threads: torch.get_num_threads() at the time of each call, unless threads= is given (0: every processor).
+- cu_seqlens: int32 offsets. The C API reads them on the host: CPU tensors (or lists) are used as they are;
+  CUDA ones are copied to the host on every call, which synchronises the stream and cannot be captured in a
+  CUDA graph. Pass host offsets where that matters.
+- CUDA graphs (torch.cuda.graph, torch.compile(mode="reduce-overhead")): flashc keeps one handle, with its
+  device workspace, per thread, device and stream, allocated by its first call. So run the function once
+  on the capture stream before capturing (a first call inside a capture raises RuntimeError), and capture
+  the largest problem first: a larger one later on that stream grows the workspace, and graphs captured
+  before would read the freed one.
+- torch.vmap works (the operators have no batching rule: torch runs them once per batch entry and warns);
+  torch.func.grad, jvp and jacrev raise NotImplementedError (use torch.autograd).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
-from torch.autograd.function import once_differentiable
 
-from . import _api
+from . import _api, _ops
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_ALIGNS = ("bottom-right", "top-left")
 
 
-def _options(causal, window, scale, backend, causal_align, threads, deterministic) -> dict:
-    return dict(
-        causal=causal,
-        window=window,
-        scale=scale,
-        backend=backend,
-        causal_align=causal_align,
-        threads=threads,
-        deterministic=deterministic,
+def _autocast_fns():
+    try:
+        torch.is_autocast_enabled("cpu")  # torch >= 2.4 takes a device type
+        return torch.is_autocast_enabled, torch.get_autocast_dtype
+    except TypeError:
+        on = {"cpu": torch.is_autocast_cpu_enabled, "cuda": torch.is_autocast_enabled}
+        dt = {"cpu": torch.get_autocast_cpu_dtype, "cuda": torch.get_autocast_gpu_dtype}
+        return (lambda d: d in on and on[d]()), (lambda d: dt[d]())
+
+
+_autocast_enabled, _autocast_dtype = _autocast_fns()
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)  # torch < 2.3
+
+
+def _check_options(causal, window, scale, backend, causal_align, threads, deterministic) -> tuple:
+    """The operators' option arguments (scale, causal, window_left, window_right, top_left, backend,
+    threads, deterministic) from the user's, with the same checks and messages as flashc.attention."""
+    if causal not in (True, False, 0, 1):
+        raise TypeError(f"flashc: causal must be a bool, not {causal!r}")
+    wl = wr = -1
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"flashc: window must be None or (left, right), not {window!r}")
+        sides = []
+        for side, w in zip(("left", "right"), window):
+            if w is None:
+                w = -1
+            if isinstance(w, bool) or not hasattr(w, "__index__"):
+                raise TypeError(f"flashc: window {side} must be an int or None, not {w!r}")
+            w = w.__index__()
+            if not -(2**63) <= w < 2**63:
+                raise ValueError(f"flashc: window {side} {w} does not fit in 64 bits")
+            sides.append(max(w, -1))
+        wl, wr = sides
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) and not hasattr(scale, "__float__"):
+            raise TypeError(f"flashc: scale must be a float or None, not {scale!r}")
+        scale = float(scale)
+        if not math.isfinite(scale) or scale == 0.0:
+            # 0 means "1/sqrt(head_dim)" in the C API, so a real 0 cannot be passed.
+            raise ValueError(f"flashc: scale is {scale}; it must be finite and non-zero (None: 1/sqrt(head_dim))")
+        if not 1.1754943508222875e-38 <= abs(scale) <= 3.4028234663852886e38:
+            raise ValueError(f"flashc: scale {scale} is outside float32 range")
+    if not isinstance(backend, str):
+        raise TypeError(
+            f"flashc: backend must be a str ('auto' or a name from flashc.backends()), not {type(backend).__name__}"
+        )
+    if causal_align not in _ALIGNS:
+        raise ValueError(
+            f"flashc: causal_align is {causal_align!r}; use 'bottom-right' (FlashAttention: the "
+            "last query sees the last key) or 'top-left' (PyTorch's is_causal)"
+        )
+    if threads is None:
+        threads = -1  # torch.get_num_threads() when the kernel runs
+    elif isinstance(threads, bool) or not hasattr(threads, "__index__"):
+        raise TypeError(f"flashc: threads must be an int or None, not {threads!r}")
+    elif not 0 <= threads.__index__() <= 2**31 - 1:
+        raise ValueError(f"flashc: threads is {threads}; use None for torch's count, 0 for every processor")
+    else:
+        threads = threads.__index__()
+    if deterministic not in (True, False, 0, 1):
+        raise TypeError(f"flashc: deterministic must be a bool, not {deterministic!r}")
+    return (scale, bool(causal), wl, wr, causal_align == "top-left", backend, threads, bool(deterministic))
+
+
+_options_cache: dict = {}
+
+
+def _options(causal, window, scale, backend, causal_align, threads, deterministic) -> tuple:
+    if _is_compiling():  # traced once: no cache for dynamo to guard on
+        return _check_options(causal, window, scale, backend, causal_align, threads, deterministic)
+    key = (causal, window, scale, backend, causal_align, threads, deterministic)
+    try:
+        return _options_cache[key]
+    except (KeyError, TypeError):  # TypeError: a list window is not hashable
+        pass
+    opts = _check_options(*key)
+    if isinstance(window, (tuple, type(None))) and len(_options_cache) < 1024:
+        _options_cache[key] = opts
+    return opts
+
+
+def _cast(q, k, v):
+    """Autocast as for SDPA; outside it, one dtype (SDPA's rule)."""
+    dev = "cuda" if q.is_cuda else "cpu" if q.is_cpu else None  # autocast knows no meta
+    if dev is not None and _autocast_enabled(dev):
+        dt = _autocast_dtype(dev)
+        return tuple(x.to(dt) if x.dtype in _FLOATS and x.dtype != dt else x for x in (q, k, v))
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        _ops._same_dtype(("q", q), ("k", k), ("v", v))
+    return q, k, v
+
+
+def _offsets(name: str, cu):
+    """cu_seqlens as an int32 tensor: int32 tensors as they are (on their device), anything else (a list,
+    a numpy array, another integer dtype) checked and converted on the host."""
+    if isinstance(cu, torch.Tensor) and cu.dtype == torch.int32:
+        return cu
+    from . import _arrays
+
+    return torch.from_numpy(_arrays.as_cu_seqlens(name, cu))
+
+
+def _not_tensor(q, k, v):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"flashc.torch: {name} must be a torch.Tensor, not {type(x).__name__}")
+
+
+_peek_functorch = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: None)
+
+
+def _plain_eager(q, k, v) -> bool:
+    """True when nothing but eager autograd will see this call: plain CPU/CUDA tensors, no compiler,
+    tracer, dispatch or function mode, no torch.func transform. Then the kernels run directly (through an
+    autograd.Function when a gradient is needed) instead of through the registered operator, whose
+    dispatch costs tens of microseconds of Python per call (bench/torch_call_cost.py); both paths run the
+    same kernels with the same checks, so results are identical."""
+    return (
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and type(v) is torch.Tensor
+        and (q.is_cpu or q.is_cuda)
+        and not torch.compiler.is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
+        and torch._C._get_tracing_state() is None
+        and _peek_functorch() is None
     )
+
+
+def _forward(q, k, v, cu_q, cu_k, opts):
+    if not _ops.HAVE_OPS or _plain_eager(q, k, v):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _Function.apply(q, k, v, cu_q, cu_k, *opts)
+        return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+    if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
+        _refuse_func_transforms()
+    return _ops.fwd(q, k, v, cu_q, cu_k, *opts)
+
+
+def _refuse_func_transforms():
+    # torch.func.grad/jvp/jacrev cannot run an operator whose autograd is registered with
+    # torch.library.register_autograd (torch's message says only "autograd.Function ... setup_context");
+    # vmap alone works (torch runs the operator once per batch entry).
+    from torch._C._functorch import TransformType, get_interpreter_stack
+
+    kinds = {i.key() for i in get_interpreter_stack() or ()}
+    if kinds - {TransformType.Vmap, TransformType.Functionalize}:
+        raise NotImplementedError(
+            "flashc: torch.func.grad, jvp, jacrev and other torch.func derivative transforms are not "
+            "supported (vmap is); use torch.autograd.grad or .backward() for gradients"
+        )
+
+
+class _Function(torch.autograd.Function):
+    """The eager path's autograd: flashc::fwd's formula (lse not differentiable, no double backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, *opts):
+        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.opts = opts
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        _ops.check_double_backward()
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
+        return (dq, dk, dv) + (None,) * (2 + len(ctx.opts))
+
+
+def attention(
+    q,
+    k,
+    v,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    return_lse=False,
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+):
+    """flashc.attention with autograd: gradients flow to q, k and v. return_lse=True: (out, lse)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        _not_tensor(q, k, v)
+    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
+    q, k, v = _cast(q, k, v)
+    out, lse = _forward(q, k, v, None, None, opts)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    causal=False,
+    window=None,
+    scale=None,
+    backend="auto",
+    return_lse=False,
+    *,
+    causal_align="bottom-right",
+    threads=None,
+    deterministic=False,
+):
+    """flashc.attention_varlen with autograd: packed [total, heads, head_dim] tensors, int32 cu_seqlens
+    (host tensors avoid a synchronising copy; see the module's docstring)."""
+    _api.require_cu_seqlens("flashc.torch.attention_varlen", cu_seqlens_q, cu_seqlens_k)
+    _not_tensor(q, k, v)
+    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
+    cu_q, cu_k = _offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k)
+    q, k, v = _cast(q, k, v)
+    out, lse = _forward(q, k, v, cu_q, cu_k, opts)
+    return (out, lse) if return_lse else out
 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """apply(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, backend, causal_align, threads,
-    deterministic) -> out. cu_seqlens_q/k None: dense [batch, seqlen, heads, head_dim] tensors; given: packed
-    [total, heads, head_dim] ones (varlen). Every argument is positional in apply()."""
+    deterministic) -> out, every argument positional. cu_seqlens_q/k None: dense [batch, seqlen, heads,
+    head_dim] tensors; given: packed [total, heads, head_dim] ones (varlen). Kept for code that applies it
+    directly; attention() and attention_varlen() do the same and also work under torch.compile."""
 
     @staticmethod
     def forward(
@@ -51,61 +290,20 @@ class FlashAttentionFunction(torch.autograd.Function):
         threads=None,
         deterministic=False,
     ):
-        opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
-        cu = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-        out, lse = _api.prepare_forward(q, k, v, **cu, **opts)()
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opts = {**opts, **cu}
-        ctx.mark_non_differentiable(lse)
+        opts = _check_options(causal, window, scale, backend, causal_align, threads, deterministic)
+        cu_q = None if cu_seqlens_q is None else _offsets("cu_seqlens_q", cu_seqlens_q)
+        cu_k = None if cu_seqlens_k is None else _offsets("cu_seqlens_k", cu_seqlens_k)
+        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.opts = opts
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _api.attention_backward(dout, q, k, v, out, lse, **ctx.opts)
+        _ops.check_double_backward()
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
         return (dq, dk, dv) + (None,) * 9
-
-
-def attention(
-    q,
-    k,
-    v,
-    causal=False,
-    window=None,
-    scale=None,
-    backend="auto",
-    *,
-    causal_align="bottom-right",
-    threads=None,
-    deterministic=False,
-):
-    """flashc.attention with autograd: gradients flow to q, k and v."""
-    return FlashAttentionFunction.apply(
-        q, k, v, None, None, causal, window, scale, backend, causal_align, threads, deterministic
-    )
-
-
-def attention_varlen(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    causal=False,
-    window=None,
-    scale=None,
-    backend="auto",
-    *,
-    causal_align="bottom-right",
-    threads=None,
-    deterministic=False,
-):
-    """flashc.attention_varlen with autograd."""
-    _api.require_cu_seqlens("flashc.torch.attention_varlen", cu_seqlens_q, cu_seqlens_k)
-    return FlashAttentionFunction.apply(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, backend, causal_align, threads, deterministic
-    )
 
 
 class FlashAttention(torch.nn.Module):
@@ -123,7 +321,16 @@ class FlashAttention(torch.nn.Module):
         deterministic=False,
     ):
         super().__init__()
-        self.opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
+        self.opts = dict(
+            causal=causal,
+            window=window,
+            scale=scale,
+            backend=backend,
+            causal_align=causal_align,
+            threads=threads,
+            deterministic=deterministic,
+        )
+        _check_options(**self.opts)
 
     def forward(self, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None):
         if cu_seqlens_q is not None or cu_seqlens_k is not None:

@@ -1,0 +1,125 @@
+"""Host time per call of flashc's torch entry points against torch.nn.functional.scaled_dot_product_attention.
+
+    python bench/torch_call_cost.py                       # CPU, fp32, b1 s16 h8 d64, causal
+    python bench/torch_call_cost.py --device cuda         # CUDA, bf16 (host time: the GPU work is tiny)
+
+At this shape the attention itself is a few microseconds, so what is measured is the cost of getting a call
+from Python into the kernel: argument conversion, dispatch, autograd bookkeeping. Each row times `--calls`
+calls in a loop, `--repeats` times after a warm-up (the rows taking turns, so that a change in the machine's
+load weighs on all of them alike), and prints the median per call and the ratio to SDPA's of the same
+direction. flashc.torch.attention runs its kernels directly in plain eager mode; torch.ops.flashc.fwd is the
+registered operator that compiled and exported graphs call. Forward rows run under torch.no_grad() on
+tensors that do not require grad; forward + backward rows run o.backward(dout) on leaves that do. On CUDA the
+loop is synchronised once at its end, so a row is the host's cost whenever the GPU keeps up (it does at this
+shape). flashc runs with torch's thread count, as flashc.torch does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import flashc
+import flashc.torch as ft
+
+
+def time_rows(rows, calls: int, repeats: int, sync, clock) -> list:
+    """Median microseconds per call of each row. The rows take turns within each repeat, so that a change
+    in the machine's load during the run weighs on all of them alike."""
+    for _, _, fn in rows:  # warm-up: handles, workspaces, caches
+        for _ in range(max(3, calls // 10)):
+            fn()
+    sync()
+    times = [[] for _ in rows]
+    for _ in range(repeats):
+        for i, (_, _, fn) in enumerate(rows):
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            sync()
+            times[i].append((clock() - t0) / calls * 1e6)
+    return [statistics.median(t) for t in times]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    ap.add_argument("--shape", default="1,16,8,64", help="batch,seqlen,heads,head_dim")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="wall: time.perf_counter; cpu: this process's CPU time (steadier on a shared machine; CPU only)",
+    )
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
+    b, s, h, d = (int(x) for x in args.shape.split(","))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, generator=g).to(dev, dtype) for _ in range(3))
+    dout = torch.randn(b, s, h, d, generator=g).to(dev, dtype)
+    # SDPA takes [b, h, s, d]: pass transposed views, as a model that keeps [b, s, h, d] activations would.
+    qt, kt, vt, dt = (x.transpose(1, 2) for x in (q, k, v, dout))
+    lq, lk, lv = (x.clone().requires_grad_(True) for x in (q, k, v))
+    lqt, lkt, lvt = (x.clone().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
+
+    def sdpa_fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
+    def sdpa_fwd_bwd():
+        F.scaled_dot_product_attention(lqt, lkt, lvt, is_causal=True).backward(dt)
+
+    def flashc_torch_fwd():
+        with torch.no_grad():
+            ft.attention(q, k, v, causal=True)
+
+    def flashc_torch_fwd_bwd():
+        ft.attention(lq, lk, lv, causal=True).backward(dout)
+
+    def flashc_api_fwd():
+        flashc.attention(q, k, v, causal=True)
+
+    prepared = flashc.prepare_forward(q, k, v, causal=True, threads=torch.get_num_threads())
+
+    def operator_fwd():  # the registered operator, as torch.compile and torch.export see it
+        with torch.no_grad():
+            torch.ops.flashc.fwd(q, k, v, None, None, None, True, -1, -1, False, "auto", -1, False)
+
+    rows = [
+        ("forward", "sdpa", sdpa_fwd),
+        ("forward", "flashc.torch.attention", flashc_torch_fwd),
+        ("forward", "flashc.attention", flashc_api_fwd),
+        ("forward", "flashc.prepare_forward()()", prepared),
+        *([("forward", "torch.ops.flashc.fwd", operator_fwd)] if hasattr(torch.ops.flashc, "fwd") else []),
+        ("forward+backward", "sdpa", sdpa_fwd_bwd),
+        ("forward+backward", "flashc.torch.attention", flashc_torch_fwd_bwd),
+    ]
+    print(
+        f"# torch {torch.__version__}, flashc {flashc.__version__}, {dev.type} {str(dtype).replace('torch.', '')}, "
+        f"b{b} s{s} h{h} d{d} causal, torch threads {torch.get_num_threads()}, "
+        f"{args.clock} clock, median of {args.repeats} x {args.calls} calls"
+    )
+    print(f"{'direction':<17} {'entry point':<28} {'us/call':>8} {'x sdpa':>7}")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    base = {}
+    for (direction, name, _), us in zip(rows, time_rows(rows, args.calls, args.repeats, sync, clock)):
+        if name == "sdpa":
+            base[direction] = us
+        print(f"{direction:<17} {name:<28} {us:8.1f} {us / base[direction]:7.2f}")
+
+
+if __name__ == "__main__":
+    main()

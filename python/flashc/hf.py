@@ -1,0 +1,164 @@
+"""flashc as an attention implementation of Hugging Face transformers.
+
+    import flashc.hf, transformers
+    name = flashc.hf.register()                    # "fc_attention"
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=name)
+
+register() adds an attention function (transformers.AttentionInterface) and a mask function
+(transformers.AttentionMaskInterface) under one name. The name holds no "flash": transformers takes any
+attn_implementation containing "flash" for FlashAttention and tries to load flash_attn or a hub kernel for it
+(transformers.utils.generic.is_flash_attention_requested), and one containing "sdpa" or "flex_attention"
+for those implementations.
+
+Masks. The mask function builds the same 4-D boolean mask as "sdpa" (transformers' sdpa_mask: None when the
+attention is plainly causal or full) and remembers, on that mask, the 2-D key padding it was built from. The
+attention function then
+- without a mask: runs flashc on the [batch, seqlen, heads, head_dim] views of q, k, v, causal as the module
+  says (FlashAttention's bottom-right diagonal, right for a KV cache), with the module's sliding window;
+- with a mask that carries its padding: removes the padded tokens (the queries are the last q_len
+  positions of the keys, as in self-attention with or without a cache), checks that the mask is exactly the
+  causal / sliding-window pattern over the remaining tokens, and runs flashc's varlen path; padded query
+  rows get output 0;
+- with any other mask (a 4-D mask of the caller's, prefix-LM or bidirectional image-token overlays, packed
+  sequences): raises ValueError. flashc has no arbitrary mask, and silently dropping one would give wrong
+  results.
+The check costs one comparison of the mask per mask object (layers that share a mask share the check).
+Without padding a model compiles with fullgraph=True; with padding the check and the unpadding read the
+mask on the host, which breaks a compiled graph there.
+Dropout, softcapping, attention sinks and position biases are refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import torch as ft
+
+NAME = "fc_attention"
+
+
+def register(name: str = NAME) -> str:
+    """Register flashc with transformers under `name` (default "fc_attention") and return the name, for
+    `attn_implementation=`. Idempotent."""
+    if "flash" in name or "sdpa" in name or "flex_attention" in name or "/" in name:
+        raise ValueError(
+            f"flashc: attention implementation name {name!r} would be taken by transformers for another "
+            "implementation (names containing 'flash', 'sdpa', 'flex_attention' or '/' are special-cased)"
+        )
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, mask)
+    return name
+
+
+def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
+    """transformers' sdpa_mask, with the key padding it was built from attached (for attention_forward)."""
+    from transformers.masking_utils import prepare_padding_mask, sdpa_mask
+
+    m = sdpa_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+        attention_mask=attention_mask, **kwargs,
+    )  # fmt: skip
+    if m is not None:
+        device = kwargs.get("device", m.device)
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        if padding is None:
+            keys = torch.ones(batch_size, kv_length, dtype=torch.bool, device=device)
+        else:
+            keys = padding[:, kv_offset : kv_offset + kv_length].to(device=device, dtype=torch.bool)
+        m._flashc_keys = keys  # [batch, kv_length]: which keys are tokens (True) or padding
+        m._flashc_checked = {}
+    return m
+
+
+def _window(sliding_window):
+    # transformers' sliding window of w tokens: a query sees itself and the w - 1 before it (FlashAttention's
+    # window_size=(w - 1, w - 1) with causal).
+    return None if sliding_window is None else (sliding_window - 1, sliding_window - 1)
+
+
+def _refuse(kwargs, dropout, position_bias=None):
+    if dropout:
+        raise ValueError(f"flashc: attention dropout ({dropout}) is not supported; set attention_dropout=0")
+    for key in ("softcap", "s_aux"):
+        if kwargs.get(key) is not None:
+            raise ValueError(f"flashc: {key} is not supported by the flashc attention implementation")
+    if position_bias is not None:
+        raise ValueError("flashc: position_bias is not supported by the flashc attention implementation")
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    position_bias: torch.Tensor | None = None,
+    **kwargs,
+):
+    """transformers' attention interface: query [b, heads_q, q_len, d], key/value [b, heads_kv, kv_len, d]
+    (GQA through heads_kv); returns (attn_output [b, q_len, heads_q, d], None)."""
+    _refuse(kwargs, dropout, position_bias)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = _window(sliding_window)
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [b, s, h, d] views, no copy
+    if attention_mask is None:
+        return ft.attention(q, k, v, causal=causal, window=window, scale=scaling), None
+    keys = getattr(attention_mask, "_flashc_keys", None)
+    if keys is None:
+        raise ValueError(
+            "flashc: this attention mask was not built by flashc's mask function (a 4-D mask of the caller's, "
+            f"{tuple(attention_mask.shape)} {attention_mask.dtype}); flashc supports causal, sliding-window and "
+            "padding masks only. Pass a 2-D padding mask (attention_mask=[batch, seqlen]), or use "
+            'attn_implementation="sdpa"'
+        )
+    b, q_len, kv_len = q.shape[0], q.shape[1], k.shape[1]
+    queries = keys[:, -q_len:]
+    _check_mask(attention_mask, keys, queries, causal, sliding_window)
+    if bool(keys.all()):  # a mask over no padding (a window, or a cache): the dense path computes it
+        return ft.attention(q, k, v, causal=causal, window=window, scale=scaling), None
+    idx_q, idx_k = queries.reshape(-1).nonzero().squeeze(1), keys.reshape(-1).nonzero().squeeze(1)
+    zero = torch.zeros(1, dtype=torch.int32)
+    cu_q = torch.cat([zero, queries.sum(1).cumsum(0).to("cpu", torch.int32)])  # host offsets
+    cu_k = torch.cat([zero, keys.sum(1).cumsum(0).to("cpu", torch.int32)])
+    packed = [x.reshape(b * n, *x.shape[2:]).index_select(0, i) for x, n, i in ((q, q_len, idx_q), (k, kv_len, idx_k),
+                                                                                (v, kv_len, idx_k))]  # fmt: skip
+    out = ft.attention_varlen(*packed, cu_q, cu_k, causal=causal, window=window, scale=scaling)
+    full = out.new_zeros(b * q_len, *out.shape[1:]).index_copy(0, idx_q, out)
+    return full.view(b, q_len, *out.shape[1:]), None
+
+
+def _check_mask(m, keys, queries, causal, sliding_window) -> None:
+    """The mask must be what flashc computes: per sequence, over its tokens only, the causal diagonal at the
+    bottom right and the sliding window, counted in tokens. Checked once per mask object and pattern."""
+    pattern = (causal, sliding_window, queries.shape[1])
+    if m._flashc_checked.get(pattern):
+        return
+    kpos = keys.long().cumsum(1) - 1  # [b, kv]: a key's index among its sequence's tokens
+    qpos = queries.long().cumsum(1) - 1
+    shift = (keys.sum(1) - queries.sum(1))[:, None, None]  # bottom-right: the last query sees the last key
+    diag = qpos[:, :, None] + shift  # [b, q, 1]: the row's diagonal
+    want = keys[:, None, :].expand(-1, qpos.shape[1], -1)
+    if causal:
+        want = want & (kpos[:, None, :] <= diag)
+    if sliding_window is not None:
+        want = want & (kpos[:, None, :] > diag - sliding_window)
+        if not causal:
+            want = want & (kpos[:, None, :] < diag + sliding_window)
+    got = m.to(torch.bool)
+    if got.dim() != 4 or got.shape[1] != 1:
+        raise ValueError(f"flashc: attention mask of shape {tuple(m.shape)}; expected [batch, 1, q_len, kv_len]")
+    rows = queries[:, :, None]  # padded queries' rows are not compared: their output is 0
+    if not bool(((got[:, 0] == want) | ~rows).all()):
+        raise ValueError(
+            "flashc: the attention mask is not a padding mask over causal or sliding-window attention (packed "
+            "sequences, a prefix or bidirectional overlay, or padding inside a window); flashc cannot represent "
+            'it yet. Use attn_implementation="sdpa" for this model or batch'
+        )
+    m._flashc_checked[pattern] = True
