@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "gqa.cuh"
+#include "mma_ptx.cuh" /* fc_to_float, fc_from_float */
 
 /* Parts per kv head: the fewest (a divisor of the group) that give the grid about two waves of the GPU and each CTA
  * at most max_heads query heads (0: no limit). Each part costs a K/V load per key block and its share of the parts'
@@ -30,8 +31,7 @@ int fc_gqa_split(const fc_problem *p, int64_t key_blocks, int ctas_per_sm, int m
   const int64_t want = (int64_t)props.num_sms * ctas_per_sm * 19 / 10; /* 1.9 waves: 250 CTAs on 132 SMs */
   const int64_t ctas = key_blocks * p->batch * p->heads_kv;
   for (int64_t split = 1; split < group; split++)
-    if (group % split == 0 && (max_heads == 0 || group / split <= max_heads) && ctas * split >= want)
-      return (int)split;
+    if (group % split == 0 && (max_heads == 0 || group / split <= max_heads) && ctas * split >= want) return (int)split;
   return (int)group;
 }
 
@@ -51,27 +51,12 @@ void fc_gqa_part_views(const fc_problem *p, int split, void *ws, fc_view *dk, fc
   dk->stride_b = dv->stride_b = rows * dk->stride_s;
 }
 
-template <typename T> static __device__ __forceinline__ float fc_gqa_to_f32(uint16_t x);
-template <> __device__ __forceinline__ float fc_gqa_to_f32<__half>(uint16_t x) {
-  return __half2float(__ushort_as_half(x));
-}
-template <> __device__ __forceinline__ float fc_gqa_to_f32<__nv_bfloat16>(uint16_t x) {
-  return __bfloat162float(__ushort_as_bfloat16(x));
-}
-template <typename T> static __device__ __forceinline__ uint16_t fc_gqa_from_f32(float x);
-template <> __device__ __forceinline__ uint16_t fc_gqa_from_f32<__half>(float x) {
-  return __half_as_ushort(__float2half_rn(x));
-}
-template <> __device__ __forceinline__ uint16_t fc_gqa_from_f32<__nv_bfloat16>(float x) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
-
 /* out[b, s, h, c] = Σ_part parts[(b·S + s), h·split + part, c], part 0 first. One thread per element of out:
  * consecutive threads take consecutive columns, so both sides are read and written in whole rows. */
 template <typename T>
-static __global__ void fc_gqa_reduce_kernel(const uint16_t *__restrict__ parts, uint16_t *__restrict__ out,
-                                            int64_t sb, int64_t ss, int64_t sh, int64_t rows_per_b, int64_t n_rows,
-                                            int heads_kv, int split, int head_dim) {
+static __global__ void fc_gqa_reduce_kernel(const uint16_t *__restrict__ parts, uint16_t *__restrict__ out, int64_t sb,
+                                            int64_t ss, int64_t sh, int64_t rows_per_b, int64_t n_rows, int heads_kv,
+                                            int split, int head_dim) {
   const int64_t n = n_rows * heads_kv * head_dim;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int c = (int)(i % head_dim);
@@ -80,8 +65,8 @@ static __global__ void fc_gqa_reduce_kernel(const uint16_t *__restrict__ parts, 
     const int64_t r = rh / heads_kv;
     const uint16_t *src = parts + (r * heads_kv * split + (int64_t)h * split) * head_dim + c;
     float sum = 0.f;
-    for (int part = 0; part < split; part++) sum += fc_gqa_to_f32<T>(src[(int64_t)part * head_dim]);
-    out[(r / rows_per_b) * sb + (r % rows_per_b) * ss + h * sh + c] = fc_gqa_from_f32<T>(sum);
+    for (int part = 0; part < split; part++) sum += fc_to_float<T>(src[(int64_t)part * head_dim]);
+    out[(r / rows_per_b) * sb + (r % rows_per_b) * ss + h * sh + c] = fc_from_float<T>(sum);
   }
 }
 
