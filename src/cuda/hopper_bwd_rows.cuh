@@ -93,8 +93,8 @@ template <typename T> static __device__ __forceinline__ float fc_bwd_rows_dot8(u
 /* prep: one CTA of 8 warps per FC_BWD_ROWS_PAD padded rows of one head of one sequence. With od_lanes, each row is
  * od_lanes lanes of a warp, each 8 columns (16-byte loads; H100, 16k tokens × 2048: 105 µs with a warp per row and
  * a 2-byte load per lane and column), PREP_ROWS of a thread's rows at a time with all their loads issued before
- * the first use (one row at a time, each row's shuffles and stores held the next row's loads back: 103 µs, session
- * 19); else a warp per row, the lanes over its columns. Grid: row blocks × hq × sequences. */
+ * the first use (one row at a time, each row's shuffles and stores held the next row's loads back: 103 µs,
+ * 2026-11-24); else a warp per row, the lanes over its columns. Grid: row blocks × hq × sequences. */
 enum { FC_BWD_PREP_ROWS = 4 };
 template <typename T>
 __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(const fc_bwd_rows_args a) {

@@ -188,12 +188,12 @@ enum {
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
 /* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; unset, lean3u
- * or lean3 by the call's mask since session 20 (fc_mma_fwd_config); lean from
- * session 8: H100 bf16 vs SDPA flash in one run, d128 0.93–1.06× where mt2 read
- * 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×), d64 1.00–1.14×).
+ * or lean3 by the call's mask (fc_mma_fwd_config, e78db97); lean, the default
+ * before them (ee97bcd): H100 bf16 vs SDPA flash in one run, d128 0.93–1.06×
+ * where mt2 read 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×), d64 1.00–1.14×).
  * Measured on the H100 against SDPA flash, geometric mean over bf16 and
  * fp16, seqlen 1k/4k/16k (tools/mma/bench-fwd.sh, 2026-11-22):
- *   mt2      (the default until session 8) d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
+ *   mt2      (the first default) d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
  *            two M-tiles, half the ldmatrix per MMA) at 2 CTAs/SM, whose
  *            barriers are independent (one CTA's softmax runs beside the
  *            other's MMAs): d64 1.05×, d128 0.93× (base 0.94×, 0.85×).
@@ -207,16 +207,16 @@ static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256
  *   lean3    lean with 3 stages of the K/V ring at d ≤ 64 (2 CTAs of 74 KB
  *            fit an SM; from d 96 they would not), so that block j + 1's
  *            copies may still be in flight while block j computes: the
- *            default since session 20 (d64 vs lean, 5 rounds of the grid on
- *            the H100: +0..3 % unmasked, +0..1 % causal, median per cell;
- *            bench/results/configs/mma-fwd-s20.txt, E) for calls with a
- *            causal mask or a window.
+ *            default for calls with a causal mask or a window (d64 vs lean,
+ *            5 rounds of the grid on the H100: +0..3 % unmasked, +0..1 %
+ *            causal, median per cell; bench/results/configs/
+ *            mma-fwd-limits-2026-11-24.txt, E).
  *   lean3u   lean3 with Bc = 32 at d 96/128 (S in half the registers: the
  *            key loop reloads no spilled values, where Bc = 64 reloads 11–16
  *            per block; 2 stages, so that 2 CTAs of 70 KB fit an A100's SM):
- *            the default since session 20 for calls without a mask (d128 vs
- *            lean: +1..8 % unmasked, but −1..−3 % causal at 2k–8k, hence the
- *            choice by mask; mma-fwd-s20.txt, H and H').
+ *            the default for calls without a mask (d128 vs lean: +1..8 %
+ *            unmasked, but −1..−3 % causal at 2k–8k, hence the choice by
+ *            mask; mma-fwd-limits-2026-11-24.txt, H and H').
  * Tried and dropped (0.73–0.85×): issuing S_{j+1} = Q·K_{j+1}ᵀ before the
  * softmax of block j, and weaving its k-steps into the exponentials (the extra
  * accumulators cost the second CTA per SM, which overlapped better). */

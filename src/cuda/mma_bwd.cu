@@ -475,7 +475,7 @@ static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
                  deterministic: fa2p's fallbacks. For an A/B with fa2pbl. */
     "fa2pbl", /* fa2pb whose kernels at d ≤ 128 (Bc = 128) are register-lean (LEAN, mma_bwd_fa2.cuh): no spills
                  (d96 aligned: 8 bytes) where fa2pb's spill up to 76 bytes; d > 128: fa2pb's. The default: H100,
-                 session 8, +5..28 % over fa2pb at d64 and d128 (bench/results/configs/mma-bwd-fa2pbl.txt). */
+                 2026-11-22, +5..28 % over fa2pb at d64 and d128 (bench/results/configs/mma-bwd-fa2pbl.txt). */
 };
 
 static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {

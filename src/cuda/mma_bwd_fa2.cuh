@@ -192,8 +192,8 @@ static __device__ __forceinline__ void fc_bwd_fa2_st_p_ds(const float (&sT)[MT_S
 }
 /* threadIdx.x read again where it is used, meant to have the sdQ addresses derived from it recomputed per query
  * block instead of held in registers across the loop's MMAs. ptxas hoists the S2R out of the loop all the same
- * (SASS of the d64 fa2pb kernel, session 7): at 255 registers those values are spilled (branch
- * wip/mma-bwd-d64-spill removes the spills by other means). */
+ * (SASS of the d64 fa2pb kernel, 2026-11-22): at 255 registers those values are spilled (the register-lean
+ * kernels, LEAN, avoid the spills by other means). */
 static __device__ __forceinline__ int fc_bwd_fa2_tid_again(void) {
   uint32_t v;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));

@@ -4,12 +4,13 @@
  *
  * Each pair's tiles are numbered heaviest first (under a causal mask: key block 0 in the backward, the last query
  * block in the forward). CTAs below tail_from·n_blocks take tile x % n_blocks of pair x / n_blocks: the tiles of a
- * pair run at about the same time, sharing its K/V (forward) or Q_i, dO_i and dQ_i rows (backward) in L2 (session 10:
- * orders that spread the CTAs at work over many pairs lost 2..37 % to L2 misses). The last pairs, from tail_from on,
- * go tile by tile instead: tile 0 of each, then tile 1 of each, ... In the pair-by-pair order the grid's last heavy
- * tiles start while the other SMs run out of work (tools/profile/grid_order_model.py: 5.3..6.7 % idle at d128
- * causal 2k-8k on 132 SMs, backward); in this order the grid ends on its lightest tiles (1.1..1.3 % with two waves).
- * Within a pair the tiles still start in order, which cuda-hopper's deterministic dQ turns need to make progress. */
+ * pair run at about the same time, sharing its K/V (forward) or Q_i, dO_i and dQ_i rows (backward) in L2 (H100,
+ * 2026-11-23: orders that spread the CTAs at work over many pairs lost 2..37 % to L2 misses). The last pairs, from
+ * tail_from on, go tile by tile instead: tile 0 of each, then tile 1 of each, ... In the pair-by-pair order the grid's
+ * last heavy tiles start while the other SMs run out of work (tools/profile/grid_order_model.py: 5.3..6.7 % idle at
+ * d128 causal 2k-8k on 132 SMs, backward); in this order the grid ends on its lightest tiles (1.1..1.3 % with two
+ * waves). Within a pair the tiles still start in order, which cuda-hopper's deterministic dQ turns need to make
+ * progress. */
 #ifndef FLASHC_CUDA_TAIL_ORDER_CUH
 #define FLASHC_CUDA_TAIL_ORDER_CUH
 
