@@ -54,11 +54,12 @@ def last_backend() -> str:
 
 
 # ---- options -------------------------------------------------------------------------------------------
-def _params(causal, window, scale, causal_align, deterministic) -> _lib.Params:
-    p = _lib.params_default()
+def check_options(causal, window, scale, causal_align, deterministic) -> tuple:
+    """The mask and scale options as the C API takes them, (scale or None, causal, window_left, window_right,
+    top_left, deterministic), with one set of checks and messages for the numpy and the torch entry points."""
     if causal not in (True, False, 0, 1):
         raise TypeError(f"flashc: causal must be a bool, not {causal!r}")
-    p.causal = int(bool(causal))
+    wl = wr = -1
     if window is not None:
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise TypeError(f"flashc: window must be None or (left, right), not {window!r}")
@@ -66,30 +67,39 @@ def _params(causal, window, scale, causal_align, deterministic) -> _lib.Params:
         for side, w in zip(("left", "right"), window):
             if w is None:
                 w = -1
-            if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+            if isinstance(w, bool) or not hasattr(w, "__index__"):
                 raise TypeError(f"flashc: window {side} must be an int or None, not {w!r}")
-            if not -(2**63) <= int(w) < 2**63:
+            w = w.__index__()
+            if not -(2**63) <= w < 2**63:
                 raise ValueError(f"flashc: window {side} {w} does not fit in 64 bits")
-            sides.append(max(int(w), -1))
-        p.window_left, p.window_right = sides
+            sides.append(max(w, -1))
+        wl, wr = sides
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        if isinstance(scale, (bool, str, bytes)) or not hasattr(scale, "__float__"):
             raise TypeError(f"flashc: scale must be a float or None, not {scale!r}")
-        if not math.isfinite(float(scale)) or float(scale) == 0.0:
+        scale = float(scale)
+        if not math.isfinite(scale) or scale == 0.0:
             # 0 means "1/sqrt(head_dim)" in the C API, so a real 0 cannot be passed.
             raise ValueError(f"flashc: scale is {scale}; it must be finite and non-zero (None: 1/sqrt(head_dim))")
-        if not float(np.finfo(np.float32).tiny) <= abs(float(scale)) <= float(np.finfo(np.float32).max):
+        if not 1.1754943508222875e-38 <= abs(scale) <= 3.4028234663852886e38:  # float32's normal range
             raise ValueError(f"flashc: scale {scale} is outside float32 range")
-        p.scale = float(scale)
     if causal_align not in _ALIGNS:
         raise ValueError(
             f"flashc: causal_align is {causal_align!r}; use 'bottom-right' (FlashAttention: the "
             "last query sees the last key) or 'top-left' (PyTorch's is_causal)"
         )
-    p.align = _ALIGNS[causal_align]
     if deterministic not in (True, False, 0, 1):
         raise TypeError(f"flashc: deterministic must be a bool, not {deterministic!r}")
-    p.deterministic = int(bool(deterministic))
+    return scale, bool(causal), wl, wr, causal_align == "top-left", bool(deterministic)
+
+
+def _params(causal, window, scale, causal_align, deterministic) -> _lib.Params:
+    scale, causal, wl, wr, top_left, deterministic = check_options(causal, window, scale, causal_align, deterministic)
+    p = _lib.params_default()
+    p.causal, p.window_left, p.window_right = int(causal), wl, wr
+    p.scale = scale or 0.0
+    p.align = _lib.ALIGN_TOP_LEFT if top_left else _lib.ALIGN_BOTTOM_RIGHT
+    p.deterministic = int(deterministic)
     return p
 
 

@@ -34,7 +34,6 @@ Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet
 
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -61,40 +60,12 @@ _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) 
 def _check_options(causal, window, scale, backend, causal_align, threads, deterministic) -> tuple:
     """The operators' option arguments (scale, causal, window_left, window_right, top_left, backend,
     threads, deterministic) from the user's, with the same checks and messages as flashc.attention."""
-    if causal not in (True, False, 0, 1):
-        raise TypeError(f"flashc: causal must be a bool, not {causal!r}")
-    wl = wr = -1
-    if window is not None:
-        if not isinstance(window, (tuple, list)) or len(window) != 2:
-            raise TypeError(f"flashc: window must be None or (left, right), not {window!r}")
-        sides = []
-        for side, w in zip(("left", "right"), window):
-            if w is None:
-                w = -1
-            if isinstance(w, bool) or not hasattr(w, "__index__"):
-                raise TypeError(f"flashc: window {side} must be an int or None, not {w!r}")
-            w = w.__index__()
-            if not -(2**63) <= w < 2**63:
-                raise ValueError(f"flashc: window {side} {w} does not fit in 64 bits")
-            sides.append(max(w, -1))
-        wl, wr = sides
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) and not hasattr(scale, "__float__"):
-            raise TypeError(f"flashc: scale must be a float or None, not {scale!r}")
-        scale = float(scale)
-        if not math.isfinite(scale) or scale == 0.0:
-            # 0 means "1/sqrt(head_dim)" in the C API, so a real 0 cannot be passed.
-            raise ValueError(f"flashc: scale is {scale}; it must be finite and non-zero (None: 1/sqrt(head_dim))")
-        if not 1.1754943508222875e-38 <= abs(scale) <= 3.4028234663852886e38:
-            raise ValueError(f"flashc: scale {scale} is outside float32 range")
+    scale, causal, wl, wr, top_left, deterministic = _api.check_options(
+        causal, window, scale, causal_align, deterministic
+    )
     if not isinstance(backend, str):
         raise TypeError(
             f"flashc: backend must be a str ('auto' or a name from flashc.backends()), not {type(backend).__name__}"
-        )
-    if causal_align not in _ALIGNS:
-        raise ValueError(
-            f"flashc: causal_align is {causal_align!r}; use 'bottom-right' (FlashAttention: the "
-            "last query sees the last key) or 'top-left' (PyTorch's is_causal)"
         )
     if threads is None:
         threads = -1  # torch.get_num_threads() when the kernel runs
@@ -104,9 +75,7 @@ def _check_options(causal, window, scale, backend, causal_align, threads, determ
         raise ValueError(f"flashc: threads is {threads}; use None for torch's count, 0 for every processor")
     else:
         threads = threads.__index__()
-    if deterministic not in (True, False, 0, 1):
-        raise TypeError(f"flashc: deterministic must be a bool, not {deterministic!r}")
-    return (scale, bool(causal), wl, wr, causal_align == "top-left", backend, threads, bool(deterministic))
+    return (scale, causal, wl, wr, top_left, backend, threads, deterministic)
 
 
 _options_cache: dict = {}
