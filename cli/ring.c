@@ -22,6 +22,7 @@
 #include "cli.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -477,6 +478,21 @@ static int pick_backend(const cli_options *o, const cli_inputs *in, bool backwar
                    (long long)in->shape.head_dim, backward ? " with a backward" : "");
 }
 
+/* A stage that may take a while, on stderr (rank 0 only; stdout keeps the results), with the time so far. */
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...) {
+  if (rank_ != 0) return;
+  static double t0 = -1;
+  if (t0 < 0) t0 = cli_now_ms();
+  fflush(stdout); /* what rank 0 printed before comes first */
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "flashc ring: [%6.1f s] ", (cli_now_ms() - t0) / 1000);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
 /* Rank 0's part after the collectives: the header line, the files, --check. */
 static int report(const cli_options *o, const char *backend, const cli_inputs *in, const flashc_params *params,
                   int on_device, bool backward, const cli_outputs *ring_out) {
@@ -504,8 +520,10 @@ static int report(const cli_options *o, const char *backend, const cli_inputs *i
   }
   if (!rc && o->check) {
     cli_outputs one, ref;
+    progress("check: the whole shape on one device (%s)", backend);
     rc = cli_compute(backend, dt, o->threads, in, params, backward, &one, NULL, NULL);
     if (!rc) {
+      progress("check: cpu-ref (f64) on the whole shape: the slow part");
       rc = cli_reference(in, params, backward, o->threads, &ref);
       if (!rc) {
         printf("check against one device (%s) and cpu-ref (f64):\n", backend);
@@ -581,6 +599,7 @@ static int run_ring(const cli_options *o) {
   if ((rc = agree_rc(rc))) goto done;
 
   /* One forward (and backward), gathered on rank 0. */
+  progress("ring %s over %d ranks", backward ? "forward and backward" : "forward", world_);
   rc = ring_rc(flashc_ring_forward(ring, &params, o->layout, &s.tq, &s.tk, &s.tv, &s.to, s.lse));
   if (!rc && backward)
     rc = ring_rc(flashc_ring_backward(ring, &params, o->layout, &s.tq, &s.tk, &s.tv, &s.to, s.lse, &s.tdo, &s.tdq,
