@@ -15,9 +15,8 @@
  *       where S_{j+1} = Q_i·K_{j+1}ᵀ and O += P_j·V_j are issued back to back, and the softmax of block
  *       j + 1 runs on the CUDA cores while P_j·V_j is still in flight on the tensor cores (intra-warpgroup
  *       overlap), and the two consumers take turns to issue their GEMMs, so that one's softmax runs during
- *       the other's GEMMs (ping-pong). Variants (FLASHC_HOPPER_VARIANT, for comparisons): pingpong (default for D
- * 128/256), overlap (no turns), simple (every wgmma group waited for at once); O /= l;  lse = scale·m + ln l;  O goes
- * out through shared memory (the warpgroup's rows of Q_i).
+ *       the other's GEMMs (ping-pong); O /= l;  lse = scale·m + ln l;  O goes out through shared memory (the
+ * warpgroup's rows of Q_i).
  *
  * Shared memory (each tile in 64-column halves of rows of 128 bytes, 128-byte swizzle as TMA writes it and
  * wgmma reads it; all tiles start on 1024-byte boundaries):
@@ -28,16 +27,9 @@
  *
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
- * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. FLASHC_HOPPER_VARIANT=persistent|tmastore
- * runs hopper_persistent.cuh's kernel instead (tmastore: the default without a mask at every d, and causal at d ≤ 128
- * below seqlen 8192; at D = 256 it has no sO and stores O from registers). FLASHC_HOPPER_VARIANT=pingpong3 (for
- * comparisons; no default) runs this kernel with NC = 3 consumer warpgroups at d ≤ 64 (Br = 192, 512 threads, consumers
- * at 160 registers: FlashAttention-3's tile for head dim 64; the turns go round robin) and pingpong's above.
- * FLASHC_HOPPER_VARIANT=tmastore3 runs hopper_persistent.cuh's kernel with the same 3 consumer warpgroups at d ≤ 64
- * (the default there) and tmastore's above. FLASHC_HOPPER_VARIANT=pingpongq (opt-in; verified, no faster) runs the
- * ping-pong kernel at D = 128 with each consumer's 64 rows of Q_i loaded into registers once per tile (ldmatrix) and
- * S = Q_i·K_jᵀ issued as wgmma with A from registers and K_j from shared memory; pingpong's kernel at d ≤ 64 and
- * d > 128. */
+ * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. This one-tile kernel runs at D = 128 with
+ * a causal-like mask from seqlen_k 8192 and at D = 256 with any mask; everything else runs hopper_persistent.cuh's
+ * kernel (fc_hp_fwd_plan says which, and what lost to each choice). */
 #include "common.cuh"
 #include "hopper_bwd_api.cuh"
 #include "hopper_gemm.cuh"
@@ -68,32 +60,11 @@ enum {
   FC_HP_BASE_SLACK = 8,   /* the softmax's base moves once a row's max passes it by 2^8 (fc_hp_softmax_f32) */
   FC_HP_BAR_EPILOGUE = 1, /* named barriers 1, 2: one consumer warpgroup each */
   FC_HP_BAR_TURN = 3,     /* named barriers 3, 4: consumer c may issue its GEMMs */
-  /* pingpong3 (D = 64 only): 3 consumer warpgroups, Br = 192, 512 threads; 128·24 + 384·160 = 64512 ≤ 65536.
-   * Its named barriers: 1, 2, 3 for the epilogues, 4, 5, 6 for the turns (FC_HP_BAR_EPILOGUE + NC + c). */
-  FC_HP_BR_NC3 = 192,            /* query rows per CTA: 3 consumer warpgroups × 64 (TMA boxes allow 256) */
-  FC_HP_BC_NC3 = 128,            /* keys per block: S 64 + O 32 + P 32 registers fit in 160 (R151 the highest) */
-  FC_HP_THREADS_NC3 = 512,       /* producer + 3 consumer warpgroups */
+  /* The persistent kernel at D = 64 (tmastore3): 3 consumer warpgroups, Br = 192, Bc = 128, 512 threads; 128·24 +
+   * 384·160 = 64512 ≤ 65536 (S 64 + O 32 + P 32 registers fit in 160, R151 the highest). Named barriers 1, 2, 3 for the
+   * epilogues, 4, 5, 6 for the turns (FC_HP_BAR_EPILOGUE + NC + c). */
   FC_HP_REGS_CONSUMER_NC3 = 160, /* the producer keeps FC_HP_REGS_PRODUCER */
 };
-
-/* Kernel variants, each one step further (bring-up bisects a failure to a step). */
-enum { FC_HP_SIMPLE = 0, FC_HP_OVERLAP = 1, FC_HP_PINGPONG = 2 };
-/* The persistent kernel (hopper_persistent.cuh): pingpong over a tile schedule, one CTA per SM, with O stored
- * directly (persistent) or by TMA (tmastore). tmastore is a default at D = 128
- * (fc_hp_variant). */
-enum { FC_HP_PERSISTENT = 3, FC_HP_TMASTORE = 4 };
-/* The one-tile ping-pong kernel with 3 consumer warpgroups (Br = 192) at D = 64 (for comparisons since tmastore3);
- * pingpong's kernel at D > 64. */
-enum { FC_HP_PINGPONG3 = 5 };
-/* The persistent kernel with 3 consumer warpgroups (Br = 192) at D = 64, O by TMA store where o allows it (direct
- * stores otherwise); tmastore's kernel at D > 64 (and pingpong's at D > 128). The default at D = 64 except with a
- * causal mask below seqlen 4096 (fc_hp_variant). */
-enum { FC_HP_TMASTORE3 = 6 };
-/* The one-tile ping-pong kernel with each consumer's rows of Q_i in registers at D = 128 (S = Q_i·K_jᵀ as wgmma with
- * A from registers: the tensor cores stop reading Q_i from shared memory for every key block, a fifth of the loop's
- * shared-memory operand traffic, at the H100's power cap); pingpong's kernel at D = 64 and 256. Opt-in: verified on
- * the H100 in session 12 and within the noise of pingpong in time, clock and energy per FLOP (docs/hopper.md). */
-enum { FC_HP_PINGPONGQ = 7 };
 
 typedef struct fc_hopper_fwd_args {
   uint16_t *o;
@@ -111,9 +82,9 @@ typedef struct fc_hopper_fwd_args {
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
   int o_aligned;  /* rows of o start on 16-byte boundaries: 16-byte stores */
-  int own_blocks; /* each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks) */
+  int own_blocks; /* 1: each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks) */
   int align_end;  /* the persistent kernel's query blocks end at the sequence's last row (fc_hp_tile_setup) */
-  int q_slots;    /* the persistent kernel's Q buffers in use: 2, or 1 (FLASHC_HOPPER_Q_SLOTS, comparisons) */
+  int q_slots;    /* the persistent kernel's Q buffers in use: always 2 (fc_hp_fwd_plan) */
 } fc_hopper_fwd_args;
 
 /* 1 in the sm_90a image of this file, 0 in the others: tells the host whether the kernels it would launch on
@@ -139,11 +110,11 @@ static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) 
  * masked for all 64 of its rows (a causal or right-window edge runs down the tile), so their S would be all −inf, P
  * all 0, and m, l, O unchanged: the warpgroup skips their GEMMs and softmax and only keeps the turns and the stage
  * hand-overs (the consumers' dummy trips). The tile's blocks run to its last row's edge, the first warpgroups'
- * blocks end earlier where the edge crosses a block boundary inside the tile: Br = 192 with Bc = 128 (tmastore3,
- * pingpong3) skips 1 block of 64 × 128 in 3 of every 6 warpgroup tiles of a causal head (a tenth of the tensor work at
- * seqlen 2048), D = 256's Bc = 80 about 0.8 of a block per 128-row tile, and a bottom-right alignment whose shift is
- * not a multiple of Bc does likewise. Rows past the sequence (the last tile's) need none: 1, the least the loop
- * runs. Warpgroup-uniform (wg_row0 is). */
+ * blocks end earlier where the edge crosses a block boundary inside the tile: Br = 192 with Bc = 128 (the persistent
+ * kernel at D = 64) skips 1 block of 64 × 128 in 3 of every 6 warpgroup tiles of a causal head (a tenth of the tensor
+ * work at seqlen 2048), D = 256's Bc = 80 about 0.8 of a block per 128-row tile, and a bottom-right alignment whose
+ * shift is not a multiple of Bc does likewise. Rows past the sequence (the last tile's) need none: 1, the least the
+ * loop runs. Warpgroup-uniform (wg_row0 is). */
 static __device__ __forceinline__ int fc_hp_own_blocks(const fc_hopper_fwd_args &a, int wg_row0, int sq, int sk,
                                                        int64_t shift, int bc, int j_begin, int n_blocks) {
   if (!a.own_blocks || n_blocks <= 1) return n_blocks;
@@ -195,7 +166,8 @@ static __device__ __forceinline__ void fc_quad_exchange(uint32_t &p0, uint32_t &
  * memory left to stage them in. The accumulator gives thread t of a quad columns 8x + 2t, 8x + 2t + 1 of each 8-column
  * chunk x; per 4 chunks the quad transposes those words (two butterfly stages of shuffles), so that thread t holds
  * chunk 4G + t whole and stores it as one 16-byte store where o's rows are aligned: a warp's store then writes 64
- * contiguous bytes of each of 8 rows, where 4-byte stores wrote 16 (session 31: those cost up to 7 % at seqlen 1k). */
+ * contiguous bytes of each of 8 rows, where 4-byte stores wrote 16 (those lost 3.5-7 %:
+ * bench/results/configs/hopper-fwd-d256-persistent-2026-11-29.txt). */
 template <typename T, int D>
 static __device__ __forceinline__ void fc_hp_store_o_regs(const fc_hopper_fwd_args &a, uint16_t *O,
                                                           const float (&o)[D / 2], const float (&inv)[2], int row0,
@@ -352,23 +324,13 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, int VARIANT, int BC = FC_HP_BC, int NC = 2>
-__global__ void __launch_bounds__(128 + 128 * NC, 1)
+template <typename T, int D, int STAGES, int BC = FC_HP_BC>
+__global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
-  /* QREG (pingpongq): the ping-pong loop with S = Q_i·K_jᵀ issued from the warpgroup's rows of Q_i in registers. */
-  constexpr bool QREG = VARIANT == FC_HP_PINGPONGQ;
-  constexpr bool OVERLAP = VARIANT >= FC_HP_OVERLAP, PINGPONG = VARIANT == FC_HP_PINGPONG || QREG;
-  /* NC consumer warpgroups of 64 query rows. NC = 3 only at D = 64: fc_hp_ss_kmajor steps between the
-   * 64-column halves of Q_i as a 128-row tile's, and 160 registers hold no more than D = 64's O. */
-  static_assert(NC == 2 || (NC == 3 && D == 64 && VARIANT == FC_HP_PINGPONG), "3 consumers: D = 64 ping-pong only");
-  /* Q in registers: D/16 × 4 = 32 registers per thread at D = 128 beside O 64, S 64 and P 32 (240 allowed). D = 128
-   * only, the head dim this experiment is for (at D = 64 the defaults are the persistent kernels); D = 256 has no room
-   * for them (O alone is 128 registers, S 40, P 20). */
-  static_assert(!QREG || (D == 128 && BC == FC_HP_BC && NC == 2), "Q in registers: D = 128 only");
-  constexpr int BR = 64 * NC, CONSUMER_WARPS = 4 * NC, BAR_TURN = FC_HP_BAR_EPILOGUE + NC;
+  constexpr int NC = 2, BR = FC_HP_BR, CONSUMER_WARPS = FC_HP_CONSUMER_WARPS, BAR_TURN = FC_HP_BAR_TURN;
   constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* The swizzle pattern repeats every 1024 bytes of address, for TMA and wgmma alike: align by hand (the
@@ -457,7 +419,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    fc_setmaxnreg_inc<NC == 2 ? FC_HP_REGS_CONSUMER : FC_HP_REGS_CONSUMER_NC3>();
+    fc_setmaxnreg_inc<FC_HP_REGS_CONSUMER>();
     /* The warpgroup index through a shuffle: provably the same in every lane, so that the shared-memory
      * descriptors derived from it live in uniform registers (else ptxas moves each into the one uniform
      * register the wgmma reads, between wgmmas, and serialises them). */
@@ -465,8 +427,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const int wg_row0 = i0 + 64 * cw; /* this warpgroup's first query row */
-    /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (overlap variants; the rest are dummy trips). */
-    const int n_own = OVERLAP ? fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks) : n_blocks;
+    /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (the rest are dummy trips). */
+    const int n_own = fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks);
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
     const float c = a.scale_log2;
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
@@ -485,44 +447,26 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
     /* Ping-pong: before issuing its GEMMs a consumer waits for its turn (barrier BAR_TURN + c, 256 threads:
      * its own bar.sync and the previous consumer's bar.arrive); after issuing them it hands the turn to the next
-     * consumer, c + 1 mod NC (round robin: with 3, one's GEMMs run while the other two do their softmax). All
+     * consumer, c ^ 1 (hopper_persistent.cuh's 3 consumers go round robin). All
      * take n_blocks + 1 turns (block 0's S, the loop's S + P·V, the last P·V, then a dummy trip's empty turn per
      * block past n_own) whatever their rows (n_blocks is the CTA's, so a warpgroup whose rows all lie past the
      * sequence still takes every turn); consumer 0 goes first (consumer NC − 1 arrives once at the start), and
-     * consumer NC − 1's last hand-over is skipped: barrier c then sees n_blocks + 1 arrivals of consumer c − 1
+     * consumer NC − 1's last hand-over is skipped: barrier c then sees n_blocks + 1 arrivals of the other consumer
      * against n_blocks + 1 waits of its own, and no arrival is left pending at exit. A consumer cannot hand over
-     * twice before the next one waited: its next turn needs the hand-overs of all the others, the next one's among
-     * them. */
-    auto my_turn = [&]() {
-      if constexpr (PINGPONG) fc_named_barrier(BAR_TURN + cw, 256);
-    };
-    auto your_turn = [&](bool last) {
-      if constexpr (PINGPONG) {
-        const int next = NC == 2 ? (cw ^ 1) : (cw == NC - 1 ? 0 : cw + 1);
-        fc_named_barrier_arrive_if(BAR_TURN + next, 256, !(last && cw == NC - 1));
-      }
-    };
+     * twice before the other one waited: its next turn needs the other's hand-over. */
+    auto my_turn = [&]() { fc_named_barrier(BAR_TURN + cw, 256); };
+    auto your_turn = [&](bool last) { fc_named_barrier_arrive_if(BAR_TURN + (cw ^ 1), 256, !(last && cw == NC - 1)); };
 
     float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
     uint32_t p[BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
-    /* QREG: this warpgroup's rows of Q_i, the A operand of every S = Q_i·K_jᵀ (one k-step of 16 columns each). Loaded
-     * once per tile and never written again, so no wgmma in flight ever sees them change (no fence_regs, and nothing
-     * for ptxas to serialise). */
-    [[maybe_unused]] uint32_t q[QREG ? D / 16 : 1][4];
 #pragma unroll
     for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
     fc_mbar_wait(q_full, 0); /* Q_i has landed (TMA's writes are visible to these threads' loads from here on) */
-    if constexpr (QREG) fc_hp_load_a_kmajor<D>(q, q_rows, warp, lane);
-    /* S = Q_i·K_jᵀ of the key block in K stage k_tile, Q_i from shared memory or (QREG) from registers. */
-    auto qk = [&](float(&s)[BC / 2], uint32_t k_tile) {
-      if constexpr (QREG)
-        fc_hp_rs_kmajor<T, D, BC>(s, q, k_tile);
-      else
-        fc_hp_ss_kmajor<T, D, BC>(s, q_rows, k_tile);
-    };
+    /* S = Q_i·K_jᵀ of the key block in K stage k_tile. */
+    auto qk = [&](float(&s)[BC / 2], uint32_t k_tile) { fc_hp_ss_kmajor<T, D, BC>(s, q_rows, k_tile); };
 
     if (n_blocks > 0) {
-      if constexpr (PINGPONG) fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
+      fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
       /* Block 0: S = Q_i·K_0ᵀ, softmax; O is still 0, nothing to rescale. */
       {
         float s[BC / 2];
@@ -541,62 +485,39 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       for (int n = 1; n < n_own; n++) {
         const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
         float s[BC / 2];
-        if constexpr (OVERLAP) {
-          /* V_{n−2} is read: its P·V was waited for at the end of the last trip. Released here, first thing, and
-           * not after the wait below (ptxas then serialises the wgmma pipeline: C7513, docs/hopper.md) nor after
-           * the next wait for S (one GEMM group later: with 2 stages the producer then refilled the stage too late
-           * for the other consumer's next turn, and the tensor cores idled; +2..20 % at D = 128, 256). */
-          fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
-          /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
-           * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
-          fc_mbar_wait(FULL_K(sn), un & 1);
-          fc_mbar_wait(FULL_V(sp), up & 1); /* before the fence: no branch inside a wgmma pipeline stage */
-          fc_fence_regs(o);
-          fc_fence_regs(p);
-          my_turn();
-          fc_wgmma_fence();
-          qk(s, sK + sn * KV_BYTES);
-          fc_wgmma_commit();
-          fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
-          fc_wgmma_commit();
-          your_turn(false);
-          fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
-          fc_fence_regs(s);
-          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
-          /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
-           * O's rescale wait for it (3 consumers at 160 registers have no room for a second packed P anyway). The
-           * block boundary keeps ptxas from hoisting the wait above the softmax (docs/hopper.md). Until session 11
-           * the 2 consumers packed the next P into registers of their own before the wait and copied it after; the
-           * branch of the conditional rescale made ptxas serialise that loop (C7513), and this one measured the
-           * same without it. */
-          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
-          fc_block_boundary(a.head_dim > 0);
-          fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-          fc_fence_regs(o);
-          fc_fence_regs(p);
-          fc_hp_pack<T, BC>(s, p);
-          fc_hp_rescale_if<D>(o, alpha);
-        } else {
-          /* One step after the other: O += P_{n−1}·V_{n−1}, then S = Q_i·K_nᵀ and its softmax. */
-          fc_mbar_wait(FULL_V(sp), up & 1);
-          fc_fence_regs(o);
-          fc_fence_regs(p);
-          fc_wgmma_fence();
-          fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
-          fc_wgmma_commit();
-          fc_wgmma_wait<0>();
-          fc_fence_regs(o);
-          fc_mbar_arrive_if(EMPTY_V(sp), lane == 0);
-          fc_mbar_wait(FULL_K(sn), un & 1);
-          fc_wgmma_fence();
-          qk(s, sK + sn * KV_BYTES);
-          fc_wgmma_commit();
-          fc_wgmma_wait<0>();
-          fc_fence_regs(s);
-          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
-          fc_hp_softmax<T, BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha, p);
-          fc_hp_rescale_if<D>(o, alpha);
-        }
+        /* V_{n−2} is read: its P·V was waited for at the end of the last trip. Released here, first thing, and
+         * not after the wait below (ptxas then serialises the wgmma pipeline: C7513, docs/hopper.md) nor after
+         * the next wait for S (one GEMM group later: with 2 stages the producer then refilled the stage too late
+         * for the other consumer's next turn, and the tensor cores idled; +2..20 % at D = 128, 256). */
+        fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
+        /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
+         * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
+        fc_mbar_wait(FULL_K(sn), un & 1);
+        fc_mbar_wait(FULL_V(sp), up & 1); /* before the fence: no branch inside a wgmma pipeline stage */
+        fc_fence_regs(o);
+        fc_fence_regs(p);
+        my_turn();
+        fc_wgmma_fence();
+        qk(s, sK + sn * KV_BYTES);
+        fc_wgmma_commit();
+        fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
+        fc_wgmma_commit();
+        your_turn(false);
+        fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
+        fc_fence_regs(s);
+        fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
+        /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
+         * O's rescale wait for it. The block boundary keeps ptxas from hoisting the wait above the softmax
+         * (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own before the
+         * wait and copied it after; the branch of the conditional rescale made ptxas serialise that loop (C7513), and
+         * this one measured the same without it. */
+        fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
+        fc_block_boundary(a.head_dim > 0);
+        fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+        fc_fence_regs(o);
+        fc_fence_regs(p);
+        fc_hp_pack<T, BC>(s, p);
+        fc_hp_rescale_if<D>(o, alpha);
       }
 
       /* The last O += P·V (of block n_own − 1). */
@@ -699,51 +620,20 @@ static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int thr
   return fc_tail_from(p, "FLASHC_FWD_TAIL", a->m_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
+/* The one-tile kernel at its tile shape, <D, K/V stages, Bc>: D = 128: 32 + 2·2·32 = 160 KB; D = 256, Bc = 80: 64 +
+ * 2·2·40 = 224 KB of the 227 KB a block may have. */
 template <typename T, int D, int STAGES, int BC = FC_HP_BC>
 static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
-                                  int grid, int variant) {
+                                  int grid) {
   fc_hopper_fwd_args a = *a0;
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
-      variant == FC_HP_SIMPLE    ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_SIMPLE, BC>
-      : variant == FC_HP_OVERLAP ? fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_OVERLAP, BC>
-                                 : fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONG, BC>;
-  /* pingpongq exists at D = 128 only (hopper_forward runs pingpong's kernel for it elsewhere): no instantiation
-   * at the other head dims. */
-  if constexpr (D == 128)
-    if (variant == FC_HP_PINGPONGQ) kernel = fc_hopper_fwd_kernel<T, D, STAGES, FC_HP_PINGPONGQ, BC>;
+      fc_hopper_fwd_kernel<T, D, STAGES, BC>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
   kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a);
   FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
   return FLASHC_OK;
-}
-
-/* pingpong3 (d ≤ 64): the ping-pong kernel with 3 consumer warpgroups, Br = 192 query rows per CTA
- * (FlashAttention-3's tile for head dim 64), 512 threads; 24 + 2·3·16 = 120 KB of shared memory. The caller
- * made q's map with boxes of 192 rows and the grid of cdiv(seqlen_q, 192) query blocks. */
-template <typename T>
-static flashc_status fc_hp_launch_nc3(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
-                                      int grid) {
-  fc_hopper_fwd_args a = *a0;
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
-      fc_hopper_fwd_kernel<T, 64, 3, FC_HP_PINGPONG, FC_HP_BC_NC3, 3>;
-  const size_t smem = fc_hp_smem_bytes(FC_HP_BR_NC3, 64, 3, FC_HP_BC_NC3);
-  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (pingpong3)"));
-  FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS_NC3, smem, &a));
-  kernel<<<grid, FC_HP_THREADS_NC3, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a);
-  FC_LAUNCH_CHECK("fc_hopper_fwd_kernel (pingpong3)");
-  return FLASHC_OK;
-}
-
-/* Tile shapes per head dim: <D, K/V stages>. D = 128: 32 + 2·2·32 = 160 KB; D = 64: 16 + 2·3·16 = 112 KB;
- * D = 256, Bc = 80: 64 + 2·2·40 = 224 KB of the 227 KB a block may have. */
-template <typename T>
-static flashc_status fc_hp_dispatch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
-                                    int grid, int variant) {
-  if (p->head_dim <= 64) return fc_hp_launch<T, 64, 3>(p, maps, a, grid, variant);
-  if (p->head_dim > 128) return fc_hp_launch<T, 256, 2, FC_HP_BC_D256>(p, maps, a, grid, variant);
-  return fc_hp_launch<T, 128, 2>(p, maps, a, grid, variant);
 }
 
 /* ---- the persistent kernel's launch ---- */
@@ -774,48 +664,22 @@ static bool fc_hp_o_tma_ok(const fc_problem *p) {
  * weigh from one key block to all of them. */
 static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 && p->window_right >= 0; }
 
-/* FLASHC_HOPPER_SCHED (comparisons): the order in which the persistent grid's CTAs take the schedule's positions
- * (hopper_sched.cuh): stride; snake; snake1, snake over one group of all (sequence, head) pairs (the L2 groups
- * make the causal weights fall within each group, not over the whole order, which snake needs); or dynamic, each CTA
- * claiming the next position with an atomic counter when it is about to finish a tile (greedy, and the CTAs at work
- * keep neighbouring positions: the L2 groups hold). Unset, what measured fastest on the H100:
- *   192-row tiles (tmastore3, D = 64) and D = 128 with a triangular mask: dynamic (snake1 from seqlen_k 4096 and
- *   8192 until session 12); D = 128 without a mask: dynamic up to seqlen_k 1024, stride above;
- *   stride otherwise.
- * Session 7 (bench/results/configs/hopper-fwd-sched.txt), causal, snake1 vs stride: tmastore3 +6..18 % at 2k–16k
- * (−4 % at 1k); tmastore at D = 128 +1..21 % at 4k–16k (−19..−22 % at 1k–2k, where stride's L2 groups, heads whose
- * K and V fit in L2 together, matter more); tmastore at D = 64 −3..−11 % everywhere (a model of the per-CTA work
- * under stride gives max/mean 1.02–1.04 for its 128-row tiles, 1.12–1.22 for 192-row tiles at 2k–16k). snake alone:
- * best for tmastore3 at 2k–4k, −10..−12 % at 8k–16k (the group boundaries break its pairing). Without a mask every
- * tile weighs the same: snake1 only loses the groups. Session 8 (configs/hopper-fwd-dynsched.txt, bshd tensors,
- * interleaved rounds): dynamic balances like snake1 and keeps the groups: tmastore3 causal 2k +8 % over the
- * 2-consumer tmastore; D = 128 causal 512–4k +5..9 % over pingpong, unmasked 512 +6 %; behind snake1/stride at
- * 8k–16k (its claims cost a round trip per tile). Session 12 (configs/hopper-fwd-s12.txt), in the steady state under
- * the H100's power cap (tools/profile/power.py: 2.5 s of back-to-back calls; the short benchmarks above read the first
- * milliseconds): snake1 does up to 10 % more work per clock than dynamic but spends 3–10 % more energy per FLOP
- * (more traffic beyond L2: it gives up the groups), so the capped clock falls 90–170 MHz and it ends 2–10 % slower
- * (tmastore3 causal 4k–16k; tmastore D = 128 causal 8k–16k), and within the noise in the short benchmark. */
-enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_SNAKE = 1, FC_HP_SCHED_SNAKE1 = 2, FC_HP_SCHED_DYNAMIC = 3 };
-static flashc_status fc_hp_sched_order(const fc_problem *p, int d, int nc, int *order) {
-  static const char *const names[] = {"stride", "snake", "snake1", "dynamic"}; /* FC_HP_SCHED_* order */
-  const bool tri = fc_hp_triangular(p);
-  int fallback = FC_HP_SCHED_STRIDE;
-  if ((nc == 3 || d >= 128) && tri) fallback = FC_HP_SCHED_DYNAMIC;
-  if (d == 128 && !tri && p->seqlen_k <= 1024) fallback = FC_HP_SCHED_DYNAMIC;
-  return fc_env_choice("FLASHC_HOPPER_SCHED", names, (int)(sizeof names / sizeof names[0]), fallback,
-                       "flashc_forward (cuda-hopper)", order);
-}
+/* The orders in which the persistent grid's CTAs take the schedule's positions (hopper_sched.cuh): stride, CTA x the
+ * positions x, x + grid, x + 2·grid, ...; or dynamic, each CTA claiming the next position with an atomic counter when
+ * it is about to finish a tile (greedy, and the CTAs at work keep neighbouring positions: the L2 groups hold).
+ * fc_hp_fwd_plan picks one. */
+enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_DYNAMIC = 1 };
 
-/* FLASHC_HOPPER_SPLIT (unset 1; 0 for comparisons): the persistent forward's last rounds split by key
- * blocks (stream-K, fc_hp_sched_split) where every tile weighs the same: no mask, no varlen. Its memory, per CTA (SM)
- * and consumer warpgroup: each thread's o, m, l (d/2 + 4 floats) in the workspace, and a flag in the handle's zeroed
- * memory (fc_device_zeroed: the merging CTA resets the flag it waited for, so no call clears them first; until
- * session 18's last runs a memset before each launch did, one more node on the stream). Two consumer warpgroups only:
- * tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles fill 20.7
- * rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5). Session 28 built it for tmastore3
- * (21.3 rounds at 2k and 4k): the split won +1.7 % at 2k over the same kernel with the split off, but that kernel,
- * spilling per tile, lost 3 % at 8k to session 27's (bench/results/configs/hopper-split-nc3-s28.txt, A and E). Session
- * 18 (H100, bench/results/configs/hopper-split-s18.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half
+/* The split last rounds: the persistent forward's last rounds split by key blocks (stream-K, fc_hp_sched_split) where
+ * every tile weighs the same: no mask, no varlen, the stride order. Its memory, per CTA (SM) and consumer warpgroup:
+ * each thread's o, m, l (d/2 + 4 floats) in the workspace, and a flag in the handle's zeroed memory
+ * (fc_device_zeroed: the merging CTA resets the flag it waited for, so no call clears them first; a memset before
+ * each launch, one more node on the stream, cost what the split won in the steady state). Two consumer warpgroups
+ * only: tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles
+ * fill 20.7 rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5); built for tmastore3, the
+ * split won +1.7 % at 2k over the same kernel with the split off, but that kernel, spilling per tile, lost 3 % at 8k to
+ * the 2-consumer one (bench/results/configs/hopper-fwd-split-nc3-2026-11-25.txt, A and E). H100
+ * (bench/results/configs/hopper-split-2026-11-23.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half
  * round is real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state;
  * without it 0.2-3.1 % in the short form (two rounds at 2k, 4k, 8k and 2176 tiles, 7 of 8 pairs ahead), -0.4..+0.9 %
  * steady. The waits: CTA x waits for x + 1 only, at its very end; the hardware starts CTAs in index order, so the
@@ -825,31 +689,74 @@ typedef struct fc_hp_split_mem {
   float *part;
   int32_t *flags;
 } fc_hp_split_mem;
-static bool fc_hp_split_wanted(const fc_problem *p) {
-  return p->window_left < 0 && p->window_right < 0 && !p->cu_seqlens_q && !p->cu_seqlens_k;
-}
 static size_t fc_hp_split_part_bytes(int sms, int d) { return (size_t)sms * 2 * 128 * (d / 2 + 4) * sizeof(float); }
 
-/* FLASHC_HOPPER_SPLIT: 0 = whole tiles only, 1 = the split rounds wherever they can run; unset = 1 except at D = 256
- * below 4096 keys, where the fix-up (each consumer's 64 × 256 fp32 partial through global memory, written and read
- * back once per CTA) costs more than the partial round it saves. Session 32
- * (configs/hopper-fwd-d256-persistent-s32.txt, H200, bf16, B·S = 16k, 8 heads): split against whole tiles −7 % at 512
- * keys, −3.6 % at 1k, −0.5 % at 2k, +0.7 % at 4k, +1.3 % at 8k. At D ≤ 128 it measured faster at every seqlen it runs
- * at (sessions 18 and 27). */
-enum { FC_HP_SPLIT_OFF, FC_HP_SPLIT_ON, FC_HP_SPLIT_AUTO };
-static flashc_status fc_hp_split_choice(const fc_problem *p, int d_tile, int *on) {
-  static const char *const names[] = {"0", "1"};
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_SPLIT", names, 2, FC_HP_SPLIT_AUTO, "flashc_forward (cuda-hopper)", on));
-  if (*on == FC_HP_SPLIT_AUTO) *on = d_tile <= 128 || p->seqlen_k >= 4096;
-  return FLASHC_OK;
+/* The forward's plan for one call: the kernel, its tile, the persistent kernel's order and split. What it picks
+ * measured fastest on the H100 (and the H200 at D = 256); each losing alternative is named beside the choice with
+ * what it measured against it, and docs/experiments.md keeps the alternatives that were deleted. */
+typedef struct fc_hp_fwd_plan {
+  bool persistent; /* hopper_persistent.cuh's kernel; false: the one-tile ping-pong kernel (fc_hopper_fwd_kernel) */
+  int d;           /* D: 64, 128 or 256 (fc_hp_d_tile) */
+  int nc;          /* consumer warpgroups, Br = 64·nc query rows per tile */
+  int bc;          /* keys per block */
+  bool tma_store;  /* the persistent kernel stores O by TMA (else directly from shared memory or registers) */
+  int order;       /* FC_HP_SCHED_* (the persistent kernel) */
+  bool split;      /* the split last rounds (fc_hp_split_mem) */
+} fc_hp_fwd_plan;
+
+static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
+  const bool tri = fc_hp_triangular(p), unmasked = p->window_left < 0 && p->window_right < 0;
+  const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+  fc_hp_fwd_plan pl;
+  pl.d = fc_hp_d_tile(p->head_dim);
+  if (pl.d == 64)
+    /* tmastore3 (persistent, 3 consumers, Br = 192), any mask: unmasked +2..17 % over 2 consumers (tmastore) and even
+     * with the one-tile kernel with 3 consumers (pingpong3) at 4k–16k (configs/hopper-fwd-tmastore3.txt); causal
+     * +1..11 % over pingpong3 at 4k–16k (configs/hopper-fwd-sched.txt) and, with the mask shortcuts, +9..17 % over
+     * tmastore at 512–16k (configs/hopper-fwd-mask-shortcuts-2026-11-23.txt, steady state, bf16). */
+    pl.persistent = true;
+  else if (pl.d == 128)
+    /* tmastore (persistent, 2 consumers) except causal-like from seqlen_k 8192, where the one-tile ping-pong kernel
+     * (pingpong) wins. Unmasked, tmastore over pingpong: +1..6 % up to 1k (configs/hopper-fwd-dynsched.txt), +1..3 %
+     * steady at 2k–4k once the L2 groups were dropped for unmasked attention (configs/hopper-fwd-l2-groups-2026-11-23
+     * .txt), +1.4 % at 8k and +0.9 % at 16k with the split rounds (configs/hopper-fwd-d128-tmastore-2026-11-24.txt);
+     * causal below 8k +5..9 % at 512–4k with the dynamic order (configs/hopper-fwd-dynsched.txt). */
+    pl.persistent = !tri || p->seqlen_k < 8192;
+  else
+    /* D = 256: persistent (one Q slot, no sO: O stored from registers) without a mask, +6 % over pingpong at 1k (whole
+     * tiles), +2 % at 2k–8k; with a causal mask it stayed 2 % under pingpong (dynamic order; stride lost 30 % to
+     * imbalance) (configs/hopper-fwd-d256-persistent-2026-11-29.txt, H200, bf16). */
+    pl.persistent = unmasked;
+  pl.nc = pl.d == 64 ? 3 : 2;
+  pl.bc = pl.d == 256 ? FC_HP_BC_D256 : FC_HP_BC; /* Bc = 80 at D = 256: O 128 + S 40 + 2 P 20 registers */
+  /* The TMA store where o allows it (fc_hp_o_tma_ok; the direct stores take any o, varlen's among them), at D ≤ 128:
+   * D = 256 has no sO to store from. Direct stores from sO: +0.4..−5 % (configs/hopper-fwd-variants.txt). */
+  pl.tma_store = pl.persistent && pl.d <= 128 && fc_hp_o_tma_ok(p);
+  /* Dynamic where the tiles' weights differ (a triangular mask) and at D = 128 up to seqlen_k 1024 unmasked, stride
+   * elsewhere. Causal, snake1 (a snake over one L2 group of all pairs) vs stride: tmastore3 +6..18 % at 2k–16k,
+   * D = 128 +1..21 % at 4k–16k, −19..−22 % at 1k–2k (configs/hopper-fwd-sched.txt); dynamic balances like snake1 and
+   * keeps the L2 groups: tmastore3 causal 2k +8 %, D = 128 causal 512–4k +5..9 %, unmasked 512 +6 %
+   * (configs/hopper-fwd-dynsched.txt); in the steady state under the power cap snake1 ends 2–10 % behind dynamic (3–10
+   * % more energy per FLOP: it gives up the L2 groups; configs/hopper-fwd-l2-groups-2026-11-23.txt). */
+  pl.order = FC_HP_SCHED_STRIDE;
+  if (pl.persistent && (((pl.nc == 3 || pl.d >= 128) && tri) || (pl.d == 128 && !tri && p->seqlen_k <= 1024)))
+    pl.order = FC_HP_SCHED_DYNAMIC;
+  /* The split last rounds where every tile weighs the same (no mask, no varlen, the stride order) and two consumers
+   * run, except at D = 256 below 4096 keys, where the fix-up (each consumer's 64 × 256 fp32 partial through global
+   * memory) costs more than the partial round it saves: against whole tiles −7 % at 512 keys, −3.6 % at 1k, −0.5 % at
+   * 2k, +0.7 % at 4k, +1.3 % at 8k (configs/hopper-fwd-d256-persistent-2026-11-29.txt). At D ≤ 128 it measured faster
+   * at every seqlen it runs at (configs/hopper-split-2026-11-23.txt, hopper-fwd-d128-tmastore-2026-11-24.txt). */
+  pl.split = pl.persistent && pl.nc == 2 && pl.order == FC_HP_SCHED_STRIDE && unmasked && !varlen &&
+             (pl.d <= 128 || p->seqlen_k >= 4096);
+  return pl;
 }
 
-/* order: FC_HP_SCHED_*; claim: the dynamic order's counter in the workspace (NULL for the others); split: the split
- * rounds' memory (NULL: whole tiles only). */
+/* claim: the dynamic order's counter in the workspace (NULL: the stride order); split: the split rounds' memory
+ * (NULL: whole tiles only). */
 template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store,
-                                             int order, int32_t *claim, const fc_hp_split_mem *split) {
+                                             int32_t *claim, const fc_hp_split_mem *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
                  const fc_hp_sched) = fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC>;
   if constexpr (D <= 128) /* D = 256 has no sO to store from */
@@ -862,10 +769,8 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
    * when there are fewer tiles. */
   const int grid = sc->tiles < props.num_sms ? sc->tiles : props.num_sms;
   if (grid <= 0) return FLASHC_OK;
-  fc_hp_sched walk = *sc;
-  if (order == FC_HP_SCHED_SNAKE1) walk.group_bh = walk.bh_total;
-  walk = fc_hp_sched_for_grid(walk, grid, order == FC_HP_SCHED_SNAKE || order == FC_HP_SCHED_SNAKE1);
-  if (order == FC_HP_SCHED_DYNAMIC) {
+  fc_hp_sched walk = fc_hp_sched_for_grid(*sc, grid, 0);
+  if (claim) {
     /* Zeroed on the call's stream before every launch, rather than reset by the grid's last CTA: a launch that
      * failed or was cut short cannot leave a count that would make the next call skip tiles, and no CTA needs a
      * second atomic to find out that it is the last. */
@@ -882,90 +787,22 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
 }
 
 /* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. nc = 3
- * (tmastore3, D = 64): the caller made q's map with boxes of 192 rows and a->m_blocks from Br = 192; o's map keeps
- * boxes of 64 rows (each consumer warpgroup stores its own 64 rows). */
+ * (D = 64): the caller made q's map with boxes of 192 rows and a->m_blocks from Br = 192; o's map keeps boxes of 64
+ * rows (each consumer warpgroup stores its own 64 rows). */
 template <typename T>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      int variant, int nc, int order, int32_t *claim, const fc_hp_split_mem *split) {
-  const int D = fc_hp_d_tile(p->head_dim);
-  const bool tma_store = (variant == FC_HP_TMASTORE || variant == FC_HP_TMASTORE3) && D <= 128 && fc_hp_o_tma_ok(p);
+                                      const fc_hp_fwd_plan *pl, int32_t *claim, const fc_hp_split_mem *split) {
+  const int D = pl->d;
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
-  if (tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
+  if (pl->tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
   const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
   /* L2 groups of heads with a causal mask only (hopper_sched.cuh, FC_HP_L2_GROUP_BYTES) */
   const int64_t group_bytes = fc_hp_triangular(p) ? FC_HP_L2_GROUP_BYTES : 0;
   const fc_hp_sched sc =
       fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
-  if (D == 64 && nc == 3) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, tma_store, order, claim, split);
-  if (D == 64) return fc_hp_launch_persistent<T, 64, 3>(p, maps, a, &sc, tma_store, order, claim, split);
-  if (D == 256)
-    return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256>(p, maps, a, &sc, false, order, claim, split);
-  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, tma_store, order, claim, split);
-}
-
-/* FLASHC_HOPPER_VARIANT (comparisons): simple, overlap, pingpong, persistent, tmastore, pingpong3, tmastore3 or
- * pingpongq (an unknown name is an error). Unset: what measured fastest on the H100 in session 7 (bench/results/
- * configs/hopper-fwd-pingpong3.txt, hopper-fwd-tmastore3.txt, hopper-fwd-sched.txt) and session 8
- * (hopper-fwd-dynsched.txt):
- *   d ≤ 64:  tmastore3 (three consumer warpgroups, persistent); unmasked tmastore3 was +2..17 % over tmastore and
- *            even with pingpong3 at 4k–16k, with the snake1 schedule +1..11 % over pingpong3 causal at 4k–16k, and
- *            with the dynamic one +8 % over tmastore causal at 2k. With a triangular (causal) mask below seqlen 2048
- *            tmastore's 128-row tiles ran 5..7 % faster until session 13, when each warpgroup stopped at its own
- *            last key block and the query blocks were aligned to the sequence's end (fc_hp_own_blocks,
- *            fc_hp_tile_setup): tmastore3 then ran +9..17 % over tmastore at 512–16k (steady state, bf16).
- *   d ≤ 128: pingpong, except the persistent kernel (tmastore) with the dynamic schedule where it measured faster
- *            through bshd tensors: a triangular mask below seqlen_k 8192 (+5..9 % at 512–4k), no mask at every
- *            seqlen (+1..6 % up to 1k; 2k–4k since session 12, below; 8k–16k since session 27, below).
- *            Unmasked from 2k the persistent kernel lost 4..9 % until session 12, when its L2 groups turned out to
- *            read K and V 2.5× from DRAM.
- *   d > 128: tmastore without a mask or window (the persistent D = 256 kernel: one Q slot and no sO, O stored from
- *            registers, so tmastore stores directly), else pingpong. Session 32 (configs/hopper-fwd-d256-persistent-
- *            s32.txt, H200, bf16, short form): +6 % over pingpong at 1k (whole tiles), +2 % at 2k–8k; causal it
- *            stayed 2 % under pingpong (session 31, dynamic order; the stride order lost 30 % to imbalance).
- * The 3-consumer names run the 2-consumer kernels at d > 64;
- * pingpongq (Q in registers, opt-in) runs pingpong's kernel at d ≤ 64 and d > 128. Session 12 (configs/hopper-fwd-
- * s12.txt): with the persistent schedule's L2 groups dropped for unmasked attention (hopper_sched.cuh), tmastore reads
- * what pingpong reads from DRAM and runs +1..3 % over it in the steady state under the power cap at 2k–4k, +5..10 %
- * at 2k in the short benchmark; so unmasked D = 128 took tmastore up to seqlen_k 4096. Session 27 (configs/
- * hopper-fwd-s27.txt, steady state, bf16): with the split last rounds (session 18) tmastore runs +1.4 % over pingpong
- * at 8k and +0.9 % at 16k (+5.6 % at 2k, +3.4 % at 4k), so unmasked D = 128 takes it at every seqlen. */
-static flashc_status fc_hp_variant(const fc_problem *p, int *variant) {
-  static const char *const names[] = {"simple",   "overlap",   "pingpong",  "persistent",
-                                      "tmastore", "pingpong3", "tmastore3", "pingpongq"}; /* FC_HP_* order */
-  const bool tri = fc_hp_triangular(p);
-  int fallback = FC_HP_PINGPONG;
-  if (p->head_dim <= 64)
-    fallback = FC_HP_TMASTORE3;
-  else if (p->head_dim <= 128 && (!tri || p->seqlen_k < 8192))
-    fallback = FC_HP_TMASTORE;
-  else if (p->head_dim > 128 && p->window_left < 0 && p->window_right < 0)
-    fallback = FC_HP_TMASTORE; /* D = 256 unmasked: the persistent kernel with direct stores (session 32) */
-  return fc_env_choice("FLASHC_HOPPER_VARIANT", names, (int)(sizeof names / sizeof names[0]), fallback,
-                       "flashc_forward (cuda-hopper)", variant);
-}
-
-/* A forward switch read at every call (for comparisons): `var` = 0 or 1, unset 1. */
-static flashc_status fc_hp_switch(const char *var, int *on) {
-  static const char *const names[] = {"0", "1"};
-  return fc_env_choice(var, names, 2, 1, "flashc_forward (cuda-hopper)", on);
-}
-
-/* The forward's two mask shortcuts, each on unless its variable is 0; both give the same results bit for bit.
- * FLASHC_HOPPER_OWN_BLOCKS: each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks); 0,
- * every warpgroup runs the tile's blocks (through session 12). FLASHC_HOPPER_ALIGN_END: with a causal-like mask the
- * persistent kernel's query blocks end at each sequence's last row, so that a partial block is the first
- * (fc_hp_tile_setup); 0, they start at row 0 (through session 12); without such a mask every block weighs the same:
- * off. */
-static flashc_status fc_hp_shortcuts_get(const fc_problem *p, fc_hopper_fwd_args *a) {
-  FC_CHECK(fc_hp_switch("FLASHC_HOPPER_OWN_BLOCKS", &a->own_blocks));
-  FC_CHECK(fc_hp_switch("FLASHC_HOPPER_ALIGN_END", &a->align_end));
-  a->align_end = a->align_end && fc_hp_triangular(p);
-  /* FLASHC_HOPPER_Q_SLOTS=1: the persistent kernel loads each tile's Q into one buffer, after the last tile's last S
-   * (through session 13); unset or 2: two buffers, the next tile's Q during this one's last blocks (session 14: no
-   * measurable change on its own, kept so that the tile boundary never waits for Q). */
-  static const char *const slots[] = {"0", "1", "2"};
-  FC_CHECK(fc_env_choice("FLASHC_HOPPER_Q_SLOTS", slots, 3, 2, "flashc_forward (cuda-hopper)", &a->q_slots));
-  return FLASHC_OK;
+  if (D == 64) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, pl->tma_store, claim, split);
+  if (D == 256) return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256>(p, maps, a, &sc, false, claim, split);
+  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, pl->tma_store, claim, split);
 }
 
 static bool hopper_usable(char *why, size_t len) {
@@ -987,8 +824,8 @@ static bool hopper_usable(char *why, size_t len) {
   }
   /* Whether the device code loaded for this device is sm_90a's: asked once per device. The copy from the symbol is
    * synchronous (it waits for all the device's queued work), and `usable` runs at every call (auto asks cuda-hopper
-   * first): until session 21 every call paid that wait, ~20 µs of an idle GPU before the kernel's launch and no
-   * host run-ahead (bench/results/configs/hopper-usable-sync-s21.txt). */
+   * first): asked at every call, it cost ~20 µs of an idle GPU before the kernel's launch and no host run-ahead
+   * (bench/results/configs/hopper-usable-sync-2026-11-24.txt). */
   enum { MAX_DEVICES = 64 };
   static int built_on[MAX_DEVICES]; /* 0 unknown, 1 sm_90a code, −1 none */
   const int dev = props.device;
@@ -1007,13 +844,10 @@ static bool hopper_usable(char *why, size_t len) {
 }
 
 static flashc_status hopper_supports(const fc_problem *p) {
-  /* The backward (hopper_bwd.cu) has D = 64, 128 and 256 (FLASHC_HOPPER_BWD_D256=0: up to 128); auto takes
-   * cuda-mma's for what it refuses (deterministic mode past 128). */
-  int max_head_dim = 256;
-  if (p->is_backward) {
-    FC_CHECK(fc_hopper_bwd_supports(p));
-    if (p->head_dim > 128) FC_CHECK(fc_hopper_bwd_head_dim_max(&max_head_dim));
-  }
+  /* Both directions run head dims up to 256 (the backward's D = 64, 128, 256 kernels); auto takes cuda-mma's
+   * backward for what fc_hopper_bwd_supports refuses (deterministic mode past 128). */
+  const int max_head_dim = 256;
+  if (p->is_backward) FC_CHECK(fc_hopper_bwd_supports(p));
   if (p->head_dim > max_head_dim)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds %d on backend cuda-hopper%s", (long long)p->head_dim,
                     max_head_dim, p->is_backward ? " (backward)" : "");
@@ -1042,42 +876,27 @@ static flashc_status hopper_supports(const fc_problem *p) {
 }
 
 static flashc_status hopper_forward(const fc_problem *p) {
-  int variant = 0;
-  FC_CHECK(fc_hp_variant(p, &variant));
-  /* 3 consumer warpgroups, Br = 192 (pingpong3, tmastore3 at d ≤ 64); above, pingpong's and tmastore's kernels */
-  const bool three = (variant == FC_HP_PINGPONG3 || variant == FC_HP_TMASTORE3) && p->head_dim <= 64;
-  if (variant == FC_HP_PINGPONG3 && !three) variant = FC_HP_PINGPONG;
-  if (variant == FC_HP_TMASTORE3 && !three) variant = FC_HP_TMASTORE;
-  /* Q in registers (pingpongq) at d in 65..128 only (D = 128); pingpong's kernel elsewhere */
-  if (variant == FC_HP_PINGPONGQ && (p->head_dim <= 64 || p->head_dim > 128)) variant = FC_HP_PINGPONG;
-  const int br = three ? FC_HP_BR_NC3 : FC_HP_BR;
+  const fc_hp_fwd_plan pl = fc_hp_fwd_plan_of(p);
+  const int br = 64 * pl.nc;
   const int m_blocks = (int)fc_cdiv(p->seqlen_q, br);
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
   CUtensorMap maps[3];
-  const int bc = p->head_dim > 128 ? FC_HP_BC_D256 : three ? FC_HP_BC_NC3 : FC_HP_BC; /* the K/V box: one key block */
-  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));    /* the Q box: one query block */
-  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", bc, "flashc_forward", &maps[1]));
-  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", bc, "flashc_forward", &maps[2]));
-  /* The persistent kernel (at D = 256 without sO: one Q slot, O stored from registers) and its order, known before
-   * the workspace: the dynamic order's claim counter lives there, after the varlen offsets. */
-  const bool persistent = three ? variant == FC_HP_TMASTORE3 : variant == FC_HP_PERSISTENT || variant == FC_HP_TMASTORE;
-  const int d_tile = fc_hp_d_tile(p->head_dim); /* D */
-  int order = FC_HP_SCHED_STRIDE;
-  if (persistent) FC_CHECK(fc_hp_sched_order(p, d_tile, three ? 3 : 2, &order));
+  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));     /* the Q box: one query block */
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", pl.bc, "flashc_forward", &maps[1])); /* K, V: one key block */
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", pl.bc, "flashc_forward", &maps[2]));
+  /* The dynamic order's claim counter lives in the workspace, after the varlen offsets, then the split's partials. */
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),
-               claim_bytes = order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
-  int split_on = 0;
+               claim_bytes = pl.order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
   size_t split_bytes = 0;
   fc_device_props props;
-  if (persistent && !three && fc_hp_split_wanted(p)) {
-    FC_CHECK(fc_hp_split_choice(p, d_tile, &split_on));
+  if (pl.split) {
     FC_CHECK(fc_device_get_props(&props));
-    if (split_on) split_bytes = fc_hp_split_part_bytes(props.num_sms, d_tile);
+    split_bytes = fc_hp_split_part_bytes(props.num_sms, pl.d);
   }
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));
-  int32_t *claim = order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
+  int32_t *claim = pl.order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
   fc_hp_split_mem split_mem = {NULL, NULL}, *split = NULL;
   if (split_bytes) {
     void *flags = NULL;
@@ -1106,18 +925,24 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.o_aligned = fc_mma_view_aligned(&p->o);
-  FC_CHECK(fc_hp_shortcuts_get(p, &a));
-  if (persistent) {
-    if (p->dtype == FLASHC_F16)
-      return fc_hp_persistent<__half>(p, maps, &a, variant, three ? 3 : 2, order, claim, split);
-    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, variant, three ? 3 : 2, order, claim, split);
+  /* The mask shortcuts, the same bits as without them. Each consumer warpgroup stops at its own last visible key block
+   * (fc_hp_own_blocks); with a causal-like mask the persistent kernel's query blocks end at the sequence's last row
+   * (fc_hp_tile_setup; without one every block weighs the same). Both off: tmastore3 −9..−17 % causal at 512–16k
+   * (configs/hopper-fwd-mask-shortcuts-2026-11-23.txt). Two Q slots: the persistent kernel loads the next tile's Q
+   * during this one's last blocks; one slot, after the last S: no measurable change, kept so that the tile boundary
+   * never waits for Q (configs/hopper-fwd-tile-boundary-2026-11-23.txt). */
+  a.own_blocks = 1;
+  a.align_end = fc_hp_triangular(p);
+  a.q_slots = 2;
+  if (pl.persistent) {
+    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, &pl, claim, split);
+    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, &pl, claim, split);
   }
-  if (three) {
-    if (p->dtype == FLASHC_F16) return fc_hp_launch_nc3<__half>(p, maps, &a, grid);
-    return fc_hp_launch_nc3<__nv_bfloat16>(p, maps, &a, grid);
-  }
-  if (p->dtype == FLASHC_F16) return fc_hp_dispatch<__half>(p, maps, &a, grid, variant);
-  return fc_hp_dispatch<__nv_bfloat16>(p, maps, &a, grid, variant);
+  if (p->dtype == FLASHC_F16)
+    return pl.d == 256 ? fc_hp_launch<__half, 256, 2, FC_HP_BC_D256>(p, maps, &a, grid)
+                       : fc_hp_launch<__half, 128, 2>(p, maps, &a, grid);
+  return pl.d == 256 ? fc_hp_launch<__nv_bfloat16, 256, 2, FC_HP_BC_D256>(p, maps, &a, grid)
+                     : fc_hp_launch<__nv_bfloat16, 128, 2>(p, maps, &a, grid);
 }
 
 #if FC_HP_TRACE
@@ -1131,7 +956,7 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     FLASHC_DEVICE_CUDA,
     (1u << FLASHC_F16) | (1u << FLASHC_BF16),
     1,
-    256, /* the backward too (up to 128 with FLASHC_HOPPER_BWD_D256=0: hopper_supports) */
+    256, /* the backward too */
     hopper_usable,
     hopper_supports,
     hopper_forward,

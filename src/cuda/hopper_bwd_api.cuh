@@ -9,10 +9,6 @@
  * message naming the value, what it cannot address. */
 flashc_status fc_hopper_bwd_supports(const fc_problem *p);
 
-/* The largest head dim the backward runs: 256, or 128 when FLASHC_HOPPER_BWD_D256=0 (read at every call). Fails only
- * on an unknown value of that variable. */
-flashc_status fc_hopper_bwd_head_dim_max(int *max);
-
 /* dq, dk, dv of a problem that fc_hopper_bwd_supports accepted. */
 flashc_status fc_hopper_backward(const fc_problem *p);
 

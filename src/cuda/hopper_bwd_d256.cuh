@@ -1,8 +1,7 @@
-/* hopper_bwd_d256.cuh — cuda-hopper's dK/dV kernel at head dim 256 (d in 129 .. 256; verified on the H100 in session
- * 10, tools/hopper/BWD-NOTES.md, "D = 256 backward": FLASHC_HOPPER_BWD_D256 = 4, EDV, at the end of this comment,
- * the default since session 27, on WHOLE (= 3, before it); = 1 the order described first). Included by
- * hopper_bwd.cu only, after its device helpers (fc_hpb_*), whose Pᵀ/dSᵀ passes, dQ wgmma chain, bulk dQ tile add,
- * dK/dV tile store, blocked dQ sum and row passes it shares.
+/* hopper_bwd_d256.cuh — cuda-hopper's dK/dV kernel at head dim 256 (d in 129 .. 256; docs/hopper.md,
+ * "The D = 256 kernel (WHOLE + EDV)"; verified on the H100: commit 4f55121). Included by hopper_bwd.cu only, after its
+ * device helpers (fc_hpb_*), whose Pᵀ pass, dQ wgmma chain, bulk dQ tile add, dK/dV tile store, blocked dQ sum and row
+ * passes it shares.
  *
  * Why not fc_hopper_bwd_kernel at D = 256: with Bc = 128 keys and each consumer warpgroup owning 64 keys × all D
  * columns, dK and dV alone are 2 × 64 × 256 fp32 per warpgroup = 256 registers per thread; and sK + sV (128 KB) + one
@@ -10,13 +9,13 @@
  * Bc = 80, dK/dV "swapAB" so that each warpgroup's accumulators hold a slice of the head dim; our shapes differ):
  *
  * One CTA per key block K_j, V_j of Bc = 64 keys (one kv head of one sequence); query blocks of Br = 64 rows; 384
- * threads: warpgroup 0 the producer (one thread issues every copy), warpgroups 1, 2 the consumers c = 0, 1. The
- * consumers split every product so that no fp32 tile is held twice:
- *   Sᵀ_c  = K_j·Q_i[32c .. 32c + 31]ᵀ          64 keys × 32 queries, wgmma m64n32k16 SS, K-major both, 16 k-steps
- *   dPᵀ_c = V_j·dO_i[32c .. 32c + 31]ᵀ         the same; Sᵀ and dPᵀ are split by queries (M = 64 keys is the whole
- *                                              block: wgmma's M is always 64)
- *   Pᵀ_c  = 2^(c·Sᵀ_c − lse2), dSᵀ_c = Pᵀ_c∘(dPᵀ_c − D)      registers (fc_hpb_p_pass, fc_hpb_ds_from_dp at Br = 32)
- *   → sP, sdS (16 bits; each warpgroup its 32 queries of every key row), so that both warpgroups see all of Pᵀ, dSᵀ
+ * threads: warpgroup 0 the producer (one thread issues every copy), warpgroups 1, 2 the consumers c = 0, 1. Each
+ * consumer computes one whole product of the block's first two, the descriptors chosen by c so that both run the same
+ * wgmma code, and the later products are split by head-dim columns, so that no fp32 tile is held twice:
+ *   c = 0:  Sᵀ  = K_j·Q_iᵀ   64 keys × 64 queries, m64n64k16 SS, K-major both, 16 k-steps; Pᵀ = 2^(c·Sᵀ − lse2_i)
+ *           (fc_hpb_p_pass at Br = 64, masked only where the 64 × 64 block is cut) → sP [it % 2]
+ *   c = 1:  dPᵀ = V_j·dO_iᵀ  the same shape; after named barrier P, Pᵀ read back from sP (16 bits, the values dV
+ *           uses), dSᵀ = Pᵀ∘(dPᵀ − D_i) → sdS [it % 2]
  *   dV_j[:, 128c ..] += Pᵀ·dO_i[:, 128c ..]    64 keys × 128 columns, m64n128k16 SS: A = sP K-major (a row per key,
  *   dK_j[:, 128c ..] += dSᵀ·Q_i[:, 128c ..]    the queries contiguous), B = dO_i / Q_i MN-major (imm-trans-b = 1,
  *                                              fc_wgmma_ss_tb), 4 k-steps of 16 queries
@@ -25,17 +24,19 @@
  *                                              each 64 × 64 fp32 product into the warpgroup's sdQ tile and one bulk
  *                                              reduce-add (fc_hpb_dq_tile_add) into the blocked fp32 sum (w = 64)
  * wgmma's operand rules decide the shapes: A from registers must be K-major, so Pᵀ/dSᵀ as A of dV/dK would have to be
- * in registers with the keys as rows, i.e. a warpgroup would need all Br queries of its keys, the Sᵀ it does not
- * compute; from shared memory A may be K- or MN-major and B either (16-bit types). sdS is read K-major as dSᵀ (A of
- * dK: M = keys) and MN-major as dS (A of dQ: M = queries), the same bytes (the 128-byte swizzle of a row per key).
- * Tensor work per block and CTA: 5 products of 64·64·256 multiply-adds, none duplicated. Sᵀ, dPᵀ at N = 32 read 3 KB
- * of shared memory per 16 tensor cycles (above the ~128 bytes per cycle it serves): those two run below the tensor
- * pipe's peak, as FlashAttention-3's N = 40 ones do.
+ * in registers with the keys as rows, i.e. a warpgroup would need all Br queries of its keys; from shared memory A may
+ * be K- or MN-major and B either (16-bit types). sdS is read K-major as dSᵀ (A of dK: M = keys) and MN-major as dS (A
+ * of dQ: M = queries), the same bytes (the 128-byte swizzle of a row per key). Tensor work per block and CTA: 5
+ * products of 64·64·256 multiply-adds, none duplicated. Sᵀ and dPᵀ whole at N = 64 read A 2 KB + B 2 KB of shared
+ * memory per 32 tensor cycles, the ~128 bytes per cycle it serves (split by queries at N = 32 they read 192 and ran
+ * tensor 38–43 % busy, shared memory 68–79 %, Nsight Compute). The work is uneven: warpgroup 0 does the exponentials,
+ * warpgroup 1 the cheaper dSᵀ but only after Pᵀ.
  *
  * Registers per consumer thread (setmaxnreg 240; producer 24: 128·24 + 256·240 = 64512 ≤ 65536): dK, dV 64 + 64
- * (64 × 128 fp32 each over 128 threads), Sᵀ, dPᵀ 16 + 16 (packed to 16 bits only on their way to shared memory), the
- * two dQ halves 32 + 32 (alive while Sᵀ, dPᵀ are dead; NEXT issues the next Sᵀ, 16, once dQ_0 is stored): at most
- * 192 accumulators + addresses. ptxas (nvcc 13.0, sm_90a): 0 spills, highest consumer register R221 (NEXT) / R222.
+ * (64 × 128 fp32 each over 128 threads), one 32-register tile (Sᵀ/Pᵀ or dPᵀ/dSᵀ), the two dQ halves 32 + 32; the peak
+ * is dK, dV, dQ_1 and the next block's tile in flight: 64 + 64 + 32 + 32 = 192 accumulators + addresses. ptxas (nvcc
+ * 13.0, sm_90a): 0 spills, no C75xx advisory, 48 HGMMA (16 + 16 × 64x64x16 for the product before the loop and in
+ * it, 16 for dV, dQ, dK).
  *
  * Shared memory (1024-byte aligned tiles, 64-column halves of 128-byte rows, 128-byte swizzle):
  *   sK, sV   [4][64][64]        32 KB each   K_j, V_j (A of Sᵀ, dPᵀ K-major; K_j also B of dQ, MN-major)
@@ -48,33 +49,43 @@
  *   7 mbarriers, + 1 KB alignment slack: 231224 bytes (the H100 allows 232448). A second dO stage (+32 KB) does not
  *   fit; Q gets two because it lives longest (Sᵀ at the start of a block, dK at its end), dO's stage is released in the
  *   middle (after dV), so the next dO streams in while dQ and dK run (FlashAttention-3's choice at this head dim).
- *   sP, sdS are double-buffered (16 KB) so that one 256-thread barrier per block suffices (hopper_bwd_v2.cuh's
- *   argument, below); without that, 214840 bytes and a second barrier before the writes. One dQ tile per warpgroup
- *   (not two, not one 64 × 128): two would need 32 KB more. The epilogue stages dK, dV (2 warpgroups × 2 × 64 × 128 ×
- *   2 bytes = 64 KB) in the Q ring.
+ *   sP, sdS are double-buffered (16 KB) so that one 256-thread barrier per block suffices; without that, 214840 bytes
+ *   and a second barrier before the writes. One dQ tile per warpgroup (not two, not one 64 × 128): two would need
+ *   32 KB more. The epilogue stages dK, dV (2 warpgroups × 2 × 64 × 128 × 2 bytes = 64 KB) in the Q ring.
  *
- * Per block it (query head hh, query block q0) and consumer warpgroup c (groups pending after each wait on the right;
- * NEXT = FLASHC_HOPPER_BWD_D256 = 1, the plain order = 2):
- *   plain: wait q_full[it % 2], do_full; Sᵀ_c, dPᵀ_c issued (two groups); wait 1 → Sᵀ          [dPᵀ]
- *   NEXT:  wait 0 → Sᵀ_c (issued by the last trip or before the loop); wait do_full; dPᵀ_c     [dPᵀ]
- *   Pᵀ (masked only where the block is cut) beside dPᵀ
- *   wait 0 → dPᵀ; dSᵀ                                                                          []
- *   Pᵀ_c, dSᵀ_c → sP, sdS [it % 2] (16 bits); fence.proxy.async
+ * Per block it (query head hh, query block q0) and consumer warpgroup c (groups pending after each wait on the right):
+ *   wait 0 → X_c (Sᵀ or dPᵀ, issued by the last trip or before the loop)                           []
+ *   c = 0: Pᵀ → sP; fence.proxy.async; bar.arrive P (256); 128-thread barrier of its own (all its threads' stores
+ *          precede its wgmma); wait do_full (dO_i, for dV)
+ *   c = 1: bar.sync P (256)
+ *   dV issued                                                                                       [dV]
+ *   c = 1: dSᵀ from sP and dPᵀ → sdS, beside its dV
+ *   wait 0 → dV; release dO_i, D_i (do_empty); c = 1: wait q_full[it % 2] (Q_i, for dK); fence.proxy.async
  *   thread 0 of c: wait for the read of c's last bulk dQ add (sdQ is rewritten after the barrier)
  *   B: 256-thread barrier (all of Pᵀ, dSᵀ in shared memory)
- *   dV, dQ_0, dQ_1, dK issued (four groups)
- *   wait 2 → dV, dQ_0; release dO_i, D_i (do_empty); dQ_0 → sdQ, bulk add                     [dQ_1, dK]
- *   NEXT:  wait q_full of block it + 1 (the last block: its own, long complete); its Sᵀ_c issued [dQ_1, dK, Sᵀ]
- *   wait → dQ_1; thread 0: wait for dQ_0's bulk read; warpgroup barrier; dQ_1 → sdQ, bulk add  [dK (, Sᵀ)]
- *   wait → dK; release Q_i, lse2_i (q_empty[it % 2])                                           [(Sᵀ)]
- * After the loop (NEXT: wait 0 for the discarded Sᵀ): wait for the bulk adds; 256-thread barrier; scale·dK, dV → the
- * Q ring → global (16-byte chunks).
- * Buffer it % 2 of sP, sdS is free when block it writes it: its last readers, block it − 2's dV, dQ, dK wgmmas of
- * both warpgroups, retired before their warpgroup arrived at barrier B of block it − 1, which the writer has passed.
- * The same barrier orders the sdQ tile (its bulk reader waited for before the issuing thread arrives there, the tile
- * rewritten after it); within a block the warpgroup's own barrier does, after a second wait for the read. NEXT's Sᵀ
- * of block it + 1 reads Q stage (it + 1) % 2, not the stage block it releases (the last block's discarded Sᵀ reads
- * its own stage, which no fill follows).
+ *   dQ_0, dQ_1, dK issued (three groups)
+ *   wait 2 → dQ_0; dQ_0 → sdQ, bulk add                                                             [dQ_1, dK]
+ *   c = 0: wait q_full of block it + 1, issue its Sᵀ; c = 1: wait do_full of block it + 1, issue its
+ *   dPᵀ (the last block: its own again, discarded, so that every trip commits the same groups)      [dQ_1, dK, X_c]
+ *   wait 2 → dQ_1; thread 0: wait for dQ_0's bulk read; warpgroup barrier; dQ_1 → sdQ, bulk add     [dK, X_c]
+ *   wait 1 → dK; release Q_i, lse2_i (q_empty[it % 2])                                              [X_c]
+ * After the loop: wait 0 for the discarded product; wait for the bulk adds; 256-thread barrier; scale·dK, dV → the Q
+ * ring → global (16-byte chunks).
+ * dV is issued before B (dV_j += Pᵀ·dO_i reads sP and dO_i only), so that each warpgroup releases dO_i before B and
+ * the producer refills the single dO buffer a dV and a dQ_0 earlier than with dV after B (warpgroup 1's next dPᵀ
+ * waits for that fill): +0.9..2.0 % (H100, bf16, three A/B runs at d256 2k-8k causal and 4k full,
+ * bench/results/configs/hopper-bwd-d256-edv-2026-11-24.txt).
+ * Buffer it % 2 of sP, sdS is free when block it writes it: its last readers, block it − 2's dV (retired before B of
+ * block it − 2), dQ and dK wgmmas of both warpgroups, retired before their warpgroup arrived at barrier B of block
+ * it − 1, which the writer has passed. The same barrier orders the sdQ tile (its bulk reader waited for before the
+ * issuing thread arrives there, the tile rewritten after it); within a block the warpgroup's own barrier does, after a
+ * second wait for the read. The next block's Sᵀ reads Q stage (it + 1) % 2, not the stage block it releases (the last
+ * block's discarded Sᵀ reads its own stage, which no fill follows).
+ * Barrier P (named barrier 4): 128 arrivals (bar.arrive, warpgroup 0: it goes on without waiting) + 128 (bar.sync,
+ * warpgroup 1); bar.arrive orders warpgroup 0's generic writes of sP before warpgroup 1's reads after its bar.sync
+ * (FlashAttention-3's dQ hand-over uses the same pair). Warpgroup 0 cannot arrive at P of block it + 1 before
+ * warpgroup 1 passed P of block it: in between it passes B of block it, which warpgroup 1 reaches after P. sP [it % 2]
+ * is rewritten (block it + 2) only after B of block it + 1, which warpgroup 1 reaches after its reads of block it.
  *
  * Barrier protocol (mbarriers; "every consumer thread" = 256 arrivals, because each thread's generic reads of the
  * lse2/D rows must be done before the copy engine overwrites them, racecheck's lesson of the first kernel):
@@ -85,73 +96,28 @@
  *   do_full      1 + the bytes of dO_i and D_i; block it waits parity it & 1
  *   do_empty     256; every consumer thread after its wait for dV of block it; the producer waits parity
  *                (it − 1) & 1 before the dO fill of block it ≥ 1
- * Named barriers: 3 (256 threads, B above and the epilogue's), 1 + c (128, the dQ tile hand-overs of c).
+ * Named barriers: 3 (256 threads, B above and the epilogue's), 1 + c (128, the dQ tile hand-overs of c, and warpgroup
+ * 0's own before its dV), 4 (P).
+ * Each warpgroup waits for both fills it reads (its own product's, and Q_i for dK, dO_i for dV): the other
+ * warpgroup's wait would order the data too (through B), but each reader keeps its own acquire of the fill's barrier.
  * Deadlock-freedom: the producer waits only for releases of earlier fills (before Q of block it: q_empty of block
  * it − 2; before dO of block it: do_empty of block it − 1), and each release is given after waits that need only
- * fills the producer issued before that wait: block it − 1 releases dO after waiting for its own Q, dO (and NEXT: Sᵀ
- * of block it − 1 needed Q of block it − 1 only), and it releases its Q stage after waiting for (NEXT) Q of block it,
- * which the producer issued after q_empty and do_empty of block it − 2, both released before. Consumers
- * wait on fills, their own wgmma groups and bulk reads, and on named barriers that both consumer warpgroups reach
- * equally often (same n_iter, same trips, no early exit after the first barrier); a CTA past the sequence's keys
- * returns before any barrier, a CTA no query block sees (n_iter = 0) loads nothing and stores zeros. Every fill is
- * consumed, so no copy is in flight at exit. Phases cannot be confused: a barrier's phase n + 1 cannot complete before
- * every waiter of phase n has passed it, since its arrivals (releases or fills) come only after those waits.
- * tools/hopper/bwd_d256_model.py checks these orders under random interleavings, tools/hopper/bwd_d256_layout.py the
- * index arithmetic.
+ * fills the producer issued before that wait; warpgroup 1's early wait on dO_{i+1} needs only do_empty of block it
+ * (released by both before) and q_empty of block it − 1. Consumers wait on fills, their own wgmma groups and bulk
+ * reads, and on named barriers that both consumer warpgroups reach equally often (same n_iter, same trips, no early
+ * exit after the first barrier); a CTA past the sequence's keys returns before any barrier, a CTA no query block sees
+ * (n_iter = 0) loads nothing and stores zeros. Every fill is consumed, so no copy is in flight at exit. Phases cannot
+ * be confused: a barrier's phase n + 1 cannot complete before every waiter of phase n has passed it, since its
+ * arrivals (releases or fills) come only after those waits. tests/models/bwd_d256_model.py checks these orders under
+ * random interleavings (its EDV kind), tools/hopper/bwd_d256_layout.py the index arithmetic.
  *
- * WHOLE (FLASHC_HOPPER_BWD_D256 = 3, with NEXT; written without a GPU, not yet run). Split by queries, Sᵀ_c and dPᵀ_c
- * are m64n32k16 chains that read A (2 KB) + B (1 KB) of shared memory per 16 tensor cycles, 192 bytes per cycle,
- * above the ~128 the SM's shared memory serves (Nsight Compute: tensor pipe 38–43 % busy, shared memory 68–79 %). WHOLE
- * gives each consumer warpgroup one whole product at N = 64 instead (A 2 KB + B 2 KB per 32 cycles: 128 bytes per
- * cycle), with the descriptors chosen by c, so that both run the same wgmma code:
- *   c = 0:  Sᵀ  = K_j·Q_iᵀ   64 keys × 64 queries, m64n64k16 SS, 16 k-steps; Pᵀ = 2^(c·Sᵀ − lse2_i) (fc_hpb_p_pass at
- *           Br = 64, the mask test for the 64 × 64 block) → sP [it % 2] (all 64 queries)
- *   c = 1:  dPᵀ = V_j·dO_iᵀ  the same shape; after named barrier P, Pᵀ read back from sP (16 bits, the values dV uses;
- *           the split order forms dSᵀ from the fp32 Pᵀ), dSᵀ = Pᵀ∘(dPᵀ − D_i) → sdS [it % 2] (all 64 queries)
- * and from barrier B on everything is the split order's (dV, dQ_0, dQ_1, dK by head-dim columns, the releases, the dQ
- * tiles, the epilogue). Per block it and warpgroup c (pending groups on the right):
- *   wait 0 → X_c (Sᵀ or dPᵀ, issued by the last trip or before the loop)                           []
- *   c = 0: Pᵀ → sP; fence.proxy.async; bar.arrive P (256); wait do_full (dO_i, for dV)
- *   c = 1: bar.sync P (256); dSᵀ from sP and dPᵀ → sdS; fence.proxy.async; wait q_full[it % 2] (for dK)
- *   thread 0 of c: wait for the last bulk dQ read; B (256 threads); dV, dQ_0, dQ_1, dK issued      [4 groups]
- *   wait 2 → dV, dQ_0; release dO_i; dQ_0 → sdQ, bulk add                                           [dQ_1, dK]
- *   c = 0: wait q_full of block it + 1, issue its Sᵀ; c = 1: wait do_full of block it + 1, issue its
- *   dPᵀ (the last block: its own again, discarded, as NEXT's Sᵀ)                                    [dQ_1, dK, X_c]
- *   wait 2 → dQ_1 → sdQ, bulk add; wait 1 → dK; release Q_i                                         [X_c]
- * Barrier P (named barrier 4): 128 arrivals (bar.arrive, warpgroup 0: it goes on to barrier B without waiting) + 128
- * (bar.sync, warpgroup 1); bar.arrive orders warpgroup 0's generic writes of sP before warpgroup 1's reads after its
- * bar.sync (FlashAttention-3's dQ hand-over uses the same pair). Warpgroup 0 cannot arrive at P of block it + 1
- * before warpgroup 1 passed P of block it: in between it passes B of block it, which warpgroup 1 reaches after P. sP
- * [it % 2] is rewritten (block it + 2) only after B of block it + 1, which warpgroup 1 reaches after its reads of
- * block it. Each warpgroup still waits for both fills it reads (its own product's, and before B the other: Q_i for
- * dK, dO_i for dV): the other warpgroup's wait would order the data too (through B), but each reader keeps its own
- * acquire of the fill's barrier; no phase confusion: the next phase of q_full[s] / do_full needs this warpgroup's
- * release of the current one, given later. Warpgroup 1's early dPᵀ waits for dO_{i+1}, which the producer fills only
- * once both warpgroups released dO_i (just before): with one dO buffer that fill may still be landing there, a stall
- * that dQ_1 and dK in flight partly cover (the GPU will say how much). Deadlock-freedom: the argument above, with the
- * early wait on dO_{i+1} needing only do_empty of block it (released by both before) and q_empty of block it − 1.
- * Registers: one 32-register tile (Sᵀ/Pᵀ or dPᵀ/dSᵀ) where the split order holds two 16-register ones; the peak is
- * dK, dV, dQ_1 and the next block's tile in flight: 64 + 64 + 32 + 32 = 192, as the split order's dQ_0 + dQ_1 + dK +
- * dV (NEXT's next Sᵀ, 16, is issued once dQ_0 is stored). ptxas (nvcc 13.0, sm_90a): 0 spills, no C75xx advisory,
- * highest consumer register R222, 48 HGMMA (16 + 16 × 64x64x16 for the product before the loop and in it, 16 for dV,
- * dQ, dK). The work is uneven: warpgroup 0 does the exponentials, warpgroup 1 the cheaper dSᵀ but only after Pᵀ.
- * tools/hopper/bwd_d256_model.py models this order too.
- *
- * EDV (FLASHC_HOPPER_BWD_D256 = 4: WHOLE with dV early; session 27). dV_j += Pᵀ·dO_i reads sP and dO_i only, so both
- * warpgroups issue it before barrier B instead of after it: warpgroup 0 once its Pᵀ is in sP (fence.proxy.async,
- * bar.arrive P, then a 128-thread barrier of its own so that all of its threads' stores precede its wgmma), warpgroup 1
- * right after bar.sync P, where its dV then runs beside its dSᵀ maths. Each waits for its dV (wait 0) and releases
- * dO_i before B, so that the producer refills the single dO buffer a dV and a dQ_0 earlier than WHOLE does (warpgroup
- * 1's next dPᵀ waits for that fill); after B three groups (dQ_0, dQ_1, dK) where WHOLE has four, the waits otherwise
- * the same. sP [it % 2]'s last reader is now block it's dV, retired before B of block it. Registers as WHOLE's; ptxas
- * (nvcc 13.0, sm_90a): 0 spills, 48 HGMMA. The protocol: bwd_d256_model.py's EDV kind. H100 (bf16, steady state,
- * three A/B runs): +0.9..2.0 % over WHOLE at d256 2k-8k causal and 4k full. Its timeline (tools/hopper/trace_bwd.py,
- * d256 4k full, ~5800 cycles a block): the two dQ tile adds take ~850-930 cycles each per warpgroup, the next
- * block's issue ~1000 (the tensor pipe is busy then), warpgroup 0's exponentials ~600 and warpgroup 1's dSᵀ ~700 with
- * little tensor work beside them. Tried on top and not kept (session 27): dQ added from registers by
- * red.global.add.v4 instead of the tile (0.70-0.75×: each add took 1700-2500 cycles), and block it's dK issued at the
- * top of block it + 1 beside the exponentials (within 0.4 % of EDV: the exponentials slowed by as much; branch
- * wip/bwd-d256-lagk-s27). */
+ * Its timeline (tools/hopper/trace_bwd.py, d256 4k full, ~5800 cycles a block): the two dQ tile adds take ~850-930
+ * cycles each per warpgroup, the next block's issue ~1000 (the tensor pipe is busy then), warpgroup 0's exponentials
+ * ~600 and warpgroup 1's dSᵀ ~700 with little tensor work beside them. The orders that lost (the products split by
+ * queries, with and without the next block's Sᵀ issued early; dV after B), dQ added from registers by red.global.add.v4
+ * (0.70-0.75×: each add took 1700-2500 cycles) and block it's dK issued at the top of block it + 1 (within 0.4 %: the
+ * exponentials slowed by as much; commit 4f55121's message) are rows of docs/experiments.md; the orders' code is at
+ * commit d79fa1c. */
 #ifndef FLASHC_CUDA_HOPPER_BWD_D256_CUH
 #define FLASHC_CUDA_HOPPER_BWD_D256_CUH
 
@@ -159,8 +125,7 @@ enum {
   FC_HPB256_D = 256,
   FC_HPB256_BR = 64,                                       /* query rows per block */
   FC_HPB256_BC = 64,                                       /* keys per CTA */
-  FC_HPB256_QS = 32,                                       /* queries of Sᵀ, dPᵀ per consumer warpgroup */
-  FC_HPB256_BAR_P = 4,                                     /* WHOLE: named barrier, warpgroup 0's Pᵀ is in sP */
+  FC_HPB256_BAR_P = 4,                                     /* named barrier P: warpgroup 0's Pᵀ is in sP */
   FC_HPB256_HALF = 64 * FC_HPB_ROW_BYTES,                  /* one 64-column half of a 64-row tile: 8 KB */
   FC_HPB256_TILE = FC_HPB256_D / 64 * FC_HPB256_HALF,      /* K_j, V_j, Q_i or dO_i: 32 KB */
   FC_HPB256_PS = 64 * FC_HPB_ROW_BYTES,                    /* sP or sdS: 64 keys × 64 queries × 2 bytes */
@@ -196,7 +161,7 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
     const int s = it & 1, u = it >> 1;
     const uint32_t q_full = bars + 8u * (1 + s), q_empty = bars + 8u * (3 + s);
     const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
-    /* Padded row buffers: rows q0 .. q0 + 63 exist and start 256-byte aligned (fc_hpb_fill says why). */
+    /* Padded row buffers: rows q0 .. q0 + 63 exist and start 256-byte aligned (fc_hpb_produce says why). */
     const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
     FC_HPB_MARK_AT(0, it, 0);
     if (u > 0) fc_mbar_wait(q_empty, (u - 1) & 1); /* block it − 2 is done with this stage */
@@ -218,10 +183,9 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
 }
 
 /* acc (64 keys × N queries) = A·Bᵀ over the head dim, 16 k-steps: A = K_j or V_j (64 rows, halves 8 KB apart), B =
- * N rows of Q_i or dO_i (b_rows: N = 32: this warpgroup's, 32c rows into each half, 32·128 bytes, a multiple of the
- * swizzle's 1024-byte period; N = 64, WHOLE: all of them). Both K-major; step kk reads columns 16·kk .., 32·(kk % 4)
- * bytes into the rows of half kk / 4. */
-template <typename T, int N = FC_HPB256_QS>
+ * the N = 64 rows of Q_i or dO_i (b_rows). Both K-major; step kk reads columns 16·kk .., 32·(kk % 4) bytes into the
+ * rows of half kk / 4. */
+template <typename T, int N>
 static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[N / 2], uint32_t a_tile, uint32_t b_rows) {
 #pragma unroll
   for (int kk = 0; kk < FC_HPB256_D / 16; kk++) {
@@ -246,24 +210,24 @@ static __device__ __forceinline__ void fc_hpb256_kv_chain(float (&acc)[64], uint
                            fc_wgmma_desc_off(b_cols, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB256_HALF, 1024));
 }
 
-/* This thread's 16-bit pairs of a 64 keys × N queries fragment (queries N·c + 8x + 2t, + 1 of keys 16·warp + g +
- * 8·rh) into `tile` (sP or sdS), swizzled as TMA would write a 128-byte-swizzled tile: 16-byte chunk (N / 8)·c + x of
- * row r at r·128 + ((((N / 8)·c + x) ^ r % 8)·16); this thread's rows have r % 8 = g. N = 64 (WHOLE): c = 0, all. */
-template <typename T, int N = FC_HPB256_QS>
-static __device__ __forceinline__ void fc_hpb256_store_half(const float (&f)[N / 2], uint32_t tile, int cw, int warp,
-                                                            int g, int t) {
+/* This thread's 16-bit pairs of a 64 keys × N = 64 queries fragment (queries 8x + 2t, + 1 of keys 16·warp + g +
+ * 8·rh) into `tile` (sP or sdS), swizzled as TMA would write a 128-byte-swizzled tile: 16-byte chunk x of row r at
+ * r·128 + ((x ^ r % 8)·16); this thread's rows have r % 8 = g. */
+template <typename T, int N>
+static __device__ __forceinline__ void fc_hpb256_store_ps(const float (&f)[N / 2], uint32_t tile, int warp, int g,
+                                                          int t) {
 #pragma unroll
   for (int x = 0; x < N / 8; x++)
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
       const int r = 16 * warp + g + 8 * rh;
-      fc_st_shared_u32(tile + r * FC_HPB_ROW_BYTES + ((((N / 8) * cw + x) ^ g) << 4) + 4 * t,
+      fc_st_shared_u32(tile + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t,
                        fc_pack2<T>(f[4 * x + 2 * rh], f[4 * x + 2 * rh + 1]));
     }
 }
 
-/* WHOLE: dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (64 keys × 64 queries, this thread's fragment), Pᵀ read back from sP
- * where warpgroup 0 stored it (fc_hpb256_store_half<T, 64>'s addresses: the same fragment, so each thread reads the
+/* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (64 keys × 64 queries, this thread's fragment), Pᵀ read back from sP
+ * where warpgroup 0 stored it (fc_hpb256_store_ps<T, 64>'s addresses: the same fragment, so each thread reads the
  * pairs it needs), D_i at sD (all 64 queries). Pᵀ comes back rounded to 16 bits (dV uses those values too); the other
  * kernels form dSᵀ from the fp32 Pᵀ. */
 template <typename T>
@@ -288,21 +252,15 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
 
 #endif /* FC_HOPPER_ARCH */
 
-/* The D = 256 dK/dV kernel (the header above). NEXT: block i + 1's Sᵀ is issued behind block i's dQ_1 and dK
- * (FLASHC_HOPPER_BWD_D256 = 1); without it every group is waited for within its block (= 2, for comparisons and as
- * a fallback). WHOLE (= 3, with NEXT; +1..6 % over 1 on the H100): warpgroup 0 computes all of Sᵀ, warpgroup 1 all
- * of dPᵀ, at N = 64 (the header's "WHOLE"). EDV (= 4, with WHOLE; the default, +0.9..2.0 % over 3): dV issued before
- * barrier B (the header's "EDV"). */
-template <typename T, bool NEXT, bool WHOLE, bool EDV>
+/* The D = 256 dK/dV kernel (the header above): each consumer warpgroup one whole product at N = 64 (Sᵀ or dPᵀ),
+ * dV issued before barrier B, the next block's product issued behind dQ_1 and dK. */
+template <typename T>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
-  constexpr int QS = FC_HPB256_QS;
-  constexpr int XN = WHOLE ? FC_HPB256_BR : QS; /* queries of this warpgroup's Sᵀ (WHOLE: Sᵀ or dPᵀ) */
-  static_assert(!WHOLE || NEXT, "WHOLE issues the next block's product early, as NEXT does");
-  static_assert(!EDV || WHOLE, "EDV issues dV once warpgroup 0's whole Pᵀ is in sP");
+  constexpr int XN = FC_HPB256_BR; /* queries of this warpgroup's product (Sᵀ or dPᵀ): all of them */
   static_assert(FC_BWD_ROWS_PAD % FC_HPB256_BR == 0, "a query block stays inside its sequence's padded rows");
   static_assert(FC_HPB256_SMEM <= 232448, "the H100's shared memory per block");
   static_assert(2 * FC_HPB256_TILE >= 4 * FC_HPB256_OUT_TILE, "the Q ring holds both warpgroups' dK, dV tiles");
@@ -346,7 +304,6 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const int key0 = k0 + 16 * warp + g; /* this thread's keys: key0, key0 + 8 (every warpgroup: all 64 keys) */
-    const uint32_t q_rows = QS * cw * FC_HPB_ROW_BYTES;    /* this warpgroup's 32 queries, in each half */
     const uint32_t d_cols = 2 * cw * FC_HPB256_HALF;       /* its 128 columns of the head dim: halves 2c, 2c + 1 */
     const uint32_t dq_tile = sdQ + cw * FC_HPB256_DQ_TILE; /* its dQ tile */
     const float c = a.scale_log2;
@@ -359,18 +316,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_fence_regs(dv);
     if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
 
-    float st[XN / 2], dpt[QS / 2]; /* WHOLE: st holds warpgroup 0's Sᵀ, Pᵀ or warpgroup 1's dPᵀ, dSᵀ; dpt unused */
-    if constexpr (WHOLE) {
-      if (n_iter > 0) { /* block 0's Sᵀ (warpgroup 0: K_j·Q_0ᵀ) or dPᵀ (warpgroup 1: V_j·dO_0ᵀ), all 64 queries */
-        fc_mbar_wait(cw ? do_full : Q_FULL(0), 0);
-        fc_wgmma_fence();
-        fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
-        fc_wgmma_commit();
-      }
-    } else if (NEXT && n_iter > 0) { /* block 0's Sᵀ */
-      fc_mbar_wait(Q_FULL(0), 0);
+    float st[XN / 2]; /* warpgroup 0's Sᵀ, Pᵀ or warpgroup 1's dPᵀ, dSᵀ */
+    if (n_iter > 0) { /* block 0's Sᵀ (warpgroup 0: K_j·Q_0ᵀ) or dPᵀ (warpgroup 1: V_j·dO_0ᵀ), all 64 queries */
+      fc_mbar_wait(cw ? do_full : Q_FULL(0), 0);
       fc_wgmma_fence();
-      fc_hpb256_s_chain<T>(st, sK, sQ + q_rows);
+      fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
       fc_wgmma_commit();
     }
     /* Every trip commits the same groups in the same order (no test of `it` around an issue or a wait): ptxas must
@@ -378,9 +328,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     for (int it = 0; it < n_iter; it++) {
       const int s = it & 1, u = it >> 1;
       const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
-      const int qs = q0 + QS * cw; /* this warpgroup's first query of Sᵀ, dPᵀ */
       const uint32_t q_tile = sQ + s * FC_HPB256_TILE;
-      const uint32_t sL = sLse + s * FC_HPB256_ROWS + 4 * QS * cw, sD = sDsum + 4 * QS * cw;
       const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 
 #define MARK(k)                                                                                                        \
@@ -388,115 +336,60 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     if (ct == 0) FC_HPB_MARK_AT(1 + cw, it, k);                                                                        \
   } while (0)
       MARK(1);
-      if constexpr (WHOLE) {
-        /* Warpgroup 0's Sᵀ or warpgroup 1's dPᵀ (issued by the last trip or the prologue); warpgroup 0 forms Pᵀ and
-         * hands it to warpgroup 1 through sP and named barrier P (bar.arrive: warpgroup 0 goes on to barrier B),
-         * which forms dSᵀ from it. Neither touches the other's product; the stores below and barrier B are as in
-         * the split order. A wait 0 first, as NEXT's. */
-        fc_wgmma_wait<0>();
-        fc_fence_regs(st);
-        MARK(2);
-        fc_fence_proxy_async(); /* after the async proxy's reads of this buffer (block it − 2), before these writes */
-        if (cw == 0) {
-          /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
-           * .. q0 + 63 is cut */
-          const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
-          fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sk, shift, wl, wr);
-          fc_hpb256_store_half<T, XN>(st, sP, 0, warp, g, t);
-          MARK(3);
-          if constexpr (EDV) {
-            fc_fence_proxy_async(); /* the writes, before both warpgroups' dV wgmmas read them */
-            fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P */
-            fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* all of this warpgroup's Pᵀ is in sP, before its dV */
-          } else {
-            fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P: Pᵀ is in sP (bar.arrive orders writes) */
-          }
-          /* dO_i for dV: warpgroup 1 waited for it before its dPᵀ; waiting here too keeps each reader's own wait on
-           * the fill it reads, as the split order does (it is complete by now) */
-          fc_mbar_wait(do_full, it & 1);
-        } else {
-          fc_named_barrier(FC_HPB256_BAR_P, 256); /* P: warpgroup 0's Pᵀ of this block is in sP */
-          MARK(3);
-          if constexpr (!EDV) { /* WHOLE's order as verified (EDV's copy of these two calls follows its dV issue) */
-            fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-            fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
-            fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK (as warpgroup 0's wait for dO_i) */
-          }
-        }
-        if constexpr (EDV) {
-          /* dV_j += Pᵀ·dO_i now, by both warpgroups at the same place (its inputs are in): its wgmmas run beside
-           * warpgroup 1's dSᵀ, and dO_i is released before barrier B rather than after it, so that the single dO
-           * buffer's next fill (which warpgroup 1's next dPᵀ waits for) starts a dV and a dQ_0 earlier */
-          fc_wgmma_fence();
-          fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
-          fc_wgmma_commit();
-          MARK(4);
-          if (cw == 1) {
-            fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-            fc_hpb256_store_half<T, XN>(st, sdS, 0, warp, g, t);
-          }
-          MARK(5);
-          fc_wgmma_wait<0>(); /* dV */
-          fc_fence_regs(dv);
-          fc_mbar_arrive_if(do_empty, true); /* dO_i, D_i are read: every consumer thread releases them */
-          MARK(6);
-          if (cw == 1) fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK */
-        }
-        fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
+      /* Warpgroup 0's Sᵀ or warpgroup 1's dPᵀ (issued by the last trip or the prologue); warpgroup 0 forms Pᵀ and
+       * hands it to warpgroup 1 through sP and named barrier P (bar.arrive: warpgroup 0 goes on to its dV), which
+       * forms dSᵀ from it. Neither touches the other's product. A wait 0 first: ptxas lets a group cross the back
+       * edge only when the next trip's first wait retires everything (with a wait 1 it serialised every wgmma:
+       * C7515). */
+      fc_wgmma_wait<0>();
+      fc_fence_regs(st);
+      MARK(2);
+      fc_fence_proxy_async(); /* after the async proxy's reads of this buffer (block it − 2), before these writes */
+      if (cw == 0) {
+        /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
+         * .. q0 + 63 is cut */
+        const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
+        fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sk, shift, wl, wr);
+        fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
+        MARK(3);
+        fc_fence_proxy_async(); /* the writes, before both warpgroups' dV wgmmas read them */
+        fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P */
+        fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* all of this warpgroup's Pᵀ is in sP, before its dV */
+        /* dO_i for dV: warpgroup 1 waited for it before its dPᵀ; waiting here too keeps each reader's own wait on
+         * the fill it reads (it is complete by now) */
+        fc_mbar_wait(do_full, it & 1);
       } else {
-        /* Sᵀ_c = K_j·Q_iᵀ, dPᵀ_c = V_j·dO_iᵀ (this warpgroup's 32 queries): two groups, Sᵀ first (NEXT: Sᵀ was issued
-         * by the last trip or the prologue) */
-        if constexpr (NEXT) {
-          /* A wait 0 first: ptxas lets a group cross the back edge only when the next trip's first wait retires
-           * everything (hopper_bwd_v2.cuh, C7515) */
-          fc_wgmma_wait<0>(); /* Sᵀ */
-          fc_fence_regs(st);
-          fc_mbar_wait(do_full, it & 1); /* dO_i, D_i have landed */
-          fc_wgmma_fence();
-          fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
-          fc_wgmma_commit();
-        } else {
-          fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i, lse2_i have landed */
-          fc_mbar_wait(do_full, it & 1);  /* dO_i, D_i */
-          fc_fence_regs(dk);
-          fc_fence_regs(dv);
-          fc_wgmma_fence();
-          fc_hpb256_s_chain<T>(st, sK, q_tile + q_rows);
-          fc_wgmma_commit();
-          fc_hpb256_s_chain<T>(dpt, sV, sdO + q_rows);
-          fc_wgmma_commit();
-          fc_wgmma_wait<1>(); /* Sᵀ; dPᵀ may still run */
-          fc_fence_regs(st);
-        }
-
-        /* Pᵀ = 2^(c·Sᵀ − lse2_i) beside dPᵀ's wgmma, masked only when some pair of keys k0 .. k0 + 63 × queries qs ..
-         * qs + 31 is cut (fc_hpb_p_from_s's test for this block shape) */
-        fc_hpb_p_from_s<QS, false, FC_HPB256_BC>(st, dpt, sL, sD, c, t, qs, k0, key0, sk, shift, wl, wr);
-        fc_wgmma_wait<0>(); /* dPᵀ */
-        fc_fence_regs(dpt);
-        fc_hpb_ds_from_dp<QS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
-
-        /* Pᵀ_c, dSᵀ_c into buffer it % 2 of sP, sdS. Its last readers, the dV, dQ, dK wgmmas of block it − 2 (both
-         * warpgroups), retired before their warpgroup arrived at B of block it − 1, which this thread passed. */
-        fc_fence_proxy_async(); /* after the async proxy's reads of this buffer, before these writes */
-        fc_hpb256_store_half<T>(st, sP, cw, warp, g, t);
-        fc_hpb256_store_half<T>(dpt, sdS, cw, warp, g, t);
-        fc_fence_proxy_async(); /* these generic writes, before the async proxy (wgmma) reads them */
+        fc_named_barrier(FC_HPB256_BAR_P, 256); /* P: warpgroup 0's Pᵀ of this block is in sP */
+        MARK(3);
       }
+      /* dV_j += Pᵀ·dO_i now, by both warpgroups at the same place (its inputs are in): its wgmmas run beside
+       * warpgroup 1's dSᵀ, and dO_i is released before barrier B rather than after it, so that the single dO
+       * buffer's next fill (which warpgroup 1's next dPᵀ waits for) starts a dV and a dQ_0 earlier */
+      fc_wgmma_fence();
+      fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
+      fc_wgmma_commit();
+      MARK(4);
+      if (cw == 1) {
+        fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+        fc_hpb256_store_ps<T, XN>(st, sdS, warp, g, t);
+      }
+      MARK(5);
+      fc_wgmma_wait<0>(); /* dV */
+      fc_fence_regs(dv);
+      fc_mbar_arrive_if(do_empty, true); /* dO_i, D_i are read: every consumer thread releases them */
+      MARK(6);
+      if (cw == 1) fc_mbar_wait(Q_FULL(s), u & 1); /* Q_i for dK */
+      fc_fence_proxy_async();                      /* these generic writes, before the async proxy (wgmma) reads them */
       /* The last block's second bulk dQ add has read this warpgroup's sdQ tile before it is written again (after
        * barrier B). */
       if (ct == 0) fc_bulk_wait_read<0>();
       fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* B: both warpgroups' halves of Pᵀ, dSᵀ are in shared memory */
       MARK(7);
 
-      /* dV_j += Pᵀ·dO_i, dQ_i = dS·K_j (two 64-column halves of this warpgroup's 128), dK_j += dSᵀ·Q_i: four groups,
-       * in the order their results are needed */
+      /* dQ_i = dS·K_j (two 64-column halves of this warpgroup's 128), dK_j += dSᵀ·Q_i: three groups, in the order
+       * their results are needed */
       float dq0[32], dq1[32];
       fc_wgmma_fence();
-      if constexpr (!EDV) {
-        fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
-        fc_wgmma_commit();
-      }
       fc_hpb_dq<T, 64>(dq0, sdS, sK + d_cols);
       fc_wgmma_commit();
       fc_hpb_dq<T, 64>(dq1, sdS, sK + d_cols + FC_HPB256_HALF);
@@ -504,11 +397,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_hpb256_kv_chain<T>(dk, sdS, q_tile + d_cols);
       fc_wgmma_commit();
 
-      fc_wgmma_wait<2>(); /* (dV,) dQ_0; dQ_1, dK may still run */
-      if constexpr (!EDV) fc_fence_regs(dv);
+      fc_wgmma_wait<2>(); /* dQ_0; dQ_1, dK may still run */
       fc_fence_regs(dq0);
-      /* dO_i, D_i are read (dPᵀ and dV retired, D_i in registers): every consumer thread releases them (EDV: above) */
-      if constexpr (!EDV) fc_mbar_arrive_if(do_empty, true);
       MARK(8);
       /* the blocked sum's head-rows hh·total_pad + pad0 + q0 (a multiple of 64), tile 2c + h of the row's four */
       float *dq_dst =
@@ -516,28 +406,19 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_hpb_dq_tile_add<64>(dq0, dq_tile, dq_dst, warp, g, t, ct, FC_HPB_BAR_DS + cw);
       MARK(9);
 
-      if constexpr (NEXT) {
-        /* Block it + 1's Sᵀ behind dQ_1 and dK, now that dQ_0's registers are free; the last block issues its own
-         * again (discarded; its stage is not refilled: there are no more fills), so that every trip commits the
-         * same groups. Its Q stage is (it + 1) % 2, not this block's, which is released below. */
+      {
+        /* Block it + 1's Sᵀ (warpgroup 0) or dPᵀ (warpgroup 1) behind dQ_1 and dK, now that dQ_0's registers are
+         * free; the last block issues its own again (discarded; its stage is not refilled: there are no more
+         * fills), so that every trip commits the same groups. Its Q stage is (it + 1) % 2, not this block's, which
+         * is released below. Warpgroup 1's dPᵀ is on dO_{i+1}, whose fill the producer issued once both warpgroups
+         * released dO_i above: it may still be landing (the cost of the single dO buffer). */
         const int nx = it + 1 < n_iter ? it + 1 : it;
-        if constexpr (WHOLE) {
-          /* Warpgroup 1: block it + 1's dPᵀ, on dO_{i+1}, whose fill the producer issued once both warpgroups
-           * released dO_i above: it may still be landing (the cost of the single dO buffer). The last block: its own
-           * dO, long complete, not refilled. */
-          fc_mbar_wait(cw ? do_full : Q_FULL(nx & 1), cw ? nx & 1 : (nx >> 1) & 1);
-          fc_wgmma_fence();
-          fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ + (nx & 1) * FC_HPB256_TILE);
-        } else {
-          fc_mbar_wait(Q_FULL(nx & 1), (nx >> 1) & 1); /* the last block: its own fill, long complete */
-          fc_wgmma_fence();
-          fc_hpb256_s_chain<T>(st, sK, sQ + (nx & 1) * FC_HPB256_TILE + q_rows);
-        }
+        fc_mbar_wait(cw ? do_full : Q_FULL(nx & 1), cw ? nx & 1 : (nx >> 1) & 1);
+        fc_wgmma_fence();
+        fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ + (nx & 1) * FC_HPB256_TILE);
         fc_wgmma_commit();
         MARK(10);
         fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
-      } else {
-        fc_wgmma_wait<1>(); /* dQ_1; dK may still run */
       }
       fc_fence_regs(dq1);
       MARK(11);
@@ -547,20 +428,16 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
                              FC_HPB_BAR_DS + cw);
       MARK(12);
 
-      if constexpr (NEXT)
-        fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
-      else
-        fc_wgmma_wait<0>(); /* dK */
+      fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
       fc_fence_regs(dk);
       /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
       fc_mbar_arrive_if(Q_EMPTY(s), true);
       MARK(13);
 #undef MARK
     }
-    if constexpr (NEXT) { /* the discarded Sᵀ */
-      fc_wgmma_wait<0>();
-      fc_fence_regs(st);
-    }
+    /* the discarded Sᵀ */
+    fc_wgmma_wait<0>();
+    fc_fence_regs(st);
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
 

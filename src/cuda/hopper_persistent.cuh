@@ -1,14 +1,14 @@
-/* hopper_persistent.cuh — cuda-hopper's persistent forward (FLASHC_HOPPER_VARIANT=persistent, tmastore,
- * tmastore3): the ping-pong kernel of hopper.cu, run by one CTA per SM over a static tile schedule
- * (hopper_sched.cuh), with O staged in its own buffer sO so that the producer loads the next tile's Q_i, K_j, V_j
- * while the consumers finish this tile's last P·V and its epilogue. tmastore also writes O with a TMA store (dense
- * o that TMA can address; the host falls back to persistent otherwise). tmastore3 is tmastore with NC = 3 consumer
- * warpgroups at D = 64 (Br = 192, 512 threads, consumers at 160 registers, pingpong3's loop and round-robin turns),
- * with the same fallback to direct stores. The consumers' turns chain across tiles (see the consumers). At D = 256
- * (Bc = 80, 2 stages; session 31) sQ and the K/V ring fill 224 KB: no sO and one Q slot (the next tile's Q_i lands
- * during this tile's last P·V), and each thread stores its rows of O / l from registers right after that P·V
- * (fc_hp_store_o_regs), still overlapping the other warpgroup's GEMMs and the producer's loads of the next tile,
- * where the one-tile kernel's CTAs stop and start.
+/* hopper_persistent.cuh — cuda-hopper's persistent forward (hopper.cu's fc_hp_fwd_plan: the default at D = 64, at
+ * D = 128 but with a causal-like mask from seqlen_k 8192, at D = 256 without a mask): the ping-pong kernel of
+ * hopper.cu, run by one CTA per SM over a tile schedule (hopper_sched.cuh), with O staged in its own buffer sO so
+ * that the producer loads the next tile's Q_i, K_j, V_j while the consumers finish this tile's last P·V and its
+ * epilogue. It writes O with a TMA store (TMA_STORE: a dense o that TMA can address) or with direct stores (any o:
+ * varlen, odd strides). At D = 64 it runs NC = 3 consumer warpgroups (Br = 192, 512 threads, consumers at 160
+ * registers, round-robin turns; the name tmastore3 in docs and results), above 2 (tmastore). The consumers' turns
+ * chain across tiles (see the consumers). At D = 256 (Bc = 80, 2 stages) sQ and the K/V ring fill 224 KB: no sO and one
+ * Q slot (the next tile's Q_i lands during this tile's last P·V), and each thread stores its rows of O / l from
+ * registers right after that P·V (fc_hp_store_o_regs), still overlapping the other warpgroup's GEMMs and the producer's
+ * loads of the next tile, where the one-tile kernel's CTAs stop and start.
  *
  * Included by hopper.cu after its device helpers (fc_hp_pv, fc_hp_softmax, fc_hp_rescale,
  * fc_hp_row_keys) and fc_hopper_fwd_args: it is a part of that file kept apart, not a header of its own.
@@ -28,14 +28,14 @@
  * the one before (not earlier: the producer's last fills of tile f − 1 may wait for the dummy trips' releases before
  * it publishes tile f). Publishing entry f waits for the consumers' release of tile f − 2, taken at the end of tile
  * f − 3, long before the producer (at most STAGES fills ahead) gets there; the consumers' take of tile f waits only
- * for the producer to finish issuing the loads of tile f − 1. Until session 14 both sides ran the set-up:
+ * for the producer to finish issuing the loads of tile f − 1. Before faadf92 both sides ran the set-up:
  * on the consumers it lay on the critical path of every tile boundary, its integer divisions queued on the MUFU pipe
  * behind the other warpgroup's exponentials (1300-1600 cycles; tools/hopper/trace.py).
- * Dynamic order (FLASHC_HOPPER_SCHED=dynamic, sc.claim set): the tiles of a CTA are not known in advance. Its first
+ * Dynamic order (sc.claim set): the tiles of a CTA are not known in advance. Its first
  * is position blockIdx.x; after the last load of each tile the producer claims the next position
  * (fc_hp_claim_position: grid + atomicAdd(claim, 1), −1 once past the last tile). Each tile is still computed whole
  * by one CTA, so the results do not depend on which CTA took it: deterministic as before.
- * Split rounds (FLASHC_HOPPER_SPLIT, fc_hp_sched_split; unmasked problems, the stride order, NC = 2): after its whole
+ * Split rounds (fc_hp_sched_split; unmasked problems, the stride order, NC = 2): after its whole
  * tiles each CTA walks a range of key blocks, in parts of tiles published like tiles (j_begin, n_blocks set to the
  * part; split −1 or 1), and fc_hp_split_fixup joins a cut tile's two parts. Where the cuts fall depends only on the
  * problem and the grid (the SM count): the same bits run to run on one GPU model.
@@ -88,7 +88,7 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   x->i0 = mb * BR;
   if (x->i0 >= x->sq) return false;
   /* align_end (a causal-like mask): the query blocks end at the sequence's last row, so that a partial block is the
-   * first, the lightest, rather than the last, the heaviest (FC_HP_BR_NC3 = 192 rows do not divide a seqlen of 2^k:
+   * first, the lightest, rather than the last, the heaviest (192 rows, D = 64's, do not divide a seqlen of 2^k:
    * at 4096 the last block held 64 rows, one warpgroup alone through every key block, no partner to ping-pong
    * with). Shifted by whole warpgroups (64 rows) only: each warpgroup's rows are all < 0 (nothing to store) or
    * all ≥ 0, and a remainder below 64 rows stays at the end as before. Rows < 0 see no key (fc_hp_row_keys), their Q
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
      * every group, the last of a tile included, so consumer 0 takes its first turn of the next loaded tile as soon
      * as the last consumer has issued its last P·V of this one, while the others still run their epilogues.
-     * (Until session 11 the 2 consumers balanced their turns per tile, as the one-tile kernel does: consumer 0 then
+     * (Before 8938a0a the 2 consumers balanced their turns per tile, as the one-tile kernel does: consumer 0 then
      * waited for consumer 1's epilogue and next tile's start.) Each consumer issues n_blocks + 1 groups per loaded
      * tile and none in a tile with n_blocks = 0 or past its sequence (the same tiles for all: n_blocks is the
      * tile's), so the groups of all tiles form one sequence 0, 1, (2,) 0, 1, ... The last consumer arrives once on
@@ -278,11 +278,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 
     /* The tiles as the producer set them up, from the tile ring (false: the end marker). In each warp lane 0 alone
      * reads the entry, shuffles it to the other lanes and releases it: its arrival orders its own reads before the
-     * producer's next store there. Until session 28 every lane read the entry and lane 0 arrived after a __syncwarp:
+     * producer's next store there. Before 069591c every lane read the entry and lane 0 arrived after a __syncwarp:
      * correct (the warp barrier orders the lanes' reads before lane 0's arrival), but compute-sanitizer's racecheck
      * does not follow that order and reported the producer's store against the lanes' reads wherever a CTA took more
      * than two tiles. An arrival from every thread instead (128·NC per entry) cost 1-2 % at d128
-     * (bench/results/configs/hopper-split-nc3-s28.txt, E). */
+     * (bench/results/configs/hopper-fwd-split-nc3-2026-11-25.txt, E). */
     auto take = [&](fc_hp_tile *x) -> bool {
       constexpr int WORDS = (int)(sizeof(fc_hp_tile) / 4);
       const uint32_t e = tuse % FC_HP_TILE_RING;

@@ -1,5 +1,6 @@
-/* hopper_sched.cuh — the tile schedule of cuda-hopper's persistent forward (FLASHC_HOPPER_VARIANT=persistent,
- * tmastore): which (query block, head, sequence) tile the k-th loop trip of each CTA works on.
+/* hopper_sched.cuh — the tile schedule of cuda-hopper's persistent forward (hopper_persistent.cuh; the persistent
+ * backward walks it too, hopper_bwd_v2.cuh): which (query block, head, sequence) tile the k-th loop trip of each CTA
+ * works on.
  *
  * The grid is one CTA per SM; CTA x takes tiles x, x + grid, x + 2·grid, ... of one linear order (a static
  * schedule: no counter to reset between calls, and producer and consumers of a CTA derive the same tiles
@@ -14,12 +15,11 @@
  * every head's heaviest causal blocks come first and the light ones fill the tail. Full attention loses
  * nothing by it: all its tiles weigh the same.
  *
- * Which CTA takes which position of that order (FLASHC_HOPPER_SCHED): stride, CTA x the positions x, x + grid,
- * x + 2·grid, ...; or snake, round r (positions r·grid .. r·grid + grid − 1) walked forwards in even rounds and
- * backwards in odd ones, so that CTA x takes r·grid + x, then r·grid + grid − 1 − x. With a causal mask the order
- * falls within each round (later rows of a round hold lighter query blocks), so under stride CTA 0 takes the
- * heaviest tile of every round and CTA grid − 1 the lightest; snake pairs them. The CTAs walk `slots` slots
- * (tiles rounded up to whole rounds under snake) and skip a slot whose position is past the last tile.
+ * Which CTA takes which position of that order (hopper.cu's fc_hp_fwd_plan picks): stride, CTA x the positions x,
+ * x + grid, x + 2·grid, ..., or dynamic (below). The CTAs walk `slots` slots and skip a slot whose position is past
+ * the last tile. (snake, round r walked forwards in even rounds and backwards in odd ones, lost to dynamic and is no
+ * longer chosen: docs/experiments.md. Its field and fc_hp_slot_tile's branch stay until the backward, which shares
+ * this struct, drops its argument to fc_hp_sched_for_grid; the forward's kernels keep their code as measured.)
  *
  * Or dynamic (FlashAttention-3's persistent scheduler): CTA x takes position x first, then each CTA's producer
  * claims the next free position with an atomicAdd on a counter zeroed before the launch (position grid + the
@@ -51,7 +51,8 @@ typedef struct fc_hp_sched {
   int32_t *split_flag; /* per (CTA, consumer warpgroup): 1 once its partial is written; its reader resets it */
 } fc_hp_sched;
 
-/* The L2 budget a group's K and V may take with a causal mask. Session 12 (ncu, H100): with 24 MB, about half of
+/* The L2 budget a group's K and V may take with a causal mask. Measured with ncu on the H100
+ * (bench/results/configs/hopper-fwd-l2-groups-2026-11-23.txt): with 24 MB, about half of
  * the 50 MB, the persistent forward read 1.4–2.6× the compulsory bytes from DRAM (K and V evicted before the group's
  * last query block read them: H100's L2 is two halves that mirror lines read from both, and Q, O stream through
  * it too) and spent 3–6 % more energy per FLOP, which the H100's power cap turns into time; with 8 MB it reads
@@ -87,9 +88,9 @@ static inline fc_hp_sched fc_hp_sched_for_grid(fc_hp_sched s, int grid, int snak
   return s;
 }
 
-/* Stream-K for the last rounds (the FLASHC_HOPPER_SPLIT switch; tiles of equal weight only: no mask, no varlen, a
- * static stride order). A grid of equal tiles on `grid` SMs ends with a partial round: 2048 tiles of d128 take 15.5
- * rounds on 132 SMs, so half the SMs idle for the last tile's time (3 % of the call;
+/* Stream-K for the last rounds (hopper.cu's fc_hp_fwd_plan takes it; tiles of equal weight only: no mask, no
+ * varlen, the stride order). A grid of equal tiles on `grid` SMs ends with a partial round: 2048 tiles of d128
+ * take 15.5 rounds on 132 SMs, so half the SMs idle for the last tile's time (3 % of the call;
  * tools/profile/grid_order_model.py). Here the rounds but the last whole one and the partial one stay whole tiles; the
  * remaining tiles' key blocks are cut into `grid` equal ranges, one per CTA after its whole tiles. A range covers at
  * least one tile's worth of key blocks, so a tile is cut at most once: the head part (key blocks 0 .. e − 1) ends CTA

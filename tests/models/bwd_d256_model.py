@@ -1,5 +1,6 @@
-"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh,
-FLASHC_HOPPER_BWD_D256 = 1: NEXT, 2: without, 3: WHOLE, 4: WHOLE with EDV), run under random interleavings with
+"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh:
+WHOLE with EDV; the orders before it, their code at commit d79fa1c: NEXT, without NEXT, WHOLE), run under random
+interleavings with
 bwd_v2_model.py's machinery. Agents: the producer thread (Q_i, lse2_i into a ring of 2 stages; dO_i, D_i into one
 buffer), the two consumer warpgroups (each one agent: its 128 threads pass every step together), and the asynchronous
 units: TMA copies landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of

@@ -1,7 +1,8 @@
-"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh, FLASHC_HOPPER_BWD_V =
-2, 3, 4 at D = 128; at D = 64 with Br = 128 dV is issued after the dP^T wait instead of before it, 4 issues the
-next block's S^T before the dQ store instead of after it, 5 and 6 are 3 and 4 with D = 128's dV order), run under
-random interleavings. Agents: the producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two consumer
+"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh) in the orders before
+LAG (versions 2, 3, 4 at D = 128, their code at commit d79fa1c; LAG's barriers: bwd_lag_model.py; at D = 64 with
+Br = 128 dV is issued after the dP^T wait instead of before it, 4 issues the next block's S^T before the dQ store
+instead of after it, 5 and 6 are 3 and 4 with D = 128's dV order), run under random interleavings. Agents: the
+producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two consumer
 warpgroups (each one agent: its 128 threads pass every step together, through the wgmma .sync.aligned instructions
 and its own named barrier), and the asynchronous units: TMA copies landing, each warpgroup's wgmma groups
 completing in order, bulk reduce-adds finishing their reads of sdQ.
@@ -21,7 +22,7 @@ The model also runs deliberately broken protocols (MUTATIONS) and fails if it do
                                                300 seeds each; each mutation in every kernel it concerns; then the
                                                persistent kernel, fc_hopper_bwd_v2p_kernel: simulate_persist)
 
-The persistent kernel (FLASHC_HOPPER_BWD_PERSIST, D = 128 V 3 and D = 64 V 2): one CTA walking a list of tiles of
+The persistent kernel (D = 128 V 3 and D = 64 V 2; its code is at commit d79fa1c): one CTA walking a list of tiles of
 random lengths (0 included), with the stage ring numbered across tiles, kv_full/kv_empty phases per loaded tile, the
 producer's first STAGES - 1 fills of a tile ahead of its kv_empty wait, and the dK/dV epilogue staged in sdS between
 two 256-thread barriers; checked as above plus: K/V never rewritten while a warpgroup uses them or a wgmma reads
@@ -295,7 +296,7 @@ def simulate_persist(tiles, stages, nxt, seed, mutation=None, early_dv=True, ear
     of a tile before its kv_empty wait, K_j/V_j (kv_full with the loaded-tile count's parity) after it, the
     consumers' kv_empty arrival after their last wgmma of the tile (NEXT: after the discarded S^T's wait, with the
     last block's stage release), the epilogue staged through sdS between two 256-thread barriers. Blocks are named
-    by their ring index r (unique across tiles). dynamic: FLASHC_HOPPER_BWD_SCHED=dynamic's tile ring
+    by their ring index r (unique across tiles). dynamic: the dynamic order's tile ring
     (hopper_sched.cuh's fc_hp_claim / fc_hp_take): after its last fill of tile k (a skipped tile too) the producer
     publishes tile k + 1 in entry k % 2, first waiting for both warpgroups to have taken entry k - 2; each warpgroup
     takes entry k after tile k's epilogue. The list itself is the same for both sides, as the claims make it."""

@@ -14,7 +14,7 @@ more bar.sync after its last tile. The producer publishes every tile with rows i
 mbarriers before its loads, then an end marker; the consumer warps take each tile from the ring (the next one only
 after the dummy trips: blocks past a warpgroup's own last block, one turn each and their K and V released unused);
 Q_i has two slots (one at D = 256). Under static orders (each CTA's list of tiles given) and under the dynamic order
-(FLASHC_HOPPER_SCHED=dynamic: 1..3 CTAs share a claim counter; every position with rows must be walked by one CTA).
+(the plan's choice with a causal-like mask: 1..3 CTAs share a claim counter; every position with rows must be walked by one CTA).
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
 the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
@@ -241,7 +241,7 @@ PERSISTENT_MUTATIONS = {
     "p3_turn_in_empty_tile": "the last consumer hands the turn over once in a tile with no key block",
 }
 
-# the dynamic order (FLASHC_HOPPER_SCHED=dynamic): several CTAs claim positions of one order with a shared counter
+# the dynamic order (src/cuda/hopper.cu's fc_hp_fwd_plan): several CTAs claim positions of one order with a shared counter
 DYNAMIC_MUTATIONS = {
     "d_consumer_skips_tile": "consumer 1 takes the next ring entry at once after its first loaded one from the ring, "
                              "skipping a tile the producer loads",

@@ -88,90 +88,84 @@ def test_host_memory_on_a_cuda_backend_is_refused(rng):
 HOPPER = next((b for b in CUDA_BACKENDS if b.name == "cuda-hopper"), None)
 
 
+def hopper_out(shape, o_tma):
+    """An output for flashc.attention's out=: dense (the persistent forward stores O by TMA) or with an odd head stride
+    (TMA cannot address it: the persistent kernel's direct stores, unaligned)."""
+    if o_tma:
+        return torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+    return torch.empty((*shape[:-1], shape[-1] + 1), device="cuda", dtype=torch.bfloat16)[..., : shape[-1]]
+
+
 @pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
-@pytest.mark.parametrize("variant", ["tmastore", "tmastore3", "persistent"])
-def test_hopper_persistent_walks_many_tiles(variant, rng, monkeypatch):
+@pytest.mark.parametrize("o_tma", [True, False], ids=["tma-store", "direct-stores"])
+def test_hopper_persistent_walks_many_tiles(o_tma, rng):
     """The persistent forward with many tiles per CTA (2000-odd tiles over the SMs) and a partial last query block in
     every head, where the last warpgroups' rows lie past the sequence and run dummy trips: the producer hands each tile
     to the consumers through the tile ring, and the next tile may only be taken after those trips (a draft that took it
-    before them, tmastore3 hung here). Q in one slot or two gives the same bits; O's error against SDPA in fp32 at most twice that of SDPA in bf16."""
-    monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
-    for d, causal in ((64, False), (64, True), (128, False), (256, False), (256, True)):
+    before them hung here with 3 consumers). D = 64 (3 consumers), 128, 256 (O stored from registers); an o that TMA
+    stores and one it cannot (the direct stores). O's error against SDPA in fp32 at most twice that of SDPA in bf16;
+    the same bits run to run."""
+    for d, causal in ((64, False), (64, True), (128, False), (128, True), (256, False)):
         q, k, v = (torch.from_numpy(rng.standard_normal((16, 1000, 20, d))).to("cuda", torch.bfloat16)
                    for _ in range(3))
-        out = {}
-        for slots in ("1", "2"):
-            monkeypatch.setenv("FLASHC_HOPPER_Q_SLOTS", slots)
-            out[slots] = flashc.attention(q, k, v, causal=causal, backend="cuda-hopper", return_lse=True)
+        outs = [flashc.attention(q, k, v, causal=causal, backend="cuda-hopper", out=hopper_out(q.shape, o_tma))
+                for _ in range(2)]
         torch.cuda.synchronize()
-        case = f"{variant} d {d} causal {causal}"
-        assert torch.equal(out["1"][0], out["2"][0]) and torch.equal(out["1"][1], out["2"][1]), case
+        case = f"d {d} causal {causal} o_tma {o_tma}"
+        assert torch.equal(outs[0], outs[1]), case
         sdpa = torch.nn.functional.scaled_dot_product_attention
         ref = sdpa(*(x.float().transpose(1, 2) for x in (q, k, v)), is_causal=causal).transpose(1, 2)
         plain = sdpa(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal).transpose(1, 2)  # bf16 peer
-        err, err_plain = ((x.float() - ref).abs().max().item() for x in (out["2"][0], plain))
+        err, err_plain = ((x.float() - ref).abs().max().item() for x in (outs[0], plain))
         assert err <= 2 * err_plain + 1e-3, f"{case}: max error {err}, bf16 SDPA's {err_plain}"
 
 
 @pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
-def test_hopper_split_rounds(rng, monkeypatch):
-    """The persistent forward's last rounds split by key blocks (FLASHC_HOPPER_SPLIT, stream-K: a tile cut between
-    two CTAs, the later one merging the other's O, m, l). Unmasked problems whose tiles do not fill whole rounds of
-    the SMs: a partial last key block, GQA, rows past the sequence, d 100 (padded to 128), D = 64 with two consumers,
-    direct stores (persistent) and TMA stores, a tile of two key blocks. Split and whole give O within 2x bf16 SDPA's
-    error of fp32 SDPA's and lse within 1e-3 of fp32's; the split is deterministic (bit for bit run to run); and it
-    was taken: a merged tile rounds differently, so some element of O or lse differs from the whole walk's."""
-    monkeypatch.setenv("FLASHC_HOPPER_SCHED", "stride")  # the dynamic order (d128 up to 1k keys) keeps whole tiles
-    cases = [  # (b, hq, hkv, sq, sk, d, variant)
-        (2, 16, 16, 2048, 2048, 128, "tmastore"),
-        (3, 12, 4, 1000, 1900, 128, "tmastore"),
-        (2, 10, 10, 3000, 1100, 100, "persistent"),
-        (4, 8, 8, 1500, 1500, 64, "tmastore"),
-        (8, 16, 16, 700, 129, 128, "tmastore"),
-        (2, 8, 8, 2048, 2048, 256, "persistent"),  # D = 256: one Q slot, O stored from registers
-        (3, 6, 2, 1000, 1300, 200, "tmastore"),  # d 200 (padded to 256), GQA; tmastore takes direct stores there
+def test_hopper_split_rounds(rng):
+    """The persistent forward's last rounds split by key blocks (stream-K: a tile cut between two CTAs, the later one
+    merging the other's O, m, l), which the plan takes for unmasked dense problems in the stride order (D = 128 above
+    1024 keys, D = 256 from 4096) whose tiles do not fill whole rounds of the SMs (more tiles than an H100's or H200's
+    132 SMs, not a multiple of them): a partial last key block, GQA, rows past the sequence, d 100 (padded to 128),
+    d 200 (padded to 256), direct stores and TMA stores. O within 2x bf16 SDPA's error of fp32 SDPA's, lse within 1e-3
+    of fp32's, and deterministic (bit for bit run to run)."""
+    cases = [  # (b, hq, hkv, sq, sk, d, o_tma)
+        (2, 16, 16, 2048, 2048, 128, True),
+        (3, 12, 4, 1000, 1900, 128, True),
+        (2, 10, 10, 3000, 1100, 100, False),
+        (2, 12, 12, 1000, 4096, 256, True),  # D = 256: one Q slot, O stored from registers
+        (3, 12, 4, 700, 4100, 200, False),
     ]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    differs = []
-    for b, hq, hkv, sq, sk, d, variant in cases:
-        monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
+    for b, hq, hkv, sq, sk, d, o_tma in cases:
         dp = -(-d // 8) * 8
         q = torch.from_numpy(rng.standard_normal((b, sq, hq, dp))).to("cuda", torch.bfloat16)[..., :d]
         k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, dp))).to("cuda", torch.bfloat16)[..., :d]
                 for _ in range(2))
-        out = {}
-        for split in ("0", "1", "1again"):
-            monkeypatch.setenv("FLASHC_HOPPER_SPLIT", split[0])
-            out[split] = flashc.attention(q, k, v, backend="cuda-hopper", return_lse=True)
+        out = [flashc.attention(q, k, v, backend="cuda-hopper", return_lse=True, out=hopper_out(q.shape, o_tma))
+               for _ in range(2)]
         torch.cuda.synchronize()
-        case = f"b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} {variant}"
-        assert torch.equal(out["1"][0], out["1again"][0]) and torch.equal(out["1"][1], out["1again"][1]), case
-        differs.append(not (torch.equal(out["1"][0], out["0"][0]) and torch.equal(out["1"][1], out["0"][1])))
+        case = f"b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} o_tma {o_tma}"
+        assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1]), case
         rep = hq // hkv
         qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
         kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
         ref = sdpa(qf, kf, vf).transpose(1, 2)
         plain = sdpa(q.transpose(1, 2), *(x.to(torch.bfloat16) for x in (kf, vf))).transpose(1, 2)
         lse_ref = torch.logsumexp(qf @ kf.transpose(-1, -2) * d**-0.5, dim=-1)  # (b, h, sq)
-        for split in ("0", "1"):
-            o, lse = out[split]
-            err, err_plain = (o.float() - ref).abs().max().item(), (plain.float() - ref).abs().max().item()
-            assert err <= 2 * err_plain + 1e-3, f"{case} split {split}: max error {err}, bf16 SDPA's {err_plain}"
-            lse_err = (lse.reshape(lse_ref.shape) - lse_ref).abs().max().item()
-            assert lse_err <= 1e-3, f"{case} split {split}: lse error {lse_err}"
-    assert any(differs), "FLASHC_HOPPER_SPLIT=1 gave the whole walk's bits everywhere: was the split taken?"
+        o, lse = out[0]
+        err, err_plain = (o.float() - ref).abs().max().item(), (plain.float() - ref).abs().max().item()
+        assert err <= 2 * err_plain + 1e-3, f"{case}: max error {err}, bf16 SDPA's {err_plain}"
+        lse_err = (lse.reshape(lse_ref.shape) - lse_ref).abs().max().item()
+        assert lse_err <= 1e-3, f"{case}: lse error {lse_err}"
 
 
 @pytest.mark.skipif(HOPPER is None or not HOPPER.usable, reason="cuda-hopper is not usable here (sm_90 only)")
-@pytest.mark.parametrize("variant", ["default", "pingpong", "pingpong3", "tmastore", "tmastore3"])
-def test_hopper_mask_shortcuts_give_the_same_bits(variant, rng, monkeypatch):
-    """Two shortcuts of the Hopper forward where a causal or right-window edge runs through a tile, both on by
-    default: each consumer warpgroup stops at its own last visible key block (FLASHC_HOPPER_OWN_BLOCKS), and the
-    persistent kernel's query blocks end at the sequence's last row (FLASHC_HOPPER_ALIGN_END, causal-like masks). What
-    they skip is masked for every row it covers, so O and lse must match the plain walk bit for bit: Br = 192 with
-    Bc = 128, D = 256's Bc = 80, bottom-right shifts that are not a multiple of Bc, seqlens that 192 does not divide."""
-    if variant != "default":
-        monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
+def test_hopper_mask_edges(rng):
+    """The Hopper forward where a causal or right-window edge runs through a tile: each consumer warpgroup stops at its
+    own last visible key block, and the persistent kernel's query blocks end at the sequence's last row (causal-like
+    masks). Br = 192 with Bc = 128 (D = 64), D = 256's Bc = 80 (the one-tile kernel), bottom-right shifts that are not
+    a multiple of Bc, seqlens that 192 does not divide. O finite, within 2x bf16 SDPA's error of fp32 SDPA's (the mask
+    given explicitly), and lse within 1e-3 of fp32's."""
     cases = [  # (sq, sk, d, causal, align, window)
         (1025, 1025, 64, True, "top-left", None),
         (2048, 2048, 64, True, "top-left", None),
@@ -184,21 +178,30 @@ def test_hopper_mask_shortcuts_give_the_same_bits(variant, rng, monkeypatch):
         (300, 700, 256, True, "bottom-right", None),
         (513, 513, 111, True, "top-left", None),
     ]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     for sq, sk, d, causal, align, window in cases:
         dp = -(-d // 8) * 8  # rows padded to a multiple of 8 elements, as TMA needs its strides
         q, k, v = (torch.from_numpy(rng.standard_normal((2, s, 3, dp))).to("cuda", torch.bfloat16)[..., :d]
                    for s in (sq, sk, sk))
-        out = {}
-        for shortcuts in ("0", "1"):
-            monkeypatch.setenv("FLASHC_HOPPER_OWN_BLOCKS", shortcuts)
-            monkeypatch.setenv("FLASHC_HOPPER_ALIGN_END", shortcuts)
-            out[shortcuts] = flashc.attention(q, k, v, causal=causal, window=window, causal_align=align,
-                                              backend="cuda-hopper", return_lse=True)
+        o, lse = flashc.attention(q, k, v, causal=causal, window=window, causal_align=align, backend="cuda-hopper",
+                                  return_lse=True)
         torch.cuda.synchronize()
         case = f"sq {sq} sk {sk} d {d} causal {causal} {align} window {window}"
-        assert torch.isfinite(out["1"][0].float()).all(), case
-        assert torch.equal(out["0"][0], out["1"][0]), case
-        assert torch.equal(out["0"][1], out["1"][1]), case
+        assert torch.isfinite(o.float()).all(), case
+        i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+        shift = sk - sq if align == "bottom-right" else 0
+        left, right = (-1, 0) if causal else window
+        mask = j <= i + shift + right
+        if left >= 0:
+            mask &= j >= i + shift - left
+        qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
+        ref = sdpa(qf, kf, vf, attn_mask=mask).transpose(1, 2)
+        plain = sdpa(*(x.transpose(1, 2) for x in (q, k, v)), attn_mask=mask).transpose(1, 2)
+        err, err_plain = (o.float() - ref).abs().max().item(), (plain.float() - ref).abs().max().item()
+        assert err <= 2 * err_plain + 1e-3, f"{case}: max error {err}, bf16 SDPA's {err_plain}"
+        lse_ref = torch.logsumexp((qf @ kf.transpose(-1, -2) * d**-0.5).masked_fill(~mask, float("-inf")), dim=-1)
+        lse_err = (lse.reshape(lse_ref.shape) - lse_ref).abs().max().item()
+        assert lse_err <= 1e-3, f"{case}: lse error {lse_err}"
 
 
 def tensor_core_backends():
@@ -273,45 +276,42 @@ def test_backward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
 
 @pytest.mark.parametrize("backend", tensor_core_backends())
 def test_forward_tile_order_gives_the_same_bits(backend, rng, monkeypatch):
-    """The one-tile forwards (cuda-mma's; cuda-hopper's pingpong and pingpong3, which its persistent default does not
-    use) walk their last (sequence, query head) pairs query block by query block under a causal or right-window mask
-    (FLASHC_FWD_TAIL, tail_order.cuh). Each tile is computed the same way wherever it lands in the grid: O and lse keep
-    their bits in every order, and O stays within 2x bf16 SDPA's error of fp32 SDPA's."""
-    variants = ["pingpong", "pingpong3"] if backend == "cuda-hopper" else [None]
+    """The one-tile forwards (cuda-mma's; cuda-hopper's ping-pong kernel, which its plan runs at d 129-256 with a mask
+    and at d 65-128 with a causal mask from 8192 keys) walk their last (sequence, query head) pairs query block by
+    query block under a causal or right-window mask (FLASHC_FWD_TAIL, tail_order.cuh). Each tile is computed the same
+    way wherever it lands in the grid: O and lse keep their bits in every order, and O stays within 2x bf16 SDPA's
+    error of fp32 SDPA's. (cuda-hopper's persistent kernel, at the other shapes, ignores the variable.)"""
     cases = [  # (b, hq, hkv, sq, sk, d, align, window)
         (2, 6, 3, 1000, 1000, 64, "top-left", None),
         (4, 24, 24, 700, 700, 128, "top-left", None),
         (2, 8, 4, 900, 1500, 128, "bottom-right", None),
+        (1, 4, 2, 1000, 8192, 128, "bottom-right", None),
         (2, 4, 4, 999, 999, 256, "top-left", (-1, 45)),
+        (2, 4, 4, 777, 900, 200, "bottom-right", None),
     ]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    for variant in variants:
-        if variant:
-            monkeypatch.setenv("FLASHC_HOPPER_VARIANT", variant)
-        for b, hq, hkv, sq, sk, d, align, window in cases:
-            if variant == "pingpong3" and d > 64:
-                continue
-            q = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
-            k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, d))).to("cuda", torch.bfloat16)
-                    for _ in range(2))
-            kw = dict(causal=window is None, window=window, causal_align=align, backend=backend, return_lse=True)
-            out = {}
-            for tail in ("0", "1", "2", "4"):
-                monkeypatch.setenv("FLASHC_FWD_TAIL", tail)
-                out[tail] = flashc.attention(q, k, v, **kw)
-            torch.cuda.synchronize()
-            case = f"{backend} {variant} b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} {align} window {window}"
-            for tail in ("1", "2", "4"):
-                assert torch.equal(out[tail][0], out["0"][0]) and torch.equal(out[tail][1], out["0"][1]), case
-            i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
-            shift = sk - sq if align == "bottom-right" else 0
-            mask = j <= i + shift + (window[1] if window else 0)
-            rep = hq // hkv
-            ref, plain = (sdpa(q.to(dt).transpose(1, 2), *(t.to(dt).transpose(1, 2).repeat_interleave(rep, dim=1)
-                                                             for t in (k, v)), attn_mask=mask).transpose(1, 2)
-                          for dt in (torch.float32, torch.bfloat16))
-            err, err_plain = ((x.float() - ref).abs().max().item() for x in (out["2"][0], plain))
-            assert err <= 2 * err_plain + 1e-3, f"{case}: max error {err}, bf16 SDPA's {err_plain}"
+    for b, hq, hkv, sq, sk, d, align, window in cases:
+        q = torch.from_numpy(rng.standard_normal((b, sq, hq, d))).to("cuda", torch.bfloat16)
+        k, v = (torch.from_numpy(rng.standard_normal((b, sk, hkv, d))).to("cuda", torch.bfloat16)
+                for _ in range(2))
+        kw = dict(causal=window is None, window=window, causal_align=align, backend=backend, return_lse=True)
+        out = {}
+        for tail in ("0", "1", "2", "4"):
+            monkeypatch.setenv("FLASHC_FWD_TAIL", tail)
+            out[tail] = flashc.attention(q, k, v, **kw)
+        torch.cuda.synchronize()
+        case = f"{backend} b {b} h {hq}/{hkv} sq {sq} sk {sk} d {d} {align} window {window}"
+        for tail in ("1", "2", "4"):
+            assert torch.equal(out[tail][0], out["0"][0]) and torch.equal(out[tail][1], out["0"][1]), case
+        i, j = torch.arange(sq, device="cuda")[:, None], torch.arange(sk, device="cuda")[None, :]
+        shift = sk - sq if align == "bottom-right" else 0
+        mask = j <= i + shift + (window[1] if window else 0)
+        rep = hq // hkv
+        ref, plain = (sdpa(q.to(dt).transpose(1, 2), *(t.to(dt).transpose(1, 2).repeat_interleave(rep, dim=1)
+                                                         for t in (k, v)), attn_mask=mask).transpose(1, 2)
+                      for dt in (torch.float32, torch.bfloat16))
+        err, err_plain = ((x.float() - ref).abs().max().item() for x in (out["2"][0], plain))
+        assert err <= 2 * err_plain + 1e-3, f"{case}: max error {err}, bf16 SDPA's {err_plain}"
 
 
 MMA = next((b for b in CUDA_BACKENDS if b.name == "cuda-mma"), None)

@@ -9,8 +9,9 @@ seeded generator, so both runs see the same q, k, v; O and lse are saved (save) 
 (compare: exit 1 and a DIFF line with the largest difference per case that differs). The cases walk the persistent
 kernels through what their protocols depend on: many tiles per CTA, partial last query blocks (the warpgroups past the
 sequence and their dummy trips), causal masks of both alignments, windows, GQA/MQA, varlen with empty and one-row
-sequences, seqlen 1, head dims 59/64/111/128; each for the default and every persistent variant and order
-(--variants). Outputs must also be finite: a NaN that both builds share is still a failure.
+sequences, seqlen 1, head dims 59/64/111/128; each with a dense o (the TMA store where the plan runs the persistent
+kernel) and with an o of odd head stride (the direct stores), as --outs says. Outputs must also be finite: a NaN that
+both builds share is still a failure.
 """
 import argparse
 import os
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 
 import flashc  # noqa: E402
 
-VARIANTS = "default,tmastore,persistent,tmastore3,tmastore~dynamic,tmastore3~stride"
+OUTS = "dense,odd"
 CASES = [  # (b, sq, sk, h, hk, d, causal, align, window, varlen cu_seqlens)
     (16, 1000, 1000, 20, 20, 64, False, "top-left", None, None),
     (16, 1000, 1000, 20, 20, 64, True, "top-left", None, None),
@@ -42,18 +43,8 @@ CASES = [  # (b, sq, sk, h, hk, d, causal, align, window, varlen cu_seqlens)
 ]
 
 
-def set_variant(name):
-    """VARIANT[~ORDER] or default, as tools/hopper/check.py spells them."""
-    for var in ("FLASHC_HOPPER_VARIANT", "FLASHC_HOPPER_SCHED"):
-        os.environ.pop(var, None)
-    if name != "default":
-        variant, _, order = name.partition("~")
-        os.environ["FLASHC_HOPPER_VARIANT"] = variant
-        if order:
-            os.environ["FLASHC_HOPPER_SCHED"] = order
-
-
-def run_case(index, case):
+def run_case(index, case, out):
+    """One case with o as `out` says: dense, or with rows of d + 1 elements (TMA cannot store it)."""
     b, sq, sk, h, hk, d, causal, align, window, varlen = case
     gen = torch.Generator(device="cuda").manual_seed(1000 + index)
     padded = -(-d // 8) * 8  # rows a multiple of 16 bytes, as TMA needs its strides; the view keeps d columns
@@ -61,25 +52,29 @@ def run_case(index, case):
     def rand(*shape):
         return torch.randn((*shape, padded), generator=gen, device="cuda").to(torch.bfloat16)[..., :d]
 
+    def o_like(q):
+        if out == "dense":
+            return torch.empty(q.shape, device="cuda", dtype=torch.bfloat16)
+        return torch.empty((*q.shape[:-1], d + 1), device="cuda", dtype=torch.bfloat16)[..., :d]
+
     opts = {"causal": causal, "window": window, "causal_align": align, "backend": "cuda-hopper", "return_lse": True}
     if varlen:
         q, k, v = rand(varlen[-1], h), rand(varlen[-1], hk), rand(varlen[-1], hk)
-        return flashc.attention_varlen(q, k, v, varlen, varlen, **opts)
+        return flashc.attention_varlen(q, k, v, varlen, varlen, out=o_like(q), **opts)
     q, k, v = rand(b, sq, h), rand(b, sk, hk), rand(b, sk, hk)
-    return flashc.attention(q, k, v, **opts)
+    return flashc.attention(q, k, v, out=o_like(q), **opts)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("save", "compare"))
-    ap.add_argument("path", help="the reference file (torch.save of {(variant, case): (o, lse)})")
-    ap.add_argument("--variants", default=VARIANTS, help=f"comma-separated (default {VARIANTS})")
+    ap.add_argument("path", help="the reference file (torch.save of {(out, case): (o, lse)})")
+    ap.add_argument("--outs", default=OUTS, help=f"o's layouts, comma-separated (default {OUTS})")
     a = ap.parse_args()
     results, bad = {}, 0
-    for name in a.variants.split(","):
-        set_variant(name)
+    for name in a.outs.split(","):
         for index, case in enumerate(CASES):
-            o, lse = run_case(index, case)
+            o, lse = run_case(index, case, name)
             torch.cuda.synchronize()
             if not torch.isfinite(o.float()).all():
                 print(f"NOT FINITE {name} case {index} {case}")

@@ -1,7 +1,6 @@
-"""Host-side checks of the index arithmetic of cuda-hopper's head-dim-256 backward (src/cuda/hopper_bwd_d256.cuh,
-FLASHC_HOPPER_BWD_D256=1, 2, 3; 4 adds no index of its own), which nothing but a GPU can run: every formula
-below is copied from the kernel and compared with an independent statement of what it must be (the PTX ISA's
-canonical 128-byte-swizzled layouts, the TMA box, the blocked dQ sum).
+"""Host-side checks of the index arithmetic of cuda-hopper's head-dim-256 backward (src/cuda/hopper_bwd_d256.cuh),
+which nothing but a GPU can run: every formula below is copied from the kernel and compared with an independent
+statement of what it must be (the PTX ISA's canonical 128-byte-swizzled layouts, the TMA box, the blocked dQ sum).
 
     python3 tools/hopper/bwd_d256_layout.py        (prints one line per check, exits 1 on a failure)
 
@@ -15,9 +14,11 @@ Checked:
   5. the epilogue's staging of dK/dV (writes vs fc_hpb_store_tile<128>'s reads);
   6. fc_hpb_query_blocks<64, 64> and the kernel's whole-block test (keys k0 .. k0 + 63 × the warpgroup's 32 queries)
      against brute force over random masks.
-WHOLE (= 3) too: warpgroup 0's store of all 64 queries (fc_hpb256_store_half<T, 64>) at the same addresses as the
-split stores (so the A operands of 2. read it), warpgroup 1's read-back (fc_hpb256_ds_whole) of each thread's own
-fragment, Sᵀ/dPᵀ's B = all 64 rows (fc_hpb256_s_chain<T, 64>), the whole-block test at 64 queries.
+The stores of 2. are those of the order that split Sᵀ, dPᵀ by queries (32 per warpgroup, fc_hpb256_store_half;
+its code is at commit d79fa1c); the kernel today (WHOLE) is checked against them: warpgroup 0's store of all 64
+queries (fc_hpb256_store_ps<T, 64>) at the same addresses as the split stores (so the A operands of 2. read
+it), warpgroup 1's read-back (fc_hpb256_ds_whole) of each thread's own fragment, Sᵀ/dPᵀ's B = all 64 rows
+(fc_hpb256_s_chain<T, 64>), the whole-block test at 64 queries.
 """
 import os
 import random

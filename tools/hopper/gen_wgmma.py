@@ -40,16 +40,14 @@ def ss_tb(n, ctype, ptype):
 '''
 
 
-def rs(n, ctype, ptype, zero=False, trans=True):
-    """A from registers. trans: B MN-major (imm-trans-b = 1, fc_wgmma_rs: V_j of O += P.V_j); else B K-major
-    (imm-trans-b = 0, fc_wgmma_rs_kmajor: K_j of S = Q_i.K_j^T with Q_i in registers). The RS form has no
-    imm-trans-a: A in registers is always the row-major fragment."""
+def rs(n, ctype, ptype):
+    """A from registers, B MN-major (imm-trans-b = 1, fc_wgmma_rs: V_j of O += P.V_j), accumulating. The RS form
+    has no imm-trans-a: A in registers is always the row-major fragment."""
     r = n // 2
-    name = "fc_wgmma_rs" + ("" if trans else "_kmajor") + ("_zero" if zero else "")
-    return f'''template <> __device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{r}], const uint32_t (&a)[4], uint64_t b_desc) {{
+    return f'''template <> __device__ __forceinline__ void fc_wgmma_rs<{ctype}, {n}>(float (&d)[{r}], const uint32_t (&a)[4], uint64_t b_desc) {{
   asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-               "{{{regs(0, r)}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, {0 if zero else 1}, 1, 1, {1 if trans else 0};\\n"
-               : {accs("=f" if zero else "+f", r)}
+               "{{{regs(0, r)}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, 1, 1, 1, 1;\\n"
+               : {accs("+f", r)}
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
 }}
 '''
@@ -72,10 +70,6 @@ print('''/* hopper_wgmma.cuh — the wgmma.mma_async instructions cuda-hopper is
  *   fc_wgmma_rs<T, N>:      D += A·B, A from registers (four .b32 per thread, two 16-bit values each), B in
  *                           shared memory MN-major (imm-trans-b = 1): O += P·V_j with V_j stored row by row
  *                           (its rows are the k dimension, its contiguous columns the n dimension).
- *   fc_wgmma_rs_kmajor<T, N>: D += A·B, A from registers, B in shared memory K-major (imm-trans-b = 0, as
- *                           fc_wgmma_ss's B): S = Q_i·K_jᵀ with the warpgroup's rows of Q_i held in registers
- *                           (FLASHC_HOPPER_VARIANT=pingpongq) and K_j stored row by row.
- *   fc_wgmma_rs_kmajor_zero<T, N>: D = A·B (scale-d 0, D written only), its first k-step (a fresh S per block).
  * scale-d is an immediate, not a predicate: a predicate register that a wgmma in flight still reads would
  * keep ptxas from letting the softmax's comparisons run beside it (it serialises the wgmma instead).
  *
@@ -101,11 +95,6 @@ static __device__ __forceinline__ void fc_wgmma_ss_zero(float (&d)[N / 2], uint6
 template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc);
 template <typename T, int N>
-static __device__ __forceinline__ void fc_wgmma_rs_kmajor(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc);
-template <typename T, int N>
-static __device__ __forceinline__ void fc_wgmma_rs_kmajor_zero(float (&d)[N / 2], const uint32_t (&a)[4],
-                                                               uint64_t b_desc);
-template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
 template <typename T, int N>
 static __device__ __forceinline__ void fc_wgmma_ss_tt_zero(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc);
@@ -119,10 +108,6 @@ for ctype, ptype in TYPES:
 for ctype, ptype in TYPES:
     for n in (64, 128):
         print(rs(n, ctype, ptype))
-# S = Q_i.K_j^T with Q_i's rows in registers (hopper.cu's pingpongq, D = 128, Bc = 128): K_j K-major.
-for ctype, ptype in TYPES:
-    print(rs(128, ctype, ptype, False, False))
-    print(rs(128, ctype, ptype, True, False))
 # The backward (hopper_bwd.cu): S^T = K_j.Q_i^T and dP^T = V_j.dO_i^T for Br = 64 queries, and
 # dQ_i += dS.K_j per 64 columns of the head dim.
 for ctype, ptype in TYPES:

@@ -1,15 +1,13 @@
 #!/bin/bash
 # cuda-hopper's first runs on an H100/H200, in steps that fit the device tool's 10-minute calls:
 #   bash tools/hopper/gpu.sh build smoke sanitize     (~4 min: does it run at all, and cleanly)
-#   bash tools/hopper/gpu.sh build check              (~4 min: all shapes, masks, layouts, variants)
+#   bash tools/hopper/gpu.sh build check              (~4 min: all shapes, masks, layouts)
 #   bash tools/hopper/gpu.sh build bench              (~3 min: TFLOP/s against SDPA flash and cudnn)
 # and the backward:
 #   bash tools/hopper/gpu.sh build bwd-smoke bwd-sanitize   (does it run at all, and cleanly)
 #   bash tools/hopper/gpu.sh bwd bwd-bench                  (all shapes; TFLOP/s against SDPA's backward)
-# and the head-dim-256 backward (FLASHC_HOPPER_BWD_D256, check_bwd.py modes d256, d256p):
+# and the head-dim-256 backward alone (check_bwd.py --dims 256):
 #   bash tools/hopper/gpu.sh build d256-smoke d256-sanitize d256 d256-bench
-# and its WHOLE variant (FLASHC_HOPPER_BWD_D256=3, the default; mode d256w):
-#   bash tools/hopper/gpu.sh build d256w-smoke d256w-sanitize d256w d256w-bench
 # build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
 # barrier protocol hangs rather than fails. Logs go to $OUT (default /tmp/out).
 OUT=${OUT:-/tmp/out}
@@ -49,7 +47,7 @@ for step in "$@"; do
     ;;
   sanitize)
     for tool in memcheck synccheck; do
-      run_and_show "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench --variants pingpong,persistent,tmastore,pingpong3,tmastore3
+      run_and_show "san-$tool" 240 compute-sanitizer --tool $tool --print-limit 10 $CHECK --quick --no-bench
     done
     # racecheck is far slower (it took over 150 s on --quick): two small shapes, every variant
     run_and_show san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK --tiny --no-bench
@@ -65,46 +63,32 @@ for step in "$@"; do
     ;;
   bwd-sanitize)
     for tool in memcheck synccheck; do
-      run_and_show "bwd-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 $CHECK_BWD --tiny --no-bench
+      run_and_show "bwd-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 $CHECK_BWD --tiny --no-bench \
+        --dims 64,128
     done
-    run_and_show bwd-san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK_BWD --tiny --no-bench
+    run_and_show bwd-san-racecheck 300 compute-sanitizer --tool racecheck --print-limit 10 $CHECK_BWD --tiny --no-bench \
+      --dims 64,128
     ;;
   bwd-bench)
     run_and_show bwd-bench 400 $CHECK_BWD --no-check
     ;;
   d256-smoke)
-    run_and_show d256-smoke 150 $CHECK_BWD --quick --no-bench --modes d256,d256p ||
+    run_and_show d256-smoke 150 $CHECK_BWD --quick --no-bench --dims 256 ||
       { tail -20 "$OUT/d256-smoke.log"; echo "d256-smoke failed: stopping"; exit 1; }
     ;;
   d256)
-    run_and_show d256 420 $CHECK_BWD --no-bench --modes d256,d256p
+    run_and_show d256 420 $CHECK_BWD --no-bench --dims 256
     ;;
   d256-sanitize)
     for tool in memcheck synccheck racecheck; do
       run_and_show "d256-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 --kernel-name kns=fc_hopper_bwd_d256 \
-        $CHECK_BWD --tiny --no-bench --modes d256,d256p
+        $CHECK_BWD --tiny --no-bench --dims 256
     done
     ;;
   d256-bench)
-    run_and_show d256-bench 400 $CHECK_BWD --no-check --bench-modes d256,d256p --bench-d 256
+    run_and_show d256-bench 400 $CHECK_BWD --no-check --bench-d 256
     ;;
-  d256w-smoke)
-    run_and_show d256w-smoke 150 $CHECK_BWD --quick --no-bench --modes d256w ||
-      { tail -20 "$OUT/d256w-smoke.log"; echo "d256w-smoke failed: stopping"; exit 1; }
-    ;;
-  d256w)
-    run_and_show d256w 420 $CHECK_BWD --no-bench --modes d256w
-    ;;
-  d256w-sanitize)
-    for tool in memcheck synccheck racecheck; do
-      run_and_show "d256w-san-$tool" 200 compute-sanitizer --tool $tool --print-limit 10 --kernel-name kns=fc_hopper_bwd_d256 \
-        $CHECK_BWD --tiny --no-bench --modes d256w
-    done
-    ;;
-  d256w-bench)
-    run_and_show d256w-bench 400 $CHECK_BWD --no-check --bench-modes d256,d256w --bench-d 256 --rounds 3
-    ;;
-  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench d256-smoke d256 d256-sanitize d256-bench d256w-smoke d256w d256w-sanitize d256w-bench)"; exit 2 ;;
+  *) echo "unknown step $step (build smoke check sanitize bench bwd-smoke bwd bwd-sanitize bwd-bench d256-smoke d256 d256-sanitize d256-bench)"; exit 2 ;;
   esac
   echo "-- $step done at $(($(date +%s) - T0))s"
 done

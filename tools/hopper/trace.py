@@ -3,7 +3,7 @@
 
     tools/hopper/build_trace.sh build-gc build-tr
     FLASHC_LIBRARY=build-tr/libflashc.so PYTHONPATH=python python3 tools/hopper/trace.py [--cases 128:2048:0,...]
-        [--variants default,tmastore+sched=stride] [--dump PREFIX]
+        [--variants default,default+KEY=VAL] [--dump PREFIX]
     python3 tools/hopper/trace.py --load PREFIX-128-2048-0-default.npz ...   (no GPU: a --dump's records again)
 
 A library built with -DFC_HP_TRACE=1 (src/cuda/hopper_trace.cuh) has the producer's thread and thread 0 of each
@@ -19,8 +19,9 @@ The marks cost a global store each (a few per cent): read the shape, not the abs
 tile, 21 Q issued, 22 K_n's stage free, 23 V_n's; consumers 1 tile (payload n_blocks | n_own << 8), 2 Q landed, 3 K_0
 landed, 4 S_0's turn, 5 S_0 done, 6 softmax_0 done, 7 trip n's K/V landed, 8 its turn, 9 its S done, 10 its P·V done, 19 its
 rescale done, 11 last V landed, 12 last P·V's turn, 13 its P·V done, 14 a dummy trip's turn, 15 epilogue start, 16 sO free,
-17 sO written, 18 stored, 24 right after 1 (the cost of a mark itself); the split rounds' fix-up (FLASHC_HOPPER_SPLIT=1)
-25 its start (payload 0 a tail part, 2 a head part), 26 flag raised / seen, 27 merged.
+17 sO written, 18 stored, 24 right after 1 (the cost of a mark itself); the split rounds' fix-up (where the plan
+takes them: unmasked, no varlen, the stride order) 25 its start (payload 0 a tail part, 2 a head part), 26 flag raised
+/ seen, 27 merged.
 """
 import argparse
 import ctypes
@@ -170,7 +171,7 @@ def analyse(buf, title):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(ap, "128:2048:0,128:2048:1,64:2048:0,128:16384:0", 20)
-    ap.add_argument("--variants", default="default", help="as tools/profile/power.py's (VARIANT[+KEY=VAL])")
+    ap.add_argument("--variants", default="default", help="as tools/profile/power.py's (default[+KEY=VAL])")
     a = ap.parse_args()
     if analyse_loaded(a, analyse):
         return

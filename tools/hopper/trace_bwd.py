@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/hopper/trace_bwd.py — where the backward's version-2 kernel spends a block, read off its own timeline (a
+"""tools/hopper/trace_bwd.py — where the backward's second dK/dV kernel spends a block, read off its own timeline (a
 development tool, the backward's counterpart of trace.py):
 
     tools/hopper/build_variant.sh /tmp/tr src/cuda/hopper_bwd.cu -DFC_HP_TRACE=1
@@ -8,17 +8,18 @@ development tool, the backward's counterpart of trace.py):
     python3 tools/hopper/trace_bwd.py --load PREFIX-128-2048-0.npz ...   (no GPU: a --dump's records again)
 
 A library whose hopper_bwd.cu is built with -DFC_HP_TRACE=1 has thread 0 of each consumer warpgroup write the SM's
-clock at ten or eleven marks of every block of fc_hpb_v2_block (src/cuda/hopper_bwd_v2.cuh, MARK(k)) and the
+clock at ten marks of every block of fc_hpb_v2_block (src/cuda/hopper_bwd_v2.cuh, MARK(k)) and the
 producer's thread two per fill (fc_hpb_produce), for the first 132 CTAs (the first wave of the single-tile kernel:
 one per SM). Marks:
-  1 block entry   2 Sᵀ ready      3 Pᵀ done        4 dPᵀ ready (dV issued)   5 dSᵀ formed and packed
-  6 dSᵀ stored    7 barrier passed (both warpgroups' dSᵀ; sdQ free)          8 dV, dQ ready (dQ, dK issued)
-  9 dQ tile added (bulk add issued)   10 dK ready (next Sᵀ issued)   11 dPᵀ issued (the NEXT kernels: D = 128)
+  1 block entry   2 Sᵀ ready      3 Pᵀ done        4 dPᵀ ready (D = 128: dV issued before)
+  5 dSᵀ formed and packed (D = 64: dV issued after)   6 dSᵀ stored (after sdQ's read and FREE)   7 READY arrived
+  8 dV and the last block's dQ ready (READY of the other passed, dQ and dK issued)
+  9 dQ tile added (bulk add issued)   10 dK ready
   producer: 0 before the wait for a free stage, 1 after it (fill issued).
-The head-dim-256 kernel (src/cuda/hopper_bwd_d256.cuh, WHOLE and EDV: FLASHC_HOPPER_BWD_D256 = 3, 4; cases with
-D = 256) has its own marks, thread 0 of each consumer warpgroup:
+The head-dim-256 kernel (src/cuda/hopper_bwd_d256.cuh; cases with D = 256) has its own marks, thread 0 of each
+consumer warpgroup:
   1 block entry   2 Sᵀ (warpgroup 0) or dPᵀ (1) ready   3 Pᵀ stored (0) or barrier P passed (1)
-  4 dV issued (EDV)   5 dSᵀ stored (1; EDV)   6 dV retired, dO released (EDV)   7 barrier B passed
+  4 dV issued   5 dSᵀ stored (1)   6 dV retired, dO released   7 barrier B passed
   8 dQ_0 ready (dQ, dK issued)   9 dQ_0 tile added   10 the next block's Sᵀ / dPᵀ issued (after its fill's wait)
   11 dQ_1 ready   12 dQ_1 tile added   13 dK ready, Q released
   producer: 0, 1 around the wait for a free Q stage; 2, 3 around the wait for the dO buffer.
@@ -39,13 +40,11 @@ import numpy as np  # noqa: E402
 from trace_common import CTAS, add_args, analyse_loaded, cases, traced_call  # noqa: E402
 
 PER = 16  # marks per block (FC_HPB_MARK_AT)
-NAMES = {1: "entry", 2: "S", 3: "P", 4: "dP", 5: "dS", 6: "dS-st", 7: "bar", 8: "dQ", 9: "dQ-add", 10: "dK",
-         11: "dP issued"}
+NAMES = {1: "entry", 2: "S", 3: "P", 4: "dP", 5: "dS", 6: "dS-st", 7: "ready", 8: "dQ", 9: "dQ-add", 10: "dK"}
 SPLITS = [(1, 2, "wait S"), (2, 3, "P pass"), (3, 4, "dV issue, wait dP"), (4, 5, "dS maths, pack"),
-          (5, 6, "dS stmatrix"), (6, 7, "sdQ read, barrier"), (7, 8, "dQ/dK issue, wait dQ"),
-          (8, 9, "dQ tile + add"), (9, 10, "next S issue, wait dK"), (10, 1, "release, next entry")]
-# parts of a split, printed where their marks are there (11: the NEXT kernels, after dPᵀ's issue)
-SUBSPLITS = [(2, 11, "  of which dP issue"), (11, 3, "  of which P maths")]
+          (5, 6, "sdQ read, FREE, dS stmatrix"), (6, 7, "arrive READY"), (7, 8, "READY, dQ/dK issue, wait dQ"),
+          (8, 9, "dQ tile + add"), (9, 10, "wait dK"), (10, 1, "release, next entry")]
+SUBSPLITS = []  # parts of a split, printed where their marks are there
 D256_SPLITS = [(1, 2, "wait Sᵀ (0) / dPᵀ (1)"), (2, 3, "P pass (0) / wait P (1)"), (3, 4, "dV issue"),
                (4, 5, "dS maths, store (1)"), (5, 6, "wait dV, release dO"), (6, 7, "wait Q, barrier B"),
                (7, 8, "dQ/dK issue, wait dQ_0"), (8, 9, "dQ_0 tile + add"), (9, 10, "fill wait, next issue"),

@@ -3,7 +3,7 @@ call):
 
     FLASHC_LIBRARY=build-gc/libflashc.so PYTHONPATH=python python3 tools/profile/power.py [--seconds 2.5] [--pass bwd]
         [--cases 64:4096:1,...] [--dtype f16] [--backend cuda-mma --peers flash,cudnn]
-        [--variants 64@tmastore,128@pingpong+stages=3]
+        [--variants D@default+KEY=VAL]
 
 Each case (bf16 or --dtype f16, 16k tokens, width 2048) runs for --seconds after 3 warm-up calls, with a pause between
 cases, while nvidia-smi samples the SM clock, the power draw, the temperature and the throttle reasons every 20 ms; each
@@ -57,16 +57,15 @@ BASE_ENV = {k: v for k, v in os.environ.items() if k.startswith("FLASHC_HOPPER_"
 
 
 def set_env(variant):
-    """FLASHC_HOPPER_VARIANT[+KEY=VAL...] as tools/hopper/check.py's column names ("default": the library's choice,
-    or the settings the script started with); a named variant with FLASHC_HOPPER_SCHED=dynamic (read by the
-    persistent kernels) unless +sched=ORDER says."""
+    """default[+KEY=VAL...]: the library's choice (or the settings the script started with), each +KEY=VAL setting
+    FLASHC_HOPPER_KEY=VAL on top. cuda-hopper's forward has one plan (src/cuda/hopper.cu): no other name."""
     for key in [k for k in os.environ if k.startswith("FLASHC_HOPPER_")]:
         os.environ.pop(key)
     os.environ.update(BASE_ENV)
     name, *extra = variant.split("+")
     if name != "default":
-        os.environ["FLASHC_HOPPER_VARIANT"], os.environ["FLASHC_HOPPER_SCHED"] = name, "dynamic"
-    for kv in extra:  # after the variant: +sched=snake1 overrides the dynamic order
+        sys.exit(f"power.py: variant {variant!r}: only default[+KEY=VAL...] (cuda-hopper's forward has no variants)")
+    for kv in extra:
         key, _, val = kv.partition("=")
         os.environ[f"FLASHC_HOPPER_{key.upper()}"] = val or "1"
 
@@ -82,8 +81,8 @@ def main():
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--backend", default="cuda-hopper", help="flashc's backend (cuda-hopper, cuda-mma, ...)")
     ap.add_argument("--peers", default="cudnn", help="SDPA backends run after it: cudnn, flash, efficient (comma-separated)")
-    ap.add_argument("--variants", default="", help="cuda-hopper: FLASHC_HOPPER_VARIANT values run beside the default, "
-                    "D@VARIANT[+KEY=VAL] for one head dim only (e.g. 128@tmastore,64@pingpong3,128@pingpong+stages=3)")
+    ap.add_argument("--variants", default="", help="cuda-hopper: settings run beside the default, "
+                    "D@default+KEY=VAL for one head dim only (FLASHC_HOPPER_KEY=VAL)")
     ap.add_argument("--d128-variants", default=None, help="the variants at d = 128 alone (older spelling of "
                     "--variants 128@V,...)")
     a = ap.parse_args()
