@@ -109,7 +109,7 @@
  * (n_iter = 0) loads nothing and stores zeros. Every fill is consumed, so no copy is in flight at exit. Phases cannot
  * be confused: a barrier's phase n + 1 cannot complete before every waiter of phase n has passed it, since its
  * arrivals (releases or fills) come only after those waits. tests/models/bwd_d256_model.py checks these orders under
- * random interleavings (its EDV kind), tools/hopper/bwd_d256_layout.py the index arithmetic.
+ * random interleavings, tools/hopper/bwd_d256_layout.py the index arithmetic.
  *
  * Its timeline (tools/hopper/trace_bwd.py, d256 4k full, ~5800 cycles a block): the two dQ tile adds take ~850-930
  * cycles each per warpgroup, the next block's issue ~1000 (the tensor pipe is busy then), warpgroup 0's exponentials

@@ -26,7 +26,8 @@
  * LAG, the dQ of block i − 1 issued in block i: the barrier of both warpgroups per block becomes pairwise named
  * barriers (READY: the other's dSᵀ rows of a block are in; FREE: its dQ has read a buffer the other writes next) and
  * the warpgroups drift apart; block 0 is peeled (FIRST), fc_hpb_v2_lag_tail issues the last block's dQ
- * (tests/models/bwd_lag_model.py checks the protocol under random interleavings). sdS is double-buffered: dSᵀ of
+ * (tests/models/bwd_lag_model.py checks the pairwise barriers, bwd_v2_model.py the whole kernel's protocol,
+ * under random interleavings). sdS is double-buffered: dSᵀ of
  * block i goes to buffer i % 2, whose last readers (block i − 2's dQ wgmmas, issued in block i − 1 by both warpgroups)
  * each arrived at FREE after their wait. The issuing thread waits for the last bulk add's read of its warpgroup's sdQ
  * tile before the tile is written again.

@@ -1,10 +1,10 @@
-"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh:
-WHOLE with EDV; the orders before it, their code at commit d79fa1c: NEXT, without NEXT, WHOLE), run under random
-interleavings with
-bwd_v2_model.py's machinery. Agents: the producer thread (Q_i, lse2_i into a ring of 2 stages; dO_i, D_i into one
-buffer), the two consumer warpgroups (each one agent: its 128 threads pass every step together), and the asynchronous
-units: TMA copies landing, each warpgroup's wgmma groups completing in order, bulk reduce-adds finishing their reads of
-sdQ.
+"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh: WHOLE with
+EDV, the one D = 256 kernel), run under random interleavings with bwd_v2_model.py's machinery. The orders before it
+(the split products with the next block's Sᵀ issued early, without that, WHOLE without EDV) were deleted in commit
+b009b24 (their code is at d79fa1c) and are no longer modelled. Agents: the producer thread (Q_i, lse2_i into a
+ring of 2 stages; dO_i, D_i into one buffer), the two consumer warpgroups (each one agent: its 128 threads pass every
+step together), and the asynchronous units: TMA copies landing, each warpgroup's wgmma groups completing in order,
+bulk reduce-adds finishing their reads of sdQ.
 
 Checks, each at the moment it matters:
   - no deadlock; every fill lands before its readers run, in the right phase (the right block);
@@ -23,8 +23,7 @@ Checks, each at the moment it matters:
   - registers: Sᵀ, dPᵀ, both dQ halves are read only after their group retired; dK, dV at the end after all.
 Deliberately broken protocols (MUTATIONS) must each be caught in every kernel they concern.
 
-    python3 tests/models/bwd_d256_model.py      (NEXT, plain, WHOLE, EDV; 0..9, 13, 24 blocks; 300 seeds each; the
-                                                 mutations)
+    python3 tests/models/bwd_d256_model.py      (0..9, 13, 24 blocks; 300 seeds each; the mutations)
 """
 import functools
 import os
@@ -41,8 +40,6 @@ MUTATIONS = {
     "release_q_before_dk": "the Q stage released before the wait that retires dK",
     "no_wait_read": "dQ_0 written into sdQ without waiting for the last block's second bulk read",
     "no_wait_read_half": "dQ_1 written into sdQ without waiting for dQ_0's bulk read",
-    "next_wrong_parity": "NEXT: block it + 1's Q wait with block it's parity",
-    "do_parity_off": "the dO wait with the parity of the next use",
     "dq1_early": "dQ_1 stored after the wait that retires dV and dQ_0 only",
     "no_bar_p": "WHOLE: warpgroup 1 reads Pᵀ without waiting at barrier P",
     "p_arrive_early": "WHOLE: warpgroup 0 arrives at barrier P before it writes Pᵀ",
@@ -51,13 +48,11 @@ MUTATIONS = {
     "edv_before_bar_p": "EDV: warpgroup 1 issues dV before barrier P",
     "edv_no_do_wait": "EDV: warpgroup 0 issues dV without its wait for dO_i",
 }
-WHOLE_ONLY = ("no_bar_p", "p_arrive_early", "p_arrive_after_b", "whole_next_do_parity")
-EDV_ONLY = ("edv_before_bar_p", "edv_no_do_wait")
 
 
-def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
-    assert nxt or not whole  # WHOLE runs the NEXT order
-    assert whole or not edv  # EDV runs the WHOLE order
+def simulate(n_iter, seed, mutation=None):
+    """The kernel's consumers over n_iter query blocks: each block's Sᵀ (warpgroup 0) or dPᵀ (1) issued in the trip
+    before (the last trip issues its own block's again, discarded), dV issued before barrier B."""
     rng = random.Random(seed)
     q_full, q_empty = [MBar(1), MBar(1)], [MBar(2), MBar(2)]  # one arrival per warpgroup stands for its 128 threads'
     do_full, do_empty = MBar(1), MBar(2)
@@ -70,7 +65,7 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
     retired = [set(), set()]
     tma = []  # in-flight fills: ("q", s, block) or ("do", 0, block)
     bar3 = {"arrived": 0, "gen": 0}
-    barp = {"arrived": 0, "gen": 0}  # WHOLE's named barrier P: completes at two warpgroups' arrivals, whoever's
+    barp = {"arrived": 0, "gen": 0}  # named barrier P: completes at two warpgroups' arrivals, whoever's
     done = [False, False, False]
 
     def inflight_reads(res):
@@ -128,14 +123,13 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
             if mutation != "edv_no_do_wait":
                 yield lambda: do_full.passed(it & 1)  # dO_i for dV
             do_holds.add(c)
-            if edv:
-                yield from early_dv(c, it, buf)
+            yield from early_dv(c, it, buf)
         else:
-            if edv and mutation == "edv_before_bar_p":
+            if mutation == "edv_before_bar_p":
                 yield from early_dv(c, it, buf, wait=False)
             if mutation != "no_bar_p":
                 yield from barp_sync()
-            if edv and mutation != "edv_before_bar_p":
+            if mutation != "edv_before_bar_p":
                 yield from early_dv(c, it, buf, wait=False)
             check(ps[buf][0] == it, f"wg1 reads Pᵀ of block {it} from sP[{buf}] holding {ps[buf][0]}")
             check(do_block[0] == it, f"wg1 reads D_i of block {it} from dO's buffer = {do_block[0]}")
@@ -144,8 +138,7 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
             check(not inflight_reads(("ps", buf, 1)), f"wg1 writes sdS[{buf}] under a wgmma that reads it")
             ps[buf][1] = it
             yield
-            if edv:
-                yield from early_dv_release(c, it)
+            yield from early_dv_release(c, it)
             # Q_i for dK. Warpgroup 0 waited for it before barrier B already, so leaving this out breaks nothing the
             # model sees: the kernel keeps it so that each reader of a fill has its own acquire of the fill's barrier.
             yield lambda: q_full[s].passed(u & 1)
@@ -199,83 +192,38 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
         bulk_reads[c].append((it, half))
 
     def consumer(c):
-        if whole and n_iter > 0:
+        if n_iter > 0:
             yield from whole_first(c, 0)
-        elif nxt and n_iter > 0:
-            yield lambda: q_full[0].passed(0)
-            q_holds[0].add(c)
-            issue(c, "S", 0, [(("q", 0), 0), (("sK",), None)])
         for it in range(n_iter):
             s, u = it & 1, it >> 1
             buf = 0 if mutation == "single_ps" else it & 1
-            do_parity = ((it + 1) if mutation == "do_parity_off" else it) & 1
-            if whole:
-                yield from whole_ps(c, it, s, u, buf)
-            elif nxt:
-                yield from wait_groups(c, 0)
-                need(c, "S", it, "Sᵀ")
-                yield lambda: do_full.passed(do_parity)
-                do_holds.add(c)
-                issue(c, "dP", it, [(("do",), it)])
-            else:
-                yield lambda: q_full[s].passed(u & 1)
-                q_holds[s].add(c)
-                yield lambda: do_full.passed(do_parity)
-                do_holds.add(c)
-                issue(c, "S", it, [(("q", s), it)])
-                issue(c, "dP", it, [(("do",), it)])
-                yield from wait_groups(c, 1)
-                need(c, "S", it, "Sᵀ")
-            if not whole:
-                check(q_block[s] == it, f"wg{c} reads lse2 of block {it} from stage {s} = {q_block[s]}")
-                yield
-                yield from wait_groups(c, 0)
-                need(c, "dP", it, "dPᵀ")
-                check(do_block[0] == it, f"wg{c} reads D_i of block {it} from dO's buffer = {do_block[0]}")
-                check(not inflight_reads(("ps", buf, c)), f"wg{c} writes sP/sdS[{buf}] under a wgmma that reads it")
-                ps[buf][c] = it
-                yield
+            yield from whole_ps(c, it, s, u, buf)
             if mutation != "no_wait_read":
                 yield lambda: not bulk_reads[c]
             yield from barrier3(c)  # B
             if mutation == "p_arrive_after_b" and c == 0:
                 barp_arrive()
             both = [(("ps", buf, 0), it), (("ps", buf, 1), it)]
-            if not edv:
-                issue(c, "dV", it, both + [(("do",), it)])
             issue(c, "dQ0", it, both + [(("sK",), None)])
             issue(c, "dQ1", it, both + [(("sK",), None)])
             issue(c, "dK", it, both + [(("q", s), it)])
             yield
-            if mutation == "release_do_before_dv" and not edv:
-                do_holds.discard(c)
-                do_empty.arrive()
             yield from wait_groups(c, 2)
             need(c, "dV", it, "dV")
             need(c, "dQ0", it, "dQ_0")
-            if mutation != "release_do_before_dv" and not edv:
-                do_holds.discard(c)
-                do_empty.arrive()
             if mutation == "release_q_before_dk":
                 q_release(c, s)
             store_dq(c, it, 0)
             yield
-            if whole:
-                yield from whole_first(c, it + 1 if it + 1 < n_iter else it)
-            elif nxt:
-                nx = it + 1 if it + 1 < n_iter else it
-                parity = (u if mutation == "next_wrong_parity" else nx >> 1) & 1
-                yield lambda: q_full[nx & 1].passed(parity)
-                q_holds[nx & 1].add(c)
-                issue(c, "S", nx, [(("q", nx & 1), nx), (("sK",), None)])
+            yield from whole_first(c, it + 1 if it + 1 < n_iter else it)
             if mutation != "dq1_early":
-                yield from wait_groups(c, 2 if nxt else 1)
+                yield from wait_groups(c, 2)
             need(c, "dQ1", it, "dQ_1")
             if mutation != "no_wait_read_half":
                 yield lambda: not bulk_reads[c]
             store_dq(c, it, 1)
             yield
-            yield from wait_groups(c, 1 if nxt else 0)
+            yield from wait_groups(c, 1)
             need(c, "dK", it, "dK (Q stage release)")
             if mutation != "release_q_before_dk":
                 q_release(c, s)
@@ -304,46 +252,32 @@ def simulate(n_iter, nxt, seed, mutation=None, whole=False, edv=False):
     run(rng, [producer(), consumer(0), consumer(1)], done, tma, groups, bulk_reads, retired, land, bulk_read)
 
 
-KINDS = {"NEXT": (True, False, False), "plain": (False, False, False), "WHOLE": (True, True, False),
-         "EDV": (True, True, True)}
-
-
 def main():
     failures = runs = 0
-    for kind, (nxt, whole, edv) in KINDS.items():
-        for n_iter in list(range(0, 10)) + [13, 24]:
-            for seed in range(300):
-                runs += 1
-                try:
-                    simulate(n_iter, nxt, seed, whole=whole, edv=edv)
-                except (Violation, AssertionError) as e:
-                    failures += 1
-                    if failures < 10:
-                        print(f"{kind} n_iter {n_iter} seed {seed}: {e}")
+    for n_iter in list(range(0, 10)) + [13, 24]:
+        for seed in range(300):
+            runs += 1
+            try:
+                simulate(n_iter, seed)
+            except (Violation, AssertionError) as e:
+                failures += 1
+                if failures < 10:
+                    print(f"n_iter {n_iter} seed {seed}: {e}")
     print(f"protocol: {runs - failures}/{runs} interleavings clean")
     missed = 0
     for m, what in MUTATIONS.items():
-        # the split order's own steps (Sᵀ/dPᵀ halves, their waits) are not in WHOLE: those mutations are its kinds'
-        kinds = ("WHOLE", "EDV") if m in WHOLE_ONLY else None
-        kinds = ("NEXT",) if m in ("next_wrong_parity", "do_parity_off") else kinds
-        kinds = ("EDV",) if m in EDV_ONLY else kinds
-        kinds = kinds or ("NEXT", "plain", "WHOLE", "EDV")
-        if m == "do_parity_off":
-            kinds = ("NEXT", "plain")
-        for kind in kinds:
-            nxt, whole, edv = KINDS[kind]
-            caught = False
-            for n_iter in (2, 3, 5, 8):
-                for seed in range(300):
-                    try:
-                        simulate(n_iter, nxt, seed, mutation=m, whole=whole, edv=edv)
-                    except (Violation, AssertionError):
-                        caught = True
-                        break
-                if caught:
+        caught = False
+        for n_iter in (2, 3, 5, 8):
+            for seed in range(300):
+                try:
+                    simulate(n_iter, seed, mutation=m)
+                except (Violation, AssertionError):
+                    caught = True
                     break
-            print(f"mutation {m:20s} {kind:5s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
-            missed += not caught
+            if caught:
+                break
+        print(f"mutation {m:20s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
+        missed += not caught
     ok = failures == 0 and missed == 0
     print("OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -1,20 +1,27 @@
-"""A model of cuda-hopper's mbarrier protocol (src/cuda/hopper.cu), run under random interleavings: the producer
-thread and the 8 consumer warps (2 warpgroups x 4; 12 = 3 x 4 for pingpong3) execute the kernel's barrier
-operations in the kernel's order; TMA copies land at random later times. Checks: no deadlock, every consumer read finds the tile it
-expects in its stage, and no copy overwrites a stage that a consumer is still reading.
+"""A model of cuda-hopper's forward mbarrier protocols (src/cuda/hopper.cu, hopper_persistent.cuh), run under random
+interleavings: the producer thread and the consumer warps (2 warpgroups x 4; 3 x 4 in the persistent kernel at
+D = 64) execute the kernel's barrier operations in the kernel's order; TMA copies land at random later times. Checks:
+no deadlock, every consumer read finds the tile it expects in its stage, and no copy overwrites a stage that a
+consumer is still reading.
 
-    python3 tests/models/protocol_model.py          (all variants, stages 2 and 3, 0..9 key blocks)
+    python3 tests/models/protocol_model.py
 
-pingpong3 is the one-tile kernel with 3 consumer warpgroups (D = 64, Br = 192): empty barriers of 12 arrivals,
-turns handed round robin 0 -> 1 -> 2 -> 0 on three named barriers, consumer 2 arriving first and skipping its
-last hand-over. The persistent kernel (tile ring and dummy trips) runs with 2 consumers (persistent, tmastore) and with
-3 (tmastore3: q_empty and empty barriers of 12 arrivals); either way the round-robin turns form one chain over all the
-CTA's tiles, the last consumer arriving once before the first tile and consumer 0 taking the last hand-over with one
-more bar.sync after its last tile. The producer publishes every tile with rows in a 2-entry tile ring guarded by
+The kernels modelled are the ones that run (fc_hp_fwd_plan_of): the one-tile ping-pong kernel (fc_hopper_fwd_kernel
+at D = 128 and 256: 2 consumers, 2 stages; simulate), and the persistent kernel (fc_hopper_fwd_persistent_kernel) at
+D = 64 (3 consumers, 3 stages, two Q slots), D = 128 (2 consumers, 2 stages, two Q slots) and D = 256 (2 consumers,
+2 stages, one Q slot: no room for a second; PERSISTENT_SHAPES). The other variants (simple, overlap, the one-tile
+kernel with 3 consumers, 3 stages at D = 64 with 2 consumers, one Q slot at D <= 128) were deleted in commit b009b24
+(their code is at d79fa1c) and are no longer modelled. Both kernels' warpgroups stop at their own last key block
+(fc_hp_own_blocks) and run dummy trips for the rest of the tile's blocks.
+
+The persistent kernel (tile ring and dummy trips): the round-robin turns form one chain over all the CTA's tiles, the
+last consumer arriving once before the first tile and consumer 0 taking the last hand-over with one more bar.sync
+after its last tile. The producer publishes every tile with rows in a 2-entry tile ring guarded by
 mbarriers before its loads, then an end marker; the consumer warps take each tile from the ring (the next one only
 after the dummy trips: blocks past a warpgroup's own last block, one turn each and their K and V released unused);
-Q_i has two slots (one at D = 256). Under static orders (each CTA's list of tiles given) and under the dynamic order
-(the plan's choice with a causal-like mask: 1..3 CTAs share a claim counter; every position with rows must be walked by one CTA).
+Q_i has two slots (one at D = 256). Under static orders (each CTA's list of tiles given: the stride order) and under
+the dynamic order (fc_hp_fwd_plan_of's choice at D = 64 and 128 with a causal-like mask, and at D = 128 unmasked up to
+1024 keys: 1..3 CTAs share a claim counter; every position with rows must be walked by one CTA).
 
 A tile is "in use" from the wgmma that reads it until the wgmma.wait_group that covers that wgmma, whatever
 the release does; so a release that comes too early shows up as a copy overwriting a tile in use. The model
@@ -66,18 +73,24 @@ class NamedBar:
 
 
 MUTATIONS = {
-    "v_released_at_wait1": "overlap loop releases V_{n-1} after wait_group 1 (its P.V may still run)",
+    "v_released_at_wait1": "the loop releases V_{n-1} after wait_group 1 (its P.V may still run)",
     "producer_skips_empty_wait": "producer refills a K stage without waiting for its release",
     "consumer_wrong_parity": "consumers wait for full_k with the parity of the next use",
     "pingpong_no_skip": "consumer 1 hands the turn over after its last group too",
     "pingpong_wrong_skip": "consumer 0, not the last consumer, skips its last hand-over",
-    "pingpong3_pairs": "3 consumers hand the turn over in pairs (c ^ 1), as 2 would: consumer 2 never gets one",
+    "dummy_no_turn": "a warpgroup's dummy trips release K and V but take no turn",
+    "dummy_last_v_kept": "a warpgroup that stops early keeps V_{own-1} (as a tile's last V) before its dummy trips",
 }
+ONE_TILE_DUMMY_MUTATIONS = ("dummy_no_turn", "dummy_last_v_kept")
 
 
-def simulate(n_blocks, stages, variant, seed, mutation=None):
+def simulate(n_blocks, stages, seed, mutation=None, own=None):
+    """The one-tile ping-pong kernel (fc_hopper_fwd_kernel): 2 consumer warpgroups taking turns, each issuing S_n and
+    P_{n-1}.V_{n-1} back to back and releasing V_{n-2} at the start of trip n. own: each warpgroup's own key blocks
+    (1 .. n_blocks, fc_hp_own_blocks), None for all: past them it releases V_{own-2} and V_{own-1} and runs one dummy
+    trip per block (a turn, then K and V released after their full waits)."""
     rng = random.Random(seed)
-    nc = 3 if variant == "pingpong3" else 2  # consumer warpgroups
+    nc = 2  # consumer warpgroups
     q_full = MBar(1)
     full_k = [MBar(1) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
@@ -129,26 +142,24 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
 
     def consumer(cw, warp):
         who = (cw, warp)
-        pingpong = variant in ("pingpong", "pingpong3")
+        n_own = n_blocks if own is None else own[cw]
 
         def my_turn():
-            if pingpong:
-                b = turn[cw]
-                target = b.generation + 1
-                b.add(32)
-                while b.generation < target:
-                    yield "blocked"
+            b = turn[cw]
+            target = b.generation + 1
+            b.add(32)
+            while b.generation < target:
+                yield "blocked"
 
         def your_turn(last):
             skipper = 0 if mutation == "pingpong_wrong_skip" else nc - 1
-            if pingpong and (mutation == "pingpong_no_skip" or not (last and cw == skipper)):
-                nxt = (cw ^ 1) % nc if mutation == "pingpong3_pairs" else (cw + 1) % nc
-                turn[nxt].add(32)  # round robin: the next consumer's turn
+            if mutation == "pingpong_no_skip" or not (last and cw == skipper):
+                turn[cw ^ 1].add(32)  # the other consumer's turn
 
         yield from wait(q_full, 0)
         if n_blocks == 0:
             return
-        if pingpong and cw == nc - 1:
+        if cw == nc - 1:
             turn[0].add(32)  # consumer 0 first
         # block 0
         yield from wait(full_k[0], 0)
@@ -158,44 +169,46 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
         yield "wgmma"
         done("K", 0, who)  # wait_group 0
         release(empty_k[0])
-        for n in range(1, n_blocks):
+        for n in range(1, n_own):
             sn, un, sp, up = n % stages, n // stages, (n - 1) % stages, (n - 1) // stages
             pk = (un + 1) & 1 if mutation == "consumer_wrong_parity" else un & 1
-            if variant == "simple":
-                yield from wait(full_v[sp], up & 1)
-                read("V", sp, n - 1, who)
-                yield "wgmma"
-                done("V", sp, who)
+            if n >= 2 and mutation != "v_released_at_wait1":  # V_{n-2}: its P.V was waited for last trip
+                release(empty_v[(n - 2) % stages])
+            yield from wait(full_k[sn], pk)
+            yield from wait(full_v[sp], up & 1)
+            yield from my_turn()
+            read("K", sn, n, who)
+            read("V", sp, n - 1, who)
+            your_turn(False)
+            yield "wgmma"
+            done("K", sn, who)  # wait_group 1: S done, P.V may still run
+            release(empty_k[sn])
+            if mutation == "v_released_at_wait1":
                 release(empty_v[sp])
-                yield from wait(full_k[sn], pk)
-                read("K", sn, n, who)
-                yield "wgmma"
-                done("K", sn, who)
-                release(empty_k[sn])
-            else:
-                if n >= 2 and mutation != "v_released_at_wait1":  # V_{n-2}: its P.V was waited for last trip
-                    release(empty_v[(n - 2) % stages])
-                yield from wait(full_k[sn], pk)
-                yield from wait(full_v[sp], up & 1)
-                yield from my_turn()
-                read("K", sn, n, who)
-                read("V", sp, n - 1, who)
-                your_turn(False)
-                yield "wgmma"
-                done("K", sn, who)  # wait_group 1: S done, P.V may still run
-                release(empty_k[sn])
-                if mutation == "v_released_at_wait1":
-                    release(empty_v[sp])
-                yield "softmax"
-                yield "wgmma"
-                done("V", sp, who)  # wait_group 0: P.V done
-        sl, ul = (n_blocks - 1) % stages, (n_blocks - 1) // stages
+            yield "softmax"
+            yield "wgmma"
+            done("V", sp, who)  # wait_group 0: P.V done
+        sl, ul = (n_own - 1) % stages, (n_own - 1) // stages
         yield from wait(full_v[sl], ul & 1)
         yield from my_turn()
-        read("V", sl, n_blocks - 1, who)
-        your_turn(True)
+        read("V", sl, n_own - 1, who)
+        your_turn(n_own == n_blocks)
         yield "wgmma"
-        done("V", sl, who)  # V_{N-1} (and in the overlap variants V_{N-2}) is never released: no fill waits
+        done("V", sl, who)  # the tile's last two V stages are never released: no fill waits for them
+        if n_own < n_blocks:  # the producer refills V_{own-2}'s and V_{own-1}'s stages for the skipped blocks
+            if n_own >= 2:
+                release(empty_v[(n_own - 2) % stages])
+            if mutation != "dummy_last_v_kept":
+                release(empty_v[sl])
+            for n in range(n_own, n_blocks):  # dummy trips: every key masked for this warpgroup's rows
+                sn, un = n % stages, n // stages
+                yield from wait(full_k[sn], un & 1)
+                if mutation != "dummy_no_turn":
+                    yield from my_turn()
+                    your_turn(n == n_blocks - 1)
+                release(empty_k[sn])
+                yield from wait(full_v[sn], un & 1)
+                release(empty_v[sn])
 
     actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
     alive = list(range(len(actors)))
@@ -220,7 +233,8 @@ def simulate(n_blocks, stages, variant, seed, mutation=None):
         if stuck > 5000 and not in_flight:
             raise AssertionError(f"deadlock: actors {alive} blocked forever")
     # nothing left pending on the turn barriers
-    assert all(b.arrived == 0 for b in turn), f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
+    assert all(b.arrived == 0 for b in turn), \
+        f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
     return log
 
 
@@ -241,7 +255,8 @@ PERSISTENT_MUTATIONS = {
     "p3_turn_in_empty_tile": "the last consumer hands the turn over once in a tile with no key block",
 }
 
-# the dynamic order (src/cuda/hopper.cu's fc_hp_fwd_plan): several CTAs claim positions of one order with a shared counter
+# the dynamic order (src/cuda/hopper.cu's fc_hp_fwd_plan_of): several CTAs claim positions of one order with a shared
+# counter
 DYNAMIC_MUTATIONS = {
     "d_consumer_skips_tile": "consumer 1 takes the next ring entry at once after its first loaded one from the ring, "
                              "skipping a tile the producer loads",
@@ -566,75 +581,81 @@ def random_own(rng, weights, nc):
 
 
 DUMMY_MUTATIONS = ("p_take_before_dummy", "p_dummy_no_turn", "p_dummy_v_kept")
-# (consumer warpgroups, Q slots) of the persistent kernels: 2 consumers with two Q slots (D = 64, 128) and with one
-# (D = 256), tmastore3's 3 consumers with two
-PERSISTENT_SHAPES = ((2, 2), (2, 1), (3, 2))
-ONE_SLOT_MUTATIONS = ("p_q_released_first", "p_q_not_waited")  # checked again in the (2, 1) shape alone
+# (consumer warpgroups, Q slots, K/V stages) of the persistent kernels that run (hopper.cu's fc_hp_persistent):
+# D = 128 (2 consumers, two Q slots, 2 stages), D = 256 (2, one Q slot, 2), D = 64 (tmastore3: 3, two Q slots, 3)
+PERSISTENT_SHAPES = ((2, 2, 2), (2, 1, 2), (3, 2, 3))
+D256_SHAPE = ((2, 1, 2),)
+# the dynamic order runs at D = 64 and 128 only (fc_hp_fwd_plan_of: D = 256's persistent kernel runs unmasked, in the
+# stride order, which the static orders model)
+DYNAMIC_SHAPES = ((2, 2, 2), (3, 2, 3))
+ONE_SLOT_MUTATIONS = ("p_q_released_first", "p_q_not_waited")  # checked again in D = 256's shape alone
 
 
 def run_persistent(mutation=None, seeds=40, shapes=PERSISTENT_SHAPES):
     """Random tile lists (1..6 tiles of 0..6 key blocks, some with no rows, some with dummy trips) under random
-    interleavings, with 2 and 3 consumers, one and two Q slots (PERSISTENT_SHAPES)."""
+    interleavings, in each shape of PERSISTENT_SHAPES."""
     runs = 0
-    for nc, q_slots in shapes:
-        for stages in (2, 3):
-            for seed in range(seeds):
-                rng = random.Random(1000 + seed)
-                tiles = random_tiles(rng, 1, 6)
-                if mutation and not any(tiles):
-                    tiles.append(3)
-                if mutation and sum(1 for t in tiles if t) < 2:
-                    tiles += [2, 4]  # the cross-tile mutations need two loaded tiles to show
-                if mutation == "p3_turn_in_empty_tile" and 0 not in tiles:
-                    tiles.insert(1, 0)
-                own = random_own(rng, tiles, nc)
-                if mutation in DUMMY_MUTATIONS:  # a tile whose first warpgroup runs dummy trips, then another
-                    own[len(tiles)] = (1,) + (5,) * (nc - 1)
-                    tiles += [5, 3]
-                try:
-                    simulate_persistent(tiles, stages, seed, mutation, nc, own, q_slots)
-                except AssertionError as e:
-                    return (f"persistent nc={nc} q_slots={q_slots} stages={stages} tiles={tiles} own={own} "
-                            f"seed={seed}: {e}", runs)
-                runs += 1
+    for nc, q_slots, stages in shapes:
+        for seed in range(seeds):
+            rng = random.Random(1000 + seed)
+            tiles = random_tiles(rng, 1, 6)
+            if mutation and not any(tiles):
+                tiles.append(3)
+            if mutation and sum(1 for t in tiles if t) < 2:
+                tiles += [2, 4]  # the cross-tile mutations need two loaded tiles to show
+            if mutation == "p3_turn_in_empty_tile" and 0 not in tiles:
+                tiles.insert(1, 0)
+            own = random_own(rng, tiles, nc)
+            if mutation in DUMMY_MUTATIONS:  # a tile whose first warpgroup runs dummy trips, then another
+                own[len(tiles)] = (1,) + (5,) * (nc - 1)
+                tiles += [5, 3]
+            try:
+                simulate_persistent(tiles, stages, seed, mutation, nc, own, q_slots)
+            except AssertionError as e:
+                return (f"persistent nc={nc} q_slots={q_slots} stages={stages} tiles={tiles} own={own} "
+                        f"seed={seed}: {e}", runs)
+            runs += 1
     return None, runs
 
 
 def run_dynamic(mutation=None, seeds=40):
     """The dynamic order: 1..3 CTAs over 1..12 positions (at least one per CTA, as the host's grid = min(tiles,
-    SMs)), random weights with tiles without rows, empty tiles and dummy trips, 2 and 3 consumers, one and two Q slots
-    (PERSISTENT_SHAPES), 2 and 3 stages."""
+    SMs)), random weights with tiles without rows, empty tiles and dummy trips, in each shape of DYNAMIC_SHAPES."""
     runs = 0
-    for nc, q_slots in PERSISTENT_SHAPES:
-        for stages in (2, 3):
-            for seed in range(seeds):
-                rng = random.Random(5000 + seed)
-                grid = rng.randint(1, 3)
-                weights = random_tiles(rng, grid, 12)
-                if mutation:
-                    weights += [rng.choice([0, None, 2]) for _ in range(3)] + [3, 1, 2] * grid  # several tiles per CTA
-                own = random_own(rng, weights, nc)
-                try:
-                    simulate_dynamic(weights, grid, stages, seed, mutation, nc, own, q_slots)
-                except AssertionError as e:
-                    return (f"dynamic nc={nc} q_slots={q_slots} stages={stages} grid={grid} weights={weights} "
-                            f"seed={seed}: {e}", runs)
-                runs += 1
+    for nc, q_slots, stages in DYNAMIC_SHAPES:
+        for seed in range(seeds):
+            rng = random.Random(5000 + seed)
+            grid = rng.randint(1, 3)
+            weights = random_tiles(rng, grid, 12)
+            if mutation:
+                weights += [rng.choice([0, None, 2]) for _ in range(3)] + [3, 1, 2] * grid  # several tiles per CTA
+            own = random_own(rng, weights, nc)
+            try:
+                simulate_dynamic(weights, grid, stages, seed, mutation, nc, own, q_slots)
+            except AssertionError as e:
+                return (f"dynamic nc={nc} q_slots={q_slots} stages={stages} grid={grid} weights={weights} "
+                        f"seed={seed}: {e}", runs)
+            runs += 1
     return None, runs
 
 
 def run_all(mutation=None, seeds=60):
     """None when every run passes, else the first failure's description."""
     runs = 0
-    for variant in ("simple", "overlap", "pingpong", "pingpong3"):
-        for stages in (2, 3):
-            for n_blocks in range(0, 10):
-                for seed in range(seeds):
-                    try:
-                        simulate(n_blocks, stages, variant, seed, mutation)
-                    except AssertionError as e:
-                        return f"variant={variant} stages={stages} n_blocks={n_blocks} seed={seed}: {e}", runs
-                    runs += 1
+    stages = 2  # the one-tile kernel's K/V stages at D = 128 and 256 (fc_hp_launch<T, D, 2>)
+    for n_blocks in range(0, 10):
+        for seed in range(seeds):
+            rng = random.Random(3000 + 100 * n_blocks + seed)
+            own = None  # about half the runs of 2+ blocks with dummy trips, in one or both warpgroups
+            if n_blocks >= 2 and rng.random() < 0.5:
+                own = (rng.randint(1, n_blocks), rng.randint(1, n_blocks))
+            if mutation in ONE_TILE_DUMMY_MUTATIONS and n_blocks >= 2:
+                own = (rng.randint(1, n_blocks - 1), n_blocks)
+            try:
+                simulate(n_blocks, stages, seed, mutation, own)
+            except AssertionError as e:
+                return f"one-tile stages={stages} n_blocks={n_blocks} own={own} seed={seed}: {e}", runs
+            runs += 1
     return None, runs
 
 
@@ -649,7 +670,7 @@ def main():
         print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
         failures += err is None
     for mutation in ONE_SLOT_MUTATIONS:  # caught with one Q slot too (D = 256)
-        err, _ = run_persistent(mutation, seeds=20, shapes=((2, 1),))
+        err, _ = run_persistent(mutation, seeds=20, shapes=D256_SHAPE)
         print(f"mutation {mutation} (one Q slot): {'caught: ' + err if err else 'NOT CAUGHT'}")
         failures += err is None
     for mutation, what in DYNAMIC_MUTATIONS.items():
@@ -669,10 +690,9 @@ def main():
         print("FAIL", err_d)
         failures += 1
     runs_p += runs_d
-    print(f"{runs + runs_p} passed, {failures} failed (protocol model: simple/overlap/pingpong/pingpong3, stages 2 "
-          f"and 3, "
-          f"0..9 key blocks; persistent (2 consumers with 2 or 1 Q slots, 3 with 2) over random tile lists, static "
-          f"and dynamic orders; "
+    print(f"{runs + runs_p} passed, {failures} failed (protocol model: the one-tile ping-pong kernel, 2 stages, "
+          f"0..9 key blocks; the persistent kernel at D = 64, 128, 256 (PERSISTENT_SHAPES) over random tile lists, "
+          f"static and dynamic orders; "
           f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS) + len(ONE_SLOT_MUTATIONS) + len(DYNAMIC_MUTATIONS)} "
           f"broken protocols must be caught)")
     sys.exit(1 if failures else 0)
