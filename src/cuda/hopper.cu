@@ -617,7 +617,7 @@ static bool hopper_enabled(void) {
 static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
                                 fc_hopper_fwd_args *a) {
   a->n_pairs = (int)(p->batch * p->heads_q); /* fits: the caller's fc_mma_grid refused a grid past 2^31 − 1 CTAs */
-  return fc_tail_from(p, "FLASHC_FWD_TAIL", a->m_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
+  return fc_tail_from(p, a->m_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
 /* The one-tile kernel at its tile shape, <D, K/V stages, Bc>: D = 128: 32 + 2·2·32 = 160 KB; D = 256, Bc = 80: 64 +

@@ -890,7 +890,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
   a.n_pairs = (int)(p->batch * a.heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
-  FC_CHECK(fc_tail_from(p, "FLASHC_BWD_TAIL", a.n_blocks, a.n_pairs, NULL, 0, 0, &a.tail_from)); /* one CTA per SM */
+  FC_CHECK(fc_tail_from(p, a.n_blocks, a.n_pairs, NULL, 0, 0, &a.tail_from)); /* one CTA per SM */
   CUtensorMap maps[4];
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", plan.br, "flashc_backward", &maps[0]));
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[1]));

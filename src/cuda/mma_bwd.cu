@@ -513,7 +513,7 @@ template <typename T> static flashc_status fc_mma_bwd_prep(const fc_problem *p, 
 static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
                                      fc_mma_bwd_args *a) {
   a->n_pairs = (int)(p->batch * a->heads_kv);
-  return fc_tail_from(p, "FLASHC_BWD_TAIL", a->n_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
+  return fc_tail_from(p, a->n_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
 /* 2, base configuration. */

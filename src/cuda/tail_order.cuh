@@ -30,18 +30,20 @@ static __device__ __forceinline__ void fc_tail_tile_of_cta(int n_blocks, int n_p
 }
 
 /* tail_from for a grid of n_pairs × n_blocks CTAs of `kernel` (threads, smem: its launch), as many resident per SM as
- * the occupancy calculator says (kernel NULL: one). The environment variable `env` (FLASHC_BWD_TAIL,
- * FLASHC_FWD_TAIL): how many waves of CTAs at the grid's end take the tile-by-tile order, where a right mask edge
- * (causal) makes the tiles unequal: 2 (unset), or 0 (off), 1, 3, 4 (the model: 1 wave leaves up to 3 % idle). The
- * occupancy query only where the order applies: an unmasked call asks nothing of the runtime. */
-static inline flashc_status fc_tail_from(const fc_problem *p, const char *env, int n_blocks, int n_pairs,
-                                         const void *kernel, int threads, size_t smem, int *tail_from) {
-  static const char *const names[] = {"0", "1", "2", "3", "4"};
-  int waves = 2;
-  FC_CHECK(fc_env_choice(env, names, (int)(sizeof names / sizeof names[0]), 2, "cuda grid order", &waves));
+ * the occupancy calculator says (kernel NULL: one): the last FC_TAIL_WAVES waves of CTAs take the tile-by-tile order,
+ * where a right mask edge (causal) makes the tiles unequal. Two waves: the list-scheduling model leaves 0.5-1.3 %
+ * idle with them, up to 2.5 % with one (tools/profile/grid_order_model.py); against the pair-by-pair order, causal,
+ * steady state: backward +2.0..3.4 % (bench/results/configs/hopper-bwd-tail-2026-11-23.txt), forward +2.9..7.4 %
+ * (cuda-mma) and +3.7..5.1 % (cuda-hopper's one-tile kernel at d256; configs/tail-fwd-2026-11-23.txt). Other wave
+ * counts were a switch until d79fa1c. The occupancy query only where the order applies: an unmasked call asks
+ * nothing of the runtime. */
+enum { FC_TAIL_WAVES = 2 };
+static inline flashc_status fc_tail_from(const fc_problem *p, int n_blocks, int n_pairs, const void *kernel,
+                                         int threads, size_t smem, int *tail_from) {
+  const int waves = FC_TAIL_WAVES;
   *tail_from = n_pairs;
   /* tiles of one length (or no grid): the L2-friendly order alone */
-  if (waves == 0 || p->window_right < 0 || n_blocks < 1 || n_pairs < 1) return FLASHC_OK;
+  if (p->window_right < 0 || n_blocks < 1 || n_pairs < 1) return FLASHC_OK;
   int ctas_per_sm = 1;
   if (kernel) FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, threads, smem));
   fc_device_props props;

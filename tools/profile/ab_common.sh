@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# tools/profile/ab_common.sh — sourced by the one-call device A/B scripts (tail_ab.sh): takes the library
+# tools/profile/ab_common.sh — sourced by one-call device A/B scripts: takes the library
 # as $1, exports what flashc's Python package and tools need, enters the repository root, and defines
 # run NAME TIMEOUT COMMAND... (the command's output to $OUT/NAME.txt, one line "NAME: rc=... <its last line>").
 lib=${1:?usage: $(basename "$0") LIB}
