@@ -448,7 +448,9 @@ static void mutate(reader *r, fcase *c) {
   }
   case 6: { /* lse inside a tensor (issue 43, row 3): an output in forward, an input in backward */
     if (c->lse_null) return;
-    c->tv[LSE].buf = x->buf >= 0 ? x->buf : t, c->tv[LSE].pos = x->pos;
+    /* at the first 4-byte boundary from the tensor's start: lse itself stays aligned (a misaligned lse is refused,
+     * and the harness writes it as floats), still inside the tensor's bytes */
+    c->tv[LSE].buf = x->buf >= 0 ? x->buf : t, c->tv[LSE].pos = (x->pos + x->misalign + 3) / 4 * 4;
     note(c, EXPECT_OK, "lse placed at %s", tnames[t]);
     return;
   }
@@ -639,9 +641,10 @@ static void place(fcase *c, uint64_t seed, int mode) {
   for (int i = 0; i < n_tensors(c); i++)
     if (is_output(c, i)) for_each(c, slot(c, i), poison_one, NULL);
   for (int i = 0; c->lse && i < lse_count(c); i++) {
-    if (c->backward)
-      c->lse[i] = (float)(uniform(&rng) * 4.0);
-    else
+    if (c->backward) {
+      const float x = (float)(uniform(&rng) * 4.0);
+      memcpy(c->lse + i, &x, sizeof x); /* no store through a misaligned float pointer, whatever the mutations did */
+    } else
       poison((unsigned char *)(c->lse + i), 4);
   }
 
