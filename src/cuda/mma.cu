@@ -314,8 +314,8 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
                         : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-mma"));
   a_tail.n_pairs = (int)(p->batch * p->heads_q); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
-  FC_CHECK(fc_tail_from(p, a->m_blocks, a_tail.n_pairs, (const void *)kernel, FC_MMA_BR / MT * 2,
-                        smem, &a_tail.tail_from)); /* the grid's order (tail_order.cuh) */
+  FC_CHECK(fc_tail_from(p, a->m_blocks, a_tail.n_pairs, (const void *)kernel, FC_MMA_BR / MT * 2, smem,
+                        &a_tail.tail_from)); /* the grid's order (tail_order.cuh) */
   kernel<<<dim3(grid, a->n_splits), FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_mma_fwd_kernel");
   if (a->n_splits > 1) { /* the parts of each row merged (mma_fwd_split.cuh) */
