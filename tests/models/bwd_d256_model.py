@@ -1,7 +1,7 @@
 """A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh: WHOLE with
 EDV, the one D = 256 kernel), run under random interleavings with bwd_v2_model.py's machinery. The orders before it
 (the split products with the next block's Sᵀ issued early, without that, WHOLE without EDV) were deleted in commit
-b009b24 (their code is at d79fa1c) and are no longer modelled. Agents: the producer thread (Q_i, lse2_i into a
+9993c62 (their code is at d79fa1c) and are no longer modelled. Agents: the producer thread (Q_i, lse2_i into a
 ring of 2 stages; dO_i, D_i into one buffer), the two consumer warpgroups (each one agent: its 128 threads pass every
 step together), and the asynchronous units: TMA copies landing, each warpgroup's wgmma groups completing in order,
 bulk reduce-adds finishing their reads of sdQ.

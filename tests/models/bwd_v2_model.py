@@ -12,7 +12,7 @@ tile, READY arrived, then after the other's READY of block i - 1 its dQ of block
 dQ), FREE arrived, dQ stored to sdQ and one bulk add; wait 0 (dK), the stage released. The last block's dQ after
 the loop. bwd_lag_model.py checks the pairwise barriers alone over more blocks. The orders before LAG (the next
 block's S^T issued behind dK, earlier still, without LAG) and the persistent form of this kernel were deleted in
-commit b009b24 (their code is at d79fa1c) and are no longer modelled.
+commit 9993c62 (their code is at d79fa1c) and are no longer modelled.
 
 Checks, each at the moment it matters:
   - no deadlock; every stage fill lands before its readers run, in the right phase (the right block);

@@ -10,7 +10,7 @@ The kernels modelled are the ones that run (fc_hp_fwd_plan_of): the one-tile pin
 at D = 128 and 256: 2 consumers, 2 stages; simulate), and the persistent kernel (fc_hopper_fwd_persistent_kernel) at
 D = 64 (3 consumers, 3 stages, two Q slots), D = 128 (2 consumers, 2 stages, two Q slots) and D = 256 (2 consumers,
 2 stages, one Q slot: no room for a second; PERSISTENT_SHAPES). The other variants (simple, overlap, the one-tile
-kernel with 3 consumers, 3 stages at D = 64 with 2 consumers, one Q slot at D <= 128) were deleted in commit b009b24
+kernel with 3 consumers, 3 stages at D = 64 with 2 consumers, one Q slot at D <= 128) were deleted in commit 9993c62
 (their code is at d79fa1c) and are no longer modelled. Both kernels' warpgroups stop at their own last key block
 (fc_hp_own_blocks) and run dummy trips for the rest of the tile's blocks.
 
