@@ -20,16 +20,16 @@
  * Rows of the score matrix that see no key (a causal mask with seqlen_q > seqlen_k, or a window) give
  * output 0, lse −inf and zero gradients: never NaN.
  *
- * Non-finite values follow IEEE arithmetic, as in PyTorch and FlashAttention, on the CPU backends (the CUDA
- * backends' running row maximum still drops a NaN score, so a row whose every score is NaN comes out there as
- * o = 0, lse = −inf; their fix awaits its GPU check, issue #43). A NaN reaches every row that
+ * Non-finite values follow IEEE arithmetic, as in PyTorch and FlashAttention, on every backend (the CUDA
+ * backends' running row maximum is NaN-propagating, max.NaN.f32). A NaN reaches every row that
  * meets it: a NaN in q_i makes o_i and lse_i NaN; a NaN in k_j, or a score of +inf (softmax's exp(inf − inf)),
  * makes NaN every row that sees key j; the backward gives NaN gradients where NaN flows (and, through 0·inf,
  * in dq from a key with an infinite component). A score of −inf weighs nothing, like a masked key; a row
  * that sees no key, or only scores of −inf, gives o = 0 and lse = −inf. Scores or sums past fp32's range
  * (a huge scale, values near 3e38): `cpu` recomputes such rows in fp64 and gives cpu-ref's answer (lse
  * rounds to ±inf past the range); the CUDA backends, computing in fp32, give inf or NaN there, or o = 0 and
- * lse = −inf for a row whose scores all fall below −3.4e38.
+ * lse = −inf for a row whose scores all fall below −3.4e38 (their backward of such a forward is not yet held
+ * to that rule: cuda-mma and cuda-hopper have given finite gradients of 0 there, issue #43).
  *
  * Empty inputs (as FlashAttention and PyTorch): batch = 0, seqlen_q = 0 or seqlen_k = 0, and varlen batches
  * whose every sequence is empty on one side (total_q = 0 or total_k = 0) are valid calls. Queries that see

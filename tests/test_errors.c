@@ -311,8 +311,10 @@ static void strides(void) {
 static void aliasing(void) {
   call c;
   valid_call(&c, &fx, h_auto);
-  c.po = &c.k;      /* flashc_forward(h, &p, &q, &k, &v, &k, lse) */
-  c.q.size[1] = SK; /* so that shapes pass: o (= k) must be shaped like q */
+  c.po = &c.k; /* flashc_forward(h, &p, &q, &k, &v, &k, lse) */
+  /* so that shapes pass, o (= k) shaped like q: k and v narrowed to SQ rows (a view past q's memory could overlap
+   * whatever lies after it, and the overlap would be reported first) */
+  c.k.size[1] = c.v.size[1] = SQ;
   expect("forward: o is the same struct as k", &fx, &c, 0, INVALID, "o and k are the same flashc_tensor", NULL);
   valid_call(&c, &fx, h_auto);
   c.po = &c.q;

@@ -55,7 +55,7 @@ def register(name: str = NAME) -> str:
 
 def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
     """transformers' sdpa_mask, with the key padding it was built from attached (for attention_forward)."""
-    from transformers.masking_utils import prepare_padding_mask, sdpa_mask
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
     m = sdpa_mask(
         batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
@@ -70,6 +70,14 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mas
             keys = padding[:, kv_offset : kv_offset + kv_length].to(device=device, dtype=torch.bool)
         m._flashc_keys = keys  # [batch, kv_length]: which keys are tokens (True) or padding
         m._flashc_checked = {}
+        # Plainly causal with the last query on the last key, no padding: known from the arguments, not from the
+        # mask's values, so that a compiled graph (where sdpa_mask cannot skip the mask) needs no data-dependent
+        # check. A static cache (keys past the last query, not yet written) is not aligned so: checked.
+        aligned = (
+            all(isinstance(x, int) for x in (q_offset, kv_offset)) and q_offset + q_length == kv_offset + kv_length
+        )
+        plain = kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+        m._flashc_causal = padding is None and plain and aligned
     return m
 
 
@@ -110,6 +118,8 @@ def attention_forward(
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [b, s, h, d] views, no copy
     if attention_mask is None:
         return ft.attention(q, k, v, causal=causal, window=window, scale=scaling), None
+    if getattr(attention_mask, "_flashc_causal", False):
+        return ft.attention(q, k, v, causal=True, window=window, scale=scaling), None
     keys = getattr(attention_mask, "_flashc_keys", None)
     if keys is None:
         raise ValueError(

@@ -47,6 +47,19 @@ flashc_status fc_device_get_props(fc_device_props *out);
 
 static inline cudaStream_t fc_stream(const fc_problem *p) { return (cudaStream_t)p->stream; }
 
+/* max(a, b), NaN when either is NaN. Softmax's running maximum must carry a NaN score into the row, not drop it
+ * as fmaxf (IEEE maxNum) does, so that "max = −inf" means "no key seen" and nothing else, and a NaN row comes
+ * out NaN. sm_80 has it as one instruction, max.NaN.f32, at the throughput of max.f32. */
+static __device__ __forceinline__ float fc_fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a != a || b != b ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+
 /* Ceiling division for grids. */
 static inline int64_t fc_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

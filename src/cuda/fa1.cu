@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(FA1_THREADS)
     float *Sr = S + tid * FA1_LDS;
     int64_t idx = (q.q_row0 + i0 + tid) * a.heads_q + h;
     float mt = -INFINITY;
-    for (int c = 0; c < FA1_BC; c++) mt = fmaxf(mt, Sr[c]);
+    for (int c = 0; c < FA1_BC; c++) mt = fc_fmax_nan(mt, Sr[c]); /* NaN stays: not "sees nothing" */
     if (mt == -INFINITY) { /* this row sees nothing of block j: keep its state, and P̃ = 0 (not exp(−inf + inf)) */
       for (int c = 0; c < FA1_BC; c++) Sr[c] = 0.0f;
       coef_o[tid] = 1.0f;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(FA1_THREADS)
         Sr[c] = expf(Sr[c] - mt);
         lt += Sr[c];
       }
-      float m_old = mbuf[idx], l_old = lbuf[idx], m_new = fmaxf(m_old, mt);
+      float m_old = mbuf[idx], l_old = lbuf[idx], m_new = fc_fmax_nan(m_old, mt);
       float e_old = expf(m_old - m_new), e_new = expf(mt - m_new); /* m_old = −inf gives e_old = 0 */
       float l_new = e_old * l_old + e_new * lt;
       coef_o[tid] = e_old * l_old / l_new;
@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(FA1_THREADS)
   }
 }
 
-/* o = O (already normalised), lse = m + log l, or −inf for a row that saw no key (then O is still 0). */
+/* o = O (already normalised), lse = m + log l, or −inf for a row that saw no key (m = −inf: then O is still 0;
+ * a NaN m or l gives a NaN lse). */
 __global__ void __launch_bounds__(FA1_THREADS)
     fa1_finish_kernel(fc_cc_args a, const float *O, const float *mbuf, const float *lbuf) {
   const int d = a.head_dim;
@@ -131,7 +132,8 @@ __global__ void __launch_bounds__(FA1_THREADS)
     fc_cc_seq q = fc_cc_seq_get(a, s);
     int64_t i = prow - q.q_row0;
     a.o.data[fc_cc_off(a.o, s, q.q_start, i, h) + c] = O[e];
-    if (c == 0 && a.lse) a.lse[fc_cc_lse_idx(a, s, q, h, i)] = lbuf[r] > 0.0f ? mbuf[r] + logf(lbuf[r]) : -INFINITY;
+    if (c == 0 && a.lse)
+      a.lse[fc_cc_lse_idx(a, s, q, h, i)] = mbuf[r] != -INFINITY ? mbuf[r] + logf(lbuf[r]) : -INFINITY;
   }
 }
 

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB) fa2_fwd_kernel(fc_cc_args a
   fa2_load_q_scaled<BR, D, LD>(Qs, a.q.data + fc_cc_off(a.q, s, q.q_start, i0, h), a.q.ss, rows, d, vec,
                                a.scale * FA2_LOG2E);
 
-  const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sk); /* visible keys of this thread's rows */
+  const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk); /* visible keys of this thread's rows */
   float m[TM], l[TM]; /* running max (base 2) and this thread's share of the running sum */
   float4 o[TM][NC];
 #pragma unroll
@@ -130,13 +130,13 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB) fa2_fwd_kernel(fc_cc_args a
 
     /* Online softmax: m_new = max(m, rowmax S), P = 2^(S − m_new), l = α·l + rowsum P, O = α·O. While a row
      * has seen only masked keys m_new is −inf; subtracting 0 instead keeps 2^(−inf − (−inf)) = NaN out and
-     * still gives P = 0, α = 0. */
+     * still gives P = 0, α = 0. The maxima carry NaN (fc_fmax_nan): a NaN score makes the row NaN. */
 #pragma unroll
     for (int i = 0; i < TM; i++) {
       float mt = S[i][0];
 #pragma unroll
-      for (int j = 1; j < TN; j++) mt = fmaxf(mt, S[i][j]);
-      const float m_new = fmaxf(m[i], fa2_row_max(mt)), m_use = m_new == -INFINITY ? 0.0f : m_new;
+      for (int j = 1; j < TN; j++) mt = fc_fmax_nan(mt, S[i][j]);
+      const float m_new = fc_fmax_nan(m[i], fa2_row_max(mt)), m_use = m_new == -INFINITY ? 0.0f : m_new;
       const float alpha = fc_exp2(m[i] - m_use);
       m[i] = m_new;
       float rs = 0.0f;
@@ -177,11 +177,11 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB) fa2_fwd_kernel(fc_cc_args a
   }
 
   /* O = O / l, lse = (m + log2 l)·ln 2. l is summed over the row group's 16 threads only now: every thread
-   * scaled its share by the same α's. */
+   * scaled its share by the same α's. m = −inf: the row saw no key (O = 0, lse = −inf); a NaN m or l, NaN. */
 #pragma unroll
   for (int i = 0; i < TM; i++) {
     const int32_t row = i0 + ty + 8 * i;
-    const float lsum = fa2_row_sum(l[i]), inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const float lsum = fa2_row_sum(l[i]), inv = m[i] != -INFINITY ? 1.0f / lsum : 0.0f;
     if (row >= q.sq) continue;
     float *og = a.o.data + fc_cc_off(a.o, s, q.q_start, row, h);
 #pragma unroll
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB) fa2_fwd_kernel(fc_cc_args a
       fa2_store4(og + col, v, col, d, vec);
     }
     if (a.lse && tx == 0)
-      a.lse[fc_cc_lse_idx(a, s, q, h, row)] = lsum > 0.0f ? (m[i] + log2f(lsum)) * FA2_LN2 : -INFINITY;
+      a.lse[fc_cc_lse_idx(a, s, q, h, row)] = m[i] != -INFINITY ? (m[i] + log2f(lsum)) * FA2_LN2 : -INFINITY;
   }
 }
 

@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
   for (int32_t it = 0; it < n_it; it++) {
     const int h = hk * a.group + it / nqb;
     const int32_t i0 = (qb0 + it % nqb) * BR;
-    const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sk);
+    const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk);
     fc_cp_async_wait<0>();
     __syncthreads(); /* Q_i, dO_i, lse_i, D_i (and K_j, V_j) visible; the previous dQ product is done with dS */
 
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(FA2_THREADS, 2)
   }
   fc_cp_async_commit();
 
-  const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sk);
+  const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk);
   float4 dq[TM][NC];
 #pragma unroll
   for (int i = 0; i < TM; i++) {
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
     const int h = hk * a.group + it / nqb;
     const int32_t i0 = (qb0 + it % nqb) * BR;
     float *Qs = Q0 + (QS == 2 ? (it & 1) * QF : 0), *dOs = Qs + BR * LD, *Ls = dOs + BR * LD, *Ds = Ls + BR;
-    const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sk);
+    const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk);
     fc_cp_async_wait<0>();
     __syncthreads(); /* Q_i, dO_i, lse_i, D_i visible; every thread is done with the previous P, dS (and, QS 2,
                         with the other stage) */

@@ -84,22 +84,26 @@ static __device__ __forceinline__ void fa2_load_rows_async(float *sm, const floa
 /* The rows of a thread are r0 + 8·a. Row r sees keys [max(r + shift − window_left, 0), min(r + shift +
  * window_right + 1, sk)); both ends move with r, so two numbers per thread describe all its rows. They are
  * clamped to ±2^30 (an unbounded side, or a bound far outside [0, sk]) so that r0-relative arithmetic stays in
- * 32 bits. */
+ * 32 bits. A row past the sequence (r ≥ sq, the tile's padding) sees no key: its zero query times a key with an
+ * infinite component is NaN, which the backward's P must not carry into dK, dV. */
 typedef struct fa2_rows {
-  int32_t lo0, hi0, sk;
+  int32_t lo0, hi0, sk, left; /* left: sq − r0, rows r0 + 8·a < sq are in the sequence */
 } fa2_rows;
 
-static __device__ __forceinline__ fa2_rows fa2_rows_of(const fc_cc_args &a, int64_t shift, int32_t r0, int32_t sk) {
+static __device__ __forceinline__ fa2_rows fa2_rows_of(const fc_cc_args &a, int64_t shift, int32_t r0, int32_t sq,
+                                                       int32_t sk) {
   const int64_t big = (int64_t)1 << 30, dg = (int64_t)r0 + shift;
   int64_t lo = a.window_left < 0 ? -big : dg - a.window_left;
   int64_t hi = a.window_right < 0 ? big : dg + a.window_right + 1;
   lo = lo < -big ? -big : lo > big ? big : lo;
   hi = hi < -big ? -big : hi > big ? big : hi;
-  fa2_rows r = {(int32_t)lo, (int32_t)hi, sk};
+  fa2_rows r = {(int32_t)lo, (int32_t)hi, sk, sq - r0};
   return r;
 }
 static __device__ __forceinline__ int32_t fa2_row_lo(const fa2_rows &r, int i) { return max(r.lo0 + 8 * i, 0); }
-static __device__ __forceinline__ int32_t fa2_row_hi(const fa2_rows &r, int i) { return min(r.hi0 + 8 * i, r.sk); }
+static __device__ __forceinline__ int32_t fa2_row_hi(const fa2_rows &r, int i) {
+  return 8 * i < r.left ? min(r.hi0 + 8 * i, r.sk) : 0;
+}
 
 /* ---- products of shared-memory tiles ----------------------------------------------------------------- */
 /* Each thread accumulates its own sub-tile in registers; all loops unroll so that the accumulators stay in
@@ -187,7 +191,7 @@ static __device__ __forceinline__ void fa2_gemm_tn(float4 (&acc)[4 * MC][NC], co
 /* ---- row reductions over the 16 threads (one half-warp) of a row group -------------------------------- */
 static __device__ __forceinline__ float fa2_row_max(float x) {
 #pragma unroll
-  for (int m = 8; m > 0; m >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+  for (int m = 8; m > 0; m >>= 1) x = fc_fmax_nan(x, __shfl_xor_sync(0xffffffffu, x, m));
   return x;
 }
 static __device__ __forceinline__ float fa2_row_sum(float x) {

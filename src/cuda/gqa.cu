@@ -43,12 +43,12 @@ size_t fc_gqa_workspace_bytes(const fc_problem *p, int split) {
 
 void fc_gqa_part_views(const fc_problem *p, int split, void *ws, fc_view *dk, fc_view *dv) {
   const size_t one = (size_t)p->total_k * (size_t)(p->heads_kv * split) * (size_t)p->head_dim * 2;
-  const int64_t rows = p->cu_seqlens_k ? p->total_k : p->seqlen_k; /* varlen: one batch of every row */
   dk->data = ws;
   dv->data = (char *)ws + (one + 255) / 256 * 256;
   dk->stride_h = dv->stride_h = p->head_dim;
   dk->stride_s = dv->stride_s = p->heads_kv * split * p->head_dim;
-  dk->stride_b = dv->stride_b = rows * dk->stride_s;
+  /* varlen: stride_b 0, as every varlen view (internal.h): the kernels index sequence s at b = s, row cu_seqlens[s] */
+  dk->stride_b = dv->stride_b = p->cu_seqlens_k ? 0 : p->seqlen_k * dk->stride_s;
 }
 
 /* out[b, s, h, c] = Σ_part parts[(b·S + s), h·split + part, c], part 0 first. One thread per element of out:

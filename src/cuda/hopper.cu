@@ -240,7 +240,7 @@ static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_
 template <int N> static __device__ __forceinline__ void fc_hp_tree_max(float (&v)[N]) {
   if constexpr (N > 1) {
 #pragma unroll
-    for (int x = 0; x < N / 2; x++) v[x] = fmaxf(v[x], v[x + (N + 1) / 2]);
+    for (int x = 0; x < N / 2; x++) v[x] = fc_fmax_nan(v[x], v[x + (N + 1) / 2]);
     fc_hp_tree_max<(N + 1) / 2>(*(float(*)[(N + 1) / 2]) v);
   }
 }
@@ -264,12 +264,14 @@ static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], boo
      * and the consumer's chain of S, softmax and P·V sets the loop's pace; tools/hopper/trace.py). */
     float v[BC / 8];
 #pragma unroll
-    for (int x = 0; x < BC / 8; x++) v[x] = fmaxf(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]);
+    for (int x = 0; x < BC / 8; x++) v[x] = fc_fmax_nan(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]);
     fc_hp_tree_max<BC / 8>(v);
-    float mx = fmaxf(m[rh], v[0]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK; /* m = −inf: any key seen moves it */
+    float mx = fc_fmax_nan(m[rh], v[0]);
+    mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    /* m = −inf: any key seen moves it. A NaN max (fc_fmax_nan: a NaN score) moves it too, so that the row ends
+     * NaN, not with the m = −inf of a row that saw no key. */
+    const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK || mx != mx;
     const float mb = move ? mx : m[rh];
     const float base = mb == -INFINITY ? 0.0f : mb * c;
     alpha[rh] = move ? fc_exp2(m[rh] * c - base) : 1.0f; /* m = −inf: 0, and O, l are still 0 */
@@ -553,14 +555,14 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       }
     }
 
-    /* O = O / l and lse = scale·m + ln l; a row that saw no key has l = 0: O = 0, lse = −inf. */
+    /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf, l = 0: O = 0, lse = −inf. */
     uint16_t *O = a.o + b * a.o_sb + (int64_t)q_start * a.o_ss + (int64_t)h * a.o_sh;
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
       float lr = l[rh];
       lr += __shfl_xor_sync(0xffffffffu, lr, 1);
       lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      const float inv = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
 #pragma unroll
       for (int x = 0; x < D / 8; x++) {
         o[4 * x + 2 * rh] *= inv;
@@ -569,7 +571,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       const int row = wg_row0 + 16 * warp + g + 8 * rh;
       if (a.lse && t == 0 && row < sq) {
         const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + row : (b * a.heads_q + h) * a.seqlen_q + row;
-        a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
+        a.lse[at] = m[rh] != -INFINITY ? m[rh] * a.scale + logf(lr) : -INFINITY;
       }
     }
 

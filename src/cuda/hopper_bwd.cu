@@ -271,15 +271,16 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
 }
 
 /* Pᵀ = 2^(c·Sᵀ − lse2_i) in place, for this thread's keys key0 (e < 2) and key0 + 8 (e ≥ 2) and queries
- * q0 + 8x + 2t + (e & 1); lse2_i at sL. Queries past the sequence have lse2 = +inf (P = 0); MASKED: keys past it
- * and pairs outside the mask are zeroed. WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
+ * q0 + 8x + 2t + (e & 1); lse2_i at sL. MASKED: queries and keys past the sequence and pairs outside the mask are
+ * zeroed (a query row past the sequence has lse2 = +inf, but its Sᵀ may be NaN: zero rows, or the next sequence's,
+ * times a key with an infinite component). WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
  * ready already (fc_hopper_bwd_kernel). l2_pre: lse2_i loaded already (fc_hpb_ld_rows), else loaded here. POLY: of
  * every 8 exponentials, how many fc_exp2_poly computes on the FMA pipe (the rest: ex2 on the special-function unit;
  * H100: 1 of 8 ran 1.005-1.016x at D = 128, 2 or 3 of 8 0.97-0.995x, bench/results/configs/
  * hopper-bwd-exp-trace-2026-11-24.txt; the forward's softmax lost 6-14 % with 2-4 of 8). */
 template <int BR, bool MASKED, bool WITH_DS, int POLY>
 static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
-                                                     uint32_t sD, float c, int t, int q0, int key0, int sk,
+                                                     uint32_t sD, float c, int t, int q0, int key0, int sq, int sk,
                                                      int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre) {
 #pragma unroll
   for (int x = 0; x < BR / 8; x++) {
@@ -291,7 +292,7 @@ static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float 
       float p = (4 * x + e) % 8 < POLY ? fc_exp2_poly(arg) : fc_exp2(arg);
       if constexpr (MASKED) {
         const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-        if (!(key < sk && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
+        if (!(key < sk && q0 + qc < sq && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
       }
       st[4 * x + e] = p;
       if constexpr (WITH_DS) dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
@@ -307,13 +308,13 @@ static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float 
 template <int BR, bool WITH_DS, int BC = FC_HPB_BC, int POLY = 0>
 static __device__ __forceinline__ void
 fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t sD, float c, int t, int q0, int k0,
-                int key0, int sk, int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre = nullptr) {
-  const bool whole =
-      k0 + BC <= sk && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) && (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+                int key0, int sq, int sk, int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre = nullptr) {
+  const bool whole = k0 + BC <= sk && q0 + BR <= sq && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) &&
+                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
   if (whole)
-    fc_hpb_p_pass<BR, false, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr, l2_pre);
+    fc_hpb_p_pass<BR, false, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sq, sk, shift, wl, wr, l2_pre);
   else
-    fc_hpb_p_pass<BR, true, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sk, shift, wl, wr, l2_pre);
+    fc_hpb_p_pass<BR, true, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sq, sk, shift, wl, wr, l2_pre);
 }
 
 /* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). BIASED: dPᵀ − D_i
@@ -340,7 +341,8 @@ static __device__ __forceinline__ void fc_hpb_bias_init(float (&st)[BR / 2], flo
   for (int x = 0; x < BR / 8; x++) {
     if constexpr (ST) {
       const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
-      const float bx = fmaxf(-l2.x * inv_c, -3.4e38f), by = fmaxf(-l2.y * inv_c, -3.4e38f);
+      /* fc_fmax_nan: a NaN lse (a row that met a NaN in the forward) stays NaN, and so does its P. */
+      const float bx = fc_fmax_nan(-l2.x * inv_c, -3.4e38f), by = fc_fmax_nan(-l2.y * inv_c, -3.4e38f);
 #pragma unroll
       for (int e = 0; e < 4; e++) st[4 * x + e] = (e & 1) ? by : bx;
     }
@@ -580,7 +582,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_fence_regs(dpt);
 
       /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, and dSᵀ = Pᵀ∘(dPᵀ − D_i) in one pass. */
-      fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left, a.window_right);
+      fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
       /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers
        * of k-step kb, as P in the forward). */
       uint32_t pp[BR / 16][4], dsp[BR / 16][4];

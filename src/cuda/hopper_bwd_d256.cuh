@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Which tile (fc_hpb_tile_of_cta, as fc_hopper_bwd_kernel, with Bc = 64). */
   fc_hpb_tile ti;
   if (!fc_hpb_tile_of_cta<FC_HPB256_BR, FC_HPB256_BC>(a, &ti)) return; /* the whole CTA, before any barrier */
-  const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
+  const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
 
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
          * .. q0 + 63 is cut */
         const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
-        fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sk, shift, wl, wr);
+        fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sq, sk, shift, wl, wr);
         fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
         MARK(3);
         fc_fence_proxy_async(); /* the writes, before both warpgroups' dV wgmmas read them */

@@ -4,6 +4,8 @@
  *   prep:    per query row, D = rowsum(dO∘O) and lse2 = lse·log2(e) into fp32 buffers [hq][total_pad], each
  *            sequence's rows padded to FC_BWD_ROWS_PAD. A padding row, or a row that saw no key (lse = −inf),
  *            gets D = 0 and lse2 = +inf, so that its P = 2^(S·c − lse2) is 0 and it adds nothing to dK, dV.
+ *            lse = +inf is a forward that overflowed fp32 (scale·S past 3.4e38): lse2 = NaN, so that the rows'
+ *            gradients come out NaN, not the 0 that P = 2^(S·c − inf) would give (fc_bwd_lse2).
  *            With a blocked sum it also zeroes the sum's rows (FlashAttention-2's dot_do_o does the same): one
  *            pass over memory fewer than a separate memset (H100: the memset of 16k tokens × 2048 took 41 µs).
  *   convert: dQ = scale·dQ_accum, the fp32 sum that the key blocks added into, to 16 bits. The sum is either
@@ -79,6 +81,12 @@ static __device__ __forceinline__ fc_bwd_rows_cta fc_bwd_rows_where(const fc_bwd
   return w;
 }
 
+/* lse2 = lse·log2(e) of one row: +inf for a row that saw no key (−inf), so that its P is 0; NaN for a forward that
+ * overflowed (+inf), so that its P, and the gradients it reaches, are NaN (the overflow made visible). */
+static __device__ __forceinline__ float fc_bwd_lse2(float lse) {
+  return lse == -INFINITY ? INFINITY : lse == INFINITY ? __int_as_float(0x7fffffff) : lse * 1.4426950408889634f;
+}
+
 /* The dot product of 8 columns of O and dO (x, y: one 16-byte load each). */
 template <typename T> static __device__ __forceinline__ float fc_bwd_rows_dot8(uint4 x, uint4 y) {
   const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
@@ -136,7 +144,7 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(c
         float d = fc_bwd_rows_dot8<T>(x[k], y[k]);
         for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off); /* the row's lanes */
         if (sub == 0 && r < FC_BWD_ROWS_PAD) { /* < pad_rows: whole blocks of FC_BWD_ROWS_PAD */
-          lse2[i] = l[k] == -INFINITY ? INFINITY : l[k] * 1.4426950408889634f;
+          lse2[i] = fc_bwd_lse2(l[k]);
           dsum[i] = d;
         }
       }
@@ -149,7 +157,7 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_prep_kernel(c
     if (i < sq) {
       for (int c = lane; c < a.head_dim; c += 32)
         d += fc_to_float<T>(O[(int64_t)i * a.o_ss + c]) * fc_to_float<T>(dO[(int64_t)i * a.do_ss + c]);
-      l2 = lse[i] == -INFINITY ? INFINITY : lse[i] * 1.4426950408889634f;
+      l2 = fc_bwd_lse2(lse[i]);
     }
     for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off); /* over the warp */
     if (lane == 0) {

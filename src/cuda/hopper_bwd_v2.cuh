@@ -78,7 +78,7 @@ static __device__ __forceinline__ void fc_hpb_v2_dq_add(const fc_hopper_bwd_args
 template <typename T, int D, bool FIRST = false>
 static __device__ __forceinline__ void
 fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int hk, int64_t pad0, int k0,
-                int key0, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
+                int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
                 uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows, uint32_t v_rows,
                 uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
                 float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2]) {
@@ -129,8 +129,8 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
   /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
    * thread holds). */
   const float2 no_l2[BR / 8] = {}; /* BIAS: −0 is subtracted (Sᵀ holds Sᵀ − lse2_i/c already) */
-  fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sk, shift, a.window_left,
-                                                          a.window_right, BIAS ? no_l2 : l2_pre);
+  fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift,
+                                                          a.window_left, a.window_right, BIAS ? no_l2 : l2_pre);
   MARK(3);
   /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
   uint32_t pp[BR / 16][4], dsp[BR / 16][4];
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Which tile (fc_hpb_tile_of_cta, as the first version). */
   fc_hpb_tile ti;
   if (!fc_hpb_tile_of_cta<BR>(a, &ti)) return; /* the whole CTA, before any barrier */
-  const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
+  const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
 
@@ -332,10 +332,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
      * (C7514). Block 0 has no dQ of a block before it to issue (its own comes in block 1), the tail the last
      * block's. */
     if (n_iter > 0) {
-      fc_hpb_v2_block<T, D, true>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sk, shift, c, cw, ct, warp, g, t, sQ,
-                                  sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+      fc_hpb_v2_block<T, D, true>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct, warp, g, t,
+                                  sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
       for (int it = 1; it < n_iter; it++)
-        fc_hpb_v2_block<T, D>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sk, shift, c, cw, ct, warp, g, t, sQ,
+        fc_hpb_v2_block<T, D>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct, warp, g, t, sQ,
                               sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
       fc_hpb_v2_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
     }

@@ -358,19 +358,20 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       FC_HP_MARK(18, 0);
     };
 
-    /* 1 / l and lse = scale·m + ln l of this warpgroup's rows (l = 0: inv 0 and lse −inf), lse stored at once. */
+    /* 1 / l and lse = scale·m + ln l of this warpgroup's rows (m = −inf, the row saw no key: inv 0 and lse −inf;
+     * a NaN m or l: NaN), lse stored at once. */
     auto fc_hp_finish_rows = [&](const fc_hp_tile &x, int wg_row0, const float(&m)[2], const float(&l)[2]) {
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         float lr = l[rh];
         lr += __shfl_xor_sync(0xffffffffu, lr, 1);
         lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-        inv[rh] = lr > 0.0f ? 1.0f / lr : 0.0f;
+        inv[rh] = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
         const int row = wg_row0 + 16 * warp + g + 8 * rh;
         if (a.lse && t == 0 && row < x.sq && wg_row0 >= 0) {
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
-          a.lse[at] = lr > 0.0f ? m[rh] * a.scale + logf(lr) : -INFINITY;
+          a.lse[at] = m[rh] != -INFINITY ? m[rh] * a.scale + logf(lr) : -INFINITY;
         }
       }
     };
@@ -409,7 +410,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         const float m2 = __ldcg(part + (D / 2 + rh) * 128), l2 = __ldcg(part + (D / 2 + 2 + rh) * 128);
-        const float mn = fmaxf(m[rh], m2), base = mn == -INFINITY ? 0.0f : mn * c;
+        const float mn = fc_fmax_nan(m[rh], m2), base = mn == -INFINITY ? 0.0f : mn * c;
         const float a1 = fc_exp2(m[rh] * c - base), a2 = fc_exp2(m2 * c - base);
         l[rh] = l[rh] * a1 + l2 * a2;
         m[rh] = mn;

@@ -61,18 +61,19 @@ static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_ar
   return w;
 }
 
-/* A row's l summed over the quad of threads that hold its columns, and its lse = scale·m + ln l (−inf where l = 0:
- * the row saw no key). Shared by the one-pass end below and the split keys' (mma_fwd_split.cuh). */
+/* A row's l summed over the quad of threads that hold its columns, and its lse = scale·m + ln l (−inf where m = −inf:
+ * the row saw no key; NaN where m or l is NaN). Shared by the one-pass end below and the split keys'
+ * (mma_fwd_split.cuh). */
 static __device__ __forceinline__ float fc_fwd_quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 static __device__ __forceinline__ float fc_fwd_row_lse(float m, float l, float scale) {
-  return l > 0.0f ? m * scale + logf(l) : -INFINITY;
+  return m != -INFINITY ? m * scale + logf(l) : -INFINITY;
 }
 
 /* The end of a CTA: O = O / l and lse = scale·m + ln l (a row that saw no key
- * has l = 0: O = 0, lse = −inf), then O stored through shared memory, so that
+ * has m = −inf and l = 0: O = 0, lse = −inf), then O stored through shared memory, so that
  * global stores are whole 16-byte chunks of a row. Each warp stages its rows in
  * the rows of sO (= sQ) that only it has read (its Q fragments): a warp
  * barrier is enough. */
@@ -90,7 +91,7 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
       const float lr = fc_fwd_quad_sum(l[mt][rh]);
-      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      const float inv = m[mt][rh] != -INFINITY ? 1.0f / lr : 0.0f;
 #pragma unroll
       for (int x = 0; x < NO; x++) {
         o[mt][x][2 * rh] *= inv;

@@ -40,7 +40,7 @@ static __device__ __forceinline__ void fc_fwd_finish_split(const fc_mma_fwd_args
       const float lr = fc_fwd_quad_sum(l[mt][rh]);
       const int r = wrow + 16 * mt + g + 8 * rh;
       if (i0 + r >= sq) continue;
-      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      const float inv = m[mt][rh] != -INFINITY ? 1.0f / lr : 0.0f;
       float *to = a.split_o + (tile_row0 + r) * D;
 #pragma unroll
       for (int x = 0; x < D / 8; x++)
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(FC_SPLIT_COMBINE_THREADS) fc_mma_fwd_combine_k
   for (int r = warp; r < rows; r += FC_SPLIT_COMBINE_THREADS / 32) {
     const int64_t at = (int64_t)blockIdx.x * FC_MMA_BR + r; /* row r of part 0; part y is y·ctas·Br further */
     float mx = -INFINITY;
-    for (int y = 0; y < parts; y++) mx = fmaxf(mx, a.split_lse[at + y * ctas * FC_MMA_BR]);
+    for (int y = 0; y < parts; y++) mx = fc_fmax_nan(mx, a.split_lse[at + y * ctas * FC_MMA_BR]); /* NaN stays */
     float sum = 0.0f;
     if (mx != -INFINITY)
       for (int y = 0; y < parts; y++) sum += expf(a.split_lse[at + y * ctas * FC_MMA_BR] - mx);

@@ -12,6 +12,7 @@
 #ifndef FLASHC_CUDA_MMA_FWD_STEPS_CUH
 #define FLASHC_CUDA_MMA_FWD_STEPS_CUH
 
+#include "common.cuh"
 #include "mma_tile.cuh"
 
 #include <math.h>
@@ -107,7 +108,9 @@ static __device__ __forceinline__ void fc_fwd_mask(float (*s)[NS][4], int row0, 
 /* m' = max(m, rowmax S), then O and l rescaled by 2^(c·(m − m')), lazily: while
  * no row of the warp has grown its max by more than 2^8, m stays where it was
  * and P may reach 256 (exact in fp16/bf16, and l uses the same base), which
- * spares the O·alpha multiplies of most blocks. c = scale_log2. */
+ * spares the O·alpha multiplies of most blocks. c = scale_log2. The maxima
+ * carry NaN (fc_fmax_nan), and a NaN max always moves m: a row that met a NaN
+ * score must not keep m = −inf, which means "no key seen" at the end. */
 template <int MT, int NS, int NO>
 static __device__ __forceinline__ void fc_fwd_max_rescale(const float (*s)[NS][4], float (*m)[2], float (*l)[2],
                                                           float (*o)[NO][4], float scale_log2) {
@@ -119,11 +122,12 @@ static __device__ __forceinline__ void fc_fwd_max_rescale(const float (*s)[NS][4
     for (int rh = 0; rh < 2; rh++) {
       float v = m[mt][rh];
 #pragma unroll
-      for (int x = 0; x < NS; x++) v = fmaxf(v, fmaxf(s[mt][x][2 * rh], s[mt][x][2 * rh + 1]));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1)); /* the 4 threads of a row share its max */
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      for (int x = 0; x < NS; x++) v = fc_fmax_nan(v, fc_fmax_nan(s[mt][x][2 * rh], s[mt][x][2 * rh + 1]));
+      v = fc_fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 1)); /* the 4 threads of a row share its max */
+      v = fc_fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
       mx[mt][rh] = v;
-      grow |= (v - m[mt][rh]) * scale_log2 > 8.0f; /* m = −inf, v finite: true; both −inf: NaN, false */
+      /* m = −inf, v finite: true; both −inf: NaN, false; v NaN: true */
+      grow |= (v - m[mt][rh]) * scale_log2 > 8.0f || v != v;
     }
   if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll

@@ -16,6 +16,8 @@
 #ifndef FLASHC_CUDA_MMA_PTX_CUH
 #define FLASHC_CUDA_MMA_PTX_CUH
 
+#include "common.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -123,17 +125,19 @@ static __device__ __forceinline__ float fc_exp2(float x) {
  * sm_90, an eighth of what the FMA pipe does): computing some of them here shortens that queue (FlashAttention-4's
  * trick). Cody–Waite: x = n + f, n = ⌊x⌋ (adding 1.5·2^23 rounding down leaves n in the low mantissa bits of t),
  * 2^f by a degree-3 polynomial with p(0) = 1 exactly (minimax relative error on [0, 1), fitted in fp32 Horner form:
- * 8.6e-5, under fp16's half ulp 2.4e-4 and bf16's 2e-3), and 2^n added to p's exponent field as t << 23 (t's bits
- * are 0x4B400000 + n; a shift by 23 keeps the low 9 bits, which are 0 in 0x4B400000, so it leaves n << 23).
- * x is clamped at −127 first: a masked score (−inf) gives n = −127, f = 0 and p = 1.0, whose bits 0x3F800000 are
- * exactly 127 << 23, so the sum is +0, as ex2.approx gives; x in (−127, −126) gives a denormal (ex2.approx.ftz:
- * 0). For x < 128 (no overflow to inf). */
+ * 8.6e-5, under fp16's half ulp 2.4e-4 and bf16's 2e-3), times 2^n built in the exponent field as
+ * (t << 23) + 0x3F800000 (t's bits are 0x4B400000 + n; a shift by 23 keeps the low 9 bits, which are 0 in
+ * 0x4B400000, so it leaves n << 23): one IMAD and one multiply, exact. x is clamped at −127 first: a masked score
+ * (−inf) gives n = −127, whose 2^n is built as +0, so the product is +0, as ex2.approx gives; so does x in
+ * (−127, −126) (ex2.approx.ftz: 0). The clamp keeps NaN (fc_fmax_nan), and the multiply carries it to the result:
+ * adding n to p's exponent bits, one instruction less, turned a NaN into a finite number. For x < 128 (no
+ * overflow to inf). */
 static __device__ __forceinline__ float fc_exp2_poly(float x) {
-  x = fmaxf(x, -127.0f);
+  x = fc_fmax_nan(x, -127.0f);
   const float t = __fadd_rd(x, 12582912.0f);
   const float f = x - (t - 12582912.0f);
   const float p = fmaf(fmaf(fmaf(0.07706719636917114f, f, 0.22764481604099274f), f, 0.6951168179512024f), f, 1.0f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+  return p * __int_as_float((__float_as_int(t) << 23) + 0x3F800000);
 }
 
 #endif /* FLASHC_CUDA_MMA_PTX_CUH */

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(NAIVE_THREADS) naive_scores_kernel(fc_cc_args 
 }
 
 static __device__ __forceinline__ float naive_warp_max(float x) {
-  for (int m = 16; m > 0; m >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, m));
+  for (int m = 16; m > 0; m >>= 1) x = fc_fmax_nan(x, __shfl_xor_sync(0xffffffffu, x, m));
   return x;
 }
 static __device__ __forceinline__ float naive_warp_sum(float x) {
@@ -64,7 +64,8 @@ static __device__ __forceinline__ float *naive_row(const fc_cc_args &a, const in
 }
 
 /* P = softmax(S) in place, lse = m + log l. A row that sees no key gets P = 0 and lse = −inf: m = −inf there,
- * and exp(S − m) would be exp(−inf + inf) = NaN. */
+ * and exp(S − m) would be exp(−inf + inf) = NaN. Only there: the maximum carries a NaN score (fc_fmax_nan), so a
+ * NaN row comes out NaN. */
 __global__ void __launch_bounds__(NAIVE_THREADS) naive_softmax_kernel(fc_cc_args a, const int64_t *off, float *S) {
   int lane = threadIdx.x % 32;
   int64_t rows = a.total_q * a.heads_q, nwarps = (int64_t)gridDim.x * blockDim.x / 32;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(NAIVE_THREADS) naive_softmax_kernel(fc_cc_args
     int32_t i;
     float *row = naive_row(a, off, S, r / a.heads_q, h, &s, &q, &i);
     float m = -INFINITY;
-    for (int32_t j = lane; j < q.sk; j += 32) m = fmaxf(m, row[j]);
+    for (int32_t j = lane; j < q.sk; j += 32) m = fc_fmax_nan(m, row[j]);
     m = naive_warp_max(m);
     float l = 0.0f;
     if (m != -INFINITY)

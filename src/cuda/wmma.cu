@@ -119,7 +119,8 @@ template <typename T, int D> __global__ void __launch_bounds__(WMMA_THREADS) fc_
 
     /* Online softmax: two lanes per row, each over half of the keys and half of
      * O's columns. A row that has seen no visible key keeps m = −inf; its base
-     * is 0 so that exp(−inf) = 0, never exp(−inf + inf). */
+     * is 0 so that exp(−inf) = 0, never exp(−inf + inf). The maxima carry NaN
+     * (fc_fmax_nan): a NaN score makes the row NaN, not "no key seen". */
     {
       const int r = warp * 16 + lane / 2, half = lane % 2;
       const int64_t i = i0 + r;
@@ -130,9 +131,9 @@ template <typename T, int D> __global__ void __launch_bounds__(WMMA_THREADS) fc_
         const bool visible =
             j < sk && (a.window_left < 0 || dj >= -a.window_left) && (a.window_right < 0 || dj <= a.window_right);
         srow[c] = visible ? srow[c] * a.scale : -INFINITY;
-        mx = fmaxf(mx, srow[c]);
+        mx = fc_fmax_nan(mx, srow[c]);
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       const float base = mx == -INFINITY ? 0.0f : mx;
       const float alpha = __expf(sm[r] - base);
       float sum = 0.0f;
@@ -165,19 +166,19 @@ template <typename T, int D> __global__ void __launch_bounds__(WMMA_THREADS) fc_
   __syncthreads(); /* sO, m, l are final */
 
   /* O = O / l, lse = m + ln l (m already carries the scale); a row that saw no
-   * key: O = 0, lse = −inf. */
+   * key (m = −inf): O = 0, lse = −inf; a NaN m or l: NaN. */
   for (int idx = threadIdx.x; idx < WMMA_BR * D; idx += WMMA_THREADS) {
     const int r = idx / D, c = idx % D;
     if (i0 + r >= sq) continue;
     const float l = sl[r];
-    O[(int64_t)(i0 + r) * a.o_ss + c] = T(l > 0.0f ? sO[r * LDO + c] / l : 0.0f);
+    O[(int64_t)(i0 + r) * a.o_ss + c] = T(sm[r] != -INFINITY ? sO[r * LDO + c] / l : 0.0f);
   }
   if (a.lse)
     for (int r = threadIdx.x; r < WMMA_BR; r += WMMA_THREADS) {
       const int64_t i = i0 + r;
       if (i >= sq) continue;
       const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + i : ((int64_t)b * a.heads_q + h) * a.seqlen_q + i;
-      a.lse[at] = sl[r] > 0.0f ? sm[r] + logf(sl[r]) : -INFINITY;
+      a.lse[at] = sm[r] != -INFINITY ? sm[r] + logf(sl[r]) : -INFINITY;
     }
 }
 
