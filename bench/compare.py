@@ -12,6 +12,9 @@ Grids (--grid):
   targets      docs/targets.md: 16384 tokens (batch = 16384 / seqlen), model width 2048 (heads = 2048 / head_dim),
                head_dim 64/128/256, seqlen 512…16k, full and causal, bf16 (--dtype bf16,f16 for both);
                peers torch:flash and torch:cudnn.
+  models       the heads of public models (Llama-3-8B/70B, Mistral-7B, Qwen2.5-7B/0.5B, Gemma-2-9B, Phi-3-mini,
+               GPT-2 small, Falcon-7B's MQA) at seqlen 1k/4k/8k/32k, batch = max(1, 16k tokens / seqlen), causal,
+               bf16; peers torch:flash and torch:cudnn (enable_gqa, or K/V expanded where a backend lacks it).
   cpu          docs/targets.md's CPU table: 1/8/2048/64 and 1/8/4096/128, full and causal, fp32; peer torch:cpu.
 
 Method. Each case builds --input-sets sets of random inputs (default: enough to pass twice the GPU's L2,
@@ -21,9 +24,10 @@ fp64 reference (outputs poisoned with NaN before), then timed: --warmup calls, t
 rotating over the sets, each between two CUDA events, with an L2 flush enqueued before each start event
 (outside the timed region); the median is reported. --warmup-s S first runs each implementation back to back
 for S seconds, so that the timed calls see the clock the GPU settles at under its power cap (an H100 needs about
-a second of sustained load; without it a row reads a clock set by what ran just before). PyTorch's own ops allocate their outputs from its
-caching allocator inside their calls: that is their cost as users see it. Backward rows time the backward
-alone (flashc: its backward kernel given its own forward's o and lse; PyTorch: autograd.grad through SDPA).
+a second of sustained load; without it a row reads a clock set by what ran just before). PyTorch's own ops
+allocate their outputs from its caching allocator inside their calls: that is their cost as users see it.
+Backward rows time the backward alone (flashc: its backward kernel given its own forward's o and lse; PyTorch:
+autograd.grad through SDPA).
 
 Errors vs the fp64 reference (torch float64 on the GPU, or flashc's cpu-ref on the host) are computed on
 every row; above --max-ref-seqlen (default 4096 on the GPU, 512 on the host) on --ref-samples (batch,
@@ -65,6 +69,8 @@ def grid(name: str) -> tuple:
         return cfgs, ["f32"], [False, True], ["efficient", "math"]
     if name == "targets":
         return configs.targets_grid(), ["bf16"], [False, True], ["flash", "cudnn"]
+    if name == "models":
+        return configs.models_grid(), ["bf16"], [True], ["flash", "cudnn"]
     if name == "cpu":
         return (
             [configs.Config("cpu-2k", 1, 8, 2048, 64), configs.Config("cpu-4k", 1, 8, 4096, 128)],
@@ -83,7 +89,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--grid",
-        choices=["fp32-ladder", "targets", "cpu"],
+        choices=["fp32-ladder", "targets", "models", "cpu"],
         default=None,
         help="a named grid (default: fp32-ladder; --config replaces it)",
     )
@@ -118,8 +124,12 @@ def parse_args(argv=None):
         "the H100 reaches its power-capped clock after about a second; default 0, the short form docs/targets.md used)",
     )
     p.add_argument("--input-sets", type=int, default=None, help="input sets to rotate over (default: see header)")
-    p.add_argument("--order", choices=("flashc-first", "peers-first"), default="flashc-first",
-                   help="which implementations of a case run first (default flashc-first)")
+    p.add_argument(
+        "--order",
+        choices=("flashc-first", "peers-first"),
+        default="flashc-first",
+        help="which implementations of a case run first (default flashc-first)",
+    )
     p.add_argument("--no-flush", action="store_true", help="no L2 flush between timed GPU calls")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for host implementations (0: all)")
     p.add_argument("--no-check", action="store_true", help="time only; no errors against the reference")

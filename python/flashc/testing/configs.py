@@ -58,6 +58,25 @@ def targets_grid(
     return [Config(f"d{d}-s{s}", tokens // s, width // d, s, d) for d in head_dims for s in seqlens]
 
 
+# (name, query heads, kv heads, head dim) from the public model cards (config.json of each).
+MODELS = (
+    ("llama3-8b", 32, 8, 128),
+    ("llama3-70b", 64, 8, 128),
+    ("mistral-7b", 32, 8, 128),
+    ("qwen2.5-7b", 28, 4, 128),
+    ("qwen2.5-0.5b", 14, 2, 64),
+    ("gemma2-9b", 16, 8, 256),
+    ("phi3-mini", 32, 32, 96),
+    ("gpt2-small", 12, 12, 64),
+    ("falcon-7b-mqa", 71, 1, 64),
+)
+
+
+def models_grid(tokens=16384, seqlens=(1024, 4096, 8192, 32768), models=MODELS) -> list:
+    """Issue #46's models grid: each model's heads at each seqlen, batch = max(1, tokens / seqlen)."""
+    return [Config(f"{name}-s{s}", max(1, tokens // s), hq, s, d, hkv) for name, hq, hkv, d in models for s in seqlens]
+
+
 def parse(spec: str) -> Config:
     """'B/H/S/D', 'B/HQ:HKV/S/D' or 'B/H/SQ:SK/D' (a custom configuration from the command line)."""
     parts = spec.split("/")

@@ -220,18 +220,37 @@ class TorchSDPA(Impl):
         }[self.backend]
         return sdpa_kernel(which)
 
+    def _takes_gqa(self, kwargs, like) -> bool:
+        """Whether this backend runs enable_gqa=True (a tiny call: PyTorch raises where its kernel has no GQA)."""
+        import torch
+        import torch.nn.functional as F
+
+        q = torch.zeros(1, 2, 8, like.shape[-1], device=self.device, dtype=like.dtype)
+        kv = torch.zeros(1, 1, 8, like.shape[-1], device=self.device, dtype=like.dtype)
+        try:
+            with self._context():
+                F.scaled_dot_product_attention(q, kv, kv, **kwargs, enable_gqa=True)
+            return True
+        except RuntimeError:
+            return False
+
     def prepare(self, inputs, case, pass_):
         import torch
         import torch.nn.functional as F
 
         cfg = case.cfg
-        gqa = cfg.heads != cfg.hkv
+        rep = cfg.heads // cfg.hkv
         kwargs = dict(is_causal=bool(case.causal), scale=case.scale)
-        if gqa:
+        # GQA: enable_gqa where the backend takes it, else K/V expanded to the query heads before the timed calls
+        # (their backward's dK/dV then come per query head and are summed per group outside them).
+        expand = rep > 1 and not self._takes_gqa(kwargs, inputs[0].torch(self.device)[0])
+        if rep > 1 and not expand:
             kwargs["enable_gqa"] = True
         calls, firsts = [], []
         for inp in inputs:
             q, k, v, dout = inp.torch(self.device)
+            if expand:
+                k, v = (x.repeat_interleave(rep, dim=2) for x in (k, v))
             if pass_ == "fwd":
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 calls.append(lambda qt=qt, kt=kt, vt=vt: F.scaled_dot_product_attention(qt, kt, vt, **kwargs))
@@ -250,6 +269,8 @@ class TorchSDPA(Impl):
                 r = first_call()
             if pass_ == "fwd":
                 return (to_numpy64(r.transpose(1, 2)),)
+            if expand:  # [b, s, hq, d] -> the group sums [b, s, hkv, d]
+                r = (r[0], *(x.unflatten(2, (cfg.hkv, rep)).sum(3) for x in r[1:]))
             return tuple(to_numpy64(x) for x in r)
 
         if self.backend == "cpu" and case.threads:
