@@ -1,7 +1,8 @@
 # cmake/ring.cmake — ring attention (src/ring): the API in every build; MPI for host tensors when MPI is
 # found, NCCL for device tensors when CUDA and NCCL are; its MPI tests (tests/ring) as ctests run by mpiexec.
 #
-# Included by CMakeLists.txt after the tests block (it needs the flashc target and enable_testing):
+# Included by CMakeLists.txt after the tests block (it needs the flashc and flashc_objects targets, flashc_link and
+# enable_testing):
 #   include(cmake/ring.cmake)
 # Options: FLASHC_MPI (AUTO/ON/OFF, declared in CMakeLists.txt) for MPI; FLASHC_NCCL (AUTO/ON/OFF) below.
 
@@ -9,7 +10,7 @@ set(FLASHC_NCCL AUTO CACHE STRING "Ring attention over NCCL for device tensors: 
 set_property(CACHE FLASHC_NCCL PROPERTY STRINGS AUTO ON OFF)
 
 # ---- the comm-agnostic part: the public ring API, the algorithm, sharding, host buffers --------------
-target_sources(flashc PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/create.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/ring.c
+target_sources(flashc_objects PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src/ring/create.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/ring.c
                               ${CMAKE_CURRENT_LIST_DIR}/../src/ring/shard.c ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_host.c
                               ${CMAKE_CURRENT_LIST_DIR}/../src/ring/threads.c)
 
@@ -22,11 +23,11 @@ if(NOT FLASHC_MPI STREQUAL "OFF")
     # MPI's headers and flags reach comm_mpi.c alone, and FLASHC_RING_MPI the C files alone: turning MPI on or
     # off must not change the CUDA files' command lines, or every kernel would compile again.
     set(flashc_comm_mpi ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_mpi.c)
-    target_sources(flashc PRIVATE ${flashc_comm_mpi})
+    target_sources(flashc_objects PRIVATE ${flashc_comm_mpi})
     set_source_files_properties(${flashc_comm_mpi} PROPERTIES INCLUDE_DIRECTORIES "${MPI_C_INCLUDE_DIRS}"
                                 COMPILE_OPTIONS "${MPI_C_COMPILE_OPTIONS}" COMPILE_DEFINITIONS "${MPI_C_COMPILE_DEFINITIONS}")
-    target_link_libraries(flashc PRIVATE $<LINK_ONLY:MPI::MPI_C>)
-    target_compile_definitions(flashc PRIVATE $<$<COMPILE_LANGUAGE:C>:FLASHC_RING_MPI=1>)
+    flashc_link(PRIVATE $<LINK_ONLY:MPI::MPI_C>)
+    target_compile_definitions(flashc_objects PRIVATE $<$<COMPILE_LANGUAGE:C>:FLASHC_RING_MPI=1>)
   elseif(FLASHC_MPI STREQUAL "ON")
     message(FATAL_ERROR "FLASHC_MPI=ON but no MPI was found (apt-get install openmpi-bin libopenmpi-dev)")
   endif()
@@ -48,7 +49,7 @@ if(FLASHC_HAVE_CUDA AND NOT FLASHC_NCCL STREQUAL "OFF")
   if(FLASHC_NCCL_INCLUDE_DIR)
     set(FLASHC_HAVE_NCCL ON)
     set(flashc_comm_nccl ${CMAKE_CURRENT_LIST_DIR}/../src/ring/comm_nccl.c)
-    target_sources(flashc PRIVATE ${flashc_comm_nccl} ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_device.cu)
+    target_sources(flashc_objects PRIVATE ${flashc_comm_nccl} ${CMAKE_CURRENT_LIST_DIR}/../src/ring/mem_device.cu)
     # -isystem: NCCL's header is not held to the project's warnings. Only comm_nccl.c includes it.
     set_source_files_properties(${flashc_comm_nccl} PROPERTIES COMPILE_OPTIONS "-isystem;${FLASHC_NCCL_INCLUDE_DIR}")
     if(FLASHC_NCCL_LIBRARY)
@@ -59,8 +60,8 @@ if(FLASHC_HAVE_CUDA AND NOT FLASHC_NCCL STREQUAL "OFF")
       set_target_properties(flashc_nccl PROPERTIES IMPORTED_LOCATION ${FLASHC_NCCL_LIBRARY}
                                                    INTERFACE_INCLUDE_DIRECTORIES ${FLASHC_NCCL_INCLUDE_DIR})
     endif()
-    target_link_libraries(flashc PRIVATE ${CMAKE_DL_LIBS})
-    target_compile_definitions(flashc PRIVATE $<$<COMPILE_LANGUAGE:C>:FLASHC_RING_NCCL=1>)
+    flashc_link(PRIVATE ${CMAKE_DL_LIBS})
+    target_compile_definitions(flashc_objects PRIVATE $<$<COMPILE_LANGUAGE:C>:FLASHC_RING_NCCL=1>)
   elseif(FLASHC_NCCL STREQUAL "ON")
     message(FATAL_ERROR "FLASHC_NCCL=ON but nccl.h was not found next to the CUDA toolkit")
   endif()
@@ -75,16 +76,25 @@ endif()
 
 # ---- tests ------------------------------------------------------------------------------------------------
 set(FLASHC_RING_TEST_DIR ${CMAKE_CURRENT_LIST_DIR}/../tests/ring)
+# The ring tests call fc_* internals: they link the library's objects, not libflashc. Their harness compiles
+# once for all of them; the archive links nothing itself (each test brings the objects).
 function(flashc_ring_test name)
-  add_executable(${name} ${FLASHC_RING_TEST_DIR}/${name}.c ${FLASHC_RING_TEST_DIR}/harness.c)
+  if(NOT TARGET flashc_ring_harness)
+    add_library(flashc_ring_harness STATIC ${FLASHC_RING_TEST_DIR}/harness.c)
+    target_include_directories(flashc_ring_harness PRIVATE ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../include
+                                                           ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../src)
+    target_compile_definitions(flashc_ring_harness PRIVATE _POSIX_C_SOURCE=200809L)
+    target_compile_options(flashc_ring_harness PRIVATE ${FLASHC_C_WARNINGS} -O2)
+    if(FLASHC_HAVE_CUDA) # shards in GPU memory (the NCCL path)
+      target_link_libraries(flashc_ring_harness PUBLIC CUDA::cudart_static)
+      target_compile_definitions(flashc_ring_harness PUBLIC FLASHC_TEST_CUDA=1)
+    endif()
+  endif()
+  add_executable(${name} ${FLASHC_RING_TEST_DIR}/${name}.c)
   target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../src)
   target_compile_definitions(${name} PRIVATE _POSIX_C_SOURCE=200809L)
   target_compile_options(${name} PRIVATE ${FLASHC_C_WARNINGS} -O2)
-  target_link_libraries(${name} PRIVATE flashc Threads::Threads m)
-  if(FLASHC_HAVE_CUDA) # shards in GPU memory (the NCCL path)
-    target_link_libraries(${name} PRIVATE CUDA::cudart_static)
-    target_compile_definitions(${name} PRIVATE FLASHC_TEST_CUDA=1)
-  endif()
+  target_link_libraries(${name} PRIVATE flashc_ring_harness flashc_objects Threads::Threads m)
 endfunction()
 
 # test_threads: a CPU rank's default share of its node's cores (no MPI needed).
@@ -92,7 +102,7 @@ if(FLASHC_BUILD_TESTS)
   add_executable(test_threads ${FLASHC_RING_TEST_DIR}/test_threads.c)
   target_include_directories(test_threads PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
   target_compile_options(test_threads PRIVATE ${FLASHC_C_WARNINGS} -O2)
-  target_link_libraries(test_threads PRIVATE flashc)
+  target_link_libraries(test_threads PRIVATE flashc_objects) # it calls fc_ring_split_cores, an internal
   add_test(NAME ring_threads COMMAND test_threads)
 endif()
 
