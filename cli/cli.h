@@ -49,8 +49,11 @@ typedef struct cli_options {
   flashc_causal_align align;
   int64_t window_left, window_right;
   float scale;
-  int threads; /* 0: all online processors */
+  float softcap; /* 0: off */
+  int alibi;     /* --alibi: ALiBi's slopes 2^(−8(h+1)/H) */
+  int threads;   /* 0: all online processors */
   int64_t batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
+  int64_t head_dim_v; /* V's head dim (the generated v, o, do); --head-dim-v, else head_dim */
   uint64_t seed;
   int64_t seqlens[CLI_MAX_LIST];
   int n_seqlens;
@@ -100,10 +103,14 @@ bool cli_parse_dtype(const char *s, flashc_dtype *dtype);
 /* ---- the problem and its data (data.c) ----------------------------------------------------------------- */
 typedef struct cli_shape {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int64_t head_dim_v; /* of v, o, do, dv */
 } cli_shape;
 
+/* Elements of q (and dq), k (dk), v (dv), o (do). */
 static inline int64_t cli_q_elems(const cli_shape *s) { return s->batch * s->seqlen_q * s->heads_q * s->head_dim; }
 static inline int64_t cli_k_elems(const cli_shape *s) { return s->batch * s->seqlen_k * s->heads_kv * s->head_dim; }
+static inline int64_t cli_v_elems(const cli_shape *s) { return s->batch * s->seqlen_k * s->heads_kv * s->head_dim_v; }
+static inline int64_t cli_o_elems(const cli_shape *s) { return s->batch * s->seqlen_q * s->heads_q * s->head_dim_v; }
 static inline int64_t cli_lse_elems(const cli_shape *s) { return s->batch * s->heads_q * s->seqlen_q; }
 
 /* The inputs on the host as f32, already representable in `dtype` (bf16/f16 values are rounded). */
@@ -146,6 +153,7 @@ typedef struct cli_set {
 
 typedef struct cli_runner {
   flashc_handle handle;
+  void *alibi; /* with ALiBi: the slopes for shape.heads_q, where the backend reads them (params points here) */
   flashc_backend_info info;
   flashc_dtype dtype;
   int on_device; /* 1: the sets live in CUDA device memory */
@@ -237,6 +245,7 @@ int cmd_gen(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_decode(int argc, char **argv); /* cmd_decode.c: `flashc bench --decode` */
 int cmd_list(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_ring(int argc, char **argv); /* ring.c: ring attention across MPI ranks */
@@ -244,8 +253,12 @@ void cmd_ring_help(void);            /* the paragraph after its options: FLOPs a
 /* Prints the help of a subcommand by name (from the table in flashc.c). */
 void cli_print_command_help(const char *name);
 
-/* Params from the options (causal, align, window, scale). */
+/* Params from the options (causal, align, window, scale, softcap; with --alibi, alibi_slopes points to slopes
+ * for o->heads heads, which cli_runner_open replaces by slopes for the data's heads where the backend reads them). */
 flashc_params cli_params(const cli_options *o);
+/* ALiBi's slopes of the paper, 2^(−8(h+1)/H) for heads h < H, in a buffer of this process (valid until the
+ * next call); NULL when H is larger than it holds. */
+const float *cli_alibi_slopes(int64_t heads);
 /* Runs the reference (cpu-ref, in f64 when it has it) on the inputs. */
 int cli_reference(const cli_inputs *in, const flashc_params *params, bool backward, int threads, cli_outputs *ref);
 

@@ -22,17 +22,19 @@ static const char *const csv_header = "date,device,commit,impl,dtype,batch,heads
                                       "causal,pass,world,threads,ms,tflops,gbps,max_abs_err,rel_l2_err";
 
 static double forward_flops(const cli_shape *s, bool causal) {
-  double f =
-      4.0 * (double)s->batch * (double)s->heads_q * (double)s->seqlen_q * (double)s->seqlen_k * (double)s->head_dim;
+  /* Q·Kᵀ over head_dim and P·V over head_dim_v, 2 FLOP per multiply-add */
+  double f = 2.0 * (double)s->batch * (double)s->heads_q * (double)s->seqlen_q * (double)s->seqlen_k *
+             (double)(s->head_dim + s->head_dim_v);
   return causal && s->seqlen_q == s->seqlen_k ? f / 2 : f;
 }
 
 /* Bytes a pass must move at least once: fwd reads q, k, v and writes o, lse; bwd reads q, k, v, o, do,
  * lse and writes dq, dk, dv. */
 static double pass_bytes(const cli_shape *s, flashc_dtype dtype, bool backward) {
-  double e = (double)flashc_dtype_size(dtype), nq = (double)cli_q_elems(s), nk = (double)cli_k_elems(s);
+  double e = (double)flashc_dtype_size(dtype), nq = (double)cli_q_elems(s), nk = (double)cli_k_elems(s),
+         nv = (double)cli_v_elems(s), no = (double)cli_o_elems(s);
   double lse = 4.0 * (double)cli_lse_elems(s);
-  return backward ? e * (4 * nq + 4 * nk) + lse : e * (2 * nq + 2 * nk) + lse;
+  return backward ? e * (2 * nq + 2 * nk + 2 * nv + 2 * no) + lse : e * (nq + nk + nv + no) + lse;
 }
 
 static int compare_doubles(const void *a, const void *b) {
@@ -223,6 +225,8 @@ static int measure(const cli_options *o, flashc_dtype dtype, const cli_inputs *i
 }
 
 int cmd_bench(int argc, char **argv) {
+  for (int i = 0; i < argc; i++) /* attention over a KV cache has options of its own (cmd_decode.c) */
+    if (strcmp(argv[i], "--decode") == 0) return cmd_bench_decode(argc, argv);
   cli_options o;
   int rc = cli_parse_options(CLI_BENCH, argc, argv, &o);
   if (rc < 0) {
@@ -266,7 +270,7 @@ int cmd_bench(int argc, char **argv) {
   int check_failed = 0;
   rc = CLI_OK;
   for (int si = 0; si < o.n_seqlens && !rc; si++) {
-    cli_shape s = {o.batch, o.seqlens[si], o.seqlens[si], o.heads, o.heads_kv, o.head_dim};
+    cli_shape s = {o.batch, o.seqlens[si], o.seqlens[si], o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
     cli_inputs in;
     if (cli_generate(&s, dtype, o.seed, &in)) {
       rc = CLI_ERROR;

@@ -2,12 +2,17 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* "b2 sq256 sk256 hq8 hkv8 d64" */
 static void describe(const cli_shape *s, char *out, size_t len) {
   snprintf(out, len, "batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld", (long long)s->batch,
            (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->heads_q, (long long)s->heads_kv,
            (long long)s->head_dim);
+  if (s->head_dim_v != s->head_dim) {
+    const size_t used = strlen(out);
+    snprintf(out + used, len - used, ", head_dim_v %lld", (long long)s->head_dim_v);
+  }
 }
 
 int cmd_check(int argc, char **argv) {
@@ -29,7 +34,7 @@ int cmd_check(int argc, char **argv) {
   if (o.data) {
     if (cli_load(o.data, o.dtype, backward, &in)) return CLI_ERROR;
   } else {
-    cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim};
+    cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
     if (cli_generate(&s, o.dtype >= 0 ? (flashc_dtype)o.dtype : FLASHC_F32, o.seed, &in)) return CLI_ERROR;
   }
   flashc_params params = cli_params(&o);
@@ -40,6 +45,8 @@ int cmd_check(int argc, char **argv) {
   if (o.window_left >= 0 || o.window_right >= 0)
     printf(", window %lld,%lld", (long long)o.window_left, (long long)o.window_right);
   if (o.scale != 0) printf(", scale %g", (double)o.scale);
+  if (o.softcap != 0) printf(", softcap %g", (double)o.softcap);
+  if (o.alibi) printf(", ALiBi");
   printf("\n");
 
   cli_outputs out, ref;

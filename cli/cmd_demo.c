@@ -42,7 +42,7 @@ int cmd_demo(int argc, char **argv) {
     return CLI_OK;
   }
   if (rc) return rc;
-  const cli_shape s = {2, 512, 512, 8, 8, 64};
+  const cli_shape s = {2, 512, 512, 8, 8, 64, 64};
   flashc_backend_info info;
   if (o.backend) {
     char why[256];

@@ -12,7 +12,7 @@ int cmd_gen(int argc, char **argv) {
   }
   if (rc) return rc;
   if (!o.data) return cli_error("--data DIR is required (the directory to write)");
-  cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim};
+  cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
   cli_inputs in;
   if (cli_generate(&s, (flashc_dtype)o.dtype, o.seed, &in)) return CLI_ERROR;
   rc = cli_save(o.data, &in);

@@ -24,13 +24,15 @@ int cmd_run(int argc, char **argv) {
     const cli_shape *s = &in.shape;
     int64_t q[4] = {s->batch, s->seqlen_q, s->heads_q, s->head_dim};
     int64_t kv[4] = {s->batch, s->seqlen_k, s->heads_kv, s->head_dim};
+    int64_t os[4] = {s->batch, s->seqlen_q, s->heads_q, s->head_dim_v},
+            vs[4] = {s->batch, s->seqlen_k, s->heads_kv, s->head_dim_v};
     int64_t lse[3] = {s->batch, s->heads_q, s->seqlen_q};
-    rc = cli_write_tensor(o.data, "o.npy", out.o, in.file_dtype, 4, q) ||
+    rc = cli_write_tensor(o.data, "o.npy", out.o, in.file_dtype, 4, os) ||
          cli_write_tensor(o.data, "lse.npy", out.lse, NPY_F4, 3, lse);
     if (!rc && backward)
       rc = cli_write_tensor(o.data, "dq.npy", out.dq, in.file_dtype, 4, q) ||
            cli_write_tensor(o.data, "dk.npy", out.dk, in.file_dtype, 4, kv) ||
-           cli_write_tensor(o.data, "dv.npy", out.dv, in.file_dtype, 4, kv);
+           cli_write_tensor(o.data, "dv.npy", out.dv, in.file_dtype, 4, vs);
     if (!rc) {
       printf("%s, %s: forward %.3f ms", o.backend, flashc_dtype_name(in.dtype), ms_fwd);
       if (backward) printf(", backward %.3f ms", ms_bwd);

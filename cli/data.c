@@ -2,9 +2,10 @@
  * data.c — the attention inputs: random generation, a directory of .npy files with meta.json, and the
  * conversion between the files' dtype and the compute dtype.
  *
- * A data directory holds q.npy, k.npy, v.npy ([batch, seqlen_q|seqlen_k, heads, head_dim], C order) and
- * do.npy (the output gradient, shaped like q), as '<f4' or, for f16 data, '<f2'. numpy has no bf16, so
- * bf16 data is stored as '<f4' files holding bf16-rounded values, and meta.json records "dtype": "bf16".
+ * A data directory holds q.npy, k.npy, v.npy ([batch, seqlen_q|seqlen_k, heads, head_dim], C order; v's
+ * head_dim may differ from q's and k's) and do.npy (the output gradient, shaped like o: q's with v's head_dim), as
+ * '<f4' or, for f16 data, '<f2'. numpy has no bf16, so bf16 data is stored as '<f4' files holding bf16-rounded values,
+ * and meta.json records "dtype": "bf16".
  */
 #include "cli.h"
 #include "json.h"
@@ -27,8 +28,8 @@ int cli_check_shape(const cli_shape *s) {
   if (__builtin_mul_overflow(s->batch, s->seqlen_q, &n) || __builtin_mul_overflow(n, s->heads_q, &n) ||
       __builtin_mul_overflow(n, s->head_dim, &n) || __builtin_mul_overflow(n, (int64_t)sizeof(double), &n) ||
       __builtin_mul_overflow(s->batch, s->seqlen_k, &n) || __builtin_mul_overflow(n, s->heads_kv, &n) ||
-      __builtin_mul_overflow(n, s->head_dim, &n) || __builtin_mul_overflow(n, (int64_t)sizeof(double), &n) ||
-      (uint64_t)n > SIZE_MAX)
+      __builtin_mul_overflow(n, s->head_dim > s->head_dim_v ? s->head_dim : s->head_dim_v, &n) ||
+      __builtin_mul_overflow(n, (int64_t)sizeof(double), &n) || (uint64_t)n > SIZE_MAX)
     return cli_error("the tensors of batch %lld, seqlen %lld/%lld, heads %lld, head_dim %lld exceed the address space",
                      (long long)s->batch, (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->heads_q,
                      (long long)s->head_dim);
@@ -81,7 +82,7 @@ int cli_generate(const cli_shape *s, flashc_dtype dtype, uint64_t seed, cli_inpu
   in->file_dtype = dtype == FLASHC_F16 ? NPY_F2 : NPY_F4;
   in->seed = seed;
   float **dst[4] = {&in->q, &in->k, &in->v, &in->dout};
-  int64_t n[4] = {cli_q_elems(s), cli_k_elems(s), cli_k_elems(s), cli_q_elems(s)};
+  int64_t n[4] = {cli_q_elems(s), cli_k_elems(s), cli_v_elems(s), cli_o_elems(s)};
   for (int t = 0; t < 4; t++) {
     *dst[t] = alloc_floats(n[t], input_names[t]);
     if (!*dst[t]) {
@@ -162,8 +163,10 @@ static int write_meta(const char *dir, const cli_inputs *in) {
   FILE *f = fopen(path, "w");
   if (!f) return cli_error("cannot create %s: %s", path, strerror(errno));
   const cli_shape *s = &in->shape;
-  int64_t q[4] = {s->batch, s->seqlen_q, s->heads_q, s->head_dim},
-          kv[4] = {s->batch, s->seqlen_k, s->heads_kv, s->head_dim};
+  const int64_t shapes[4][4] = {{s->batch, s->seqlen_q, s->heads_q, s->head_dim},
+                                {s->batch, s->seqlen_k, s->heads_kv, s->head_dim},
+                                {s->batch, s->seqlen_k, s->heads_kv, s->head_dim_v},
+                                {s->batch, s->seqlen_q, s->heads_q, s->head_dim_v}};
   json_writer w;
   json_init(&w, f);
   json_object_begin(&w);
@@ -181,9 +184,9 @@ static int write_meta(const char *dir, const cli_inputs *in) {
   json_string(&w, npy_dtype_descr(in->file_dtype));
   json_key(&w, "seed");
   json_uint(&w, in->seed);
-  const char *keys[6] = {"batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"};
-  int64_t vals[6] = {s->batch, s->seqlen_q, s->seqlen_k, s->heads_q, s->heads_kv, s->head_dim};
-  for (int i = 0; i < 6; i++) {
+  const char *keys[7] = {"batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v"};
+  int64_t vals[7] = {s->batch, s->seqlen_q, s->seqlen_k, s->heads_q, s->heads_kv, s->head_dim, s->head_dim_v};
+  for (int i = 0; i < 7; i++) {
     json_key(&w, keys[i]);
     json_int(&w, vals[i]);
   }
@@ -192,7 +195,7 @@ static int write_meta(const char *dir, const cli_inputs *in) {
   for (int t = 0; t < 4; t++) {
     json_key(&w, input_names[t]);
     json_array_begin(&w);
-    for (int d = 0; d < 4; d++) json_int(&w, t == 1 || t == 2 ? kv[d] : q[d]);
+    for (int d = 0; d < 4; d++) json_int(&w, shapes[t][d]);
     json_array_end(&w);
   }
   json_object_end(&w);
@@ -205,11 +208,13 @@ static int write_meta(const char *dir, const cli_inputs *in) {
 int cli_save(const char *dir, const cli_inputs *in) {
   if (cli_mkdirs(dir)) return CLI_ERROR;
   const cli_shape *s = &in->shape;
-  int64_t q[4] = {s->batch, s->seqlen_q, s->heads_q, s->head_dim},
-          kv[4] = {s->batch, s->seqlen_k, s->heads_kv, s->head_dim};
+  const int64_t shapes[4][4] = {{s->batch, s->seqlen_q, s->heads_q, s->head_dim},
+                                {s->batch, s->seqlen_k, s->heads_kv, s->head_dim},
+                                {s->batch, s->seqlen_k, s->heads_kv, s->head_dim_v},
+                                {s->batch, s->seqlen_q, s->heads_q, s->head_dim_v}};
   const float *src[4] = {in->q, in->k, in->v, in->dout};
   for (int t = 0; t < 4; t++)
-    if (src[t] && write_input(dir, input_names[t], src[t], in->file_dtype, t == 1 || t == 2 ? kv : q)) return CLI_ERROR;
+    if (src[t] && write_input(dir, input_names[t], src[t], in->file_dtype, shapes[t])) return CLI_ERROR;
   return write_meta(dir, in);
 }
 
@@ -288,8 +293,10 @@ int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in) {
     }
   }
   const int64_t *qs = a[0].shape, *ks = a[1].shape;
-  cli_shape s = {qs[0], qs[1], ks[1], qs[2], ks[2], qs[3]};
-  int64_t kv[4] = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim};
+  /* v (and with it o, do) may have a head dim of its own */
+  cli_shape s = {qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], a[2].shape[3]};
+  int64_t kv[4] = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim_v},
+          os[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim_v};
   char got[200];
   if (ks[0] != qs[0] || ks[3] != qs[3]) {
     cli_error("%s/k.npy: shape %s does not fit q.npy's: batch and head_dim must match", dir,
@@ -297,11 +304,13 @@ int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in) {
     goto done;
   }
   if (!shape_is(&a[2], kv)) {
-    cli_error("%s/v.npy: shape %s differs from k.npy's", dir, npy_shape_string(4, a[2].shape, got, sizeof got));
+    cli_error("%s/v.npy: shape %s differs from k.npy's but for head_dim", dir,
+              npy_shape_string(4, a[2].shape, got, sizeof got));
     goto done;
   }
-  if (n_files == 4 && !shape_is(&a[3], qs)) {
-    cli_error("%s/do.npy: shape %s differs from q.npy's", dir, npy_shape_string(4, a[3].shape, got, sizeof got));
+  if (n_files == 4 && !shape_is(&a[3], os)) {
+    cli_error("%s/do.npy: shape %s differs from q.npy's with v.npy's head_dim", dir,
+              npy_shape_string(4, a[3].shape, got, sizeof got));
     goto done;
   }
   if (s.heads_q % s.heads_kv != 0) {

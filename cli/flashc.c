@@ -7,7 +7,7 @@
  *   flashc gen   --data DIR ...          random inputs as .npy files
  *   flashc run   --data DIR --backend B  outputs (and gradients) as .npy files
  *   flashc check --backend B ...         errors against the fp64 reference; exit 1 on FAIL
- *   flashc bench --backend B,... ...     timings, TFLOP/s, GB/s; CSV rows
+ *   flashc bench --backend B,... ...     timings, TFLOP/s, GB/s; CSV rows (--decode: over a KV cache)
  *   mpirun -np N flashc ring ...         ring attention across MPI ranks (ring.c)
  */
 #include "cli.h"
@@ -84,7 +84,8 @@ static const cli_subcommand subcommands[] = {
      "                  --dtype T --causal --mode fwd|bwd|both] [--repeats N --warmup N] [--check yes|no|auto]\n"
      "                  [--csv FILE] [--threads N]",
      "For each sequence length (seqlen_q = seqlen_k) and backend: validates against cpu-ref (see --check),\n"
-     "then times the forward and/or backward pass and prints backend, shape, median ms, TFLOP/s and GB/s.",
+     "then times the forward and/or backward pass and prints backend, shape, median ms, TFLOP/s and GB/s.\n"
+     "With --decode: attention over a KV cache instead, beside a memcpy bandwidth (flashc bench --decode --help).",
      bench_extra_help},
     {"ring", CLI_RING, cmd_ring, "ring attention across MPI ranks: mpirun -np N flashc ring ... (--check, --bench)",
      "mpirun -np N flashc ring [--data DIR | generation flags] [--backend NAME] [--layout contiguous|zigzag] ...",

@@ -83,7 +83,7 @@ int cli_report(const cli_outputs *out, const cli_outputs *ref, const cli_shape *
   const char *names[5] = {"o", "lse", "dq", "dk", "dv"};
   const double *xs[5] = {out->o, out->lse, out->dq, out->dk, out->dv};
   const double *rs[5] = {ref->o, ref->lse, ref->dq, ref->dk, ref->dv};
-  int64_t ns[5] = {cli_q_elems(s), cli_lse_elems(s), cli_q_elems(s), cli_k_elems(s), cli_k_elems(s)};
+  int64_t ns[5] = {cli_o_elems(s), cli_lse_elems(s), cli_q_elems(s), cli_k_elems(s), cli_v_elems(s)};
   int rc = CLI_OK;
   if (worst_abs) *worst_abs = 0;
   if (worst_rel_l2) *worst_rel_l2 = 0;

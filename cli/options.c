@@ -66,6 +66,10 @@ static const cli_option options[] = {
     {"window", "L,R", OPT_WINDOW, ATTN, OFF(window_left), 0, 0, 0,
      "local attention: keys i-L .. i+R of the diagonal; -1 = unbounded"},
     {"scale", "S", OPT_FLOAT, ATTN, OFF(scale), 0, 0, 0, "softmax scale; 0 = 1/sqrt(head_dim)"},
+    {"softcap", "X", OPT_FLOAT, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(softcap), 0, 0, 0,
+     "scores s <- X·tanh(s/X) before the mask (Gemma-2); 0 = off"},
+    {"alibi", NULL, OPT_SWITCH, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(alibi), 0, 0, 0,
+     "ALiBi: scores minus 2^(-8(h+1)/H)·|i + SK - SQ - j| for head h of H"},
     {"threads", "N", OPT_INT, ATTN | CLI_BENCH | CLI_DEMO, OFF(threads), 0, 4096, 0,
      "CPU threads (per rank); 0 = all online processors"},
     {"batch", "B", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(batch), 1, 1 << 20, 1, "batch size"},
@@ -78,6 +82,8 @@ static const cli_option options[] = {
     {"heads-kv", "HKV", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(heads_kv), 1, 4096, 1,
      "key/value heads, dividing H (default: H)"},
     {"head-dim", "D", OPT_INT, SHAPE | CLI_BENCH | CLI_RING, OFF(head_dim), 1, 1024, 1, "head dimension"},
+    {"head-dim-v", "DV", OPT_INT, SHAPE | CLI_BENCH, OFF(head_dim_v), 1, 1024, 1,
+     "head dimension of v (and o, do) when it differs from q/k's (default: D)"},
     {"seed", "N", OPT_SEED, SHAPE | CLI_RING, OFF(seed), 0, 0, 1, "random seed (ring: the same on every rank)"},
     {"seqlens", "N,...", OPT_LIST, CLI_BENCH, OFF(seqlens), 1, 1 << 24, 0, "sequence lengths (seqlen_q = seqlen_k)"},
     {"repeats", "N", OPT_INT, CLI_BENCH | CLI_RING, OFF(repeats), 1, 100000, 0, "timed calls per measurement (median)"},
@@ -293,6 +299,7 @@ int cli_parse_options(unsigned bit, int argc, char **argv, cli_options *o) {
   }
   if (!o->seqlen_k_given) o->seqlen_k = o->seqlen_q;
   if (!o->heads_kv_given) o->heads_kv = o->heads;
+  if (o->head_dim_v == 0) o->head_dim_v = o->head_dim;
   return CLI_OK;
 }
 
@@ -305,8 +312,10 @@ static void default_text(const cli_option *opt, const cli_options *d, char *out,
     if (*(const char *const *)field) snprintf(out, len, "%s", *(const char *const *)field);
     break;
   case OPT_INT:
-    /* seqlen_k, heads_kv: "default: SQ/H" in the help; timeout_ms: the help says where it comes from */
-    if (opt->offset == OFF(seqlen_k) || opt->offset == OFF(heads_kv) || opt->offset == OFF(timeout_ms)) break;
+    /* seqlen_k, heads_kv, head_dim_v: "default: SQ/H/D" in the help; timeout_ms: the help says where it comes from */
+    if (opt->offset == OFF(seqlen_k) || opt->offset == OFF(heads_kv) || opt->offset == OFF(head_dim_v) ||
+        opt->offset == OFF(timeout_ms))
+      break;
     if (opt->offset == OFF(threads) || opt->offset == OFF(repeats) || opt->offset == OFF(warmup))
       snprintf(out, len, "%d", *(const int *)field);
     else

@@ -547,13 +547,16 @@ static int run_ring(const cli_options *o) {
   if (o->data) {
     rc = cli_load(o->data, o->dtype, backward, &in);
   } else {
-    cli_shape s = {o->batch, o->seqlen_q, o->seqlen_k, o->heads, o->heads_kv, o->head_dim};
+    cli_shape s = {o->batch, o->seqlen_q, o->seqlen_k, o->heads, o->heads_kv, o->head_dim, o->head_dim_v};
     rc = cli_generate(&s, o->dtype >= 0 ? (flashc_dtype)o->dtype : FLASHC_F32, o->seed, &in);
   }
   if (!backward) { /* generated (or found) with the inputs, but a forward has no use for it */
     free(in.dout);
     in.dout = NULL;
   }
+  if (!rc && in.shape.head_dim_v != in.shape.head_dim) /* ring attention has one head dim (flashc.h) */
+    rc = cli_error("v's head_dim %lld differs from q's %lld, which ring attention does not support",
+                   (long long)in.shape.head_dim_v, (long long)in.shape.head_dim);
   int64_t parts = o->layout == FLASHC_RING_ZIGZAG ? 2 * (int64_t)world_ : world_;
   if (!rc && (in.shape.seqlen_q % parts || in.shape.seqlen_k % parts))
     rc = cli_error("seqlens %lld and %lld must be multiples of %lld (%s layout over %d ranks)",

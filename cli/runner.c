@@ -42,6 +42,8 @@ bool cli_backend_runnable(const flashc_backend_info *info, char *why, size_t len
 
 static size_t q_bytes(const cli_runner *r) { return (size_t)cli_q_elems(&r->shape) * flashc_dtype_size(r->dtype); }
 static size_t k_bytes(const cli_runner *r) { return (size_t)cli_k_elems(&r->shape) * flashc_dtype_size(r->dtype); }
+static size_t v_bytes(const cli_runner *r) { return (size_t)cli_v_elems(&r->shape) * flashc_dtype_size(r->dtype); }
+static size_t o_bytes(const cli_runner *r) { return (size_t)cli_o_elems(&r->shape) * flashc_dtype_size(r->dtype); }
 static size_t lse_bytes(const cli_runner *r) { return (size_t)cli_lse_elems(&r->shape) * sizeof(float); }
 
 static int alloc_buffer(cli_runner *r, void **p, size_t bytes) {
@@ -102,24 +104,42 @@ int cli_runner_open(cli_runner *r, const char *backend, flashc_dtype dtype, int 
   r->backward = backward;
   r->shape = in->shape;
   r->params = *params;
+  if (params->alibi_slopes) { /* the slopes for the data's heads, where the backend reads them */
+    const float *slopes = cli_alibi_slopes(r->shape.heads_q);
+    const size_t bytes = (size_t)r->shape.heads_q * sizeof(float);
+    if (!slopes) {
+      cli_runner_close(r);
+      return cli_error("--alibi: %lld heads are more than the slopes buffer holds", (long long)r->shape.heads_q);
+    }
+    if (alloc_buffer(r, &r->alibi, bytes) ||
+        (r->on_device ? cli_device_upload(r->alibi, slopes, bytes) : (memcpy(r->alibi, slopes, bytes), CLI_OK))) {
+      cli_runner_close(r);
+      return CLI_ERROR;
+    }
+    r->params.alibi_slopes = r->alibi;
+    r->params.alibi_stride_batch = 0;
+  }
 
   void *staging = NULL;
-  if (r->on_device && !(staging = malloc(q_bytes(r) > k_bytes(r) ? q_bytes(r) : k_bytes(r)))) {
+  const size_t most = q_bytes(r) > k_bytes(r) ? q_bytes(r) : k_bytes(r),
+               most_v = o_bytes(r) > v_bytes(r) ? o_bytes(r) : v_bytes(r);
+  if (r->on_device && !(staging = malloc(most > most_v ? most : most_v))) {
     cli_runner_close(r);
     return cli_error("out of memory for the upload buffer");
   }
-  int64_t nq = cli_q_elems(&r->shape), nk = cli_k_elems(&r->shape);
+  int64_t nq = cli_q_elems(&r->shape), nk = cli_k_elems(&r->shape), nv = cli_v_elems(&r->shape),
+          no = cli_o_elems(&r->shape);
   for (int s = 0; s < r->n_sets; s++) {
     cli_set *b = &r->set[s];
     int bad = alloc_buffer(r, &b->q, q_bytes(r)) || alloc_buffer(r, &b->k, k_bytes(r)) ||
-              alloc_buffer(r, &b->v, k_bytes(r)) || alloc_buffer(r, &b->o, q_bytes(r)) ||
+              alloc_buffer(r, &b->v, v_bytes(r)) || alloc_buffer(r, &b->o, o_bytes(r)) ||
               alloc_buffer(r, (void **)&b->lse, lse_bytes(r));
     if (!bad && backward)
-      bad = alloc_buffer(r, &b->dout, q_bytes(r)) || alloc_buffer(r, &b->dq, q_bytes(r)) ||
-            alloc_buffer(r, &b->dk, k_bytes(r)) || alloc_buffer(r, &b->dv, k_bytes(r));
+      bad = alloc_buffer(r, &b->dout, o_bytes(r)) || alloc_buffer(r, &b->dq, q_bytes(r)) ||
+            alloc_buffer(r, &b->dk, k_bytes(r)) || alloc_buffer(r, &b->dv, v_bytes(r));
     if (!bad)
       bad = upload(r, b->q, in->q, nq, staging) || upload(r, b->k, in->k, nk, staging) ||
-            upload(r, b->v, in->v, nk, staging) || (backward && upload(r, b->dout, in->dout, nq, staging));
+            upload(r, b->v, in->v, nv, staging) || (backward && upload(r, b->dout, in->dout, no, staging));
     if (bad) {
       free(staging);
       cli_runner_close(r);
@@ -137,6 +157,7 @@ void cli_runner_close(cli_runner *r) {
     for (int i = 0; i < 9; i++)
       if (all[i]) free_buffer(r, all[i]);
   }
+  if (r->alibi) free_buffer(r, r->alibi);
   flashc_destroy(r->handle);
   memset(r, 0, sizeof *r);
 }
@@ -149,8 +170,8 @@ static int fill_nan(cli_runner *r, void *p, size_t bytes) {
 
 int cli_runner_poison(cli_runner *r, int s, bool backward) {
   cli_set *b = &r->set[s];
-  if (!backward) return fill_nan(r, b->o, q_bytes(r)) || fill_nan(r, b->lse, lse_bytes(r)) ? CLI_ERROR : CLI_OK;
-  return fill_nan(r, b->dq, q_bytes(r)) || fill_nan(r, b->dk, k_bytes(r)) || fill_nan(r, b->dv, k_bytes(r)) ? CLI_ERROR
+  if (!backward) return fill_nan(r, b->o, o_bytes(r)) || fill_nan(r, b->lse, lse_bytes(r)) ? CLI_ERROR : CLI_OK;
+  return fill_nan(r, b->dq, q_bytes(r)) || fill_nan(r, b->dk, k_bytes(r)) || fill_nan(r, b->dv, v_bytes(r)) ? CLI_ERROR
                                                                                                             : CLI_OK;
 }
 
@@ -164,9 +185,19 @@ static flashc_tensor k_like(const cli_runner *r, void *data) {
   return flashc_tensor_bshd(data, r->dtype, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
 }
 
+static flashc_tensor v_like(const cli_runner *r, void *data) {
+  const cli_shape *s = &r->shape;
+  return flashc_tensor_bshd(data, r->dtype, s->batch, s->seqlen_k, s->heads_kv, s->head_dim_v);
+}
+
+static flashc_tensor o_like(const cli_runner *r, void *data) {
+  const cli_shape *s = &r->shape;
+  return flashc_tensor_bshd(data, r->dtype, s->batch, s->seqlen_q, s->heads_q, s->head_dim_v);
+}
+
 int cli_runner_forward(cli_runner *r, int s) {
   cli_set *b = &r->set[s];
-  flashc_tensor q = q_like(r, b->q), k = k_like(r, b->k), v = k_like(r, b->v), o = q_like(r, b->o);
+  flashc_tensor q = q_like(r, b->q), k = k_like(r, b->k), v = v_like(r, b->v), o = o_like(r, b->o);
   if (flashc_forward(r->handle, &r->params, &q, &k, &v, &o, b->lse) != FLASHC_OK)
     return cli_error("backend %s: %s", r->info.name, flashc_last_error());
   return CLI_OK;
@@ -174,8 +205,8 @@ int cli_runner_forward(cli_runner *r, int s) {
 
 int cli_runner_backward(cli_runner *r, int s) {
   cli_set *b = &r->set[s];
-  flashc_tensor q = q_like(r, b->q), k = k_like(r, b->k), v = k_like(r, b->v), o = q_like(r, b->o);
-  flashc_tensor dout = q_like(r, b->dout), dq = q_like(r, b->dq), dk = k_like(r, b->dk), dv = k_like(r, b->dv);
+  flashc_tensor q = q_like(r, b->q), k = k_like(r, b->k), v = v_like(r, b->v), o = o_like(r, b->o);
+  flashc_tensor dout = o_like(r, b->dout), dq = q_like(r, b->dq), dk = k_like(r, b->dk), dv = v_like(r, b->dv);
   if (flashc_backward(r->handle, &r->params, &q, &k, &v, &o, b->lse, &dout, &dq, &dk, &dv) != FLASHC_OK)
     return cli_error("backend %s: %s", r->info.name, flashc_last_error());
   return CLI_OK;
@@ -210,11 +241,12 @@ static int fetch_one(cli_runner *r, const void *src, flashc_dtype dtype, int64_t
 int cli_runner_fetch(cli_runner *r, int s, bool backward, cli_outputs *out) {
   memset(out, 0, sizeof *out);
   cli_set *b = &r->set[s];
-  int64_t nq = cli_q_elems(&r->shape), nk = cli_k_elems(&r->shape), nl = cli_lse_elems(&r->shape);
-  int bad = fetch_one(r, b->o, r->dtype, nq, &out->o) || fetch_one(r, b->lse, FLASHC_F32, nl, &out->lse);
+  int64_t nq = cli_q_elems(&r->shape), nk = cli_k_elems(&r->shape), nl = cli_lse_elems(&r->shape),
+          nv = cli_v_elems(&r->shape), no = cli_o_elems(&r->shape);
+  int bad = fetch_one(r, b->o, r->dtype, no, &out->o) || fetch_one(r, b->lse, FLASHC_F32, nl, &out->lse);
   if (!bad && backward)
     bad = fetch_one(r, b->dq, r->dtype, nq, &out->dq) || fetch_one(r, b->dk, r->dtype, nk, &out->dk) ||
-          fetch_one(r, b->dv, r->dtype, nk, &out->dv);
+          fetch_one(r, b->dv, r->dtype, nv, &out->dv);
   if (bad) cli_outputs_free(out);
   return bad ? CLI_ERROR : CLI_OK;
 }
@@ -284,5 +316,14 @@ flashc_params cli_params(const cli_options *o) {
   p.window_left = o->window_left;
   p.window_right = o->window_right;
   p.scale = o->scale;
+  p.softcap = o->softcap;
+  if (o->alibi) p.alibi_slopes = cli_alibi_slopes(o->heads);
   return p;
+}
+
+const float *cli_alibi_slopes(int64_t heads) {
+  static float slopes[1 << 16];
+  if (heads < 1 || heads > (int64_t)(sizeof slopes / sizeof slopes[0])) return NULL;
+  for (int64_t h = 0; h < heads; h++) slopes[h] = (float)exp2(-8.0 * (double)(h + 1) / (double)heads);
+  return slopes;
 }

@@ -7,8 +7,10 @@
  * as a `void *` (a `cudaStream_t`).
  *
  * Shapes (one sequence of a batch, one head):
- *   q, o, dq, do : [batch, seqlen_q, heads_q,  head_dim]   (any strides, see flashc_tensor)
- *   k, v, dk, dv : [batch, seqlen_k, heads_kv, head_dim]
+ *   q, dq        : [batch, seqlen_q, heads_q,  head_dim]   (any strides, see flashc_tensor)
+ *   o, do        : [batch, seqlen_q, heads_q,  head_dim_v] (head_dim_v: V's head dim, may differ: flashc_params)
+ *   k, dk        : [batch, seqlen_k, heads_kv, head_dim]
+ *   v, dv        : [batch, seqlen_k, heads_kv, head_dim_v]
  *   lse          : [batch, heads_q, seqlen_q], fp32, contiguous; natural log of Σ_j exp(scale·q·k_j)
  * heads_q must be a multiple of heads_kv (GQA; MQA when heads_kv = 1): query head h reads key/value head
  * h / (heads_q / heads_kv).
@@ -134,7 +136,24 @@ typedef enum flashc_causal_align {
  * sequence, with d = i + (align == BOTTOM_RIGHT ? seqlen_k − seqlen_q : 0) the row's diagonal:
  *   causal       : j ≤ d
  *   window (L,R) : d − L ≤ j ≤ d + R, a negative L or R meaning unbounded on that side
- * Causal and a window combine (causal sets R to 0). */
+ * Causal and a window combine (causal sets R to 0).
+ *
+ * The score of a visible key, in this order (as FlashAttention):
+ *   s = scale · q_i·k_j
+ *   softcap > 0  : s ← softcap · tanh(s / softcap)      (Gemma-2, Grok; finite, > 0)
+ *   alibi_slopes : s ← s − slope · |i + seqlen_k − seqlen_q − j|   (ALiBi; the bottom-right distance whatever
+ *                  `align` is), with slope = alibi_slopes[b · alibi_stride_batch + h] for sequence b and query head
+ *                  h: [heads_q] with stride 0, or [batch (num_seqs for varlen), heads_q] with stride heads_q
+ * then the mask and the softmax; lse is the log-sum-exp of these scores. The backward differentiates through
+ * both (the slopes get no gradient).
+ *
+ * seqused_q / seqused_k (FlashAttention-3's varlen): sequence s uses only the first seqused[s] rows of its slot
+ * [cu_seqlens[s], cu_seqlens[s+1]) (0 ≤ seqused[s] ≤ the slot's length; either array may be given alone). The
+ * used lengths are the sequence's lengths for the mask and ALiBi; query rows past them get o = 0, lse = −inf and
+ * dq = 0, key rows past them are never read and get dk = dv = 0.
+ *
+ * V's head dim may differ from Q/K's (v, o, dout, dv: size[3] = head_dim_v; q, k, dq, dk: head_dim); the default
+ * scale stays 1/sqrt(head_dim of q). */
 typedef struct flashc_params {
   size_t struct_size;          /* sizeof(flashc_params) where the caller was compiled: flashc_params_default sets it */
   float scale;                 /* 0: 1/sqrt(head_dim) */
@@ -146,6 +165,13 @@ typedef struct flashc_params {
   const int32_t *cu_seqlens_k; /* NULL, or host array of num_seqs + 1 offsets (varlen) */
   int64_t num_seqs;            /* with cu_seqlens */
   int deterministic;           /* backward: bit-identical gradients run to run (may be slower) */
+  /* Score modifiers and varlen extents (only cpu-ref and cpu implement them; every other backend refuses a call
+   * that uses one with FLASHC_ERR_UNSUPPORTED, and `auto` picks one that accepts it). */
+  float softcap;              /* 0: off; > 0: s ← softcap·tanh(s / softcap) on s = scale·q·k, before the mask */
+  const float *alibi_slopes;  /* NULL: off; fp32 slopes, in the memory the tensors live in (see above) */
+  int64_t alibi_stride_batch; /* elements between the slopes of sequence b and b + 1; 0: one slope per head */
+  const int32_t *seqused_q;   /* NULL, or (varlen only) host array of num_seqs: rows of each q slot used */
+  const int32_t *seqused_k;   /* NULL, or (varlen only) host array of num_seqs: rows of each k slot used */
 } flashc_params;
 
 /* The struct grows at its end as flashc gains features. flashc_params_default is compiled into the caller, so
@@ -165,6 +191,11 @@ static inline flashc_params flashc_params_default(void) {
   p.cu_seqlens_k = NULL;
   p.num_seqs = 0;
   p.deterministic = 0;
+  p.softcap = 0.0f;
+  p.alibi_slopes = NULL;
+  p.alibi_stride_batch = 0;
+  p.seqused_q = NULL;
+  p.seqused_k = NULL;
   return p;
 }
 
@@ -302,6 +333,73 @@ flashc_status flashc_ring_shard_lse(flashc_ring_layout layout, int world, int ra
 flashc_status flashc_ring_unshard_lse(flashc_ring_layout layout, int world, int rank, int64_t batch, int64_t heads,
                                       int64_t seqlen, const float *shard, float *full);
 /* ==== end of ring attention =========================================================================== */
+
+/* ==== attention over a KV cache (decoding) ============================================================ */
+/* Inference steps: a few new query rows per sequence attend over the keys and values that earlier steps left in
+ * a cache, as FlashAttention's flash_attn_with_kvcache. The cache is dense (one slot of `capacity` rows per
+ * sequence) or paged (blocks of page_size rows anywhere in a pool, listed per sequence in a block table):
+ *
+ *   q, o            : [batch, seqlen_q, heads_q, head_dim]          (seqlen_q: the new rows; 1 when decoding)
+ *   k_cache, v_cache: dense  [batch, capacity, heads_kv, head_dim]
+ *                     paged  [num_blocks, page_size, heads_kv, head_dim]; key j of sequence b is row
+ *                            j % page_size of block block_table[b·block_table_stride + j / page_size]
+ *   block_table     : NULL (dense), or int32 [batch, max_blocks_per_seq]: capacity = max_blocks_per_seq·page_size
+ *   cache_seqlens   : int32 [batch], the keys already in each sequence's cache; NULL: every cache is full
+ *   k_new, v_new    : NULL, or [batch, seqlen_new, heads_kv, head_dim]: written in place into the cache at rows
+ *                     cache_seqlens[b] .. cache_seqlens[b] + seqlen_new − 1 before attending
+ *   lse             : NULL, or [batch, heads_q, seqlen_q] fp32
+ * Sequence b attends over its first len_b = cache_seqlens[b] + seqlen_new keys (seqlen_new = 0 without k_new)
+ * with the mask of flashc_params for seqlen_k = len_b: with the default align, causal is bottom-right within each
+ * sequence (query row i sees keys j ≤ i + len_b − seqlen_q: the last new row sees the last key); windows and
+ * GQA/MQA as in flashc_forward. A row that sees no key (len_b = 0, or a mask) gives o = 0 and lse = −inf.
+ *
+ * block_table and cache_seqlens live where the tensors do: host memory for CPU backends, device memory for CUDA
+ * backends (so that a call needs no host synchronisation). On the host every length and every block index the
+ * call uses is checked before anything is written: len_b ≤ capacity, the first ⌈len_b / page_size⌉ entries of
+ * each row of block_table in [0, num_blocks) (entries past them are never read, and may hold anything), and no
+ * row that one sequence appends is a row another sequence uses. The CUDA backends do not run this call yet:
+ * they refuse it with FLASHC_ERR_UNSUPPORTED.
+ *
+ * Aliasing: o and lse must not share memory with anything else; with k_new, the caches are outputs too and must
+ * not share an element with each other, q, o, k_new or v_new. dtypes: one for q, o and every tensor here. */
+typedef struct flashc_kvcache {
+  size_t struct_size;           /* sizeof(flashc_kvcache) where the caller was compiled: flashc_kvcache_default */
+  flashc_tensor k_cache;        /* dense [batch, capacity, heads_kv, d] or paged [num_blocks, page_size, heads_kv, d] */
+  flashc_tensor v_cache;        /* the same sizes as k_cache */
+  const int32_t *block_table;   /* NULL: dense caches; else [batch, max_blocks_per_seq] block indices */
+  int64_t max_blocks_per_seq;   /* columns of block_table */
+  int64_t block_table_stride;   /* elements between rows of block_table; 0: max_blocks_per_seq */
+  const int32_t *cache_seqlens; /* [batch] keys in each cache before this call; NULL: every cache is full */
+  const flashc_tensor *k_new;   /* NULL, or [batch, seqlen_new, heads_kv, d], appended before attending */
+  const flashc_tensor *v_new;   /* NULL exactly when k_new is */
+  int num_splits;               /* key splits merged through the lse: 0 = the plan chooses; else at most */
+} flashc_kvcache;
+
+/* As flashc_params: the library reads struct_size bytes and gives later fields their defaults; a struct_size
+ * larger than the library's is refused. Build the struct from this function. */
+static inline flashc_kvcache flashc_kvcache_default(void) {
+  const flashc_tensor none = {NULL, FLASHC_F32, {0, 0, 0, 0}, {0, 0, 0, 0}};
+  flashc_kvcache c;
+  c.struct_size = sizeof c;
+  c.k_cache = none;
+  c.v_cache = none;
+  c.block_table = NULL;
+  c.max_blocks_per_seq = 0;
+  c.block_table_stride = 0;
+  c.cache_seqlens = NULL;
+  c.k_new = NULL;
+  c.v_new = NULL;
+  c.num_splits = 0;
+  return c;
+}
+
+/* o = attention(q, the cache after appending k_new/v_new); see above. params: scale, causal, align, windows
+ * (NULL: the defaults); varlen (cu_seqlens, seqused) is refused as invalid here, softcap and ALiBi as unsupported
+ * (not yet). The `cpu` backend's results are bit-identical at every thread count (its key splits depend on the
+ * shape and num_splits only). Returns once the work is done (CPU) or enqueued on the handle's stream (CUDA). */
+flashc_status flashc_forward_kvcache(flashc_handle handle, const flashc_tensor *q, const flashc_kvcache *cache,
+                                     flashc_tensor *o, float *lse, const flashc_params *params);
+/* ==== end of attention over a KV cache ================================================================ */
 
 #ifdef __cplusplus
 }

@@ -172,16 +172,17 @@ flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr) {
  * Backward: dq = 0 when there is no key, dk = dv = 0 when there is no query. Written here once for every
  * backend, into the memory the chosen backend works in. */
 
-/* Zero one output view: a q-like (keys 0) or k-like (keys 1) tensor of p, row by row (strides honoured). */
-static flashc_status zero_view(const fc_problem *p, const fc_backend *b, const fc_view *v, int keys) {
+/* Zero one output view: a q-like (keys 0) or k-like (keys 1) tensor of p with rows of `dim` elements, row by row
+ * (strides honoured). */
+static flashc_status zero_view(const fc_problem *p, const fc_backend *b, const fc_view *v, int keys, int64_t dim) {
   const bool varlen = p->cu_seqlens_q != NULL;
   int64_t n[3] = {varlen ? 1 : p->batch,
                   keys ? (varlen ? p->total_k : p->seqlen_k) : (varlen ? p->total_q : p->seqlen_q),
                   keys ? p->heads_kv : p->heads_q};
   int64_t st[3] = {v->stride_b, v->stride_s, v->stride_h};
   if (n[0] == 0 || n[1] == 0) return FLASHC_OK; /* no element (its data may be NULL); heads are >= 1 */
-  if (b->device == FLASHC_DEVICE_CUDA) return fc_device_zero_rows(p, v->data, n, st, p->head_dim);
-  size_t es = flashc_dtype_size(p->dtype), row_bytes = (size_t)p->head_dim * es;
+  if (b->device == FLASHC_DEVICE_CUDA) return fc_device_zero_rows(p, v->data, n, st, dim);
+  size_t es = flashc_dtype_size(p->dtype), row_bytes = (size_t)dim * es;
   for (int64_t i0 = 0; i0 < n[0]; i0++) /* all-zero bits are +0 in every dtype */
     for (int64_t i1 = 0; i1 < n[1]; i1++)
       for (int64_t i2 = 0; i2 < n[2]; i2++)
@@ -191,18 +192,52 @@ static flashc_status zero_view(const fc_problem *p, const fc_backend *b, const f
 
 static flashc_status write_empty_results(const fc_problem *p, const fc_backend *b) {
   if (p->is_backward) {
-    if (p->total_k == 0) FC_CHECK(zero_view(p, b, &p->dq, 0));
+    if (p->total_k == 0) FC_CHECK(zero_view(p, b, &p->dq, 0, p->head_dim));
     if (p->total_q == 0) {
-      FC_CHECK(zero_view(p, b, &p->dk, 1));
-      FC_CHECK(zero_view(p, b, &p->dv, 1));
+      FC_CHECK(zero_view(p, b, &p->dk, 1, p->head_dim));
+      FC_CHECK(zero_view(p, b, &p->dv, 1, p->head_dim_v));
     }
     return FLASHC_OK;
   }
-  FC_CHECK(zero_view(p, b, &p->o, 0));
+  FC_CHECK(zero_view(p, b, &p->o, 0, p->head_dim_v));
   const int64_t n_lse = p->total_q * p->heads_q; /* 0, or every row of a call without keys */
   if (!p->lse || n_lse == 0) return FLASHC_OK;
   if (b->device == FLASHC_DEVICE_CUDA) return fc_device_fill_f32(p, p->lse, n_lse, -INFINITY);
   for (int64_t i = 0; i < n_lse; i++) p->lse[i] = -INFINITY;
+  return FLASHC_OK;
+}
+
+/* ---- rows past seqused ------------------------------------------------------------------------------ */
+/* With seqused_q/k a backend sees only the used rows of each slot (fc_seq_q/k); the others' results are known
+ * (flashc.h): query rows past seqused_q get o = 0, lse = −inf (forward) and dq = 0 (backward), key rows past
+ * seqused_k get dk = dv = 0. Written here once, on the host: only CPU backends implement seqused. */
+static void zero_rows(const fc_problem *p, const fc_view *v, int64_t first, int64_t last, int64_t heads, int64_t dim) {
+  const size_t es = flashc_dtype_size(p->dtype);
+  for (int64_t r = first; r < last; r++)
+    for (int64_t h = 0; h < heads; h++)
+      memset((char *)v->data + (r * v->stride_s + h * v->stride_h) * (int64_t)es, 0, (size_t)dim * es);
+}
+
+static flashc_status write_unused_rows(const fc_problem *p, const fc_backend *b) {
+  if (!p->seqused_q && !p->seqused_k) return FLASHC_OK;
+  if (b->device != FLASHC_DEVICE_CPU)
+    return fc_error(FLASHC_ERR_INTERNAL, "seqused reached backend %s, which does not implement it", b->name);
+  for (int64_t s = 0; s < p->batch; s++) {
+    int64_t start, used;
+    const int64_t q_end = p->cu_seqlens_q[s + 1], k_end = p->cu_seqlens_k[s + 1];
+    fc_seq_q(p, s, &start, &used);
+    if (!p->is_backward) {
+      zero_rows(p, &p->o, start + used, q_end, p->heads_q, p->head_dim_v);
+      if (p->lse)
+        for (int64_t h = 0; h < p->heads_q; h++)
+          for (int64_t r = start + used; r < q_end; r++) p->lse[h * p->total_q + r] = -INFINITY;
+      continue;
+    }
+    zero_rows(p, &p->dq, start + used, q_end, p->heads_q, p->head_dim);
+    fc_seq_k(p, s, &start, &used);
+    zero_rows(p, &p->dk, start + used, k_end, p->heads_kv, p->head_dim);
+    zero_rows(p, &p->dv, start + used, k_end, p->heads_kv, p->head_dim_v);
+  }
   return FLASHC_OK;
 }
 
@@ -213,6 +248,7 @@ flashc_status flashc_forward(flashc_handle h, const flashc_params *params, const
   const fc_backend *b;
   FC_CHECK(fc_prepare("flashc_forward", h, params, q, k, v, o, lse, NULL, NULL, NULL, NULL, 0, &p, &b));
   flashc_status s = fc_problem_is_empty(&p) ? write_empty_results(&p, b) : b->forward(&p);
+  if (s == FLASHC_OK && !fc_problem_is_empty(&p)) s = write_unused_rows(&p, b);
   if (s == FLASHC_OK) h->last_backend = b->name;
   return s;
 }
@@ -224,6 +260,7 @@ flashc_status flashc_backward(flashc_handle h, const flashc_params *params, cons
   const fc_backend *b;
   FC_CHECK(fc_prepare("flashc_backward", h, params, q, k, v, o, lse, dout, dq, dk, dv, 1, &p, &b));
   flashc_status s = fc_problem_is_empty(&p) ? write_empty_results(&p, b) : b->backward(&p);
+  if (s == FLASHC_OK && !fc_problem_is_empty(&p)) s = write_unused_rows(&p, b);
   if (s == FLASHC_OK) h->last_backend = b->name;
   return s;
 }

@@ -58,7 +58,16 @@ typedef struct fc_problem {
   int64_t total_q; /* rows of q over all sequences (batch·seqlen_q when dense) */
   int64_t total_k;
   int64_t heads_q, heads_kv, head_dim;
-  float scale; /* resolved: never 0 */
+  int64_t head_dim_v; /* of v, o, dout, dv; head_dim is q's and k's */
+  float scale;        /* resolved: never 0 */
+  /* Score modifiers (flashc.h), applied to scale·q·k in this order before the mask: softcap (0: off) and
+   * ALiBi, slope alibi_slopes[s·alibi_stride_batch + h] (NULL: off), see fc_alibi_slope. */
+  float softcap;
+  const float *alibi_slopes;
+  int64_t alibi_stride_batch;
+  /* NULL, or host arrays of batch: sequence s uses the first seqused[s] rows of its cu_seqlens slot. fc_seq_q and
+   * fc_seq_k return those lengths, so a backend sees only the used rows; api.c writes the results of the others. */
+  const int32_t *seqused_q, *seqused_k;
   /* Mask, per sequence: key j is visible to query i iff
    *   (window_left  < 0 || j >= i + shift − window_left) && (window_right < 0 || j <= i + shift + window_right)
    * with shift = fc_mask_shift(p, seqlen_q_of_seq, seqlen_k_of_seq). Causal is folded in as window_right = 0. */
@@ -85,11 +94,12 @@ typedef struct fc_problem {
  * asking the backend's `supports`). */
 static inline bool fc_problem_is_empty(const fc_problem *p) { return p->total_q == 0 || p->total_k == 0; }
 
-/* Rows of sequence s: [*start, *start + *len) of the packed tensor (varlen), or [0, seqlen) of batch s. */
+/* Rows of sequence s: [*start, *start + *len) of the packed tensor (varlen, the used rows of its slot), or
+ * [0, seqlen) of batch s. */
 static inline void fc_seq_q(const fc_problem *p, int64_t s, int64_t *start, int64_t *len) {
   if (p->cu_seqlens_q) {
     *start = p->cu_seqlens_q[s];
-    *len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+    *len = p->seqused_q ? p->seqused_q[s] : (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
   } else {
     *start = 0;
     *len = p->seqlen_q;
@@ -98,7 +108,7 @@ static inline void fc_seq_q(const fc_problem *p, int64_t s, int64_t *start, int6
 static inline void fc_seq_k(const fc_problem *p, int64_t s, int64_t *start, int64_t *len) {
   if (p->cu_seqlens_k) {
     *start = p->cu_seqlens_k[s];
-    *len = (int64_t)p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s];
+    *len = p->seqused_k ? p->seqused_k[s] : (int64_t)p->cu_seqlens_k[s + 1] - p->cu_seqlens_k[s];
   } else {
     *start = 0;
     *len = p->seqlen_k;
@@ -130,6 +140,17 @@ static inline void fc_key_range(const fc_problem *p, int64_t shift, int64_t i, i
   if (b > sk) b = sk;
   *lo = a;
   *hi = b;
+}
+
+/* ALiBi's slope of sequence s, query head h (0 without ALiBi): the bias of query i and key j of a sequence of sq
+ * queries and sk keys is −slope·|i + sk − sq − j| (fc_alibi_dist). */
+static inline double fc_alibi_slope(const fc_problem *p, int64_t s, int64_t h) {
+  return p->alibi_slopes ? p->alibi_slopes[s * p->alibi_stride_batch + h] : 0.0;
+}
+
+static inline double fc_alibi_dist(int64_t sq, int64_t sk, int64_t i, int64_t j) {
+  const int64_t x = i + sk - sq - j;
+  return (double)(x < 0 ? -x : x);
 }
 
 static inline bool fc_visible(const fc_problem *p, int64_t shift, int64_t i, int64_t j) {
@@ -213,6 +234,17 @@ static inline void fc_store(void *base, flashc_dtype dtype, int64_t i, double x)
 }
 
 /* ---- backends -------------------------------------------------------------------------------------- */
+/* Features a call may use beyond the plain ones every backend has (flashc.h): a backend's `features` says which
+ * it implements, and validate.c refuses a call that needs one it lacks, naming it (fc_check_features). */
+enum {
+  FC_FEATURE_SOFTCAP = 1u << 0,
+  FC_FEATURE_ALIBI = 1u << 1,
+  FC_FEATURE_HEAD_DIM_V = 1u << 2, /* V's head dim ≠ Q/K's */
+  FC_FEATURE_SEQUSED = 1u << 3,
+};
+
+struct fc_kv_problem; /* kvcache.h */
+
 typedef struct fc_backend {
   const char *name;
   const char *summary;
@@ -226,6 +258,11 @@ typedef struct fc_backend {
   flashc_status (*supports)(const fc_problem *p);
   flashc_status (*forward)(const fc_problem *p);
   flashc_status (*backward)(const fc_problem *p); /* NULL: forward only */
+  /* The CUDA rungs (C++17: positional initialisers) list these three last, as 0, 0, NULL: no feature. */
+  unsigned features;  /* FC_FEATURE_* it implements */
+  int max_head_dim_v; /* with FC_FEATURE_HEAD_DIM_V: the largest head_dim_v (0: max_head_dim) */
+  /* NULL, or flashc_forward_kvcache on a validated call (src/kvcache.h): append, then attend. */
+  flashc_status (*forward_kvcache)(const struct fc_kv_problem *p);
 } fc_backend;
 
 /* The table, best first (backends.c). */
@@ -262,6 +299,12 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
                          const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
                          const flashc_tensor *dv, int is_backward, fc_problem *p, const fc_backend **chosen);
 
+/* The FC_FEATURE_* that problem p uses. */
+unsigned fc_problem_features(const fc_problem *p);
+/* FLASHC_OK when `have` covers what p uses, else FLASHC_ERR_UNSUPPORTED naming the first feature missing and
+ * `who` ("backend cuda-mma", "ring attention"). */
+flashc_status fc_check_features(const char *op, const char *who, unsigned have, const fc_problem *p);
+
 /* The checks of one tensor, for other entry points that take tensors (the ring's shard helpers): see
  * validate.c. fc_check_tensor sets *span to the offset of the last element, −1 when the view has none. */
 flashc_status fc_check_tensor(const char *op, const char *name, const flashc_tensor *t, int64_t *span);
@@ -270,6 +313,9 @@ flashc_status fc_check_no_self_overlap(const char *op, const char *name, const f
 /* Output `out` is not the struct `in` and shares no element with it (spans from fc_check_tensor). */
 flashc_status fc_check_disjoint(const char *op, const char *out_name, const flashc_tensor *out, int64_t out_span,
                                 const char *in_name, const flashc_tensor *in, int64_t in_span);
+/* Where pointers live (NULL ones skipped): *where 1 device, 0 host, −1 unknown; pointers in both are refused,
+ * naming the first that disagrees. */
+flashc_status fc_locate(const char *op, const void *const *ptrs, const char *const *names, int n, int *where);
 
 /* ---- workspace and threads ------------------------------------------------------------------------- */
 /* Host scratch memory owned by the handle, grown on demand (so a repeated call allocates nothing).

@@ -183,6 +183,46 @@ static flashc_status check_cu_seqlens(const char *op, const char *name, const in
   return FLASHC_OK;
 }
 
+/* seqused (NULL: every slot is used whole): 0 ≤ seqused[s] ≤ the slot's length. */
+static flashc_status check_seqused(const char *op, const char *name, const int32_t *used, const int32_t *cu,
+                                   int64_t n) {
+  if (!used) return FLASHC_OK;
+  for (int64_t s = 0; s < n; s++) {
+    const int64_t slot = (int64_t)cu[s + 1] - cu[s];
+    if (used[s] < 0 || used[s] > slot)
+      return INVALID("%s: %s[%lld] is %d; it must be in [0, %lld], the rows of its cu_seqlens slot", op, name,
+                     (long long)s, used[s], (long long)slot);
+  }
+  return FLASHC_OK;
+}
+
+unsigned fc_problem_features(const fc_problem *p) {
+  return (p->softcap != 0.0f ? FC_FEATURE_SOFTCAP : 0u) | (p->alibi_slopes ? FC_FEATURE_ALIBI : 0u) |
+         (p->head_dim_v != p->head_dim ? FC_FEATURE_HEAD_DIM_V : 0u) |
+         (p->seqused_q || p->seqused_k ? FC_FEATURE_SEQUSED : 0u);
+}
+
+flashc_status fc_check_features(const char *op, const char *who, unsigned have, const fc_problem *p) {
+  static const struct {
+    unsigned bit;
+    const char *what;
+  } names[] = {
+      {FC_FEATURE_SOFTCAP, "softcap"},
+      {FC_FEATURE_ALIBI, "ALiBi (alibi_slopes)"},
+      {FC_FEATURE_HEAD_DIM_V, "a head dim of V different from Q/K's"},
+      {FC_FEATURE_SEQUSED, "seqused_q/seqused_k"},
+  };
+  const unsigned missing = fc_problem_features(p) & ~have;
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (missing & names[i].bit) {
+      if (names[i].bit == FC_FEATURE_HEAD_DIM_V)
+        return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: %s (v.size[3] %lld, q.size[3] %lld) is not supported on %s", op,
+                        names[i].what, (long long)p->head_dim_v, (long long)p->head_dim, who);
+      return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: %s is not supported on %s", op, names[i].what, who);
+    }
+  return FLASHC_OK;
+}
+
 flashc_status fc_check_disjoint(const char *op, const char *out_name, const flashc_tensor *out, int64_t out_span,
                                 const char *in_name, const flashc_tensor *in, int64_t in_span) {
   if (out == in)
@@ -216,6 +256,13 @@ static flashc_status backend_accepts(const fc_backend *b, const fc_problem *p, c
   if (p->head_dim < b->min_head_dim)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim %lld is below %d on backend %s", op, (long long)p->head_dim,
                     b->min_head_dim, b->name);
+  char who[64];
+  snprintf(who, sizeof who, "backend %s", b->name);
+  FC_CHECK(fc_check_features(op, who, b->features, p));
+  const int max_v = b->max_head_dim_v ? b->max_head_dim_v : b->max_head_dim;
+  if (p->head_dim_v > max_v)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: head_dim_v (v.size[3]) %lld exceeds %d on backend %s", op,
+                    (long long)p->head_dim_v, max_v, b->name);
   if (on_device >= 0 && on_device != (b->device == FLASHC_DEVICE_CUDA))
     return INVALID("%s: the tensors are in %s memory but backend %s needs %s memory", op,
                    on_device ? "CUDA device" : "host", b->name, b->device == FLASHC_DEVICE_CUDA ? "device" : "host");
@@ -278,13 +325,14 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
       return INVALID("%s: %s.dtype is %s but q.dtype is %s; all tensors share one dtype", op, names[i],
                      flashc_dtype_name(ts[i]->dtype), flashc_dtype_name(q->dtype));
 
-  /* Shapes: q-like tensors match q, kv-like match k. */
+  /* Shapes: q-like tensors match q, kv-like match k, except along head_dim: o and dout take v's (V's head dim may
+   * differ from Q/K's), dq and dk q's. */
   for (int d = 0; d < 4; d++) {
-    FC_CHECK(same_size(op, "q", q, "o", o, d));
-    FC_CHECK(same_size(op, "k", k, "v", v, d));
     if (d != 1 && d != 2) FC_CHECK(same_size(op, "q", q, "k", k, d));
+    FC_CHECK(same_size(op, d == 3 ? "v" : "q", d == 3 ? v : q, "o", o, d));
+    if (d != 3) FC_CHECK(same_size(op, "k", k, "v", v, d));
     if (is_backward) {
-      FC_CHECK(same_size(op, "q", q, "dout", dout, d));
+      FC_CHECK(same_size(op, d == 3 ? "v" : "q", d == 3 ? v : q, "dout", dout, d));
       FC_CHECK(same_size(op, "q", q, "dq", dq, d));
       FC_CHECK(same_size(op, "k", k, "dk", dk, d));
       FC_CHECK(same_size(op, "v", v, "dv", dv, d));
@@ -307,6 +355,10 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   p->heads_q = hq;
   p->heads_kv = hkv;
   p->head_dim = q->size[3];
+  p->head_dim_v = v->size[3];
+  if ((pa->seqused_q || pa->seqused_k) && !varlen)
+    return INVALID("%s: params.seqused_%s is set without cu_seqlens; seqused needs varlen", op,
+                   pa->seqused_q ? "q" : "k");
   if (varlen) {
     if (!pa->cu_seqlens_q || !pa->cu_seqlens_k)
       return INVALID("%s: params.cu_seqlens_%s is NULL but cu_seqlens_%s is set; varlen needs both", op,
@@ -322,6 +374,10 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
     FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_k", pa->cu_seqlens_k, pa->num_seqs, p->total_k, &p->seqlen_k));
     p->cu_seqlens_q = pa->cu_seqlens_q;
     p->cu_seqlens_k = pa->cu_seqlens_k;
+    FC_CHECK(check_seqused(op, "params.seqused_q", pa->seqused_q, pa->cu_seqlens_q, pa->num_seqs));
+    FC_CHECK(check_seqused(op, "params.seqused_k", pa->seqused_k, pa->cu_seqlens_k, pa->num_seqs));
+    p->seqused_q = pa->seqused_q;
+    p->seqused_k = pa->seqused_k;
   } else {
     p->batch = q->size[0];
     p->seqlen_q = q->size[1];
@@ -353,6 +409,28 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   if (pa->causal) p->window_right = 0; /* causal: no key right of the diagonal */
   p->bottom_right = pa->align == FLASHC_ALIGN_BOTTOM_RIGHT;
   p->deterministic = pa->deterministic;
+  /* softcap·tanh(s/softcap) needs a finite positive cap; 0 (the default) means none. */
+  if (!(pa->softcap >= 0.0f) || !isfinite(pa->softcap))
+    return INVALID("%s: params.softcap is %g; it must be 0 (off) or finite and > 0", op, (double)pa->softcap);
+  p->softcap = pa->softcap;
+  if (pa->alibi_slopes) {
+    /* The slopes may be device memory: only the pointer and the stride are checked here, never the values. */
+    if ((uintptr_t)pa->alibi_slopes % sizeof(float) != 0)
+      return INVALID("%s: params.alibi_slopes (%p) is not aligned to 4-byte floats", op,
+                     (const void *)pa->alibi_slopes);
+    int64_t reach;
+    if (pa->alibi_stride_batch < 0 || !fc_mul_ok(p->batch > 0 ? p->batch - 1 : 0, pa->alibi_stride_batch, &reach) ||
+        !fc_add_ok(reach, hq, &reach))
+      return INVALID("%s: params.alibi_stride_batch is %lld; it must be 0 (one slope per head) or >= 0 with "
+                     "[batch, heads_q] slopes addressable",
+                     op, (long long)pa->alibi_stride_batch);
+    if (pa->alibi_stride_batch != 0 && pa->alibi_stride_batch < hq)
+      return INVALID("%s: params.alibi_stride_batch is %lld, less than heads_q %lld: the slopes of two sequences "
+                     "would overlap",
+                     op, (long long)pa->alibi_stride_batch, (long long)hq);
+    p->alibi_slopes = pa->alibi_slopes;
+    p->alibi_stride_batch = pa->alibi_stride_batch;
+  }
 
   /* Outputs (o in forward; dq, dk, dv in backward): no self-aliasing, and not the memory of any other tensor,
    * nor the same struct. lse is an output of the forward (checked against q, k, v, o) and an input of the
@@ -386,9 +464,17 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   p->stream = h->stream;
   p->handle = h;
 
+  /* A fixed backend that lacks a feature of the call says so before where the data lives is judged (its ALiBi
+   * slopes in host memory beside device tensors would otherwise be reported instead). */
+  if (h->fixed) {
+    char who[64];
+    snprintf(who, sizeof who, "backend %s", h->fixed->name);
+    FC_CHECK(fc_check_features(op, who, h->fixed->features, p));
+  }
+
   /* Where the data lives decides which backends can touch it. */
-  const void *ptrs[9];
-  const char *pnames[9];
+  const void *ptrs[10];
+  const char *pnames[10];
   int np = 0;
   for (int i = 0; i < nt; i++) {
     ptrs[np] = ts[i]->data;
@@ -396,6 +482,8 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   }
   ptrs[np] = lse;
   pnames[np++] = "lse";
+  ptrs[np] = pa->alibi_slopes;
+  pnames[np++] = "params.alibi_slopes";
   int on_device;
   FC_CHECK(locate(op, ptrs, pnames, np, &on_device));
 
@@ -422,4 +510,9 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
       used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%s%s", used ? "; " : "", msg + skip);
   }
   return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: no backend accepts this call (%s)", op, reasons);
+}
+
+/* For the other entry points (kvcache.c): where their pointers live, as locate() above. */
+flashc_status fc_locate(const char *op, const void *const *ptrs, const char *const *names, int n, int *where) {
+  return locate(op, ptrs, names, n, where);
 }

@@ -9,7 +9,7 @@
  * to 1e-8 of the largest gradient of each tensor: ten times the method's error, and tight enough that a
  * single fp32 intermediate (6e-8) or the fp32 lse (u32·|lse|, about 1e-7) fails, as it must in the oracle.
  * Tiny shapes keep it fast: full, causal (both alignments, and rows that see no key), a window, GQA 2:1,
- * varlen, seqlen_q ≠ seqlen_k.
+ * varlen, seqlen_q ≠ seqlen_k; softcap (through its tanh), ALiBi, both, and a head dim of V of its own.
  */
 #include "harness.h"
 
@@ -26,19 +26,30 @@ typedef struct gcase {
   int64_t wl, wr;
   const int32_t *lens_q, *lens_k;
   int num_seqs;
+  int64_t dv;    /* V's head dim; 0: d */
+  float softcap; /* 0: off */
+  int alibi;     /* 1: slopes per head (stride 0), 2: per (sequence, head) */
 } gcase;
 
 static const int32_t lq[] = {3, 0, 2, 4, 1}, lk[] = {2, 3, 0, 4, 5};
 
 static const gcase cases[] = {
-    {"full", 2, 5, 6, 2, 2, 4, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0},
-    {"causal", 1, 6, 6, 2, 2, 4, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0},
-    {"causal-7x4 (rows without keys)", 1, 7, 4, 1, 1, 3, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0},
-    {"causal-tl-3x7", 1, 3, 7, 2, 1, 4, 1, FLASHC_ALIGN_TOP_LEFT, -1, -1, NULL, NULL, 0},
-    {"window(2,1)", 1, 7, 7, 1, 1, 3, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 2, 1, NULL, NULL, 0},
-    {"gqa-2:1", 1, 4, 5, 4, 2, 4, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0},
-    {"sq7-sk3", 2, 7, 3, 1, 1, 5, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0},
-    {"varlen-causal", 1, 0, 0, 2, 1, 4, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, lq, lk, 5},
+    {"full", 2, 5, 6, 2, 2, 4, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.0f, 0},
+    {"causal", 1, 6, 6, 2, 2, 4, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.0f, 0},
+    {"causal-7x4 (rows without keys)", 1, 7, 4, 1, 1, 3, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.0f,
+     0},
+    {"causal-tl-3x7", 1, 3, 7, 2, 1, 4, 1, FLASHC_ALIGN_TOP_LEFT, -1, -1, NULL, NULL, 0, 0, 0.0f, 0},
+    {"window(2,1)", 1, 7, 7, 1, 1, 3, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 2, 1, NULL, NULL, 0, 0, 0.0f, 0},
+    {"gqa-2:1", 1, 4, 5, 4, 2, 4, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.0f, 0},
+    {"sq7-sk3", 2, 7, 3, 1, 1, 5, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.0f, 0},
+    {"varlen-causal", 1, 0, 0, 2, 1, 4, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, lq, lk, 5, 0, 0.0f, 0},
+    /* scale·q·k reaches a few units with these shapes: caps of 0.7 and 2 bend the scores well into tanh */
+    {"softcap-0.7", 2, 5, 6, 2, 1, 4, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.7f, 0},
+    {"softcap-2-causal", 1, 6, 5, 2, 2, 4, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 2.0f, 0},
+    {"alibi-causal", 1, 6, 7, 2, 2, 4, 1, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, NULL, NULL, 0, 0, 0.0f, 1},
+    {"alibi-per-seq-varlen", 1, 0, 0, 2, 1, 3, 0, FLASHC_ALIGN_BOTTOM_RIGHT, -1, -1, lq, lk, 5, 0, 0.0f, 2},
+    {"softcap-alibi-gqa-window", 1, 7, 6, 4, 2, 3, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 2, 1, NULL, NULL, 0, 0, 1.5f, 1},
+    {"dv-6/d-3-softcap", 2, 4, 5, 2, 1, 3, 1, FLASHC_ALIGN_TOP_LEFT, -1, -1, NULL, NULL, 0, 6, 1.0f, 0},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -56,7 +67,10 @@ static void run_case(const th_backend *ref, const gcase *c, th_rng *rng) {
   th_attn a;
   memset(&a, 0, sizeof a);
   int32_t cu_q[8] = {0}, cu_k[8] = {0};
+  float slopes[64];
+  const int64_t dv = c->dv ? c->dv : c->d;
   a.params = flashc_params_default();
+  a.params.softcap = c->softcap;
   a.params.causal = c->causal;
   a.params.align = c->align;
   a.params.window_left = c->wl;
@@ -67,14 +81,19 @@ static void run_case(const th_backend *ref, const gcase *c, th_rng *rng) {
     a.params.cu_seqlens_q = cu_q, a.params.cu_seqlens_k = cu_k, a.params.num_seqs = c->num_seqs;
     a.batch = 1, a.seqlen_q = cu_q[c->num_seqs], a.seqlen_k = cu_k[c->num_seqs];
   }
+  if (c->alibi) { /* slopes of a few tenths: biases as large as the scores */
+    for (int i = 0; i < 64; i++) slopes[i] = 0.1f + 0.05f * (float)i;
+    a.params.alibi_slopes = slopes;
+    a.params.alibi_stride_batch = c->alibi == 2 ? a.heads_q : 0;
+  }
   th_tensor q = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, a.head_dim);
   th_tensor k = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, a.head_dim);
-  th_tensor v = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, a.head_dim);
-  th_tensor o = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, a.head_dim);
-  th_tensor dout = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, a.head_dim);
+  th_tensor v = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, dv);
+  th_tensor o = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, dv);
+  th_tensor dout = th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, dv);
   th_tensor g[3] = {th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_q, a.heads_q, a.head_dim),
                     th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, a.head_dim),
-                    th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, a.head_dim)};
+                    th_tensor_new(FLASHC_F64, TH_BSHD, a.batch, a.seqlen_k, a.heads_kv, dv)};
   th_fill_normal(&q, rng), th_fill_normal(&k, rng), th_fill_normal(&v, rng), th_fill_normal(&dout, rng);
   int64_t nlse = th_lse_numel(&a);
   float *lse = calloc((size_t)nlse, sizeof *lse);

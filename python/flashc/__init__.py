@@ -28,6 +28,7 @@ from ._api import (
     prepare_forward,
 )
 from ._lib import Error, InvalidArgumentError, OutOfMemoryError, RuntimeFailure, UnsupportedError
+from .kvcache import attention_with_kvcache
 
 __version__ = _lib.lib.flashc_version_string().decode()
 library_path = _lib.path
@@ -44,6 +45,7 @@ __all__ = [
     "attention_backward",
     "attention_varlen",
     "attention_varlen_backward",
+    "attention_with_kvcache",
     "backends",
     "last_backend",
     "library_path",

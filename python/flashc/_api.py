@@ -93,6 +93,82 @@ def check_options(causal, window, scale, causal_align, deterministic) -> tuple:
     return scale, bool(causal), wl, wr, causal_align == "top-left", bool(deterministic)
 
 
+def check_softcap(softcap) -> float:
+    """softcap as the C API takes it: 0.0 (or None) for none, else a finite float > 0 (s <- cap*tanh(s/cap))."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, (bool, str, bytes)) or not hasattr(softcap, "__float__"):
+        raise TypeError(f"flashc: softcap must be a float (0.0: none), not {softcap!r}")
+    cap = float(softcap)
+    if not (math.isfinite(cap) and cap >= 0.0):
+        raise ValueError(f"flashc: softcap is {cap}; it must be 0.0 (none) or finite and > 0")
+    if cap != 0.0 and not 1.1754943508222875e-38 <= cap <= 3.4028234663852886e38:
+        raise ValueError(f"flashc: softcap {cap} is outside float32 range")
+    return cap
+
+
+def check_alibi_shape(shape, heads_q: int, batch: int) -> int:
+    """ALiBi slopes are [heads_q] (one per head) or [batch, heads_q] (num_seqs for varlen): returns the C API's
+    alibi_stride_batch (0 or heads_q)."""
+    shape = tuple(shape)
+    if shape == (heads_q,):
+        return 0
+    if shape == (batch, heads_q):
+        return heads_q
+    raise ValueError(
+        f"flashc: alibi_slopes has shape {shape}; expected ({heads_q},) or ({batch}, {heads_q}): [heads_q] or "
+        "[batch, heads_q] (num_seqs for varlen)"
+    )
+
+
+def host_seqused(name: str, x, num_seqs: int) -> np.ndarray:
+    """seqused_q/k as the host int32 array of num_seqs that the C library reads (from a list, a numpy array or a
+    torch tensor on any device); the library checks each against its cu_seqlens slot."""
+    if _arrays.is_torch(x):
+        x = x.detach().cpu().numpy()
+    try:
+        a = np.asarray(x)
+    except Exception as e:
+        raise TypeError(f"flashc: {name} is not an array of lengths: {e}") from None
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"flashc: {name} must hold integers, not {a.dtype}")
+    if a.shape != (num_seqs,):
+        raise ValueError(f"flashc: {name} has shape {a.shape}; it must be ({num_seqs},): one length per sequence")
+    if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"flashc: {name} holds lengths outside int32")
+    return np.require(a, np.int32, ["C", "A"])
+
+
+def _features(params: _lib.Params, q, varlen: bool, softcap, alibi_slopes, seqused_q, seqused_k) -> list:
+    """softcap, ALiBi and seqused into params; returns the arrays the params point into (to keep alive).
+    The slopes go where q lives (the C library reads them there), as float32."""
+    params.softcap = check_softcap(softcap)
+    keep = []
+    if alibi_slopes is not None:
+        heads_q = q.shape[-2]
+        batch = params.num_seqs if varlen else q.shape[0]
+        if _arrays.is_torch(q):
+            import torch
+
+            a = torch.as_tensor(alibi_slopes).detach().to(device=q.device, dtype=torch.float32).contiguous()
+        else:
+            if _arrays.is_torch(alibi_slopes):
+                alibi_slopes = alibi_slopes.detach().cpu().numpy()
+            a = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
+        params.alibi_stride_batch = check_alibi_shape(a.shape, heads_q, batch)
+        params.alibi_slopes = ctypes.cast(_arrays.data_ptr(a), ctypes.POINTER(ctypes.c_float))
+        keep.append(a)
+    for name, x in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if x is None:
+            continue
+        if not varlen:
+            raise ValueError(f"flashc: {name} needs packed (varlen) tensors with cu_seqlens_q/k")
+        a = host_seqused(name, x, params.num_seqs)
+        setattr(params, name, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        keep.append(a)
+    return keep
+
+
 def _params(causal, window, scale, causal_align, deterministic) -> _lib.Params:
     scale, causal, wl, wr, top_left, deterministic = check_options(causal, window, scale, causal_align, deterministic)
     p = _lib.params_default()
@@ -271,6 +347,10 @@ def _build_forward(
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     varlen=False,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ) -> Call:
     ndim = 3 if varlen else 4
     q, k, v = (_arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v)))
@@ -284,10 +364,12 @@ def _build_forward(
         keep += hosts
     else:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
+    o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)  # o takes V's head dim
     if out is None:
-        out = _arrays.empty(tuple(q.shape), q)
+        out = _arrays.empty(o_shape, q)
     else:
-        _arrays.check_output("out", out, tuple(q.shape), dtype, q)
+        _arrays.check_output("out", out, o_shape, dtype, q)
     if lse is None:
         lse = _arrays.empty(lse_shape, q, float32=True)
     else:
@@ -323,6 +405,10 @@ def _build_backward(
     dv,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ) -> Call:
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     ndim = 3 if varlen else 4
@@ -338,6 +424,7 @@ def _build_backward(
         keep += hosts
     else:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
     lse = _arrays.as_lse(lse, lse_shape, q)
     grads = []
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
@@ -374,14 +461,16 @@ def attention(
     deterministic=False,
     out=None,
     lse=None,
+    softcap=0.0,
+    alibi_slopes=None,
 ):
     """Exact attention O = softmax(scale·Q·Kᵀ + mask)·V, as FlashAttention's flash_attn_func.
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim], heads_q a multiple
-    of heads_kv (GQA/MQA). numpy arrays (float32, float16, ml_dtypes.bfloat16, float64) or torch tensors on
-    the CPU or a CUDA device (float32, float16, bfloat16, float64), any strides with a unit last stride
-    (others are copied once). Results are new arrays of q's kind, device and dtype, unless `out` (and `lse`)
-    are given, which are then written in place.
+    of heads_kv (GQA/MQA); v may have a head dim of its own (out takes v's). numpy arrays (float32, float16,
+    ml_dtypes.bfloat16, float64) or torch tensors on the CPU or a CUDA device (float32, float16, bfloat16,
+    float64), any strides with a unit last stride (others are copied once). Results are new arrays of q's
+    kind, device and dtype, unless `out` (and `lse`) are given, which are then written in place.
 
     causal: mask keys after the diagonal; causal_align puts the diagonal at the bottom-right of the score
       matrix (FlashAttention: query i sees keys j <= i + seqlen_k - seqlen_q) or the top-left (PyTorch).
@@ -391,6 +480,11 @@ def attention(
     return_lse: also return lse, float32 [batch, heads_q, seqlen_q] (natural log of the softmax sum;
       -inf where a row sees no key), which attention_backward needs.
     threads: CPU threads (None: all). deterministic: bit-identical backward, run to run.
+    softcap: 0.0 (none) or cap > 0: scores s <- cap·tanh(s / cap) before the mask (Gemma-2), as flash_attn.
+    alibi_slopes: None, or float32 slopes [heads_q] or [batch, heads_q]: scores minus
+      slope·|i + seqlen_k - seqlen_q - j| (ALiBi, as flash_attn), added after softcap.
+    (Only the cpu and cpu-ref backends implement softcap, ALiBi and a head dim of V of its own so far; the
+    others raise NotImplementedError, and "auto" picks one that implements the call.)
 
     Rows that see no key give output 0. Empty inputs (batch 0, seqlen_q 0 or seqlen_k 0) are valid: the
     results have the inputs' shapes (o = 0 and lse = -inf where queries see no key).
@@ -400,7 +494,7 @@ def attention(
     """
     call = prepare_forward(
         q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
-        deterministic=deterministic, out=out, lse=lse,
+        deterministic=deterministic, out=out, lse=lse, softcap=softcap, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     o, lse_out = call()
     return (o, lse_out) if return_lse else o
@@ -423,18 +517,26 @@ def attention_varlen(
     deterministic=False,
     out=None,
     lse=None,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ):
     """attention() over packed variable-length sequences, as flash_attn_varlen_func.
 
     q: [total_q, heads_q, head_dim], k, v: [total_k, heads_kv, head_dim]; sequence s owns rows
     cu_seqlens[s] : cu_seqlens[s+1]. cu_seqlens_q/k: num_seqs + 1 non-decreasing int offsets from 0 (a list,
     numpy array or torch tensor on any device: the C API reads them on the host). lse: [heads_q, total_q].
-    The mask (causal, window) applies within each sequence.
+    The mask (causal, window) applies within each sequence. alibi_slopes [batch, heads_q] has num_seqs rows.
+    seqused_q/k (FlashAttention-3's): None, or num_seqs ints: sequence s uses only the first seqused[s] rows of
+    its slot; rows past them get out = 0, lse = -inf and zero gradients (and the used lengths are the
+    sequence's lengths for the mask and ALiBi).
     """
     require_cu_seqlens("attention_varlen", cu_seqlens_q, cu_seqlens_k)
     call = prepare_forward(
         q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        softcap=softcap, alibi_slopes=alibi_slopes, seqused_q=seqused_q, seqused_k=seqused_k,
     )  # fmt: skip
     o, lse_out = call()
     return (o, lse_out) if return_lse else o
@@ -460,6 +562,10 @@ def attention_backward(
     dq=None,
     dk=None,
     dv=None,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ):
     """Gradients (dq, dk, dv) of attention() from the forward's out and lse and the output gradient dout.
 
@@ -470,6 +576,7 @@ def attention_backward(
     call = prepare_backward(
         dout, q, k, v, out, lse, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        softcap=softcap, alibi_slopes=alibi_slopes, seqused_q=seqused_q, seqused_k=seqused_k,
     )  # fmt: skip
     return call()
 
@@ -512,6 +619,10 @@ def prepare_forward(
     lse=None,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ) -> Call:
     """attention() converted once: `call()` runs the forward again on the same arrays and returns
     (out, lse), written in place. q, k, v must not be moved or freed while the call is kept (it keeps a
@@ -533,6 +644,10 @@ def prepare_forward(
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
         varlen=varlen,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
     )
 
 
@@ -556,6 +671,10 @@ def prepare_backward(
     dv=None,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ) -> Call:
     """attention_backward() converted once: `call()` returns (dq, dk, dv), written in place."""
     return _build_backward(
@@ -577,6 +696,10 @@ def prepare_backward(
         dv=dv,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
     )
 
 

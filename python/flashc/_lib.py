@@ -49,6 +49,11 @@ class Params(ctypes.Structure):
         ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
         ("num_seqs", ctypes.c_int64),
         ("deterministic", ctypes.c_int),
+        ("softcap", ctypes.c_float),
+        ("alibi_slopes", ctypes.POINTER(ctypes.c_float)),
+        ("alibi_stride_batch", ctypes.c_int64),
+        ("seqused_q", ctypes.POINTER(ctypes.c_int32)),
+        ("seqused_k", ctypes.POINTER(ctypes.c_int32)),
     ]
 
 

@@ -1,7 +1,8 @@
 """flashc's attention as PyTorch operators: torch.ops.flashc.fwd and torch.ops.flashc.bwd.
 
     flashc::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, scale?, causal, window_left, window_right, top_left,
-                backend, threads, deterministic) -> (out, lse)
+                backend, threads, deterministic, softcap=0.0, seqused_q?=None, seqused_k?=None,
+                alibi_slopes?=None) -> (out, lse)
     flashc::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, <the same options>) -> (dq, dk, dv)
 
 Both are registered with torch.library.custom_op (torch >= 2.4): they mutate nothing, have fake (meta)
@@ -12,12 +13,14 @@ opaque operator with known outputs, and the backward compiles into the same grap
 that autograd treats as non-differentiable (FlashAttention's rule). With older torch the module still loads:
 `HAVE_OPS` is False and flashc.torch falls back to an autograd.Function over the same kernels.
 
-Options as the operators take them, already checked by flashc.torch: scale None = 1/sqrt(head_dim); window
+Options as the operators take them, already checked by flashc.torch: scale None = 1/sqrt(head_dim); softcap
+0.0 = none; alibi_slopes None or float32 [heads_q] / [batch, heads_q] on q's device; window
 sides -1 = unbounded; top_left False = FlashAttention's bottom-right causal diagonal; threads -1 = torch's
 torch.get_num_threads() at the time of the call, 0 = every processor; backend "auto" or a backend name.
 cu_seqlens_q/k (None for dense [b, s, h, d] tensors; int32 offsets for packed [total, h, d] ones): the C API
 reads them on the host, so host (CPU) tensors are used in place and device ones are copied to the host,
-which synchronises the stream and so cannot be captured in a CUDA graph.
+which synchronises the stream and so cannot be captured in a CUDA graph. seqused_q/k (None, or int32
+[num_seqs], varlen only) are read on the host alike. out takes v's head dim, which may differ from q's.
 
 The kernels are the hot path of every torch call, so they do in Python only what the C library cannot:
 ranks (the struct needs 4 sizes), the memory each tensor lives in (a CPU-only libflashc cannot tell a device
@@ -66,7 +69,9 @@ _c_last_backend = _proto("flashc_handle_last_backend", ctypes.c_char_p, _vp)
 # checks against the header). Fields of flashc_params outside this run (struct_size, later ones) keep the
 # values of _lib's defaults, copied once into each thread's buffer.
 _PARAM_FIELDS = (("scale", "f"), ("causal", "i"), ("align", "i"), ("window_left", "q"), ("window_right", "q"),
-                 ("cu_seqlens_q", "P"), ("cu_seqlens_k", "P"), ("num_seqs", "q"), ("deterministic", "i"))  # fmt: skip
+                 ("cu_seqlens_q", "P"), ("cu_seqlens_k", "P"), ("num_seqs", "q"), ("deterministic", "i"),
+                 ("softcap", "f"), ("alibi_slopes", "P"), ("alibi_stride_batch", "q"), ("seqused_q", "P"),
+                 ("seqused_k", "P"))  # fmt: skip
 _PARAMS = struct.Struct("@" + "".join(code for _, code in _PARAM_FIELDS))
 _P_AT = _lib.Params.scale.offset  # where the run starts inside flashc_params
 _TENSOR = struct.Struct("@Pi4q4q")
@@ -174,7 +179,34 @@ def _host_offsets(name: str, cu: torch.Tensor) -> torch.Tensor:
     return cu.contiguous()
 
 
-def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det) -> None:
+def _extras(q, cu_q, su_q, su_k, alibi) -> tuple:
+    """(alibi pointer, alibi_stride_batch, seqused_q pointer, seqused_k pointer, tensors to keep alive) for _run:
+    the slopes as float32 on q's device, the used lengths as host int32 of num_seqs."""
+    packed = cu_q is not None
+    keep = []
+    ptrs = [0, 0, 0, 0]
+    if alibi is not None:
+        batch = cu_q.numel() - 1 if packed else q.shape[0]
+        ptrs[1] = _api.check_alibi_shape(alibi.shape, q.shape[-2], batch)
+        if alibi.dtype != torch.float32 or alibi.device != q.device or not alibi.is_contiguous():
+            alibi = alibi.to(device=q.device, dtype=torch.float32).contiguous()
+        keep.append(alibi)
+        ptrs[0] = alibi.data_ptr()
+    for i, (name, su) in enumerate((("seqused_q", su_q), ("seqused_k", su_k))):
+        if su is None:
+            continue
+        if not packed:
+            raise ValueError(f"flashc: {name} needs packed (varlen) tensors with cu_seqlens_q/k")
+        su = _host_offsets(name, su)
+        if su.numel() != cu_q.numel() - 1:
+            raise ValueError(f"flashc: {name} has {su.numel()} lengths; it needs one per sequence ({cu_q.numel() - 1})")
+        keep.append(su)
+        ptrs[2 + i] = su.data_ptr()
+    return (*ptrs, keep)
+
+
+def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap, su_q,
+         su_k, alibi) -> None:  # fmt: skip
     """Describe the tensors `ts` ((q, k, v, o) or (q, k, v, o, dout, dq, dk, dv)) and call the C function."""
     q = ts[0]
     on_cuda = q.is_cuda
@@ -182,10 +214,15 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
         raise ValueError(f"flashc: tensors on device '{q.device}' are not supported (only cpu and cuda)")
     _check_backend(backend, on_cuda)
     buf, base = _tls.buf, _tls.base
+    if cu_q is not None and cu_k is not None:
+        cu_q, cu_k = _host_offsets("cu_seqlens_q", cu_q), _host_offsets("cu_seqlens_k", cu_k)
+    extras = (0.0, 0, 0, 0, 0)
+    if softcap or alibi is not None or su_q is not None or su_k is not None:
+        al, al_stride, p_su_q, p_su_k, keep = _extras(q, cu_q, su_q, su_k, alibi)  # keep: alive until the call ends
+        extras = (softcap, al, al_stride, p_su_q, p_su_k)
     if cu_q is not None or cu_k is not None:
         if cu_q is None or cu_k is None:
             raise TypeError("flashc: varlen needs both cu_seqlens_q and cu_seqlens_k")
-        cu_q, cu_k = _host_offsets("cu_seqlens_q", cu_q), _host_offsets("cu_seqlens_k", cu_k)
         if cu_q.numel() != cu_k.numel() or cu_q.numel() < 2:
             raise ValueError(
                 f"flashc: cu_seqlens_q has {cu_q.numel()} offsets and cu_seqlens_k {cu_k.numel()}; "
@@ -203,10 +240,11 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
             cu_k.data_ptr(),
             cu_q.numel() - 1,
             det,
+            *extras,
         )
         packed = True
     else:
-        _PARAMS.pack_into(buf, _P_AT, scale or 0.0, causal, top_left, wl, wr, 0, 0, 0, det)
+        _PARAMS.pack_into(buf, _P_AT, scale or 0.0, causal, top_left, wl, wr, 0, 0, 0, det, *extras)
         packed = False
     off = _P_BYTES
     dtypes = _DTYPES
@@ -252,19 +290,24 @@ def _lse_shape(q: torch.Tensor, packed: bool):
     return (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
 
 
+def _out_shape(q: torch.Tensor, v: torch.Tensor):
+    return (*q.shape[:-1], v.shape[-1])  # o takes V's head dim
+
+
 def fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left, backend,
-             threads, deterministic):  # fmt: skip
+             threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None, alibi_slopes=None):  # fmt: skip
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = q.new_empty(_out_shape(q, v))  # contiguous
     lse = torch.empty(_lse_shape(q, nd == 3), dtype=torch.float32, device=q.device)
     _run(False, (q, k, v, out), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
-         top_left, backend, threads, deterministic)  # fmt: skip
+         top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes)  # fmt: skip
     return out, lse
 
 
 def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
-             top_left, backend, threads, deterministic):  # fmt: skip
+             top_left, backend, threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None,
+             alibi_slopes=None):  # fmt: skip
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
     out, dout = _readable("out", out, nd), _readable("dout", dout, nd)
@@ -277,7 +320,8 @@ def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal,
     cf = torch.contiguous_format
     dq, dk, dv = (torch.empty_like(x, memory_format=cf) for x in (q, k, v))
     _run(True, (q, k, v, out, dout, dq, dk, dv), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
-         window_right, top_left, backend, threads, deterministic)  # fmt: skip
+         window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
+         alibi_slopes)  # fmt: skip
     return dq, dk, dv
 
 
@@ -323,19 +367,22 @@ if HAVE_OPS:
         backend: str,
         threads: int,
         deterministic: bool,
+        softcap: float = 0.0,
+        seqused_q: Optional[Tensor] = None,
+        seqused_k: Optional[Tensor] = None,
+        alibi_slopes: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         return fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left,
-                        backend, threads, deterministic)  # fmt: skip
+                        backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes)  # fmt: skip
 
     @fwd.register_fake
-    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left, backend,
-          threads, deterministic):  # fmt: skip
+    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, *_opts):
         _same_dtype(("q", q), ("k", k), ("v", v))
         packed = cu_seqlens_q is not None
         for name, x in (("q", q), ("k", k), ("v", v)):
             if x.dim() != (3 if packed else 4):
                 _bad_rank(name, x, 3 if packed else 4)
-        return q.new_empty(q.shape), q.new_empty(_lse_shape(q, packed), dtype=torch.float32)
+        return q.new_empty(_out_shape(q, v)), q.new_empty(_lse_shape(q, packed), dtype=torch.float32)
 
     @torch.library.custom_op("flashc::bwd", mutates_args=())
     def bwd(
@@ -355,28 +402,39 @@ if HAVE_OPS:
         backend: str,
         threads: int,
         deterministic: bool,
+        softcap: float = 0.0,
+        seqused_q: Optional[Tensor] = None,
+        seqused_k: Optional[Tensor] = None,
+        alibi_slopes: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
-                        window_right, top_left, backend, threads, deterministic)  # fmt: skip
+                        window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
+                        alibi_slopes)  # fmt: skip
 
     @bwd.register_fake
     def _(dout, q, k, v, out, lse, *_opts):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
+    _N_OPTS = 8  # scale ... deterministic; then softcap, seqused_q, seqused_k, alibi_slopes (defaults)
+    _EXTRA_DEFAULTS = (0.0, None, None, None)
+
     def _setup_context(ctx, inputs, output):
-        q, k, v, cu_q, cu_k, *opts = inputs
+        q, k, v, cu_q, cu_k, *rest = inputs
+        opts, extra = tuple(rest[:_N_OPTS]), tuple(rest[_N_OPTS:])
+        softcap, su_q, su_k, alibi = extra + _EXTRA_DEFAULTS[len(extra) :]
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.opts = opts
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi)
+        ctx.opts = opts + (softcap,)
+        ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(lse)
 
     def _backward(ctx, dout, _dlse):
         check_double_backward()
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi = ctx.saved_tensors
         if dout is None:  # only lse was used: it is not differentiable, so nothing flows
-            return (None,) * 13
-        dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
-        return (dq, dk, dv) + (None,) * 10
+            return (None,) * ctx.n_inputs
+        dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi)
+        return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
     fwd.register_autograd(_backward, setup_context=_setup_context)
 else:  # torch < 2.4: no operators; flashc.torch uses its autograd.Function

@@ -28,6 +28,9 @@ Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet
   on the capture stream before capturing (a first call inside a capture raises RuntimeError), and capture
   the largest problem first: a larger one later on that stream grows the workspace, and graphs captured
   before would read the freed one.
+- softcap= and alibi_slopes= (float32 [heads_q] or [batch, heads_q], moved to q's device) as flash_attn's; a v
+  with its own head dim needs nothing (out takes it); attention_varlen takes seqused_q=/seqused_k= (int32
+  [num_seqs], read on the host like cu_seqlens). Only the CPU backends implement these so far.
 - torch.vmap works (the operators have no batching rule: torch runs them once per batch entry and warns);
   torch.func.grad, jvp and jacrev raise NotImplementedError (use torch.autograd).
 """
@@ -57,12 +60,13 @@ _autocast_enabled, _autocast_dtype = _autocast_fns()
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)  # torch < 2.3
 
 
-def _check_options(causal, window, scale, backend, causal_align, threads, deterministic) -> tuple:
-    """The operators' option arguments (scale, causal, window_left, window_right, top_left, backend,
-    threads, deterministic) from the user's, with the same checks and messages as flashc.attention."""
+def _check_options(causal, window, scale, backend, causal_align, threads, deterministic, softcap=0.0) -> tuple:
+    """The operators' option arguments (scale, causal, window_left, window_right, top_left, backend, threads,
+    deterministic, softcap) from the user's, with the same checks and messages as flashc.attention."""
     scale, causal, wl, wr, top_left, deterministic = _api.check_options(
         causal, window, scale, causal_align, deterministic
     )
+    softcap = _api.check_softcap(softcap)
     if not isinstance(backend, str):
         raise TypeError(
             f"flashc: backend must be a str ('auto' or a name from flashc.backends()), not {type(backend).__name__}"
@@ -75,16 +79,16 @@ def _check_options(causal, window, scale, backend, causal_align, threads, determ
         raise ValueError(f"flashc: threads is {threads}; use None for torch's count, 0 for every processor")
     else:
         threads = threads.__index__()
-    return (scale, causal, wl, wr, top_left, backend, threads, deterministic)
+    return (scale, causal, wl, wr, top_left, backend, threads, deterministic, softcap)
 
 
 _options_cache: dict = {}
 
 
-def _options(causal, window, scale, backend, causal_align, threads, deterministic) -> tuple:
+def _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap) -> tuple:
     if _is_compiling():  # traced once: no cache for dynamo to guard on
-        return _check_options(causal, window, scale, backend, causal_align, threads, deterministic)
-    key = (causal, window, scale, backend, causal_align, threads, deterministic)
+        return _check_options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
+    key = (causal, window, scale, backend, causal_align, threads, deterministic, softcap)
     try:
         return _options_cache[key]
     except (KeyError, TypeError):  # TypeError: a list window is not hashable
@@ -116,6 +120,25 @@ def _offsets(name: str, cu):
     return torch.from_numpy(_arrays.as_cu_seqlens(name, cu))
 
 
+def _slopes(alibi_slopes):
+    """ALiBi slopes as a tensor (a list or numpy array converted); the operators move it to q's device."""
+    if alibi_slopes is None or isinstance(alibi_slopes, torch.Tensor):
+        return alibi_slopes
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(alibi_slopes, dtype=np.float32))
+
+
+def _lengths(name: str, x):
+    """seqused_q/k as an int32 tensor (None stays None)."""
+    if x is None or (isinstance(x, torch.Tensor) and x.dtype == torch.int32):
+        return x
+    from . import _api
+
+    n = x.numel() if isinstance(x, torch.Tensor) else len(x)
+    return torch.from_numpy(_api.host_seqused(name, x, n))
+
+
 def _not_tensor(q, k, v):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -144,14 +167,14 @@ def _plain_eager(q, k, v) -> bool:
     )
 
 
-def _forward(q, k, v, cu_q, cu_k, opts):
+def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None):
     if not _ops.HAVE_OPS or _plain_eager(q, k, v):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _Function.apply(q, k, v, cu_q, cu_k, *opts)
-        return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, *opts)
+        return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
         _refuse_func_transforms()
-    return _ops.fwd(q, k, v, cu_q, cu_k, *opts)
+    return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
 
 
 def _refuse_func_transforms():
@@ -172,9 +195,9 @@ class _Function(torch.autograd.Function):
     """The eager path's autograd: flashc::fwd's formula (lse not differentiable, no double backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, *opts):
-        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, *opts):
+        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -182,9 +205,9 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         _ops.check_double_backward()
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
-        return (dq, dk, dv) + (None,) * (2 + len(ctx.opts))
+        q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi = ctx.saved_tensors
+        dq, dk, dv = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi)
+        return (dq, dk, dv) + (None,) * (5 + len(ctx.opts))
 
 
 def attention(
@@ -200,13 +223,15 @@ def attention(
     causal_align="bottom-right",
     threads=None,
     deterministic=False,
+    softcap=0.0,
+    alibi_slopes=None,
 ):
     """flashc.attention with autograd: gradients flow to q, k and v. return_lse=True: (out, lse)."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         _not_tensor(q, k, v)
-    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
+    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
     q, k, v = _cast(q, k, v)
-    out, lse = _forward(q, k, v, None, None, opts)
+    out, lse = _forward(q, k, v, None, None, opts, alibi=_slopes(alibi_slopes))
     return (out, lse) if return_lse else out
 
 
@@ -225,15 +250,21 @@ def attention_varlen(
     causal_align="bottom-right",
     threads=None,
     deterministic=False,
+    softcap=0.0,
+    alibi_slopes=None,
+    seqused_q=None,
+    seqused_k=None,
 ):
     """flashc.attention_varlen with autograd: packed [total, heads, head_dim] tensors, int32 cu_seqlens
-    (host tensors avoid a synchronising copy; see the module's docstring)."""
+    (host tensors avoid a synchronising copy; see the module's docstring). seqused_q/k: None, or one used
+    length per sequence (flashc.attention_varlen)."""
     _api.require_cu_seqlens("flashc.torch.attention_varlen", cu_seqlens_q, cu_seqlens_k)
     _not_tensor(q, k, v)
-    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic)
+    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
     cu_q, cu_k = _offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k)
+    su_q, su_k = _lengths("seqused_q", seqused_q), _lengths("seqused_k", seqused_k)
     q, k, v = _cast(q, k, v)
-    out, lse = _forward(q, k, v, cu_q, cu_k, opts)
+    out, lse = _forward(q, k, v, cu_q, cu_k, opts, su_q, su_k, _slopes(alibi_slopes))
     return (out, lse) if return_lse else out
 
 
@@ -288,6 +319,7 @@ class FlashAttention(torch.nn.Module):
         causal_align="bottom-right",
         threads=None,
         deterministic=False,
+        softcap=0.0,
     ):
         super().__init__()
         self.opts = dict(
@@ -298,6 +330,7 @@ class FlashAttention(torch.nn.Module):
             causal_align=causal_align,
             threads=threads,
             deterministic=deterministic,
+            softcap=softcap,
         )
         _check_options(**self.opts)
 

@@ -4,6 +4,7 @@
  * Forward (Dao, "FlashAttention-2", algorithm 1), one task per (sequence, query head, block Q_i of Br rows):
  *   for each block K_j, V_j of Bc keys that a row of Q_i may see:
  *     S = Q_i K_jᵀ                                   (Q_i carries scale·log2 e: scores in base 2)
+ *     S = mods(S)                                    (softcap, ALiBi: fc_tile_score_mods, one test per tile)
  *     m_new = max(m, rowmax S),  P = 2^(S − m_new)
  *     l = 2^(m − m_new) l + rowsum P,  O_i = 2^(m − m_new) O_i + P V_j,  m = m_new
  *   O_i /= l,  lse = (m + log2 l) · ln 2
@@ -14,6 +15,7 @@
  * count, so o and lse are bit-identical at every thread count.
  * Backward: flash_bwd.c.
  */
+#include "../kvcache.h"
 #include "flash.h"
 #include "kernels.h"
 #include "scratch.h"
@@ -36,8 +38,7 @@ enum { BC = 256, RG = 24, BR_MAX = 1024 };
 
 static int64_t rows_per_task(const fc_problem *p) {
   int64_t Br = BR_MAX;
-  while (Br > 64 && p->heads_q * fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, Br) < 4 * (int64_t)p->threads)
-    Br /= 2;
+  while (Br > 64 && p->heads_q * fc_blocks_count(p, 0, Br) < 4 * (int64_t)p->threads) Br /= 2;
   return Br;
 }
 
@@ -45,15 +46,15 @@ typedef struct {
   float *Q, *Kt, *V, *S, *O, *m, *l;
 } fwd_tiles;
 
-/* One worker's tiles (dp = head_dim padded to 8); returns the bytes they take (see fc_carve). */
-static size_t fwd_tiles_carve(const fc_cpu_kernels *kern, int64_t d, int64_t Br, char *base, fwd_tiles *t) {
-  const int64_t dp = fc_pad8(d), nr = kern->nr;
+/* One worker's tiles (dp, dvp = head_dim, head_dim_v padded to 8); returns the bytes they take (see fc_carve). */
+static size_t fwd_tiles_carve(const fc_cpu_kernels *kern, int64_t d, int64_t dv, int64_t Br, char *base, fwd_tiles *t) {
+  const int64_t dp = fc_pad8(d), dvp = fc_pad8(dv), nr = kern->nr;
   fc_carve c = {base, 0};
-  t->Q = fc_carve_floats(&c, Br * dp);                  /* Q_i   [Br][dp]                        */
-  t->Kt = fc_carve_floats(&c, fc_round_up(BC, nr) * d); /* K_jᵀ  panels of nr keys × d rows      */
-  t->V = fc_carve_floats(&c, fc_round_up(dp, nr) * BC); /* V_j   panels of nr columns × Bc rows   */
-  t->S = fc_carve_floats(&c, RG * BC);                  /* S, P  [RG][Bc] of one row group       */
-  t->O = fc_carve_floats(&c, Br * dp);                  /* O_i   [Br][dp]                        */
+  t->Q = fc_carve_floats(&c, Br * dp);                   /* Q_i   [Br][dp]                        */
+  t->Kt = fc_carve_floats(&c, fc_round_up(BC, nr) * d);  /* K_jᵀ  panels of nr keys × d rows      */
+  t->V = fc_carve_floats(&c, fc_round_up(dvp, nr) * BC); /* V_j   panels of nr columns × Bc rows   */
+  t->S = fc_carve_floats(&c, RG * BC);                   /* S, P  [RG][Bc] of one row group       */
+  t->O = fc_carve_floats(&c, Br * dvp);                  /* O_i   [Br][dvp]                       */
   t->m = fc_carve_floats(&c, Br);
   t->l = fc_carve_floats(&c, Br);
   return c.used;
@@ -92,14 +93,17 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   fc_seq_q(p, s, &q0, &sq);
   fc_seq_k(p, s, &k0, &sk);
   const int64_t shift = fc_mask_shift(p, sq, sk), hk = h / (p->heads_q / p->heads_kv);
-  const int64_t d = p->head_dim, dp = fc_pad8(d), Br = ctx->blocks.size, i0 = ib * Br, in = sq - i0 < Br ? sq - i0 : Br,
-                nr = kern->nr;
+  const int64_t d = p->head_dim, dp = fc_pad8(d), dv = p->head_dim_v, dvp = fc_pad8(dv), Br = ctx->blocks.size,
+                i0 = ib * Br, in = sq - i0 < Br ? sq - i0 : Br, nr = kern->nr;
   fwd_tiles T;
-  fwd_tiles_carve(kern, d, Br, fc_scratch_worker(&ctx->scratch, worker), &T);
+  fwd_tiles_carve(kern, d, dv, Br, fc_scratch_worker(&ctx->scratch, worker), &T);
+  const fc_score_mods mods = fc_score_mods_of(p, s, h, sq, sk);
+  const int mods_on = fc_score_mods_on(&mods);
 
-  /* Q_i = scale·log2(e) · q[i0 : i0+in], so that S = Q_i K_jᵀ is in base-2 units. */
-  fc_tile_load(kern, p, (fc_rows){&p->q, s, q0, i0, in, h}, p->scale * FC_LOG2E, T.Q, dp);
-  memset(T.O, 0, (size_t)(in * dp) * sizeof *T.O);
+  /* Q_i = scale·log2(e) · q[i0 : i0+in], so that S = Q_i K_jᵀ is in base-2 units (scale / softcap under a
+   * softcap: tanh's argument, fc_score_mul). */
+  fc_tile_load(kern, p, (fc_rows){&p->q, s, q0, i0, in, h}, fc_score_mul(p), T.Q, dp);
+  memset(T.O, 0, (size_t)(in * dvp) * sizeof *T.O);
   for (int64_t r = 0; r < in; r++) T.m[r] = -INFINITY, T.l[r] = 0.0f;
 
   /* Key blocks start at multiples of Bc whatever rows this task has, so that a row meets the same blocks in
@@ -128,6 +132,7 @@ static void forward_task(void *vctx, int64_t t, int worker) {
       const int64_t gn = gh - j0 < jn ? gh - j0 : jn, gc = fc_pad8(gn);
       /* S = Q_i K_jᵀ, −inf where the mask hides a key (and in the padding columns). */
       kern->gemm(rows, gc, d, T.Q + r0 * dp, dp, 1, T.Kt, d * nr, nr, T.S, BC, 0);
+      if (mods_on) fc_tile_score_mods(&mods, i0 + r0, rows, j0, gc, T.S, BC, NULL);
       fc_tile_mask(p, shift, sk, i0 + r0, rows, j0, gn, gc, T.S, BC);
 
       /* m_new = max(m, rowmax S), P = 2^(S − m_new), l = 2^(m − m_new) l + rowsum P, O_i = 2^(m − m_new) O_i */
@@ -139,28 +144,28 @@ static void forward_task(void *vctx, int64_t t, int worker) {
         const float m_use = m_new == -INFINITY ? 0.0f : m_new, alpha = exp2f(T.m[r] - m_use);
         T.l[r] = alpha * T.l[r] + kern->exp2_row(S_r, gc, m_use);
         T.m[r] = m_new;
-        if (alpha != 1.0f) kern->scale_row(T.O + r * dp, dp, alpha);
+        if (alpha != 1.0f) kern->scale_row(T.O + r * dvp, dvp, alpha);
       }
 
       /* O_i += P V_j */
-      kern->gemm(rows, dp, gn, T.S, BC, 1, T.V, BC * nr, nr, T.O + r0 * dp, dp, 1);
+      kern->gemm(rows, dvp, gn, T.S, BC, 1, T.V, BC * nr, nr, T.O + r0 * dvp, dvp, 1);
     }
   }
 
   /* O_i /= l, lse = (m + log2 l)·ln 2. A row that saw no key has l = 0: it keeps O = 0 and lse = −inf. */
   for (int64_t r = 0; r < in; r++) {
     const float l = T.l[r];
-    kern->scale_row(T.O + r * dp, dp, l > 0.0f ? 1.0f / l : 0.0f);
+    kern->scale_row(T.O + r * dvp, dvp, l > 0.0f ? 1.0f / l : 0.0f);
     if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i0 + r)] = l > 0.0f ? (T.m[r] + log2f(l)) * FC_LN2 : -INFINITY;
   }
-  fc_tile_store(kern, p, (fc_rows){&p->o, s, q0, i0, in, h}, 1.0f, T.O, dp);
+  fc_tile_store(kern, p, (fc_rows){&p->o, s, q0, i0, in, h}, 1.0f, T.O, dvp);
 
   /* Rows that left fp32 (flash.h) are redone in fp64: a maximum of NaN or +inf (a NaN score, or an infinite
    * one: an input was not finite, or a score passed fp32's range), or of −inf while the row sees a key (its
    * scores all −inf: infinite inputs, or scores below −3.4e38), or an O_i that overflowed. */
   for (int64_t r = 0; r < in; r++) {
     int64_t lo, hi;
-    if (isfinite(T.m[r]) && isfinite(T.l[r]) && fc_all_finite(T.O + r * dp, d)) continue;
+    if (isfinite(T.m[r]) && isfinite(T.l[r]) && fc_all_finite(T.O + r * dvp, dv)) continue;
     fc_key_range(p, shift, i0 + r, sk, &lo, &hi);
     if (T.m[r] != -INFINITY || lo < hi) fc_ref_forward_row(p, s, h, i0 + r);
   }
@@ -168,13 +173,13 @@ static void forward_task(void *vctx, int64_t t, int worker) {
 
 static flashc_status flash_forward(const fc_problem *p) {
   fwd_ctx ctx = {.p = p, .kern = fc_cpu_kernels_pick()};
-  const int64_t Br = rows_per_task(p), tasks = p->heads_q * fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, Br);
+  const int64_t Br = rows_per_task(p), tasks = p->heads_q * fc_blocks_count(p, 0, Br);
   /* Varlen: the block numbering needs batch + 1 counts, in the shared part of the workspace. */
   const size_t first_bytes = p->cu_seqlens_q ? (size_t)(p->batch + 1) * sizeof(int64_t) : 0;
   fwd_tiles unused;
-  FC_CHECK(
-      fc_scratch_get(p, tasks, first_bytes, fwd_tiles_carve(ctx.kern, p->head_dim, Br, NULL, &unused), &ctx.scratch));
-  fc_blocks_init(&ctx.blocks, p->cu_seqlens_q, p->batch, p->seqlen_q, Br, (int64_t *)ctx.scratch.shared);
+  FC_CHECK(fc_scratch_get(p, tasks, first_bytes,
+                          fwd_tiles_carve(ctx.kern, p->head_dim, p->head_dim_v, Br, NULL, &unused), &ctx.scratch));
+  fc_blocks_init(&ctx.blocks, p, 0, Br, (int64_t *)ctx.scratch.shared);
   if (ctx.blocks.total == 0) return FLASHC_OK; /* every sequence is empty */
   fc_parallel_for(ctx.scratch.threads, p->heads_q * ctx.blocks.total, forward_task, &ctx);
   return FLASHC_OK;
@@ -191,4 +196,7 @@ const fc_backend fc_backend_cpu = {
     .supports = NULL,
     .forward = flash_forward,
     .backward = fc_cpu_flash_backward,
+    .forward_kvcache = fc_cpu_forward_kvcache, /* kvcache.c */
+    .features = FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED,
+    .max_head_dim_v = 512, /* fc_tile_pack_t's row buffer, and fc_ref_forward_row's */
 };

@@ -2,8 +2,9 @@
  * flash_bwd.c — cpu: the backward pass of tiled FlashAttention-2 (Dao, "FlashAttention-2", algorithm 2).
  *
  * P is recomputed tile by tile from the forward's lse, so no s×s matrix is kept:
- *   P = 2^(S − lse·log2 e) with S = (scale·log2 e) Q_i K_jᵀ, masked
+ *   P = 2^(S − lse·log2 e) with S = (scale·log2 e) Q_i K_jᵀ, modified (softcap, ALiBi) and masked
  *   dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ∘ (dP − D_i),  dK_j += scale dSᵀ Q_i,  dQ_i += scale dS K_j
+ * (under a softcap dS is taken through its tanh, dS ∘ (1 − tanh²), from the recomputed scores)
  * with D_i = rowsum(dO_i ∘ O_i) (= Σ_j P_ij dP_ij, the softmax Jacobian's correction): five tile products.
  *
  * Two passes over fc_parallel_for:
@@ -45,32 +46,35 @@ typedef struct {
 
 static bwd_sizes sizes_for(const fc_problem *p) {
   bwd_sizes z = {.br = 96, .bc = 256};
-  while (z.bc > 64 && p->heads_kv * fc_blocks_count(p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc) < 32) z.bc /= 2;
+  while (z.bc > 64 && p->heads_kv * fc_blocks_count(p, 1, z.bc) < 32) z.bc /= 2;
   return z;
 }
 
 typedef struct {
-  float *Q, *dO;   /* Q_i, dO_i  [br][ld]  (pass 0: O_i in Q) */
-  float *Kt, *Vt;  /* K_jᵀ (carrying scale·log2 e), V_jᵀ: panels of keys [d rows], stride d·nr */
+  float *Q, *dO;   /* Q_i [br][ld], dO_i  [br][ldv]  (pass 0: O_i in Q, rows of dvp) */
+  float *Kt, *Vt;  /* K_jᵀ (carrying fc_score_mul), V_jᵀ: panels of keys [d, dv rows], stride d·nr, dv·nr */
   float *K;        /* K_j  [bc][ld] */
   float *S, *dP;   /* S then P; dP then dS  [br][bc] */
-  float *dK, *dV;  /* dK_j, dV_j  [bc][dp] */
+  float *Th;       /* under a softcap: tanh of the scores' argument [br][bc] (else NULL) */
+  float *dK, *dV;  /* dK_j [bc][dp], dV_j  [bc][dvp] */
   float *dQ;       /* dS K_j  [br][dp], before it is added to the accumulator */
   float *lse2, *D; /* lse·log2 e, D_i  [br] */
 } bwd_tiles;
 
-static size_t bwd_tiles_carve(const fc_cpu_kernels *kern, int64_t d, bwd_sizes z, char *base, bwd_tiles *t) {
-  const int64_t dp = fc_pad8(d), ld = fc_tile_ld(dp), bcn = fc_round_up(z.bc, kern->nr);
+static size_t bwd_tiles_carve(const fc_cpu_kernels *kern, const fc_problem *p, bwd_sizes z, char *base, bwd_tiles *t) {
+  const int64_t d = p->head_dim, dv = p->head_dim_v, dp = fc_pad8(d), dvp = fc_pad8(dv), ld = fc_tile_ld(dp),
+                ldv = fc_tile_ld(dvp), bcn = fc_round_up(z.bc, kern->nr);
   fc_carve c = {base, 0};
-  t->Q = fc_carve_floats(&c, z.br * ld);
-  t->dO = fc_carve_floats(&c, z.br * ld);
+  t->Q = fc_carve_floats(&c, z.br * (ld > dvp ? ld : dvp));
+  t->dO = fc_carve_floats(&c, z.br * ldv);
   t->Kt = fc_carve_floats(&c, bcn * d);
-  t->Vt = fc_carve_floats(&c, bcn * d);
+  t->Vt = fc_carve_floats(&c, bcn * dv);
   t->K = fc_carve_floats(&c, z.bc * ld);
   t->S = fc_carve_floats(&c, z.br * z.bc);
   t->dP = fc_carve_floats(&c, z.br * z.bc);
+  t->Th = p->softcap > 0.0f ? fc_carve_floats(&c, z.br * z.bc) : NULL;
   t->dK = fc_carve_floats(&c, z.bc * dp);
-  t->dV = fc_carve_floats(&c, z.bc * dp);
+  t->dV = fc_carve_floats(&c, z.bc * dvp);
   t->dQ = fc_carve_floats(&c, z.br * dp);
   t->lse2 = fc_carve_floats(&c, z.br);
   t->D = fc_carve_floats(&c, z.br);
@@ -122,17 +126,18 @@ static void d_task(void *vctx, int64_t t, int worker) {
   const bwd_ctx *ctx = vctx;
   const fc_problem *p = ctx->p;
   const fc_cpu_kernels *kern = ctx->kern;
-  const int64_t h = t / ctx->q_blocks.total, g = t % ctx->q_blocks.total, d = p->head_dim, dp = fc_pad8(d);
+  const int64_t h = t / ctx->q_blocks.total, g = t % ctx->q_blocks.total, dp = fc_pad8(p->head_dim), dv = p->head_dim_v,
+                dvp = fc_pad8(dv);
   int64_t s, ib;
   fc_blocks_find(&ctx->q_blocks, g, &s, &ib);
   const seq_info q = seq_of(p, s);
   const int64_t Br = ctx->z.br, i0 = ib * Br, in = q.sq - i0 < Br ? q.sq - i0 : Br;
   bwd_tiles T;
-  bwd_tiles_carve(kern, d, ctx->z, fc_scratch_worker(&ctx->scratch, worker), &T);
-  fc_tile_load(kern, p, (fc_rows){&p->o, s, q.q0, i0, in, h}, 1.0f, T.Q, dp);
-  fc_tile_load(kern, p, (fc_rows){&p->dout, s, q.q0, i0, in, h}, 1.0f, T.dO, dp);
+  bwd_tiles_carve(kern, p, ctx->z, fc_scratch_worker(&ctx->scratch, worker), &T);
+  fc_tile_load(kern, p, (fc_rows){&p->o, s, q.q0, i0, in, h}, 1.0f, T.Q, dvp);
+  fc_tile_load(kern, p, (fc_rows){&p->dout, s, q.q0, i0, in, h}, 1.0f, T.dO, dvp);
   const int64_t first = fc_lse_index(p, s, q.q0, h, i0); /* the block's rows are consecutive in lse */
-  for (int64_t r = 0; r < in; r++) ctx->D[first + r] = kern->dot(T.dO + r * dp, T.Q + r * dp, d);
+  for (int64_t r = 0; r < in; r++) ctx->D[first + r] = kern->dot(T.dO + r * dvp, T.Q + r * dvp, dv);
   /* A row whose D_i or lse_i is not finite, other than the lse −inf of a row that sees no key, cannot be done
    * in fp32 (flash.h): a NaN or infinite input, or a forward whose scores passed fp32's range. */
   for (int64_t r = 0; r < in; r++) {
@@ -185,27 +190,30 @@ static void tile_step(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q,
                       int64_t b, int64_t j0, int64_t jn) {
   const fc_problem *p = ctx->p;
   const fc_cpu_kernels *kern = ctx->kern;
-  const int64_t d = p->head_dim, dp = fc_pad8(d), ld = fc_tile_ld(dp), nr = kern->nr, Bc = ctx->z.bc, rows = b - a;
+  const int64_t d = p->head_dim, dp = fc_pad8(d), ld = fc_tile_ld(dp), dv = p->head_dim_v, dvp = fc_pad8(dv),
+                ldv = fc_tile_ld(dvp), nr = kern->nr, Bc = ctx->z.bc, rows = b - a;
   int64_t lo, hi;
   fc_keys_seen(p, q->shift, q->sk, i0 + a, i0 + b, &lo, &hi);
   const int64_t c0 = (lo > j0 ? lo - j0 : 0) / nr * nr, c1 = hi - j0 < jn ? hi - j0 : jn, w = fc_pad8(c1) - c0;
 
   /* Q_i, dO_i rows [a, b): the left operand of S and dP, the right one (read in place as panels of their
    * columns) of dK and dV. */
-  float *Q = T->Q + a * ld, *dO = T->dO + a * ld;
+  float *Q = T->Q + a * ld, *dO = T->dO + a * ldv;
   fc_tile_load(kern, p, (fc_rows){&p->q, q->s, q->q0, i0 + a, rows, h}, 1.0f, Q, ld);
-  fc_tile_load(kern, p, (fc_rows){&p->dout, q->s, q->q0, i0 + a, rows, h}, 1.0f, dO, ld);
+  fc_tile_load(kern, p, (fc_rows){&p->dout, q->s, q->q0, i0 + a, rows, h}, 1.0f, dO, ldv);
   const int64_t first = fc_lse_index(p, q->s, q->q0, h, i0 + a);
   for (int64_t r = 0; r < rows; r++) {
     T->lse2[a + r] = p->lse[first + r] * FC_LOG2E;
     T->D[a + r] = ctx->D[first + r];
   }
 
-  /* S = Q_i K_jᵀ (masked), dP = dO_i V_jᵀ, over columns [c0, c0 + w). */
-  float *S = T->S + a * Bc + c0, *dS = T->dP + a * Bc + c0;
+  /* S = Q_i K_jᵀ (modified, masked), dP = dO_i V_jᵀ, over columns [c0, c0 + w). */
+  float *S = T->S + a * Bc + c0, *dS = T->dP + a * Bc + c0, *Th = T->Th ? T->Th + a * Bc + c0 : NULL;
   kern->gemm(rows, w, d, Q, ld, 1, T->Kt + c0 / nr * d * nr, d * nr, nr, S, Bc, 0);
+  const fc_score_mods mods = fc_score_mods_of(p, q->s, h, q->sq, q->sk);
+  if (fc_score_mods_on(&mods)) fc_tile_score_mods(&mods, i0 + a, rows, j0 + c0, w, S, Bc, Th);
   fc_tile_mask(p, q->shift, q->sk, i0 + a, rows, j0 + c0, c1 - c0, w, S, Bc);
-  kern->gemm(rows, w, d, dO, ld, 1, T->Vt + c0 / nr * d * nr, d * nr, nr, dS, Bc, 0);
+  kern->gemm(rows, w, dv, dO, ldv, 1, T->Vt + c0 / nr * dv * nr, dv * nr, nr, dS, Bc, 0);
 
   /* P = 2^(S − lse·log2 e), dS = P ∘ (dP − D_i) */
   for (int64_t r = 0; r < rows; r++) {
@@ -214,11 +222,14 @@ static void tile_step(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q,
       memset(dS + r * Bc, 0, (size_t)w * sizeof(float));
     } else {
       kern->softmax_grad_row(S + r * Bc, dS + r * Bc, w, T->lse2[a + r], T->D[a + r]);
+      /* Through the softcap: ∂(cap·tanh(x))/∂(cap·x) = 1 − tanh²(x). */
+      if (Th)
+        for (int64_t c = 0; c < w; c++) dS[r * Bc + c] *= 1.0f - Th[r * Bc + c] * Th[r * Bc + c];
     }
   }
 
   /* dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i (scale at the store), over key rows [c0, c1) */
-  kern->gemm(c1 - c0, dp, rows, S, 1, Bc, dO, nr, ld, T->dV + c0 * dp, dp, 1);
+  kern->gemm(c1 - c0, dvp, rows, S, 1, Bc, dO, nr, ldv, T->dV + c0 * dvp, dvp, 1);
   kern->gemm(c1 - c0, dp, rows, dS, 1, Bc, Q, nr, ld, T->dK + c0 * dp, dp, 1);
   /* dS K_j, added to dQ_i in the caller's turn (scale at the store) */
   kern->gemm(rows, dp, c1 - c0, dS, Bc, 1, T->K + c0 * ld, nr, ld, T->dQ + a * dp, dp, 0);
@@ -228,20 +239,22 @@ static void dkdv_task(void *vctx, int64_t t, int worker) {
   const bwd_ctx *ctx = vctx;
   const fc_problem *p = ctx->p;
   const fc_cpu_kernels *kern = ctx->kern;
-  const int64_t group = p->heads_q / p->heads_kv, d = p->head_dim, dp = fc_pad8(d), nr = kern->nr;
+  const int64_t group = p->heads_q / p->heads_kv, d = p->head_dim, dp = fc_pad8(d), dv = p->head_dim_v,
+                dvp = fc_pad8(dv), nr = kern->nr;
   int64_t s, hk, jb;
   task_block(ctx, t, &s, &hk, &jb);
   const seq_info q = seq_of(p, s);
   const int64_t Bc = ctx->z.bc, Br = ctx->z.br, j0 = jb * Bc, jn = q.sk - j0 < Bc ? q.sk - j0 : Bc;
   bwd_tiles T;
-  bwd_tiles_carve(kern, d, ctx->z, fc_scratch_worker(&ctx->scratch, worker), &T);
+  bwd_tiles_carve(kern, p, ctx->z, fc_scratch_worker(&ctx->scratch, worker), &T);
 
-  /* K_jᵀ carries scale·log2 e, so that S is in base 2 while Q_i, and K_j for dQ, stay plain. */
-  fc_tile_pack_t(kern, p, (fc_rows){&p->k, s, q.k0, j0, jn, hk}, p->scale * FC_LOG2E, T.Kt, d * nr);
-  fc_tile_pack_t(kern, p, (fc_rows){&p->v, s, q.k0, j0, jn, hk}, 1.0f, T.Vt, d * nr);
+  /* K_jᵀ carries scale·log2 e (scale / softcap under a softcap: fc_score_mul), so that S is in base 2 while Q_i,
+   * and K_j for dQ, stay plain. */
+  fc_tile_pack_t(kern, p, (fc_rows){&p->k, s, q.k0, j0, jn, hk}, fc_score_mul(p), T.Kt, d * nr);
+  fc_tile_pack_t(kern, p, (fc_rows){&p->v, s, q.k0, j0, jn, hk}, 1.0f, T.Vt, dv * nr);
   fc_tile_load(kern, p, (fc_rows){&p->k, s, q.k0, j0, jn, hk}, 1.0f, T.K, fc_tile_ld(dp));
   memset(T.dK, 0, (size_t)(jn * dp) * sizeof *T.dK);
-  memset(T.dV, 0, (size_t)(jn * dp) * sizeof *T.dV);
+  memset(T.dV, 0, (size_t)(jn * dvp) * sizeof *T.dV);
 
   int64_t i_lo, i_hi;
   fc_rows_seeing(p, q.shift, q.sq, j0, j0 + jn, &i_lo, &i_hi);
@@ -271,11 +284,11 @@ static void dkdv_task(void *vctx, int64_t t, int worker) {
     }
   }
   /* A gradient that overflowed (from finite inputs and a finite lse: values near 3e38) is redone in fp64. */
-  if (!fc_all_finite(T.dK, jn * dp) || !fc_all_finite(T.dV, jn * dp))
+  if (!fc_all_finite(T.dK, jn * dp) || !fc_all_finite(T.dV, jn * dvp))
     atomic_store_explicit(ctx->fp64, 1, memory_order_relaxed);
   /* Every key row is written, those that no query sees with 0. */
   fc_tile_store(kern, p, (fc_rows){&p->dk, s, q.k0, j0, jn, hk}, p->scale, T.dK, dp);
-  fc_tile_store(kern, p, (fc_rows){&p->dv, s, q.k0, j0, jn, hk}, 1.0f, T.dV, dp);
+  fc_tile_store(kern, p, (fc_rows){&p->dv, s, q.k0, j0, jn, hk}, 1.0f, T.dV, dvp);
 }
 
 flashc_status fc_cpu_flash_backward(const fc_problem *p) {
@@ -284,8 +297,7 @@ flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   bwd_ctx ctx = {.p = p, .kern = kern, .z = sizes_for(p)};
   const bwd_sizes z = ctx.z;
   const int varlen = p->cu_seqlens_q != NULL;
-  const int64_t q_blocks = fc_blocks_count(p->cu_seqlens_q, p->batch, p->seqlen_q, z.br),
-                k_blocks = fc_blocks_count(p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc);
+  const int64_t q_blocks = fc_blocks_count(p, 0, z.br), k_blocks = fc_blocks_count(p, 1, z.bc);
   /* Shared: D and the dQ accumulators for every (row, query head), the tickets, the block numberings of
    * varlen sequences. */
   const size_t D_bytes = fc_align_up((size_t)(p->heads_q * p->total_q) * sizeof(float));
@@ -294,15 +306,15 @@ flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   const size_t first_bytes = fc_align_up(varlen ? (size_t)(p->batch + 1) * sizeof(int64_t) : 0);
   bwd_tiles unused;
   FC_CHECK(fc_scratch_get(p, p->heads_kv * k_blocks, D_bytes + acc_bytes + ticket_bytes + 2 * first_bytes,
-                          bwd_tiles_carve(kern, d, z, NULL, &unused), &ctx.scratch));
+                          bwd_tiles_carve(kern, p, z, NULL, &unused), &ctx.scratch));
   char *shared = ctx.scratch.shared;
   ctx.D = (float *)shared;
   ctx.dq_acc = (float *)(shared + D_bytes);
   ctx.ticket = (dq_ticket *)(shared + D_bytes + acc_bytes);
   int64_t *q_first = (int64_t *)(shared + D_bytes + acc_bytes + ticket_bytes),
           *k_first = q_first + first_bytes / sizeof(int64_t);
-  fc_blocks_init(&ctx.q_blocks, p->cu_seqlens_q, p->batch, p->seqlen_q, z.br, q_first);
-  fc_blocks_init(&ctx.k_blocks, p->cu_seqlens_k, p->batch, p->seqlen_k, z.bc, k_first);
+  fc_blocks_init(&ctx.q_blocks, p, 0, z.br, q_first);
+  fc_blocks_init(&ctx.k_blocks, p, 1, z.bc, k_first);
 
   atomic_int fp64 = 0;
   ctx.fp64 = &fp64;

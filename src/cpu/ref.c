@@ -3,14 +3,16 @@
  *
  * Plain loops in the order of the definition, every product and sum in fp64, so that the only rounding
  * that matters is the final store into the caller's dtype. It supports every feature of fc_problem (all
- * dtypes including f64, head_dim 1..256, GQA/MQA, varlen, windows and causal in both alignments, any strides)
- * and reads the mask element by element through fc_visible, independently of the key ranges the fast
- * backends derive from it. Speed is not a goal; being obviously right is.
+ * dtypes including f64, head_dim 1..256 and a head_dim_v of V up to 512, GQA/MQA, varlen with seqused, windows
+ * and causal in both alignments, softcap, ALiBi, any strides) and reads the mask element by element through
+ * fc_visible, independently of the key ranges the fast backends derive from it. Speed is not a goal; being
+ * obviously right is.
  *
  * Forward: one task per (sequence, query head). Backward: one task per (sequence, kv head), which owns the
  * dk/dv rows of its kv head and the dq rows of the query heads that share it, so no two tasks write the same
  * row and the result does not depend on the thread count.
  */
+#include "../kvcache.h"
 #include "flash.h"
 #include "scratch.h"
 
@@ -33,7 +35,7 @@ static double dot(const double *a, const double *b, int64_t d) {
 
 /* ---- forward ---------------------------------------------------------------------------------------- */
 /* For query row i of one (sequence, head), over the keys j it may see (fc_visible):
- *   S_ij = scale · q_i·k_j                    (1)
+ *   S_ij = mods(scale · q_i·k_j)              (1)  mods: softcap, then ALiBi (score below)
  *   m_i = max_j S_ij,  l_i = Σ_j exp(S_ij − m_i)
  *   P_ij = exp(S_ij − m_i) / l_i              (2)
  *   o_i = Σ_j P_ij v_j                        (3)
@@ -46,13 +48,40 @@ static double dot(const double *a, const double *b, int64_t d) {
 /* max(m, x), NaN as soon as either is: a NaN, once met, stays (x > NaN is false). */
 static inline double max_nan(double m, double x) { return x > m || x != x ? x : m; }
 
+/* What the score of query i and key j of one (sequence, head) needs beyond q·k: the scale, softcap, the ALiBi
+ * slope and the sequence's lengths (ALiBi's distance). */
+typedef struct {
+  double scale, cap, slope;
+  int64_t sq, sk;
+} score_fn;
+
+static score_fn score_of(const fc_problem *p, int64_t s, int64_t h, int64_t sq, int64_t sk) {
+  score_fn f = {.scale = p->scale, .cap = p->softcap, .slope = fc_alibi_slope(p, s, h), .sq = sq, .sk = sk};
+  return f;
+}
+
+/* S_ij from x = q_i·k_j: s = scale·x, s ← cap·tanh(s / cap) (softcap), s ← s − slope·|i + sk − sq − j| (ALiBi).
+ * *t (may be NULL) gets tanh(s / cap), what the backward's dS needs (0 without softcap). */
+static double score(const score_fn *f, double x, int64_t i, int64_t j, double *t) {
+  double S = f->scale * x;
+  if (f->cap > 0.0) {
+    const double th = tanh(S / f->cap);
+    if (t) *t = th;
+    S = f->cap * th;
+  } else if (t) {
+    *t = 0.0;
+  }
+  if (f->slope != 0.0) S -= f->slope * fc_alibi_dist(f->sq, f->sk, i, j);
+  return S;
+}
+
 /* The rows k_j, v_j of one (sequence s, kv head hk) as fp64: from K, V (all rows, loaded once per task) or,
  * where there is no room for them, read one at a time into buf (2·d doubles). */
 typedef struct {
   const fc_problem *p;
   int64_t s, k0, hk;
   const double *K, *V;
-  double *buf;
+  double *buf; /* d + dv doubles */
 } kv_rows;
 
 static const double *key_row(const kv_rows *kv, int64_t j) {
@@ -63,36 +92,36 @@ static const double *key_row(const kv_rows *kv, int64_t j) {
 }
 
 static const double *value_row(const kv_rows *kv, int64_t j) {
-  const int64_t d = kv->p->head_dim;
-  if (kv->V) return kv->V + j * d;
-  load_row(&kv->p->v, kv->p->dtype, fc_offset(&kv->p->v, kv->s, kv->k0, j, kv->hk), d, kv->buf + d);
+  const int64_t d = kv->p->head_dim, dv = kv->p->head_dim_v;
+  if (kv->V) return kv->V + j * dv;
+  load_row(&kv->p->v, kv->p->dtype, fc_offset(&kv->p->v, kv->s, kv->k0, j, kv->hk), dv, kv->buf + d);
   return kv->buf + d;
 }
 
-/* o_i (d doubles) and the return value lse_i of query row i (q_i as fp64), over the sk keys of kv. S: room
+/* o_i (dv doubles) and the return value lse_i of query row i (q_i as fp64), over the sk keys of kv. S: room
  * for the sk scores, or NULL to compute each score twice (the same bits both times). */
-static double forward_row(const kv_rows *kv, int64_t shift, int64_t i, int64_t sk, const double *q, double *S,
-                          double *o) {
+static double forward_row(const kv_rows *kv, const score_fn *f, int64_t shift, int64_t i, int64_t sk, const double *q,
+                          double *S, double *o) {
   const fc_problem *p = kv->p;
-  const int64_t d = p->head_dim;
+  const int64_t d = p->head_dim, dv = p->head_dim_v;
   double m = -INFINITY;
   for (int64_t j = 0; j < sk; j++) { /* (1) */
     if (!fc_visible(p, shift, i, j)) continue;
-    const double S_ij = (double)p->scale * dot(q, key_row(kv, j), d);
+    const double S_ij = score(f, dot(q, key_row(kv, j), d), i, j, NULL);
     if (S) S[j] = S_ij;
     m = max_nan(m, S_ij);
   }
   double l = 0.0;
-  memset(o, 0, (size_t)d * sizeof *o);
+  memset(o, 0, (size_t)dv * sizeof *o);
   if (m == -INFINITY) return -INFINITY;
   for (int64_t j = 0; j < sk; j++) { /* (2) and (3), with the division by l_i left to the end */
     if (!fc_visible(p, shift, i, j)) continue;
-    const double e = exp((S ? S[j] : (double)p->scale * dot(q, key_row(kv, j), d)) - m);
+    const double e = exp((S ? S[j] : score(f, dot(q, key_row(kv, j), d), i, j, NULL)) - m);
     l += e;
     const double *v = value_row(kv, j);
-    for (int64_t c = 0; c < d; c++) o[c] += e * v[c];
+    for (int64_t c = 0; c < dv; c++) o[c] += e * v[c];
   }
-  for (int64_t c = 0; c < d; c++) o[c] /= l;
+  for (int64_t c = 0; c < dv; c++) o[c] /= l;
   return m + log(l);
 }
 
@@ -101,18 +130,19 @@ typedef struct {
   fc_scratch scratch;
 } ref_ctx;
 
-/* K, V of kv head hk of sequence s (sk rows) as fp64 rows of d: read once per task instead of once per
+/* K, V of kv head hk of sequence s (sk rows) as fp64 rows of d and dv: read once per task instead of once per
  * query row. */
 static void load_kv(const fc_problem *p, int64_t s, int64_t k0, int64_t sk, int64_t hk, double *K, double *V) {
   for (int64_t j = 0; j < sk; j++) {
     load_row(&p->k, p->dtype, fc_offset(&p->k, s, k0, j, hk), p->head_dim, K + j * p->head_dim);
-    load_row(&p->v, p->dtype, fc_offset(&p->v, s, k0, j, hk), p->head_dim, V + j * p->head_dim);
+    load_row(&p->v, p->dtype, fc_offset(&p->v, s, k0, j, hk), p->head_dim_v, V + j * p->head_dim_v);
   }
 }
 
-/* Per-worker fp64 scratch of the forward: K, V (seqlen_k × d each) | S (seqlen_k) | q_i, o_i (d each). */
+/* Per-worker fp64 scratch of the forward: K (seqlen_k × d), V (seqlen_k × dv) | S (seqlen_k) | q_i (d), o_i (dv). */
 static size_t forward_scratch_bytes(const fc_problem *p) {
-  return (size_t)(2 * p->seqlen_k * p->head_dim + p->seqlen_k + 2 * p->head_dim) * sizeof(double);
+  const int64_t dd = p->head_dim + p->head_dim_v;
+  return (size_t)(p->seqlen_k * dd + p->seqlen_k + dd) * sizeof(double);
 }
 
 /* q, o: [B, Sq, Hq, D]; k, v: [B, Sk, Hkv, D]; lse: [B, Hq, Sq] (varlen: [Hq, total_q]). */
@@ -123,31 +153,33 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   int64_t q0, sq, k0, sk;
   fc_seq_q(p, s, &q0, &sq);
   fc_seq_k(p, s, &k0, &sk);
-  const int64_t shift = fc_mask_shift(p, sq, sk);
-  double *K = fc_scratch_worker(&ctx->scratch, worker), *V = K + p->seqlen_k * d, *S = V + p->seqlen_k * d,
+  const int64_t shift = fc_mask_shift(p, sq, sk), dv = p->head_dim_v;
+  double *K = fc_scratch_worker(&ctx->scratch, worker), *V = K + p->seqlen_k * d, *S = V + p->seqlen_k * dv,
          *q = S + p->seqlen_k, *o = q + d;
   load_kv(p, s, k0, sk, hk, K, V);
   const kv_rows kv = {.p = p, .s = s, .k0 = k0, .hk = hk, .K = K, .V = V};
+  const score_fn f = score_of(p, s, h, sq, sk);
 
   for (int64_t i = 0; i < sq; i++) {
     load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
-    const double lse = forward_row(&kv, shift, i, sk, q, S, o);
-    store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), d, o);
+    const double lse = forward_row(&kv, &f, shift, i, sk, q, S, o);
+    store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), dv, o);
     if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i)] = (float)lse;
   }
 }
 
 void fc_ref_forward_row(const fc_problem *p, int64_t s, int64_t h, int64_t i) {
-  enum { D_MAX = 256 }; /* the largest head_dim of any backend */
+  enum { D_MAX = 256, DV_MAX = 512 }; /* the largest head_dim and head_dim_v of any backend */
   const int64_t hk = h / (p->heads_q / p->heads_kv), d = p->head_dim;
   int64_t q0, sq, k0, sk;
   fc_seq_q(p, s, &q0, &sq);
   fc_seq_k(p, s, &k0, &sk);
-  double q[D_MAX] = {0}, o[D_MAX], buf[2 * D_MAX];
+  double q[D_MAX] = {0}, o[DV_MAX], buf[D_MAX + DV_MAX];
   const kv_rows kv = {.p = p, .s = s, .k0 = k0, .hk = hk, .buf = buf};
+  const score_fn f = score_of(p, s, h, sq, sk);
   load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
-  const double lse = forward_row(&kv, fc_mask_shift(p, sq, sk), i, sk, q, NULL, o);
-  store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), d, o);
+  const double lse = forward_row(&kv, &f, fc_mask_shift(p, sq, sk), i, sk, q, NULL, o);
+  store_row(&p->o, p->dtype, fc_offset(&p->o, s, q0, i, h), p->head_dim_v, o);
   if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i)] = (float)lse;
 }
 
@@ -164,13 +196,15 @@ static flashc_status ref_forward(const fc_problem *p) {
  * o and lse it is given. With L the loss and dX = ∂L/∂X, each gradient undoes one forward line:
  *   (3) o_i = Σ_j P_ij v_j        →  dv_j += P_ij do_i                 dP_ij = do_i·v_j
  *   (2) P_ij = softmax_j(S_ij)    →  dS_ij = P_ij (dP_ij − D_i),       D_i = Σ_j P_ij dP_ij  (= do_i·o_i)
- *   (1) S_ij = scale · q_i·k_j    →  dq_i = scale Σ_j dS_ij k_j,       dk_j += scale dS_ij q_i
+ *   (1) S_ij = mods(scale q_i·k_j) →  dq_i = scale Σ_j dS'_ij k_j,     dk_j += scale dS'_ij q_i
+ *       with dS' = dS · (1 − tanh²(scale q_i·k_j / cap)) under softcap (ALiBi's bias is a constant: dS' = dS).
  * For GQA, dk_j and dv_j sum over every query head of the group that reads kv head hk. */
 
-/* Per-worker fp64 scratch of the backward: K, V, dK, dV (seqlen_k × d each) | P, dP (seqlen_k) | q_i, do_i,
- * dq_i (d each). */
+/* Per-worker fp64 scratch of the backward: K, dK (seqlen_k × d each), V, dV (seqlen_k × dv each) | P, dP, T
+ * (seqlen_k) | q_i, dq_i (d each), do_i (dv). */
 static size_t backward_scratch_bytes(const fc_problem *p) {
-  return (size_t)(4 * p->seqlen_k * p->head_dim + 2 * p->seqlen_k + 3 * p->head_dim) * sizeof(double);
+  const int64_t d = p->head_dim, dv = p->head_dim_v;
+  return (size_t)(2 * p->seqlen_k * (d + dv) + 3 * p->seqlen_k + 2 * d + dv) * sizeof(double);
 }
 
 /* One task: sequence s, kv head hk, and the query heads h of its group. */
@@ -181,26 +215,28 @@ static void backward_task(void *vctx, int64_t t, int worker) {
   int64_t q0, sq, k0, sk;
   fc_seq_q(p, s, &q0, &sq);
   fc_seq_k(p, s, &k0, &sk);
-  const int64_t shift = fc_mask_shift(p, sq, sk), n = p->seqlen_k * d;
+  const int64_t shift = fc_mask_shift(p, sq, sk), dv = p->head_dim_v, n = p->seqlen_k * d, nv = p->seqlen_k * dv;
   const double scale = p->scale;
-  double *K = fc_scratch_worker(&ctx->scratch, worker), *V = K + n, *dK = V + n, *dV = dK + n, *P = dV + n,
-         *dP = P + p->seqlen_k, *q = dP + p->seqlen_k, *dout = q + d, *dq = dout + d;
+  double *K = fc_scratch_worker(&ctx->scratch, worker), *dK = K + n, *V = dK + n, *dV = V + nv, *P = dV + nv,
+         *dP = P + p->seqlen_k, *T = dP + p->seqlen_k, *q = T + p->seqlen_k, *dq = q + d, *dout = dq + d;
   load_kv(p, s, k0, sk, hk, K, V);
   memset(dK, 0, (size_t)(sk * d) * sizeof *dK);
-  memset(dV, 0, (size_t)(sk * d) * sizeof *dV);
+  memset(dV, 0, (size_t)(sk * dv) * sizeof *dV);
 
   for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+    const score_fn f = score_of(p, s, h, sq, sk);
     for (int64_t i = 0; i < sq; i++) {
       load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
-      load_row(&p->dout, p->dtype, fc_offset(&p->dout, s, q0, i, h), d, dout);
+      load_row(&p->dout, p->dtype, fc_offset(&p->dout, s, q0, i, h), dv, dout);
       memset(dq, 0, (size_t)d * sizeof *dq);
 
-      /* The forward again: S_ij (1) into P, m_i, then P_ij = exp(S_ij − m_i) / l_i (2). */
+      /* The forward again: S_ij (1) into P (tanh of the softcap into T), m_i, then P_ij = exp(S_ij − m_i) / l_i
+       * (2). */
       double m = -INFINITY;
       for (int64_t j = 0; j < sk; j++) {
         P[j] = 0.0;
         if (!fc_visible(p, shift, i, j)) continue;
-        P[j] = scale * dot(q, K + j * d, d);
+        P[j] = score(&f, dot(q, K + j * d, d), i, j, &T[j]);
         m = max_nan(m, P[j]);
       }
       if (m != -INFINITY) { /* else the row sees no key: P = 0 and every gradient of the row is 0 */
@@ -218,15 +254,16 @@ static void backward_task(void *vctx, int64_t t, int worker) {
           /* Hidden keys take no part. A key the row sees does, with P_ij = 0 too: its k_j and v_j enter the
            * products (so an infinite k_j makes dq_i NaN through 0·inf, as in PyTorch's matrix products). */
           if (!fc_visible(p, shift, i, j)) continue;
-          dP[j] = dot(dout, V + j * d, d);
+          dP[j] = dot(dout, V + j * dv, dv);
           D += P[j] * dP[j];
-          for (int64_t c = 0; c < d; c++) dV[j * d + c] += P[j] * dout[c];
+          for (int64_t c = 0; c < dv; c++) dV[j * dv + c] += P[j] * dout[c];
         }
 
-        /* Undo (2) and (1): dS_ij = P_ij (dP_ij − D_i); dq_i = scale Σ_j dS_ij k_j; dk_j += scale dS_ij q_i. */
+        /* Undo (2) and (1): dS_ij = P_ij (dP_ij − D_i), through the softcap's tanh; dq_i = scale Σ_j dS_ij k_j;
+         * dk_j += scale dS_ij q_i. */
         for (int64_t j = 0; j < sk; j++) {
           if (!fc_visible(p, shift, i, j)) continue;
-          const double dS = P[j] * (dP[j] - D);
+          const double dS = P[j] * (dP[j] - D) * (f.cap > 0.0 ? 1.0 - T[j] * T[j] : 1.0);
           for (int64_t c = 0; c < d; c++) {
             dq[c] += scale * dS * K[j * d + c];
             dK[j * d + c] += scale * dS * q[c];
@@ -238,7 +275,7 @@ static void backward_task(void *vctx, int64_t t, int worker) {
   }
   for (int64_t j = 0; j < sk; j++) { /* every key row is written, those no query sees with 0 */
     store_row(&p->dk, p->dtype, fc_offset(&p->dk, s, k0, j, hk), d, dK + j * d);
-    store_row(&p->dv, p->dtype, fc_offset(&p->dv, s, k0, j, hk), d, dV + j * d);
+    store_row(&p->dv, p->dtype, fc_offset(&p->dv, s, k0, j, hk), dv, dV + j * dv);
   }
 }
 
@@ -257,8 +294,11 @@ const fc_backend fc_backend_cpu_ref = {
     .dtypes = (1u << FLASHC_F32) | (1u << FLASHC_F16) | (1u << FLASHC_BF16) | (1u << FLASHC_F64),
     .min_head_dim = 1,
     .max_head_dim = 256,
+    .features = FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED,
+    .max_head_dim_v = 512,
     .usable = NULL,
     .supports = NULL,
     .forward = ref_forward,
     .backward = ref_backward,
+    .forward_kvcache = fc_ref_forward_kvcache, /* ref_kvcache.c */
 };

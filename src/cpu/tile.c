@@ -21,7 +21,7 @@ static int64_t row_offset(const fc_rows *at, int64_t r) {
 }
 
 void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ld) {
-  const int64_t d = p->head_dim, dp = fc_pad8(d);
+  const int64_t d = fc_row_dim(p, at.v), dp = fc_pad8(d);
   for (int64_t r = 0; r < at.rows; r++) {
     float *out = dst + r * ld;
     load_values(kern, p->dtype, at.v->data, row_offset(&at, r), d, mul, out);
@@ -30,10 +30,10 @@ void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
 }
 
 void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
-  const int64_t d = p->head_dim, nr = kern->nr;
+  const int64_t d = fc_row_dim(p, at.v), nr = kern->nr;
   /* Eight rows at a time, converted into fp32 rows, then transposed into their panel in 8 × 8 blocks: eight
    * consecutive rows from a multiple of 8 lie in one panel (nr is a multiple of 8). */
-  enum { LD = 256 }; /* head_dim ≤ 256 on the cpu backend */
+  enum { LD = 512 }; /* head_dim ≤ 256 and head_dim_v ≤ 512 on the cpu backend */
   float rows8[8 * LD];
   for (int64_t r0 = 0; r0 < at.rows; r0 += 8) {
     const int64_t n = at.rows - r0 < 8 ? at.rows - r0 : 8;
@@ -48,7 +48,7 @@ void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at,
 }
 
 void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
-  const int64_t d = p->head_dim, nr = kern->nr, cols = fc_round_up(d, nr);
+  const int64_t d = fc_row_dim(p, at.v), nr = kern->nr, cols = fc_round_up(d, nr);
   for (int64_t r = 0; r < at.rows; r++) {
     const int64_t offset = row_offset(&at, r);
     for (int64_t c0 = 0; c0 < cols; c0 += nr) {
@@ -62,7 +62,7 @@ void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
 
 void fc_tile_store(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, const float *src,
                    int64_t ld) {
-  const int64_t d = p->head_dim;
+  const int64_t d = fc_row_dim(p, at.v);
   for (int64_t r = 0; r < at.rows; r++) {
     const float *in = src + r * ld;
     const int64_t offset = row_offset(&at, r);
@@ -93,28 +93,55 @@ void fc_tile_mask(const fc_problem *p, int64_t shift, int64_t sk, int64_t i0, in
   }
 }
 
-int64_t fc_blocks_count(const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size) {
-  if (!cu_seqlens) return batch * ((seqlen + size - 1) / size);
+void fc_tile_score_mods(const fc_score_mods *m, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float *S,
+                        int64_t lds, float *T) {
+  for (int64_t r = 0; r < rows; r++) {
+    float *S_r = S + r * lds;
+    if (m->cap2 != 0.0f) {
+      float *T_r = T ? T + r * lds : NULL;
+      for (int64_t c = 0; c < cols; c++) {
+        const float t = tanhf(S_r[c]);
+        if (T_r) T_r[c] = t;
+        S_r[c] = m->cap2 * t;
+      }
+    }
+    if (m->slope2 != 0.0f) {
+      const int64_t diag = i0 + r + m->sk - m->sq - j0; /* |diag − c| is the distance of key j0 + c */
+      for (int64_t c = 0; c < cols; c++) S_r[c] -= m->slope2 * (float)(diag > c ? diag - c : c - diag);
+    }
+  }
+}
+
+/* Rows of sequence s on one side: its used rows (fc_seq_q/k). */
+static int64_t seq_rows(const fc_problem *p, int keys, int64_t s) {
+  int64_t start, len;
+  if (keys)
+    fc_seq_k(p, s, &start, &len);
+  else
+    fc_seq_q(p, s, &start, &len);
+  return len;
+}
+
+int64_t fc_blocks_count(const fc_problem *p, int keys, int64_t size) {
+  if (!p->cu_seqlens_q) return p->batch * (((keys ? p->seqlen_k : p->seqlen_q) + size - 1) / size);
   int64_t n = 0;
-  for (int64_t s = 0; s < batch; s++) n += ((int64_t)cu_seqlens[s + 1] - cu_seqlens[s] + size - 1) / size;
+  for (int64_t s = 0; s < p->batch; s++) n += (seq_rows(p, keys, s) + size - 1) / size;
   return n;
 }
 
-void fc_blocks_init(fc_blocks *b, const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size,
-                    int64_t *first_storage) {
+void fc_blocks_init(fc_blocks *b, const fc_problem *p, int keys, int64_t size, int64_t *first_storage) {
+  const int64_t batch = p->batch;
   b->size = size;
   b->batch = batch;
-  if (!cu_seqlens) {
+  if (!p->cu_seqlens_q) {
     b->first = NULL;
-    b->per_seq = (seqlen + size - 1) / size;
+    b->per_seq = ((keys ? p->seqlen_k : p->seqlen_q) + size - 1) / size;
     b->total = batch * b->per_seq;
     return;
   }
   first_storage[0] = 0;
-  for (int64_t s = 0; s < batch; s++) {
-    const int64_t len = (int64_t)cu_seqlens[s + 1] - cu_seqlens[s];
-    first_storage[s + 1] = first_storage[s] + (len + size - 1) / size;
-  }
+  for (int64_t s = 0; s < batch; s++)
+    first_storage[s + 1] = first_storage[s] + (seq_rows(p, keys, s) + size - 1) / size;
   b->first = first_storage;
   b->per_seq = 0;
   b->total = first_storage[batch];

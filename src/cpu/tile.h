@@ -23,11 +23,16 @@ static inline int64_t fc_round_up(int64_t n, int64_t m) { return (n + m - 1) / m
 static inline int64_t fc_tile_ld(int64_t dp) { return dp % 32 == 0 ? dp + 16 : dp; }
 
 /* Rows [row0, row0 + rows) of head h of sequence s (which starts at packed row `start`) of view v. In
- * every function below, element (r, c) is mul · v[row0 + r][c], converted once from the caller's dtype. */
+ * every function below, element (r, c) is mul · v[row0 + r][c], converted once from the caller's dtype, and d
+ * is the view's row length: fc_row_dim (head_dim_v for v, o, dout, dv; head_dim for the others). */
 typedef struct fc_rows {
   const fc_view *v;
   int64_t s, start, row0, rows, h;
 } fc_rows;
+
+static inline int64_t fc_row_dim(const fc_problem *p, const fc_view *v) {
+  return v == &p->v || v == &p->o || v == &p->dout || v == &p->dv ? p->head_dim_v : p->head_dim;
+}
 
 /* Row-major: dst[r·ld + c] for c < d; columns [d, fc_pad8(d)) are set to 0. */
 void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ld);
@@ -51,6 +56,32 @@ void fc_tile_store(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, 
  * [valid_cols, cols): S = Q_i K_jᵀ becomes the masked score tile. sk is the sequence's key count. */
 void fc_tile_mask(const fc_problem *p, int64_t shift, int64_t sk, int64_t i0, int64_t rows, int64_t j0,
                   int64_t valid_cols, int64_t cols, float *S, int64_t lds);
+
+/* Softcap and ALiBi on a tile of base-2 scores (flash.h), before the mask: for query i0 + r and key j0 + c,
+ *   softcap: S ← cap·log2 e · tanh(S), S holding x = (scale / cap)·q·k (the tile's operand carries scale / cap)
+ *   ALiBi:   S ← S − slope·log2 e · |i + sk − sq − j|
+ * T (NULL, or a tile like S) gets tanh(x) for the backward's dS. A tile without them is not touched: the caller
+ * tests fc_score_mods_on once per tile. */
+typedef struct fc_score_mods {
+  float cap2;   /* softcap · log2 e; 0: no softcap */
+  float slope2; /* ALiBi slope · log2 e; 0: no ALiBi */
+  int64_t sq, sk;
+} fc_score_mods;
+
+static inline fc_score_mods fc_score_mods_of(const fc_problem *p, int64_t s, int64_t h, int64_t sq, int64_t sk) {
+  fc_score_mods m = {p->softcap * 1.4426950408889634f, (float)(fc_alibi_slope(p, s, h) * 1.4426950408889634), sq, sk};
+  return m;
+}
+static inline int fc_score_mods_on(const fc_score_mods *m) { return m->cap2 != 0.0f || m->slope2 != 0.0f; }
+
+/* The multiplier of q·k that the tile's operand carries: scale·log2 e (base-2 scores), or scale / cap under
+ * softcap (tanh's argument; fc_tile_score_mods turns it into a base-2 score). */
+static inline float fc_score_mul(const fc_problem *p) {
+  return p->softcap > 0.0f ? p->scale / p->softcap : p->scale * 1.4426950408889634f;
+}
+
+void fc_tile_score_mods(const fc_score_mods *m, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float *S,
+                        int64_t lds, float *T);
 
 /* [*j_lo, *j_hi): a superset of the keys that any of the queries [i0, i1) may see (the mask's bounds grow
  * with i, so it runs from the first row's lower bound to the last row's upper bound). Empty if lo ≥ hi. */
@@ -96,13 +127,12 @@ typedef struct fc_blocks {
   const int64_t *first; /* varlen: first[s] = blocks of the sequences before s (batch + 1 entries), else NULL */
 } fc_blocks;
 
-/* The number of blocks of `size` rows over all sequences (what fc_blocks_init's total will be), before any
- * storage exists. */
-int64_t fc_blocks_count(const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size);
+/* The number of blocks of `size` rows over all sequences of p's queries (keys 0) or keys (keys 1), the used rows
+ * under seqused (fc_seq_q/k): what fc_blocks_init's total will be, before any storage exists. */
+int64_t fc_blocks_count(const fc_problem *p, int keys, int64_t size);
 
-/* `first_storage`: batch + 1 int64 when cu_seqlens is not NULL (unused otherwise). */
-void fc_blocks_init(fc_blocks *b, const int32_t *cu_seqlens, int64_t batch, int64_t seqlen, int64_t size,
-                    int64_t *first_storage);
+/* `first_storage`: batch + 1 int64 for varlen (unused otherwise). */
+void fc_blocks_init(fc_blocks *b, const fc_problem *p, int keys, int64_t size, int64_t *first_storage);
 /* Block g → its sequence *s and its index *block within that sequence. */
 void fc_blocks_find(const fc_blocks *b, int64_t g, int64_t *s, int64_t *block);
 

@@ -197,4 +197,7 @@ extern "C" const fc_backend fc_backend_cuda_fa1 = {
     fa1_supports,
     fa1_forward,
     NULL,
+    0,    /* features: the plain call only (validate.c refuses the others) */
+    0,    /* max_head_dim_v */
+    NULL, /* forward_kvcache */
 };

@@ -249,4 +249,7 @@ extern "C" const fc_backend fc_backend_cuda_fa2_fp32 = {
     fa2_supports,
     fa2_forward,
     fc_fa2_fp32_backward,
+    0,    /* features: the plain call only (validate.c refuses the others) */
+    0,    /* max_head_dim_v */
+    NULL, /* forward_kvcache */
 };

@@ -963,4 +963,7 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
+    0,    /* features: the plain call only (validate.c refuses the others) */
+    0,    /* max_head_dim_v */
+    NULL, /* forward_kvcache */
 };

@@ -487,4 +487,7 @@ extern "C" const fc_backend fc_backend_cuda_mma = {
     mma_supports,
     mma_forward,
     fc_mma_backward,
+    0,    /* features: the plain call only (validate.c refuses the others) */
+    0,    /* max_head_dim_v */
+    NULL, /* forward_kvcache */
 };

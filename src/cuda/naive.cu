@@ -324,4 +324,7 @@ extern "C" const fc_backend fc_backend_cuda_naive = {
     naive_supports,
     naive_forward,
     naive_backward,
+    0,    /* features: the plain call only (validate.c refuses the others) */
+    0,    /* max_head_dim_v */
+    NULL, /* forward_kvcache */
 };

@@ -259,4 +259,7 @@ extern "C" const fc_backend fc_backend_cuda_wmma = {
     wmma_supports,
     wmma_forward,
     NULL,
+    0,    /* features: the plain call only (validate.c refuses the others) */
+    0,    /* max_head_dim_v */
+    NULL, /* forward_kvcache */
 };

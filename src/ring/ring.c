@@ -389,6 +389,7 @@ static flashc_status prepare(ring_call *c, const flashc_params *params, const fl
   if (c->layout != FLASHC_RING_CONTIGUOUS && c->layout != FLASHC_RING_ZIGZAG)
     return INVALID("%s: layout %d is not a flashc_ring_layout", op, (int)c->layout);
   FC_CHECK(fc_prepare(op, r->handle, params, q, k, v, o, lse, dout, dq, dk, dv, c->is_backward, &c->p0, &c->b));
+  FC_CHECK(fc_check_features(op, "ring attention", 0u, &c->p0)); /* its merge and blocks know none of them */
   if (fc_problem_is_empty(&c->p0)) /* valid for flashc_forward/backward, which need no kernel for it */
     return UNSUPPORTED("%s: ring attention needs non-empty shards, but batch is %lld, local seqlen_q %lld and local "
                        "seqlen_k %lld",

@@ -1,0 +1,333 @@
+"""softcap, ALiBi, a head dim of V of its own and seqused_q/k (varlen) through the numpy and torch entry points.
+
+cpu-ref (f64) is checked against this file's own numpy fp64 attention (`oracle`, written from flashc.h's
+definitions), so the C oracle is not checked against itself; cpu (f32) against cpu-ref. Outputs given to the
+library are poisoned (NaN) first, so an element it does not write shows. Backends that do not implement a
+feature must raise NotImplementedError naming it; CUDA parts skip with "no CUDA device" where there is none.
+"""
+
+import numpy as np
+import pytest
+from conftest import BACKENDS
+
+import flashc
+
+CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usable]
+
+
+# ---- the independent oracle ------------------------------------------------------------------------------
+def oracle(q, k, v, dout, *, causal=False, window=None, scale=None, softcap=0.0, slopes=None,
+           align="bottom-right", cu_q=None, cu_k=None, used_q=None, used_k=None):  # fmt: skip
+    """(o, lse, dq, dk, dv) in fp64. q [B, Sq, H, D] (or packed [T, H, D] with cu_q/cu_k), v of its own head dim.
+    Scores: s = scale·q·k; s <- cap·tanh(s/cap); s <- s - slope·|i + sk - sq - j| (sq, sk the used lengths);
+    then the mask and the softmax. Rows of no key and unused rows give o = 0, lse = -inf and zero gradients."""
+    packed = cu_q is not None
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    if packed:
+        q, k, v, dout = (x[None] for x in (q, k, v, dout))
+    B, Sq, H, D = q.shape
+    Hk, DV = k.shape[2], v.shape[3]
+    # the C API's scale and softcap are float32: the same numbers here
+    scale = float(np.float32(1 / np.sqrt(D) if scale is None else scale))
+    softcap = float(np.float32(softcap))
+    o = np.zeros((B, Sq, H, DV))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    lse = np.full((H, Sq) if packed else (B, H, Sq), -np.inf)
+    seqs = len(cu_q) - 1 if packed else B
+    for s in range(seqs):
+        b = 0 if packed else s
+        q0 = cu_q[s] if packed else 0
+        k0 = cu_k[s] if packed else 0
+        nq = (used_q[s] if used_q is not None else cu_q[s + 1] - cu_q[s]) if packed else Sq
+        nk = (used_k[s] if used_k is not None else cu_k[s + 1] - cu_k[s]) if packed else k.shape[1]
+        i = np.arange(nq)[:, None]
+        j = np.arange(nk)[None, :]
+        diag = i + (nk - nq if align == "bottom-right" else 0)
+        left, right = window if window is not None else (-1, -1)
+        right = 0 if causal else right
+        vis = np.ones((nq, nk), bool)
+        if left >= 0:
+            vis &= j >= diag - left
+        if right >= 0:
+            vis &= j <= diag + right
+        for h in range(H):
+            hk = h // (H // Hk)
+            Q, K, V = q[b, q0 : q0 + nq, h], k[b, k0 : k0 + nk, hk], v[b, k0 : k0 + nk, hk]
+            dO = dout[b, q0 : q0 + nq, h]
+            X = scale * Q @ K.T
+            T = np.tanh(X / softcap) if softcap else np.zeros_like(X)
+            S = softcap * T if softcap else X
+            if slopes is not None:
+                slope = slopes[h] if slopes.ndim == 1 else slopes[s, h]
+                S = S - slope * np.abs(i + nk - nq - j)
+            S = np.where(vis, S, -np.inf)
+            seen = vis.any(axis=1)
+            m = np.where(seen, S.max(axis=1, initial=-np.inf), 0.0)
+            E = np.where(vis, np.exp(S - m[:, None]), 0.0)
+            lsum = E.sum(axis=1)
+            P = np.where(seen[:, None], E / np.where(seen, lsum, 1.0)[:, None], 0.0)
+            o[b, q0 : q0 + nq, h] = P @ V
+            rows = lse[h, q0 : q0 + nq] if packed else lse[b, h, :nq]
+            rows[:] = np.where(seen, m + np.log(np.where(seen, lsum, 1.0)), -np.inf)
+            dP = dO @ V.T
+            dS = P * (dP - (P * dP).sum(axis=1, keepdims=True))
+            if softcap:
+                dS = dS * (1 - T * T)
+            dq[b, q0 : q0 + nq, h] += scale * dS @ K
+            dk[b, k0 : k0 + nk, hk] += scale * dS.T @ Q
+            dv[b, k0 : k0 + nk, hk] += P.T @ dO
+    if packed:
+        o, dq, dk, dv = (x[0] for x in (o, dq, dk, dv))
+    return o, lse, dq, dk, dv
+
+
+def randn(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def run(backend, q, k, v, dout, dtype, **kw):
+    """Forward and backward through flashc's numpy API into poisoned outputs; returns (o, lse, dq, dk, dv)."""
+    packed = "cu_seqlens_q" in kw
+    out = np.full(q.shape[:-1] + (v.shape[-1],), np.nan, dtype)
+    lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
+    lse = np.full(lse_shape, np.nan, np.float32)
+    if packed:
+        flashc.attention_varlen(q, k, v, backend=backend, out=out, lse=lse, **kw)
+    else:
+        flashc.attention(q, k, v, backend=backend, out=out, lse=lse, **kw)
+    dq, dk, dv = (np.full(x.shape, np.nan, dtype) for x in (q, k, v))
+    flashc.attention_backward(dout, q, k, v, out, lse, backend=backend, dq=dq, dk=dk, dv=dv, **kw)
+    assert flashc.last_backend() == backend
+    return out, lse, dq, dk, dv
+
+
+def check_against(got, want, tol, what):
+    names = ("o", "lse", "dq", "dk", "dv")
+    for name, g, w in zip(names, got, want):
+        g = np.asarray(g, np.float64)
+        assert g.shape == w.shape, (what, name, g.shape, w.shape)
+        assert not np.isnan(g).any(), f"{what}: {name} has NaN (an element left unwritten, or a read of poison)"
+        inf = np.isinf(w)
+        assert np.array_equal(np.isinf(g), inf) and np.all(g[inf] == w[inf]), f"{what}: {name} infinities differ"
+        err = np.abs(g[~inf] - w[~inf]).max(initial=0.0)
+        t = max(tol, 1e-6) if name == "lse" else tol  # lse is float32 on every backend
+        bound = t * max(1.0, np.abs(w[~inf]).max(initial=0.0))
+        assert err <= bound, f"{what}: {name} max error {err:.3g} > {bound:.3g}"
+
+
+# name, (batch, sq, sk, hq, hkv, d, dv), options
+CASES = [
+    ("softcap", (2, 37, 53, 2, 2, 40, 40), dict(softcap=5.0, scale=1.0)),
+    ("softcap-causal", (1, 113, 203, 2, 2, 59, 59), dict(softcap=2.0, causal=True)),
+    ("softcap-window", (1, 70, 90, 2, 1, 32, 32), dict(softcap=4.0, window=(20, 7), scale=0.5)),
+    ("softcap-gqa-top-left", (2, 33, 21, 4, 2, 16, 16), dict(softcap=1.5, causal=True, causal_align="top-left")),
+    ("alibi-causal", (2, 65, 65, 3, 3, 32, 32), dict(alibi="head", causal=True)),
+    ("alibi-per-batch", (2, 17, 301, 2, 1, 48, 48), dict(alibi="batch")),
+    ("alibi-softcap-gqa", (1, 50, 80, 4, 1, 64, 64), dict(alibi="batch", softcap=8.0, causal=True, scale=1.0)),
+    ("dv-192/128", (1, 40, 57, 2, 1, 192, 128), dict(causal=True)),
+    ("dv-128/64", (2, 33, 45, 2, 2, 128, 64), {}),
+    ("dv-64/128", (1, 41, 90, 2, 2, 64, 128), dict(causal=True)),
+    ("dv-64/256", (1, 29, 31, 2, 1, 64, 256), {}),
+    ("dv-64/512", (1, 19, 27, 1, 1, 64, 512), dict(softcap=3.0)),
+]
+
+
+def slopes_for(kind, batch, heads):
+    """ALiBi's slopes 2^(-8(h+1)/H), varied per sequence for kind "batch"."""
+    base = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    if kind == "head":
+        return base.astype(np.float32)
+    return (base[None, :] * (1 + 0.5 * np.arange(batch))[:, None]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,shape,opts", CASES, ids=[c[0] for c in CASES])
+def test_dense_features(name, shape, opts, rng):
+    b, sq, sk, hq, hkv, d, dv = shape
+    opts = dict(opts)
+    if "alibi" in opts:
+        opts["alibi_slopes"] = slopes_for(opts.pop("alibi"), b, hq)
+    q, k = randn(rng, (b, sq, hq, d), np.float64), randn(rng, (b, sk, hkv, d), np.float64)
+    v, dout = randn(rng, (b, sk, hkv, dv), np.float64), randn(rng, (b, sq, hq, dv), np.float64)
+    oracle_opts = {key: val for key, val in opts.items() if key not in ("causal_align", "alibi_slopes")}
+    want = oracle(q, k, v, dout, align=opts.get("causal_align", "bottom-right"), slopes=opts.get("alibi_slopes"),
+                  **oracle_opts)  # fmt: skip
+    check_against(run("cpu-ref", q, k, v, dout, np.float64, **opts), want, 1e-12, f"{name} cpu-ref")
+    if "cpu" in BACKENDS:
+        q32, k32, v32, do32 = (x.astype(np.float32) for x in (q, k, v, dout))
+        ref = run("cpu-ref", q32, k32, v32, do32, np.float32, **opts)
+        got = run("cpu", q32, k32, v32, do32, np.float32, **opts)
+        check_against(got, tuple(np.asarray(x, np.float64) for x in ref), 2e-4, f"{name} cpu")
+
+
+LENS_Q, LENS_K = [37, 0, 5, 64, 1], [29, 7, 0, 70, 300]
+USED_Q, USED_K = [30, 0, 5, 13, 0], [29, 3, 0, 1, 257]
+
+
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("varlen-softcap-causal", dict(softcap=6.0, causal=True)),
+        ("varlen-alibi", dict(alibi="batch")),
+        ("seqused", dict(seqused_q=USED_Q, seqused_k=USED_K)),
+        ("seqused-k-window", dict(seqused_k=USED_K, window=(9, 2))),
+        ("seqused-all-features", dict(seqused_q=USED_Q, seqused_k=USED_K, softcap=3.0, alibi="head", causal=True)),
+    ],
+)
+def test_varlen_features(name, opts, rng):
+    hq, hkv, d, dv = 2, 1, 24, 40
+    cu_q, cu_k = np.cumsum([0] + LENS_Q).astype(np.int32), np.cumsum([0] + LENS_K).astype(np.int32)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    opts = dict(opts)
+    if "alibi" in opts:
+        opts["alibi_slopes"] = slopes_for(opts.pop("alibi"), len(LENS_Q), hq)
+    q, k = randn(rng, (tq, hq, d), np.float64), randn(rng, (tk, hkv, d), np.float64)
+    v, dout = randn(rng, (tk, hkv, dv), np.float64), randn(rng, (tq, hq, dv), np.float64)
+    # What lies past the used rows must never be read: NaN there shows a read.
+    for s in range(len(LENS_Q)):
+        if "seqused_q" in opts:
+            q[cu_q[s] + USED_Q[s] : cu_q[s + 1]] = np.nan
+            dout[cu_q[s] + USED_Q[s] : cu_q[s + 1]] = np.nan
+        if "seqused_k" in opts:
+            k[cu_k[s] + USED_K[s] : cu_k[s + 1]] = np.nan
+            v[cu_k[s] + USED_K[s] : cu_k[s + 1]] = np.nan
+    want = oracle(np.nan_to_num(q), np.nan_to_num(k), np.nan_to_num(v), np.nan_to_num(dout), cu_q=cu_q, cu_k=cu_k,
+                  used_q=opts.get("seqused_q"), used_k=opts.get("seqused_k"), slopes=opts.get("alibi_slopes"),
+                  **{key: val for key, val in opts.items() if key in ("causal", "window", "softcap")})  # fmt: skip
+    kw = dict(opts, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    check_against(run("cpu-ref", q, k, v, dout, np.float64, **kw), want, 1e-12, f"{name} cpu-ref")
+    if "cpu" in BACKENDS:
+        q32, k32, v32, do32 = (x.astype(np.float32) for x in (q, k, v, dout))
+        got = run("cpu", q32, k32, v32, do32, np.float32, **kw)
+        check_against(got, want, 2e-4, f"{name} cpu")
+        if "seqused_q" in opts:  # exactly: rows past the used ones
+            for s in range(len(LENS_Q)):
+                rows = slice(cu_q[s] + USED_Q[s], cu_q[s + 1])
+                assert np.all(got[0][rows] == 0) and np.all(got[2][rows] == 0) and np.all(got[1][:, rows] == -np.inf)
+
+
+def test_errors():
+    q = np.ones((1, 4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="softcap is -1.0"):
+        flashc.attention(q, q, q, softcap=-1.0)
+    with pytest.raises(ValueError, match="softcap is nan"):
+        flashc.attention(q, q, q, softcap=float("nan"))
+    with pytest.raises(TypeError, match="softcap must be a float"):
+        flashc.attention(q, q, q, softcap="big")
+    with pytest.raises(ValueError, match=r"alibi_slopes has shape \(3,\); expected \(2,\) or \(1, 2\)"):
+        flashc.attention(q, q, q, alibi_slopes=np.ones(3, np.float32))
+    packed = q[0]
+    cu = np.array([0, 4], np.int32)
+    with pytest.raises(ValueError, match=r"seqused_q has shape \(2,\); it must be \(1,\)"):
+        flashc.attention_varlen(packed, packed, packed, cu, cu, seqused_q=[1, 2])
+    with pytest.raises(ValueError, match=r"seqused_k\[0\] is 5"):  # the C library's check against the slot
+        flashc.attention_varlen(packed, packed, packed, cu, cu, seqused_k=[5])
+    with pytest.raises(ValueError, match="needs packed"):
+        flashc.attention_backward(q, q, q, q, q, np.zeros((1, 2, 4), np.float32), seqused_q=[1])
+    # out must take v's head dim
+    v = np.ones((1, 4, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="out"):
+        flashc.attention(q, q, v, out=np.empty((1, 4, 2, 8), np.float32))
+
+
+def test_auto_picks_a_backend_that_implements_it(rng):
+    q = randn(rng, (1, 9, 2, 8), np.float32)
+    v = randn(rng, (1, 9, 2, 24), np.float32)
+    o = flashc.attention(q, q, v, softcap=2.0, alibi_slopes=np.array([0.5, 0.25], np.float32))
+    assert o.shape == (1, 9, 2, 24) and flashc.last_backend() in ("cpu", "cpu-ref")
+
+
+@pytest.mark.skipif(not CUDA_BACKENDS, reason="no CUDA device")
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_cuda_backends_refuse(backend):
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=f"softcap is not supported on backend {backend}"):
+        flashc.attention(q, q, q, softcap=2.0, backend=backend)
+    with pytest.raises(NotImplementedError, match=f"is not supported on backend {backend}"):
+        flashc.attention(q, q, v, backend=backend)
+    with pytest.raises(NotImplementedError, match=f"ALiBi .* is not supported on backend {backend}"):
+        flashc.attention(q, q, q, alibi_slopes=torch.ones(2, device="cuda"), backend=backend)
+
+
+# ---- torch ---------------------------------------------------------------------------------------------------
+def _torch_grads(fn, q, k, v, dout):
+    import torch
+
+    q, k, v = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    o, lse = fn(q, k, v)
+    o.backward(torch.tensor(dout))
+    return tuple(x.detach().numpy() for x in (o, lse, q.grad, k.grad, v.grad))
+
+
+def test_torch_features(rng):
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    b, sq, sk, hq, hkv, d, dv = 2, 21, 34, 4, 2, 16, 24
+    q, k = randn(rng, (b, sq, hq, d), np.float64), randn(rng, (b, sk, hkv, d), np.float64)
+    v, dout = randn(rng, (b, sk, hkv, dv), np.float64), randn(rng, (b, sq, hq, dv), np.float64)
+    slopes = slopes_for("batch", b, hq)
+    want = oracle(q, k, v, dout, causal=True, softcap=2.5, slopes=slopes)
+    fn = lambda q, k, v: ft.attention(  # noqa: E731
+        q, k, v, causal=True, softcap=2.5, alibi_slopes=torch.tensor(slopes), backend="cpu-ref", return_lse=True
+    )
+    check_against(_torch_grads(fn, q, k, v, dout), want, 1e-12, "torch cpu-ref")
+    with pytest.raises(ValueError, match="softcap"):
+        ft.attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), softcap=-2.0)
+    # the module takes softcap as an option
+    o = ft.FlashAttention(causal=True, softcap=2.5, backend="cpu-ref")(
+        torch.tensor(q), torch.tensor(k), torch.tensor(v)
+    )
+    np.testing.assert_allclose(o.numpy(), oracle(q, k, v, dout, causal=True, softcap=2.5)[0], rtol=0, atol=1e-12)
+
+
+def test_torch_varlen_seqused(rng):
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    cu_q, cu_k = np.cumsum([0] + LENS_Q).astype(np.int32), np.cumsum([0] + LENS_K).astype(np.int32)
+    q, k = randn(rng, (cu_q[-1], 2, 8), np.float64), randn(rng, (cu_k[-1], 1, 8), np.float64)
+    v, dout = randn(rng, (cu_k[-1], 1, 8), np.float64), randn(rng, (cu_q[-1], 2, 8), np.float64)
+    want = oracle(q, k, v, dout, cu_q=cu_q, cu_k=cu_k, used_q=USED_Q, used_k=USED_K, softcap=4.0, causal=True)
+    fn = lambda q, k, v: ft.attention_varlen(  # noqa: E731
+        q, k, v, torch.tensor(cu_q), torch.tensor(cu_k), causal=True, softcap=4.0, backend="cpu-ref",
+        return_lse=True, seqused_q=torch.tensor(USED_Q, dtype=torch.int32), seqused_k=USED_K,
+    )  # fmt: skip
+    check_against(_torch_grads(fn, q, k, v, dout), want, 1e-12, "torch varlen seqused")
+
+
+def test_torch_operators_take_the_features(rng):
+    """Through flashc::fwd/bwd: opcheck (schema, fake impl, autograd registration) and torch.compile."""
+    torch = pytest.importorskip("torch")
+    from flashc import _ops
+
+    if not _ops.HAVE_OPS:
+        pytest.skip("torch < 2.4: no operators")
+    import flashc.torch as ft
+
+    q = torch.randn(1, 12, 2, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 15, 2, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 15, 2, 24, dtype=torch.float64, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.125])
+    opts = (None, True, -1, -1, False, "cpu-ref", 0, False)
+    torch.library.opcheck(torch.ops.flashc.fwd.default, (q, k, v, None, None, *opts, 3.0, None, None, slopes))
+    o, lse = _ops.fwd_impl(q.detach(), k.detach(), v.detach(), None, None, *opts, 3.0, None, None, slopes)
+    assert o.shape == (1, 12, 2, 24)
+    args = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o, lse, None, None, *opts, 3.0, None, None, slopes)
+    torch.library.opcheck(torch.ops.flashc.bwd.default, args)
+
+    def f(q, k, v):
+        return ft.attention(q, k, v, causal=True, softcap=3.0, alibi_slopes=slopes, backend="cpu-ref")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    o1 = compiled(q, k, v)
+    o1.sum().backward()
+    g1 = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    o2 = f(q, k, v)
+    o2.sum().backward()
+    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+    for a, b in zip(g1, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
