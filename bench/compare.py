@@ -5,6 +5,9 @@
     python bench/compare.py --grid targets --dtype bf16,f16 --pass fwd,bwd --csv bench/results/targets.csv
     python bench/compare.py --grid cpu --device cpu --threads 2 --csv bench/results/cpu-vs-ref.csv
     python bench/compare.py --config 4/16/4096/128 --causal both --backends cuda-mma --peers flash,cudnn
+    python bench/compare.py --grid features --csv bench/results/features.csv
+    python bench/compare.py --grid decode --csv bench/results/decode.csv
+    python bench/compare.py --grid decode --device cpu --quick      (host-sized shapes, as the tests run it)
 
 Grids (--grid):
   fp32-ladder  the ten configurations of the CUDA-core FA2 project, the seqlen sweep 128…8192 at batch 4,
@@ -16,6 +19,17 @@ Grids (--grid):
                GPT-2 small, Falcon-7B's MQA) at seqlen 1k/4k/8k/32k, batch = max(1, 16k tokens / seqlen), causal,
                bf16; peers torch:flash and torch:cudnn (enable_gqa, or K/V expanded where a backend lacks it).
   cpu          docs/targets.md's CPU table: 1/8/2048/64 and 1/8/4096/128, full and causal, fp32; peer torch:cpu.
+  features     issue #48 side by side: plain, softcap 30, ALiBi (slopes 2^(−8(h+1)/H)) at d 128, and Q/K 192 with
+               V 128, seqlen 4k and 8k, 16 heads, batch = 16k tokens / seqlen, causal, bf16; peers torch:flash,
+               cudnn and efficient where they take the case (ALiBi as a float attn_mask; no SDPA softcap). The CSV
+               adds head_dim_v, softcap and alibi columns.
+  decode       issue #49: flashc.attention_with_kvcache over a dense and a paged (16, 256) cache, seqlen_new 1 and
+               4, batch 1/8/64, cache length 1k…128k, heads 32/8, 64/8, 32/32, d 128, bf16, causal; peers
+               torch:flash and cudnn on the same cache as dense tensors; a `copy` row with the copy bandwidth of
+               the same run. gbps = bytes of K and V read ÷ time. Shapes whose cache exceeds --max-cache-gib are
+               rows marked skipped. Method in python/flashc/testing/decode.py. The CSV adds page_size.
+--quick runs features and decode at host sizes (seqlen 128/256, head dims 32 and 48:32; caches of 40 and 300
+keys, batch 1 and 3, heads 4/2 and 4/4, d 32) with the same variants: a CPU check of the full grids' code.
 
 Method. Each case builds --input-sets sets of random inputs (default: enough to pass twice the GPU's L2,
 3 to 16) and every implementation prepares one call per set up front (conversion and output allocation
@@ -52,13 +66,15 @@ except ImportError:  # run from a checkout without `pip install ./python` (then 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
     import flashc
 
-from flashc.testing import configs, engine, impls, report, timing  # noqa: E402
+from flashc.testing import configs, decode, engine, impls, report, timing  # noqa: E402
 
 COLUMNS = engine.SCHEMA + ["config", "status", "speedup", "baseline", "repeats", "reference", "note"]
+FEATURE_COLUMNS = COLUMNS + ["head_dim_v", "softcap", "alibi"]
+DECODE_COLUMNS = COLUMNS + decode.EXTRA_COLUMNS
 
 
-def grid(name: str) -> tuple:
-    """(configs, dtypes, masks, peers) of a named grid."""
+def grid(name: str, quick: bool = False, device: str = "cuda") -> tuple:
+    """(configs, dtypes, masks, peers) of a named grid; a config may be (Config, softcap, alibi)."""
     if name == "fp32-ladder":
         seen, cfgs = set(), []
         for c in configs.STANDARD + configs.seqlen_sweep() + [configs.Config("stress-1", 8, 16, 2048, 64)]:
@@ -71,6 +87,13 @@ def grid(name: str) -> tuple:
         return configs.targets_grid(), ["bf16"], [False, True], ["flash", "cudnn"]
     if name == "models":
         return configs.models_grid(), ["bf16"], [True], ["flash", "cudnn"]
+    if name == "features":
+        small = dict(tokens=512, heads=2, head_dim=32, seqlens=(128, 256), dv_pair=(48, 32)) if quick else {}
+        peers = ["cpu"] if device == "cpu" else ["flash", "cudnn", "efficient"]
+        return configs.features_grid(**small), ["bf16"], [True], peers
+    if name == "decode":
+        peers = ["cpu"] if device == "cpu" else ["flash", "cudnn"]
+        return decode.decode_grid(**(decode.QUICK_GRID if quick else {})), ["bf16"], [True], peers
     if name == "cpu":
         return (
             [configs.Config("cpu-2k", 1, 8, 2048, 64), configs.Config("cpu-4k", 1, 8, 4096, 128)],
@@ -89,7 +112,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--grid",
-        choices=["fp32-ladder", "targets", "models", "cpu"],
+        choices=["fp32-ladder", "targets", "models", "cpu", "features", "decode"],
         default=None,
         help="a named grid (default: fp32-ladder; --config replaces it)",
     )
@@ -137,6 +160,13 @@ def parse_args(argv=None):
     p.add_argument("--max-ref-seqlen", type=int, default=None)
     p.add_argument("--ref-samples", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="features and decode grids at host sizes (see the header)")
+    p.add_argument(
+        "--max-cache-gib",
+        type=float,
+        default=None,
+        help="decode: skip shapes whose K+V cache is larger (default 40 on a GPU, 1 on the host)",
+    )
     args = p.parse_args(argv)
     if args.repeats < 30:
         p.error("--repeats must be at least 30 (the median of fewer is not a benchmark figure)")
@@ -162,7 +192,7 @@ def main(argv=None) -> int:
     if device == "cuda" and not has_cuda:
         raise SystemExit("--device cuda needs torch with a CUDA device")
     grid_name = args.grid or ("fp32-ladder" if device == "cuda" else "cpu")
-    cfgs, dtypes, masks, peer_names = grid(grid_name)
+    cfgs, dtypes, masks, peer_names = grid(grid_name, args.quick, device)
     if args.config:
         cfgs = [configs.parse(c) for c in args.config]
     if args.dtype:
@@ -209,20 +239,48 @@ def main(argv=None) -> int:
         f"reference {ref if opts.check else 'none'} | {', '.join(i.name for i in all_impls)}"
     )
     print(report.header())
+    if grid_name == "decode":
+        return _decode(args, cfgs, dtypes, peer_names, names, device, opts)
+    columns = FEATURE_COLUMNS if grid_name == "features" else COLUMNS
     rows = []
     for dtype in dtypes:
         for causal in masks:
-            for cfg in cfgs:
+            for item in cfgs:
+                cfg, softcap, alibi = item if isinstance(item, tuple) else (item, 0.0, False)
                 opts.input_sets = args.input_sets or _input_sets(cfg, dtype, device, passes)
-                case = impls.Case(cfg=cfg, dtype=dtype, causal=causal, threads=args.threads)
+                case = impls.Case(
+                    cfg=cfg, dtype=dtype, causal=causal, threads=args.threads, softcap=softcap, alibi=alibi
+                )
                 case_rows = engine.run_case(case, all_impls, passes, opts)
                 for r in case_rows:
                     print(report.line(r))
                 rows += case_rows
                 if args.csv:  # after each case, so an interrupted run keeps what it measured
-                    report.write_csv(case_rows, args.csv, COLUMNS, append=args.append or len(rows) > len(case_rows))
+                    report.write_csv(case_rows, args.csv, columns, append=args.append or len(rows) > len(case_rows))
                 if device == "cuda":
                     torch.cuda.empty_cache()
+    print()
+    print(report.summary(rows))
+    if args.csv:
+        print(f"wrote {len(rows)} rows to {args.csv}")
+    return 1 if any(r.get("status") in ("FAIL", "error") for r in rows) else 0
+
+
+def _decode(args, cfgs, dtypes, peer_names, names, device, opts) -> int:
+    """--grid decode: decode.run per dtype, rows written as they come."""
+    if args.config:
+        raise SystemExit("--grid decode takes no --config (its shapes are decode configurations)")
+    max_gib = args.max_cache_gib if args.max_cache_gib is not None else (40.0 if device == "cuda" else 1.0)
+    rows = []
+
+    def on_row(row):
+        print(report.line(row))
+        rows.append(row)
+        if args.csv:
+            report.write_csv([row], args.csv, DECODE_COLUMNS, append=args.append or len(rows) > 1)
+
+    for dtype in dtypes:
+        decode.run(cfgs, dtype, device, names, peer_names, opts, max_gib, args.ref_samples, args.threads, on_row)
     print()
     print(report.summary(rows))
     if args.csv:

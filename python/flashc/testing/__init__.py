@@ -11,6 +11,10 @@ What runs. --kernel NAME[,NAME] picks flashc backends (default: the best usable 
 and torch:math (pinned through torch.nn.attention.sdpa_kernel). Configurations: the ten of the CUDA-core
 FA2 project (small-1 1/1/128/64 … stress-1 8/16/2048/64), the seqlen sweep 128…8192 at 4/8/·/64
 (--seqlen-experiment), or --config B/H/S/D (repeatable; B/HQ:HKV/SQ:SK/D for GQA and unequal lengths).
+Features (issue #48): --softcap CAP, --alibi (slopes 2^(−8(h+1)/H)) and --head-dim-v DV apply to every
+configuration; the reference computes them, flashc gets softcap=/alibi_slopes=, SDPA gets ALiBi as a float
+attn_mask and skips softcap (no mask can express it). bench/compare.py --grid features/decode uses the same
+machinery (decode: flashc.testing.decode).
 
 Checks. Every implementation's output is compared with an fp64 reference computed from the same rounded
 inputs: flashc's cpu-ref backend in float64 (the default on the host), or materialised scores in torch
@@ -18,8 +22,9 @@ float64 (the default on a GPU run; --reference picks). Outputs are poisoned with
 call. A flashc row passes when max_abs_err <= tolerance·max(1, max|ref|) (--tolerance; default by dtype:
 f64 1e-9, f32 1e-3, f16 1e-2, bf16 4e-2); peers are listed beside it with their own errors and never fail
 the run. Metrics per row: ms (median), speed-up over the baseline (torch:cpu when it ran, else the first
-row; --baseline), TFLOP/s (forward 4·b·h·sq·sk·d, halved for causal; backward 2.5×), GB/s (inputs read
-and outputs written once), max_abs, mean_abs, MSE, max_rel (|ref| floored at 1e-3·rms) and rel_l2 errors.
+row; --baseline), TFLOP/s (forward 4·b·h·sq·sk·d, halved for causal; backward 2.5×; with V's own head dim
+dv, 2·(d + dv) and 2·(3d + 2dv) per pair), GB/s (inputs read and outputs written once), max_abs, mean_abs,
+MSE, max_rel (|ref| floored at 1e-3·rms) and rel_l2 errors.
 By default the run stops at the first failing row (--no-stop-on-failure runs everything); the exit status
 is 1 when any flashc row failed.
 

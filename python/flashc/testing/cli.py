@@ -6,6 +6,7 @@ See flashc/testing/__init__.py for what each flag does and how long runs are kep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -54,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "f64"], default="f32")
     p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
     p.add_argument("--window", default=None, metavar="L,R", help="sliding window, e.g. 128,0 (-1: unbounded)")
+    p.add_argument("--softcap", type=float, default=0.0, help="scores s <- cap·tanh(s / cap) (Gemma-2; 0: none)")
+    p.add_argument("--alibi", action="store_true", help="ALiBi with the paper's slopes 2^(-8(h+1)/H)")
+    p.add_argument("--head-dim-v", type=int, default=0, help="head dim of V and O for every config (0: Q/K's)")
     p.add_argument(
         "--tolerance",
         type=float,
@@ -116,7 +120,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--baseline", default=None, help="impl the speed-up is relative to (default torch:cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="list flashc backends and peers, then exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not (args.softcap >= 0 and args.softcap < float("inf")):
+        p.error(f"--softcap {args.softcap}: use 0 (none) or a finite cap > 0")
+    if args.head_dim_v < 0:
+        p.error(f"--head-dim-v {args.head_dim_v}: use 0 (Q/K's head dim) or a head dim >= 1")
+    return args
 
 
 def _has_cuda() -> bool:
@@ -217,7 +226,8 @@ def main(argv=None) -> int:
     )
     print(
         f"flashc {flashc.__version__} | device {device} ({opts.device_label}) | dtype {args.dtype} | "
-        f"{'causal' if args.causal else 'full'}{f' window {window}' if window else ''} | mode {args.mode} | "
+        f"{'causal' if args.causal else 'full'}{f' window {window}' if window else ''}"
+        f"{f' softcap {args.softcap:g}' if args.softcap else ''}{' alibi' if args.alibi else ''} | mode {args.mode} | "
         f"reference {ref_engine} f64" + (f", sampled above seqlen {args.max_ref_seqlen}" if args.max_ref_seqlen else "")
     )
     print(f"implementations: {', '.join(i.name for i in all_impls)}")
@@ -227,7 +237,9 @@ def main(argv=None) -> int:
     write = progress.write if progress is not None else print
     rows, failed = [], False
     for cfg in cfgs:
-        case = impls.Case(cfg=cfg, dtype=args.dtype, causal=args.causal, window=window, threads=args.threads)
+        cfg = dataclasses.replace(cfg, head_dim_v=args.head_dim_v) if args.head_dim_v else cfg
+        case = impls.Case(cfg=cfg, dtype=args.dtype, causal=args.causal, window=window, threads=args.threads,
+                          softcap=args.softcap, alibi=args.alibi)  # fmt: skip
         case_rows = engine.run_case(
             case, all_impls, passes, opts, on_row=(lambda row: progress.update(1)) if progress is not None else None
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -15,6 +17,7 @@ class Config:
     head_dim: int
     heads_kv: int = 0  # 0: = heads
     seqlen_k: int = 0  # 0: = seqlen
+    head_dim_v: int = 0  # 0: = head_dim (V, O, dO and dV have their own head dim, as DeepSeek-V2/V3's 192/128)
 
     @property
     def hkv(self) -> int:
@@ -24,10 +27,15 @@ class Config:
     def sk(self) -> int:
         return self.seqlen_k or self.seqlen
 
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
+
     def label(self) -> str:
         kv = f"/{self.hkv}" if self.hkv != self.heads else ""
         s = f"{self.seqlen}x{self.sk}" if self.sk != self.seqlen else f"{self.seqlen}"
-        return f"{self.name} ({self.batch}/{self.heads}{kv}/{s}/{self.head_dim})"
+        d = f"{self.head_dim}:{self.dv}" if self.dv != self.head_dim else f"{self.head_dim}"
+        return f"{self.name} ({self.batch}/{self.heads}{kv}/{s}/{d})"
 
 
 # B/H/S/D, in the order and with the names of the CUDA-core FA2 project's experiments.
@@ -75,6 +83,32 @@ MODELS = (
 def models_grid(tokens=16384, seqlens=(1024, 4096, 8192, 32768), models=MODELS) -> list:
     """Issue #46's models grid: each model's heads at each seqlen, batch = max(1, tokens / seqlen)."""
     return [Config(f"{name}-s{s}", max(1, tokens // s), hq, s, d, hkv) for name, hq, hkv, d in models for s in seqlens]
+
+
+# Issue #48's features measured side by side: (name, softcap, ALiBi, V with its own head dim).
+FEATURES = (
+    ("plain", 0.0, False, False),
+    ("softcap30", 30.0, False, False),
+    ("alibi", 0.0, True, False),
+    ("dv", 0.0, False, True),
+)
+
+
+def features_grid(tokens=16384, heads=16, head_dim=128, seqlens=(4096, 8192), dv_pair=(192, 128)) -> list:
+    """Issue #48: (Config, softcap, alibi) per seqlen and feature, batch = max(1, tokens / seqlen); the "dv"
+    rows take their Q/K and V head dims from dv_pair (DeepSeek-V2/V3's 192/128), the others head_dim."""
+    out = []
+    for s in seqlens:
+        for name, cap, alibi, own_dv in FEATURES:
+            d, dv = dv_pair if own_dv else (head_dim, 0)
+            label = f"{name}-d{d}:{dv}-s{s}" if own_dv else f"{name}-d{d}-s{s}"
+            out.append((Config(label, max(1, tokens // s), heads, s, d, head_dim_v=dv), cap, alibi))
+    return out
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """ALiBi's slopes (Press et al., 2022): 2^(−8(h+1)/H) for head h of H, in float32 (what the C API reads)."""
+    return np.array([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], dtype=np.float32)
 
 
 def parse(spec: str) -> Config:

@@ -113,6 +113,10 @@ def _base_row(case: Case, impl, pass_: str, opts: Options) -> dict:
         world=1,
         threads=(case.threads or os.cpu_count() or 1) if impl.device == "cpu" else 0,
         config=cfg.name,
+        # Columns of the features grid (bench/compare.py --grid features); other files leave them out.
+        head_dim_v=cfg.dv,
+        softcap=case.softcap,
+        alibi=int(bool(case.alibi)),
         **{"pass": pass_},
     )
 
@@ -153,6 +157,8 @@ def run_case(case: Case, impls: list, passes: list, opts: Options, on_row=None) 
         samples=samples,
         engine=opts.ref_engine,
         seed=opts.seed,
+        softcap=case.softcap,
+        alibi_slopes=case.alibi_slopes,
     )
     tol = opts.tolerance if opts.tolerance is not None else metrics.DEFAULT_TOLERANCE[case.dtype]
     rows = []
@@ -166,7 +172,7 @@ def run_case(case: Case, impls: list, passes: list, opts: Options, on_row=None) 
                 try:
                     row.update(_measure(impl, inputs, case, pass_, ref, opts, tol, flop, nbytes))
                 except NotImplementedError as e:  # the backend's own refusal: a skip, not a failure
-                    reason = str(e)
+                    reason = str(e) if str(e).startswith("unsupported") else f"unsupported: {e}"
                 except Exception as e:  # noqa: BLE001 — any other failure is reported in the row
                     if is_peer(impl):  # a PyTorch backend that does not run this shape
                         reason = f"{type(e).__name__}: {_first_line(e)}"

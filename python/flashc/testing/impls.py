@@ -16,6 +16,8 @@ import numpy as np
 
 import flashc
 
+from . import configs
+
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 TORCH_SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 
@@ -53,6 +55,22 @@ class Case:
     scale: object = None
     align: str = "bottom-right"
     threads: int = 0  # host threads, 0 = all
+    softcap: float = 0.0  # 0: none; else s <- cap·tanh(s / cap) before the softmax
+    alibi: bool = False  # ALiBi with the paper's slopes for cfg.heads (configs.alibi_slopes)
+
+    @property
+    def alibi_slopes(self):
+        """float32 [heads_q], or None without ALiBi."""
+        return configs.alibi_slopes(self.cfg.heads) if self.alibi else None
+
+    def features(self) -> dict:
+        """softcap= and alibi_slopes= as flashc's calls take them, only those set (a plain case passes none)."""
+        out = {}
+        if self.softcap:
+            out["softcap"] = self.softcap
+        if self.alibi:
+            out["alibi_slopes"] = self.alibi_slopes
+        return out
 
 
 class Inputs:
@@ -68,8 +86,8 @@ class Inputs:
 
         self.q = randn(cfg.batch, cfg.seqlen, cfg.heads, cfg.head_dim)
         self.k = randn(cfg.batch, cfg.sk, cfg.hkv, cfg.head_dim)
-        self.v = randn(cfg.batch, cfg.sk, cfg.hkv, cfg.head_dim)
-        self.dout = randn(cfg.batch, cfg.seqlen, cfg.heads, cfg.head_dim)
+        self.v = randn(cfg.batch, cfg.sk, cfg.hkv, cfg.dv)
+        self.dout = randn(cfg.batch, cfg.seqlen, cfg.heads, cfg.dv)
         self._torch = {}
 
     def numpy(self):
@@ -159,6 +177,7 @@ class FlashcImpl(Impl):
             backend=self.info.name,
             causal_align=case.align,
             threads=case.threads or None,
+            **case.features(),
         )
 
     def prepare(self, inputs, case, pass_):
@@ -188,7 +207,14 @@ class TorchSDPA(Impl):
     """torch.nn.functional.scaled_dot_product_attention: on the host with PyTorch's own choice ('cpu'), or on
     a GPU pinned to one backend through torch.nn.attention.sdpa_kernel ('flash', 'efficient', 'cudnn',
     'math'). The inputs are flashc's [b, s, h, d] tensors seen as [b, h, s, d] (a transposed view, as a
-    FlashAttention user would pass them)."""
+    FlashAttention user would pass them).
+
+    ALiBi reaches SDPA as an explicit float attn_mask [1, heads_q, sq, sk] in the inputs' dtype (the bias, −inf
+    where the causal mask hides a key: SDPA takes attn_mask or is_causal, not both), built before the timed
+    calls; backends without a float mask (flash) decline it and their row says so. In bf16 the bias is rounded
+    to bf16, so a peer's error there is larger than flashc's fused bias. Softcap cannot be a mask (it changes
+    the scores themselves): SDPA rows skip it. V's own head dim is passed as it is; each backend takes it or
+    declines."""
 
     def __init__(self, backend: str):
         self.backend = backend
@@ -203,7 +229,9 @@ class TorchSDPA(Impl):
             return "no CUDA device"
         if case.window is not None:
             return "SDPA has no sliding window"
-        if case.causal and case.cfg.seqlen != case.cfg.sk and case.align != "top-left":
+        if case.softcap:
+            return "SDPA has no softcap (cap·tanh(s / cap) changes the scores; an additive attn_mask cannot express it)"
+        if case.causal and case.cfg.seqlen != case.cfg.sk and case.align != "top-left" and not case.alibi:
             return "SDPA's is_causal is top-left aligned; this case is bottom-right"
         return None
 
@@ -227,12 +255,31 @@ class TorchSDPA(Impl):
 
         q = torch.zeros(1, 2, 8, like.shape[-1], device=self.device, dtype=like.dtype)
         kv = torch.zeros(1, 1, 8, like.shape[-1], device=self.device, dtype=like.dtype)
+        if "attn_mask" in kwargs:  # the probe's own mask, of the probe's shape
+            kwargs = dict(kwargs, attn_mask=torch.zeros(1, 2, 8, 8, device=self.device, dtype=like.dtype))
         try:
             with self._context():
                 F.scaled_dot_product_attention(q, kv, kv, **kwargs, enable_gqa=True)
             return True
         except RuntimeError:
             return False
+
+    def _alibi_mask(self, case, inp):
+        """ALiBi as SDPA's float attn_mask [1, heads_q, sq, sk] in the inputs' dtype, −inf where hidden; built
+        head by head on the device (a float64 host copy of it would be 8 GiB at 16 heads × 8k × 8k)."""
+        import torch
+
+        from .reference import visible
+
+        cfg, like = case.cfg, inp.torch(self.device)[0]
+        i = torch.arange(cfg.seqlen, device=self.device, dtype=torch.float64)[:, None]
+        j = torch.arange(cfg.sk, device=self.device, dtype=torch.float64)[None, :]
+        dist = (i + (cfg.sk - cfg.seqlen) - j).abs()  # flashc.h: |i + sk − sq − j|
+        hidden = ~torch.from_numpy(visible(cfg.seqlen, cfg.sk, case.causal, None, case.align)).to(self.device)
+        mask = torch.empty(1, cfg.heads, cfg.seqlen, cfg.sk, device=self.device, dtype=like.dtype)
+        for h, slope in enumerate(case.alibi_slopes.astype(np.float64)):
+            mask[0, h] = (-slope * dist).masked_fill_(hidden, float("-inf")).to(like.dtype)
+        return mask
 
     def prepare(self, inputs, case, pass_):
         import torch
@@ -241,6 +288,8 @@ class TorchSDPA(Impl):
         cfg = case.cfg
         rep = cfg.heads // cfg.hkv
         kwargs = dict(is_causal=bool(case.causal), scale=case.scale)
+        if case.alibi:
+            kwargs = dict(is_causal=False, scale=case.scale, attn_mask=self._alibi_mask(case, inputs[0]))
         # GQA: enable_gqa where the backend takes it, else K/V expanded to the query heads before the timed calls
         # (their backward's dK/dV then come per query head and are summed per group outside them).
         expand = rep > 1 and not self._takes_gqa(kwargs, inputs[0].torch(self.device)[0])

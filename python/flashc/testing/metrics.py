@@ -2,8 +2,10 @@
 
 FLOPs follow docs/targets.md (and FlashAttention's benchmarks): forward 4·b·hq·sq·sk·d (two matmuls of
 2·sq·sk·d each), halved for causal when sq = sk; a window (or causal with sq ≠ sk) counts the visible
-(query, key) pairs exactly. Backward is 2.5× the forward (five matmuls instead of two). Bytes are what a
-kernel must move at least: its inputs read once and its outputs written once.
+(query, key) pairs exactly. Backward is 2.5× the forward (five matmuls instead of two). With a head dim of V
+of its own (dv), the matmuls that touch V count dv: forward 2·(d + dv) per visible pair (S = QKᵀ, O = PV),
+backward 2·(3d + 2dv) (S again, dQ, dK at d; dP = dO·Vᵀ, dV at dv). Bytes are what a kernel must move at
+least: its inputs read once and its outputs written once (V, O, dO, dV at dv).
 """
 
 from __future__ import annotations
@@ -30,23 +32,26 @@ def visible_pairs(sq: int, sk: int, causal: bool, window=None, align="bottom-rig
 
 
 def flops(cfg, causal: bool, pass_: str, window=None) -> float:
-    full = 4.0 * cfg.batch * cfg.heads * cfg.seqlen * cfg.sk * cfg.head_dim
+    d, dv = cfg.head_dim, cfg.dv
+    full = 2.0 * cfg.batch * cfg.heads * cfg.seqlen * cfg.sk * (d + dv)
     if causal and window is None and cfg.seqlen == cfg.sk:
         fwd = full / 2  # docs/targets.md's convention, as FlashAttention's benchmark counts it
     elif causal or window is not None:
         fwd = full * visible_pairs(cfg.seqlen, cfg.sk, causal, window) / (cfg.seqlen * cfg.sk)
     else:
         fwd = full
-    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwdbwd": 3.5 * fwd}[pass_]
+    bwd = 2.5 * fwd if dv == d else fwd * (3 * d + 2 * dv) / (d + dv)
+    return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[pass_]
 
 
 def bytes_moved(cfg, dtype: str, pass_: str) -> float:
     e = DTYPE_BYTES[dtype]
-    q = cfg.batch * cfg.seqlen * cfg.heads * cfg.head_dim  # q, o, dout, dq
-    kv = cfg.batch * cfg.sk * cfg.hkv * cfg.head_dim  # k, v, dk, dv
+    rows_q, rows_k = cfg.batch * cfg.seqlen * cfg.heads, cfg.batch * cfg.sk * cfg.hkv
+    q, o = rows_q * cfg.head_dim, rows_q * cfg.dv  # q and dq; o and dout
+    k, v = rows_k * cfg.head_dim, rows_k * cfg.dv  # k and dk; v and dv
     lse = cfg.batch * cfg.heads * cfg.seqlen * 4
-    fwd = e * (2 * q + 2 * kv) + lse  # read q k v, write o (+ lse)
-    bwd = e * (4 * q + 4 * kv) + lse  # read q k v o dout lse, write dq dk dv
+    fwd = e * (q + o + k + v) + lse  # read q k v, write o (+ lse)
+    bwd = e * (2 * q + 2 * o + 2 * k + 2 * v) + lse  # read q k v o dout lse, write dq dk dv
     return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[pass_]
 
 

@@ -1,5 +1,6 @@
-"""The fp64 reference: attention forward and backward done plainly in float64, and sampling for shapes
-where the full reference would be too slow.
+"""The fp64 reference: attention forward and backward done plainly in float64 (with softcap, ALiBi and a
+head dim of V of its own, as flashc.h defines them), and sampling for shapes where the full reference would be
+too slow.
 
 Three engines compute the same thing:
   numpy      — this file, materialised scores in numpy float64; independent of libflashc (the tests use it
@@ -12,7 +13,8 @@ error measured is the kernel's alone.
 
 Sampling: a (batch, kv-head) slice — one sequence, one key/value head and the query heads that read it — is
 independent of every other. For a large shape the reference is computed on a few such slices, and the
-kernel's output is compared on those slices only (Reference.slices says which).
+kernel's output is compared on those slices only (Reference.slices says which); ALiBi's slopes are cut to the
+slice's query heads.
 """
 
 from __future__ import annotations
@@ -46,20 +48,38 @@ def visible(sq: int, sk: int, causal: bool, window=None, align: str = "bottom-ri
 
 
 # ---- numpy engine --------------------------------------------------------------------------------------
-def _scores(q, k, scale, mask):
-    """S[b, h, i, j] = scale · q_i · k_j for query head h (k head h / group), −inf where masked."""
+def alibi_bias(slopes, sq: int, sk: int) -> np.ndarray:
+    """[b|1, hq, sq, sk]: −slope·|i + sk − sq − j| (flashc.h's ALiBi, bottom-right whatever the causal alignment),
+    for slopes [hq] or [b, hq] (float32 in the C API: the reference uses those float32 values)."""
+    a = np.asarray(slopes, dtype=np.float32).astype(np.float64)
+    a = a[None] if a.ndim == 1 else a
+    dist = np.abs(np.arange(sq)[:, None] + sk - sq - np.arange(sk)[None, :]).astype(np.float64)
+    return -a[:, :, None, None] * dist[None, None]
+
+
+def _scores(q, k, scale, mask, softcap=0.0, alibi_slopes=None):
+    """S[b, h, i, j] = scale · q_i · k_j for query head h (k head h / group), capped (cap·tanh(S / cap)) and
+    biased by ALiBi when asked, −inf where masked. Also returns K per query head and tanh(S / cap) (None
+    without softcap), the factor the backward's dS needs."""
     hq, hkv = q.shape[2], k.shape[2]
     kk = np.repeat(k, hq // hkv, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, kk) * scale
-    return np.where(mask[None, None], s, -np.inf), kk
+    t = None
+    if softcap:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, q.shape[1], k.shape[1])
+    return np.where(mask[None, None], s, -np.inf), kk, t
 
 
-def numpy_forward(q, k, v, causal=False, window=None, scale=None, align="bottom-right"):
-    """(o, lse) in float64 for [b, s, h, d] arrays; rows that see no key give o = 0, lse = −inf."""
+def numpy_forward(q, k, v, causal=False, window=None, scale=None, align="bottom-right", softcap=0.0, alibi_slopes=None):
+    """(o, lse) in float64 for [b, s, h, d] arrays (v and o may have their own head dim); rows that see no key
+    give o = 0, lse = −inf."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     scale = effective_scale(scale, q.shape[3])
     mask = visible(q.shape[1], k.shape[1], causal, window, align)
-    s, _ = _scores(q, k, scale, mask)
+    s, _, _ = _scores(q, k, scale, mask, softcap, alibi_slopes)
     m = s.max(axis=3, keepdims=True)
     empty = np.isneginf(m)
     p = np.exp(s - np.where(empty, 0.0, m))
@@ -72,14 +92,17 @@ def numpy_forward(q, k, v, causal=False, window=None, scale=None, align="bottom-
     return o, lse
 
 
-def numpy_backward(dout, q, k, v, causal=False, window=None, scale=None, align="bottom-right"):
-    """(dq, dk, dv) in float64: dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = scale·dS·K,
+def numpy_backward(
+    dout, q, k, v, causal=False, window=None, scale=None, align="bottom-right", softcap=0.0, alibi_slopes=None
+):
+    """(dq, dk, dv) in float64: dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) (times 1 − tanh²(S / cap) with
+    softcap: the derivative of cap·tanh(x / cap); ALiBi's bias is a constant), dQ = scale·dS·K,
     dK = scale·dSᵀ·Q, dV = Pᵀ·dO, with the query heads of a group summed into their key/value head."""
     dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
     scale = effective_scale(scale, q.shape[3])
     g = q.shape[2] // k.shape[2]
     mask = visible(q.shape[1], k.shape[1], causal, window, align)
-    s, kk = _scores(q, k, scale, mask)
+    s, kk, t = _scores(q, k, scale, mask, softcap, alibi_slopes)
     m = s.max(axis=3, keepdims=True)
     empty = np.isneginf(m)
     p = np.exp(s - np.where(empty, 0.0, m))
@@ -89,12 +112,14 @@ def numpy_backward(dout, q, k, v, causal=False, window=None, scale=None, align="
     dp = np.einsum("bihd,bjhd->bhij", dout, vv)
     delta = np.einsum("bihd,bihd->bhi", dout, o)[..., None]
     ds = p * (dp - delta)
+    if t is not None:
+        ds = ds * (1.0 - t * t)
     dq = scale * np.einsum("bhij,bjhd->bihd", ds, kk)
     dk = scale * np.einsum("bhij,bihd->bjhd", ds, q)
     dv = np.einsum("bhij,bihd->bjhd", p, dout)
     b, sk, hkv, d = k.shape
     dk = dk.reshape(b, sk, hkv, g, d).sum(axis=3)
-    dv = dv.reshape(b, sk, hkv, g, d).sum(axis=3)
+    dv = dv.reshape(b, sk, hkv, g, v.shape[3]).sum(axis=3)
     return dq, dk, dv
 
 
@@ -115,6 +140,12 @@ class Slice:
 
     def lse(self, x):  # [b, hq, s] → [1, G, s]
         return x[self.b : self.b + 1, self.g * self.group : (self.g + 1) * self.group]
+
+    def slopes(self, x):  # ALiBi [hq] → [G], [b, hq] → [1, G]; None stays None
+        if x is None:
+            return None
+        heads = slice(self.g * self.group, (self.g + 1) * self.group)
+        return x[heads] if np.ndim(x) == 1 else x[self.b : self.b + 1, heads]
 
 
 def choose_slices(batch: int, heads_q: int, heads_kv: int, samples: int | None, seed: int = 0) -> list:
@@ -139,9 +170,25 @@ class Reference:
     kept per slice; `compare_*` slice a kernel's full output the same way and return error metrics.
     """
 
-    def __init__(self, q, k, v, dout, causal, window, scale, align, samples=None, engine="cpu-ref", seed=0):
+    def __init__(
+        self,
+        q,
+        k,
+        v,
+        dout,
+        causal,
+        window,
+        scale,
+        align,
+        samples=None,
+        engine="cpu-ref",
+        seed=0,
+        softcap=0.0,
+        alibi_slopes=None,
+    ):
         self.q, self.k, self.v, self.dout = q, k, v, dout
-        self.opts = dict(causal=causal, window=window, scale=scale, align=align)
+        self.opts = dict(causal=causal, window=window, scale=scale, align=align, softcap=softcap)
+        self.alibi_slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float32)
         b, _, hq, _ = q.shape
         self.slices = choose_slices(b, hq, k.shape[2], samples, seed)
         self.total_slices = b * k.shape[2]
@@ -169,14 +216,15 @@ class Reference:
     def _cut(part, x, kind):
         if part is None:
             return x
-        return {"q": part.q, "kv": part.kv, "lse": part.lse}[kind](x)
+        return {"q": part.q, "kv": part.kv, "lse": part.lse, "slopes": part.slopes}[kind](x)
 
     def forward(self):
         if self._fwd is None:
             out = []
             for part in self._parts():
                 q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
-                out.append(_ENGINES[self.engine].forward(q, k, v, **self.opts))
+                a = self._cut(part, self.alibi_slopes, "slopes")
+                out.append(_ENGINES[self.engine].forward(q, k, v, **self.opts, alibi_slopes=a))
             self._fwd = out
         return self._fwd
 
@@ -186,7 +234,8 @@ class Reference:
             for part, (o, lse) in zip(self._parts(), self.forward()):
                 q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
                 dout = self._cut(part, self.dout, "q")
-                out.append(_ENGINES[self.engine].backward(dout, q, k, v, o, lse, **self.opts))
+                a = self._cut(part, self.alibi_slopes, "slopes")
+                out.append(_ENGINES[self.engine].backward(dout, q, k, v, o, lse, **self.opts, alibi_slopes=a))
             self._bwd = out
         return self._bwd
 
@@ -208,32 +257,44 @@ class Reference:
 # ---- engines -------------------------------------------------------------------------------------------
 class _Numpy:
     @staticmethod
-    def forward(q, k, v, causal, window, scale, align):
-        return numpy_forward(q, k, v, causal, window, scale, align)
+    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+        return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes)
 
     @staticmethod
-    def backward(dout, q, k, v, o, lse, causal, window, scale, align):
-        return numpy_backward(dout, q, k, v, causal, window, scale, align)
+    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+        return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes)
 
 
 class _CpuRef:
     @staticmethod
-    def forward(q, k, v, causal, window, scale, align):
+    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
         import flashc
 
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
         return flashc.attention(
-            q, k, v, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref", return_lse=True
-        )
+            q, k, v, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref", return_lse=True,
+            **_features(softcap, alibi_slopes),
+        )  # fmt: skip
 
     @staticmethod
-    def backward(dout, q, k, v, o, lse, causal, window, scale, align):
+    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
         import flashc
 
         dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
         return flashc.attention_backward(
-            dout, q, k, v, o, lse, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref"
-        )
+            dout, q, k, v, o, lse, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref",
+            **_features(softcap, alibi_slopes),
+        )  # fmt: skip
+
+
+def _features(softcap, alibi_slopes) -> dict:
+    """The feature keywords of a call, only where set: a libflashc without them still runs the plain cases."""
+    out = {}
+    if softcap:
+        out["softcap"] = softcap
+    if alibi_slopes is not None:
+        out["alibi_slopes"] = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
+    return out
 
 
 class _TorchFp64:
@@ -241,7 +302,7 @@ class _TorchFp64:
     time, so that memory stays at one slice's scores (16k × 16k × 8 bytes per query head at most)."""
 
     @staticmethod
-    def _one(q, k, v, causal, window, scale, align, dout=None):
+    def _one(q, k, v, causal, window, scale, align, dout=None, softcap=0.0, alibi_slopes=None):
         import torch
 
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -254,6 +315,10 @@ class _TorchFp64:
         mask = torch.from_numpy(visible(q_.shape[1], k_.shape[1], causal, window, align)).to(dev)
         kk, vv = k_.repeat_interleave(g, dim=2), v_.repeat_interleave(g, dim=2)
         s = torch.einsum("bihd,bjhd->bhij", q_, kk) * sc
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        if alibi_slopes is not None:
+            s = s + torch.from_numpy(alibi_bias(alibi_slopes, q_.shape[1], k_.shape[1])).to(dev)
         s = s.masked_fill(~mask, float("-inf"))
         # Softmax written out so that a row that sees no key gives p = 0 and finite gradients.
         m = s.detach().amax(dim=3, keepdim=True)
@@ -275,19 +340,21 @@ class _TorchFp64:
         return [Slice(b, g, group) for b in range(q.shape[0]) for g in range(k.shape[2])]
 
     @classmethod
-    def forward(cls, q, k, v, causal, window, scale, align):
-        o = np.empty(q.shape, dtype=np.float64)
+    def forward(cls, q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+        o = np.empty((*q.shape[:3], v.shape[3]), dtype=np.float64)
         lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float64)
         for sl in cls._each_slice(q, k):
-            sl.q(o)[...], sl.lse(lse)[...] = cls._one(sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align)
+            sl.q(o)[...], sl.lse(lse)[...] = cls._one(
+                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, None, softcap, sl.slopes(alibi_slopes)
+            )
         return o, lse
 
     @classmethod
-    def backward(cls, dout, q, k, v, o, lse, causal, window, scale, align):
+    def backward(cls, dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
         dq, dk, dv = (np.empty(x.shape, dtype=np.float64) for x in (q, k, v))
         for sl in cls._each_slice(q, k):
             sl.q(dq)[...], sl.kv(dk)[...], sl.kv(dv)[...] = cls._one(
-                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, sl.q(dout)
+                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, sl.q(dout), softcap, sl.slopes(alibi_slopes)
             )
         return dq, dk, dv
 

@@ -44,10 +44,16 @@ TABLE = [
 
 
 def shape_label(row: dict) -> str:
-    """'stress-1 8/16/2048/64', or just the shape for a custom --config (its name is the shape)."""
+    """'stress-1 8/16/2048/64', or just the shape for a custom --config (its name is the shape); a head dim of V
+    of its own as D:DV, a paged cache's page size after the shape; a row without a shape (copy) its name."""
+    if row.get("heads_q") in (None, ""):
+        return str(row["config"])
     hq = f"{row['heads_q']}" + (f":{row['heads_kv']}" if row["heads_kv"] != row["heads_q"] else "")
     s = f"{row['seqlen_q']}" + (f":{row['seqlen_k']}" if row["seqlen_k"] != row["seqlen_q"] else "")
-    shape = f"{row['batch']}/{hq}/{s}/{row['head_dim']}"
+    d = f"{row['head_dim']}" + (
+        f":{row['head_dim_v']}" if row.get("head_dim_v", row["head_dim"]) != row["head_dim"] else ""
+    )
+    shape = f"{row['batch']}/{hq}/{s}/{d}" + (f" page {row['page_size']}" if row.get("page_size") else "")
     return shape if row["config"] == shape else f"{row['config']} {shape}"
 
 
@@ -85,7 +91,8 @@ def summary(rows: list) -> str:
     FA2 project's results table), then the counts and every failure."""
     out = []
     for pass_ in dict.fromkeys(r["pass"] for r in rows):
-        out.append(f"{'FORWARD' if pass_ == 'fwd' else 'BACKWARD'} ({pass_})")
+        title = {"fwd": "FORWARD", "bwd": "BACKWARD", "fwdbwd": "BACKWARD"}.get(pass_, pass_.upper())
+        out.append(f"{title} ({pass_})")
         out.append(
             f"  {'impl':<20} {'rows':>4} {'mean ms':>11} {'mean speedup':>13} {'mean TFLOP/s':>13} "
             f"{'mean GB/s':>10} {'worst max_abs':>14}"

@@ -1,0 +1,246 @@
+"""flashc.testing with softcap, ALiBi and a head dim of V of its own (issue #48), and bench/compare.py's features
+and decode grids (issues #48 and #49) at host sizes: the reference against a plain loop, the grids' rows."""
+
+import csv
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flashc
+from flashc.testing import configs, decode, engine, impls, metrics, reference
+
+from conftest import CPU_BACKENDS, need_backend, randn
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+# ---- the reference -----------------------------------------------------------------------------------------------
+def loop_attention(q, k, v, causal, softcap, slopes, scale):
+    """o [b, sq, hq, dv] by loops over (b, h, i) in float64: the paper's formulas, nothing shared with reference.py."""
+    b, sq, hq, _ = q.shape
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    o = np.zeros((b, sq, hq, dv))
+    for s in range(b):
+        for h in range(hq):
+            g = h // (hq // hkv)
+            for i in range(sq):
+                scores = []
+                for j in range(sk):
+                    if causal and j > i + sk - sq:
+                        scores.append(-math.inf)
+                        continue
+                    x = scale * float(np.dot(q[s, i, h], k[s, j, g]))
+                    if softcap:
+                        x = softcap * math.tanh(x / softcap)
+                    if slopes is not None:
+                        x -= float(slopes[h]) * abs(i + sk - sq - j)
+                    scores.append(x)
+                m = max(scores)
+                w = np.array([0.0 if x == -math.inf else math.exp(x - m) for x in scores])
+                o[s, i, h] = (w / w.sum()) @ v[s, :, g]
+    return o
+
+
+CASES = [
+    pytest.param(0.0, False, 6, id="dv"),
+    pytest.param(2.0, False, 4, id="softcap"),
+    pytest.param(0.0, True, 4, id="alibi"),
+    pytest.param(1.5, True, 7, id="softcap-alibi-dv"),
+]
+
+
+@pytest.mark.parametrize("softcap,alibi,dv", CASES)
+def test_reference_features_match_a_plain_loop(rng, softcap, alibi, dv):
+    """Every reference engine's forward against loop_attention, and its backward against central differences of
+    loop_attention (q, k, v small enough for every element)."""
+    q, k = randn(rng, (1, 5, 4, 3), np.float64), randn(rng, (1, 7, 2, 3), np.float64)
+    v, dout = randn(rng, (1, 7, 2, dv), np.float64), randn(rng, (1, 5, 4, dv), np.float64)
+    slopes = configs.alibi_slopes(4) if alibi else None
+    scale = reference.effective_scale(None, 3)
+    want = loop_attention(q, k, v, True, softcap, slopes, scale)
+    grads = []
+    for x in (q, k, v):  # d(sum(o · dout)) / dx
+        g = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            keep = x[idx]
+            x[idx] = keep + 1e-6
+            up = np.sum(loop_attention(q, k, v, True, softcap, slopes, scale) * dout)
+            x[idx] = keep - 1e-6
+            down = np.sum(loop_attention(q, k, v, True, softcap, slopes, scale) * dout)
+            x[idx] = keep
+            g[idx] = (up - down) / 2e-6
+        grads.append(g)
+    engines = ["numpy"] + (["cpu-ref"] if "cpu-ref" in CPU_BACKENDS else [])
+    engines += ["torch-fp64"] if impls.torch_or_none() else []
+    for e in engines:
+        for samples in (None, 1):  # whole tensors, and one (batch, kv-head) slice (ALiBi's slopes cut with it)
+            ref = reference.Reference(q, k, v, dout, True, None, None, "bottom-right", samples=samples, engine=e,
+                                      softcap=softcap, alibi_slopes=slopes)  # fmt: skip
+            (o, _), *_ = ref.forward()
+            got_o, _ = ref.pick_forward(want)
+            np.testing.assert_allclose(o, got_o[0], atol=1e-12, err_msg=e)
+            want_grads = ref.pick_backward(*grads)[0]
+            for got, w, what in zip(ref.backward()[0], want_grads, ("dq", "dk", "dv")):
+                np.testing.assert_allclose(got, w, atol=1e-6, err_msg=f"{e} {what}")
+
+
+def test_softcap_and_alibi_change_the_reference(rng):
+    """The features are not silently dropped: each moves the output."""
+    q, k, v = (randn(rng, (1, 6, 2, 4), np.float64) * 3 for _ in range(3))
+    plain = reference.numpy_forward(q, k, v, True)[0]
+    capped = reference.numpy_forward(q, k, v, True, softcap=1.0)[0]
+    biased = reference.numpy_forward(q, k, v, True, alibi_slopes=configs.alibi_slopes(2))[0]
+    assert np.abs(capped - plain).max() > 1e-3 and np.abs(biased - plain).max() > 1e-3
+
+
+def test_alibi_slopes_follow_the_paper():
+    s = configs.alibi_slopes(8)
+    assert s.dtype == np.float32 and s[0] == 0.5 and s[-1] == 2.0**-8
+    np.testing.assert_allclose(configs.alibi_slopes(16)[:2], [2**-0.5, 2**-1.0])
+
+
+def test_flops_and_bytes_count_the_v_head_dim():
+    same = configs.Config("x", 2, 4, 64, 32)
+    own = configs.Config("y", 2, 4, 64, 48, head_dim_v=32)
+    pairs = 2 * 4 * 64 * 64
+    assert metrics.flops(same, False, "bwd") == 2.5 * metrics.flops(same, False, "fwd") == 2.5 * 4 * pairs * 32
+    assert metrics.flops(own, False, "fwd") == 2 * pairs * (48 + 32)
+    assert metrics.flops(own, False, "bwd") == pytest.approx(2 * pairs * (3 * 48 + 2 * 32))
+    assert metrics.flops(own, True, "fwd") == pairs * (48 + 32)
+    rows = 2 * 64 * 4
+    assert metrics.bytes_moved(own, "bf16", "fwd") == 2 * rows * (48 + 32 + 48 + 32) + rows * 4
+    assert metrics.bytes_moved(same, "bf16", "fwd") == 2 * 4 * rows * 32 + rows * 4
+
+
+def test_features_grid_shapes():
+    rows = configs.features_grid()
+    assert len(rows) == 8 and {c.seqlen for c, _, _ in rows} == {4096, 8192}
+    for cfg, _, _ in rows:
+        assert cfg.batch * cfg.seqlen == 16384 and cfg.heads == 16
+        assert (cfg.head_dim, cfg.dv) == ((192, 128) if cfg.name.startswith("dv") else (128, 128))
+    assert sum(cap == 30.0 for _, cap, _ in rows) == 2 and sum(a for _, _, a in rows) == 2
+
+
+# ---- the framework's rows ----------------------------------------------------------------------------------------
+def test_features_through_the_engine(cpu_ref):
+    """cpu-ref with each feature passes against the numpy reference; torch:cpu takes ALiBi as a float mask and
+    V's head dim, and skips softcap with the reason."""
+    impl = impls.flashc_impls("cpu", ["cpu-ref"]) + [impls.TorchSDPA("cpu")]
+    for cap, alibi, dv in ((3.0, False, 0), (0.0, True, 0), (0.0, False, 24)):
+        cfg = configs.Config("t", 2, 4, 20, 16, heads_kv=2, seqlen_k=33, head_dim_v=dv)
+        case = impls.Case(cfg=cfg, dtype="f32", causal=True, softcap=cap, alibi=alibi)
+        rows = engine.run_case(case, impl, ["fwd", "bwd"], engine.Options(repeats=3, warmup=1, ref_engine="numpy"))
+        for r in rows:
+            assert r["head_dim_v"] == cfg.dv and r["softcap"] == cap and r["alibi"] == int(alibi)
+            if r["impl"] == "flashc:cpu-ref":
+                assert r["status"] == "pass" and r["max_abs_err"] < 1e-5, r
+            elif impls.torch_or_none() is None:
+                assert r["status"] == "skipped"
+            elif cap:
+                assert r["status"] == "skipped" and "softcap" in r["note"], r
+            else:  # bottom-right causal with sq != sk: only the mask built for ALiBi carries it to SDPA
+                assert r["status"] == ("peer" if alibi else "skipped"), r
+                if alibi:
+                    assert r["max_abs_err"] < 1e-4, r
+
+
+class _Refuses(impls.Impl):
+    name = "flashc:refuses"
+
+    def prepare(self, inputs, case, pass_):
+        raise flashc.UnsupportedError("flashc_forward: backend cuda-mma has no softcap")
+
+
+def test_a_refusal_is_a_skipped_row_saying_unsupported():
+    case = impls.Case(cfg=configs.Config("t", 1, 1, 8, 8), dtype="f32", causal=False, softcap=5.0)
+    (row,) = engine.run_case(case, [_Refuses()], ["fwd"], engine.Options(repeats=3, warmup=1, ref_engine="numpy"))
+    assert row["status"] == "skipped" and row["note"] == "unsupported: flashc_forward: backend cuda-mma has no softcap"
+
+
+def test_decode_refusal_is_a_skipped_row(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise flashc.UnsupportedError("flashc_forward_kvcache: backend cuda-mma does not run a KV cache yet")
+
+    monkeypatch.setattr(flashc, "attention_with_kvcache", refuse)
+    cfg = decode.DecodeConfig(1, 1, 20, 2, 1, 8)
+    opts = engine.Options(repeats=3, warmup=1)
+    rows = decode.run([cfg], "f32", "cpu", ["cuda-mma"], [], opts, 1.0, None)
+    assert rows[0]["impl"] == "copy" and rows[0]["gbps"] > 0
+    assert [r["page_size"] for r in rows[1:]] == [0, 16, 256]
+    for r in rows[1:]:
+        assert r["status"] == "skipped" and r["note"].startswith("unsupported: flashc_forward_kvcache"), r
+
+
+# ---- bench/compare.py --quick ------------------------------------------------------------------------------------
+def run_compare(tmp_path, grid):
+    out_csv = tmp_path / f"{grid}.csv"
+    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--grid", grid, "--device", "cpu", "--quick"]
+    cmd += ["--backends", ",".join(CPU_BACKENDS), "--csv", str(out_csv), "--repeats", "30", "--warmup", "1"]
+    cmd += ["--threads", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    with open(out_csv) as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def test_compare_features_grid_quick(tmp_path):
+    need_backend("cpu-ref")
+    columns, rows = run_compare(tmp_path, "features")
+    assert columns[: len(engine.SCHEMA)] == engine.SCHEMA and columns[-3:] == ["head_dim_v", "softcap", "alibi"]
+    ours = [r for r in rows if r["impl"].startswith("flashc:")]
+    assert len(ours) == 2 * 4 * 2 * len(CPU_BACKENDS)  # seqlens x features x passes x backends
+    for r in ours:
+        assert r["status"] == "pass" and r["dtype"] == "bf16" and r["causal"] == "1", r
+        assert float(r["max_abs_err"]) < 0.05 and float(r["ms"]) > 0, r
+    assert {(r["softcap"], r["alibi"], r["head_dim"], r["head_dim_v"]) for r in ours} == {
+        ("0.0", "0", "32", "32"),
+        ("30.0", "0", "32", "32"),
+        ("0.0", "1", "32", "32"),
+        ("0.0", "0", "48", "32"),
+    }
+    peers = [r for r in rows if r["impl"] == "torch:cpu"]
+    assert len(peers) == 2 * 4 * 2
+    for r in peers:
+        if r["softcap"] != "0.0" or impls.torch_or_none() is None:
+            assert r["status"] == "skipped" and r["note"], r
+        else:
+            assert r["status"] == "peer" and float(r["max_abs_err"]) < 0.05, r
+
+
+def test_compare_decode_grid_quick(tmp_path):
+    need_backend("cpu-ref")
+    columns, rows = run_compare(tmp_path, "decode")
+    assert columns[: len(engine.SCHEMA)] == engine.SCHEMA and columns[-1] == "page_size"
+    copy = [r for r in rows if r["impl"] == "copy"]
+    assert len(copy) == 1 and float(copy[0]["gbps"]) > 0
+    cfgs = decode.decode_grid(**decode.QUICK_GRID)
+    ours = [r for r in rows if r["impl"].startswith("flashc:")]
+    assert len(ours) == len(cfgs) * 3 * len(CPU_BACKENDS)  # dense, paged 16, paged 256
+    assert {r["page_size"] for r in ours} == {"0", "16", "256"}
+    for r in ours:
+        assert r["status"] == "pass" and float(r["max_abs_err"]) < 0.05, r
+        kv_bytes = int(r["batch"]) * int(r["seqlen_k"]) * int(r["heads_kv"]) * 2 * int(r["head_dim"]) * 2
+        assert float(r["gbps"]) == pytest.approx(kv_bytes / (float(r["ms"]) * 1e-3) / 1e9, rel=1e-9)
+    assert {(r["seqlen_q"], r["seqlen_k"]) for r in ours} == {(n, L) for n in ("1", "4") for L in ("40", "300")}
+    peers = [r for r in rows if r["impl"] == "torch:cpu"]
+    assert len(peers) == len(cfgs)
+    if impls.torch_or_none() is not None:
+        assert all(r["status"] == "peer" and float(r["max_abs_err"]) < 0.05 for r in peers), peers
+        assert all(float(r["speedup"]) > 0 for r in ours)
+
+
+def test_testing_cli_takes_the_features(capsys, cpu_ref):
+    from flashc.testing import cli
+
+    args = ["--mode", "both", "--kernel", ",".join(CPU_BACKENDS), "--config", "1/4:2/40:50/16", "--causal"]
+    args += ["--softcap", "20", "--alibi", "--head-dim-v", "24", "--no-peers", "--repeats", "3", "--warmup", "1"]
+    code = cli.main(args)
+    out = capsys.readouterr().out
+    assert code == 0 and "softcap 20 alibi" in out and "1/4:2/40:50/16:24" in out, out
+    assert out.count(" pass") >= 2 * len(CPU_BACKENDS), out
