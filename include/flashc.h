@@ -147,6 +147,19 @@ typedef enum flashc_causal_align {
  * then the mask and the softmax; lse is the log-sum-exp of these scores. The backward differentiates through
  * both (the slopes get no gradient).
  *
+ * attn_mask (as PyTorch's scaled_dot_product_attention): [batch|1, heads_q|1, seqlen_q, seqlen_k], element (b, h, i, j)
+ * at attn_mask + b·stride[0] + h·stride[1] + i·stride[2] + j·stride[3] (attn_mask_stride, in elements, each ≥ 0; 0
+ * broadcasts that dimension, as a [b, 1, 1, seqlen_k] padding mask expanded), in the memory the tensors live in.
+ *   attn_mask_is_bool 0: an additive bias of the call's dtype (as SDPA, which takes a float mask of the query's
+ *                        dtype): s ← s + bias after softcap and ALiBi, before the causal/window mask; a bias of −inf
+ *                        hides the key like a mask
+ *   attn_mask_is_bool 1: uint8 elements, nonzero = attend (SDPA's True); a zero removes the key
+ * A row whose keys are all removed gives o = 0, lse = −inf and zero gradients. Varlen calls refuse attn_mask.
+ * dbias (backward only, NULL: not wanted; needs a float attn_mask): the gradient of the bias, dL/ds, in the call's
+ * dtype at dbias + b·dbias_stride[0] + … + j·dbias_stride[3] (strides ≥ 0); a stride of 0 sums the gradient over
+ * that dimension (the gradient of a broadcast bias, as SDPA's efficient backend returns it). Every element is
+ * written; dbias is an output (see "Aliasing").
+ *
  * seqused_q / seqused_k (FlashAttention-3's varlen): sequence s uses only the first seqused[s] rows of its slot
  * [cu_seqlens[s], cu_seqlens[s+1]) (0 ≤ seqused[s] ≤ the slot's length; either array may be given alone). The
  * used lengths are the sequence's lengths for the mask and ALiBi; query rows past them get o = 0, lse = −inf and
@@ -167,11 +180,16 @@ typedef struct flashc_params {
   int deterministic;           /* backward: bit-identical gradients run to run (may be slower) */
   /* Score modifiers and varlen extents (only cpu-ref and cpu implement them; every other backend refuses a call
    * that uses one with FLASHC_ERR_UNSUPPORTED, and `auto` picks one that accepts it). */
-  float softcap;              /* 0: off; > 0: s ← softcap·tanh(s / softcap) on s = scale·q·k, before the mask */
-  const float *alibi_slopes;  /* NULL: off; fp32 slopes, in the memory the tensors live in (see above) */
-  int64_t alibi_stride_batch; /* elements between the slopes of sequence b and b + 1; 0: one slope per head */
-  const int32_t *seqused_q;   /* NULL, or (varlen only) host array of num_seqs: rows of each q slot used */
-  const int32_t *seqused_k;   /* NULL, or (varlen only) host array of num_seqs: rows of each k slot used */
+  float softcap;               /* 0: off; > 0: s ← softcap·tanh(s / softcap) on s = scale·q·k, before the mask */
+  const float *alibi_slopes;   /* NULL: off; fp32 slopes, in the memory the tensors live in (see above) */
+  int64_t alibi_stride_batch;  /* elements between the slopes of sequence b and b + 1; 0: one slope per head */
+  const int32_t *seqused_q;    /* NULL, or (varlen only) host array of num_seqs: rows of each q slot used */
+  const int32_t *seqused_k;    /* NULL, or (varlen only) host array of num_seqs: rows of each k slot used */
+  const void *attn_mask;       /* NULL: none; else a bias or boolean mask (see above), where the tensors live */
+  int attn_mask_is_bool;       /* 0: bias of the call's dtype; 1: uint8, nonzero = attend */
+  int64_t attn_mask_stride[4]; /* batch, head, query, key; in elements, ≥ 0; 0: broadcast */
+  void *dbias;                 /* backward: NULL, or the bias's gradient (an output), as attn_mask lives */
+  int64_t dbias_stride[4];     /* batch, head, query, key; in elements, ≥ 0; 0: summed over that dimension */
 } flashc_params;
 
 /* The struct grows at its end as flashc gains features. flashc_params_default is compiled into the caller, so
@@ -196,6 +214,10 @@ static inline flashc_params flashc_params_default(void) {
   p.alibi_stride_batch = 0;
   p.seqused_q = NULL;
   p.seqused_k = NULL;
+  p.attn_mask = NULL;
+  p.attn_mask_is_bool = 0;
+  p.dbias = NULL;
+  for (int d = 0; d < 4; d++) p.attn_mask_stride[d] = p.dbias_stride[d] = 0;
   return p;
 }
 

@@ -68,6 +68,14 @@ typedef struct fc_problem {
   /* NULL, or host arrays of batch: sequence s uses the first seqused[s] rows of its cu_seqlens slot. fc_seq_q and
    * fc_seq_k return those lengths, so a backend sees only the used rows; api.c writes the results of the others. */
   const int32_t *seqused_q, *seqused_k;
+  /* attn_mask (flashc.h; dense calls only): NULL, or element (s, h, i, j) at attn_mask + fc_attn_mask_offset; a bias
+   * of p's dtype added after the modifiers (attn_mask_is_bool 0), or uint8 with 0 removing the key (1). dbias
+   * (backward, NULL: not wanted; float masks only): dL/ds, summed over the dimensions whose dbias_stride is 0. */
+  const void *attn_mask;
+  int attn_mask_is_bool;
+  int64_t attn_mask_stride[4];
+  void *dbias;
+  int64_t dbias_stride[4];
   /* Mask, per sequence: key j is visible to query i iff
    *   (window_left  < 0 || j >= i + shift − window_left) && (window_right < 0 || j <= i + shift + window_right)
    * with shift = fc_mask_shift(p, seqlen_q_of_seq, seqlen_k_of_seq). Causal is folded in as window_right = 0. */
@@ -151,6 +159,11 @@ static inline double fc_alibi_slope(const fc_problem *p, int64_t s, int64_t h) {
 static inline double fc_alibi_dist(int64_t sq, int64_t sk, int64_t i, int64_t j) {
   const int64_t x = i + sk - sq - j;
   return (double)(x < 0 ? -x : x);
+}
+
+/* Element offset of (sequence s, query head h, query i, key j) in attn_mask or dbias, given their strides. */
+static inline int64_t fc_attn_mask_offset(const int64_t stride[4], int64_t s, int64_t h, int64_t i, int64_t j) {
+  return s * stride[0] + h * stride[1] + i * stride[2] + j * stride[3];
 }
 
 static inline bool fc_visible(const fc_problem *p, int64_t shift, int64_t i, int64_t j) {
@@ -241,6 +254,7 @@ enum {
   FC_FEATURE_ALIBI = 1u << 1,
   FC_FEATURE_HEAD_DIM_V = 1u << 2, /* V's head dim ≠ Q/K's */
   FC_FEATURE_SEQUSED = 1u << 3,
+  FC_FEATURE_ATTN_MASK = 1u << 4, /* attn_mask (and its gradient dbias) */
 };
 
 struct fc_kv_problem; /* kvcache.h */

@@ -49,9 +49,11 @@ static flashc_status check_params(const flashc_params *pa) {
     return INVALID("%s: params.cu_seqlens_q/k, num_seqs and seqused_q/k are for packed (varlen) calls; a KV cache "
                    "call takes its lengths from cache.cache_seqlens",
                    OP);
-  if (pa->softcap != 0.0f || pa->alibi_slopes)
+  if (pa->softcap != 0.0f || pa->alibi_slopes || pa->attn_mask)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: params.%s is not supported with a KV cache yet", OP,
-                    pa->softcap != 0.0f ? "softcap" : "alibi_slopes");
+                    pa->softcap != 0.0f ? "softcap"
+                    : pa->alibi_slopes  ? "alibi_slopes"
+                                        : "attn_mask");
   return FLASHC_OK;
 }
 

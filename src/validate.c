@@ -199,7 +199,7 @@ static flashc_status check_seqused(const char *op, const char *name, const int32
 unsigned fc_problem_features(const fc_problem *p) {
   return (p->softcap != 0.0f ? FC_FEATURE_SOFTCAP : 0u) | (p->alibi_slopes ? FC_FEATURE_ALIBI : 0u) |
          (p->head_dim_v != p->head_dim ? FC_FEATURE_HEAD_DIM_V : 0u) |
-         (p->seqused_q || p->seqused_k ? FC_FEATURE_SEQUSED : 0u);
+         (p->seqused_q || p->seqused_k ? FC_FEATURE_SEQUSED : 0u) | (p->attn_mask ? FC_FEATURE_ATTN_MASK : 0u);
 }
 
 flashc_status fc_check_features(const char *op, const char *who, unsigned have, const fc_problem *p) {
@@ -211,6 +211,7 @@ flashc_status fc_check_features(const char *op, const char *who, unsigned have, 
       {FC_FEATURE_ALIBI, "ALiBi (alibi_slopes)"},
       {FC_FEATURE_HEAD_DIM_V, "a head dim of V different from Q/K's"},
       {FC_FEATURE_SEQUSED, "seqused_q/seqused_k"},
+      {FC_FEATURE_ATTN_MASK, "attn_mask (a bias or boolean mask)"},
   };
   const unsigned missing = fc_problem_features(p) & ~have;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -298,6 +299,99 @@ flashc_status fc_params_read(const char *op, const flashc_params *params, flashc
   /* the caller's fields over the defaults; fields past its struct keep theirs */
   memcpy((char *)out + sizeof(size_t), (const char *)params + sizeof(size_t), size - sizeof(size_t));
   out->struct_size = sizeof(flashc_params);
+  return FLASHC_OK;
+}
+
+/* ---- attn_mask and dbias ---------------------------------------------------------------------------- */
+static const char *const mask_dim_names[4] = {"batch", "heads_q", "seqlen_q", "seqlen_k"};
+
+/* One of attn_mask / dbias, of logical sizes n = [batch, heads_q, seqlen_q, seqlen_k] and element size es: strides
+ * ≥ 0, the furthest element addressable, a pointer that is non-NULL and aligned where there is an element. *span:
+ * the offset of the last element, −1 when there is none. */
+static flashc_status check_mask_view(const char *op, const char *name, const void *data, const int64_t stride[4],
+                                     const int64_t n[4], size_t es, int64_t *span) {
+  *span = -1;
+  int64_t last = 0;
+  for (int d = 0; d < 4; d++) {
+    if (stride[d] < 0)
+      return INVALID("%s: %s_stride[%d] (%s) is %lld; strides must be >= 0 (0 broadcasts)", op, name, d,
+                     mask_dim_names[d], (long long)stride[d]);
+    if (n[d] == 0) return FLASHC_OK; /* no element: never read or written */
+    int64_t reach;
+    if (!fc_mul_ok(n[d] - 1, stride[d], &reach) || !fc_add_ok(last, reach, &last))
+      return INVALID("%s: %s's strides overflow a 64-bit offset over [%lld, %lld, %lld, %lld]", op, name,
+                     (long long)n[0], (long long)n[1], (long long)n[2], (long long)n[3]);
+  }
+  int64_t bytes;
+  if (!fc_add_ok(last, 1, &bytes) || !fc_mul_ok(bytes, (int64_t)es, &bytes) || (uint64_t)bytes > (uint64_t)SIZE_MAX)
+    return INVALID("%s: %s spans more bytes than this machine can address", op, name);
+  if (!data) return INVALID("%s: %s is NULL", op, name);
+  if ((uintptr_t)data % es != 0)
+    return INVALID("%s: %s (%p) is not aligned to its %zu-byte elements", op, name, data, es);
+  *span = last;
+  return FLASHC_OK;
+}
+
+/* attn_mask (forward and backward) and dbias (backward): their flags, strides and memory; dbias, an output, must
+ * not alias itself (over the dimensions it does not sum) nor any tensor, lse or the mask. */
+static flashc_status check_attn_mask(const char *op, const flashc_params *pa, fc_problem *p, bool varlen,
+                                     const flashc_tensor *const *ts, const char *const *names, const int64_t *span,
+                                     int nt, const float *lse, int64_t lse_elems) {
+  if (!pa->attn_mask) {
+    if (p->is_backward && pa->dbias)
+      return INVALID("%s: params.dbias is set but params.attn_mask is NULL; dbias is the gradient of a float mask", op);
+    return FLASHC_OK;
+  }
+  if (pa->attn_mask_is_bool != 0 && pa->attn_mask_is_bool != 1)
+    return INVALID("%s: params.attn_mask_is_bool is %d; use 0 (a bias of the call's dtype) or 1 (uint8)", op,
+                   pa->attn_mask_is_bool);
+  if (varlen)
+    return INVALID("%s: params.attn_mask is set with cu_seqlens; varlen calls do not take an attn_mask (pad the batch "
+                   "and use a dense call)",
+                   op);
+  const int64_t n[4] = {p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
+  const size_t mask_es = pa->attn_mask_is_bool ? 1 : flashc_dtype_size(p->dtype), es = flashc_dtype_size(p->dtype);
+  int64_t mask_span, dbias_span;
+  FC_CHECK(check_mask_view(op, "params.attn_mask", pa->attn_mask, pa->attn_mask_stride, n, mask_es, &mask_span));
+  p->attn_mask = pa->attn_mask;
+  p->attn_mask_is_bool = pa->attn_mask_is_bool;
+  for (int d = 0; d < 4; d++) p->attn_mask_stride[d] = pa->attn_mask_stride[d];
+  if (!p->is_backward || !pa->dbias) return FLASHC_OK; /* the forward ignores dbias: one params serves both calls */
+  if (pa->attn_mask_is_bool)
+    return INVALID("%s: params.dbias is set but params.attn_mask is boolean; only a float bias has a gradient", op);
+  FC_CHECK(check_mask_view(op, "params.dbias", pa->dbias, pa->dbias_stride, n, es, &dbias_span));
+  if (dbias_span >= 0) {
+    /* No two summed-apart elements at one address: the dimensions with a stride, sorted by it, nest. */
+    int order[4], m = 0;
+    for (int d = 0; d < 4; d++)
+      if (pa->dbias_stride[d] != 0 && n[d] > 1) order[m++] = d;
+    for (int a = 1; a < m; a++)
+      for (int b = a; b > 0 && pa->dbias_stride[order[b - 1]] > pa->dbias_stride[order[b]]; b--) {
+        const int t = order[b - 1];
+        order[b - 1] = order[b];
+        order[b] = t;
+      }
+    int64_t reach = 0;
+    for (int a = 0; a < m; a++) {
+      const int d = order[a];
+      if (pa->dbias_stride[d] <= reach)
+        return INVALID("%s: output params.dbias overlaps itself (dbias_stride[%d] = %lld for %s); use a stride of 0 "
+                       "to sum over a dimension",
+                       op, d, (long long)pa->dbias_stride[d], mask_dim_names[d]);
+      reach += (n[d] - 1) * pa->dbias_stride[d];
+    }
+    for (int j = 0; j < nt; j++)
+      if (span[j] >= 0 &&
+          bytes_overlap(pa->dbias, dbias_span, es, ts[j]->data, span[j], flashc_dtype_size(ts[j]->dtype)))
+        return INVALID("%s: output params.dbias shares memory with %s; outputs need memory of their own", op, names[j]);
+    const bool on_lse =
+        lse && lse_elems > 0 && bytes_overlap(pa->dbias, dbias_span, es, lse, lse_elems - 1, sizeof(float));
+    if (on_lse || (mask_span >= 0 && bytes_overlap(pa->dbias, dbias_span, es, pa->attn_mask, mask_span, mask_es)))
+      return INVALID("%s: output params.dbias shares memory with %s; outputs need memory of their own", op,
+                     on_lse ? "lse" : "params.attn_mask");
+  }
+  p->dbias = pa->dbias;
+  for (int d = 0; d < 4; d++) p->dbias_stride[d] = pa->dbias_stride[d];
   return FLASHC_OK;
 }
 
@@ -448,6 +542,7 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
         return is_backward
                    ? INVALID("%s: output %s shares memory with lse; outputs need memory of their own", op, names[j])
                    : INVALID("%s: output lse shares memory with %s; outputs need memory of their own", op, names[j]);
+  FC_CHECK(check_attn_mask(op, pa, p, varlen, ts, names, span, nt, lse, lse_elems));
 
   p->q = view_of(q, varlen);
   p->k = view_of(k, varlen);
@@ -473,8 +568,8 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   }
 
   /* Where the data lives decides which backends can touch it. */
-  const void *ptrs[10];
-  const char *pnames[10];
+  const void *ptrs[12];
+  const char *pnames[12];
   int np = 0;
   for (int i = 0; i < nt; i++) {
     ptrs[np] = ts[i]->data;
@@ -484,6 +579,10 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   pnames[np++] = "lse";
   ptrs[np] = pa->alibi_slopes;
   pnames[np++] = "params.alibi_slopes";
+  ptrs[np] = p->attn_mask;
+  pnames[np++] = "params.attn_mask";
+  ptrs[np] = p->dbias;
+  pnames[np++] = "params.dbias";
   int on_device;
   FC_CHECK(locate(op, ptrs, pnames, np, &on_device));
 

@@ -139,6 +139,72 @@ def host_seqused(name: str, x, num_seqs: int) -> np.ndarray:
     return np.require(a, np.int32, ["C", "A"])
 
 
+def mask_shape_4d(shape, full) -> tuple:
+    """attn_mask's shape as SDPA broadcasts it: 2 to 4 dims, right-aligned against full = (batch, heads_q, seqlen_q,
+    seqlen_k), each of size 1 or full's; returned with 1s prepended to 4 dims."""
+    shape = tuple(int(n) for n in shape)
+    s4 = (1,) * (4 - len(shape)) + shape
+    if not 2 <= len(shape) <= 4 or any(a not in (1, n) for a, n in zip(s4, full)):
+        raise ValueError(
+            f"flashc: attn_mask has shape {shape}; it must broadcast to [batch, heads_q, seqlen_q, seqlen_k] = "
+            f"{list(full)} (2 to 4 dims, each 1 or the full size), as for scaled_dot_product_attention"
+        )
+    return s4
+
+
+def attn_mask_view(attn_mask, q, full) -> tuple:
+    """attn_mask as the C API reads it: (the array to keep alive and pass, is_bool, strides[4] in elements with 0
+    where it broadcasts). A bool mask is read as uint8 (True = attend); a float one is converted to q's dtype (the
+    C API's rule) where it is not already. numpy masks for numpy q, torch masks (moved to q's device) for torch q."""
+    if _arrays.is_torch(q):
+        import torch
+
+        m = torch.as_tensor(attn_mask).detach()
+        if m.device != q.device:
+            m = m.to(q.device)
+        s4 = mask_shape_4d(m.shape, full)
+        m = m.reshape(s4)
+        if m.dtype == torch.bool:
+            m = m.view(torch.uint8)
+        elif m.is_floating_point():
+            if m.dtype != q.dtype:
+                m = m.to(q.dtype)
+        else:
+            raise TypeError(f"flashc: attn_mask must be bool or floating point, not {m.dtype}")
+        strides = [m.stride(d) if s4[d] > 1 else 0 for d in range(4)]
+        return m, m.dtype == torch.uint8, strides
+    if _arrays.is_torch(attn_mask):
+        attn_mask = attn_mask.detach().cpu().numpy()
+    m = np.asarray(attn_mask)
+    s4 = mask_shape_4d(m.shape, full)
+    if m.dtype == np.bool_:
+        m = m.view(np.uint8)
+    elif m.dtype.kind == "f" or m.dtype == q.dtype:
+        if m.dtype != q.dtype:
+            m = m.astype(q.dtype)
+    else:
+        raise TypeError(f"flashc: attn_mask must be bool or floating point, not {m.dtype}")
+    m = m.reshape(s4)
+    if any(st < 0 or st % m.itemsize for st in m.strides) or not m.dtype.isnative or not m.flags.aligned:
+        m = np.ascontiguousarray(m)
+    strides = [m.strides[d] // m.itemsize if s4[d] > 1 else 0 for d in range(4)]
+    return m, m.dtype == np.uint8, strides
+
+
+def _set_attn_mask(params: _lib.Params, q, k, varlen: bool, attn_mask) -> tuple:
+    """attn_mask into params; returns (the array to keep, its 4-d shape) or (None, None)."""
+    if attn_mask is None:
+        return None, None
+    if varlen:
+        raise ValueError("flashc: attn_mask is not supported with packed (varlen) tensors; pad them to a batch")
+    full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    m, is_bool, strides = attn_mask_view(attn_mask, q, full)
+    params.attn_mask = _arrays.data_ptr(m) if _arrays.numel(m) else None
+    params.attn_mask_is_bool = int(is_bool)
+    params.attn_mask_stride[:] = strides
+    return m, tuple(m.shape)
+
+
 def _features(params: _lib.Params, q, varlen: bool, softcap, alibi_slopes, seqused_q, seqused_k) -> list:
     """softcap, ALiBi and seqused into params; returns the arrays the params point into (to keep alive).
     The slopes go where q lives (the C library reads them there), as float32."""
@@ -351,6 +417,7 @@ def _build_forward(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    attn_mask=None,
 ) -> Call:
     ndim = 3 if varlen else 4
     q, k, v = (_arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v)))
@@ -365,6 +432,7 @@ def _build_forward(
     else:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
+    keep.append(_set_attn_mask(params, q, k, varlen, attn_mask)[0])
     o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)  # o takes V's head dim
     if out is None:
         out = _arrays.empty(o_shape, q)
@@ -409,6 +477,8 @@ def _build_backward(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    attn_mask=None,
+    return_dbias=False,
 ) -> Call:
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     ndim = 3 if varlen else 4
@@ -433,8 +503,21 @@ def _build_backward(
         else:
             _arrays.check_output(name, g, tuple(like.shape), dtype, q)
         grads.append(g)
-    keep += [lse] + grads
-    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out, dout, *grads))
+    mask, mask4 = _set_attn_mask(params, q, k, varlen, attn_mask)
+    keep += [lse, mask] + grads
+    if return_dbias:
+        if mask is None or params.attn_mask_is_bool:
+            raise ValueError("flashc: return_dbias needs a float attn_mask (a boolean mask has no gradient)")
+        # dbias in the mask's shape, written through a 4-d view whose broadcast dims have stride 0 (summed).
+        dbias4 = _arrays.empty(mask4, q)
+        params.dbias = _arrays.data_ptr(dbias4) if _arrays.numel(dbias4) else None
+        itemsize = dbias4.itemsize if isinstance(dbias4, np.ndarray) else dbias4.element_size()
+        st = dbias4.strides if isinstance(dbias4, np.ndarray) else tuple(s * itemsize for s in dbias4.stride())
+        params.dbias_stride[:] = [st[d] // itemsize if mask4[d] > 1 else 0 for d in range(4)]
+        mask_shape = tuple(np.shape(attn_mask))
+        grads.append(dbias4.reshape(mask_shape))
+        keep.append(dbias4)
+    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out, dout, *grads[:3]))
     return Call(True, backend, threads, params, tensors, _float_ptr(lse), keep, tuple(grads), device)
 
 
@@ -463,6 +546,7 @@ def attention(
     lse=None,
     softcap=0.0,
     alibi_slopes=None,
+    attn_mask=None,
 ):
     """Exact attention O = softmax(scale·Q·Kᵀ + mask)·V, as FlashAttention's flash_attn_func.
 
@@ -483,7 +567,11 @@ def attention(
     softcap: 0.0 (none) or cap > 0: scores s <- cap·tanh(s / cap) before the mask (Gemma-2), as flash_attn.
     alibi_slopes: None, or float32 slopes [heads_q] or [batch, heads_q]: scores minus
       slope·|i + seqlen_k - seqlen_q - j| (ALiBi, as flash_attn), added after softcap.
-    (Only the cpu and cpu-ref backends implement softcap, ALiBi and a head dim of V of its own so far; the
+    attn_mask: None, or a mask as scaled_dot_product_attention takes it, broadcastable to [batch, heads_q,
+      seqlen_q, seqlen_k] (2 to 4 dims, e.g. [seqlen_q, seqlen_k] or a [batch, 1, 1, seqlen_k] padding mask):
+      bool (True = attend) or float (a bias added to the scores after softcap and ALiBi, converted to q's dtype;
+      -inf hides a key). Rows whose keys are all removed give out = 0 and lse = -inf. Not with varlen.
+    (Only the cpu and cpu-ref backends implement softcap, ALiBi, attn_mask and a head dim of V of its own so far; the
     others raise NotImplementedError, and "auto" picks one that implements the call.)
 
     Rows that see no key give output 0. Empty inputs (batch 0, seqlen_q 0 or seqlen_k 0) are valid: the
@@ -495,6 +583,7 @@ def attention(
     call = prepare_forward(
         q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, out=out, lse=lse, softcap=softcap, alibi_slopes=alibi_slopes,
+        attn_mask=attn_mask,
     )  # fmt: skip
     o, lse_out = call()
     return (o, lse_out) if return_lse else o
@@ -566,17 +655,22 @@ def attention_backward(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    attn_mask=None,
+    return_dbias=False,
 ):
     """Gradients (dq, dk, dv) of attention() from the forward's out and lse and the output gradient dout.
 
     Same options as the forward (pass the same ones). dout, q, k, v, out share one dtype; lse is the
     forward's float32 lse. With cu_seqlens_q/k the tensors are packed as in attention_varlen. dq, dk, dv
-    may be given to be written in place (overwritten, not accumulated).
+    may be given to be written in place (overwritten, not accumulated). return_dbias (a float attn_mask):
+    also return the mask's gradient, in its shape and q's dtype, summed over the dims it broadcasts:
+    (dq, dk, dv, dbias).
     """
     call = prepare_backward(
         dout, q, k, v, out, lse, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         softcap=softcap, alibi_slopes=alibi_slopes, seqused_q=seqused_q, seqused_k=seqused_k,
+        attn_mask=attn_mask, return_dbias=return_dbias,
     )  # fmt: skip
     return call()
 
@@ -623,6 +717,7 @@ def prepare_forward(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    attn_mask=None,
 ) -> Call:
     """attention() converted once: `call()` runs the forward again on the same arrays and returns
     (out, lse), written in place. q, k, v must not be moved or freed while the call is kept (it keeps a
@@ -648,6 +743,7 @@ def prepare_forward(
         alibi_slopes=alibi_slopes,
         seqused_q=seqused_q,
         seqused_k=seqused_k,
+        attn_mask=attn_mask,
     )
 
 
@@ -675,8 +771,11 @@ def prepare_backward(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    attn_mask=None,
+    return_dbias=False,
 ) -> Call:
-    """attention_backward() converted once: `call()` returns (dq, dk, dv), written in place."""
+    """attention_backward() converted once: `call()` returns (dq, dk, dv) (and dbias with return_dbias), written
+    in place."""
     return _build_backward(
         dout,
         q,
@@ -700,6 +799,8 @@ def prepare_backward(
         alibi_slopes=alibi_slopes,
         seqused_q=seqused_q,
         seqused_k=seqused_k,
+        attn_mask=attn_mask,
+        return_dbias=return_dbias,
     )
 
 

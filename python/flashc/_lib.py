@@ -54,6 +54,11 @@ class Params(ctypes.Structure):
         ("alibi_stride_batch", ctypes.c_int64),
         ("seqused_q", ctypes.POINTER(ctypes.c_int32)),
         ("seqused_k", ctypes.POINTER(ctypes.c_int32)),
+        ("attn_mask", ctypes.c_void_p),
+        ("attn_mask_is_bool", ctypes.c_int),
+        ("attn_mask_stride", ctypes.c_int64 * 4),
+        ("dbias", ctypes.c_void_p),
+        ("dbias_stride", ctypes.c_int64 * 4),
     ]
 
 

@@ -2,12 +2,14 @@
 
     flashc::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, scale?, causal, window_left, window_right, top_left,
                 backend, threads, deterministic, softcap=0.0, seqused_q?=None, seqused_k?=None,
-                alibi_slopes?=None) -> (out, lse)
+                alibi_slopes?=None, attn_mask?=None) -> (out, lse)
     flashc::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, <the same options>) -> (dq, dk, dv)
+    flashc::bwd_dbias(<bwd's arguments>, attn_mask) -> (dq, dk, dv, dbias)
 
 Both are registered with torch.library.custom_op (torch >= 2.4): they mutate nothing, have fake (meta)
 implementations that give the outputs' shapes, dtypes and layouts, and fwd has its autograd formula
-registered on the operator (setup_context saves q, k, v, out, lse; the backward calls flashc::bwd). So
+registered on the operator (setup_context saves q, k, v, out, lse; the backward calls flashc::bwd, or
+flashc::bwd_dbias when a float attn_mask needs its gradient: dbias in the mask's shape and dtype). So
 torch.compile(fullgraph=True), torch.export (strict and non-strict), FakeTensorMode and meta tensors see one
 opaque operator with known outputs, and the backward compiles into the same graph. lse is an output of fwd
 that autograd treats as non-differentiable (FlashAttention's rule). With older torch the module still loads:
@@ -21,6 +23,8 @@ cu_seqlens_q/k (None for dense [b, s, h, d] tensors; int32 offsets for packed [t
 reads them on the host, so host (CPU) tensors are used in place and device ones are copied to the host,
 which synchronises the stream and so cannot be captured in a CUDA graph. seqused_q/k (None, or int32
 [num_seqs], varlen only) are read on the host alike. out takes v's head dim, which may differ from q's.
+attn_mask (None, or bool / float, broadcastable to [batch, heads_q, seqlen_q, seqlen_k] as for SDPA; dense only)
+is passed through strides, 0 where it broadcasts (a float mask of another dtype than q's is converted).
 
 The kernels are the hot path of every torch call, so they do in Python only what the C library cannot:
 ranks (the struct needs 4 sizes), the memory each tensor lives in (a CPU-only libflashc cannot tell a device
@@ -71,7 +75,8 @@ _c_last_backend = _proto("flashc_handle_last_backend", ctypes.c_char_p, _vp)
 _PARAM_FIELDS = (("scale", "f"), ("causal", "i"), ("align", "i"), ("window_left", "q"), ("window_right", "q"),
                  ("cu_seqlens_q", "P"), ("cu_seqlens_k", "P"), ("num_seqs", "q"), ("deterministic", "i"),
                  ("softcap", "f"), ("alibi_slopes", "P"), ("alibi_stride_batch", "q"), ("seqused_q", "P"),
-                 ("seqused_k", "P"))  # fmt: skip
+                 ("seqused_k", "P"), ("attn_mask", "P"), ("attn_mask_is_bool", "i"), ("attn_mask_stride", "4q"),
+                 ("dbias", "P"), ("dbias_stride", "4q"))  # fmt: skip
 _PARAMS = struct.Struct("@" + "".join(code for _, code in _PARAM_FIELDS))
 _P_AT = _lib.Params.scale.offset  # where the run starts inside flashc_params
 _TENSOR = struct.Struct("@Pi4q4q")
@@ -205,8 +210,29 @@ def _extras(q, cu_q, su_q, su_k, alibi) -> tuple:
     return (*ptrs, keep)
 
 
+_NO_MASK = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # attn_mask, is_bool, its strides, dbias, its strides
+
+
+def _mask_fields(q, k, packed: bool, mask, dbias4) -> tuple:
+    """(the packed attn_mask and dbias fields, the mask tensor to keep alive) for _run. dbias4: None, or the 4-d
+    tensor (the mask's shape with 1s prepended) that the gradient is written into, summed over the dims the mask
+    broadcasts (stride 0)."""
+    if mask is None:
+        return _NO_MASK, None
+    if packed:
+        raise ValueError("flashc: attn_mask is not supported with packed (varlen) tensors; pad them to a batch")
+    m, is_bool, strides = _api.attn_mask_view(mask, q, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+    fields = [m.data_ptr() if m.numel() else 0, int(is_bool), *strides]
+    if dbias4 is None:
+        fields += [0, 0, 0, 0, 0]
+    else:
+        fields += [dbias4.data_ptr() if dbias4.numel() else 0]
+        fields += [dbias4.stride(d) if dbias4.shape[d] > 1 else 0 for d in range(4)]
+    return tuple(fields), m
+
+
 def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap, su_q,
-         su_k, alibi) -> None:  # fmt: skip
+         su_k, alibi, mask=None, dbias4=None) -> None:  # fmt: skip
     """Describe the tensors `ts` ((q, k, v, o) or (q, k, v, o, dout, dq, dk, dv)) and call the C function."""
     q = ts[0]
     on_cuda = q.is_cuda
@@ -220,6 +246,8 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
     if softcap or alibi is not None or su_q is not None or su_k is not None:
         al, al_stride, p_su_q, p_su_k, keep = _extras(q, cu_q, su_q, su_k, alibi)  # keep: alive until the call ends
         extras = (softcap, al, al_stride, p_su_q, p_su_k)
+    mask_fields, mask = _mask_fields(q, ts[1], cu_q is not None or cu_k is not None, mask, dbias4)  # mask: kept
+    extras += mask_fields
     if cu_q is not None or cu_k is not None:
         if cu_q is None or cu_k is None:
             raise TypeError("flashc: varlen needs both cu_seqlens_q and cu_seqlens_k")
@@ -295,19 +323,22 @@ def _out_shape(q: torch.Tensor, v: torch.Tensor):
 
 
 def fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left, backend,
-             threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None, alibi_slopes=None):  # fmt: skip
+             threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None, alibi_slopes=None,
+             attn_mask=None):  # fmt: skip
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
     out = q.new_empty(_out_shape(q, v))  # contiguous
     lse = torch.empty(_lse_shape(q, nd == 3), dtype=torch.float32, device=q.device)
     _run(False, (q, k, v, out), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
-         top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes)  # fmt: skip
+         top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes,
+         mask=attn_mask)  # fmt: skip
     return out, lse
 
 
 def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
              top_left, backend, threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None,
-             alibi_slopes=None):  # fmt: skip
+             alibi_slopes=None, attn_mask=None, want_dbias=False):  # fmt: skip
+    """(dq, dk, dv), and dbias (the float attn_mask's gradient, in its shape and dtype) when want_dbias."""
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
     out, dout = _readable("out", out, nd), _readable("dout", dout, nd)
@@ -319,10 +350,22 @@ def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal,
     lse = lse.contiguous()
     cf = torch.contiguous_format
     dq, dk, dv = (torch.empty_like(x, memory_format=cf) for x in (q, k, v))
+    dbias4 = None
+    if want_dbias:
+        if attn_mask is None or not attn_mask.is_floating_point():
+            raise ValueError("flashc: the gradient of attn_mask needs a float mask (a boolean one has none)")
+        dbias4 = q.new_empty(_dbias4_shape(attn_mask))
     _run(True, (q, k, v, out, dout, dq, dk, dv), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
          window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-         alibi_slopes)  # fmt: skip
+         alibi_slopes, mask=attn_mask, dbias4=dbias4)  # fmt: skip
+    if want_dbias:
+        return dq, dk, dv, dbias4.view(attn_mask.shape).to(attn_mask.dtype)
     return dq, dk, dv
+
+
+def _dbias4_shape(mask) -> tuple:
+    """The mask's shape with 1s prepended to 4 dims (its gradient's, before the view back to the mask's shape)."""
+    return (1,) * (4 - mask.dim()) + tuple(mask.shape)
 
 
 def _same_dtype(*named) -> None:
@@ -371,9 +414,11 @@ if HAVE_OPS:
         seqused_q: Optional[Tensor] = None,
         seqused_k: Optional[Tensor] = None,
         alibi_slopes: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         return fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left,
-                        backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes)  # fmt: skip
+                        backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes,
+                        attn_mask)  # fmt: skip
 
     @fwd.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, *_opts):
@@ -406,36 +451,75 @@ if HAVE_OPS:
         seqused_q: Optional[Tensor] = None,
         seqused_k: Optional[Tensor] = None,
         alibi_slopes: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
                         window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-                        alibi_slopes)  # fmt: skip
+                        alibi_slopes, attn_mask)  # fmt: skip
 
     @bwd.register_fake
     def _(dout, q, k, v, out, lse, *_opts):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
-    _N_OPTS = 8  # scale ... deterministic; then softcap, seqused_q, seqused_k, alibi_slopes (defaults)
-    _EXTRA_DEFAULTS = (0.0, None, None, None)
+    # bwd with the gradient of a float attn_mask as a fourth output (bwd keeps its three, for its callers).
+    @torch.library.custom_op("flashc::bwd_dbias", mutates_args=())
+    def bwd_dbias(
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        cu_seqlens_q: Optional[Tensor],
+        cu_seqlens_k: Optional[Tensor],
+        scale: Optional[float],
+        causal: bool,
+        window_left: int,
+        window_right: int,
+        top_left: bool,
+        backend: str,
+        threads: int,
+        deterministic: bool,
+        softcap: float,
+        seqused_q: Optional[Tensor],
+        seqused_k: Optional[Tensor],
+        alibi_slopes: Optional[Tensor],
+        attn_mask: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
+                        window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
+                        alibi_slopes, attn_mask, want_dbias=True)  # fmt: skip
+
+    @bwd_dbias.register_fake
+    def _(dout, q, k, v, out, lse, *opts):
+        mask = opts[-1]
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), mask.new_empty(mask.shape)
+
+    _N_OPTS = 8  # scale ... deterministic; then softcap, seqused_q, seqused_k, alibi_slopes, attn_mask (defaults)
+    _EXTRA_DEFAULTS = (0.0, None, None, None, None)
+    _MASK_AT = 5 + _N_OPTS + 4  # attn_mask's index among fwd's inputs
 
     def _setup_context(ctx, inputs, output):
         q, k, v, cu_q, cu_k, *rest = inputs
         opts, extra = tuple(rest[:_N_OPTS]), tuple(rest[_N_OPTS:])
-        softcap, su_q, su_k, alibi = extra + _EXTRA_DEFAULTS[len(extra) :]
+        softcap, su_q, su_k, alibi, mask = extra + _EXTRA_DEFAULTS[len(extra) :]
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask)
         ctx.opts = opts + (softcap,)
         ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(lse)
 
     def _backward(ctx, dout, _dlse):
         check_double_backward()
-        q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask = ctx.saved_tensors
         if dout is None:  # only lse was used: it is not differentiable, so nothing flows
             return (None,) * ctx.n_inputs
-        dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi)
+        if mask is not None and ctx.n_inputs > _MASK_AT and ctx.needs_input_grad[_MASK_AT]:
+            dq, dk, dv, dbias = bwd_dbias(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask)
+            return (dq, dk, dv) + (None,) * (_MASK_AT - 3) + (dbias,)
+        dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask)
         return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
     fwd.register_autograd(_backward, setup_context=_setup_context)
 else:  # torch < 2.4: no operators; flashc.torch uses its autograd.Function
-    fwd = bwd = None
+    fwd = bwd = bwd_dbias = None

@@ -30,7 +30,9 @@ Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet
   before would read the freed one.
 - softcap= and alibi_slopes= (float32 [heads_q] or [batch, heads_q], moved to q's device) as flash_attn's; a v
   with its own head dim needs nothing (out takes it); attention_varlen takes seqused_q=/seqused_k= (int32
-  [num_seqs], read on the host like cu_seqlens). Only the CPU backends implement these so far.
+  [num_seqs], read on the host like cu_seqlens). attention takes attn_mask= as scaled_dot_product_attention does
+  (bool, True = attend, or float, added to the scores; broadcastable to [batch, heads_q, seqlen_q, seqlen_k]; a
+  float mask that requires grad gets its gradient). Only the CPU backends implement these so far.
 - torch.vmap works (the operators have no batching rule: torch runs them once per batch entry and warns);
   torch.func.grad, jvp and jacrev raise NotImplementedError (use torch.autograd).
 """
@@ -167,14 +169,18 @@ def _plain_eager(q, k, v) -> bool:
     )
 
 
-def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None):
+def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=None):
     if not _ops.HAVE_OPS or _plain_eager(q, k, v):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, *opts)
-        return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
+        if torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
+        ):
+            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *opts)
+        return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
         _refuse_func_transforms()
-    return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
+    if mask is None:  # the schema without attn_mask, as before it existed
+        return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
+    return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask)
 
 
 def _refuse_func_transforms():
@@ -195,9 +201,9 @@ class _Function(torch.autograd.Function):
     """The eager path's autograd: flashc::fwd's formula (lse not differentiable, no double backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, *opts):
-        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi)
+    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *opts):
+        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask)
         ctx.opts = opts
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -205,9 +211,11 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         _ops.check_double_backward()
-        q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi = ctx.saved_tensors
-        dq, dk, dv = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi)
-        return (dq, dk, dv) + (None,) * (5 + len(ctx.opts))
+        q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask = ctx.saved_tensors
+        want_dbias = mask is not None and ctx.needs_input_grad[8]
+        grads = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, want_dbias)
+        dbias = grads[3] if want_dbias else None
+        return grads[:3] + (None,) * 5 + (dbias,) + (None,) * len(ctx.opts)
 
 
 def attention(
@@ -225,13 +233,18 @@ def attention(
     deterministic=False,
     softcap=0.0,
     alibi_slopes=None,
+    attn_mask=None,
 ):
-    """flashc.attention with autograd: gradients flow to q, k and v. return_lse=True: (out, lse)."""
+    """flashc.attention with autograd: gradients flow to q, k and v (and to a float attn_mask that requires grad).
+    return_lse=True: (out, lse). attn_mask: as scaled_dot_product_attention's (bool: True = attend; float: added
+    to the scores), broadcastable to [batch, heads_q, seqlen_q, seqlen_k]."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         _not_tensor(q, k, v)
     opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
     q, k, v = _cast(q, k, v)
-    out, lse = _forward(q, k, v, None, None, opts, alibi=_slopes(alibi_slopes))
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        attn_mask = torch.as_tensor(attn_mask)
+    out, lse = _forward(q, k, v, None, None, opts, alibi=_slopes(alibi_slopes), mask=attn_mask)
     return (out, lse) if return_lse else out
 
 

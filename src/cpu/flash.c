@@ -5,6 +5,7 @@
  *   for each block K_j, V_j of Bc keys that a row of Q_i may see:
  *     S = Q_i K_jᵀ                                   (Q_i carries scale·log2 e: scores in base 2)
  *     S = mods(S)                                    (softcap, ALiBi: fc_tile_score_mods, one test per tile)
+ *     S = S + bias, or −inf where a boolean mask is 0 (attn_mask: fc_tile_attn_mask, one test per tile)
  *     m_new = max(m, rowmax S),  P = 2^(S − m_new)
  *     l = 2^(m − m_new) l + rowsum P,  O_i = 2^(m − m_new) O_i + P V_j,  m = m_new
  *   O_i /= l,  lse = (m + log2 l) · ln 2
@@ -133,6 +134,7 @@ static void forward_task(void *vctx, int64_t t, int worker) {
       /* S = Q_i K_jᵀ, −inf where the mask hides a key (and in the padding columns). */
       kern->gemm(rows, gc, d, T.Q + r0 * dp, dp, 1, T.Kt, d * nr, nr, T.S, BC, 0);
       if (mods_on) fc_tile_score_mods(&mods, i0 + r0, rows, j0, gc, T.S, BC, NULL);
+      if (p->attn_mask) fc_tile_attn_mask(kern, p, s, h, i0 + r0, rows, j0, gn, T.S, BC);
       fc_tile_mask(p, shift, sk, i0 + r0, rows, j0, gn, gc, T.S, BC);
 
       /* m_new = max(m, rowmax S), P = 2^(S − m_new), l = 2^(m − m_new) l + rowsum P, O_i = 2^(m − m_new) O_i */
@@ -162,11 +164,13 @@ static void forward_task(void *vctx, int64_t t, int worker) {
 
   /* Rows that left fp32 (flash.h) are redone in fp64: a maximum of NaN or +inf (a NaN score, or an infinite
    * one: an input was not finite, or a score passed fp32's range), or of −inf while the row sees a key (its
-   * scores all −inf: infinite inputs, or scores below −3.4e38), or an O_i that overflowed. */
+   * scores all −inf: infinite inputs, or scores below −3.4e38, but not an attn_mask that removes them all), or an
+   * O_i that overflowed. */
   for (int64_t r = 0; r < in; r++) {
     int64_t lo, hi;
     if (isfinite(T.m[r]) && isfinite(T.l[r]) && fc_all_finite(T.O + r * dvp, dv)) continue;
     fc_key_range(p, shift, i0 + r, sk, &lo, &hi);
+    if (T.m[r] == -INFINITY && fc_attn_mask_removes_all(p, s, h, i0 + r, lo, hi)) continue;
     if (T.m[r] != -INFINITY || lo < hi) fc_ref_forward_row(p, s, h, i0 + r);
   }
 }
@@ -197,6 +201,7 @@ const fc_backend fc_backend_cpu = {
     .forward = flash_forward,
     .backward = fc_cpu_flash_backward,
     .forward_kvcache = fc_cpu_forward_kvcache, /* kvcache.c */
-    .features = FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED,
+    .features =
+        FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED | FC_FEATURE_ATTN_MASK,
     .max_head_dim_v = 512, /* fc_tile_pack_t's row buffer, and fc_ref_forward_row's */
 };

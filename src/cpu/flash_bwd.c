@@ -6,6 +6,9 @@
  *   dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ∘ (dP − D_i),  dK_j += scale dSᵀ Q_i,  dQ_i += scale dS K_j
  * (under a softcap dS is taken through its tanh, dS ∘ (1 − tanh²), from the recomputed scores)
  * with D_i = rowsum(dO_i ∘ O_i) (= Σ_j P_ij dP_ij, the softmax Jacobian's correction): five tile products.
+ * attn_mask enters S after the modifiers (fc_tile_attn_mask); the gradient of a float bias, dbias = dS (before the
+ * softcap's tanh: the bias is added after it), is kept whole in fp32 scratch [batch, heads_q, seqlen_q, seqlen_k],
+ * each element written by the one tile that computes it, and pass 2 sums it over the dims dbias broadcasts.
  *
  * Two passes over fc_parallel_for:
  *   0. per (sequence, query head, query block): D_i, and the block's dQ accumulator set to 0;
@@ -96,6 +99,7 @@ typedef struct {
   float *dq_acc;     /* dQ (without the scale) for every row and query head: row fc_lse_index of dp floats */
   dq_ticket *ticket; /* per (query head, query block): h·q_blocks.total + g */
   atomic_int *fp64;  /* set when a value left fp32: the call is redone by cpu-ref (flash.h) */
+  float *dS_all;     /* with dbias: dS of every (row, query head) as lse is indexed, rows of seqlen_k; else NULL */
   fc_scratch scratch;
 } bwd_ctx;
 
@@ -144,7 +148,9 @@ static void d_task(void *vctx, int64_t t, int worker) {
     const float lse = p->lse[first + r];
     int64_t lo, hi;
     fc_key_range(p, q.shift, i0 + r, q.sk, &lo, &hi);
-    if (!isfinite(ctx->D[first + r]) || !(isfinite(lse) || (lse == -INFINITY && lo >= hi)))
+    /* (A row whose keys attn_mask removes all is such a row too: its gradients are 0.) */
+    if (!isfinite(ctx->D[first + r]) ||
+        !(isfinite(lse) || (lse == -INFINITY && (lo >= hi || fc_attn_mask_removes_all(p, s, h, i0 + r, lo, hi)))))
       atomic_store_explicit(ctx->fp64, 1, memory_order_relaxed);
   }
   memset(ctx->dq_acc + first * dp, 0, (size_t)(in * dp) * sizeof(float));
@@ -212,6 +218,7 @@ static void tile_step(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q,
   kern->gemm(rows, w, d, Q, ld, 1, T->Kt + c0 / nr * d * nr, d * nr, nr, S, Bc, 0);
   const fc_score_mods mods = fc_score_mods_of(p, q->s, h, q->sq, q->sk);
   if (fc_score_mods_on(&mods)) fc_tile_score_mods(&mods, i0 + a, rows, j0 + c0, w, S, Bc, Th);
+  if (p->attn_mask) fc_tile_attn_mask(kern, p, q->s, h, i0 + a, rows, j0 + c0, c1 - c0, S, Bc);
   fc_tile_mask(p, q->shift, q->sk, i0 + a, rows, j0 + c0, c1 - c0, w, S, Bc);
   kern->gemm(rows, w, dv, dO, ldv, 1, T->Vt + c0 / nr * dv * nr, dv * nr, nr, dS, Bc, 0);
 
@@ -222,6 +229,8 @@ static void tile_step(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q,
       memset(dS + r * Bc, 0, (size_t)w * sizeof(float));
     } else {
       kern->softmax_grad_row(S + r * Bc, dS + r * Bc, w, T->lse2[a + r], T->D[a + r]);
+      if (ctx->dS_all) /* dbias: this tile is the only writer of these elements */
+        memcpy(ctx->dS_all + (first + r) * q->sk + j0 + c0, dS + r * Bc, (size_t)(c1 - c0) * sizeof(float));
       /* Through the softcap: ∂(cap·tanh(x))/∂(cap·x) = 1 − tanh²(x). */
       if (Th)
         for (int64_t c = 0; c < w; c++) dS[r * Bc + c] *= 1.0f - Th[r * Bc + c] * Th[r * Bc + c];
@@ -291,6 +300,42 @@ static void dkdv_task(void *vctx, int64_t t, int worker) {
   fc_tile_store(kern, p, (fc_rows){&p->dv, s, q.k0, j0, jn, hk}, 1.0f, T.dV, dvp);
 }
 
+/* ---- pass 2: dbias, dS summed over the dims whose dbias_stride is 0 -------------------------------------- */
+/* The extent of dimension d of [batch, heads_q, seqlen_q, seqlen_k] that dbias keeps: 1 where it sums. */
+static int64_t dbias_kept(const fc_problem *p, int d) {
+  const int64_t n[4] = {p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
+  return p->dbias_stride[d] != 0 ? n[d] : 1;
+}
+
+/* One element row (b, h, i) of dbias: its sums in fp64 in a fixed order (sequence, head, row), so the result does
+ * not depend on the threads; chunks of keys keep the sums on the stack. */
+static void dbias_task(void *vctx, int64_t t, int worker) {
+  (void)worker;
+  const bwd_ctx *ctx = vctx;
+  const fc_problem *p = ctx->p;
+  const int64_t ni = dbias_kept(p, 2), nh = dbias_kept(p, 1), sk = p->seqlen_k, sq = p->seqlen_q, hq = p->heads_q;
+  const int64_t oi = t % ni, oh = t / ni % nh, ob = t / ni / nh, *st = p->dbias_stride;
+  const bool all_b = st[0] == 0, all_h = st[1] == 0, all_i = st[2] == 0;
+  const int64_t at = fc_attn_mask_offset(st, ob, oh, oi, 0);
+  enum { CHUNK = 64 };
+  double total = 0.0; /* along the keys too, when dbias sums them */
+  for (int64_t j0 = 0; j0 < sk; j0 += CHUNK) {
+    const int64_t n = sk - j0 < CHUNK ? sk - j0 : CHUNK;
+    double acc[CHUNK] = {0};
+    for (int64_t s = all_b ? 0 : ob; s < (all_b ? p->batch : ob + 1); s++)
+      for (int64_t h = all_h ? 0 : oh; h < (all_h ? hq : oh + 1); h++)
+        for (int64_t i = all_i ? 0 : oi; i < (all_i ? sq : oi + 1); i++) {
+          const float *row = ctx->dS_all + ((s * hq + h) * sq + i) * sk + j0;
+          for (int64_t c = 0; c < n; c++) acc[c] += row[c];
+        }
+    if (st[3] == 0)
+      for (int64_t c = 0; c < n; c++) total += acc[c];
+    else
+      for (int64_t c = 0; c < n; c++) fc_store(p->dbias, p->dtype, at + (j0 + c) * st[3], acc[c]);
+  }
+  if (st[3] == 0) fc_store(p->dbias, p->dtype, at, total);
+}
+
 flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   const fc_cpu_kernels *kern = fc_cpu_kernels_pick();
   const int64_t d = p->head_dim, dp = fc_pad8(d);
@@ -304,8 +349,16 @@ flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   const size_t acc_bytes = fc_align_up((size_t)(p->heads_q * p->total_q * dp) * sizeof(float));
   const size_t ticket_bytes = (size_t)(p->heads_q * q_blocks) * sizeof(dq_ticket);
   const size_t first_bytes = fc_align_up(varlen ? (size_t)(p->batch + 1) * sizeof(int64_t) : 0);
+  int64_t dS_elems = 0; /* dbias: dS of the whole call (attn_mask is dense only: total_q = batch·seqlen_q) */
+  if (p->dbias && (!fc_mul_ok(p->heads_q * p->total_q, p->seqlen_k, &dS_elems) ||
+                   (uint64_t)dS_elems > (SIZE_MAX - 2 * FC_SCRATCH_ALIGN) / sizeof(float) / 2))
+    return fc_error(FLASHC_ERR_OUT_OF_MEMORY,
+                    "flashc_backward (cpu): dbias needs dS of %lld x %lld x %lld floats, "
+                    "more than this machine can address",
+                    (long long)p->heads_q, (long long)p->total_q, (long long)p->seqlen_k);
+  const size_t dS_bytes = fc_align_up((size_t)dS_elems * sizeof(float));
   bwd_tiles unused;
-  FC_CHECK(fc_scratch_get(p, p->heads_kv * k_blocks, D_bytes + acc_bytes + ticket_bytes + 2 * first_bytes,
+  FC_CHECK(fc_scratch_get(p, p->heads_kv * k_blocks, D_bytes + acc_bytes + ticket_bytes + 2 * first_bytes + dS_bytes,
                           bwd_tiles_carve(kern, p, z, NULL, &unused), &ctx.scratch));
   char *shared = ctx.scratch.shared;
   ctx.D = (float *)shared;
@@ -313,6 +366,10 @@ flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   ctx.ticket = (dq_ticket *)(shared + D_bytes + acc_bytes);
   int64_t *q_first = (int64_t *)(shared + D_bytes + acc_bytes + ticket_bytes),
           *k_first = q_first + first_bytes / sizeof(int64_t);
+  if (p->dbias) { /* every element a tile does not write (hidden keys, rows that see none) is 0 */
+    ctx.dS_all = (float *)((char *)k_first + first_bytes);
+    memset(ctx.dS_all, 0, (size_t)dS_elems * sizeof(float));
+  }
   fc_blocks_init(&ctx.q_blocks, p, 0, z.br, q_first);
   fc_blocks_init(&ctx.k_blocks, p, 1, z.bc, k_first);
 
@@ -322,6 +379,7 @@ flashc_status fc_cpu_flash_backward(const fc_problem *p) {
   if (ctx.q_blocks.total > 0) fc_parallel_for(threads, p->heads_q * ctx.q_blocks.total, d_task, &ctx);
   if (!atomic_load(&fp64) && ctx.k_blocks.total > 0)
     fc_parallel_for(threads, p->heads_kv * ctx.k_blocks.total, dkdv_task, &ctx);
-  if (atomic_load(&fp64)) return fc_backend_cpu_ref.backward(p); /* writes every dq, dk, dv row again */
+  if (atomic_load(&fp64)) return fc_backend_cpu_ref.backward(p); /* writes every dq, dk, dv (and dbias) again */
+  if (p->dbias) fc_parallel_for(threads, dbias_kept(p, 0) * dbias_kept(p, 1) * dbias_kept(p, 2), dbias_task, &ctx);
   return FLASHC_OK;
 }

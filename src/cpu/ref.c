@@ -4,9 +4,9 @@
  * Plain loops in the order of the definition, every product and sum in fp64, so that the only rounding
  * that matters is the final store into the caller's dtype. It supports every feature of fc_problem (all
  * dtypes including f64, head_dim 1..256 and a head_dim_v of V up to 512, GQA/MQA, varlen with seqused, windows
- * and causal in both alignments, softcap, ALiBi, any strides) and reads the mask element by element through
- * fc_visible, independently of the key ranges the fast backends derive from it. Speed is not a goal; being
- * obviously right is.
+ * and causal in both alignments, softcap, ALiBi, attn_mask and its gradient dbias, any strides) and reads the mask
+ * element by element through fc_visible, independently of the key ranges the fast backends derive from it. Speed is not
+ * a goal; being obviously right is.
  *
  * Forward: one task per (sequence, query head). Backward: one task per (sequence, kv head), which owns the
  * dk/dv rows of its kv head and the dq rows of the query heads that share it, so no two tasks write the same
@@ -49,19 +49,40 @@ static double dot(const double *a, const double *b, int64_t d) {
 static inline double max_nan(double m, double x) { return x > m || x != x ? x : m; }
 
 /* What the score of query i and key j of one (sequence, head) needs beyond q·k: the scale, softcap, the ALiBi
- * slope and the sequence's lengths (ALiBi's distance). */
+ * slope, the sequence's lengths (ALiBi's distance) and its plane of attn_mask (element (i, j) at mask + base +
+ * i·st_i + j·st_j). */
 typedef struct {
   double scale, cap, slope;
   int64_t sq, sk;
+  const void *mask; /* NULL: none */
+  int is_bool;
+  flashc_dtype dtype; /* of a bias */
+  int64_t base, st_i, st_j;
 } score_fn;
 
 static score_fn score_of(const fc_problem *p, int64_t s, int64_t h, int64_t sq, int64_t sk) {
   score_fn f = {.scale = p->scale, .cap = p->softcap, .slope = fc_alibi_slope(p, s, h), .sq = sq, .sk = sk};
+  if (p->attn_mask) {
+    f.mask = p->attn_mask;
+    f.is_bool = p->attn_mask_is_bool;
+    f.dtype = p->dtype;
+    f.base = fc_attn_mask_offset(p->attn_mask_stride, s, h, 0, 0);
+    f.st_i = p->attn_mask_stride[2];
+    f.st_j = p->attn_mask_stride[3];
+  }
   return f;
 }
 
-/* S_ij from x = q_i·k_j: s = scale·x, s ← cap·tanh(s / cap) (softcap), s ← s − slope·|i + sk − sq − j| (ALiBi).
- * *t (may be NULL) gets tanh(s / cap), what the backward's dS needs (0 without softcap). */
+/* Key j takes part in row i: the causal/window mask lets it through (fc_visible) and a boolean attn_mask does not
+ * remove it. */
+static bool sees(const fc_problem *p, const score_fn *f, int64_t shift, int64_t i, int64_t j) {
+  if (!fc_visible(p, shift, i, j)) return false;
+  return !(f->mask && f->is_bool && ((const uint8_t *)f->mask)[f->base + i * f->st_i + j * f->st_j] == 0);
+}
+
+/* S_ij from x = q_i·k_j: s = scale·x, s ← cap·tanh(s / cap) (softcap), s ← s − slope·|i + sk − sq − j| (ALiBi),
+ * s ← s + bias_ij (a float attn_mask). *t (may be NULL) gets tanh(s / cap), what the backward's dS needs (0 without
+ * softcap). */
 static double score(const score_fn *f, double x, int64_t i, int64_t j, double *t) {
   double S = f->scale * x;
   if (f->cap > 0.0) {
@@ -72,6 +93,7 @@ static double score(const score_fn *f, double x, int64_t i, int64_t j, double *t
     *t = 0.0;
   }
   if (f->slope != 0.0) S -= f->slope * fc_alibi_dist(f->sq, f->sk, i, j);
+  if (f->mask && !f->is_bool) S += fc_load(f->mask, f->dtype, f->base + i * f->st_i + j * f->st_j);
   return S;
 }
 
@@ -106,7 +128,7 @@ static double forward_row(const kv_rows *kv, const score_fn *f, int64_t shift, i
   const int64_t d = p->head_dim, dv = p->head_dim_v;
   double m = -INFINITY;
   for (int64_t j = 0; j < sk; j++) { /* (1) */
-    if (!fc_visible(p, shift, i, j)) continue;
+    if (!sees(p, f, shift, i, j)) continue;
     const double S_ij = score(f, dot(q, key_row(kv, j), d), i, j, NULL);
     if (S) S[j] = S_ij;
     m = max_nan(m, S_ij);
@@ -115,7 +137,7 @@ static double forward_row(const kv_rows *kv, const score_fn *f, int64_t shift, i
   memset(o, 0, (size_t)dv * sizeof *o);
   if (m == -INFINITY) return -INFINITY;
   for (int64_t j = 0; j < sk; j++) { /* (2) and (3), with the division by l_i left to the end */
-    if (!fc_visible(p, shift, i, j)) continue;
+    if (!sees(p, f, shift, i, j)) continue;
     const double e = exp((S ? S[j] : score(f, dot(q, key_row(kv, j), d), i, j, NULL)) - m);
     l += e;
     const double *v = value_row(kv, j);
@@ -235,17 +257,17 @@ static void backward_task(void *vctx, int64_t t, int worker) {
       double m = -INFINITY;
       for (int64_t j = 0; j < sk; j++) {
         P[j] = 0.0;
-        if (!fc_visible(p, shift, i, j)) continue;
+        if (!sees(p, &f, shift, i, j)) continue;
         P[j] = score(&f, dot(q, K + j * d, d), i, j, &T[j]);
         m = max_nan(m, P[j]);
       }
       if (m != -INFINITY) { /* else the row sees no key: P = 0 and every gradient of the row is 0 */
         double l = 0.0;
         for (int64_t j = 0; j < sk; j++)
-          if (fc_visible(p, shift, i, j)) l += P[j] = exp(P[j] - m);
+          if (sees(p, &f, shift, i, j)) l += P[j] = exp(P[j] - m);
         /* A NaN l (a NaN or +inf score) reaches every key the row sees, and only those: a hidden key stays 0. */
         for (int64_t j = 0; j < sk; j++)
-          if (fc_visible(p, shift, i, j)) P[j] /= l;
+          if (sees(p, &f, shift, i, j)) P[j] /= l;
 
         /* Undo (3): dv_j += P_ij do_i, dP_ij = do_i·v_j; D_i = Σ_j P_ij dP_ij. */
         double D = 0.0;
@@ -253,7 +275,7 @@ static void backward_task(void *vctx, int64_t t, int worker) {
           dP[j] = 0.0;
           /* Hidden keys take no part. A key the row sees does, with P_ij = 0 too: its k_j and v_j enter the
            * products (so an infinite k_j makes dq_i NaN through 0·inf, as in PyTorch's matrix products). */
-          if (!fc_visible(p, shift, i, j)) continue;
+          if (!sees(p, &f, shift, i, j)) continue;
           dP[j] = dot(dout, V + j * dv, dv);
           D += P[j] * dP[j];
           for (int64_t c = 0; c < dv; c++) dV[j * dv + c] += P[j] * dout[c];
@@ -262,7 +284,7 @@ static void backward_task(void *vctx, int64_t t, int worker) {
         /* Undo (2) and (1): dS_ij = P_ij (dP_ij − D_i), through the softcap's tanh; dq_i = scale Σ_j dS_ij k_j;
          * dk_j += scale dS_ij q_i. */
         for (int64_t j = 0; j < sk; j++) {
-          if (!fc_visible(p, shift, i, j)) continue;
+          if (!sees(p, &f, shift, i, j)) continue;
           const double dS = P[j] * (dP[j] - D) * (f.cap > 0.0 ? 1.0 - T[j] * T[j] : 1.0);
           for (int64_t c = 0; c < d; c++) {
             dq[c] += scale * dS * K[j * d + c];
@@ -279,12 +301,87 @@ static void backward_task(void *vctx, int64_t t, int worker) {
   }
 }
 
+/* ---- dbias ------------------------------------------------------------------------------------------- */
+/* The bias enters (1) after the modifiers, so its gradient is dS_ij itself (before softcap's tanh factor):
+ *   dbias_ij = Σ dS_ij = Σ P_ij (dP_ij − D_i)   over (sequence, query head, i, j) of the dims dbias sums (stride 0).
+ * A pass of its own, one task per element row (b, h, i) that dbias keeps (1 along a summed dim): each recomputes
+ * the rows it sums from q, k, v and dout, in a fixed order, so no two tasks write one element and the sums do not
+ * depend on the thread count. Scratch per worker: P, dP, the row sums (seqlen_k each), q_i, do_i and a k/v row. */
+static size_t dbias_scratch_bytes(const fc_problem *p) {
+  return (size_t)(3 * p->seqlen_k + 2 * (p->head_dim + p->head_dim_v)) * sizeof(double);
+}
+
+/* acc[j] += dS_ij of query row i of (sequence s, query head h). */
+static void add_dS_row(const fc_problem *p, int64_t s, int64_t h, int64_t i, double *P, double *dP, double *q,
+                       double *dout, double *buf, double *acc) {
+  const int64_t hk = h / (p->heads_q / p->heads_kv), d = p->head_dim, dv = p->head_dim_v;
+  int64_t q0, sq, k0, sk;
+  fc_seq_q(p, s, &q0, &sq);
+  fc_seq_k(p, s, &k0, &sk);
+  const int64_t shift = fc_mask_shift(p, sq, sk);
+  const kv_rows kv = {.p = p, .s = s, .k0 = k0, .hk = hk, .buf = buf};
+  const score_fn f = score_of(p, s, h, sq, sk);
+  load_row(&p->q, p->dtype, fc_offset(&p->q, s, q0, i, h), d, q);
+  load_row(&p->dout, p->dtype, fc_offset(&p->dout, s, q0, i, h), dv, dout);
+  double m = -INFINITY, l = 0.0, D = 0.0;
+  for (int64_t j = 0; j < sk; j++)
+    if (sees(p, &f, shift, i, j)) m = max_nan(m, P[j] = score(&f, dot(q, key_row(&kv, j), d), i, j, NULL));
+  if (m == -INFINITY) return; /* a row that sees no key: dS = 0 */
+  for (int64_t j = 0; j < sk; j++)
+    if (sees(p, &f, shift, i, j)) l += P[j] = exp(P[j] - m);
+  for (int64_t j = 0; j < sk; j++) {
+    if (!sees(p, &f, shift, i, j)) continue;
+    P[j] /= l;
+    dP[j] = dot(dout, value_row(&kv, j), dv);
+    D += P[j] * dP[j];
+  }
+  for (int64_t j = 0; j < sk; j++)
+    if (sees(p, &f, shift, i, j)) acc[j] += P[j] * (dP[j] - D);
+}
+
+/* The extent of dimension d of [batch, heads_q, seqlen_q, seqlen_k] that dbias keeps: 1 where it sums. */
+static int64_t dbias_kept(const fc_problem *p, int d) {
+  const int64_t n[4] = {p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
+  return p->dbias_stride[d] != 0 ? n[d] : 1;
+}
+
+static void dbias_task(void *vctx, int64_t t, int worker) {
+  const ref_ctx *ctx = vctx;
+  const fc_problem *p = ctx->p;
+  const int64_t ni = dbias_kept(p, 2), nh = dbias_kept(p, 1), sk = p->seqlen_k;
+  const int64_t oi = t % ni, oh = t / ni % nh, ob = t / ni / nh;
+  double *P = fc_scratch_worker(&ctx->scratch, worker), *dP = P + sk, *acc = dP + sk, *q = acc + sk,
+         *dout = q + p->head_dim, *buf = dout + p->head_dim_v;
+  memset(acc, 0, (size_t)sk * sizeof *acc);
+  const bool all_b = p->dbias_stride[0] == 0, all_h = p->dbias_stride[1] == 0, all_i = p->dbias_stride[2] == 0;
+  for (int64_t s = all_b ? 0 : ob; s < (all_b ? p->batch : ob + 1); s++)
+    for (int64_t h = all_h ? 0 : oh; h < (all_h ? p->heads_q : oh + 1); h++)
+      for (int64_t i = all_i ? 0 : oi; i < (all_i ? p->seqlen_q : oi + 1); i++)
+        add_dS_row(p, s, h, i, P, dP, q, dout, buf, acc);
+  const int64_t at = fc_attn_mask_offset(p->dbias_stride, ob, oh, oi, 0);
+  if (p->dbias_stride[3] == 0) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < sk; j++) sum += acc[j];
+    fc_store(p->dbias, p->dtype, at, sum);
+  } else {
+    for (int64_t j = 0; j < sk; j++) fc_store(p->dbias, p->dtype, at + j * p->dbias_stride[3], acc[j]);
+  }
+}
+
+static flashc_status ref_dbias(const fc_problem *p) {
+  ref_ctx ctx = {.p = p};
+  const int64_t tasks = dbias_kept(p, 0) * dbias_kept(p, 1) * dbias_kept(p, 2);
+  FC_CHECK(fc_scratch_get(p, tasks, 0, dbias_scratch_bytes(p), &ctx.scratch));
+  fc_parallel_for(ctx.scratch.threads, tasks, dbias_task, &ctx);
+  return FLASHC_OK;
+}
+
 static flashc_status ref_backward(const fc_problem *p) {
   ref_ctx ctx = {.p = p};
   const int64_t tasks = p->batch * p->heads_kv;
   FC_CHECK(fc_scratch_get(p, tasks, 0, backward_scratch_bytes(p), &ctx.scratch));
   fc_parallel_for(ctx.scratch.threads, tasks, backward_task, &ctx);
-  return FLASHC_OK;
+  return p->dbias ? ref_dbias(p) : FLASHC_OK;
 }
 
 const fc_backend fc_backend_cpu_ref = {
@@ -294,7 +391,8 @@ const fc_backend fc_backend_cpu_ref = {
     .dtypes = (1u << FLASHC_F32) | (1u << FLASHC_F16) | (1u << FLASHC_BF16) | (1u << FLASHC_F64),
     .min_head_dim = 1,
     .max_head_dim = 256,
-    .features = FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED,
+    .features =
+        FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED | FC_FEATURE_ATTN_MASK,
     .max_head_dim_v = 512,
     .usable = NULL,
     .supports = NULL,

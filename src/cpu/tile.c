@@ -112,6 +112,40 @@ void fc_tile_score_mods(const fc_score_mods *m, int64_t i0, int64_t rows, int64_
   }
 }
 
+void fc_tile_attn_mask(const fc_cpu_kernels *kern, const fc_problem *p, int64_t s, int64_t h, int64_t i0, int64_t rows,
+                       int64_t j0, int64_t cols, float *S, int64_t lds) {
+  const int64_t *st = p->attn_mask_stride;
+  enum { CHUNK = 256 }; /* a bias row converted at a time: the widest key block of either pass */
+  float bias[CHUNK];
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t at = fc_attn_mask_offset(st, s, h, i0 + r, j0);
+    float *S_r = S + r * lds;
+    if (p->attn_mask_is_bool) {
+      const uint8_t *m = (const uint8_t *)p->attn_mask + at;
+      for (int64_t c = 0; c < cols; c++) S_r[c] = m[c * st[3]] ? S_r[c] : -INFINITY;
+    } else if (st[3] == 1) { /* a contiguous row: the SIMD conversion, log2 e applied on the way */
+      for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+        const int64_t n = cols - c0 < CHUNK ? cols - c0 : CHUNK;
+        load_values(kern, p->dtype, p->attn_mask, at + c0, n, 1.4426950408889634f, bias);
+        for (int64_t c = 0; c < n; c++) S_r[c0 + c] += bias[c];
+      }
+    } else {
+      for (int64_t c = 0; c < cols; c++)
+        S_r[c] += 1.4426950408889634f * (float)fc_load(p->attn_mask, p->dtype, at + c * st[3]);
+    }
+  }
+}
+
+bool fc_attn_mask_removes_all(const fc_problem *p, int64_t s, int64_t h, int64_t i, int64_t lo, int64_t hi) {
+  if (!p->attn_mask) return false;
+  const int64_t at = fc_attn_mask_offset(p->attn_mask_stride, s, h, i, 0), st = p->attn_mask_stride[3];
+  for (int64_t j = lo; j < hi; j++)
+    if (p->attn_mask_is_bool ? ((const uint8_t *)p->attn_mask)[at + j * st] != 0
+                             : fc_load(p->attn_mask, p->dtype, at + j * st) != -INFINITY)
+      return false;
+  return true;
+}
+
 /* Rows of sequence s on one side: its used rows (fc_seq_q/k). */
 static int64_t seq_rows(const fc_problem *p, int keys, int64_t s) {
   int64_t start, len;

@@ -83,6 +83,19 @@ static inline float fc_score_mul(const fc_problem *p) {
 void fc_tile_score_mods(const fc_score_mods *m, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float *S,
                         int64_t lds, float *T);
 
+/* attn_mask (fc_problem) on a tile of base-2 scores, after the modifiers and before fc_tile_mask: for query i0 + r
+ * of (sequence s, query head h) and key j0 + c, c < cols (the keys loaded; the padding columns are left alone),
+ *   a bias:          S ← S + log2 e · bias
+ *   a boolean mask:  S ← −inf where the mask is 0
+ * The caller tests p->attn_mask once per tile. */
+void fc_tile_attn_mask(const fc_cpu_kernels *kern, const fc_problem *p, int64_t s, int64_t h, int64_t i0, int64_t rows,
+                       int64_t j0, int64_t cols, float *S, int64_t lds);
+
+/* Whether attn_mask removes every key of [lo, hi) from query i of (sequence s, query head h), a boolean mask by its
+ * zeros or a bias by −inf: such a row's o = 0, lse = −inf and zero gradients are its exact answer, not a sign of
+ * leaving fp32 (flash.h). false without a mask. */
+bool fc_attn_mask_removes_all(const fc_problem *p, int64_t s, int64_t h, int64_t i, int64_t lo, int64_t hi);
+
 /* [*j_lo, *j_hi): a superset of the keys that any of the queries [i0, i1) may see (the mask's bounds grow
  * with i, so it runs from the first row's lower bound to the last row's upper bound). Empty if lo ≥ hi. */
 static inline void fc_keys_seen(const fc_problem *p, int64_t shift, int64_t sk, int64_t i0, int64_t i1, int64_t *j_lo,

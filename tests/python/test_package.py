@@ -60,7 +60,9 @@ int main(void) {
   F(flashc_params, window_right); F(flashc_params, cu_seqlens_q); F(flashc_params, cu_seqlens_k);
   F(flashc_params, num_seqs); F(flashc_params, deterministic); F(flashc_params, softcap);
   F(flashc_params, alibi_slopes); F(flashc_params, alibi_stride_batch);
-  F(flashc_params, seqused_q); F(flashc_params, seqused_k);
+  F(flashc_params, seqused_q); F(flashc_params, seqused_k); F(flashc_params, attn_mask);
+  F(flashc_params, attn_mask_is_bool); F(flashc_params, attn_mask_stride); F(flashc_params, dbias);
+  F(flashc_params, dbias_stride);
   F(flashc_backend_info, struct_size); F(flashc_backend_info, name); F(flashc_backend_info, summary); F(flashc_backend_info, device);
   F(flashc_backend_info, has_backward); F(flashc_backend_info, dtypes); F(flashc_backend_info, min_head_dim);
   F(flashc_backend_info, max_head_dim); F(flashc_backend_info, usable); F(flashc_backend_info, why_unusable);
