@@ -312,11 +312,14 @@ static flashc_status check_mask_view(const char *op, const char *name, const voi
                                      const int64_t n[4], size_t es, int64_t *span) {
   *span = -1;
   int64_t last = 0;
-  for (int d = 0; d < 4; d++) {
+  for (int d = 0; d < 4; d++)
     if (stride[d] < 0)
       return INVALID("%s: %s_stride[%d] (%s) is %lld; strides must be >= 0 (0 broadcasts)", op, name, d,
                      mask_dim_names[d], (long long)stride[d]);
-    if (n[d] == 0) return FLASHC_OK; /* no element: never read or written */
+  /* No element: never read or written, so no offset can overflow (whichever dim is empty, as for tensors). */
+  for (int d = 0; d < 4; d++)
+    if (n[d] == 0) return FLASHC_OK;
+  for (int d = 0; d < 4; d++) {
     int64_t reach;
     if (!fc_mul_ok(n[d] - 1, stride[d], &reach) || !fc_add_ok(last, reach, &last))
       return INVALID("%s: %s's strides overflow a 64-bit offset over [%lld, %lld, %lld, %lld]", op, name,

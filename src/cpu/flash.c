@@ -165,12 +165,13 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   /* Rows that left fp32 (flash.h) are redone in fp64: a maximum of NaN or +inf (a NaN score, or an infinite
    * one: an input was not finite, or a score passed fp32's range), or of −inf while the row sees a key (its
    * scores all −inf: infinite inputs, or scores below −3.4e38, but not an attn_mask that removes them all), or an
-   * O_i that overflowed. */
+   * O_i that overflowed (or took a NaN from V through a weight of 0, where the mask removes every key). */
   for (int64_t r = 0; r < in; r++) {
     int64_t lo, hi;
     if (isfinite(T.m[r]) && isfinite(T.l[r]) && fc_all_finite(T.O + r * dvp, dv)) continue;
     fc_key_range(p, shift, i0 + r, sk, &lo, &hi);
-    if (T.m[r] == -INFINITY && fc_attn_mask_removes_all(p, s, h, i0 + r, lo, hi)) continue;
+    if (T.m[r] == -INFINITY && fc_all_finite(T.O + r * dvp, dv) && fc_attn_mask_removes_all(p, s, h, i0 + r, lo, hi))
+      continue;
     if (T.m[r] != -INFINITY || lo < hi) fc_ref_forward_row(p, s, h, i0 + r);
   }
 }
