@@ -10,9 +10,11 @@ ninja -C "$src" flashc >/dev/null
 rm -rf "$dst"
 cp -r "$src" "$dst"
 cd "$dst"
-obj=CMakeFiles/flashc.dir/src/cuda/hopper.cu.o
+obj=CMakeFiles/flashc_objects.dir/src/cuda/hopper.cu.o
 compile=$(ninja -t commands "$obj" | tail -1)
-link=$(ninja -t commands libflashc.so.0.1.0 | tail -1)
+lib=$(basename "$(readlink -f libflashc.so)") # libflashc.so.X.Y.Z, the file the link writes
+# Relinked without the version script (cmake/flashc.map), which would hide the trace readers (fc_hopper_trace_*).
+link=$(ninja -t commands "$lib" | tail -1 | sed 's/ -Wl,--version-script=[^ ]*//')
 eval "${compile/ -c / ${3:--DFC_HP_TRACE=1} -c }"
 eval "$link"
 echo "trace build: $dst/libflashc.so"

@@ -10,16 +10,17 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 ninja -C "$build" flashc >/dev/null
 cd "$build"
-obj=CMakeFiles/flashc.dir/$src.o
+obj=CMakeFiles/flashc_objects.dir/$src.o
 compile=$(ninja -t commands "$obj" | tail -1)
 [ -n "$compile" ] || { echo "build_variant.sh: no object $obj in $build" >&2; exit 2; }
 compile=${compile/ -c / $defs -c }
 compile=${compile/-o $obj/-o $out\/variant.o}
 compile=${compile/-MF $obj.d/-MF $out\/variant.d}
 eval "$compile"
-link=$(ninja -t commands libflashc.so.0.1.0 | tail -1)
+lib=$(basename "$(readlink -f libflashc.so)") # libflashc.so.X.Y.Z, the file the link writes
+link=$(ninja -t commands "$lib" | tail -1)
 link=${link/$obj/$out\/variant.o}
-link=${link/-o libflashc.so.0.1.0/-o $out\/libflashc.so}
+link=${link/-o $lib/-o $out\/libflashc.so}
 link=${link/-Wl,-soname,libflashc.so.0/-Wl,-soname,libflashc.so}
 eval "$link"
 echo "variant: $out/libflashc.so ($src $defs)"
