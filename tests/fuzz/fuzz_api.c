@@ -1432,11 +1432,9 @@ static void compare_value(const fcase *c, const char *what, int64_t at, double r
     fail(c, "%s[%lld]: cpu %.9g, cpu-ref %.9g (NaN must meet NaN)", what, (long long)at, x, r);
   }
   if (r == x) return;
-  if (isnan(tol) || isinf(tol)) {
-    if (isinf(r) == isinf(x)) return; /* no bound: only the kind of value is compared */
-  } else if (!isinf(r) && !isinf(x) && fabs(r - x) <= tol) {
-    return;
-  } else if (isinf(r) != isinf(x)) { /* one overflowed: fine where the bound reaches past the largest finite value */
+  if ((isnan(tol) || isinf(tol)) && isinf(r) == isinf(x)) return; /* no bound: only the kind of value is compared */
+  if (!isnan(tol) && !isinf(r) && !isinf(x) && fabs(r - x) <= tol) return;
+  if (isinf(r) != isinf(x)) { /* one overflowed: fine where the bound (inf too) reaches past the largest finite value */
     const flashc_dtype t = strcmp(what, "lse") == 0 ? FLASHC_F32 : c->dtype;
     const double big = t == FLASHC_F16 ? 65504.0 : t == FLASHC_BF16 ? 0x1.FEp127 : t == FLASHC_F32 ? FLT_MAX : DBL_MAX;
     if (fabs(isinf(r) ? x : r) + tol >= big && (isinf(r) ? r : x) * (isinf(r) ? x : r) >= 0.0) return;
