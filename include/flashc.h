@@ -166,7 +166,28 @@ typedef enum flashc_causal_align {
  * dq = 0, key rows past them are never read and get dk = dv = 0.
  *
  * V's head dim may differ from Q/K's (v, o, dout, dv: size[3] = head_dim_v; q, k, dq, dk: head_dim); the default
- * scale stays 1/sqrt(head_dim of q). */
+ * scale stays 1/sqrt(head_dim of q).
+ *
+ * Dropout (dropout_p > 0, as FlashAttention's): each softmax weight P_ij (query row i, key j of sequence b, query
+ * head h) is kept and scaled by 1/(1 − p), or dropped:
+ *   o_i = Σ_j P_ij Z_ij v_j,   Z_ij = keep_ij / (1 − p)
+ * P is the softmax of the scores as without dropout, and so is lse (its log-sum-exp: dropout does not change it).
+ * The backward, given the same seed and offset, regenerates Z and differentiates that o: dv_j = Σ_i P_ij Z_ij do_i,
+ * dS_ij = P_ij (Z_ij do_i·v_j − D_i) with D_i = do_i·o_i. keep_ij is exactly this, on every backend:
+ *   generator : Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the generator
+ *               of cuRAND and of PyTorch's CUDA dropout), key (k0, k1) = (seed mod 2^32, seed >> 32)
+ *   element   : e = i·sk + j, its index within its (sequence, head), sk = the sequence's key count (varlen: of
+ *               sequence b, i and j counted within it; under seqused_k the used count)
+ *   counter   : (c0, c1, c2, c3) with c0 + 2^32·c1 = (offset + ⌊e / 4⌋) mod 2^64 and c2 + 2^32·c3 = b·heads_q + h
+ *   u         : word e mod 4 of Philox4x32-10(counter, key) (words numbered as Random123 returns them): one call
+ *               serves the four elements 4n .. 4n + 3
+ *   keep_ij   : u ≥ t, t = ⌊p·2^32 + 1/2⌋ (p·2^32 is exact in double): a weight is dropped with probability t / 2^32
+ * Elements the mask hides have a keep_ij too, unused. A call consumes the counters offset .. offset + ⌈sk·sq / 4⌉ − 1
+ * of each (b, h): the next call should start past them (or take another seed), else its mask repeats this one's.
+ * dropout_mask (forward only, a debug output; NULL: not wanted): keep_ij of every element, hidden or not, as uint8
+ * [batch, heads_q, seqlen_q, seqlen_k], contiguous (varlen: [num_seqs, heads_q, longest seqlen_q, longest
+ * seqlen_k], 0 past each sequence's lengths), in the memory the tensors live in; at most 2^28 elements. It is an
+ * output (see "Aliasing"). The backward ignores it. */
 typedef struct flashc_params {
   size_t struct_size;          /* sizeof(flashc_params) where the caller was compiled: flashc_params_default sets it */
   float scale;                 /* 0: 1/sqrt(head_dim) */
@@ -190,6 +211,16 @@ typedef struct flashc_params {
   int64_t attn_mask_stride[4]; /* batch, head, query, key; in elements, ≥ 0; 0: broadcast */
   void *dbias;                 /* backward: NULL, or the bias's gradient (an output), as attn_mask lives */
   int64_t dbias_stride[4];     /* batch, head, query, key; in elements, ≥ 0; 0: summed over that dimension */
+  /* Attention dropout (see "Dropout" above; only cpu-ref and cpu implement it). */
+  float dropout_p;         /* 0: off; else 0 < p < 1, the probability that a weight is dropped */
+  uint64_t dropout_seed;   /* Philox key */
+  uint64_t dropout_offset; /* Philox counter base, in blocks of 4 elements */
+  uint8_t *dropout_mask;   /* forward, debug: NULL, or [batch, heads_q, seqlen_q, seqlen_k] uint8 (1 = kept) out */
+  /* Forward: the parts each query tile's keys are split into, one CTA each, merged after (split-KV, for grids too
+   * small to fill the GPU, such as decoding). 0: the backend chooses (the default); 1: no split; n > 1: at most n
+   * parts (one per key block, 64 at most). Negative is refused. Only cuda-mma splits (rows on 16 bytes); the other
+   * backends ignore it, and under `auto` a call that cuda-mma would split 4 ways or more runs there. */
+  int num_splits;
 } flashc_params;
 
 /* The struct grows at its end as flashc gains features. flashc_params_default is compiled into the caller, so
@@ -218,6 +249,11 @@ static inline flashc_params flashc_params_default(void) {
   p.attn_mask_is_bool = 0;
   p.dbias = NULL;
   for (int d = 0; d < 4; d++) p.attn_mask_stride[d] = p.dbias_stride[d] = 0;
+  p.dropout_p = 0.0f;
+  p.dropout_seed = 0;
+  p.dropout_offset = 0;
+  p.dropout_mask = NULL;
+  p.num_splits = 0;
   return p;
 }
 
@@ -379,8 +415,15 @@ flashc_status flashc_ring_unshard_lse(flashc_ring_layout layout, int world, int 
  * backends (so that a call needs no host synchronisation). On the host every length and every block index the
  * call uses is checked before anything is written: len_b ≤ capacity, the first ⌈len_b / page_size⌉ entries of
  * each row of block_table in [0, num_blocks) (entries past them are never read, and may hold anything), and no
- * row that one sequence appends is a row another sequence uses. The CUDA backends do not run this call yet:
- * they refuse it with FLASHC_ERR_UNSUPPORTED.
+ * row that one sequence appends is a row another sequence uses. On the device the host cannot read them without
+ * waiting for the GPU, so the CUDA kernels check instead, and never read or write outside the caches: a sequence
+ * whose length is negative or past the capacity, or one of whose first ⌈len_b / page_size⌉ block-table entries lies
+ * outside [0, num_blocks), appends nothing and gets o = NaN and lse = NaN (the call still returns FLASHC_OK); rows
+ * appended into a block that another sequence also uses leave that sequence's results unspecified. The CUDA backends
+ * (cuda-mma and cuda-hopper, sm_80+) take f16 and bf16 and head_dim ≤ 256. Their call waits for nothing on the host
+ * and allocates only when the handle's device workspace must grow (the first call of a shape), so after one call
+ * outside a capture, on the same handle and stream, it can be captured in a CUDA graph; a replay reads
+ * cache_seqlens and block_table as they are then.
  *
  * Aliasing: o and lse must not share memory with anything else; with k_new, the caches are outputs too and must
  * not share an element with each other, q, o, k_new or v_new. dtypes: one for q, o and every tensor here. */

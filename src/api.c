@@ -1,5 +1,6 @@
 /* api.c — the public entry points: version, tensors, params, handles, forward and backward. */
 #include "internal.h"
+#include "philox.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +242,34 @@ static flashc_status write_unused_rows(const fc_problem *p, const fc_backend *b)
   return FLASHC_OK;
 }
 
+/* ---- the dropout mask (debug) ------------------------------------------------------------------------- */
+/* keep_ij of every element (flashc.h, "Dropout") into [batch, heads_q, seqlen_q, seqlen_k], 0 past a varlen
+ * sequence's lengths. Written here from the definition, once for every backend, not by the kernels: what they used
+ * is checked against it by the tests (they recompute o from this mask). On the host: only CPU backends implement
+ * dropout. */
+static flashc_status write_dropout_mask(const fc_problem *p, const fc_backend *b) {
+  if (!p->dropout_mask) return FLASHC_OK;
+  if (b->device != FLASHC_DEVICE_CPU)
+    return fc_error(FLASHC_ERR_INTERNAL, "dropout_mask reached backend %s, which does not implement it", b->name);
+  const int64_t SQ = p->seqlen_q, SK = p->seqlen_k;
+  for (int64_t s = 0; s < p->batch; s++) {
+    int64_t start, sq, sk;
+    fc_seq_q(p, s, &start, &sq);
+    fc_seq_k(p, s, &start, &sk);
+    for (int64_t h = 0; h < p->heads_q; h++) {
+      uint8_t *plane = p->dropout_mask + (s * p->heads_q + h) * SQ * SK;
+      const uint64_t bh = (uint64_t)(s * p->heads_q + h);
+      memset(plane, 0, (size_t)(SQ * SK));
+      for (int64_t e0 = 0; e0 < sq * sk; e0 += 4) { /* one Philox call per four elements */
+        const fc_philox4 u = fc_dropout_block(p->dropout_seed, p->dropout_offset, bh, (uint64_t)e0 / 4);
+        for (int64_t e = e0; e < e0 + 4 && e < sq * sk; e++)
+          plane[e / sk * SK + e % sk] = u.w[e - e0] >= p->dropout_threshold;
+      }
+    }
+  }
+  return FLASHC_OK;
+}
+
 /* ---- attention ------------------------------------------------------------------------------------- */
 flashc_status flashc_forward(flashc_handle h, const flashc_params *params, const flashc_tensor *q,
                              const flashc_tensor *k, const flashc_tensor *v, flashc_tensor *o, float *lse) {
@@ -249,6 +278,7 @@ flashc_status flashc_forward(flashc_handle h, const flashc_params *params, const
   FC_CHECK(fc_prepare("flashc_forward", h, params, q, k, v, o, lse, NULL, NULL, NULL, NULL, 0, &p, &b));
   flashc_status s = fc_problem_is_empty(&p) ? write_empty_results(&p, b) : b->forward(&p);
   if (s == FLASHC_OK && !fc_problem_is_empty(&p)) s = write_unused_rows(&p, b);
+  if (s == FLASHC_OK) s = write_dropout_mask(&p, b);
   if (s == FLASHC_OK) h->last_backend = b->name;
   return s;
 }

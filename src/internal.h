@@ -30,11 +30,6 @@ flashc_status fc_error(flashc_status status, const char *fmt, ...)
     ;
 void fc_clear_error(void);
 
-/* The variant that environment variable `var` names among names[0 .. n) (env.c): its index in *out, or `fallback`
- * when the variable is unset or empty; any other value is FLASHC_ERR_INVALID_ARGUMENT, the message starting with
- * `who` (e.g. "flashc_backward (cuda-mma)") and listing the names. */
-flashc_status fc_env_choice(const char *var, const char *const *names, int n, int fallback, const char *who, int *out);
-
 /* Carry a non-OK status up. */
 #define FC_CHECK(call)                                                                                                 \
   do {                                                                                                                 \
@@ -76,6 +71,12 @@ typedef struct fc_problem {
   int64_t attn_mask_stride[4];
   void *dbias;
   int64_t dbias_stride[4];
+  /* Dropout (flashc.h; 0: off): weight (s, h, i, j) is kept iff fc_dropout_keep (philox.h) says so, and kept ones are
+   * scaled by 1/(1 − dropout_p). dropout_mask (forward, NULL: not wanted) is written by api.c, not the backends. */
+  float dropout_p;
+  uint32_t dropout_threshold; /* fc_dropout_threshold(dropout_p) */
+  uint64_t dropout_seed, dropout_offset;
+  uint8_t *dropout_mask;
   /* Mask, per sequence: key j is visible to query i iff
    *   (window_left  < 0 || j >= i + shift − window_left) && (window_right < 0 || j <= i + shift + window_right)
    * with shift = fc_mask_shift(p, seqlen_q_of_seq, seqlen_k_of_seq). Causal is folded in as window_right = 0. */
@@ -84,6 +85,7 @@ typedef struct fc_problem {
   int64_t mask_offset; /* extra diagonal shift (ring attention: a block's position); 0 from the public API */
   const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL when dense; host arrays of batch + 1 */
   int deterministic;
+  int num_splits; /* flashc_params.num_splits (≥ 0): 0 the backend's choice, 1 none, n > 1 at most n parts */
 
   fc_view q, k, v, o;       /* forward and backward */
   fc_view dout, dq, dk, dv; /* backward only */
@@ -255,6 +257,7 @@ enum {
   FC_FEATURE_HEAD_DIM_V = 1u << 2, /* V's head dim ≠ Q/K's */
   FC_FEATURE_SEQUSED = 1u << 3,
   FC_FEATURE_ATTN_MASK = 1u << 4, /* attn_mask (and its gradient dbias) */
+  FC_FEATURE_DROPOUT = 1u << 5,   /* dropout_p > 0, or its debug mask */
 };
 
 struct fc_kv_problem; /* kvcache.h */

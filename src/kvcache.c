@@ -4,7 +4,9 @@
  * The order is that of flashc_forward: the arguments alone (tensors, shapes, params; no data is read), then
  * where the data lives and which backend takes the call, then, for a host backend, the host data that says
  * where the cache rows are (cache_seqlens, block_table): every length and every block index the call will use,
- * and that no appended row is a row another sequence uses. Only then is anything written. Tensor checks are
+ * and that no appended row is a row another sequence uses. Only then is anything written. A CUDA backend's tables
+ * are device memory that the host cannot read without waiting for the GPU: they are never dereferenced here, and
+ * its kernels check them instead (src/cuda/decode.cu; the problem's seqlen_k stays the capacity). Tensor checks are
  * validate.c's (fc_check_tensor, fc_check_no_self_overlap, fc_check_disjoint); messages name
  * flashc_forward_kvcache and the offending value.
  */
@@ -49,11 +51,15 @@ static flashc_status check_params(const flashc_params *pa) {
     return INVALID("%s: params.cu_seqlens_q/k, num_seqs and seqused_q/k are for packed (varlen) calls; a KV cache "
                    "call takes its lengths from cache.cache_seqlens",
                    OP);
-  if (pa->softcap != 0.0f || pa->alibi_slopes || pa->attn_mask)
+  if (pa->num_splits != 0)
+    return INVALID("%s: params.num_splits is %d; a KV cache call takes its splits from cache.num_splits", OP,
+                   pa->num_splits);
+  if (pa->softcap != 0.0f || pa->alibi_slopes || pa->attn_mask || pa->dropout_p != 0.0f || pa->dropout_mask)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "%s: params.%s is not supported with a KV cache yet", OP,
                     pa->softcap != 0.0f ? "softcap"
                     : pa->alibi_slopes  ? "alibi_slopes"
-                                        : "attn_mask");
+                    : pa->attn_mask     ? "attn_mask"
+                                        : "dropout_p (dropout_mask)");
   return FLASHC_OK;
 }
 

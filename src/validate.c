@@ -6,6 +6,7 @@
  * dereferences a tensor's data. Every failure names the operation and the offending value.
  */
 #include "internal.h"
+#include "philox.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -199,7 +200,8 @@ static flashc_status check_seqused(const char *op, const char *name, const int32
 unsigned fc_problem_features(const fc_problem *p) {
   return (p->softcap != 0.0f ? FC_FEATURE_SOFTCAP : 0u) | (p->alibi_slopes ? FC_FEATURE_ALIBI : 0u) |
          (p->head_dim_v != p->head_dim ? FC_FEATURE_HEAD_DIM_V : 0u) |
-         (p->seqused_q || p->seqused_k ? FC_FEATURE_SEQUSED : 0u) | (p->attn_mask ? FC_FEATURE_ATTN_MASK : 0u);
+         (p->seqused_q || p->seqused_k ? FC_FEATURE_SEQUSED : 0u) | (p->attn_mask ? FC_FEATURE_ATTN_MASK : 0u) |
+         (p->dropout_p > 0.0f || p->dropout_mask ? FC_FEATURE_DROPOUT : 0u);
 }
 
 flashc_status fc_check_features(const char *op, const char *who, unsigned have, const fc_problem *p) {
@@ -212,6 +214,7 @@ flashc_status fc_check_features(const char *op, const char *who, unsigned have, 
       {FC_FEATURE_HEAD_DIM_V, "a head dim of V different from Q/K's"},
       {FC_FEATURE_SEQUSED, "seqused_q/seqused_k"},
       {FC_FEATURE_ATTN_MASK, "attn_mask (a bias or boolean mask)"},
+      {FC_FEATURE_DROPOUT, "dropout (dropout_p, dropout_mask)"},
   };
   const unsigned missing = fc_problem_features(p) & ~have;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -398,6 +401,52 @@ static flashc_status check_attn_mask(const char *op, const flashc_params *pa, fc
   return FLASHC_OK;
 }
 
+/* Dropout: 0 ≤ p < 1; the debug mask (forward only) within its size limit and apart from every other argument. */
+static flashc_status check_dropout(const char *op, const flashc_params *pa, fc_problem *p,
+                                   const flashc_tensor *const *ts, const char *const *names, const int64_t *span,
+                                   int nt, const float *lse, int64_t lse_elems) {
+  if (!(pa->dropout_p >= 0.0f && pa->dropout_p < 1.0f))
+    return INVALID("%s: params.dropout_p is %g; it must be 0 (off) or in (0, 1)", op, (double)pa->dropout_p);
+  p->dropout_p = pa->dropout_p;
+  p->dropout_threshold = fc_dropout_threshold(pa->dropout_p);
+  p->dropout_seed = pa->dropout_seed;
+  p->dropout_offset = pa->dropout_offset;
+  if (p->is_backward || !pa->dropout_mask) return FLASHC_OK; /* the backward ignores it: one params serves both */
+  /* [batch, heads_q, seqlen_q, seqlen_k]: each factor < 2^31 (validated), so the products are checked one by one. */
+  const int64_t limit = (int64_t)1 << 28, n[4] = {p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
+  int64_t elems = 1;
+  for (int d = 0; d < 4; d++)
+    if (!fc_mul_ok(elems, n[d], &elems) || elems > limit) {
+      elems = -1;
+      break;
+    }
+  if (elems < 0)
+    return INVALID("%s: params.dropout_mask of [%lld, %lld, %lld, %lld] elements exceeds 2^28; it is a debug output "
+                   "for small calls",
+                   op, (long long)n[0], (long long)n[1], (long long)n[2], (long long)n[3]);
+  if (elems > 0) {
+    for (int j = 0; j < nt; j++)
+      if (span[j] >= 0 &&
+          bytes_overlap(pa->dropout_mask, elems - 1, 1, ts[j]->data, span[j], flashc_dtype_size(ts[j]->dtype)))
+        return INVALID("%s: output params.dropout_mask shares memory with %s; outputs need memory of their own", op,
+                       names[j]);
+    if (lse && lse_elems > 0 && bytes_overlap(pa->dropout_mask, elems - 1, 1, lse, lse_elems - 1, sizeof(float)))
+      return INVALID("%s: output params.dropout_mask shares memory with lse; outputs need memory of their own", op);
+    if (p->attn_mask) {
+      const int64_t m[4] = {p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
+      int64_t mask_span = 0;
+      for (int d = 0; d < 4; d++) mask_span += (m[d] - 1) * p->attn_mask_stride[d]; /* checked: no overflow */
+      if (bytes_overlap(pa->dropout_mask, elems - 1, 1, p->attn_mask, mask_span,
+                        p->attn_mask_is_bool ? 1 : flashc_dtype_size(p->dtype)))
+        return INVALID("%s: output params.dropout_mask shares memory with params.attn_mask; outputs need memory of "
+                       "their own",
+                       op);
+    }
+  }
+  p->dropout_mask = pa->dropout_mask;
+  return FLASHC_OK;
+}
+
 flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *params, const flashc_tensor *q,
                          const flashc_tensor *k, const flashc_tensor *v, const flashc_tensor *o, const float *lse,
                          const flashc_tensor *dout, const flashc_tensor *dq, const flashc_tensor *dk,
@@ -506,6 +555,10 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   if (pa->causal) p->window_right = 0; /* causal: no key right of the diagonal */
   p->bottom_right = pa->align == FLASHC_ALIGN_BOTTOM_RIGHT;
   p->deterministic = pa->deterministic;
+  if (pa->num_splits < 0)
+    return INVALID("%s: params.num_splits is %d; it must be 0 (the backend chooses), 1 (no split) or more", op,
+                   pa->num_splits);
+  p->num_splits = pa->num_splits;
   /* softcap·tanh(s/softcap) needs a finite positive cap; 0 (the default) means none. */
   if (!(pa->softcap >= 0.0f) || !isfinite(pa->softcap))
     return INVALID("%s: params.softcap is %g; it must be 0 (off) or finite and > 0", op, (double)pa->softcap);
@@ -546,6 +599,7 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
                    ? INVALID("%s: output %s shares memory with lse; outputs need memory of their own", op, names[j])
                    : INVALID("%s: output lse shares memory with %s; outputs need memory of their own", op, names[j]);
   FC_CHECK(check_attn_mask(op, pa, p, varlen, ts, names, span, nt, lse, lse_elems));
+  FC_CHECK(check_dropout(op, pa, p, ts, names, span, nt, lse, lse_elems));
 
   p->q = view_of(q, varlen);
   p->k = view_of(k, varlen);
@@ -571,8 +625,8 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   }
 
   /* Where the data lives decides which backends can touch it. */
-  const void *ptrs[12];
-  const char *pnames[12];
+  const void *ptrs[13];
+  const char *pnames[13];
   int np = 0;
   for (int i = 0; i < nt; i++) {
     ptrs[np] = ts[i]->data;
@@ -586,6 +640,8 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   pnames[np++] = "params.attn_mask";
   ptrs[np] = p->dbias;
   pnames[np++] = "params.dbias";
+  ptrs[np] = p->dropout_mask;
+  pnames[np++] = "params.dropout_mask";
   int on_device;
   FC_CHECK(locate(op, ptrs, pnames, np, &on_device));
 

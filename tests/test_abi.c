@@ -88,6 +88,42 @@ static void params_abi(void) {
   free(op), free(q), free(k), free(v), free(o_new), free(o_old);
 }
 
+/* num_splits, the last field so far: a caller whose struct ends before it gets 0 (the backend chooses), whatever
+ * bytes follow its struct; a negative count from a caller that has the field is refused; backends that do not
+ * split (cpu) ignore a count. */
+static void num_splits_abi(void) {
+  enum { B = 1, S = 19, H = 2, D = 8 };
+  const size_t n = (size_t)B * S * H * D;
+  float *q = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+  float *o0 = malloc(n * sizeof(float)), *o1 = malloc(n * sizeof(float));
+  fill(q, n, 4), fill(k, n, 5), fill(v, n, 6);
+  flashc_handle h;
+  th_check(flashc_create(&h, "cpu") == FLASHC_OK, "flashc_create: %s", flashc_last_error());
+  flashc_tensor tq = flashc_tensor_bshd(q, FLASHC_F32, B, S, H, D), tk = flashc_tensor_bshd(k, FLASHC_F32, B, S, H, D);
+  flashc_tensor tv = flashc_tensor_bshd(v, FLASHC_F32, B, S, H, D);
+  flashc_tensor t0 = flashc_tensor_bshd(o0, FLASHC_F32, B, S, H, D),
+                t1 = flashc_tensor_bshd(o1, FLASHC_F32, B, S, H, D);
+
+  flashc_params p = flashc_params_default();
+  th_check(p.num_splits == 0, "flashc_params_default: num_splits 0 (got %d)", p.num_splits);
+  p.causal = 1;
+  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t0, NULL) == FLASHC_OK, "forward: %s", flashc_last_error());
+  p.num_splits = 7;
+  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t1, NULL) == FLASHC_OK && memcmp(o0, o1, n * sizeof(float)) == 0,
+           "cpu ignores num_splits 7: %s", flashc_last_error());
+  p.num_splits = -1;
+  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t1, NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
+               strstr(flashc_last_error(), "num_splits"),
+           "num_splits -1 is refused, naming the field (got: %s)", flashc_last_error());
+  /* The same bytes from a caller whose header ends before num_splits: the -1 past its struct is not read. */
+  p.struct_size = offsetof(flashc_params, num_splits);
+  memset(o1, 0, n * sizeof(float));
+  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t1, NULL) == FLASHC_OK && memcmp(o0, o1, n * sizeof(float)) == 0,
+           "a struct without num_splits gets 0, not the bytes after it: %s", flashc_last_error());
+  flashc_destroy(h);
+  free(q), free(k), free(v), free(o0), free(o1);
+}
+
 static void backend_info_abi(void) {
   for (int i = 0; i < flashc_backend_count(); i++) {
     flashc_backend_info info;
@@ -118,6 +154,7 @@ static void statuses(void) {
 int main(void) {
   th_begin("test_abi");
   params_abi();
+  num_splits_abi();
   backend_info_abi();
   statuses();
   return th_end();

@@ -8,6 +8,7 @@
  */
 #include "harness.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -470,6 +471,11 @@ static void params(void) {
   valid_call(&c, &fx, h_auto);
   c.params.deterministic = 3;
   expect("backward: deterministic 3", &fx, &c, 1, INVALID, "deterministic", "3", NULL);
+  valid_call(&c, &fx, h_auto);
+  c.params.num_splits = -1;
+  expect("forward: num_splits -1", &fx, &c, 0, INVALID, "num_splits", "-1", NULL);
+  c.params.num_splits = INT_MIN;
+  expect("backward: num_splits INT_MIN", &fx, &c, 1, INVALID, "num_splits", "-2147483648", NULL);
   float bad[3] = {NAN, INFINITY, -INFINITY};
   const char *names[3] = {"NaN", "inf", "-inf"};
   for (int i = 0; i < 3; i++) {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import numbers
 import threading
 import weakref
 
@@ -105,6 +106,57 @@ def check_softcap(softcap) -> float:
     if cap != 0.0 and not 1.1754943508222875e-38 <= cap <= 3.4028234663852886e38:
         raise ValueError(f"flashc: softcap {cap} is outside float32 range")
     return cap
+
+
+def check_num_splits(num_splits) -> int:
+    """num_splits as the C API takes it: 0 (the backend chooses), 1 (no split) or n > 1 (at most n parts)."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"flashc: num_splits must be an int (0: the backend chooses), not {num_splits!r}")
+    if not 0 <= int(num_splits) < 2**31:
+        raise ValueError(
+            f"flashc: num_splits is {num_splits}; it must be 0 (the backend chooses), 1 (no split) or more"
+        )
+    return int(num_splits)
+
+
+def check_dropout(dropout_p, seed, offset) -> tuple:
+    """Dropout as the C API takes it: (p, seed, offset) with 0 <= p < 1 and seed, offset as unsigned 64-bit integers
+    (a negative int, such as a torch seed, is taken mod 2^64). seed is required when p > 0: the backward regenerates
+    the mask from it, so the caller must hold it (there is no hidden generator state to draw it from)."""
+    if dropout_p is None:
+        dropout_p = 0.0
+    if isinstance(dropout_p, (bool, str, bytes)) or not hasattr(dropout_p, "__float__"):
+        raise TypeError(f"flashc: dropout_p must be a float in [0, 1), not {dropout_p!r}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"flashc: dropout_p is {p}; it must be in [0, 1) (0: no dropout)")
+    if float(np.float32(p)) >= 1.0:  # the C API takes a float: 0.99999999 would round to 1
+        raise ValueError(f"flashc: dropout_p {p} rounds to 1.0 in float32; it must be below 1")
+    words = []
+    for name, x in (("seed", seed), ("offset", offset)):
+        if x is None:
+            if name == "seed" and p > 0.0:
+                raise ValueError(
+                    "flashc: dropout_p > 0 needs seed= (an int): the backward regenerates the mask from the same "
+                    "seed and offset"
+                )
+            x = 0
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"flashc: {name} must be an int, not {x!r}")
+        if not -(2**63) <= int(x) < 2**64:
+            raise ValueError(f"flashc: {name} is {x}; it must fit 64 bits")
+        words.append(int(x) % 2**64)
+    return p, words[0], words[1]
+
+
+def dropout_mask_shape(q, k, varlen: bool, hosts) -> tuple:
+    """The debug mask's shape (flashc.h): [batch, heads_q, seqlen_q, seqlen_k]; varlen [num_seqs, heads_q, longest
+    seqlen_q, longest seqlen_k]."""
+    if not varlen:
+        return (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    cq, ck = hosts
+    longest = [int(np.diff(c).max()) if c.size > 1 else 0 for c in (cq, ck)]
+    return (cq.size - 1, q.shape[1], longest[0], longest[1])
 
 
 def check_alibi_shape(shape, heads_q: int, batch: int) -> int:
@@ -418,6 +470,11 @@ def _build_forward(
     seqused_q=None,
     seqused_k=None,
     attn_mask=None,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
+    return_dropout_mask=False,
+    num_splits=0,
 ) -> Call:
     ndim = 3 if varlen else 4
     q, k, v = (_arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v)))
@@ -426,6 +483,7 @@ def _build_forward(
     params = _params(causal, window, scale, causal_align, deterministic)
     backend, threads = _check_backend(backend, device), _check_threads(threads)
     keep = [q, k, v]
+    hosts = None
     if varlen:
         hosts, lse_shape = _varlen(cu_seqlens_q, cu_seqlens_k, params, q, k)
         keep += hosts
@@ -433,6 +491,13 @@ def _build_forward(
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
     keep.append(_set_attn_mask(params, q, k, varlen, attn_mask)[0])
+    params.dropout_p, params.dropout_seed, params.dropout_offset = check_dropout(dropout_p, seed, offset)
+    params.num_splits = check_num_splits(num_splits)
+    mask = None
+    if return_dropout_mask:
+        mask = _arrays.empty(dropout_mask_shape(q, k, varlen, hosts), q, uint8=True)
+        params.dropout_mask = _arrays.data_ptr(mask) if _arrays.numel(mask) else None
+        keep.append(mask)
     o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)  # o takes V's head dim
     if out is None:
         out = _arrays.empty(o_shape, q)
@@ -446,7 +511,8 @@ def _build_forward(
             raise ValueError("flashc: lse must be contiguous (the C library writes it densely)")
     keep += [out, lse]
     tensors = tuple(_arrays.describe(x) for x in (q, k, v, out))
-    return Call(False, backend, threads, params, tensors, _float_ptr(lse), keep, (out, lse), device)
+    outputs = (out, lse) if mask is None else (out, lse, _arrays.as_bool(mask))
+    return Call(False, backend, threads, params, tensors, _float_ptr(lse), keep, outputs, device)
 
 
 def _is_contiguous(x) -> bool:
@@ -479,6 +545,9 @@ def _build_backward(
     seqused_k=None,
     attn_mask=None,
     return_dbias=False,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
 ) -> Call:
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     ndim = 3 if varlen else 4
@@ -495,6 +564,7 @@ def _build_backward(
     else:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
+    params.dropout_p, params.dropout_seed, params.dropout_offset = check_dropout(dropout_p, seed, offset)
     lse = _arrays.as_lse(lse, lse_shape, q)
     grads = []
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
@@ -547,6 +617,11 @@ def attention(
     softcap=0.0,
     alibi_slopes=None,
     attn_mask=None,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
+    return_dropout_mask=False,
+    num_splits=0,
 ):
     """Exact attention O = softmax(scale·Q·Kᵀ + mask)·V, as FlashAttention's flash_attn_func.
 
@@ -571,8 +646,17 @@ def attention(
       seqlen_q, seqlen_k] (2 to 4 dims, e.g. [seqlen_q, seqlen_k] or a [batch, 1, 1, seqlen_k] padding mask):
       bool (True = attend) or float (a bias added to the scores after softcap and ALiBi, converted to q's dtype;
       -inf hides a key). Rows whose keys are all removed give out = 0 and lse = -inf. Not with varlen.
-    (Only the cpu and cpu-ref backends implement softcap, ALiBi, attn_mask and a head dim of V of its own so far; the
-    others raise NotImplementedError, and "auto" picks one that implements the call.)
+    dropout_p: 0.0 (none) or p in (0, 1): each attention weight is dropped with probability p and the kept ones
+      are scaled by 1/(1 - p) (flash_attn's dropout_p); lse stays the undropped softmax's. seed (an int, required
+      when dropout_p > 0) and offset (default 0) key the mask (Philox4x32-10, flashc.h): the same seed and offset
+      give the same mask on every backend, and attention_backward needs them again. A next call should take
+      another seed, or offset + ceil(seqlen_q·seqlen_k / 4), so that its mask differs.
+    return_dropout_mask: also return the mask, bool [batch, heads_q, seqlen_q, seqlen_k] (True = kept; for every
+      element, hidden or not), last in the returned tuple. A debug output for small calls (2^28 elements at most).
+    num_splits: the parts each query tile's keys are split into on the GPU (flash_attn's num_splits; decoding):
+      0 the backend chooses, 1 none, n > 1 at most n. Only cuda-mma splits; other backends ignore it.
+    (Only the cpu and cpu-ref backends implement softcap, ALiBi, attn_mask, dropout and a head dim of V of its own so
+    far; the others raise NotImplementedError, and "auto" picks one that implements the call.)
 
     Rows that see no key give output 0. Empty inputs (batch 0, seqlen_q 0 or seqlen_k 0) are valid: the
     results have the inputs' shapes (o = 0 and lse = -inf where queries see no key).
@@ -583,10 +667,16 @@ def attention(
     call = prepare_forward(
         q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, out=out, lse=lse, softcap=softcap, alibi_slopes=alibi_slopes,
-        attn_mask=attn_mask,
+        attn_mask=attn_mask, dropout_p=dropout_p, seed=seed, offset=offset, return_dropout_mask=return_dropout_mask,
+        num_splits=num_splits,
     )  # fmt: skip
-    o, lse_out = call()
-    return (o, lse_out) if return_lse else o
+    return _forward_result(call(), return_lse, return_dropout_mask)
+
+
+def _forward_result(outputs, return_lse: bool, return_dropout_mask: bool):
+    """out, or a tuple of out, lse (return_lse) and the dropout mask (return_dropout_mask), in that order."""
+    res = (outputs[0],) + ((outputs[1],) if return_lse else ()) + ((outputs[2],) if return_dropout_mask else ())
+    return res if len(res) > 1 else res[0]
 
 
 def attention_varlen(
@@ -610,6 +700,11 @@ def attention_varlen(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
+    return_dropout_mask=False,
+    num_splits=0,
 ):
     """attention() over packed variable-length sequences, as flash_attn_varlen_func.
 
@@ -619,16 +714,17 @@ def attention_varlen(
     The mask (causal, window) applies within each sequence. alibi_slopes [batch, heads_q] has num_seqs rows.
     seqused_q/k (FlashAttention-3's): None, or num_seqs ints: sequence s uses only the first seqused[s] rows of
     its slot; rows past them get out = 0, lse = -inf and zero gradients (and the used lengths are the
-    sequence's lengths for the mask and ALiBi).
+    sequence's lengths for the mask and ALiBi). dropout_p, seed, offset, num_splits as attention(); the dropout mask
+    returned is [num_seqs, heads_q, longest seqlen_q, longest seqlen_k], False past each sequence's lengths.
     """
     require_cu_seqlens("attention_varlen", cu_seqlens_q, cu_seqlens_k)
     call = prepare_forward(
         q, k, v, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         softcap=softcap, alibi_slopes=alibi_slopes, seqused_q=seqused_q, seqused_k=seqused_k,
+        dropout_p=dropout_p, seed=seed, offset=offset, return_dropout_mask=return_dropout_mask, num_splits=num_splits,
     )  # fmt: skip
-    o, lse_out = call()
-    return (o, lse_out) if return_lse else o
+    return _forward_result(call(), return_lse, return_dropout_mask)
 
 
 def attention_backward(
@@ -657,6 +753,9 @@ def attention_backward(
     seqused_k=None,
     attn_mask=None,
     return_dbias=False,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
 ):
     """Gradients (dq, dk, dv) of attention() from the forward's out and lse and the output gradient dout.
 
@@ -664,13 +763,13 @@ def attention_backward(
     forward's float32 lse. With cu_seqlens_q/k the tensors are packed as in attention_varlen. dq, dk, dv
     may be given to be written in place (overwritten, not accumulated). return_dbias (a float attn_mask):
     also return the mask's gradient, in its shape and q's dtype, summed over the dims it broadcasts:
-    (dq, dk, dv, dbias).
+    (dq, dk, dv, dbias). With dropout, pass the forward's dropout_p, seed and offset: the mask is regenerated.
     """
     call = prepare_backward(
         dout, q, k, v, out, lse, causal, window, scale, backend, causal_align=causal_align, threads=threads,
         deterministic=deterministic, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         softcap=softcap, alibi_slopes=alibi_slopes, seqused_q=seqused_q, seqused_k=seqused_k,
-        attn_mask=attn_mask, return_dbias=return_dbias,
+        attn_mask=attn_mask, return_dbias=return_dbias, dropout_p=dropout_p, seed=seed, offset=offset,
     )  # fmt: skip
     return call()
 
@@ -718,6 +817,11 @@ def prepare_forward(
     seqused_q=None,
     seqused_k=None,
     attn_mask=None,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
+    return_dropout_mask=False,
+    num_splits=0,
 ) -> Call:
     """attention() converted once: `call()` runs the forward again on the same arrays and returns
     (out, lse), written in place. q, k, v must not be moved or freed while the call is kept (it keeps a
@@ -744,6 +848,11 @@ def prepare_forward(
         seqused_q=seqused_q,
         seqused_k=seqused_k,
         attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        seed=seed,
+        offset=offset,
+        return_dropout_mask=return_dropout_mask,
+        num_splits=num_splits,
     )
 
 
@@ -773,6 +882,9 @@ def prepare_backward(
     seqused_k=None,
     attn_mask=None,
     return_dbias=False,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
 ) -> Call:
     """attention_backward() converted once: `call()` returns (dq, dk, dv) (and dbias with return_dbias), written
     in place."""
@@ -801,6 +913,9 @@ def prepare_backward(
         seqused_k=seqused_k,
         attn_mask=attn_mask,
         return_dbias=return_dbias,
+        dropout_p=dropout_p,
+        seed=seed,
+        offset=offset,
     )
 
 

@@ -175,12 +175,20 @@ def describe(x) -> _lib.Tensor:
     return t
 
 
-def empty(shape: tuple[int, ...], like, float32: bool = False):
-    """An uninitialised array of q's kind, device and dtype (or float32, for lse)."""
+def empty(shape: tuple[int, ...], like, float32: bool = False, uint8: bool = False):
+    """An uninitialised array of q's kind, device and dtype (or float32, for lse; uint8 for the dropout mask)."""
     if isinstance(like, np.ndarray):
-        return np.empty(shape, dtype=np.float32 if float32 else like.dtype.newbyteorder("="))
+        dtype = np.float32 if float32 else np.uint8 if uint8 else like.dtype.newbyteorder("=")
+        return np.empty(shape, dtype=dtype)
     t = _torch()
-    return t.empty(shape, dtype=t.float32 if float32 else like.dtype, device=like.device)
+    return t.empty(shape, dtype=t.float32 if float32 else t.uint8 if uint8 else like.dtype, device=like.device)
+
+
+def as_bool(x):
+    """A uint8 array of 0 and 1 seen as bool, without a copy."""
+    if isinstance(x, np.ndarray):
+        return x.view(np.bool_)
+    return x.view(_torch().bool)
 
 
 def as_lse(x, shape: tuple[int, ...], like):

@@ -59,6 +59,11 @@ class Params(ctypes.Structure):
         ("attn_mask_stride", ctypes.c_int64 * 4),
         ("dbias", ctypes.c_void_p),
         ("dbias_stride", ctypes.c_int64 * 4),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("dropout_mask", ctypes.c_void_p),
+        ("num_splits", ctypes.c_int),
     ]
 
 

@@ -2,7 +2,8 @@
 
     flashc::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, scale?, causal, window_left, window_right, top_left,
                 backend, threads, deterministic, softcap=0.0, seqused_q?=None, seqused_k?=None,
-                alibi_slopes?=None, attn_mask?=None) -> (out, lse)
+                alibi_slopes?=None, attn_mask?=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+                num_splits=0) -> (out, lse)
     flashc::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, <the same options>) -> (dq, dk, dv)
     flashc::bwd_dbias(<bwd's arguments>, attn_mask) -> (dq, dk, dv, dbias)
 
@@ -25,6 +26,9 @@ which synchronises the stream and so cannot be captured in a CUDA graph. seqused
 [num_seqs], varlen only) are read on the host alike. out takes v's head dim, which may differ from q's.
 attn_mask (None, or bool / float, broadcastable to [batch, heads_q, seqlen_q, seqlen_k] as for SDPA; dense only)
 is passed through strides, 0 where it broadcasts (a float mask of another dtype than q's is converted).
+dropout_p 0.0 = none; dropout_seed and dropout_offset key its mask (flashc.h; the seed as a signed int64, taken mod
+2^64): bwd regenerates the mask from the same three, which autograd saves from fwd's inputs. num_splits (fwd only;
+flashc_params.num_splits): 0 the backend chooses, 1 no split, n > 1 at most n key parts.
 
 The kernels are the hot path of every torch call, so they do in Python only what the C library cannot:
 ranks (the struct needs 4 sizes), the memory each tensor lives in (a CPU-only libflashc cannot tell a device
@@ -76,9 +80,11 @@ _PARAM_FIELDS = (("scale", "f"), ("causal", "i"), ("align", "i"), ("window_left"
                  ("cu_seqlens_q", "P"), ("cu_seqlens_k", "P"), ("num_seqs", "q"), ("deterministic", "i"),
                  ("softcap", "f"), ("alibi_slopes", "P"), ("alibi_stride_batch", "q"), ("seqused_q", "P"),
                  ("seqused_k", "P"), ("attn_mask", "P"), ("attn_mask_is_bool", "i"), ("attn_mask_stride", "4q"),
-                 ("dbias", "P"), ("dbias_stride", "4q"))  # fmt: skip
+                 ("dbias", "P"), ("dbias_stride", "4q"), ("dropout_p", "f"), ("dropout_seed", "Q"),
+                 ("dropout_offset", "Q"), ("dropout_mask", "P"))  # fmt: skip
 _PARAMS = struct.Struct("@" + "".join(code for _, code in _PARAM_FIELDS))
 _P_AT = _lib.Params.scale.offset  # where the run starts inside flashc_params
+_NUM_SPLITS, _NUM_SPLITS_AT = struct.Struct("@i"), _lib.Params.num_splits.offset  # set apart from the run, every call
 _TENSOR = struct.Struct("@Pi4q4q")
 
 
@@ -232,7 +238,7 @@ def _mask_fields(q, k, packed: bool, mask, dbias4) -> tuple:
 
 
 def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap, su_q,
-         su_k, alibi, mask=None, dbias4=None) -> None:  # fmt: skip
+         su_k, alibi, mask=None, dbias4=None, dropout=(0.0, 0, 0), num_splits=0) -> None:  # fmt: skip
     """Describe the tensors `ts` ((q, k, v, o) or (q, k, v, o, dout, dq, dk, dv)) and call the C function."""
     q = ts[0]
     on_cuda = q.is_cuda
@@ -248,6 +254,10 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
         extras = (softcap, al, al_stride, p_su_q, p_su_k)
     mask_fields, mask = _mask_fields(q, ts[1], cu_q is not None or cu_k is not None, mask, dbias4)  # mask: kept
     extras += mask_fields
+    if dropout[0]:
+        extras += (dropout[0], dropout[1] % 2**64, dropout[2] % 2**64, 0)
+    else:
+        extras += (0.0, 0, 0, 0)
     if cu_q is not None or cu_k is not None:
         if cu_q is None or cu_k is None:
             raise TypeError("flashc: varlen needs both cu_seqlens_q and cu_seqlens_k")
@@ -274,6 +284,7 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
     else:
         _PARAMS.pack_into(buf, _P_AT, scale or 0.0, causal, top_left, wl, wr, 0, 0, 0, det, *extras)
         packed = False
+    _NUM_SPLITS.pack_into(buf, _NUM_SPLITS_AT, num_splits)
     off = _P_BYTES
     dtypes = _DTYPES
     index = q.get_device()  # -1 on the CPU
@@ -324,20 +335,21 @@ def _out_shape(q: torch.Tensor, v: torch.Tensor):
 
 def fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left, backend,
              threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None, alibi_slopes=None,
-             attn_mask=None):  # fmt: skip
+             attn_mask=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0, num_splits=0):  # fmt: skip
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
     out = q.new_empty(_out_shape(q, v))  # contiguous
     lse = torch.empty(_lse_shape(q, nd == 3), dtype=torch.float32, device=q.device)
     _run(False, (q, k, v, out), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
          top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes,
-         mask=attn_mask)  # fmt: skip
+         mask=attn_mask, dropout=(dropout_p, dropout_seed, dropout_offset), num_splits=num_splits)  # fmt: skip
     return out, lse
 
 
 def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
              top_left, backend, threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None,
-             alibi_slopes=None, attn_mask=None, want_dbias=False):  # fmt: skip
+             alibi_slopes=None, attn_mask=None, want_dbias=False, dropout_p=0.0, dropout_seed=0,
+             dropout_offset=0):  # fmt: skip
     """(dq, dk, dv), and dbias (the float attn_mask's gradient, in its shape and dtype) when want_dbias."""
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
@@ -357,7 +369,7 @@ def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal,
         dbias4 = q.new_empty(_dbias4_shape(attn_mask))
     _run(True, (q, k, v, out, dout, dq, dk, dv), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
          window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-         alibi_slopes, mask=attn_mask, dbias4=dbias4)  # fmt: skip
+         alibi_slopes, mask=attn_mask, dbias4=dbias4, dropout=(dropout_p, dropout_seed, dropout_offset))  # fmt: skip
     if want_dbias:
         return dq, dk, dv, dbias4.view(attn_mask.shape).to(attn_mask.dtype)
     return dq, dk, dv
@@ -415,10 +427,14 @@ if HAVE_OPS:
         seqused_k: Optional[Tensor] = None,
         alibi_slopes: Optional[Tensor] = None,
         attn_mask: Optional[Tensor] = None,
+        dropout_p: float = 0.0,
+        dropout_seed: int = 0,
+        dropout_offset: int = 0,
+        num_splits: int = 0,
     ) -> tuple[Tensor, Tensor]:
         return fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left,
                         backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes,
-                        attn_mask)  # fmt: skip
+                        attn_mask, dropout_p, dropout_seed, dropout_offset, num_splits)  # fmt: skip
 
     @fwd.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, *_opts):
@@ -452,10 +468,13 @@ if HAVE_OPS:
         seqused_k: Optional[Tensor] = None,
         alibi_slopes: Optional[Tensor] = None,
         attn_mask: Optional[Tensor] = None,
+        dropout_p: float = 0.0,
+        dropout_seed: int = 0,
+        dropout_offset: int = 0,
     ) -> tuple[Tensor, Tensor, Tensor]:
         return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
                         window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-                        alibi_slopes, attn_mask)  # fmt: skip
+                        alibi_slopes, attn_mask, False, dropout_p, dropout_seed, dropout_offset)  # fmt: skip
 
     @bwd.register_fake
     def _(dout, q, k, v, out, lse, *_opts):
@@ -485,27 +504,33 @@ if HAVE_OPS:
         seqused_k: Optional[Tensor],
         alibi_slopes: Optional[Tensor],
         attn_mask: Tensor,
+        dropout_p: float = 0.0,
+        dropout_seed: int = 0,
+        dropout_offset: int = 0,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
                         window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-                        alibi_slopes, attn_mask, want_dbias=True)  # fmt: skip
+                        alibi_slopes, attn_mask, True, dropout_p, dropout_seed, dropout_offset)  # fmt: skip
 
     @bwd_dbias.register_fake
     def _(dout, q, k, v, out, lse, *opts):
-        mask = opts[-1]
+        mask = opts[14]  # cu_seqlens_q/k, the 8 options, softcap, seqused_q/k, alibi_slopes, attn_mask
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), mask.new_empty(mask.shape)
 
-    _N_OPTS = 8  # scale ... deterministic; then softcap, seqused_q, seqused_k, alibi_slopes, attn_mask (defaults)
-    _EXTRA_DEFAULTS = (0.0, None, None, None, None)
+    # scale ... deterministic; then softcap, seqused_q, seqused_k, alibi_slopes, attn_mask, dropout_p, dropout_seed,
+    # dropout_offset, num_splits (defaults)
+    _N_OPTS = 8
+    _EXTRA_DEFAULTS = (0.0, None, None, None, None, 0.0, 0, 0, 0)  # ... dropout's three, num_splits
     _MASK_AT = 5 + _N_OPTS + 4  # attn_mask's index among fwd's inputs
 
     def _setup_context(ctx, inputs, output):
         q, k, v, cu_q, cu_k, *rest = inputs
         opts, extra = tuple(rest[:_N_OPTS]), tuple(rest[_N_OPTS:])
-        softcap, su_q, su_k, alibi, mask = extra + _EXTRA_DEFAULTS[len(extra) :]
+        softcap, su_q, su_k, alibi, mask, *dropout, _num_splits = extra + _EXTRA_DEFAULTS[len(extra) :]
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask)
         ctx.opts = opts + (softcap,)
+        ctx.dropout = tuple(dropout)  # the same mask again in the backward
         ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(lse)
 
@@ -514,10 +539,13 @@ if HAVE_OPS:
         q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask = ctx.saved_tensors
         if dout is None:  # only lse was used: it is not differentiable, so nothing flows
             return (None,) * ctx.n_inputs
+        drop = ctx.dropout if ctx.dropout[0] else ()  # without dropout, the schema as before it existed
         if mask is not None and ctx.n_inputs > _MASK_AT and ctx.needs_input_grad[_MASK_AT]:
-            dq, dk, dv, dbias = bwd_dbias(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask)
-            return (dq, dk, dv) + (None,) * (_MASK_AT - 3) + (dbias,)
-        dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask)
+            dq, dk, dv, dbias = bwd_dbias(
+                dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, *drop
+            )
+            return (dq, dk, dv) + (None,) * (_MASK_AT - 3) + (dbias,) + (None,) * (ctx.n_inputs - _MASK_AT - 1)
+        dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, *drop)
         return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
     fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -10,7 +10,9 @@ cu_seqlens); CUDA tensors run on the current stream. With torch >= 2.4 the calls
 flashc::fwd and flashc::bwd (flashc/_ops.py), so torch.compile(fullgraph=True), torch.export and fake/meta
 tensors work. In plain eager mode the kernels are called directly (through an autograd.Function when a
 gradient is needed): the operator's dispatch costs tens of microseconds of Python per call, and the result
-is the same. Older torch has only that eager path.
+is the same. Older torch has only that eager path. The kernels are those of the C++ extension libflashc_torch.so
+where it is built (flashc/_torch_fast.py; it also becomes the operators' CPU and CUDA kernels), else ctypes calls
+(flashc/_ops.py): the same results and errors either way.
 
 Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet:
 - autocast: under torch.autocast, float32/float16/bfloat16 q, k, v are cast to the autocast dtype (SDPA is
@@ -32,7 +34,10 @@ Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet
   with its own head dim needs nothing (out takes it); attention_varlen takes seqused_q=/seqused_k= (int32
   [num_seqs], read on the host like cu_seqlens). attention takes attn_mask= as scaled_dot_product_attention does
   (bool, True = attend, or float, added to the scores; broadcastable to [batch, heads_q, seqlen_q, seqlen_k]; a
-  float mask that requires grad gets its gradient). Only the CPU backends implement these so far.
+  float mask that requires grad gets its gradient). dropout_p= as flash_attn's and SDPA's: the mask's seed and
+  offset are drawn from torch's default generator of q's device, as SDPA does (so torch.manual_seed makes runs
+  repeat; seed=/offset= pin them), and the backward regenerates the same mask. Only the CPU backends implement
+  these so far.
 - torch.vmap works (the operators have no batching rule: torch runs them once per batch entry and warns);
   torch.func.grad, jvp and jacrev raise NotImplementedError (use torch.autograd).
 """
@@ -43,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from . import _api, _ops
+from . import _torch_fast as _kernels  # the eager kernels: the C++ extension where built, else _ops
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _ALIGNS = ("bottom-right", "top-left")
@@ -169,18 +175,47 @@ def _plain_eager(q, k, v) -> bool:
     )
 
 
-def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=None):
+def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=None, drop=(0.0, 0, 0), splits=0):
     if not _ops.HAVE_OPS or _plain_eager(q, k, v):
         if torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
         ):
-            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *opts)
-        return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask)
+            if _kernels.AVAILABLE and mask is None and alibi is None and su_q is None and su_k is None and not (
+                drop[0] or splits
+            ):  # the leaner autograd.Function of the extension's path
+                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts)
+            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *drop, splits, *opts)
+        return _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
         _refuse_func_transforms()
+    if splits:
+        return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
+    if drop[0]:
+        return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop)
     if mask is None:  # the schema without attn_mask, as before it existed
         return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi)
     return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask)
+
+
+def _dropout(dropout_p, seed, offset, q, seqlen_q: int, seqlen_k: int) -> tuple:
+    """(p, seed, offset) for the operators, as signed int64s (their schema's int). Unless the caller pins them, seed
+    and offset come from torch's default generator of q's device, as SDPA's do: a CUDA generator gives its seed and
+    Philox offset and moves the offset past the counters this call uses (ceil(seqlen_q·seqlen_k / 4), rounded up to
+    4 as PyTorch's Philox users do); the CPU generator draws a fresh 64-bit seed (offset 0). Either way
+    torch.manual_seed makes the masks repeat, and each call gets a mask of its own."""
+    p, seed_u, offset_u = _api.check_dropout(dropout_p, 0 if seed is None else seed, offset)
+    if p == 0.0:
+        return (0.0, 0, 0)
+    if seed is None:
+        if q.is_cuda:
+            gen = torch.cuda.default_generators[q.device.index if q.device.index is not None else 0]
+            seed_u = gen.initial_seed() % 2**64
+            base = gen.get_offset()
+            gen.set_offset(base + ((seqlen_q * seqlen_k + 3) // 4 + 3) // 4 * 4)
+            offset_u = (base + offset_u) % 2**64
+        else:
+            seed_u = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64
+    return (p, seed_u - 2**64 if seed_u >= 2**63 else seed_u, offset_u - 2**64 if offset_u >= 2**63 else offset_u)
 
 
 def _refuse_func_transforms():
@@ -201,10 +236,12 @@ class _Function(torch.autograd.Function):
     """The eager path's autograd: flashc::fwd's formula (lse not differentiable, no double backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *opts):
-        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask)
+    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, drop_p, drop_seed, drop_offset, splits, *opts):
+        drop = (drop_p, drop_seed, drop_offset)
+        out, lse = _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask)
         ctx.opts = opts
+        ctx.drop = drop  # the backward regenerates the same dropout mask
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -213,9 +250,11 @@ class _Function(torch.autograd.Function):
         _ops.check_double_backward()
         q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask = ctx.saved_tensors
         want_dbias = mask is not None and ctx.needs_input_grad[8]
-        grads = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, want_dbias)
+        grads = _kernels.bwd_impl(
+            dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, want_dbias, *ctx.drop
+        )
         dbias = grads[3] if want_dbias else None
-        return grads[:3] + (None,) * 5 + (dbias,) + (None,) * len(ctx.opts)
+        return grads[:3] + (None,) * 5 + (dbias,) + (None,) * (4 + len(ctx.opts))
 
 
 def attention(
@@ -234,17 +273,28 @@ def attention(
     softcap=0.0,
     alibi_slopes=None,
     attn_mask=None,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
+    num_splits=0,
 ):
     """flashc.attention with autograd: gradients flow to q, k and v (and to a float attn_mask that requires grad).
     return_lse=True: (out, lse). attn_mask: as scaled_dot_product_attention's (bool: True = attend; float: added
-    to the scores), broadcastable to [batch, heads_q, seqlen_q, seqlen_k]."""
+    to the scores), broadcastable to [batch, heads_q, seqlen_q, seqlen_k]. dropout_p: as flash_attn_func's (applied
+    whenever it is > 0, as there: pass 0.0 in evaluation). seed None: seed and offset drawn from torch's generator
+    (see the module's docstring); given: the mask of flashc.attention(..., seed=seed, offset=offset). num_splits:
+    as flashc.attention's (the forward's key splits on cuda-mma)."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         _not_tensor(q, k, v)
     opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
     q, k, v = _cast(q, k, v)
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         attn_mask = torch.as_tensor(attn_mask)
-    out, lse = _forward(q, k, v, None, None, opts, alibi=_slopes(alibi_slopes), mask=attn_mask)
+    drop = _dropout(dropout_p, seed, offset, q, q.shape[1], k.shape[1]) if dropout_p else (0.0, 0, 0)
+    splits = _api.check_num_splits(num_splits) if num_splits else 0
+    out, lse = _forward(
+        q, k, v, None, None, opts, alibi=_slopes(alibi_slopes), mask=attn_mask, drop=drop, splits=splits
+    )
     return (out, lse) if return_lse else out
 
 
@@ -267,17 +317,24 @@ def attention_varlen(
     alibi_slopes=None,
     seqused_q=None,
     seqused_k=None,
+    dropout_p=0.0,
+    seed=None,
+    offset=0,
+    num_splits=0,
 ):
     """flashc.attention_varlen with autograd: packed [total, heads, head_dim] tensors, int32 cu_seqlens
     (host tensors avoid a synchronising copy; see the module's docstring). seqused_q/k: None, or one used
-    length per sequence (flashc.attention_varlen)."""
+    length per sequence (flashc.attention_varlen). dropout_p, seed, offset, num_splits: as attention()."""
     _api.require_cu_seqlens("flashc.torch.attention_varlen", cu_seqlens_q, cu_seqlens_k)
     _not_tensor(q, k, v)
     opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
     cu_q, cu_k = _offsets("cu_seqlens_q", cu_seqlens_q), _offsets("cu_seqlens_k", cu_seqlens_k)
     su_q, su_k = _lengths("seqused_q", seqused_q), _lengths("seqused_k", seqused_k)
     q, k, v = _cast(q, k, v)
-    out, lse = _forward(q, k, v, cu_q, cu_k, opts, su_q, su_k, _slopes(alibi_slopes))
+    # a sequence's counters are bounded by the packed totals' product
+    drop = _dropout(dropout_p, seed, offset, q, q.shape[0], k.shape[0]) if dropout_p else (0.0, 0, 0)
+    splits = _api.check_num_splits(num_splits) if num_splits else 0
+    out, lse = _forward(q, k, v, cu_q, cu_k, opts, su_q, su_k, _slopes(alibi_slopes), drop=drop, splits=splits)
     return (out, lse) if return_lse else out
 
 
@@ -306,7 +363,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         opts = _check_options(causal, window, scale, backend, causal_align, threads, deterministic)
         cu_q = None if cu_seqlens_q is None else _offsets("cu_seqlens_q", cu_seqlens_q)
         cu_k = None if cu_seqlens_k is None else _offsets("cu_seqlens_k", cu_seqlens_k)
-        out, lse = _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+        out, lse = _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.opts = opts
         return out
@@ -315,7 +372,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         _ops.check_double_backward()
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
+        dq, dk, dv = _kernels.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts)
         return (dq, dk, dv) + (None,) * 9
 
 

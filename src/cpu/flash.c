@@ -7,8 +7,8 @@
  *     S = mods(S)                                    (softcap, ALiBi: fc_tile_score_mods, one test per tile)
  *     S = S + bias, or −inf where a boolean mask is 0 (attn_mask: fc_tile_attn_mask, one test per tile)
  *     m_new = max(m, rowmax S),  P = 2^(S − m_new)
- *     l = 2^(m − m_new) l + rowsum P,  O_i = 2^(m − m_new) O_i + P V_j,  m = m_new
- *   O_i /= l,  lse = (m + log2 l) · ln 2
+ *     l = 2^(m − m_new) l + rowsum P,  O_i = 2^(m − m_new) O_i + (P ∘ keep) V_j,  m = m_new
+ *   O_i /= l·(1 − p),  lse = (m + log2 l) · ln 2     (keep, p: dropout's mask and rate; without it keep = 1, p = 0)
  * The s×s score matrix never exists: a worker holds one RG×Bc piece of it at a time. K_j and V_j are packed
  * once per block into the panels the micro-kernel streams, every tile is fp32 (f16/bf16 converted on the way in),
  * the products and the exponentials run in the SIMD kernels of kernels.h. Blocks of keys that no row of Q_i
@@ -100,6 +100,8 @@ static void forward_task(void *vctx, int64_t t, int worker) {
   fwd_tiles_carve(kern, d, dv, Br, fc_scratch_worker(&ctx->scratch, worker), &T);
   const fc_score_mods mods = fc_score_mods_of(p, s, h, sq, sk);
   const int mods_on = fc_score_mods_on(&mods);
+  const int drop = p->dropout_p > 0.0f;
+  const float rp = drop ? (float)(1.0 / (1.0 - (double)p->dropout_p)) : 1.0f; /* dropout's 1/(1 − p), at the end */
 
   /* Q_i = scale·log2(e) · q[i0 : i0+in], so that S = Q_i K_jᵀ is in base-2 units (scale / softcap under a
    * softcap: tanh's argument, fc_score_mul). */
@@ -147,6 +149,12 @@ static void forward_task(void *vctx, int64_t t, int worker) {
         T.l[r] = alpha * T.l[r] + kern->exp2_row(S_r, gc, m_use);
         T.m[r] = m_new;
         if (alpha != 1.0f) kern->scale_row(T.O + r * dvp, dvp, alpha);
+        /* Dropout after l took the whole row: the softmax's sum (and lse) are dropout's P, not P ∘ keep. */
+        if (drop) {
+          uint8_t keep[BC];
+          fc_dropout_keep_row(p, s, h, sk, i0 + r, j0, gn, keep);
+          fc_dropout_apply(keep, gn, 1.0f, S_r);
+        }
       }
 
       /* O_i += P V_j */
@@ -154,10 +162,10 @@ static void forward_task(void *vctx, int64_t t, int worker) {
     }
   }
 
-  /* O_i /= l, lse = (m + log2 l)·ln 2. A row that saw no key has l = 0: it keeps O = 0 and lse = −inf. */
+  /* O_i /= l·(1 − p), lse = (m + log2 l)·ln 2. A row that saw no key has l = 0: it keeps O = 0 and lse = −inf. */
   for (int64_t r = 0; r < in; r++) {
     const float l = T.l[r];
-    kern->scale_row(T.O + r * dvp, dvp, l > 0.0f ? 1.0f / l : 0.0f);
+    kern->scale_row(T.O + r * dvp, dvp, l > 0.0f ? rp / l : 0.0f);
     if (p->lse) p->lse[fc_lse_index(p, s, q0, h, i0 + r)] = l > 0.0f ? (T.m[r] + log2f(l)) * FC_LN2 : -INFINITY;
   }
   fc_tile_store(kern, p, (fc_rows){&p->o, s, q0, i0, in, h}, 1.0f, T.O, dvp);
@@ -202,7 +210,7 @@ const fc_backend fc_backend_cpu = {
     .forward = flash_forward,
     .backward = fc_cpu_flash_backward,
     .forward_kvcache = fc_cpu_forward_kvcache, /* kvcache.c */
-    .features =
-        FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED | FC_FEATURE_ATTN_MASK,
+    .features = FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED |
+                FC_FEATURE_ATTN_MASK | FC_FEATURE_DROPOUT,
     .max_head_dim_v = 512, /* fc_tile_pack_t's row buffer, and fc_ref_forward_row's */
 };

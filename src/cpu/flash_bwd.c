@@ -3,9 +3,10 @@
  *
  * P is recomputed tile by tile from the forward's lse, so no s×s matrix is kept:
  *   P = 2^(S − lse·log2 e) with S = (scale·log2 e) Q_i K_jᵀ, modified (softcap, ALiBi) and masked
- *   dV_j += Pᵀ dO_i,  dP = dO_i V_jᵀ,  dS = P ∘ (dP − D_i),  dK_j += scale dSᵀ Q_i,  dQ_i += scale dS K_j
+ *   dV_j += (P ∘ Z)ᵀ dO_i,  dP = Z ∘ (dO_i V_jᵀ),  dS = P ∘ (dP − D_i),  dK_j += scale dSᵀ Q_i,  dQ_i += scale dS K_j
  * (under a softcap dS is taken through its tanh, dS ∘ (1 − tanh²), from the recomputed scores)
  * with D_i = rowsum(dO_i ∘ O_i) (= Σ_j P_ij dP_ij, the softmax Jacobian's correction): five tile products.
+ * Z = keep / (1 − p) is dropout's mask (flashc.h), regenerated from its seed and offset (1 without dropout).
  * attn_mask enters S after the modifiers (fc_tile_attn_mask); the gradient of a float bias, dbias = dS (before the
  * softcap's tanh: the bias is added after it), is kept whole in fp32 scratch [batch, heads_q, seqlen_q, seqlen_k],
  * each element written by the one tile that computes it, and pass 2 sums it over the dims dbias broadcasts.
@@ -222,13 +223,21 @@ static void tile_step(const bwd_ctx *ctx, const bwd_tiles *T, const seq_info *q,
   fc_tile_mask(p, q->shift, q->sk, i0 + a, rows, j0 + c0, c1 - c0, w, S, Bc);
   kern->gemm(rows, w, dv, dO, ldv, 1, T->Vt + c0 / nr * dv * nr, dv * nr, nr, dS, Bc, 0);
 
-  /* P = 2^(S − lse·log2 e), dS = P ∘ (dP − D_i) */
+  /* P = 2^(S − lse·log2 e), dS = P ∘ (Z ∘ dP − D_i), then P ∘ Z for dV */
+  const int drop = p->dropout_p > 0.0f;
+  const float rp = drop ? (float)(1.0 / (1.0 - (double)p->dropout_p)) : 1.0f;
   for (int64_t r = 0; r < rows; r++) {
     if (T->lse2[a + r] == -INFINITY) { /* a row that saw no key in the forward: P = 0 (2^(S + inf) is not) */
       memset(S + r * Bc, 0, (size_t)w * sizeof(float));
       memset(dS + r * Bc, 0, (size_t)w * sizeof(float));
     } else {
+      uint8_t keep[256]; /* c1 − c0 ≤ Bc ≤ 256 */
+      if (drop) {
+        fc_dropout_keep_row(p, q->s, h, q->sk, i0 + a + r, j0 + c0, c1 - c0, keep);
+        fc_dropout_apply(keep, c1 - c0, rp, dS + r * Bc);
+      }
       kern->softmax_grad_row(S + r * Bc, dS + r * Bc, w, T->lse2[a + r], T->D[a + r]);
+      if (drop) fc_dropout_apply(keep, c1 - c0, rp, S + r * Bc);
       if (ctx->dS_all) /* dbias: this tile is the only writer of these elements */
         memcpy(ctx->dS_all + (first + r) * q->sk + j0 + c0, dS + r * Bc, (size_t)(c1 - c0) * sizeof(float));
       /* Through the softcap: ∂(cap·tanh(x))/∂(cap·x) = 1 − tanh²(x). */

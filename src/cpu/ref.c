@@ -4,15 +4,16 @@
  * Plain loops in the order of the definition, every product and sum in fp64, so that the only rounding
  * that matters is the final store into the caller's dtype. It supports every feature of fc_problem (all
  * dtypes including f64, head_dim 1..256 and a head_dim_v of V up to 512, GQA/MQA, varlen with seqused, windows
- * and causal in both alignments, softcap, ALiBi, attn_mask and its gradient dbias, any strides) and reads the mask
- * element by element through fc_visible, independently of the key ranges the fast backends derive from it. Speed is not
- * a goal; being obviously right is.
+ * and causal in both alignments, softcap, ALiBi, attn_mask and its gradient dbias, dropout, any strides) and reads the
+ * mask element by element through fc_visible, independently of the key ranges the fast backends derive from it. Speed
+ * is not a goal; being obviously right is.
  *
  * Forward: one task per (sequence, query head). Backward: one task per (sequence, kv head), which owns the
  * dk/dv rows of its kv head and the dq rows of the query heads that share it, so no two tasks write the same
  * row and the result does not depend on the thread count.
  */
 #include "../kvcache.h"
+#include "../philox.h"
 #include "flash.h"
 #include "scratch.h"
 
@@ -38,7 +39,7 @@ static double dot(const double *a, const double *b, int64_t d) {
  *   S_ij = mods(scale · q_i·k_j)              (1)  mods: softcap, then ALiBi (score below)
  *   m_i = max_j S_ij,  l_i = Σ_j exp(S_ij − m_i)
  *   P_ij = exp(S_ij − m_i) / l_i              (2)
- *   o_i = Σ_j P_ij v_j                        (3)
+ *   o_i = Σ_j P_ij Z_ij v_j                   (3)  Z: dropout's keep_ij / (1 − p) (philox.h), else 1
  *   lse_i = m_i + log l_i
  * A row that sees no key (or only scores of −inf, which weigh nothing) has no softmax: o_i = 0, lse_i = −inf.
  * Non-finite values follow IEEE arithmetic as in PyTorch: the maximum propagates NaN (max_nan), so a NaN
@@ -58,6 +59,11 @@ typedef struct {
   int is_bool;
   flashc_dtype dtype; /* of a bias */
   int64_t base, st_i, st_j;
+  /* dropout (drop 0: off): Z_ij = keep_ij · rp, keep_ij from (seed, offset, threshold) for element i·sk + j of bh */
+  int drop;
+  double rp;
+  uint64_t seed, offset, bh;
+  uint32_t threshold;
 } score_fn;
 
 static score_fn score_of(const fc_problem *p, int64_t s, int64_t h, int64_t sq, int64_t sk) {
@@ -70,7 +76,21 @@ static score_fn score_of(const fc_problem *p, int64_t s, int64_t h, int64_t sq, 
     f.st_i = p->attn_mask_stride[2];
     f.st_j = p->attn_mask_stride[3];
   }
+  if (p->dropout_p > 0.0f) {
+    f.drop = 1;
+    f.rp = 1.0 / (1.0 - (double)p->dropout_p);
+    f.seed = p->dropout_seed;
+    f.offset = p->dropout_offset;
+    f.threshold = p->dropout_threshold;
+    f.bh = (uint64_t)(s * p->heads_q + h);
+  }
   return f;
+}
+
+/* Dropout's Z_ij: 1 without dropout, else 1/(1 − p) where weight (i, j) is kept and 0 where it is dropped. */
+static double dropout_z(const score_fn *f, int64_t i, int64_t j) {
+  if (!f->drop) return 1.0;
+  return fc_dropout_keep(f->seed, f->offset, f->threshold, f->bh, (uint64_t)(i * f->sk + j)) ? f->rp : 0.0;
 }
 
 /* Key j takes part in row i: the causal/window mask lets it through (fc_visible) and a boolean attn_mask does not
@@ -138,10 +158,10 @@ static double forward_row(const kv_rows *kv, const score_fn *f, int64_t shift, i
   if (m == -INFINITY) return -INFINITY;
   for (int64_t j = 0; j < sk; j++) { /* (2) and (3), with the division by l_i left to the end */
     if (!sees(p, f, shift, i, j)) continue;
-    const double e = exp((S ? S[j] : score(f, dot(q, key_row(kv, j), d), i, j, NULL)) - m);
-    l += e;
+    const double e = exp((S ? S[j] : score(f, dot(q, key_row(kv, j), d), i, j, NULL)) - m), ez = e * dropout_z(f, i, j);
+    l += e; /* the softmax's sum, which dropout does not change */
     const double *v = value_row(kv, j);
-    for (int64_t c = 0; c < dv; c++) o[c] += e * v[c];
+    for (int64_t c = 0; c < dv; c++) o[c] += ez * v[c];
   }
   for (int64_t c = 0; c < dv; c++) o[c] /= l;
   return m + log(l);
@@ -216,7 +236,7 @@ static flashc_status ref_forward(const fc_problem *p) {
 /* ---- backward --------------------------------------------------------------------------------------- */
 /* Everything is recomputed in fp64 from q, k, v and dout: the oracle must not inherit the rounding of the
  * o and lse it is given. With L the loss and dX = ∂L/∂X, each gradient undoes one forward line:
- *   (3) o_i = Σ_j P_ij v_j        →  dv_j += P_ij do_i                 dP_ij = do_i·v_j
+ *   (3) o_i = Σ_j P_ij Z_ij v_j   →  dv_j += P_ij Z_ij do_i            dP_ij = Z_ij do_i·v_j (Z: dropout)
  *   (2) P_ij = softmax_j(S_ij)    →  dS_ij = P_ij (dP_ij − D_i),       D_i = Σ_j P_ij dP_ij  (= do_i·o_i)
  *   (1) S_ij = mods(scale q_i·k_j) →  dq_i = scale Σ_j dS'_ij k_j,     dk_j += scale dS'_ij q_i
  *       with dS' = dS · (1 − tanh²(scale q_i·k_j / cap)) under softcap (ALiBi's bias is a constant: dS' = dS).
@@ -269,16 +289,17 @@ static void backward_task(void *vctx, int64_t t, int worker) {
         for (int64_t j = 0; j < sk; j++)
           if (sees(p, &f, shift, i, j)) P[j] /= l;
 
-        /* Undo (3): dv_j += P_ij do_i, dP_ij = do_i·v_j; D_i = Σ_j P_ij dP_ij. */
+        /* Undo (3): dv_j += P_ij Z_ij do_i, dP_ij = Z_ij do_i·v_j; D_i = Σ_j P_ij dP_ij. */
         double D = 0.0;
         for (int64_t j = 0; j < sk; j++) {
           dP[j] = 0.0;
           /* Hidden keys take no part. A key the row sees does, with P_ij = 0 too: its k_j and v_j enter the
            * products (so an infinite k_j makes dq_i NaN through 0·inf, as in PyTorch's matrix products). */
           if (!sees(p, &f, shift, i, j)) continue;
-          dP[j] = dot(dout, V + j * dv, dv);
+          const double z = dropout_z(&f, i, j), pz = P[j] * z;
+          dP[j] = z * dot(dout, V + j * dv, dv);
           D += P[j] * dP[j];
-          for (int64_t c = 0; c < dv; c++) dV[j * dv + c] += P[j] * dout[c];
+          for (int64_t c = 0; c < dv; c++) dV[j * dv + c] += pz * dout[c];
         }
 
         /* Undo (2) and (1): dS_ij = P_ij (dP_ij − D_i), through the softcap's tanh; dq_i = scale Σ_j dS_ij k_j;
@@ -332,7 +353,7 @@ static void add_dS_row(const fc_problem *p, int64_t s, int64_t h, int64_t i, dou
   for (int64_t j = 0; j < sk; j++) {
     if (!sees(p, &f, shift, i, j)) continue;
     P[j] /= l;
-    dP[j] = dot(dout, value_row(&kv, j), dv);
+    dP[j] = dropout_z(&f, i, j) * dot(dout, value_row(&kv, j), dv);
     D += P[j] * dP[j];
   }
   for (int64_t j = 0; j < sk; j++)
@@ -391,8 +412,8 @@ const fc_backend fc_backend_cpu_ref = {
     .dtypes = (1u << FLASHC_F32) | (1u << FLASHC_F16) | (1u << FLASHC_BF16) | (1u << FLASHC_F64),
     .min_head_dim = 1,
     .max_head_dim = 256,
-    .features =
-        FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED | FC_FEATURE_ATTN_MASK,
+    .features = FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED |
+                FC_FEATURE_ATTN_MASK | FC_FEATURE_DROPOUT,
     .max_head_dim_v = 512,
     .usable = NULL,
     .supports = NULL,

@@ -1,6 +1,8 @@
 /* tile.c — tiles between the caller's tensors and fp32 scratch, masks, block numbering (see tile.h). */
 #include "tile.h"
 
+#include "../philox.h"
+
 #include <string.h>
 
 /* y[c] = mul · x[c] for c < n, x being n values of the caller's dtype at element `offset` of `base`. */
@@ -144,6 +146,43 @@ bool fc_attn_mask_removes_all(const fc_problem *p, int64_t s, int64_t h, int64_t
                              : fc_load(p->attn_mask, p->dtype, at + j * st) != -INFINITY)
       return false;
   return true;
+}
+
+void fc_dropout_keep_row(const fc_problem *p, int64_t s, int64_t h, int64_t sk, int64_t i, int64_t j0, int64_t n,
+                         uint8_t *keep) {
+  /* Philox4x32-10 (philox.h) on up to LANES blocks side by side, one array per counter word, so that each round is
+   * a loop over independent lanes the compiler vectorises (32 × 32 → 64-bit products); the same bits as
+   * fc_philox4x32_10 (tests/test_dropout.c compares them). */
+  enum { LANES = 16 };
+  const uint64_t bh = (uint64_t)(s * p->heads_q + h), e_first = (uint64_t)(i * sk + j0), e_end = e_first + (uint64_t)n;
+  const uint32_t t = p->dropout_threshold;
+  for (uint64_t n0 = e_first / 4; n0 * 4 < e_end; n0 += LANES) {
+    uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
+    for (int b = 0; b < LANES; b++) {
+      const uint64_t c = p->dropout_offset + n0 + (uint64_t)b;
+      c0[b] = (uint32_t)c, c1[b] = (uint32_t)(c >> 32), c2[b] = (uint32_t)bh, c3[b] = (uint32_t)(bh >> 32);
+    }
+    uint32_t k0 = (uint32_t)p->dropout_seed, k1 = (uint32_t)(p->dropout_seed >> 32);
+    for (int r = 0; r < 10; r++) {
+      if (r > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+      for (int b = 0; b < LANES; b++) {
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c0[b], p1 = (uint64_t)0xCD9E8D57u * c2[b];
+        const uint32_t n0_ = (uint32_t)(p1 >> 32) ^ c1[b] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[b] ^ k1;
+        c1[b] = (uint32_t)p1, c3[b] = (uint32_t)p0, c0[b] = n0_, c2[b] = n2;
+      }
+    }
+    for (int b = 0; b < LANES; b++) {
+      const uint32_t u[4] = {c0[b], c1[b], c2[b], c3[b]};
+      for (uint64_t w = 0; w < 4; w++) {
+        const uint64_t e = (n0 + (uint64_t)b) * 4 + w;
+        if (e >= e_first && e < e_end) keep[e - e_first] = u[w] >= t;
+      }
+    }
+  }
+}
+
+void fc_dropout_apply(const uint8_t *keep, int64_t n, float mul, float *x) {
+  for (int64_t c = 0; c < n; c++) x[c] *= keep[c] ? mul : 0.0f;
 }
 
 /* Rows of sequence s on one side: its used rows (fc_seq_q/k). */

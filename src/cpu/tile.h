@@ -96,6 +96,13 @@ void fc_tile_attn_mask(const fc_cpu_kernels *kern, const fc_problem *p, int64_t 
  * leaving fp32 (flash.h). false without a mask. */
 bool fc_attn_mask_removes_all(const fc_problem *p, int64_t s, int64_t h, int64_t i, int64_t lo, int64_t hi);
 
+/* Dropout (flashc.h, philox.h) of query row i of (sequence s, query head h) over keys [j0, j0 + n) of a sequence of
+ * sk keys: keep[c] = 1 where the weight of key j0 + c is kept, 0 where it is dropped. */
+void fc_dropout_keep_row(const fc_problem *p, int64_t s, int64_t h, int64_t sk, int64_t i, int64_t j0, int64_t n,
+                         uint8_t *keep);
+/* x[c] ← x[c]·mul where keep[c], x[c]·0 where not (0, or NaN from a non-finite x: IEEE, as cpu-ref multiplies). */
+void fc_dropout_apply(const uint8_t *keep, int64_t n, float mul, float *x);
+
 /* [*j_lo, *j_hi): a superset of the keys that any of the queries [i0, i1) may see (the mask's bounds grow
  * with i, so it runs from the first row's lower bound to the last row's upper bound). Empty if lo ≥ hi. */
 static inline void fc_keys_seen(const fc_problem *p, int64_t shift, int64_t sk, int64_t i0, int64_t i1, int64_t *j_lo,

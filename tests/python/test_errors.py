@@ -59,10 +59,21 @@ def test_wrong_rank(qkv):
         (dict(threads=-1), ValueError, "threads is -1"),
         (dict(threads=1.5), TypeError, "threads must be an int"),
         (dict(deterministic=None), TypeError, "deterministic must be a bool"),
+        (dict(num_splits=-1), ValueError, "num_splits is -1"),
+        (dict(num_splits=2**31), ValueError, "num_splits is 2147483648"),
+        (dict(num_splits=1.0), TypeError, "num_splits must be an int"),
+        (dict(num_splits=True), TypeError, "num_splits must be an int"),
     ],
 )
 def test_bad_options(qkv, kwargs, exc, match):
     raises(exc, match, flashc.attention, *qkv, **kwargs)
+
+
+def test_num_splits_is_ignored_where_nothing_splits(qkv):
+    """A backend that does not split keys (cpu) ignores num_splits: the same bits as the default."""
+    out = flashc.attention(*qkv, causal=True, backend="cpu")
+    for n in (1, 3, 64):
+        assert np.array_equal(flashc.attention(*qkv, causal=True, backend="cpu", num_splits=n), out)
 
 
 # ---- caught by the C library: the exception carries its message -------------------------------------------
