@@ -13,6 +13,10 @@
 
 #include "internal.h"
 
+#ifdef __cplusplus
+extern "C" { /* src/cuda/decode.cu reads the problem */
+#endif
+
 typedef struct fc_kv_problem {
   fc_problem base;
   /* stride_b steps one sequence (dense) or one block (paged). */
@@ -58,8 +62,12 @@ void fc_kv_append_host(const fc_kv_problem *p);
  * fp64, over the cache as it is (after the append). The `cpu` backend redoes with it the rows that leave fp32. */
 void fc_ref_kvcache_row(const fc_kv_problem *p, int64_t b, int64_t h, int64_t i);
 
-/* The backends' entry points (src/cpu/ref_kvcache.c, src/cpu/kvcache.c). */
+/* The backends' entry points (src/cpu/ref_kvcache.c, src/cpu/kvcache.c; the CUDA backends' one,
+ * fc_cuda_forward_kvcache of src/cuda/decode.cu, is declared in src/cuda/common.cuh, which their tables see). */
 flashc_status fc_ref_forward_kvcache(const fc_kv_problem *p);
 flashc_status fc_cpu_forward_kvcache(const fc_kv_problem *p);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* FLASHC_KVCACHE_H */

@@ -1,7 +1,8 @@
-"""The check of a backend's backward in each of its configurations, chosen by an environment variable the
-library reads at every call: cuda-mma's FLASHC_MMA_BWD_CONFIG (tools/mma/check_bwd.py), cuda-fa2-fp32's
-FLASHC_FA2_BWD_CONFIG (tools/fa2/check_bwd.py). Those two scripts say what differs (the backend, its dtypes,
-the tolerance floor, the bits compared for determinism, the bench and its peers) and run `main`.
+"""The GPU check of a backend's backward, the kernels its plan picks per call (head dim, mask, deterministic mode,
+the device): cuda-mma's (tools/mma/check_bwd.py) and cuda-fa2-fp32's (tools/fa2/check_bwd.py). Those two scripts
+say what differs (the backend, its dtypes, the tolerance floor, the bits compared for determinism, the bench and its
+peers) and run `main`. A kernel that is not the plan's choice is built and checked as an experiment, from its
+commit (docs/experiments.md), not switched on here.
 
 Per case: fresh random inputs; o and lse from the fp64 reference (o rounded to the dtype), so the forward kernel
 is not under test; dq, dk, dv poisoned with NaN before every call, including the padding of strided layouts,
@@ -12,7 +13,6 @@ two runs bit-identical; no NaN anywhere.
 import argparse
 import dataclasses
 import math
-import os
 import time
 from typing import Callable
 
@@ -24,34 +24,31 @@ from gpucheck import Flashc, Results, cu_seqlens, make, make_with_buffer, refere
 @dataclasses.dataclass
 class Spec:
     backend: str  # "cuda-mma"
-    env: str  # the variable that picks the configuration
     dtypes: tuple  # the torch dtypes checked, in order
     bits: torch.dtype  # an integer dtype of the same width, to compare two runs bit for bit
     floor: Callable  # floor(mag, lse) -> what is added to 3x the plain error; mag {gradient: max |reference|}
     lib: str  # --lib's default
-    configs: str  # --configs' default
     quick_help: str  # --quick's help
 
 
 class Harness:
     def __init__(self, spec, args):
         self.spec, self.args = spec, args
-        self.configs = args.configs.split(",")
+        self.configs = ["flashc"]  # the bench's column of the backend (its plan's kernels)
         self.fc = Flashc(args.lib)
         self.fc.handle(spec.backend)  # a script that cannot create its handle stops here, before any case
         self.res = Results()
         self.OK = self.fc.OK
 
-    def backward(self, config, p, q, k, v, o, lse, do, dq, dk, dv):
-        os.environ[self.spec.env] = config  # read by the library at every call
+    def backward(self, p, q, k, v, o, lse, do, dq, dk, dv):
         return self.fc.backward(self.spec.backend, p, q, k, v, o, lse, do, dq, dk, dv)
 
     def forward(self, p, q, k, v, o, lse):
         return self.fc.forward(self.spec.backend, p, q, k, v, o, lse)
 
     def time_configs(self, q, k, v, dout, causal, timer):
-        """{configuration: ms of its backward} on [b, h, s, d] inputs passed as [b, s, h, d] views (bottom-right
-        causal or full), o and lse from the backend's forward; nan where a configuration fails (said)."""
+        """{"flashc": ms of the backward} on [b, h, s, d] inputs passed as [b, s, h, d] views (bottom-right
+        causal or full), o and lse from the backend's forward; nan where it fails (said)."""
         fc, res = self.fc, {}
         qv, kv, vv, dov = (x.transpose(1, 2) for x in (q, k, v, dout))  # [b, s, h, d] views
         o = torch.empty_like(qv)
@@ -61,11 +58,11 @@ class Harness:
         if self.forward(p, qv, kv, vv, o, lse) != fc.OK:
             print("forward:", fc.last_error(), flush=True)
         for config in self.configs:
-            if self.backward(config, p, qv, kv, vv, o, lse, dov, dq, dk, dv) != fc.OK:
+            if self.backward(p, qv, kv, vv, o, lse, dov, dq, dk, dv) != fc.OK:
                 print(config, fc.last_error(), flush=True)
                 res[config] = float("nan")
                 continue
-            res[config] = timer(lambda: self.backward(config, p, qv, kv, vv, o, lse, dov, dq, dk, dv))  # noqa: B023
+            res[config] = timer(lambda: self.backward(p, qv, kv, vv, o, lse, dov, dq, dk, dv))  # noqa: B023
         return res
 
     def check(self, config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd",
@@ -113,7 +110,7 @@ class Harness:
             dq, dq_buf = make_with_buffer(nb, nq, hq, d, dtype, layout, fill=float("nan"))
             dk, dk_buf = make_with_buffer(nb, nk, hkv, d, dtype, layout, fill=float("nan"))
             dv, dv_buf = make_with_buffer(nb, nk, hkv, d, dtype, layout, fill=float("nan"))
-            st = self.backward(config, p, q, k, v, o, lse, do, dq, dk, dv)
+            st = self.backward(p, q, k, v, o, lse, do, dq, dk, dv)
             torch.cuda.synchronize()
             if st != self.OK:
                 self.res.record(tag, False, f"status {st}: {self.fc.last_error()}")
@@ -150,7 +147,7 @@ class Harness:
         self.res.record(tag, ok, " ".join(f"{n} {err[n]:.1e}/{tol[n]:.1e}" for n in err) + " " + " ".join(bad))
 
     def correctness(self, extra=()):
-        """Every configuration and dtype over odd shapes, masks, head dims, layouts, GQA/MQA, a negative scale,
+        """Every dtype over odd shapes, masks, head dims, layouts, GQA/MQA, a negative scale,
         varlen with empty sequences, deterministic mode; then each of `extra` (a function of this harness)."""
         check, quick = self.check, self.args.quick
         torch.manual_seed(0)
@@ -197,7 +194,6 @@ def parse_args(spec, more=None):
     ap.add_argument("--quick", action="store_true", help=spec.quick_help)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--configs", default=spec.configs)
     ap.add_argument("--csv", default="", help="write the bench rows here (docs/targets.md's columns + config)")
     ap.add_argument("--no-varlen", action="store_true",
                     help="skip the varlen cases (under racecheck, PyTorch's reference of their 1-token sequence "
@@ -210,8 +206,8 @@ def parse_args(spec, more=None):
 
 
 def main(spec, bench, more_args=None, extra_checks=()):
-    """Parse the command line, check every configuration (unless --no-check), run `bench(harness)` (unless
-    --no-bench), print the summary with a count per configuration, exit 1 if anything failed."""
+    """Parse the command line, check (unless --no-check), run `bench(harness)` (unless --no-bench), print the
+    summary, exit 1 if anything failed."""
     h = Harness(spec, parse_args(spec, more_args))
     t0 = time.time()
     if not h.args.no_check:

@@ -41,6 +41,9 @@ typedef struct fc_device_props {
 } fc_device_props;
 flashc_status fc_device_get_props(fc_device_props *out);
 
+/* flashc_forward_kvcache on the GPU (decode.cu): the forward_kvcache of the cuda-mma and cuda-hopper tables. */
+flashc_status fc_cuda_forward_kvcache(const struct fc_kv_problem *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,12 +27,11 @@
  *   D 256: Br 32, Bc 16 — 102 KB, 2 CTAs per SM
  * Br 32 rather than 64 for D 64: with Br 64 the P, dP and dK, dV accumulators need more than 255 registers.
  *
- * The D 64 bucket in the atomic mode has three configurations, FLASHC_FA2_BWD_CONFIG (read at every call):
- * fused (unset: dQ added into dq itself, no copy pass; key blocks of most work first), base (the kernels above,
- * dQ in an fp32 buffer, then copied) or pipe (fused with Q/dO double-buffered, 2 barriers per tile pair). See
- * fa2_bwd_dkdv_direct_kernel. Measured on the H100 (tools/fa2/bench-bwd.sh, bench/results/configs/
- * fa2-bwd-configs.csv, b4 h8 s1k-8k and b8 h16 s2k, d64): fused 1.04-1.74x SDPA efficient, base 1.02-1.23x,
- * pipe 1.01-1.71x; fused is ahead or within 3% of the best everywhere but b4 h8 s2048 causal (pipe +14%).
+ * The D 64 bucket in the atomic mode runs the fused kernel (fa2_bwd_dkdv_direct_kernel: dQ added into dq itself,
+ * no copy pass; key blocks of most work first). Measured on the H100 (tools/fa2/bench-bwd.sh, bench/results/
+ * configs/fa2-bwd-configs.csv, b4 h8 s1k-8k and b8 h16 s2k, d64): fused 1.04-1.74x SDPA efficient, the kernels
+ * above (dQ in an fp32 buffer, then copied) 1.02-1.23x, fused with Q/dO double-buffered (2 barriers per tile pair)
+ * 1.01-1.71x: fused is ahead or within 3% of the best everywhere but b4 h8 s2048 causal (double-buffered +14%).
  */
 #include "fa2_fp32_tile.cuh"
 
@@ -47,8 +46,8 @@ template <int D, int BR, int BC> struct fa2_bwd_cfg {
   static constexpr int LD = D + 4, LDP = FA2_LDP(BC);
   static constexpr int MAIN_FLOATS = 2 * BC * LD + 2 * BR * LD + 2 * BR * LDP + 2 * BR;
   static constexpr int DQ_FLOATS = 2 * BR * LD + 2 * BC * LD + BR * LDP + 2 * BR;
-  static constexpr int STAGE_FLOATS = 2 * BR * LD + 2 * BR;        /* direct kernels: one Q_i, dO_i, lse_i, D_i stage */
-  static constexpr int DIRECT_FLOATS = 2 * BC * LD + 2 * BR * LDP; /* + QS stages */
+  static constexpr int STAGE_FLOATS = 2 * BR * LD + 2 * BR;        /* the fused kernel: its Q_i, dO_i, lse_i, D_i */
+  static constexpr int DIRECT_FLOATS = 2 * BC * LD + 2 * BR * LDP; /* + STAGE_FLOATS */
   static_assert(BR % 8 == 0 && BC % 16 == 0 && D % 64 == 0, "tile shape does not fit the 8x16 thread grid");
   static_assert(FA2_THREADS % CCH == 0 && (D / 4) % NG == 0 && NCH >= 1, "dK/dV tile does not fit 128 threads");
 };
@@ -372,26 +371,21 @@ __global__ void __launch_bounds__(FA2_THREADS, 2)
   }
 }
 
-/* ---- direct kernels (fused, the D 64 default, and pipe): dQ straight into dq, heaviest key blocks first ---- */
+/* ---- the fused kernel (D 64, atomic mode): dQ straight into dq, heaviest key blocks first -------------- */
 
-/* The main kernel's maths with three changes, each aimed at a cost the base kernel pays:
+/* The main kernel's maths with two changes, each aimed at a cost the base kernel pays:
  *   - dQ_i += scale·dS·K_j is added straight into dq, which the pre-pass zeroed: no accumulator memset and no
  *     copy pass (2 of the 4 launches, and 3 passes over a rows × D fp32 buffer; about 1.5 % at s1024 b4 h8);
  *   - block → (key block, head) is key-block major within groups of hg (sequence, kv head) pairs: under a causal
  *     mask K_0 sees the most query blocks, so the longest CTAs start first and the grid ends on short ones
  *     (the forward's "last query block first"); hg ≈ CTAs in flight / key blocks keeps the heads in flight,
- *     and so their Q, dO in L2, as few as in the base order;
- *   - QS = 2 (Q/dO/lse/D double-buffered): Q_{i+1} is issued at the top of iteration i and lands during the
- *     whole tile pair instead of during the dQ product only, and the barrier that freed the single buffer goes:
- *     2 barriers per tile pair instead of 3 (with 4 warps per CTA every barrier stalls the SM's few warps).
- *     90.6 KB of shared memory at D 64: 2 CTAs per SM, so QS = 2 is built with MINB 2 only. */
-template <int D, int BR, int BC, int MINB, int QS>
+ *     and so their Q, dO in L2, as few as in the base order.
+ * One Q/dO/lse/D stage: the next block's lands during the dQ product, after a third barrier per tile pair. */
+template <int D, int BR, int BC, int MINB>
 __global__ void __launch_bounds__(FA2_THREADS, MINB)
     fa2_bwd_dkdv_direct_kernel(fc_cc_args a, const float *Dbuf, int32_t nkb, int32_t hg, int64_t nsh, int vec) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
   constexpr int TM = C::TM, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
-  constexpr int QF = C::STAGE_FLOATS;
-  static_assert(QS == 1 || QS == 2, "one or two Q/dO stages");
   extern __shared__ float4 fc_smem[];
   float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Ps = Vs + BC * LD, *dSs = Ps + BR * LDP, *Q0 = dSs + BR * LDP;
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, cc = tid % CCH, ng = tid / CCH;
@@ -429,27 +423,17 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
   for (int32_t it = 0; it < n_it; it++) {
     const int h = hk * a.group + it / nqb;
     const int32_t i0 = (qb0 + it % nqb) * BR;
-    float *Qs = Q0 + (QS == 2 ? (it & 1) * QF : 0), *dOs = Qs + BR * LD, *Ls = dOs + BR * LD, *Ds = Ls + BR;
+    float *Qs = Q0, *dOs = Qs + BR * LD, *Ls = dOs + BR * LD, *Ds = Ls + BR;
     const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk);
     fc_cp_async_wait<0>();
-    __syncthreads(); /* Q_i, dO_i, lse_i, D_i visible; every thread is done with the previous P, dS (and, QS 2,
-                        with the other stage) */
-    if (QS == 2 && it + 1 < n_it) { /* Q_{i+1} lands during this whole tile pair */
-      const int32_t nit = it + 1;
-      float *Qn = Q0 + ((it + 1) & 1) * QF;
-      fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group + nit / nqb, (qb0 + nit % nqb) * BR, vec, Qn, Qn + BR * LD,
-                            Qn + 2 * BR * LD, Qn + 2 * BR * LD + BR);
-      fc_cp_async_commit();
-    }
+    __syncthreads(); /* Q_i, dO_i, lse_i, D_i visible; every thread is done with the previous P, dS */
 
     fa2_bwd_tile_dkdv<D, BR, BC>(dv, dk, Ps, dSs, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs, tx, ty, cc, ng);
-    if (QS == 1) {
-      __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
-      if (it + 1 < n_it) {
-        const int32_t nit = it + 1;
-        fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group + nit / nqb, (qb0 + nit % nqb) * BR, vec, Qs, dOs, Ls, Ds);
-        fc_cp_async_commit();
-      }
+    __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
+    if (it + 1 < n_it) {
+      const int32_t nit = it + 1;
+      fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group + nit / nqb, (qb0 + nit % nqb) * BR, vec, Qs, dOs, Ls, Ds);
+      fc_cp_async_commit();
     }
 
     /* dq_i += scale·dS·K_j, added into dq itself (zeroed by the pre-pass) */
@@ -556,9 +540,8 @@ template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run(cons
   return FLASHC_OK;
 }
 
-/* One backward through a direct kernel <D, BR, BC, MINB, QS>: pre-pass (D and dq = 0), then that kernel. */
-template <int D, int BR, int BC, int MINB, int QS>
-static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
+/* One backward through the fused kernel <D, BR, BC, MINB>: pre-pass (D and dq = 0), then that kernel. */
+template <int D, int BR, int BC, int MINB> static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
   const int64_t rows = p->total_q * p->heads_q, d = p->head_dim, b = p->batch;
   const size_t cu_bytes = fc_cc_seqlens_bytes(p), d_bytes = fc_cc_align((size_t)rows * sizeof(float));
@@ -580,32 +563,18 @@ static flashc_status fa2_bwd_run_direct(const fc_problem *p, int num_sms) {
   const int32_t nkb = (int32_t)fc_cdiv(p->seqlen_k, BC);
   const int64_t nsh = p->heads_kv * b, in_flight = (int64_t)MINB * num_sms;
   const int64_t hg = in_flight / nkb < 1 ? 1 : in_flight / nkb > nsh ? nsh : in_flight / nkb;
-  const size_t smem = (size_t)(C::DIRECT_FLOATS + QS * C::STAGE_FLOATS) * sizeof(float);
-  FC_CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_dkdv_direct_kernel<D, BR, BC, MINB, QS>,
+  const size_t smem = (size_t)(C::DIRECT_FLOATS + C::STAGE_FLOATS) * sizeof(float);
+  FC_CUDA_CHECK(cudaFuncSetAttribute(fa2_bwd_dkdv_direct_kernel<D, BR, BC, MINB>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  fa2_bwd_dkdv_direct_kernel<D, BR, BC, MINB, QS>
+  fa2_bwd_dkdv_direct_kernel<D, BR, BC, MINB>
       <<<(unsigned)(nkb * nsh), FA2_THREADS, smem, st>>>(a, Dbuf, nkb, (int32_t)hg, nsh, vec);
   FC_LAUNCH_CHECK("fa2_bwd_dkdv_direct_kernel");
   return FLASHC_OK;
 }
 
-/* The configurations FLASHC_FA2_BWD_CONFIG names (read at every call; unset or empty: fused). The configurations
- * cover the D 64 bucket in the atomic (non-deterministic) mode; other head dims and deterministic mode run the
- * base kernels whatever the variable says. */
-typedef enum { FA2_BWD_BASE, FA2_BWD_FUSED, FA2_BWD_PIPE, FA2_BWD_NCONFIG } fa2_bwd_config;
-static const char *const fa2_bwd_config_names[FA2_BWD_NCONFIG] = {"base", "fused", "pipe"};
-
-static flashc_status fa2_bwd_config_from_env(fa2_bwd_config *out) {
-  int c = 0;
-  FC_CHECK(fc_env_choice("FLASHC_FA2_BWD_CONFIG", fa2_bwd_config_names, FA2_BWD_NCONFIG, FA2_BWD_FUSED,
-                         "flashc_backward (cuda-fa2-fp32)", &c));
-  *out = (fa2_bwd_config)c;
-  return FLASHC_OK;
-}
-
+/* The D 64 bucket in the atomic mode: the fused kernel; other head dims and deterministic mode: the kernels with
+ * the dQ accumulator (or the deterministic dQ pass). */
 flashc_status fc_fa2_fp32_backward(const fc_problem *p) {
-  fa2_bwd_config config;
-  FC_CHECK(fa2_bwd_config_from_env(&config));
   switch (fa2_head_bucket(p->head_dim)) {
   case 64: {
     /* 3 CTAs per SM (168 registers, a few reloads from local memory) do more per SM than 2 (255 registers), but
@@ -616,10 +585,9 @@ flashc_status fc_fa2_fp32_backward(const fc_problem *p) {
     FC_CHECK(fc_device_get_props(&props));
     const int64_t ctas = fc_cdiv(p->seqlen_k, 64) * p->heads_kv * p->batch;
     const bool small = ctas < 2 * 3 * (int64_t)props.num_sms;
-    if (config == FA2_BWD_PIPE && !p->deterministic) return fa2_bwd_run_direct<64, 32, 64, 2, 2>(p, props.num_sms);
-    if (config == FA2_BWD_FUSED && !p->deterministic)
-      return small ? fa2_bwd_run_direct<64, 32, 64, 2, 1>(p, props.num_sms)
-                   : fa2_bwd_run_direct<64, 32, 64, 3, 1>(p, props.num_sms);
+    if (!p->deterministic)
+      return small ? fa2_bwd_run_direct<64, 32, 64, 2>(p, props.num_sms)
+                   : fa2_bwd_run_direct<64, 32, 64, 3>(p, props.num_sms);
     if (small) return fa2_bwd_run<64, 32, 64, 2>(p);
     return fa2_bwd_run<64, 32, 64, 3>(p);
   }

@@ -22,12 +22,11 @@
  * tile, O (D/8 × 4 fp32), S (Bc/8 × 4 fp32), m and l of its two rows; Q (D/16 ×
  * 4 registers) when Q_IN_REGS.
  *
- * Tile shapes per head dim come from one table, fc_mma_fwd_configs: "lean3u"
- * and "lean3" (the defaults without and with a mask: mt2's shapes in
- * mma_fwd_lean.cuh's kernel, 3 stages at d ≤ 64, lean3u with Bc = 32 at d 96 and
- * 128), "lean" (2 stages everywhere), "mt2" (the first kernel, mma_fwd_steps.cuh),
- * "base" (FLASHC_MMA_FWD_CONFIG, for comparisons);
- * tools/mma/bench-fwd.sh checks and times them all. */
+ * Two kernels, one loop: mma_fwd_lean.cuh's (every call whose shape fits the device's shared memory, the keys
+ * split between CTAs where the grid is small: mma_fwd_split.cuh) and this file's, with smaller tiles for devices
+ * that give a block less shared memory (sm_80 at d256, sm_86/89 at d160/192). fc_mma_fwd_plan_of picks the
+ * kernel, its tile shape (one table, fc_mma_fwd_shapes) and the split; tools/mma/bench-fwd.sh checks and times
+ * it. */
 #include "common.cuh"
 #include "mma_fwd_common.cuh"
 #include "mma_fwd_lean.cuh"
@@ -37,7 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. */
+/* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. The kernel for the SMALL shapes (fc_mma_fwd_shapes);
+ * mma_fwd_lean.cuh's is the same loop with less overhead per key block. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_kernel(const fc_mma_fwd_args a) {
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
@@ -166,138 +166,140 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
   fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
 }
 
-/* ---- configurations
- * ------------------------------------------------------------------------------------
- */
-/* Tile shape of one compiled head dim: Bc keys per block, stages of the K/V
- * ring, M-tiles per warp (FC_MMA_BR / (16·MT) warps), Q in registers for the
- * whole key loop, CTAs per SM to aim for (the register budget: 65536 /
- * (MIN_BLOCKS · threads), at most 255). */
+/* ---- the plan ------------------------------------------------------------------------------------------ */
+/* Tile shape of one compiled head dim: Bc keys per block, stages of the K/V ring, M-tiles per warp
+ * (FC_MMA_BR / (16·MT) warps), Q in registers for the whole key loop, CTAs per SM to aim for (the register
+ * budget: 65536 / (MIN_BLOCKS · threads), at most 255). bc = 0: no kernel. */
 typedef struct fc_mma_fwd_shape {
   int bc, stages, mt, q_in_regs, min_blocks;
-  int lean; /* 1: mma_fwd_lean.cuh's kernel */
 } fc_mma_fwd_shape;
 
-enum {
-  FC_MMA_NDIMS = 7,
-  FC_MMA_NCONFIGS = 5,
-  FC_MMA_FWD_BASE = 1,
-  FC_MMA_FWD_DEFAULT = 3 /* lean3 */,
-  FC_MMA_FWD_DEFAULT_UNMASKED = 4 /* lean3u */
-};
+enum { FC_MMA_NDIMS = 7 };
 static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
-/* Rows, by head dim 32 … 256 (FLASHC_MMA_FWD_CONFIG picks one; unset, lean3u
- * or lean3 by the call's mask (fc_mma_fwd_config, e78db97); lean, the default
- * before them (ee97bcd): H100 bf16 vs SDPA flash in one run, d128 0.93–1.06×
- * where mt2 read 0.88–0.95×, d256 0.84–1.15× (0.79–1.06×), d64 1.00–1.14×).
- * Measured on the H100 against SDPA flash, geometric mean over bf16 and
- * fp16, seqlen 1k/4k/16k (tools/mma/bench-fwd.sh, 2026-11-22):
- *   mt2      (the first default) d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds
- *            two M-tiles, half the ldmatrix per MMA) at 2 CTAs/SM, whose
- *            barriers are independent (one CTA's softmax runs beside the
- *            other's MMAs): d64 1.05×, d128 0.93× (base 0.94×, 0.85×).
- *            d ≥ 160: Bc = 64 (half the barriers and softmax passes per key;
- *            192 KB at d 256): d256 0.92× (base 0.82×). Where the device gives
- *            a block less shared memory (A100: d256), base's shape runs.
- *   base     8 warps × 16 rows, Bc = 64 (32 from d 160): the first shapes.
- *   lean     mt2's shapes in mma_fwd_lean.cuh's kernel: fewer
- *            instructions per key block (no per-fragment negation or swizzle
- *            XOR, unpredicated copies of whole blocks, the mask test hoisted).
- *   lean3    lean with 3 stages of the K/V ring at d ≤ 64 (2 CTAs of 74 KB
- *            fit an SM; from d 96 they would not), so that block j + 1's
- *            copies may still be in flight while block j computes: the
- *            default for calls with a causal mask or a window (d64 vs lean,
- *            5 rounds of the grid on the H100: +0..3 % unmasked, +0..1 %
- *            causal, median per cell; bench/results/configs/
- *            mma-fwd-limits-2026-11-24.txt, E).
- *   lean3u   lean3 with Bc = 32 at d 96/128 (S in half the registers: the
- *            key loop reloads no spilled values, where Bc = 64 reloads 11–16
- *            per block; 2 stages, so that 2 CTAs of 70 KB fit an A100's SM):
- *            the default for calls without a mask (d128 vs lean: +1..8 %
- *            unmasked, but −1..−3 % causal at 2k–8k, hence the choice by
- *            mask; mma-fwd-limits-2026-11-24.txt, H and H').
- * Tried and dropped (0.73–0.85×): issuing S_{j+1} = Q·K_{j+1}ᵀ before the
- * softmax of block j, and weaving its k-steps into the exponentials (the extra
- * accumulators cost the second CTA per SM, which overlapped better). */
-static constexpr fc_mma_fwd_shape fc_mma_fwd_configs[FC_MMA_NCONFIGS][FC_MMA_NDIMS] = {
-    /* mt2 */
-    {{64, 2, 2, 1, 2, 0},
-     {64, 2, 2, 1, 2, 0},
-     {64, 2, 2, 0, 2, 0},
-     {64, 2, 2, 0, 2, 0},
-     {64, 2, 1, 0, 1, 0},
-     {64, 2, 1, 0, 1, 0},
-     {64, 2, 1, 0, 1, 0}},
-    /* base */
-    {{64, 2, 1, 1, 2, 0},
-     {64, 2, 1, 1, 2, 0},
-     {64, 2, 1, 1, 1, 0},
-     {64, 2, 1, 1, 1, 0},
-     {32, 2, 1, 1, 1, 0},
-     {32, 2, 1, 1, 1, 0},
-     {32, 2, 1, 0, 1, 0}},
-    /* lean */
-    {{64, 2, 2, 1, 2, 1},
-     {64, 2, 2, 1, 2, 1},
-     {64, 2, 2, 0, 2, 1},
-     {64, 2, 2, 0, 2, 1},
-     {64, 2, 1, 0, 1, 1},
-     {64, 2, 1, 0, 1, 1},
-     {64, 2, 1, 0, 1, 1}},
-    /* lean3 */
-    {{64, 3, 2, 1, 2, 1},
-     {64, 3, 2, 1, 2, 1},
-     {64, 2, 2, 0, 2, 1},
-     {64, 2, 2, 0, 2, 1},
-     {64, 2, 1, 0, 1, 1},
-     {64, 2, 1, 0, 1, 1},
-     {64, 2, 1, 0, 1, 1}},
-    /* lean3u */
-    {{64, 3, 2, 1, 2, 1},
-     {64, 3, 2, 1, 2, 1},
-     {32, 2, 2, 0, 2, 1},
-     {32, 2, 2, 0, 2, 1},
-     {64, 2, 1, 0, 1, 1},
-     {64, 2, 1, 0, 1, 1},
-     {64, 2, 1, 0, 1, 1}},
+/* The kernels: mma_fwd_lean.cuh's, with the shapes of the call's mask, or this file's with the smaller shapes
+ * where the device gives a block too little shared memory for the lean ones (fc_mma_fwd_plan_of). */
+enum fc_mma_fwd_row { FC_MMA_FWD_MASKED, FC_MMA_FWD_UNMASKED, FC_MMA_FWD_SMALL, FC_MMA_FWD_NROWS };
+
+/* Shapes by head dim 32 … 256. Measured on the H100 against SDPA flash (tools/mma/bench-fwd.sh; bench/results/
+ * configs/), the losers' code in docs/experiments.md:
+ *   d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds two M-tiles, half the ldmatrix per MMA) at 2
+ *            CTAs/SM, whose barriers are independent (one CTA's softmax runs beside the other's MMAs); 8 warps ×
+ *            16 rows (the first shape, `base`) read d64 0.94× and d128 0.85× flash where this read 1.05× and
+ *            0.93× (mma-fwd-configs.csv, a4e082a).
+ *   d ≤ 64:  3 K/V stages (2 CTAs of 74 KB fit an SM; from d 96 they would not), so that block j + 1's copies may
+ *            still be in flight while block j computes; 2 stages: −0..3 % unmasked, −0..1 % causal
+ *            (mma-fwd-limits-2026-11-24.txt, E).
+ *   d 96/128 unmasked: Bc = 32 (S in half the registers: the key loop reloads no spilled values, where Bc = 64
+ *            reloads 11–16 per block; 2 stages, so that 2 CTAs of 70 KB fit an A100's SM); Bc = 64: −1..−8 %
+ *            unmasked, but +1..3 % causal at 2k–8k, hence the row by mask (mma-fwd-limits-2026-11-24.txt, H, H').
+ *   d ≥ 160: Bc = 64, 8 warps × 16 rows (half the barriers and softmax passes per key; 192 KB at d 256): d256
+ *            0.92× flash where Bc = 32 read 0.82× (mma-fwd-configs.csv).
+ *   SMALL:   8 warps × 16 rows, Bc = 32, where the lean shape's shared memory (144 KB at d160/192, 192 KB at
+ *            d256) exceeds what the device gives a block: sm_86/89 (99 KB) at d160/192, sm_80 (163 KB) at d256.
+ *            At d ≤ 128 the lean shapes fit every sm_80+ device (96 KB at most): no kernel there. */
+static constexpr fc_mma_fwd_shape fc_mma_fwd_shapes[FC_MMA_FWD_NROWS][FC_MMA_NDIMS] = {
+    /* MASKED: a causal mask or a window */
+    {{64, 3, 2, 1, 2},
+     {64, 3, 2, 1, 2},
+     {64, 2, 2, 0, 2},
+     {64, 2, 2, 0, 2},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1}},
+    /* UNMASKED */
+    {{64, 3, 2, 1, 2},
+     {64, 3, 2, 1, 2},
+     {32, 2, 2, 0, 2},
+     {32, 2, 2, 0, 2},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1}},
+    /* SMALL */
+    {{0, 0, 0, 0, 0},
+     {0, 0, 0, 0, 0},
+     {0, 0, 0, 0, 0},
+     {0, 0, 0, 0, 0},
+     {32, 2, 1, 1, 1},
+     {32, 2, 1, 1, 1},
+     {32, 2, 1, 0, 1}},
 };
-static const char *const fc_mma_fwd_config_names[FC_MMA_NCONFIGS] = {"mt2", "base", "lean", "lean3", "lean3u"};
 
 static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
   return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
 }
 
-/* The configuration FLASHC_MMA_FWD_CONFIG names (read at every call, so that a
- * benchmark can switch); unset, lean3 for a call with a causal mask or a
- * window and lean3u for one without. */
-static flashc_status fc_mma_fwd_config(const fc_problem *p, int *config) {
-  const int masked = p->window_left >= 0 || p->window_right >= 0;
-  return fc_env_choice("FLASHC_MMA_FWD_CONFIG", fc_mma_fwd_config_names, FC_MMA_NCONFIGS,
-                       masked ? FC_MMA_FWD_DEFAULT : FC_MMA_FWD_DEFAULT_UNMASKED, "flashc_forward (cuda-mma)", config);
+static int fc_mma_dim_index(int64_t head_dim) {
+  const int d = fc_mma_compiled_dim(head_dim);
+  for (int i = 0; i < FC_MMA_NDIMS; i++)
+    if (fc_mma_dims[i] == d) return i;
+  return -1;
 }
 
-/* Which row of the table runs head dim d (index i of fc_mma_dims): the
- * configuration's, or base's where the configuration's shared memory exceeds
- * what this device gives a block; fails when base's does too. */
-static flashc_status fc_mma_fwd_pick(const char *op, int config, int i, int *row) {
+/* What a forward call runs. */
+typedef struct fc_mma_fwd_plan {
+  int dim;      /* index of the compiled head dim in fc_mma_dims */
+  int row;      /* FC_MMA_FWD_*: the kernel and its shape */
+  bool aligned; /* every row of q, k, v, o on 16 bytes: cp.async; else the kernels' plain loads */
+  int grid;     /* query tiles: CTAs per part */
+  int splits;   /* parts the keys of each tile are split into, one CTA each (mma_fwd_split.cuh); 1: none */
+} fc_mma_fwd_plan;
+
+static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl) {
+  pl->dim = fc_mma_dim_index(p->head_dim);
+  if (pl->dim < 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
+  FC_CHECK(fc_mma_grid("flashc_forward", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &pl->grid));
+  const int d = fc_mma_dims[pl->dim];
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
-  const int d = fc_mma_dims[i];
-  *row = fc_mma_fwd_smem(&fc_mma_fwd_configs[config][i], d) <= props.smem_per_block_optin ? config : FC_MMA_FWD_BASE;
-  const size_t bytes = fc_mma_fwd_smem(&fc_mma_fwd_configs[*row][i], d);
+  /* mma_fwd_lean.cuh's kernel (fewer instructions per key block), its shapes by the call's mask; this file's kernel
+   * with the same shapes (`mt2`) read d128 0.88–0.95× flash where lean read 0.93–1.06×, d256 0.79–1.06× (0.84–1.15×)
+   * (configs/mma-fwd-lean.txt). Where the device's shared memory is too small for them: SMALL. */
+  pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
+  if (fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d) > props.smem_per_block_optin &&
+      fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0)
+    pl->row = FC_MMA_FWD_SMALL;
+  const fc_mma_fwd_shape *s = &fc_mma_fwd_shapes[pl->row][pl->dim];
+  const size_t bytes = fc_mma_fwd_smem(s, d);
   if (bytes > props.smem_per_block_optin)
     return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "%s: head_dim %d on backend cuda-mma needs %zu bytes of "
-                    "shared memory per block; device %d "
-                    "(sm_%d) allows %zu",
-                    op, d, bytes, props.device, props.sm, props.smem_per_block_optin);
+                    "flashc_forward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block; "
+                    "device %d (sm_%d) allows %zu",
+                    d, bytes, props.device, props.sm, props.smem_per_block_optin);
+  pl->aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
+                fc_mma_view_aligned(&p->o);
+  /* The split keys: the lean kernel on aligned rows only. params.num_splits 1: none; n > 1: n parts, at most one
+   * per key block and FC_SPLIT_MAX; 0: split only a grid that fills less than half of the GPU's slots for its CTAs
+   * (CTAs per SM × SMs), then enough parts to fill them, at least 4 key blocks each, at most FC_SPLIT_MAX
+   * (FlashAttention-2's split-KV rule; decoding is the case): on the H100 2–4× the one-pass kernel at 1 query row
+   * against 4k–128k keys (bench/results/decode.csv). */
+  pl->splits = 1;
+  if (pl->row == FC_MMA_FWD_SMALL || !pl->aligned || p->seqlen_k <= 0 || pl->grid < 1 || p->num_splits == 1)
+    return FLASHC_OK;
+  const int64_t key_blocks = fc_cdiv(p->seqlen_k, s->bc); /* varlen: the longest sequence's */
+  int64_t n = p->num_splits;
+  if (n <= 0) {
+    const int64_t slots = (int64_t)props.num_sms * s->min_blocks;
+    if (2 * (int64_t)pl->grid > slots) return FLASHC_OK;
+    n = (slots + pl->grid - 1) / pl->grid;
+    if (n > key_blocks / 4) n = key_blocks / 4;
+  }
+  if (n > key_blocks) n = key_blocks;
+  if (n > FC_SPLIT_MAX) n = FC_SPLIT_MAX;
+  pl->splits = n >= 2 ? (int)n : 1;
   return FLASHC_OK;
 }
 
-/* ---- launch
- * --------------------------------------------------------------------------------------------
- */
+flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits) {
+  fc_mma_fwd_plan pl;
+  *splits = 1;
+  FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
+  *splits = pl.splits;
+  return FLASHC_OK;
+}
+
+/* ---- launch -------------------------------------------------------------------------------------------- */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN>
 static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_args *a0, int grid) {
   fc_mma_fwd_args a_tail = *a0, *const a = &a_tail;
@@ -325,113 +327,50 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
   return FLASHC_OK;
 }
 
-/* Row C, head dim index I of the table, as template arguments. */
-template <typename T, int C, int I>
-static flashc_status fc_mma_fwd_launch_at(const fc_problem *p, const fc_mma_fwd_args *a, int grid) {
-  constexpr fc_mma_fwd_shape s = fc_mma_fwd_configs[C][I];
-  return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks, s.lean != 0>(p, a,
-                                                                                                                 grid);
-}
-
-/* The kernel of row `config`, head dim index `i`: a compile-time walk over the
- * table, so that adding a row or a head dim needs no new case. */
-template <typename T, int C, int I>
-static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_args *a, int grid, int config, int i) {
-  if constexpr (C < FC_MMA_NCONFIGS) {
+/* The kernel of row R, head dim index I: a compile-time walk over the table, so that adding a head dim or
+ * changing a shape needs no new case; a cell without a kernel (bc = 0) compiles nothing. */
+template <typename T, int R, int I>
+static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_args *a, const fc_mma_fwd_plan *pl) {
+  if constexpr (R < FC_MMA_FWD_NROWS) {
     if constexpr (I < FC_MMA_NDIMS) {
-      if (config == C && i == I) return fc_mma_fwd_launch_at<T, C, I>(p, a, grid);
-      return fc_mma_fwd_dispatch<T, C, I + 1>(p, a, grid, config, i);
+      constexpr fc_mma_fwd_shape s = fc_mma_fwd_shapes[R][I];
+      if constexpr (s.bc > 0) {
+        if (pl->row == R && pl->dim == I)
+          return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks,
+                                   R != FC_MMA_FWD_SMALL>(p, a, pl->grid);
+      }
+      return fc_mma_fwd_dispatch<T, R, I + 1>(p, a, pl);
     } else {
-      return fc_mma_fwd_dispatch<T, C + 1, 0>(p, a, grid, config, i);
+      return fc_mma_fwd_dispatch<T, R + 1, 0>(p, a, pl);
     }
   } else {
-    return fc_error(FLASHC_ERR_INTERNAL,
-                    "flashc_forward: cuda-mma has no kernel for configuration "
-                    "%d, head dim %d",
-                    config, i < 0 || i >= FC_MMA_NDIMS ? -1 : fc_mma_dims[i]);
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for row %d, head dim %d", pl->row,
+                    pl->dim < 0 || pl->dim >= FC_MMA_NDIMS ? -1 : fc_mma_dims[pl->dim]);
   }
 }
 
-static int fc_mma_dim_index(int64_t head_dim) {
-  const int d = fc_mma_compiled_dim(head_dim);
-  for (int i = 0; i < FC_MMA_NDIMS; i++)
-    if (fc_mma_dims[i] == d) return i;
-  return -1;
-}
-
 static flashc_status mma_supports(const fc_problem *p) {
-  const int i = fc_mma_dim_index(p->head_dim);
-  if (i < 0)
+  if (fc_mma_dim_index(p->head_dim) < 0)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
   if (p->heads_q > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-mma", (long long)p->heads_q);
-  if (!p->is_backward) { /* the backward's shared memory is mma_bwd.cu's to
-                            check */
-    int config = 0, row = 0;
-    FC_CHECK(fc_mma_fwd_config(p, &config));
-    FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, i, &row));
+  if (p->is_backward) {
+    FC_CHECK(fc_mma_bwd_supports(p));
+  } else {
+    fc_mma_fwd_plan pl;
+    FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
   }
   int grid = 0;
   return fc_mma_grid("cuda-mma", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &grid);
 }
 
-/* How many parts the keys of each tile are split into (mma_fwd_split.cuh): 1 unless the grid of `ctas` tiles fills
- * less than half of the GPU's slots for them (CTAs per SM × SMs), then enough parts to fill it, at least 4 key
- * blocks each, at most FC_SPLIT_MAX (FlashAttention-2's split-KV rule of thumb; decoding shapes are the case). Only
- * the lean kernel on aligned rows splits. FLASHC_MMA_FWD_SPLITS: auto (unset) or a count, for tests and
- * comparisons. */
-static flashc_status fc_mma_fwd_split_count(const fc_problem *p, int ctas, const fc_mma_fwd_shape *s, int *splits) {
-  static const char *const names[] = {"auto", "1", "2", "3", "4", "5", "8", "16", "64"};
-  static const int counts[] = {0, 1, 2, 3, 4, 5, 8, 16, 64};
-  int pick = 0;
-  FC_CHECK(fc_env_choice("FLASHC_MMA_FWD_SPLITS", names, (int)(sizeof names / sizeof names[0]), 0,
-                         "flashc_forward (cuda-mma)", &pick));
-  *splits = 1;
-  const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
-                       fc_mma_view_aligned(&p->o); /* the split kernel is the aligned one's */
-  if (!s->lean || !aligned || p->seqlen_k <= 0 || ctas < 1) return FLASHC_OK;
-  const int64_t key_blocks = fc_cdiv(p->seqlen_k, s->bc); /* varlen: the longest sequence's */
-  if (pick > 0) {
-    *splits = (int)(key_blocks < counts[pick] ? (key_blocks > 0 ? key_blocks : 1) : counts[pick]);
-    return FLASHC_OK;
-  }
-  fc_device_props props;
-  FC_CHECK(fc_device_get_props(&props));
-  const int64_t slots = (int64_t)props.num_sms * s->min_blocks;
-  if (2 * (int64_t)ctas > slots) return FLASHC_OK;
-  int64_t n = (slots + ctas - 1) / ctas;
-  if (n > key_blocks / 4) n = key_blocks / 4;
-  if (n > FC_SPLIT_MAX) n = FC_SPLIT_MAX;
-  *splits = n >= 2 ? (int)n : 1;
-  return FLASHC_OK;
-}
-
-/* What a forward call runs: the head dim's index i in the table, its row, the grid of query tiles and the parts
- * the keys are split into. */
-static flashc_status fc_mma_fwd_plan(const fc_problem *p, int *i, int *row, int *grid, int *splits) {
-  const int m_blocks = (int)fc_cdiv(p->seqlen_q, FC_MMA_BR);
-  FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, grid));
-  *i = fc_mma_dim_index(p->head_dim);
-  if (*i < 0)
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for head_dim %lld",
-                    (long long)p->head_dim);
-  int config = 0;
-  FC_CHECK(fc_mma_fwd_config(p, &config));
-  FC_CHECK(fc_mma_fwd_pick("flashc_forward", config, *i, row));
-  return fc_mma_fwd_split_count(p, *grid, &fc_mma_fwd_configs[*row][*i], splits);
-}
-
-flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits) {
-  int i = 0, row = 0, grid = 0;
-  return fc_mma_fwd_plan(p, &i, &row, &grid, splits);
-}
-
 static flashc_status mma_forward(const fc_problem *p) {
-  int i = 0, row = 0, grid = 0, splits = 1;
-  FC_CHECK(fc_mma_fwd_plan(p, &i, &row, &grid, &splits));
+  fc_mma_fwd_plan pl;
+  FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
+  const int splits = pl.splits, grid = pl.grid, d = fc_mma_dims[pl.dim];
   /* The parts' O (D floats a row) and lse, FC_MMA_BR rows per CTA of the split grid, after the varlen offsets. */
   const size_t split_rows = (size_t)splits * grid * FC_MMA_BR, cu_bytes = fc_mma_cu_seqlens_bytes(p);
-  const size_t split_bytes = splits > 1 ? split_rows * (fc_mma_dims[i] + 1) * sizeof(float) : 0;
+  const size_t split_bytes = splits > 1 ? split_rows * (d + 1) * sizeof(float) : 0;
   void *ws = NULL;
   FC_CHECK(fc_device_workspace(p, cu_bytes + split_bytes, &ws));
   fc_mma_fwd_args a;
@@ -440,7 +379,7 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.n_splits = splits;
   if (splits > 1) {
     a.split_o = (float *)((uint8_t *)ws + cu_bytes);
-    a.split_lse = a.split_o + split_rows * fc_mma_dims[i];
+    a.split_lse = a.split_o + split_rows * d;
   }
   a.q = (const uint16_t *)p->q.data;
   a.k = (const uint16_t *)p->k.data;
@@ -465,10 +404,9 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.window_right = p->window_right;
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  a.aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
-              fc_mma_view_aligned(&p->o);
-  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, 0, 0>(p, &a, grid, row, i);
-  return fc_mma_fwd_dispatch<__nv_bfloat16, 0, 0>(p, &a, grid, row, i);
+  a.aligned = pl.aligned;
+  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, 0, 0>(p, &a, &pl);
+  return fc_mma_fwd_dispatch<__nv_bfloat16, 0, 0>(p, &a, &pl);
 }
 
 flashc_status fc_mma_backward(const fc_problem *p); /* mma_bwd.cu */
@@ -487,7 +425,7 @@ extern "C" const fc_backend fc_backend_cuda_mma = {
     mma_supports,
     mma_forward,
     fc_mma_backward,
-    0,    /* features: the plain call only (validate.c refuses the others) */
-    0,    /* max_head_dim_v */
-    NULL, /* forward_kvcache */
+    0,                       /* features: the plain call only (validate.c refuses the others) */
+    0,                       /* max_head_dim_v */
+    fc_cuda_forward_kvcache, /* forward_kvcache: decode.cu */
 };

@@ -12,6 +12,9 @@
  *                 Pᵀ = 2^(c·Sᵀ − lse·log2 e), dSᵀ = Pᵀ∘(dPᵀ − D)   → shared memory, 16-bit
  *                 dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i           warps: 16 keys × D/WN columns
  *                 dQ_i += dS·K_j into an fp32 buffer          warps: 16 queries × D/WQ columns; red.v4
+ *               This file's kernel has the small tiles of devices with less shared memory (sm_86/89, and d256
+ *               on sm_80); elsewhere the fa2 family (mma_bwd_fa2.cuh) runs the same steps with FlashAttention-2's
+ *               tiles. fc_mma_bwd_plan_of picks the kernel.
  *   3. convert: dQ = scale·(fp32 buffer) → 16-bit.
  * Deterministic mode (bit-identical gradients run to run) replaces the atomic dQ of 2 and 3 by
  *   3'. dq:     one CTA per query block walks the key blocks in order, as the forward does: S, dP = dO·V_jᵀ,
@@ -446,46 +449,108 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
   }
 }
 
-/* ---- launch -------------------------------------------------------------------------------------------- */
-/* The configurations of the dK/dV kernel (step 2), chosen by FLASHC_MMA_BWD_CONFIG at every call; unset or
- * empty: fa2pb (where it does not apply: fa2p; deterministic calls: fa2). Steps 1, 3, 3' and 4 are the same
- * for all. Measured on the H100 (bench/results/configs/mma-bwd-configs.csv, b·s = 16k, bf16 and fp16, d 64/128/256,
- * full and causal): fa2p 0.98-1.45x fa2 (median 1.1x; below 1.0x in 1 of 72 cells); fa2x2 0.82-1.16x fa2p, ahead
- * mostly at seqlen 512 and d256; fa2pb 1.12-1.23x fa2p at d64 and d128
- * (bench/results/configs/mma-bwd-fa2pb.txt), 1.29-1.50x at d256 with one Q/dO buffer (mma-bwd-fa2pb-d256.txt). */
-typedef enum fc_bwd_config {
-  FC_BWD_BASE,
-  FC_BWD_FA2,
-  FC_BWD_FA2P,
-  FC_BWD_FA2X2,
-  FC_BWD_FA2PB,
-  FC_BWD_FA2PBL,
-  FC_BWD_NCONFIG
-} fc_bwd_config;
-static const char *const fc_bwd_config_names[FC_BWD_NCONFIG] = {
-    "base",   /* fc_mma_bwd_dkdv_kernel: Br×Bc 64×64 (d ≤ 64: 64×128), one 16-key m-tile per warp */
-    "fa2",    /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): 128×128 (d ≤ 64), 64×128 (d ≤ 128), 64×64 (d > 128),
-                 several m-tiles per warp; where its shared memory does not fit the device: base */
-    "fa2p",   /* fa2's tiles; Sᵀ first, then the exponentials of Pᵀ issued between dPᵀ's MMAs, lse2 and D folded
-                 into the accumulators' start. Deterministic: fa2. */
-    "fa2x2",  /* fa2p with 4 warps and 64×64 tiles (the same warp tiles), 2 CTAs per SM, so that one CTA's
-                 exponentials and barriers overlap the other's MMAs; d > 128: fa2p. */
-    "fa2pb",  /* fa2p whose dQ goes through shared memory and one bulk reduce-add per query block (sm_90, as
-                 cuda-hopper's), into a blocked fp32 sum (d256: one Q/dO buffer, to fit); elsewhere and
-                 deterministic: fa2p's fallbacks. For an A/B with fa2pbl. */
-    "fa2pbl", /* fa2pb whose kernels at d ≤ 128 (Bc = 128) are register-lean (LEAN, mma_bwd_fa2.cuh): no spills
-                 (d96 aligned: 8 bytes) where fa2pb's spill up to 76 bytes; d > 128: fa2pb's. The default: H100,
-                 2026-11-22, +5..28 % over fa2pb at d64 and d128 (bench/results/configs/mma-bwd-fa2pbl.txt). */
-};
+/* ---- the plan ------------------------------------------------------------------------------------------ */
+/* The dK/dV kernels (step 2); steps 1, 3, 3' and 4 are the same for all. */
+typedef enum fc_mma_bwd_kernel {
+  FC_MMA_BWD_FA2,   /* fc_mma_bwd_fa2_kernel (mma_bwd_fa2.cuh): FlashAttention-2's tiles; atomic or deterministic dQ */
+  FC_MMA_BWD_FA2P,  /* fa2 with Pᵀ's exponentials between dPᵀ's MMAs (PDP); atomic dQ */
+  FC_MMA_BWD_FA2PB, /* fa2p with each block's dQ added by one bulk reduce-add (sm_90): a blocked dQ sum */
+  FC_MMA_BWD_BASE   /* fc_mma_bwd_dkdv_kernel: smaller tiles, where fa2's do not fit the device */
+} fc_mma_bwd_kernel;
 
-static flashc_status fc_bwd_config_from_env(fc_bwd_config *out) {
-  int c = 0;
-  FC_CHECK(fc_env_choice("FLASHC_MMA_BWD_CONFIG", fc_bwd_config_names, FC_BWD_NCONFIG, FC_BWD_FA2PBL,
-                         "flashc_backward (cuda-mma)", &c));
-  *out = (fc_bwd_config)c;
+enum { FC_MMA_BWD_NDIMS = 7 };
+static constexpr int fc_mma_bwd_dims[FC_MMA_BWD_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
+
+/* The fa2 family's tiles by head dim: Br × Bc, NW warps, of which WS along Sᵀ's keys, WD along dK/dV's keys and WQ
+ * along dQ's queries, NQC columns of dQ at once (mma_bwd_fa2.cuh); lean: fa2pb's kernel is the register-lean one
+ * (LEAN) at Bc = 128, +5..28 % over the first at d64 and d128 where that spilled 64–76 bytes
+ * (bench/results/configs/mma-bwd-fa2pbl.txt). Against the first kernel's 64 × 64 tiles (base): 1.1–1.5×
+ * (configs/mma-bwd-configs.csv). */
+typedef struct fc_mma_bwd_fa2_tile {
+  int br, bc, nw, ws, wd, wq, nqc, lean;
+} fc_mma_bwd_fa2_tile;
+static constexpr fc_mma_bwd_fa2_tile fc_mma_bwd_fa2_tiles[FC_MMA_BWD_NDIMS] = {
+    {128, 128, 8, 4, 4, 4, 16, 1}, {128, 128, 8, 4, 4, 4, 32, 1}, {64, 128, 8, 4, 4, 4, 48, 1},
+    {64, 128, 8, 4, 4, 2, 32, 1},  {64, 64, 8, 4, 4, 4, 80, 0},   {64, 64, 8, 4, 2, 2, 48, 0},
+    {64, 64, 8, 4, 2, 2, 32, 0}};
+/* Q_i, dO_i double-buffered, except where that and fa2pb's dQ tile pass sm_90's 227 KB (d256: 217 KB + 64 KB): one
+ * buffer (214 KB), refilled while the block's dQ is computed (mma_bwd_fa2.cuh). */
+static constexpr int fc_mma_bwd_fa2_qstages(int d, int br, int bc, bool bulk) {
+  return fc_bwd_fa2_smem(d, br, bc, 2, bulk) <= FC_SM90_SMEM_OPTIN ? 2 : 1;
+}
+
+/* The base kernel's tiles: Br × Bc, NW warps, Q/dO stages; br = 0: none. It runs where the fa2 tiles' shared memory
+ * (161–209 KB) exceeds the device's: every head dim on sm_86/89 (99 KB), where base fits at d ≤ 64 (97 KB), and d256
+ * on sm_80 (163 KB; base 145 KB). At d96–192 base would need 113–161 KB, which fits sm_80, where fa2 runs, and not
+ * sm_86/89: no device runs it there. */
+typedef struct fc_mma_bwd_base_tile {
+  int br, bc, nw, qstages;
+} fc_mma_bwd_base_tile;
+static constexpr fc_mma_bwd_base_tile fc_mma_bwd_base_tiles[FC_MMA_BWD_NDIMS] = {
+    {64, 128, 8, 2}, {64, 128, 8, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {64, 64, 8, 1}};
+static constexpr size_t fc_mma_bwd_base_smem(int d, fc_mma_bwd_base_tile t) {
+  return (size_t)(2 * t.bc + 2 * t.qstages * t.br) * fc_tile_stride(d) * 2 +
+         (size_t)2 * t.bc * fc_tile_stride(t.br) * 2 + (size_t)2 * t.qstages * t.br * sizeof(float);
+}
+
+/* The deterministic dQ pass (3'): Bc by head dim, two K/V stages. */
+static constexpr int fc_mma_bwd_dq_bc[FC_MMA_BWD_NDIMS] = {64, 64, 64, 64, 32, 32, 32};
+static constexpr size_t fc_mma_bwd_dq_smem(int d, int bc) {
+  return (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * bc) * fc_tile_stride(d) * 2;
+}
+
+/* What a backward call runs. */
+typedef struct fc_mma_bwd_plan {
+  int dim;       /* index of the compiled head dim in fc_mma_bwd_dims */
+  int kernel;    /* fc_mma_bwd_kernel */
+  int dq_tile_w; /* FA2PB: the blocked fp32 dQ sum's tile width (fc_bwd_dq_blocked_index); 0: [total_q][hq][D] */
+} fc_mma_bwd_plan;
+
+static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl) {
+  const int d = fc_mma_compiled_dim(p->head_dim);
+  pl->dim = -1;
+  for (int i = 0; i < FC_MMA_BWD_NDIMS; i++)
+    if (fc_mma_bwd_dims[i] == d) pl->dim = i;
+  if (pl->dim < 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  /* fa2p, fa2pb start Sᵀ's accumulators at −lse2/c (c = |scale|·log2 e), which needs a finite 1/c, and have no
+   * deterministic dQ: fa2 runs those calls. fa2p over fa2: 0.98–1.45×, median 1.09× (H100, 72 cells,
+   * configs/mma-bwd-fa2p-configs.csv). On sm_90 fa2pb: 1.12–1.23× fa2p at d64/d128 (configs/mma-bwd-fa2pb.txt),
+   * 1.29–1.50× at d256 with one Q/dO buffer (mma-bwd-fa2pb-d256.txt). fa2p with 4 warps, 64 × 64 tiles and 2 CTAs
+   * per SM (fa2x2): 0.82–1.16× fa2p (mma-bwd-fa2p-configs.csv). */
+  if (p->deterministic || !(fabsf(p->scale) >= 1e-30f))
+    pl->kernel = FC_MMA_BWD_FA2;
+  else
+    pl->kernel = props.sm / 10 == 9 ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P;
+  const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
+  const bool bulk = pl->kernel == FC_MMA_BWD_FA2PB;
+  size_t bytes = fc_bwd_fa2_smem(d, t.br, t.bc, fc_mma_bwd_fa2_qstages(d, t.br, t.bc, bulk), bulk);
+  if (bytes > props.smem_per_block_optin && fc_mma_bwd_base_tiles[pl->dim].br > 0) {
+    pl->kernel = FC_MMA_BWD_BASE;
+    bytes = fc_mma_bwd_base_smem(d, fc_mma_bwd_base_tiles[pl->dim]);
+  }
+  if (p->deterministic) { /* the dQ pass runs after dK/dV: refused before anything runs */
+    const size_t dq = fc_mma_bwd_dq_smem(d, fc_mma_bwd_dq_bc[pl->dim]);
+    if (dq > bytes) bytes = dq;
+  }
+  if (bytes > props.smem_per_block_optin)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s; "
+                    "device %d (sm_%d) allows %zu",
+                    d, bytes, p->deterministic ? " (deterministic)" : "", props.device, props.sm,
+                    props.smem_per_block_optin);
+  pl->dq_tile_w = pl->kernel == FC_MMA_BWD_FA2PB ? FC_MMA_DQ_TILE_W : 0;
   return FLASHC_OK;
 }
 
+flashc_status fc_mma_bwd_supports(const fc_problem *p) {
+  fc_mma_bwd_plan pl;
+  return fc_mma_bwd_plan_of(p, &pl);
+}
+
+/* ---- launch -------------------------------------------------------------------------------------------- */
 /* The arguments of the row passes (hopper_bwd_rows.cuh: prep, and the convert of fa2pb's blocked dQ sum). */
 static fc_bwd_rows_args fc_mma_bwd_rows(const fc_mma_bwd_args *a) {
   static_assert((int)FC_BWD_ROWS_PAD == (int)FC_BWD_PADR, "the row passes' blocks are the padded sequences'");
@@ -516,7 +581,7 @@ static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, in
   return fc_tail_from(p, a->n_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
-/* 2, base configuration. */
+/* 2, base. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES>
 static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
   fc_mma_bwd_args a = *a0;
@@ -524,8 +589,7 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
-  const size_t smem = (size_t)(2 * BC + 2 * QSTAGES * BR) * fc_tile_stride(D) * 2 +
-                      (size_t)2 * BC * fc_tile_stride(BR) * 2 + (size_t)2 * QSTAGES * BR * sizeof(float);
+  const size_t smem = fc_mma_bwd_base_smem(D, fc_mma_bwd_base_tile{BR, BC, NW, QSTAGES});
   void (*dkdv)(const fc_mma_bwd_args) =
       aligned ? (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, true>
                         : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, false>)
@@ -538,36 +602,22 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
   return FLASHC_OK;
 }
 
-/* 2, the fa2 family (mma_bwd_fa2.cuh): NW warps, Q_i/dO_i double-buffered, MINB CTAs per SM asked of the
- * compiler. PDP (fa2p, fa2x2) compiles the atomic-dQ kernel only: the dispatcher sends deterministic calls to
- * fa2. *ran = false, and nothing launched, when its shared memory does not fit this device (fa2 at d256 on
- * sm_80: 209 KB): the caller runs base instead. */
-template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
-          bool BULK = false, bool LEAN = false>
-static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool *ran) {
-  /* Q_i, dO_i double-buffered, except where that and fa2pb's dQ tile pass sm_90's 227 KB (d256: 217 KB + 64 KB):
-   * one buffer (214 KB), refilled while the block's dQ is computed (mma_bwd_fa2.cuh). */
-  constexpr int QSTAGES = fc_bwd_fa2_smem(D, BR, BC, 2, BULK) <= FC_SM90_SMEM_OPTIN ? 2 : 1;
+/* 2, the fa2 family (mma_bwd_fa2.cuh): NW warps, one CTA per SM. PDP (fa2p, fa2pb) compiles the atomic-dQ kernel
+ * only: the plan sends deterministic calls to fa2. BULK: fa2pb (the blocked dQ sum); LEAN: its register-lean kernel. */
+template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, bool BULK, bool LEAN>
+static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
+  constexpr int QSTAGES = fc_mma_bwd_fa2_qstages(D, BR, BC, BULK);
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
   fc_mma_bwd_args a = *a0;
   const bool atomic = !p->deterministic;
-  fc_device_props props;
-  *ran = false;
   if (PDP && !atomic)
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2p/fa2x2 kernels have no deterministic dQ");
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2p/fa2pb kernels have no deterministic dQ");
   if (BULK && a0->dq_tile_w != FC_MMA_DQ_TILE_W)
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb kernel needs the blocked dQ sum");
-  FC_CHECK(fc_device_get_props(&props));
-  /* fa2pb: the sum's layout is chosen (fc_mma_bwd_bulk_dq) and no other kernel adds into it */
-  if (BULK && smem > props.smem_per_block_optin)
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb kernel needs %zu bytes of shared memory",
-                    smem);
-  if (smem > props.smem_per_block_optin) return FLASHC_OK;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
-#define FC_FA2_KERNEL(AL, AT)                                                                                          \
-  fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, MINB, AL, AT, BULK, LEAN>
+#define FC_FA2_KERNEL(AL, AT) fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, AL, AT, BULK, LEAN>
   void (*dkdv)(const fc_mma_bwd_args);
   if constexpr (PDP || BULK)
     dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
@@ -576,13 +626,9 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
                    : (atomic ? FC_FA2_KERNEL(false, true) : FC_FA2_KERNEL(false, false));
 #undef FC_FA2_KERNEL
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
-  if (MINB > 1) /* several CTAs per SM need the largest shared-memory carve-out (d128 fa2x2: 2 × 113 KB) */
-    FC_CUDA_CHECK(cudaFuncSetAttribute((const void *)dkdv, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
   FC_CHECK(fc_mma_bwd_tail(p, (const void *)dkdv, NW * 32, smem, &a));
   dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_fa2_kernel");
-  *ran = true;
   return FLASHC_OK;
 }
 
@@ -614,107 +660,61 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   return FLASHC_OK;
 }
 
-/* fa2, fa2p (PDP) and fa2pb (PDP, BULK) share their tiles: <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM>.
- * LEAN (fa2pbl): the register-lean kernel at d ≤ 128 (Bc = 128), fewer spills (none but 8 bytes at d96 aligned). */
-template <typename T, bool PDP, bool BULK, bool LEAN = false>
-static flashc_status fc_mma_bwd_fa2_tiles(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int d,
-                                          bool *ran) {
-  switch (d) {
-  case 32: return fc_mma_bwd_fa2<T, 32, 128, 128, 8, 4, 4, 4, 16, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
-  case 64: return fc_mma_bwd_fa2<T, 64, 128, 128, 8, 4, 4, 4, 32, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
-  case 96: return fc_mma_bwd_fa2<T, 96, 64, 128, 8, 4, 4, 4, 48, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
-  case 128: return fc_mma_bwd_fa2<T, 128, 64, 128, 8, 4, 4, 2, 32, PDP, 1, BULK, LEAN>(p, a, aligned, ran);
-  case 160: return fc_mma_bwd_fa2<T, 160, 64, 64, 8, 4, 4, 4, 80, PDP, 1, BULK>(p, a, aligned, ran);
-  case 192: return fc_mma_bwd_fa2<T, 192, 64, 64, 8, 4, 2, 2, 48, PDP, 1, BULK>(p, a, aligned, ran);
-  case 256: return fc_mma_bwd_fa2<T, 256, 64, 64, 8, 4, 2, 2, 32, PDP, 1, BULK>(p, a, aligned, ran);
+/* Head dim index I of the plan, as template arguments: compile-time walks over the tables, so that a head dim or a
+ * tile changes in one place; a cell without a kernel (base's br = 0) compiles nothing. */
+template <typename T, bool PDP, bool BULK, int I = 0>
+static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int dim) {
+  if constexpr (I < FC_MMA_BWD_NDIMS) {
+    constexpr fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[I];
+    if (dim == I)
+      return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
+                            (BULK && t.lean != 0)>(p, a, aligned);
+    return fc_mma_bwd_fa2_at<T, PDP, BULK, I + 1>(p, a, aligned, dim);
+  } else {
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no fa2 kernel for head dim index %d", dim);
   }
-  return FLASHC_OK; /* *ran stays false: the caller decides */
+}
+template <typename T, int I = 0>
+static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int dim) {
+  if constexpr (I < FC_MMA_BWD_NDIMS) {
+    constexpr fc_mma_bwd_base_tile t = fc_mma_bwd_base_tiles[I];
+    if constexpr (t.br > 0) {
+      if (dim == I) return fc_mma_bwd_base<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, aligned);
+    }
+    return fc_mma_bwd_base_at<T, I + 1>(p, a, aligned, dim);
+  } else {
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no base kernel for head dim index %d", dim);
+  }
+}
+template <typename T, int I = 0>
+static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int dim) {
+  if constexpr (I < FC_MMA_BWD_NDIMS) {
+    if (dim == I) return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I]>(p, a, aligned);
+    return fc_mma_bwd_finish_at<T, I + 1>(p, a, aligned, dim);
+  } else {
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no dQ pass for head dim index %d", dim);
+  }
 }
 
-/* Tile shapes per head dim, one line each:
- *   fa2, fa2p, fa2pb:  fc_mma_bwd_fa2_tiles above
- *   fa2x2:             <D, Br, Bc, warps, WS, WD, WQ, NQC, PDP, CTAs per SM> (mma_bwd_fa2.cuh)
- *   base:              <D, Br, Bc, warps, Q/dO stages>
- *   the deterministic dQ pass: <D, its Bc> */
+/* 1, 2 (the plan's kernel), then 3 or 3' and 4. */
 template <typename T>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                         fc_bwd_config config, bool lean) {
-  const int d = fc_mma_compiled_dim(p->head_dim);
+                                         const fc_mma_bwd_plan *pl) {
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
-  /* fa2pb only where fc_mma_bwd_bulk_dq chose the blocked sum (which then no other kernel may add into); else
-   * fa2p's rules below (deterministic calls: fa2) */
-  if (config == FC_BWD_FA2PB && !a->dq_tile_w) config = FC_BWD_FA2P;
-  /* fa2p and fa2x2 have no deterministic dQ: fa2's. They start Sᵀ's accumulators at −lse2/c (c = |scale|·log2 e),
-   * which needs a finite 1/c: a |scale| below 1e-30 runs fa2. fa2x2's 4 warps cannot hold dK_j, dV_j of 64 keys
-   * × d > 128 in registers: fa2p's 8 warps do. */
-  if ((config == FC_BWD_FA2P || config == FC_BWD_FA2X2) && (p->deterministic || !(fabsf(p->scale) >= 1e-30f)))
-    config = FC_BWD_FA2;
-  if (config == FC_BWD_FA2X2 && d > 128) config = FC_BWD_FA2P;
-  if (config != FC_BWD_FA2PB && a->dq_tile_w)
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's blocked dQ sum without fa2pb");
-  bool ran = false;
-  if (config == FC_BWD_FA2) {
-    FC_CHECK((fc_mma_bwd_fa2_tiles<T, false, false>(p, a, aligned, d, &ran)));
-  } else if (config == FC_BWD_FA2P) {
-    FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, false>(p, a, aligned, d, &ran)));
-  } else if (config == FC_BWD_FA2X2) {
-    switch (d) {
-    case 32: FC_CHECK((fc_mma_bwd_fa2<T, 32, 64, 64, 4, 2, 2, 2, 16, true, 2>(p, a, aligned, &ran))); break;
-    case 64: FC_CHECK((fc_mma_bwd_fa2<T, 64, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
-    case 96: FC_CHECK((fc_mma_bwd_fa2<T, 96, 64, 64, 4, 2, 2, 2, 48, true, 2>(p, a, aligned, &ran))); break;
-    case 128: FC_CHECK((fc_mma_bwd_fa2<T, 128, 64, 64, 4, 2, 2, 2, 32, true, 2>(p, a, aligned, &ran))); break;
-    }
-  } else if (config == FC_BWD_FA2PB) { /* d256: one Q/dO buffer (fc_mma_bwd_fa2); fa2pbl: LEAN at d <= 128 */
-    if (lean)
-      FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, true, true>(p, a, aligned, d, &ran)));
-    else
-      FC_CHECK((fc_mma_bwd_fa2_tiles<T, true, true>(p, a, aligned, d, &ran)));
-    if (!ran) return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb has no kernel for d %d", d);
+  switch (pl->kernel) {
+  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false>(p, a, aligned, pl->dim))); break;
+  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false>(p, a, aligned, pl->dim))); break;
+  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true>(p, a, aligned, pl->dim))); break;
+  default: FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl->dim))); break;
   }
-  if (!ran) {
-    switch (d) {
-    case 32: FC_CHECK((fc_mma_bwd_base<T, 32, 64, 128, 8, 2>(p, a, aligned))); break;
-    case 64: FC_CHECK((fc_mma_bwd_base<T, 64, 64, 128, 8, 2>(p, a, aligned))); break;
-    case 96: FC_CHECK((fc_mma_bwd_base<T, 96, 64, 64, 8, 2>(p, a, aligned))); break;
-    case 128: FC_CHECK((fc_mma_bwd_base<T, 128, 64, 64, 8, 2>(p, a, aligned))); break;
-    case 160: FC_CHECK((fc_mma_bwd_base<T, 160, 64, 64, 8, 2>(p, a, aligned))); break;
-    case 192: FC_CHECK((fc_mma_bwd_base<T, 192, 64, 64, 8, 2>(p, a, aligned))); break;
-    case 256: FC_CHECK((fc_mma_bwd_base<T, 256, 64, 64, 8, 1>(p, a, aligned))); break;
-    default:
-      return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no kernel for head_dim %lld",
-                      (long long)p->head_dim);
-    }
-  }
-  switch (d) {
-  case 32: return fc_mma_bwd_finish<T, 32, 64>(p, a, aligned);
-  case 64: return fc_mma_bwd_finish<T, 64, 64>(p, a, aligned);
-  case 96: return fc_mma_bwd_finish<T, 96, 64>(p, a, aligned);
-  case 128: return fc_mma_bwd_finish<T, 128, 64>(p, a, aligned);
-  case 160: return fc_mma_bwd_finish<T, 160, 32>(p, a, aligned);
-  case 192: return fc_mma_bwd_finish<T, 192, 32>(p, a, aligned);
-  default: return fc_mma_bwd_finish<T, 256, 32>(p, a, aligned);
-  }
+  return fc_mma_bwd_finish_at<T>(p, a, aligned, pl->dim);
 }
 
 static size_t fc_round256(size_t n) { return (n + 255) / 256 * 256; }
 
-/* fa2pb runs, and the fp32 dQ sum is blocked (its tile width; 0: [total_q][hq][D], red.global.add), when the
- * call would run fa2p (non-deterministic, a finite 1/c), on compute capability 9.x (the bulk reduce-add), at
- * every compiled d (d256 with one Q/dO buffer: fc_mma_bwd_fa2). Decided before the workspace is sized. */
-static flashc_status fc_mma_bwd_bulk_dq(const fc_problem *p, fc_bwd_config config, int *tile_w) {
-  *tile_w = 0;
-  if (config != FC_BWD_FA2PB || p->deterministic || !(fabsf(p->scale) >= 1e-30f)) return FLASHC_OK;
-  fc_device_props props;
-  FC_CHECK(fc_device_get_props(&props));
-  if (props.sm / 10 == 9) *tile_w = FC_MMA_DQ_TILE_W;
-  return FLASHC_OK;
-}
-
 flashc_status fc_mma_backward(const fc_problem *p) {
-  fc_bwd_config config;
-  FC_CHECK(fc_bwd_config_from_env(&config));
-  const bool lean = config == FC_BWD_FA2PBL; /* fa2pbl: fa2pb, with other kernels at d <= 128 */
-  if (lean) config = FC_BWD_FA2PB;
+  fc_mma_bwd_plan pl;
+  FC_CHECK(fc_mma_bwd_plan_of(p, &pl));
   fc_mma_bwd_args a;
   memset(&a, 0, sizeof a);
   /* Padded row buffers: each sequence's rows rounded up to FC_BWD_PADR. */
@@ -737,7 +737,7 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const size_t pad_bytes = cu_pad_host ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));
   a.dq_ld = fc_mma_compiled_dim(p->head_dim);
-  FC_CHECK(fc_mma_bwd_bulk_dq(p, config, &a.dq_tile_w));
+  a.dq_tile_w = pl.dq_tile_w;
   /* blocked: every padded row, whole 64-row tiles (the bulk adds cover whole query blocks, padding included) */
   const int64_t dq_rows = a.dq_tile_w ? p->heads_q * a.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = p->deterministic ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
@@ -787,8 +787,8 @@ flashc_status fc_mma_backward(const fc_problem *p) {
                        fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&dk) &&
                        fc_mma_view_aligned(&dv);
   if (p->dtype == FLASHC_F16)
-    FC_CHECK(fc_mma_bwd_dispatch<__half>(p, &a, aligned, config, lean));
+    FC_CHECK(fc_mma_bwd_dispatch<__half>(p, &a, aligned, &pl));
   else
-    FC_CHECK(fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, config, lean));
+    FC_CHECK(fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, &pl));
   return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
 }

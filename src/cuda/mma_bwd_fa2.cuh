@@ -1,17 +1,15 @@
-/* mma_bwd_fa2.cuh — the "fa2" configurations of cuda-mma's dK/dV kernel (FLASHC_MMA_BWD_CONFIG=fa2, fa2p,
- * fa2x2, fa2pb, fa2pbl): the base kernel's algorithm (mma_bwd.cu, step 2) with
- * FlashAttention-2's block shapes, so that each operand read from shared memory feeds more tensor-core work.
- *   fa2    as below.
+/* mma_bwd_fa2.cuh — cuda-mma's dK/dV kernel with FlashAttention-2's block shapes (the fa2 family; mma_bwd.cu's
+ * fc_mma_bwd_plan_of picks one): the base kernel's algorithm (mma_bwd.cu, step 2) with larger tiles, so that each
+ * operand read from shared memory feeds more tensor-core work.
+ *   fa2    as below; the deterministic dQ's (and |scale| < 1e-30's) kernel.
  *   fa2p   PDP: Sᵀ's MMAs first, then dPᵀ's with the exponentials of Pᵀ spread between them (one basic block
  *          where the mask does not cut), the accumulators started at −lse2/c and −D. In fa2 the SFU and the
  *          FMAs of Pᵀ run after all MMAs, while no warp of the CTA (the only one on its SM) has an MMA to issue.
- *   fa2x2  fa2p with NW = 4 and 64×64 tiles (the same warp tiles), MINB = 2 CTAs per SM: one CTA's
- *          exponentials, dQ reductions and barriers overlap the other's MMAs, as in the forward's default.
  *   fa2pb  fa2p with BULK_DQ (sm_90): each warp stores its dQ fragment into sdQ, the CTA's Br × D product in
  *          fp32, and one thread adds the whole tile into the sum with one cp.reduce.async.bulk (the copy engine
  *          makes the adds) in place of Br·D/4 red.global.add.v4 from every thread (cuda-hopper's bulk dQ).
- *   fa2pbl fa2pb with LEAN at d ≤ 128 (Bc = 128): the same maths in fewer registers held across the loop
- *          (fa2pb's d64 kernels spill 48-72 bytes at 255 registers; these have no stack frame). At d64, Sᵀ, dPᵀ
+ *          At d ≤ 128 (Bc = 128) with LEAN: the same maths in fewer registers held across the loop (without it
+ *          the d64 kernels spilled 48-72 bytes at 255 registers; these have no stack frame). At d64, Sᵀ, dPᵀ
  *          (128 fp32 per thread) and dK_j, dV_j (64) leave ~60 registers for the rest at the exponentials' peak,
  *          and the compiler hoists every loop invariant it finds, so LEAN has fewer of them: Pᵀ/dSᵀ stored by
  *          stmatrix at the dV/dK loop's ldmatrix addresses (d ≤ 64; not 8 per-column offsets), the mask test in
@@ -272,9 +270,9 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
  * BULK_DQ (with ATOMIC_DQ; the host launches it on sm_90 only): dQ through sdQ and bulk adds into the blocked
  * sum. Compiled for an older architecture (a JIT of the sm_80 PTX), the same kernel adds with red.global.add.v4
  * into the same blocked layout, so that the sum's layout never depends on the pass that ran. */
-template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP, int MINB,
-          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ = false, bool LEAN = false>
-__global__ void __launch_bounds__(NW * 32, MINB) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
+template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
+          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN>
+__global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
   constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
   constexpr int MD = BC / WD, MT_D = MD / 16, ND = D / (NW / WD), NDV = ND / 8;  /* dK, dV warp tile */

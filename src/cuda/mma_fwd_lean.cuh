@@ -1,7 +1,6 @@
-/* mma_fwd_lean.cuh — cuda-mma's forward with fewer instructions per key block
- * (FLASHC_MMA_FWD_CONFIG=lean): the same tiles, maths and pipeline as mma.cu's
- * fc_mma_fwd_kernel, with the per-block overhead its SASS showed moved out of
- * the key loop (docs/ladder.md, cuda-mma, has the counts):
+/* mma_fwd_lean.cuh — cuda-mma's forward kernel (the one that runs wherever its tiles fit the device's shared
+ * memory: mma.cu's fc_mma_fwd_plan_of): the maths and pipeline of mma.cu's fc_mma_fwd_kernel, with the per-block
+ * overhead that kernel's SASS showed moved out of the key loop (docs/ladder.md, cuda-mma, has the counts):
  *   - Q_i is negated once in shared memory (a negative scale), not in every
  *     fragment read from sQ (4 LOP3 per ldmatrix of Q);
  *   - each ldmatrix operand keeps its 4 swizzle variants in registers, so that

@@ -71,4 +71,7 @@ static inline flashc_status fc_mma_smem(const void *kernel, size_t bytes, const 
  * that `auto` leaves it the calls whose grid is too small for one query tile per SM to fill the GPU. */
 flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits);
 
+/* Whether cuda-mma's backward has a kernel for problem p on this device (mma_bwd.cu's plan: its shared memory). */
+flashc_status fc_mma_bwd_supports(const fc_problem *p);
+
 #endif /* FLASHC_CUDA_MMA_HOST_CUH */

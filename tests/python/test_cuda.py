@@ -309,16 +309,17 @@ MMA = next((b for b in CUDA_BACKENDS if b.name == "cuda-mma"), None)
 
 
 @pytest.mark.skipif(MMA is None or not MMA.usable, reason="cuda-mma is not usable here (sm_80+ only)")
-def test_mma_split_keys(rng, monkeypatch):
+def test_mma_split_keys(rng):
     """cuda-mma's forward with each tile's keys split between CTAs and the parts combined (mma_fwd_split.cuh). Forced
-    counts (FLASHC_MMA_FWD_SPLITS) on shapes with masks that leave some parts of a row empty (causal both ways,
+    counts (num_splits=) on shapes with masks that leave some parts of a row empty (causal both ways,
     windows, rows that see no key), GQA, varlen with a sequence of no keys, d 59/128/256, parts of one key block;
-    then the automatic count on decoding shapes (1 and 7 query rows against 5000 keys), where it must split. Every
+    then the automatic count (num_splits=0) on decoding shapes (1 and 7 query rows against 5000 keys), where it must
+    split. Every
     result within bf16's tolerance of the fp64 reference (lse within 2e-3, -inf where a row sees no key, outputs
     poisoned with NaN first), each split deterministic and different in its bits from the whole walk (so it ran)."""
 
     def run(q, k, v, splits, **kw):
-        monkeypatch.setenv("FLASHC_MMA_FWD_SPLITS", splits)
+        kw["num_splits"] = splits
         d = q.shape[-1]
         out = torch.full(q.shape[:-1] + (-(-d // 8) * 8,), float("nan"), device="cuda", dtype=q.dtype)[..., :d]
         if "cu" in kw:
@@ -346,17 +347,17 @@ def test_mma_split_keys(rng, monkeypatch):
         return x[..., :d]
 
     cases = [  # (b, sq, sk, hq, hkv, d, mask kwargs, splits)
-        (2, 97, 1030, 4, 2, 64, dict(causal=True), "3"),
-        (1, 300, 700, 2, 2, 128, dict(causal=True, causal_align="top-left"), "5"),
-        (2, 1, 4000, 8, 1, 128, dict(), "16"),
-        (1, 257, 2000, 2, 1, 59, dict(window=(64, 16)), "4"),
-        (1, 130, 90, 2, 2, 256, dict(causal=True, causal_align="top-left"), "8"),  # parts of < 1 key block each
-        (3, 33, 1200, 4, 4, 128, dict(window=(-1, 0)), "2"),
+        (2, 97, 1030, 4, 2, 64, dict(causal=True), 3),
+        (1, 300, 700, 2, 2, 128, dict(causal=True, causal_align="top-left"), 5),
+        (2, 1, 4000, 8, 1, 128, dict(), 16),
+        (1, 257, 2000, 2, 1, 59, dict(window=(64, 16)), 4),
+        (1, 130, 90, 2, 2, 256, dict(causal=True, causal_align="top-left"), 8),  # parts of < 1 key block each
+        (3, 33, 1200, 4, 4, 128, dict(window=(-1, 0)), 2),
     ]
     for b, sq, sk, hq, hkv, d, kw, splits in cases:
         q, k, v = bf16(b, sq, hq, d), bf16(b, sk, hkv, d), bf16(b, sk, hkv, d)
         what = f"b {b} sq {sq} sk {sk} h {hq}/{hkv} d {d} {kw} splits {splits}"
-        whole = run(q, k, v, "1", **kw)
+        whole = run(q, k, v, 1, **kw)
         part = run(q, k, v, splits, **kw)
         again = run(q, k, v, splits, **kw)
         assert torch.equal(part[0], again[0]) and torch.equal(part[1], again[1]), f"{what}: not deterministic"
@@ -368,19 +369,17 @@ def test_mma_split_keys(rng, monkeypatch):
     # varlen: sequences of 1, 0 and 900 query rows, one with no keys at all
     cq, ck = [0, 1, 1, 901], [0, 1500, 1500, 1500]
     q, k, v = bf16(901, 4, 128), bf16(1500, 2, 128), bf16(1500, 2, 128)
-    o, lse = run(q, k, v, "4", cu=(cq, ck))
+    o, lse = run(q, k, v, 4, cu=(cq, ck))
     assert torch.isinf(lse[:, 1:]).all() and (o[1:] == 0).all(), "rows of a sequence with no key"
     check(o[None, :1], lse[None, :, :1], q[None, :1], k[None, :1500], v[None, :1500], "varlen seq 0")
 
     # auto on decoding shapes: the count is chosen and the split runs; under backend="auto" cuda-hopper leaves them
     # to cuda-mma
-    monkeypatch.delenv("FLASHC_MMA_FWD_SPLITS", raising=False)
     for sq in (1, 7):
         q, k, v = bf16(1, sq, 8, 128), bf16(1, 5000, 8, 128), bf16(1, 5000, 8, 128)
-        o, lse = run(q, k, v, "auto")
-        whole = run(q, k, v, "1")
+        o, lse = run(q, k, v, 0)
+        whole = run(q, k, v, 1)
         assert not torch.equal(o, whole[0]), f"sq {sq}: the automatic count did not split"
         check(o, lse, q, k, v, f"auto sq {sq}")
-        monkeypatch.delenv("FLASHC_MMA_FWD_SPLITS", raising=False)
         flashc.attention(q, k, v)
         assert flashc.last_backend() == "cuda-mma", flashc.last_backend()

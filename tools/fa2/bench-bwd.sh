@@ -1,13 +1,14 @@
 #!/bin/bash
-# cuda-fa2-fp32's backward on an H100/H200 in one device call (~6 minutes): build (sm_90a only), correctness of
-# every configuration of FLASHC_FA2_BWD_CONFIG (base, fused, pipe) against fp64, then backward TFLOP/s against
-# SDPA efficient (fp32) on b4 h8 d64 seqlen 1024..8192 and b8 h16 s2048 d64, full and causal.
+# cuda-fa2-fp32's backward on an H100/H200 in one device call (~6 minutes): build (sm_90a only), correctness of its
+# kernels (fused at d <= 64 in the atomic mode, the accumulator kernels and the deterministic dQ pass) against fp64,
+# then backward TFLOP/s against SDPA efficient (fp32) on b4 h8 d64 seqlen 1024..8192 and b8 h16 s2048 d64, full and
+# causal.
 #   bash tools/fa2/bench-bwd.sh                     build check bench (the default)
 #   bash tools/fa2/bench-bwd.sh --quick             the same on fewer shapes
 #   bash tools/fa2/bench-bwd.sh build sanitize      compute-sanitizer memcheck + racecheck, quick shapes
 # Steps may be named in any order; --quick applies to check and bench. Logs and the CSV go to $OUT
 # (default /tmp/out): build.log, resources.txt (registers and spills of every backward kernel), check.log,
-# bench.log, fa2-bwd.csv (the results schema of bench/compare.py, config = fa2bwd-<configuration>).
+# bench.log, fa2-bwd.csv (the results schema of bench/compare.py, config = fa2bwd).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)

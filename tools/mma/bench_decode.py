@@ -5,7 +5,7 @@ warm-up, L2 flushed before each call; the ratio printed last is each column's ti
     python3 tools/mma/bench_decode.py --lib build-gpu/libflashc.so [--csv out.csv]
 
 Columns: auto (the library's choice: on sm_90 cuda-hopper leaves these calls to cuda-mma's split), cuda-mma with
-the split (its own count), cuda-mma whole (FLASHC_MMA_FWD_SPLITS=1: one CTA per query tile and head), cuda-hopper.
+the split (its own count), cuda-mma whole (num_splits 1: one CTA per query tile and head), cuda-hopper.
 Bandwidth: the bytes of K and V read once over the time (the floor of a decoding step).
 """
 import argparse
@@ -51,19 +51,15 @@ for b, sq, sk, h, d in CASES:
     o = torch.empty_like(qv)
     p, _ = fc.params()
     ms = {}
-    for col, backend, splits in (("auto", "auto", None), ("mma-split", "cuda-mma", None),
-                                 ("mma-whole", "cuda-mma", "1"), ("hopper", "cuda-hopper", None)):  # fmt: skip
-        if splits:
-            os.environ["FLASHC_MMA_FWD_SPLITS"] = splits
-        else:
-            os.environ.pop("FLASHC_MMA_FWD_SPLITS", None)
+    for col, backend, splits in (("auto", "auto", 0), ("mma-split", "cuda-mma", 0),
+                                 ("mma-whole", "cuda-mma", 1), ("hopper", "cuda-hopper", 0)):  # fmt: skip
+        p.num_splits = splits  # 0: the plan's count
         if fc.forward(backend, p, qv, kv, vv, o, None) != fc.OK:
             ms[col] = float("nan")
             continue
         ms[col] = timer(lambda: fc.forward(backend, p, qv, kv, vv, o, None))  # noqa: B023
         if col == "auto":
             auto_ran = fc.last_backend("auto")
-    os.environ.pop("FLASHC_MMA_FWD_SPLITS", None)
     for name in ("flash", "cudnn"):
         ms[name] = peer_ms(name, lambda: sdpa_forward_ms(name, q, k, v, False, timer), quiet=True)  # noqa: B023
     gb = 2 * b * h * sk * d * 2 / 1e9
@@ -73,7 +69,7 @@ for b, sq, sk, h, d in CASES:
     flops = 4 * b * h * sq * sk * d
     for c in COLS:
         impl = IMPL[c] if c != "auto" else f"flashc:auto({auto_ran})"
-        note = "FLASHC_MMA_FWD_SPLITS=1" if c == "mma-whole" else ""
+        note = "num_splits=1" if c == "mma-whole" else ""
         rows.append([datetime.date.today().isoformat(), dev, commit, impl, "bf16", b, h, h, sq, sk, d, 0, "fwd", 1, 0,
                      f"{ms[c]:.5f}", f"{flops / ms[c] / 1e9:.2f}", f"{gb / ms[c] * 1e3:.1f}", "", "",
                      note])  # fmt: skip

@@ -1,14 +1,14 @@
-"""GPU check of cuda-mma's backward, every configuration (FLASHC_MMA_BWD_CONFIG): correctness of dq, dk, dv
+"""GPU check of cuda-mma's backward (the kernels its plan picks: src/cuda/mma_bwd.cu): correctness of dq, dk, dv
 against an fp64 reference, then backward TFLOP/s against PyTorch SDPA flash and cudnn on the shapes of
 docs/targets.md. Run through tools/mma/bench-bwd.sh, or:
 
     python3 tools/mma/check_bwd.py --lib build-gpu-mmabwd/libflashc.so [--quick] [--no-check] [--no-bench]
-                                   [--configs base,fa2,fa2p,fa2x2,fa2pb,fa2pbl] [--csv mma-bwd.csv]
+                                   [--csv mma-bwd.csv]
 
-Configurations (src/cuda/mma_bwd.cu): base, fa2, fa2p (fa2's tiles, exponentials between dP's MMAs), fa2x2 (fa2p
-with 4 warps and 64x64 tiles, 2 CTAs per SM; d > 128 runs fa2p), fa2pb (fa2p with dQ staged in shared memory and
-one bulk add per query block on sm_90, d <= 192; elsewhere fa2p), fa2pbl (the default: fa2pb with register-lean
-kernels at d <= 128). fa2p, fa2x2, fa2pb and fa2pbl run fa2 in deterministic mode.
+The kernels (fc_mma_bwd_plan_of): fa2pb (dQ staged in shared memory, one bulk add per query block; register-lean
+kernels at d <= 128) on sm_90, fa2p elsewhere, fa2 in deterministic mode (and for |scale| < 1e-30), the first
+64x64 kernel where the fa2 tiles do not fit the device's shared memory. The cases below cover every head dim,
+deterministic mode and a negative scale, so on one GPU they run every kernel the plan picks there.
 
 Correctness rule (FlashAttention's for gradients): per gradient, max |error| against the fp64 reference is at
 most 3x the error of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax and
@@ -28,13 +28,13 @@ from bwd_configs import Spec, main  # noqa: E402
 from gpucheck import (CSV_COLUMNS, best_of, git_commit, peer_ms, sdpa_backward_ms, tflops, timeit,  # noqa: E402
                       write_csv)
 
-SPEC = Spec(backend="cuda-mma", env="FLASHC_MMA_BWD_CONFIG", dtypes=(torch.bfloat16, torch.float16), bits=torch.int16,
-            floor=lambda mag, lse: 1e-4, lib="build-gpu-mmabwd/libflashc.so", configs="base,fa2,fa2p,fa2x2,fa2pb,fa2pbl",
+SPEC = Spec(backend="cuda-mma", dtypes=(torch.bfloat16, torch.float16), bits=torch.int16,
+            floor=lambda mag, lse: 1e-4, lib="build-gpu-mmabwd/libflashc.so",
             quick_help="a few shapes, and seqlens 1k/4k/16k in the bench")
 
 
 def bench(h):
-    """Backward TFLOP/s of each configuration and of SDPA flash and cudnn (autograd backward only) on docs/targets.md's
+    """Backward TFLOP/s of cuda-mma and of SDPA flash and cudnn (autograd backward only) on docs/targets.md's
     shapes; the CSV (--csv) gets docs/targets.md's columns + config."""
     args, configs = h.args, h.configs
     dev = torch.cuda.get_device_name()
@@ -51,7 +51,7 @@ def bench(h):
                     b, nh = 16384 // s, 2048 // d
                     q, k, v, dout = (torch.randn(b, nh, s, d, device="cuda", dtype=dtype) for _ in range(4))
                     flops = 2.5 * 4 * b * nh * s * s * d / (2 if causal else 1)
-                    res = h.time_configs(q, k, v, dout, causal, timer)  # each configuration's ms
+                    res = h.time_configs(q, k, v, dout, causal, timer)  # cuda-mma's ms
                     for name in ("flash", "cudnn"):
                         res[name] = peer_ms(name, lambda: sdpa_backward_ms(name, q, k, v, dout, causal, timer))
                     tf = tflops(flops, res)
@@ -67,7 +67,7 @@ def bench(h):
                     del q, k, v, dout
     if args.csv:
         write_csv(args.csv, cols, rows)
-    print(f"\n== backward TFLOP/s, compact ({dev}); ratio = best config / flash, then / cudnn ==")
+    print(f"\n== backward TFLOP/s, compact ({dev}); ratio = flashc / flash, then / cudnn ==")
     print(f"{'dtype':8s} {'d':>3} {'c':>1} {'seqlen':>6} " + " ".join(f"{c:>6}" for c in configs) +
           f" {'flash':>6} {'cudnn':>6} {'best':>5} {'x flash':>7} {'x cudnn':>7}")
     for dt, d, causal, s, tf, best in table:

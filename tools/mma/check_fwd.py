@@ -1,16 +1,18 @@
-"""GPU check of cuda-mma's forward configurations (FLASHC_MMA_FWD_CONFIG): correctness of each against an fp64
-reference, then TFLOP/s of each against PyTorch SDPA (flash, cudnn) on the shapes of docs/targets.md.
+"""GPU check of cuda-mma's forward (the kernels its plan picks: src/cuda/mma.cu's fc_mma_fwd_plan_of): correctness
+against an fp64 reference, with the keys of each tile split as the plan chooses (num_splits 0) and in forced counts,
+then TFLOP/s against PyTorch SDPA (flash, cudnn) on the shapes of docs/targets.md.
 Run through tools/mma/bench-fwd.sh, or:
 
     python3 tools/mma/check_fwd.py --lib build-mmafwd-gpu/libflashc.so [--quick] [--no-check] [--no-bench]
-                                   [--configs mt2,base,lean,lean3] [--csv results.csv]
+                                   [--splits 0,1,3,64] [--csv results.csv]
 
 Correctness rule (FlashAttention's): the kernel's max |error| against the fp64 reference is at most 2x the error
 of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax in fp32), + 1e-4.
 Outputs and lse are poisoned with NaN before every call; lse must match to 2e-3 and be -inf exactly where a row
-sees no key (its output 0). Every case runs for every configuration, so that a failure names the configuration.
+sees no key (its output 0). Every case runs for every count of --splits (flashc_params.num_splits: 0 the plan's
+choice, 1 none, n > 1 at most n parts), so that a failure names the count.
 The timings are medians of CUDA-event times after warm-up, L2 flushed before each call; the table printed last
-gives each configuration's TFLOP/s over SDPA flash's in the same run (the bar: >= 1.1 at seqlen >= 1k).
+gives cuda-mma's TFLOP/s over SDPA flash's in the same run (the bar: >= 1.1 at seqlen >= 1k).
 """
 import argparse
 import math
@@ -24,14 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
                       visible)
 
-CONFIGS = "mt2,base,lean,lean3,lean3u"  # mma.cu's fc_mma_fwd_config_names, in order
-
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", default="build-mmafwd-gpu/libflashc.so")
 ap.add_argument("--quick", action="store_true", help="fewer shapes and seqlens (smoke test)")
 ap.add_argument("--no-check", action="store_true")
 ap.add_argument("--no-bench", action="store_true")
-ap.add_argument("--configs", default=CONFIGS)
+ap.add_argument("--splits", default="0,1,3,64", help="num_splits of the correctness cases (0: the plan's choice)")
 ap.add_argument("--dtypes", default="bf16,fp16")
 ap.add_argument("--dims", default="64,128,256", help="head dims of the timings")
 ap.add_argument("--masks", default="0,1", help="causal values of the timings")
@@ -52,15 +52,10 @@ def forward(p, q, k, v, o, lse):
     return fc.forward("cuda-mma", p, q, k, v, o, lse)
 
 
-def set_config(name):
-    os.environ["FLASHC_MMA_FWD_CONFIG"] = name  # read by the library at every call
-
-
-def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
+def check(splits, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout="bshd", want_lse=True,
           varlen=None):
-    tag = (f"{config:8s} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
+    tag = (f"splits {splits:<3d} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
            f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else ""))
-    set_config(config)
     if varlen:
         cu_q, cu_k, seqs = cu_seqlens(varlen)
         q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
@@ -69,6 +64,7 @@ def check(config, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1,
         q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
         seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
         p, keep = fc.params(causal, align, wl, wr)
+    p.num_splits = splits
     o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
     rows = q.shape[0] * q.shape[1]
     lse = torch.full((hq * rows,), float("nan"), device="cuda") if want_lse else None
@@ -123,7 +119,7 @@ def correctness():
     if args.quick:
         shapes, masks, dims = [(97, 97), (1025, 1025), (203, 113)], [dict(), dict(causal=1)], (64, 128, 256)
     n = 0
-    for config in args.configs.split(","):
+    for splits in (int(x) for x in args.splits.split(",")):
         t0 = time.time()
         for dtype in (torch.bfloat16, torch.float16):
             # fp16 differs from bf16 only in the MMA and the packing of P: fewer shapes
@@ -132,34 +128,34 @@ def correctness():
                 for sq, sk in (shapes if dtype == torch.bfloat16 or args.quick else few):
                     for m in masks:
                         n += 1
-                        check(config, dtype, 2, sq, sk, 4, 2, d, layout=layouts[n % 4], **m)  # GQA 2:1
+                        check(splits, dtype, 2, sq, sk, 4, 2, d, layout=layouts[n % 4], **m)  # GQA 2:1
             for d in (32, 96, 160, 192):  # the other compiled head dims, once each (quick too: sanitizer runs)
-                check(config, dtype, 1, 257, 300, 4, 2, d, causal=1, layout="padded")
+                check(splits, dtype, 1, 257, 300, 4, 2, d, causal=1, layout="padded")
             if args.quick:
                 continue
-            check(config, dtype, 1, 300, 300, 8, 1, 128)  # MQA
-            check(config, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)
-            check(config, dtype, 1, 1025, 1025, 2, 2, 256, layout="odd", causal=1)
-            check(config, dtype, 1, 0, 0, 4, 2, 128, causal=1,
+            check(splits, dtype, 1, 300, 300, 8, 1, 128)  # MQA
+            check(splits, dtype, 2, 300, 300, 4, 4, 64, causal=1, want_lse=False)
+            check(splits, dtype, 1, 1025, 1025, 2, 2, 256, layout="odd", causal=1)
+            check(splits, dtype, 1, 0, 0, 4, 2, 128, causal=1,
                   varlen=([1, 97, 0, 300, 257, 5], [1, 120, 7, 300, 0, 64]))
-            check(config, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
+            check(splits, dtype, 1, 0, 0, 4, 2, 64, causal=1, align=1, layout="bhsd",
                   varlen=([129, 97, 3, 300], [64, 120, 7, 301]))
-            check(config, dtype, 1, 0, 0, 4, 2, 256, wl=64, wr=8, layout="odd", varlen=([200, 1, 129], [300, 64, 0]))
-        print(f"config {config}: {res.count(config + ' ')[0]} cases in "
+            check(splits, dtype, 1, 0, 0, 4, 2, 256, wl=64, wr=8, layout="odd", varlen=([200, 1, 129], [300, 64, 0]))
+        print(f"splits {splits}: {res.count(f'splits {splits:<3d} ')[0]} cases in "
               f"{time.time() - t0:.0f} s, failures so far {len(res.failures)}", flush=True)
-    # An unknown configuration name is the caller's error, not a silent fallback to base.
-    set_config("no-such-config")
+    # A negative count is the caller's error, refused before any write.
     q = make(1, 64, 2, 64, torch.bfloat16, "bshd")
-    o = torch.empty_like(q)
+    o = torch.full(q.shape, float("nan"), device="cuda", dtype=q.dtype)
     p, _ = fc.params()
+    p.num_splits = -1
     st = forward(p, q, q, q, o, None)
-    record("unknown FLASHC_MMA_FWD_CONFIG", st == INVALID, f"status {st}: {fc.last_error()}")
+    record("num_splits -1", st == INVALID and bool(torch.isnan(o).all()), f"status {st}: {fc.last_error()}")
     print(f"correctness: {res.passed()}", flush=True)
 
 
 # ---- timings -----------------------------------------------------------------------------------------------
 def bench():
-    configs = args.configs.split(",")
+    configs = ["cuda-mma"]  # the plan's kernels (num_splits 0)
     timer = lambda fn: timeit(fn, reps=args.reps, warmup=3, flush_mb=256)  # noqa: E731
     dev = torch.cuda.get_device_name()
     print(f"\n== forward TFLOP/s on {dev}, 16k tokens, width 2048 ==", flush=True)
@@ -185,7 +181,6 @@ def bench():
                     lse = torch.empty(b * h * s, device="cuda")
                     p, _ = fc.params(causal=causal, align=1)
                     for config in configs:
-                        set_config(config)
                         if forward(p, qv, kv, vv, o, lse) != OK:
                             print(config, fc.last_error(), flush=True)
                             ms[config] = float("nan")
@@ -199,16 +194,15 @@ def bench():
                           flush=True)
                     if csv:
                         for impl, t in ms.items():
-                            name = f"torch:{impl}" if impl in ("flash", "cudnn") else f"flashc:cuda-mma:{impl}"
+                            name = f"torch:{impl}" if impl in ("flash", "cudnn") else f"flashc:{impl}"
                             csv.write(f"{time.strftime('%Y-%m-%d')},{dev},,{name},{dname},{b},{h},{h},{s},{s},{d},"
                                       f"{causal},fwd,1,0,{t:.4f},{tf[impl]:.2f},,,\n")
                     del q, k, v, o
-    set_config("base")
     if csv:
         csv.close()
 
-    # The table the next step reads: each configuration's TFLOP/s over flash's, per cell; then per (d, causal)
-    # the worst cell at seqlen >= 1k (the bar is >= 1.1 everywhere there) and the best configuration.
+    # The table the next step reads: cuda-mma's TFLOP/s over flash's, per cell; then per (d, causal) the worst cell
+    # at seqlen >= 1k (the bar is >= 1.1 everywhere there).
     print(f"\n== ratio to SDPA flash (same run); bar: >= 1.10 at seqlen >= 1k ==", flush=True)
     print(f"{'dtype':>5} {'d':>4} {'c':>2} {'seqlen':>6} " + " ".join(f"{c:>8}" for c in configs) + f" {'cudnn':>8}")
     for dname, d, causal, s, tf in table:
