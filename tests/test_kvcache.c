@@ -10,8 +10,15 @@
  *   the cache afterwards: the appended rows equal k_new/v_new bit for bit, every other byte unchanged;
  *   cpu bit-identical at 1 and 3 threads.
  * Then bad calls (block indices out of range, lengths past the capacity, a shared block that receives new rows,
- * aliasing, struct sizes, params of other calls) are refused with a message naming the value, nothing written;
- * and the CUDA backends refuse the call (FLASHC_ERR_UNSUPPORTED), skipped with "no CUDA device" where there is none.
+ * aliasing, struct sizes, params of other calls) are refused with a message naming the value, nothing written.
+ * On a GPU, cuda-mma and cuda-hopper (and auto) run GPU cases with device copies of the same buffers: o and lse
+ * against the reference with FlashAttention's rule (≤ 2× the error of the same maths done plainly in bf16/f16,
+ * th_naive_forward), the caches afterwards, guard regions around every device buffer; paged with permuted tables,
+ * pages of 5, 16 and 256, appends across a page boundary, GQA 32/8 and MQA, seqlen_new 1..4, causal and windows,
+ * empty caches, 1, 2, many and the plan's splits, head dims 59 to 256; and device tables the host cannot check (a
+ * block index out of range, a length past the capacity, negative ones): that sequence's outputs NaN, nothing
+ * appended for it, the other sequence right. The other CUDA backends refuse the call (FLASHC_ERR_UNSUPPORTED);
+ * without a GPU the CUDA part is skipped with "no CUDA device".
  */
 #include "harness.h"
 
@@ -422,6 +429,10 @@ static void b_splits(kbuf *k, flashc_kvcache *kv, flashc_params *p, flashc_tenso
   (void)k, (void)p, (void)o, (void)lse;
   kv->num_splits = -2;
 }
+static void b_params_splits(kbuf *k, flashc_kvcache *kv, flashc_params *p, flashc_tensor **o, float **lse) {
+  (void)k, (void)kv, (void)o, (void)lse;
+  p->num_splits = 4; /* the dense call's field: a KV cache call has its own */
+}
 static void b_v_cache_shape(kbuf *k, flashc_kvcache *kv, flashc_params *p, flashc_tensor **o, float **lse) {
   (void)k, (void)p, (void)o, (void)lse;
   kv->v_cache.size[1] = 8; /* pages of another size */
@@ -455,6 +466,7 @@ static void bad_calls(void) {
       {"varlen params", b_varlen, FLASHC_ERR_INVALID_ARGUMENT, "cu_seqlens"},
       {"softcap (not yet)", b_softcap, FLASHC_ERR_UNSUPPORTED, "params.softcap is not supported with a KV cache"},
       {"negative num_splits", b_splits, FLASHC_ERR_INVALID_ARGUMENT, "num_splits is -2"},
+      {"params.num_splits", b_params_splits, FLASHC_ERR_INVALID_ARGUMENT, "takes its splits from cache.num_splits"},
       {"pages of two sizes", b_v_cache_shape, FLASHC_ERR_INVALID_ARGUMENT, "cache.v_cache.size[1]"},
       {"block table stride", b_table_stride, FLASHC_ERR_INVALID_ARGUMENT, "block_table_stride is 2"},
       {"k_new heads", b_k_new_rows, FLASHC_ERR_INVALID_ARGUMENT, "cache.k_new.size[2]"},
@@ -493,9 +505,227 @@ static void bad_calls(void) {
     }
 }
 
-/* ---- the CUDA backends refuse the call (this slice) -------------------------------------------------------- */
-static void cuda_refuses(void) {
-  int seen = 0;
+/* ---- the CUDA backends: the same checks on the device ------------------------------------------------------- */
+#ifdef FLASHC_TEST_CUDA
+#include <cuda_runtime_api.h>
+
+/* The plain low-precision computation of each sequence (th_naive_forward: S, P and O rounded to the dtype), from the
+ * cache as gathered by reference(): the baseline of FlashAttention's rule, max error ≤ 2× the baseline's. */
+static void baseline(const kcase *c, const kbuf *k, const void *kc0, const void *vc0, double *o, double *lse) {
+  const flashc_dtype dt = c->dtype;
+  const int64_t d = c->d, rows_q = c->sq * c->hq * d;
+  for (int64_t s = 0; s < c->batch; s++) {
+    const int64_t cached = k->seqlens[s], len = cached + c->sn;
+    double *q = malloc((size_t)(rows_q + 1) * sizeof *q), *K = malloc((size_t)(len * c->hkv * d + 1) * sizeof *K);
+    double *V = malloc((size_t)(len * c->hkv * d + 1) * sizeof *V), *l = malloc((size_t)(c->hq * c->sq + 1) * 8);
+    for (int64_t i = 0; i < c->sq; i++)
+      for (int64_t h = 0; h < c->hq; h++)
+        for (int64_t x = 0; x < d; x++)
+          q[(i * c->hq + h) * d + x] = th_load(k->q.data, dt, th_index(&k->q, s, i, h, x));
+    for (int64_t j = 0; j < len; j++)
+      for (int64_t h = 0; h < c->hkv; h++)
+        for (int64_t x = 0; x < d; x++) {
+          const bool old = j < cached;
+          K[(j * c->hkv + h) * d + x] = old ? th_load(kc0, dt, cache_index(c, k, &k->kc, s, j, h) + x)
+                                            : th_load(k->kn.data, dt, th_index(&k->kn, s, j - cached, h, x));
+          V[(j * c->hkv + h) * d + x] = old ? th_load(vc0, dt, cache_index(c, k, &k->vc, s, j, h) + x)
+                                            : th_load(k->vn.data, dt, th_index(&k->vn, s, j - cached, h, x));
+        }
+    th_attn a = {1, c->sq, len, c->hq, c->hkv, d, params_of(c)};
+    th_naive_forward(&a, dt, q, K, V, o + s * rows_q, l);
+    memcpy(lse + s * c->hq * c->sq, l, (size_t)(c->hq * c->sq) * sizeof *l);
+    free(q), free(K), free(V), free(l);
+  }
+}
+
+/* Bytes before and after each device cache, filled with GUARD_BYTE: a write outside the cache shows there. */
+enum { GUARD = 4096, GUARD_BYTE = 0x5A };
+
+static bool cuda_ok(cudaError_t e, const char *what) {
+  return th_check(e == cudaSuccess, "test_kvcache: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* A device copy of `bytes` of host memory (NULL: every byte `fill`), between two guard regions; returns the start
+ * of the copy (the allocation starts GUARD bytes before), or NULL after a recorded failure. */
+static void *dev_new(const void *host, size_t bytes, int fill) {
+  char *m = NULL;
+  if (!cuda_ok(cudaMalloc((void **)&m, bytes + 2 * GUARD), "cudaMalloc")) return NULL;
+  cuda_ok(cudaMemset(m, GUARD_BYTE, bytes + 2 * GUARD), "cudaMemset");
+  if (host)
+    cuda_ok(cudaMemcpy(m + GUARD, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  else
+    cuda_ok(cudaMemset(m + GUARD, fill, bytes), "cudaMemset");
+  return m + GUARD;
+}
+
+static void dev_free(void *d) {
+  if (d) cudaFree((char *)d - GUARD);
+}
+
+/* The copy back into host (bytes), and whether both guard regions are intact. */
+static bool dev_back(void *host, const void *d, size_t bytes) {
+  unsigned char *all = malloc(bytes + 2 * GUARD);
+  bool guards = cuda_ok(cudaMemcpy(all, (const char *)d - GUARD, bytes + 2 * GUARD, cudaMemcpyDeviceToHost),
+                        "cudaMemcpy to host");
+  for (size_t i = 0; i < GUARD && guards; i++) guards = all[i] == GUARD_BYTE && all[GUARD + bytes + i] == GUARD_BYTE;
+  memcpy(host, all + GUARD, bytes);
+  free(all);
+  return guards;
+}
+
+/* How a GPU case is broken after its reference is computed (on the device copy only): sequence 1 of the batch gets
+ * a block index out of range, a negative one, a length past the capacity or a negative length. Its outputs must be
+ * NaN, nothing appended for it; sequence 0 is unaffected. */
+enum { BREAK_NONE, BREAK_INDEX_HIGH, BREAK_INDEX_NEGATIVE, BREAK_LENGTH_PAST, BREAK_LENGTH_NEGATIVE };
+static const char *const break_names[] = {"", "block index past the pool", "negative block index",
+                                          "length past the capacity", "negative length"};
+
+/* Case c on CUDA backend `backend` ("auto" allowed): the device copies of the host case, outputs poisoned, the call,
+ * then o and lse against the fp64 reference with FlashAttention's rule (≤ 2× the plain low-precision computation's
+ * error, plus 4u of the output's magnitude, as test_backends.c), rows that see no key exactly 0 and −inf, the
+ * caches (appended rows, nothing else, nothing outside them). */
+static void gpu_case(const kcase *c, const char *backend, int breakage, uint64_t seed) {
+  th_rng r;
+  th_rng_init(&r, seed);
+  kbuf k;
+  build(c, &r, &k);
+  const flashc_dtype dt = c->dtype;
+  const size_t es = es_of(dt);
+  const int64_t n_o = c->batch * c->sq * c->hq * c->d, n_lse = c->batch * c->hq * c->sq;
+  const int64_t bad_o = breakage ? n_o / c->batch : n_o, bad_lse = breakage ? n_lse / c->batch : n_lse; /* checked */
+  void *kc0 = malloc(k.kc_bytes + 1), *vc0 = malloc(k.kc_bytes + 1);
+  memcpy(kc0, k.kc_mem, k.kc_bytes), memcpy(vc0, k.vc_mem, k.kc_bytes);
+  double *ref_o = malloc((size_t)(n_o + 1) * 8), *ref_lse = malloc((size_t)(n_lse + 1) * 8);
+  double *base_o = malloc((size_t)(n_o + 1) * 8), *base_lse = malloc((size_t)(n_lse + 1) * 8);
+  reference(c, &k, kc0, vc0, ref_o, ref_lse);
+  baseline(c, &k, kc0, vc0, base_o, base_lse);
+
+  /* The cache as it must be afterwards: k_new/v_new at cache_seqlens, for every sequence that is not broken. */
+  unsigned char *want_k = malloc(k.kc_bytes + 1), *want_v = malloc(k.kc_bytes + 1);
+  memcpy(want_k, kc0, k.kc_bytes), memcpy(want_v, vc0, k.kc_bytes);
+  for (int64_t s = 0; s < (breakage ? 1 : c->batch); s++)
+    for (int64_t t = 0; t < c->sn; t++)
+      for (int64_t hh = 0; hh < c->hkv; hh++) {
+        const int64_t at = k.seqlens[s] + t;
+        memcpy(want_k + cache_index(c, &k, &k.kc, s, at, hh) * (int64_t)es,
+               (char *)k.kn.data + th_index(&k.kn, s, t, hh, 0) * (int64_t)es, (size_t)c->d * es);
+        memcpy(want_v + cache_index(c, &k, &k.vc, s, at, hh) * (int64_t)es,
+               (char *)k.vn.data + th_index(&k.vn, s, t, hh, 0) * (int64_t)es, (size_t)c->d * es);
+      }
+  if (breakage == BREAK_INDEX_HIGH) k.table[1 * k.table_stride + 1] = (int32_t)k.num_blocks + 5;
+  if (breakage == BREAK_INDEX_NEGATIVE) k.table[1 * k.table_stride + 0] = -1;
+  if (breakage == BREAK_LENGTH_PAST) k.seqlens[1] = (int32_t)(c->capacity - c->sn + 1);
+  if (breakage == BREAK_LENGTH_NEGATIVE) k.seqlens[1] = -3;
+
+  /* Device copies: tensors keep their strides, the data pointer moves. */
+  const size_t q_bytes = (size_t)n_o * es, kn_bytes = (size_t)(c->batch * c->sn * c->hkv * c->d) * es;
+  /* Outputs poisoned: NaN (an element left unwritten fails), or finite where NaN is the expected answer. */
+  const int poison = breakage ? 0x11 : TH_POISON_BYTE;
+  void *dq = dev_new(k.q_mem, q_bytes, 0), *d_o = dev_new(NULL, q_bytes, poison);
+  void *dkc = dev_new(k.kc_mem, k.kc_bytes, 0), *dvc = dev_new(k.vc_mem, k.kc_bytes, 0);
+  void *dkn = c->sn ? dev_new(k.kn_mem, kn_bytes, 0) : NULL, *dvn = c->sn ? dev_new(k.vn_mem, kn_bytes, 0) : NULL;
+  float *dlse = dev_new(NULL, (size_t)n_lse * sizeof(float), poison);
+  int32_t *dlens = dev_new(k.seqlens, (size_t)c->batch * sizeof(int32_t), 0), *dtable = NULL;
+  if (c->page_size) dtable = dev_new(k.table, (size_t)(c->batch * k.table_stride) * sizeof(int32_t), 0);
+  flashc_tensor q = k.q, o = k.o, kn = k.kn, vn = k.vn;
+  q.data = dq, o.data = d_o, kn.data = dkn, vn.data = dvn;
+  flashc_kvcache kv = cache_of(c, &k);
+  kv.k_cache.data = k.kc.data ? dkc : NULL;
+  kv.v_cache.data = k.vc.data ? dvc : NULL;
+  kv.cache_seqlens = dlens;
+  if (c->page_size) kv.block_table = dtable;
+  if (c->sn) kv.k_new = &kn, kv.v_new = &vn;
+  const flashc_params p = params_of(c);
+
+  flashc_handle h = NULL;
+  const int failures = th_failures();
+  char what[160];
+  snprintf(what, sizeof what, "%s on %s%s%s", c->name, backend, breakage ? ", " : "", break_names[breakage]);
+  if (!CHECK(flashc_create(&h, backend) == FLASHC_OK, "%s: flashc_create: %s", what, flashc_last_error())) goto done;
+  const flashc_status st = flashc_forward_kvcache(h, &q, &kv, &o, dlse, &p);
+  if (!CHECK(st == FLASHC_OK, "%s: status %d: %s", what, (int)st, flashc_last_error())) goto done;
+  if (!cuda_ok(cudaDeviceSynchronize(), what)) goto done;
+  CHECK(strncmp(flashc_handle_last_backend(h), "cuda-", 5) == 0, "%s: ran on %s", what, flashc_handle_last_backend(h));
+
+  void *o_host = malloc(q_bytes + 1);
+  float *lse = malloc((size_t)n_lse * sizeof(float) + 1);
+  unsigned char *kc1 = malloc(k.kc_bytes + 1), *vc1 = malloc(k.kc_bytes + 1);
+  bool guards = dev_back(o_host, d_o, q_bytes) && dev_back(lse, dlse, (size_t)n_lse * sizeof(float));
+  guards &= dev_back(kc1, dkc, k.kc_bytes) && dev_back(vc1, dvc, k.kc_bytes);
+  CHECK(guards, "%s: a write outside o, lse or the caches (a guard region changed)", what);
+  double *od = malloc((size_t)(n_o + 1) * 8), *ld = malloc((size_t)(n_lse + 1) * 8);
+  for (int64_t i = 0; i < n_o; i++) od[i] = th_load(o_host, dt, i);
+  for (int64_t i = 0; i < n_lse; i++) ld[i] = lse[i];
+  /* o and lse of the sequences that are not broken (sequence 0 when one is): the rule of test_backends.c */
+  const double o_mag = fmax(th_abs_max(ref_o, bad_o), 1e-3);
+  const th_verdict vo = th_judge(od, base_o, ref_o, bad_o, 2.0, 4.0 * th_unit_roundoff(dt) * o_mag);
+  const th_verdict vl =
+      th_judge(ld, base_lse, ref_lse, bad_lse, 2.0, 8.0 * 0x1p-24 * fmax(1.0, th_abs_max(ref_lse, bad_lse)));
+  char msg[240];
+  th_format_verdict(msg, sizeof msg, "o", &vo);
+  CHECK(vo.pass, "%s: %s", what, msg);
+  th_format_verdict(msg, sizeof msg, "lse", &vl);
+  CHECK(vl.pass, "%s: %s", what, msg);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < bad_lse; i++) /* a row that sees no key: o = +0 and lse = −inf exactly */
+    if (ref_lse[i] == -INFINITY) {
+      const int64_t s = i / (c->hq * c->sq), hh = i / c->sq % c->hq, row = i % c->sq;
+      wrong += lse[i] != -INFINITY;
+      for (int64_t x = 0; x < c->d; x++) wrong += od[((s * c->sq + row) * c->hq + hh) * c->d + x] != 0.0;
+    }
+  CHECK(wrong == 0, "%s: %lld values of rows that see no key are not o = 0, lse = -inf", what, (long long)wrong);
+  if (breakage) { /* every output of sequence 1 is NaN */
+    wrong = 0;
+    for (int64_t i = bad_o; i < n_o; i++) wrong += !isnan(od[i]);
+    for (int64_t i = bad_lse; i < n_lse; i++) wrong += !isnan(ld[i]);
+    CHECK(wrong == 0, "%s: %lld outputs of the broken sequence are not NaN", what, (long long)wrong);
+  }
+  CHECK(memcmp(kc1, want_k, k.kc_bytes) == 0 && memcmp(vc1, want_v, k.kc_bytes) == 0,
+        "%s: the caches after the call are not the caches before with k_new/v_new appended%s", what,
+        breakage ? " for sequence 0 only" : "");
+  if (th_failures() == failures) printf("ok   %-40s o %.1e (base %.1e)\n", what, vo.err.max_abs, vo.base.max_abs);
+  free(o_host), free(lse), free(kc1), free(vc1), free(od), free(ld);
+done:
+  flashc_destroy(h);
+  dev_free(dq), dev_free(d_o), dev_free(dkc), dev_free(dvc), dev_free(dkn), dev_free(dvn), dev_free(dlse);
+  dev_free(dlens), dev_free(dtable);
+  free(kc0), free(vc0), free(ref_o), free(ref_lse), free(base_o), free(base_lse), free(want_k), free(want_v);
+  release(&k);
+}
+
+#define R (-1)
+static const kcase gpu_cases[] = {
+    /* name                       dtype       b  sq sn hq  hkv d    page cap   causal wl   wr  cached  splits bhsd */
+    {"gpu dense gqa 32/8", FLASHC_BF16, 2, 1, 1, 32, 8, 128, 0, 700, 1, -1, -1, {R, 650}, 0, 0},
+    {"gpu paged 16 gqa spec 4", FLASHC_BF16, 3, 4, 4, 32, 8, 128, 16, 320, 1, -1, -1, {R, 14, 0}, 0, 0},
+    {"gpu paged 256 mqa", FLASHC_F16, 2, 1, 1, 32, 1, 64, 256, 1024, 1, -1, -1, {R, 700}, 0, 0},
+    {"gpu mqa 64 rows", FLASHC_BF16, 1, 2, 2, 32, 1, 64, 0, 500, 1, -1, -1, {333}, 0, 0},
+    {"gpu splits 1", FLASHC_BF16, 2, 1, 0, 8, 2, 128, 0, 3000, 0, -1, -1, {2999, 1234}, 1, 0},
+    {"gpu splits 2", FLASHC_BF16, 2, 1, 0, 8, 2, 128, 0, 3000, 0, -1, -1, {2999, 1234}, 2, 0},
+    {"gpu splits many", FLASHC_BF16, 1, 4, 4, 16, 2, 128, 256, 4096, 1, -1, -1, {4000}, 64, 0},
+    {"gpu long default splits", FLASHC_BF16, 1, 1, 1, 32, 8, 128, 256, 8192, 1, -1, -1, {8100}, 0, 0},
+    {"gpu window", FLASHC_BF16, 2, 3, 1, 8, 2, 64, 16, 1024, 1, 100, -1, {R, 900}, 0, 0},
+    {"gpu window both sides", FLASHC_F16, 2, 4, 0, 4, 2, 96, 0, 80, 0, 7, 2, {R, 60}, 0, 0},
+    {"gpu empty caches", FLASHC_BF16, 2, 1, 0, 4, 1, 64, 0, 10, 1, -1, -1, {0, 0}, 0, 0},
+    {"gpu paged empty + full", FLASHC_F16, 2, 2, 0, 4, 2, 64, 16, 48, 1, -1, -1, {0, 48}, 3, 0},
+    {"gpu capacity 0", FLASHC_BF16, 2, 1, 0, 2, 1, 64, 0, 0, 0, -1, -1, {0, 0}, 0, 0},
+    {"gpu head dim 59 (unaligned)", FLASHC_BF16, 2, 2, 2, 4, 2, 59, 16, 96, 1, -1, -1, {R, 15}, 0, 0},
+    {"gpu head dim 256", FLASHC_BF16, 1, 1, 1, 8, 2, 256, 0, 600, 1, -1, -1, {555}, 0, 0},
+    {"gpu bhsd cache", FLASHC_F16, 2, 1, 1, 8, 2, 128, 0, 257, 1, -1, -1, {R, 256}, 0, 1},
+    {"gpu not causal, odd pages", FLASHC_BF16, 3, 3, 2, 6, 3, 40, 5, 45, 0, -1, -1, {R, 4, 9}, 0, 0},
+};
+/* The broken cases: sequence 1 reads entries 0..2 of its row (33 + 2 keys, pages of 16). */
+static const kcase gpu_bad_base = {"gpu bad", FLASHC_BF16, 2, 2, 2, 8, 2, 64, 16, 64, 1, -1, -1, {20, 33}, 0, 0};
+#undef R
+
+static bool is_decode_backend(const char *name) {
+  return strcmp(name, "cuda-mma") == 0 || strcmp(name, "cuda-hopper") == 0;
+}
+#endif /* FLASHC_TEST_CUDA */
+
+/* cuda-mma and cuda-hopper against the reference on the GPU cases; the other CUDA backends refuse the call. */
+static void cuda_backends(void) {
+  int seen = 0, decoders = 0;
   for (int i = 0; i < flashc_backend_count(); i++) {
     flashc_backend_info info;
     if (flashc_backend_get(i, &info) != FLASHC_OK || info.device != FLASHC_DEVICE_CUDA) continue;
@@ -504,6 +734,16 @@ static void cuda_refuses(void) {
       printf("skip %s: %s\n", info.name, info.why_unusable);
       continue;
     }
+#ifdef FLASHC_TEST_CUDA
+    if (is_decode_backend(info.name)) {
+      decoders++;
+      for (size_t c = 0; c < sizeof gpu_cases / sizeof gpu_cases[0]; c++)
+        gpu_case(&gpu_cases[c], info.name, BREAK_NONE, th_seed() + c * 7919u);
+      for (int br = BREAK_INDEX_HIGH; br <= BREAK_LENGTH_NEGATIVE; br++)
+        gpu_case(&gpu_bad_base, info.name, br, th_seed() + (uint64_t)br);
+      continue;
+    }
+#endif
     th_rng r;
     th_rng_init(&r, th_seed());
     kbuf k;
@@ -519,6 +759,12 @@ static void cuda_refuses(void) {
     release(&k);
     printf("ok   %s refuses: %s\n", info.name, flashc_last_error());
   }
+#ifdef FLASHC_TEST_CUDA
+  /* auto sends device tensors to a CUDA backend */
+  if (decoders) gpu_case(&gpu_cases[0], "auto", BREAK_NONE, th_seed());
+#else
+  (void)decoders;
+#endif
   if (!seen) printf("skip CUDA backends: no CUDA device (this build has none)\n");
 }
 
@@ -526,6 +772,6 @@ int main(void) {
   th_begin("test_kvcache");
   correctness();
   bad_calls();
-  cuda_refuses();
+  cuda_backends();
   return th_end();
 }

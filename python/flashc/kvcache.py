@@ -7,8 +7,10 @@ q [batch, seqlen_q, heads_q, head_dim] (the new rows: 1 when decoding, a few for
 over each sequence's cached keys, after k/v [batch, seqlen_new, heads_kv, head_dim] were written into the cache
 in place at rows cache_seqlens[b] ... The cache is dense, k_cache/v_cache [batch, capacity, heads_kv, head_dim],
 or paged, [num_blocks, page_size, heads_kv, head_dim] with block_table [batch, max_blocks] (int32) naming the
-blocks of each sequence. numpy arrays and torch tensors (CPU; CUDA tensors reach the library, whose CUDA backends
-do not run this call yet and raise NotImplementedError).
+blocks of each sequence. numpy arrays and torch tensors, on the CPU or (f16, bf16) on a CUDA device, where
+cache_seqlens and block_table live on the device too: the call then waits for nothing on the host and can be captured
+in a CUDA graph (after one call outside the capture on the same stream); device tables the host cannot check make
+the sequences they break come out NaN instead of raising.
 
 For torch the call is the operator torch.ops.flashc.fwd_kvcache, registered with torch.library.custom_op as
 mutating k_cache and v_cache, with a fake implementation, so torch.compile and FakeTensorMode see one opaque
@@ -144,7 +146,9 @@ def _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, params, backend,
         raise ValueError(f"flashc: num_splits is {num_splits}; use 0 (the plan chooses) or a positive count")
     c.num_splits = int(num_splits)
     o_t = _arrays.describe(out)
-    lse_ptr = ctypes.cast(_arrays.data_ptr(lse), ctypes.POINTER(ctypes.c_float)) if _arrays.numel(lse) else None
+    lse_ptr = None
+    if lse is not None and _arrays.numel(lse):
+        lse_ptr = ctypes.cast(_arrays.data_ptr(lse), ctypes.POINTER(ctypes.c_float))
     h = _api._handle(backend)
     lib = _lib.lib
     _lib.check(lib.flashc_set_threads(h.ptr, threads))
@@ -162,9 +166,24 @@ def _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, params, backend,
     _api._local.last_backend = lib.flashc_handle_last_backend(h.ptr).decode()
 
 
+def _check_out(name: str, x, shape: tuple, like, float32: bool = False) -> None:
+    """out= and lse= as the call writes them: q's kind and device, the output's shape and dtype, written in place."""
+    _arrays.kind(name, x)
+    if _arrays.is_torch(x) != _arrays.is_torch(like) or _arrays.device_of(x) != _arrays.device_of(like):
+        raise ValueError(f"flashc: {name} is on {_arrays.device_of(x)} but q is on {_arrays.device_of(like)}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"flashc: {name} has shape {tuple(x.shape)}; the call writes {tuple(shape)}")
+    want = _arrays.empty((0,), like, float32=float32).dtype
+    if x.dtype != want:
+        raise TypeError(f"flashc: {name}.dtype is {x.dtype}; the call writes {want}")
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise ValueError(f"flashc: {name} is read-only")
+
+
 def _forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal, window_left, window_right,
-             backend, threads, num_splits):  # fmt: skip
-    """Allocates o and lse and runs the call; for numpy arrays and (inside the operator) torch tensors."""
+             backend, threads, num_splits, out=None, lse=None, want_lse=True):  # fmt: skip
+    """Runs the call into out and lse (allocated where None: lse only if want_lse); for numpy arrays and (inside
+    the operators) torch tensors. Returns (out, lse)."""
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     if k is not None:
         named["k"] = k
@@ -176,8 +195,15 @@ def _forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causa
     v = None if v is None else _arrays.as_input("v", v, 4)
     backend, threads = _api._check_backend(backend, device), _api._check_threads(threads)
     params = _api._params(causal, (window_left, window_right), scale, "bottom-right", False)
-    out = _arrays.empty(tuple(q.shape), q)
-    lse = _arrays.empty((q.shape[0], q.shape[2], q.shape[1]), q, float32=True)
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    if out is None:
+        out = _arrays.empty(tuple(q.shape), q)
+    else:
+        _check_out("out", out, tuple(q.shape), q)
+    if lse is not None:
+        _check_out("lse", lse, lse_shape, q, float32=True)
+    elif want_lse:
+        lse = _arrays.empty(lse_shape, q, float32=True)
     _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, params, backend, threads, num_splits, out, lse)
     return out, lse
 
@@ -211,6 +237,7 @@ def attention_with_kvcache(
     backend="auto",
     threads=None,
     num_splits=0,
+    out=None,
 ):
     """Attention of q over a KV cache, after appending k/v into it in place (flash_attn_with_kvcache's meaning).
 
@@ -226,6 +253,8 @@ def attention_with_kvcache(
       cache_seqlens[b] + seqlen_new). window: (left, right) around that diagonal. scale: None = 1/sqrt(head_dim).
     return_lse: also return lse, float32 [batch, heads_q, seqlen_q].
     backend, threads: as flashc.attention. num_splits: key splits (0: the backend chooses).
+    out: None, or an array/tensor [batch, seqlen_q, heads_q, head_dim] of q's dtype and device that the output is
+      written into and returned (no allocation for it: a decoding loop, or a CUDA graph, reuses one buffer).
 
     Bad lengths or block indices raise ValueError naming them, before anything is written.
     """
@@ -234,13 +263,19 @@ def attention_with_kvcache(
     if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)):
         raise TypeError(f"flashc: num_splits must be an int, not {num_splits!r}")
     if _arrays.is_torch(q):
-        op = torch_op()
         threads = -1 if threads is None else _api._check_threads(threads)
-        o, lse = op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal, wl, wr, backend, threads,
-                    int(num_splits))  # fmt: skip
+        opts = (scale, causal, wl, wr, backend, threads, int(num_splits))
+        if out is None:
+            o, lse = torch_op()(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *opts)
+        else:
+            _arrays.kind("out", out)
+            _check_out("out", out, tuple(q.shape), q)
+            lse = _arrays.empty((q.shape[0], q.shape[2], q.shape[1]), q, float32=True) if return_lse else None
+            torch_op_out()(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, *opts)
+            o = out
     else:
         o, lse = _forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal, wl, wr, backend,
-                          threads, int(num_splits))  # fmt: skip
+                          threads, int(num_splits), out=out, want_lse=return_lse)  # fmt: skip
     return (o, lse) if return_lse else o
 
 
@@ -296,8 +331,57 @@ def torch_op():
     return _op
 
 
-if "torch" in sys.modules:  # registered now, so that torch.compile finds the operator before it traces a call
+_op_out = None
+
+
+def torch_op_out():
+    """torch.ops.flashc.fwd_kvcache_out: the call with out= (and lse, when wanted) written in place, so that a
+    decoding step allocates nothing (torch >= 2.4; registered with torch_op)."""
+    global _op_out
+    if _op_out is not None:
+        return _op_out
+    import torch
+
+    torch_op()  # the version check, and the functional operator beside this one
+    from torch import Tensor
+
+    @torch.library.custom_op("flashc::fwd_kvcache_out", mutates_args=("k_cache", "v_cache", "out", "lse"))
+    def fwd_kvcache_out(
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        k: Optional[Tensor],
+        v: Optional[Tensor],
+        cache_seqlens: Optional[Tensor],
+        block_table: Optional[Tensor],
+        out: Tensor,
+        lse: Optional[Tensor],
+        scale: Optional[float],
+        causal: bool,
+        window_left: int,
+        window_right: int,
+        backend: str,
+        threads: int,
+        num_splits: int,
+    ) -> None:
+        n = threads if threads >= 0 else torch.get_num_threads()
+        _forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal, window_left, window_right,
+                 backend, n, num_splits, out=out, lse=lse, want_lse=False)  # fmt: skip
+
+    @fwd_kvcache_out.register_fake
+    def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, *_opts):
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise ValueError(
+                f"flashc: out is {tuple(out.shape)} {out.dtype}; the call writes {tuple(q.shape)} {q.dtype}"
+            )
+
+    _op_out = fwd_kvcache_out
+    return _op_out
+
+
+if "torch" in sys.modules:  # registered now, so that torch.compile finds the operators before it traces a call
     try:
         torch_op()
+        torch_op_out()
     except NotImplementedError:
         pass

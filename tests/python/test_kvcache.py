@@ -2,7 +2,9 @@
 computation written here: each sequence's cache gathered into dense [len, heads_kv, d] form (the appended rows
 included), then softmax attention with the mask from its definition. Also: the cache is written in place exactly
 where k/v belong and nowhere else, bad block tables and lengths are refused naming the value, the struct mirrors
-the library's, the torch operator (opcheck, torch.compile), and the CUDA backends' refusal."""
+the library's, the torch operator (opcheck, torch.compile); on a GPU the CUDA backends against the same reference
+with FlashAttention's rule (twice the error of the plain bf16/f16 computation), device tables that the host cannot
+check (NaN outputs, nothing written outside the caches), and a capture in a CUDA graph; skipped without CUDA."""
 
 import ctypes
 
@@ -248,6 +250,45 @@ def test_struct_mirrors_the_library(rng):
     assert f"this library's flashc_kvcache ({ctypes.sizeof(kvc.KVCache)} bytes)" in msg, msg
 
 
+def test_out_is_written_in_place(rng):
+    """out= receives the result (the same bits as without it) and is what the call returns; a wrong shape, dtype or
+    kind of out is refused before anything is written."""
+    need_backend("cpu")
+    kc, vc, _, _, lens, table = make_cache(rng, batch=2, capacity=64, hkv=2, d=32, page=16, cached=[15, 40], sn=0)
+    q = rng.standard_normal((2, 2, 4, 32)).astype(np.float32)
+    want, want_lse = flashc.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, return_lse=True)
+    out = np.full(q.shape, np.nan, dtype=np.float32)
+    got, lse = flashc.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, out=out,
+                                             return_lse=True)  # fmt: skip
+    assert got is out and np.array_equal(out, want) and np.array_equal(lse, want_lse)
+    assert flashc.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, out=out) is out
+    for bad, err in ((np.empty((2, 2, 4, 16), np.float32), ValueError), (np.empty(q.shape, np.float64), TypeError)):
+        with pytest.raises(err, match="out"):
+            flashc.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, out=bad)
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    if not hasattr(torch.library, "custom_op"):
+        pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op")
+    T = torch.from_numpy
+    tout = torch.full(q.shape, float("nan"))
+    got, lse = flashc.attention_with_kvcache(T(q), T(kc), T(vc), cache_seqlens=T(lens), block_table=T(table),
+                                             out=tout, return_lse=True)  # fmt: skip
+    assert got is tout and np.array_equal(tout.numpy(), want) and np.array_equal(lse.numpy(), want_lse)
+    with pytest.raises(ValueError, match="out"):
+        flashc.attention_with_kvcache(T(q), T(kc), T(vc), cache_seqlens=T(lens), out=out)  # numpy out, torch q
+    torch.library.opcheck(
+        torch.ops.flashc.fwd_kvcache_out.default,
+        (T(q), T(kc.copy()), T(vc.copy()), None, None, T(lens), T(table), torch.empty(q.shape),
+         torch.empty(2, 4, 2), None, False, -1, -1, "cpu", -1, 0),  # fmt: skip
+    )
+
+    def step(q_, kc_, vc_, lens_, table_, out_):
+        return flashc.attention_with_kvcache(q_, kc_, vc_, cache_seqlens=lens_, block_table=table_, out=out_)
+
+    tout2 = torch.empty(q.shape)
+    torch.compile(step, fullgraph=True, backend="aot_eager")(T(q), T(kc), T(vc), T(lens), T(table), tout2)
+    assert np.array_equal(tout2.numpy(), want), "the compiled call writes out in place"
+
+
 # ---- torch -----------------------------------------------------------------------------------------------------------
 def test_torch_in_place_and_compile(rng):
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
@@ -279,13 +320,199 @@ def test_torch_in_place_and_compile(rng):
     assert np.array_equal(ck.numpy(), want_k), "the compiled call mutates the cache in place"
 
 
-def test_cuda_refuses(rng):
+# ---- CUDA -----------------------------------------------------------------------------------------------------------
+CUDA_BACKENDS = ["cuda-mma", "cuda-hopper"]
+
+
+def need_cuda(backend):
+    """torch with a CUDA device and a usable `backend` ("auto": any), else a skip."""
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    dev = "cuda"
-    q = torch.randn(1, 1, 4, 64, device=dev, dtype=torch.bfloat16)
-    kc = torch.randn(1, 128, 2, 64, device=dev, dtype=torch.bfloat16)
-    lens = torch.tensor([100], dtype=torch.int32, device=dev)
-    with pytest.raises(NotImplementedError):
-        flashc.attention_with_kvcache(q, kc, kc.clone(), cache_seqlens=lens)
+    if backend != "auto":
+        need_backend(backend)
+    return torch
+
+
+def to_device(torch, x, dtype):
+    """A numpy array (or None) as a CUDA tensor of `dtype` (values rounded), and the rounded values in numpy."""
+    if x is None:
+        return None, None
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(dtype).cuda()
+    return t, t.float().cpu().numpy()
+
+
+def plain_lowp(torch, q, kc, vc, k, v, lens, table, page, causal, window, dtype):
+    """The same maths done plainly in dtype, on the CPU: S = q·Kᵀ rounded to dtype, the softmax in fp32 rounded, O = P·V
+    rounded: FlashAttention's baseline (a kernel's error may be twice this one's)."""
+    b, sq, hq, d = q.shape
+    hkv = kc.shape[2]
+    wl, wr = window if window is not None else (-1, -1)
+    out = np.zeros((b, sq, hq, d))
+    for s in range(b):
+        K, V = gather(kc, table, page, s, lens[s]), gather(vc, table, page, s, lens[s])
+        if k is not None:
+            K, V = np.concatenate([K, k[s]]), np.concatenate([V, v[s]])
+        n = K.shape[0]
+        i = np.arange(sq)[:, None]
+        j = np.arange(n)[None, :]
+        diag = i + n - sq
+        seen = np.ones((sq, n), bool)
+        if causal:
+            seen &= j <= diag
+        if wl >= 0:
+            seen &= j >= diag - wl
+        if wr >= 0:
+            seen &= j <= diag + wr
+        for h in range(hq):
+            hk = h // (hq // hkv)
+            Q, Kh, Vh = (torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in (q[s, :, h], K[:, hk], V[:, hk]))
+            S = (Q @ Kh.T).float() / np.sqrt(d)
+            S = S.masked_fill(~torch.from_numpy(seen), -float("inf"))
+            P = torch.softmax(S, dim=1).nan_to_num(0.0).to(dtype)
+            out[s, :, h] = (P @ Vh).double().numpy()
+    return out
+
+
+def check_cuda(o, lse, ref_o, ref_lse, base_o, dtype_name):
+    """FlashAttention's rule: max error <= 2x the plain low-precision computation's + 4u of the output's magnitude;
+    lse within fp32 rounding; rows that see no key exactly o = 0, lse = -inf."""
+    u = {"bf16": 2.0**-8, "f16": 2.0**-11}[dtype_name]
+    o = o.float().cpu().numpy().astype(np.float64)
+    lse = lse.cpu().numpy().astype(np.float64)
+    base = np.abs(base_o - ref_o).max(initial=0)
+    tol = 2 * base + 4 * u * max(np.abs(ref_o).max(initial=0), 1e-3)
+    assert np.isfinite(o).all(), "o has non-finite values"
+    err = np.abs(o - ref_o).max(initial=0)
+    assert err <= tol, f"o error {err:.3e} > {tol:.3e} (baseline {base:.3e})"
+    empty = ref_lse == -np.inf
+    assert np.array_equal(lse[empty], ref_lse[empty]), "rows that see no key have lse = -inf"
+    assert np.all(o.transpose(0, 2, 1, 3)[empty] == 0), "rows that see no key have o = 0"
+    assert np.allclose(lse[~empty], ref_lse[~empty], rtol=1e-5, atol=1e-5)
+
+
+CUDA_LAYOUTS = [
+    # page, capacity, cached per sequence (None: random), sn, hq, hkv, d, causal, window, num_splits
+    pytest.param(None, 700, None, 1, 32, 8, 128, True, None, 0, id="dense-gqa32/8"),
+    pytest.param(16, 320, [14, 31, 0], 4, 32, 8, 128, True, None, 0, id="page16-spec4-across-pages"),
+    pytest.param(256, 1024, [700, 1019], 1, 32, 1, 64, True, None, 0, id="page256-mqa"),
+    pytest.param(256, 2048, [2000], 4, 16, 1, 64, True, None, 0, id="page256-mqa-spec4-64rows"),
+    pytest.param(16, 512, None, 1, 8, 2, 64, True, (50, -1), 0, id="page16-window"),
+    pytest.param(None, 80, [60, 13], 0, 4, 2, 96, False, (7, 2), 0, id="dense-window-both-d96"),
+    pytest.param(None, 64, [0, 0], 0, 4, 1, 64, True, None, 0, id="dense-empty"),
+    pytest.param(16, 48, [48, 0], 0, 4, 2, 59, True, None, 3, id="page16-full-empty-d59"),
+    pytest.param(None, 600, [555], 1, 8, 2, 256, True, None, 0, id="dense-d256"),
+    pytest.param(None, 3000, [2999, 1500], 0, 8, 2, 128, False, None, 1, id="splits-1"),
+    pytest.param(None, 3000, [2999, 1500], 0, 8, 2, 128, False, None, 2, id="splits-2"),
+    pytest.param(256, 4096, [4000], 4, 16, 2, 128, True, None, 64, id="splits-64"),
+]
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("page,capacity,cached,sn,hq,hkv,d,causal,window,splits", CUDA_LAYOUTS)
+@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
+def test_cuda_layouts(rng, backend, page, capacity, cached, sn, hq, hkv, d, causal, window, splits, dtype_name):
+    """The CUDA backends against the fp64 reference: dense and paged (permuted tables), appends, GQA/MQA, masks,
+    empty caches, splits; the caches written in place exactly where k/v belong."""
+    torch = need_cuda(backend)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype_name]
+    batch = len(cached) if cached else 3
+    if cached is None:
+        cached = rng.integers(0, capacity - sn + 1, size=batch)
+    kc, vc, k, v, lens, table = make_cache(rng, batch=batch, capacity=capacity, hkv=hkv, d=d, page=page,
+                                           cached=cached, sn=sn)  # fmt: skip
+    q = rng.standard_normal((batch, max(sn, 1), hq, d)).astype(np.float32)
+    (tq, q), (tkc, kc), (tvc, vc), (tk, k), (tv, v) = (to_device(torch, x, dtype) for x in (q, kc, vc, k, v))
+    ref_o, ref_lse = reference(q, kc, vc, k, v, lens, table, page, causal, window)
+    base_o = plain_lowp(torch, q, kc, vc, k, v, lens, table, page, causal, window, dtype)
+    want_k, want_v = expected_caches(kc, vc, k, v, lens, table, page)
+    tlens = torch.from_numpy(lens).cuda()
+    ttable = None if table is None else torch.from_numpy(np.ascontiguousarray(table)).cuda()
+    o, lse = flashc.attention_with_kvcache(
+        tq, tkc, tvc, tk, tv, cache_seqlens=tlens, block_table=ttable, causal=causal, window=window, return_lse=True,
+        backend=backend, num_splits=splits,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert flashc.last_backend() == backend
+    check_cuda(o, lse, ref_o, ref_lse, base_o, dtype_name)
+    assert np.array_equal(tkc.float().cpu().numpy(), want_k), "k_cache: only the appended rows change"
+    assert np.array_equal(tvc.float().cpu().numpy(), want_v), "v_cache: only the appended rows change"
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("breakage", ["index-high", "index-negative", "length-past", "length-negative"])
+def test_cuda_bad_tables(rng, backend, breakage):
+    """Device tables the host cannot check: the broken sequence's outputs are NaN and nothing is appended for it;
+    nothing outside the caches is written (guard blocks around the pool); the other sequence is right."""
+    torch = need_cuda(backend)
+    kc, vc, k, v, lens, table = make_cache(rng, batch=2, capacity=64, hkv=2, d=64, page=16, cached=[20, 33], sn=2)
+    q = rng.standard_normal((2, 2, 8, 64)).astype(np.float32)
+    dtype = torch.bfloat16
+    (tq, q), (tk, k), (tv, v) = (to_device(torch, x, dtype) for x in (q, k, v))
+    n_blocks = kc.shape[0]
+    pools = [torch.full((n_blocks + 2,) + kc.shape[1:], 7.0, dtype=dtype, device="cuda") for _ in range(2)]
+    for pool, x in zip(pools, (kc, vc)):
+        pool[1:-1] = torch.from_numpy(x).to(dtype).cuda()
+    tkc, tvc = pools[0][1:-1], pools[1][1:-1]
+    kc, vc = tkc.float().cpu().numpy(), tvc.float().cpu().numpy()
+    ref_o, ref_lse = reference(q, kc, vc, k, v, lens, table, 16, causal=True)
+    base_o = plain_lowp(torch, q, kc, vc, k, v, lens, table, 16, True, None, dtype)
+    want_k, want_v = expected_caches(kc, vc, k[:1], v[:1], lens[:1], table[:1], 16)
+    bad_table, bad_lens = table.copy(), lens.copy()
+    if breakage == "index-high":
+        bad_table[1, 1] = n_blocks  # the guard block after the pool, were it used
+    elif breakage == "index-negative":
+        bad_table[1, 0] = -1  # the guard block before it
+    elif breakage == "length-past":
+        bad_lens[1] = 63  # + 2 new > 64
+    else:
+        bad_lens[1] = -3
+    o, lse = flashc.attention_with_kvcache(tq, tkc, tvc, tk, tv, torch.from_numpy(bad_lens).cuda(),
+                                           torch.from_numpy(np.ascontiguousarray(bad_table)).cuda(), causal=True,
+                                           return_lse=True, backend=backend)  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.isnan(o[1]).all() and torch.isnan(lse[1]).all(), "the broken sequence's outputs are NaN"
+    check_cuda(o[:1], lse[:1], ref_o[:1], ref_lse[:1], base_o[:1], "bf16")
+    for pool, want in zip(pools, (want_k, want_v)):
+        assert bool((pool[0] == 7).all() and (pool[-1] == 7).all()), "nothing is written outside the cache"
+        assert np.array_equal(pool[1:-1].float().cpu().numpy(), want), "only sequence 0's rows are appended"
+
+
+def test_cuda_graph_capture(rng):
+    """attention_with_kvcache captured in a CUDA graph (lengths and block table on the device, no host sync), replayed
+    after changing cache_seqlens, q and the new k/v in place: each replay appends and attends at the new lengths."""
+    torch = need_cuda("auto")
+    dtype, page, hq, hkv, d = torch.bfloat16, 16, 8, 2, 64
+    kc, vc, k, v, lens, table = make_cache(rng, batch=2, capacity=256, hkv=hkv, d=d, page=page, cached=[100, 37], sn=1)
+    q = rng.standard_normal((2, 1, hq, d)).astype(np.float32)
+    (tq, _), (tkc, _), (tvc, _), (tk, _), (tv, _) = (to_device(torch, x, dtype) for x in (q, kc, vc, k, v))
+    tlens = torch.from_numpy(lens).cuda()
+    ttable = torch.from_numpy(np.ascontiguousarray(table)).cuda()
+
+    def step():
+        return flashc.attention_with_kvcache(tq, tkc, tvc, tk, tv, tlens, ttable, causal=True, return_lse=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # the warm-up grows the handle's workspace outside the capture
+        step()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        o, lse = step()
+    for new_lens in ([150, 60], [7, 200]):
+        tlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        tq.copy_(torch.randn_like(tq))
+        tk.copy_(torch.randn_like(tk))
+        tv.copy_(torch.randn_like(tv))
+        torch.cuda.synchronize()
+        kc0, vc0 = tkc.float().cpu().numpy(), tvc.float().cpu().numpy()
+        qn, kn, vn = (x.float().cpu().numpy() for x in (tq, tk, tv))
+        lens_np = np.array(new_lens, dtype=np.int32)
+        ref_o, ref_lse = reference(qn, kc0, vc0, kn, vn, lens_np, table, page, causal=True)
+        base_o = plain_lowp(torch, qn, kc0, vc0, kn, vn, lens_np, table, page, True, None, dtype)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_cuda(o, lse, ref_o, ref_lse, base_o, "bf16")
+        want_k, _ = expected_caches(kc0, vc0, kn, vn, lens_np, table, page)
+        assert np.array_equal(tkc.float().cpu().numpy(), want_k), "the replay appends at the new lengths"

@@ -12,8 +12,8 @@ read three ways over the same memory:
               seqlen_new > 1), pinned to one backend.
 Each row is checked first against the fp64 reference on (batch, kv-head) slices of what it reads (the paged
 rows gather their pages), then timed (L2 flushed between GPU calls). The calls attend over cache_seqlens = L
-keys and append nothing (SDPA has no append: the rows time the same work). flashc's call allocates its output
-inside the timed call (attention_with_kvcache has no out=), as SDPA's does.
+keys and append nothing (SDPA has no append: the rows time the same work). flashc writes into an output allocated
+once (out=, poisoned with NaN before the check), as a decoding loop does; SDPA allocates its own in each call.
 
 gbps = bytes of K and V read (batch · L · heads_kv · 2·d · element size) ÷ time; the `copy` row's gbps is a
 plain copy's read + write bandwidth (device to device on a GPU, memory to memory on the host), the ceiling
@@ -260,10 +260,14 @@ def run(
                     k, v, table = shape.paged(page) if page else (shape.k, shape.v, None)
                     backend = name.split(":", 1)[1]
 
-                    def call(q=shape.q, k=k, v=v, lens=shape.lens, table=table, backend=backend, n=host_threads):
+                    o_buf = shape.q.new_full(shape.q.shape, float("nan")) if hasattr(shape.q, "new_full") else \
+                        np.full(shape.q.shape, np.nan, dtype=shape.q.dtype)  # fmt: skip
+
+                    def call(q=shape.q, k=k, v=v, lens=shape.lens, table=table, backend=backend, n=host_threads,
+                             o_buf=o_buf):  # fmt: skip
                         return flashc.attention_with_kvcache(
                             q, k, v, cache_seqlens=lens, block_table=table, causal=True, backend=backend,
-                            threads=n or None,
+                            threads=n or None, out=o_buf,
                         )  # fmt: skip
                 else:
                     reason = torch_missing_reason()
