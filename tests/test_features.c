@@ -11,12 +11,19 @@
  *      outputs are exactly o = 0, lse = −inf, dq = dk = dv = 0.
  *   4. Refusals: invalid params (FLASHC_ERR_INVALID_ARGUMENT, outputs untouched), an older caller's struct_size
  *      (the new fields take their defaults), `auto` picking a backend that implements the call, and every
- *      CUDA backend (and ring attention) refusing each feature with FLASHC_ERR_UNSUPPORTED; on a GPU through
- *      the API, else through the one check they share (skipped parts say "no CUDA device").
+ *      CUDA backend (and ring attention) refusing each feature it lacks with FLASHC_ERR_UNSUPPORTED; on a GPU
+ *      through the API, else through the one check they share (skipped parts say "no CUDA device").
+ *   5. cuda-hopper (softcap, ALiBi) against the same oracle, bf16 and f16, forward and backward: head dims 64,
+ *      128, 256, every kernel its plans pick (persistent with split rounds, the one-tile kernel from 8192 keys,
+ *      the deterministic backward), masks, GQA (the group split), varlen, odd lengths, tiny and huge caps,
+ *      slopes per head and per sequence in device memory. Skipped without a GPU ("no CUDA device").
  */
 #include "harness.h"
 #include "internal.h"
 
+#ifdef FLASHC_TEST_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -34,6 +41,7 @@ typedef struct fcase {
   int num_seqs; /* varlen when > 0: slot lengths lens_q/k, used lengths used_q/k (NULL: whole slots) */
   const int32_t *lens_q, *lens_k, *used_q, *used_k;
   th_layout layout;
+  int deterministic;
 } fcase;
 
 static const int32_t lq[] = {37, 0, 5, 64, 1}, lk[] = {29, 7, 0, 70, 300};
@@ -91,6 +99,7 @@ static void prob_init(prob *P, const fcase *c) {
   a->params.window_left = c->wl;
   a->params.window_right = c->wr;
   a->params.softcap = c->softcap;
+  a->params.deterministic = c->deterministic;
   a->batch = c->batch, a->seqlen_q = c->sq, a->seqlen_k = c->sk, a->heads_q = c->hq, a->heads_kv = c->hkv;
   a->head_dim = c->d;
   P->dv = c->dv;
@@ -267,6 +276,20 @@ static void run(const th_backend *be, const fcase *c, flashc_dtype dtype, double
   oracle(&P, xq, xk, xv, xdo, ro, rlse, rdq, rdk, rdv);
 
   bool ok = true;
+  /* A CUDA backend reads the slopes where the tensors live: a device copy (the harness mirrors only tensors). */
+  flashc_params dev_params = *pa;
+  void *dev_slopes = NULL;
+  (void)dev_slopes; /* a build without CUDA never sets it */
+  if (be->info.device == FLASHC_DEVICE_CUDA && pa->alibi_slopes) {
+#ifdef FLASHC_TEST_CUDA
+    if (!th_check(cudaMalloc(&dev_slopes, sizeof P.slopes) == cudaSuccess &&
+                      cudaMemcpy(dev_slopes, P.slopes, sizeof P.slopes, cudaMemcpyHostToDevice) == cudaSuccess,
+                  "%s: the slopes' device copy failed", what))
+      goto done;
+    dev_params.alibi_slopes = (const float *)dev_slopes;
+#endif
+  }
+  pa = &dev_params;
   flashc_status st = th_forward(be, pa, &q, &k, &v, &o, lse, nlse);
   if (!th_check(st == FLASHC_OK, "%s: forward: %s: %s", what, flashc_status_string(st), flashc_last_error())) goto done;
   ok &= th_check_output(&o, what) == 0;
@@ -299,6 +322,9 @@ static void run(const th_backend *be, const fcase *c, flashc_dtype dtype, double
   }
   if (ok) printf("PASS %s\n", what);
 done:
+#ifdef FLASHC_TEST_CUDA
+  if (dev_slopes) cudaFree(dev_slopes);
+#endif
   free(xq), free(xk), free(xv), free(xdo), free(ro), free(rlse), free(rdq), free(rdk), free(rdv), free(lse);
   th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&o), th_tensor_free(&dout);
   th_tensor_free(&dq), th_tensor_free(&dk), th_tensor_free(&dv);
@@ -422,7 +448,8 @@ static void test_refusals(void) {
       printf("PASS auto picks cpu for softcap + ALiBi + head dims 8/24\n");
   }
 
-  /* Every backend but cpu-ref and cpu lacks every feature, and the one check names it and the backend. */
+  /* Every backend but cpu-ref and cpu lacks every feature but cuda-hopper's softcap and ALiBi, and the one check names
+   * it and the backend. */
   fc_problem base;
   memset(&base, 0, sizeof base);
   base.head_dim = base.head_dim_v = 64;
@@ -439,7 +466,8 @@ static void test_refusals(void) {
       char who[64], what[96];
       snprintf(who, sizeof who, "backend %s", b->name);
       snprintf(what, sizeof what, "%s on %s", feats[f], b->name);
-      const bool has = strcmp(b->name, "cpu") == 0 || strcmp(b->name, "cpu-ref") == 0;
+      const bool has = strcmp(b->name, "cpu") == 0 || strcmp(b->name, "cpu-ref") == 0 ||
+                       (strcmp(b->name, "cuda-hopper") == 0 && f <= 1);
       expect(fc_check_features("flashc_forward", who, b->features, &pf), has ? FLASHC_OK : FLASHC_ERR_UNSUPPORTED, who,
              what);
     }
@@ -450,8 +478,9 @@ static void test_refusals(void) {
   }
 }
 
-/* On a GPU, each usable CUDA backend refuses softcap, a head dim of V of its own and seqused through the public API
- * (ALiBi's slopes would need device memory: its refusal is the shared check above). */
+/* On a GPU, each usable CUDA backend refuses softcap (but cuda-hopper, which runs it: section 5), a head dim of V of
+ * its own and seqused through the public API (ALiBi's slopes would need device memory: its refusal is the shared check
+ * above). */
 static void test_cuda_refusals(void) {
   static const int32_t cu[2] = {0, 16}, used[1] = {9};
   int tried = 0;
@@ -462,6 +491,7 @@ static void test_cuda_refusals(void) {
     if (!th_backend_open(&be, info.name)) continue;
     tried++;
     for (int f = 0; f < 3; f++) {
+      if (f == 0 && strcmp(info.name, "cuda-hopper") == 0) continue;
       const int64_t dv = f == 1 ? 128 : 64;
       flashc_params p = flashc_params_default();
       if (f == 0) p.softcap = 2.0f;
@@ -484,6 +514,70 @@ static void test_cuda_refusals(void) {
   if (!tried) printf("SKIP CUDA backends' refusals through the API: no CUDA device\n");
 }
 
+/* ---- cuda-hopper's softcap and ALiBi ---------------------------------------------------------------------------- */
+/* Head dims its tiles run (64, 128, 256, and 96 padded to 128) with rows TMA can address (strides multiples of 8
+ * elements), and shapes that reach each kernel of its plans: the persistent forward at D = 64 (3 consumers), 128 and
+ * 256, its split last rounds (unmasked, dense, more tiles than SMs: 20 heads × 8 query blocks), the one-tile forward
+ * (D = 256 with a mask; D = 128 causal from 8192 keys), the backward's D = 64, 128, 256 kernels and the deterministic
+ * one, GQA with few CTAs (the group split, gqa.cu). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const fcase hopper_cases[] = {
+    {"hopper softcap d64", 2, 97, 203, 4, 4, 64, 64, 0.0f, 5.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"hopper softcap-causal d128", 1, 257, 1025, 2, 2, 128, 128, 0.0f, 30.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"hopper softcap tiny cap gqa d128", 1, 130, 300, 4, 1, 128, 128, 1.0f, 0.05f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"hopper softcap huge cap d256", 2, 113, 203, 2, 2, 256, 256, 0.0f, 1e4f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"hopper softcap window(100,7) d256", 1, 300, 300, 2, 2, 256, 256, 0.0f, 8.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 100,
+     7},
+    {"hopper softcap window(30,-1) d96", 1, 200, 170, 2, 2, 96, 96, 0.0f, 3.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 30,
+     -1},
+    {"hopper alibi-causal d64", 2, 129, 129, 3, 3, 64, 64, 0.0f, 0.0f, 1, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"hopper alibi per-batch gqa sq<sk d128", 2, 17, 301, 2, 1, 128, 128, 0.0f, 0.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"hopper alibi-causal-tl sq>sk d64", 1, 260, 123, 2, 2, 64, 64, 0.0f, 0.0f, 1, 1, FLASHC_ALIGN_TOP_LEFT, PLAIN},
+    {"hopper alibi-softcap mqa causal d256 bhsd", 1, 150, 280, 4, 1, 256, 256, 1.0f, 8.0f, 2, 1,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, .layout = TH_BHSD},
+    {"hopper alibi-softcap varlen causal d64", 1, 0, 0, 2, 1, 64, 64, 1.0f, 6.0f, 2, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN, 5, lq, lk},
+    {"hopper alibi varlen window(9,2) d128", 1, 0, 0, 2, 2, 128, 128, 0.0f, 0.0f, 1, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 9, 2,
+     5, lq, lk},
+    {"hopper alibi-softcap varlen d256", 1, 0, 0, 2, 2, 256, 256, 0.0f, 4.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5,
+     lq, lk},
+    {"hopper alibi-softcap split rounds d128", 1, 1024, 384, 20, 20, 128, 128, 0.0f, 20.0f, 1, 0,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"hopper alibi-softcap one-tile causal 8192 keys d128", 1, 200, 8192, 1, 1, 128, 128, 0.0f, 15.0f, 1, 1,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"hopper alibi-softcap deterministic causal d64", 2, 150, 333, 4, 2, 64, 64, 0.0f, 5.0f, 2, 1,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, .deterministic = 1},
+    {"hopper softcap deterministic window(64,64) d128", 1, 333, 250, 2, 1, 128, 128, 0.0f, 2.0f, 0, 0,
+     FLASHC_ALIGN_BOTTOM_RIGHT, 64, 64, .deterministic = 1},
+    {"hopper alibi deterministic varlen d128", 1, 0, 0, 4, 2, 128, 128, 0.0f, 0.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN, 5, lq, lk, .deterministic = 1},
+};
+#pragma GCC diagnostic pop
+#define NHOPPER ((int)(sizeof hopper_cases / sizeof hopper_cases[0]))
+
+/* Every case in bf16 and f16 on cuda-hopper where it is usable; the tolerances are cpu's bf16 ones (fp16's rounding
+ * is finer, so they bound it too). The backend must run each call itself: no refusal is accepted. */
+static void test_hopper(th_rng *rng) {
+  bool usable = false;
+  for (int i = 0; i < flashc_backend_count(); i++) {
+    flashc_backend_info info;
+    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-hopper") == 0) usable = info.usable;
+  }
+  th_backend be;
+  if (!usable || !th_backend_open(&be, "cuda-hopper")) {
+    printf("SKIP cuda-hopper softcap/ALiBi against the oracle: no CUDA device (or not sm_90)\n");
+    return;
+  }
+  for (int i = 0; i < NHOPPER; i++) {
+    run(&be, &hopper_cases[i], FLASHC_BF16, 2e-2, 4e-2, rng);
+    run(&be, &hopper_cases[i], FLASHC_F16, 2e-2, 4e-2, rng);
+  }
+  th_backend_close(&be);
+}
+
 int main(void) {
   th_begin("test_features");
   th_rng rng;
@@ -500,5 +594,6 @@ int main(void) {
   }
   test_refusals();
   test_cuda_refusals();
+  test_hopper(&rng);
   return th_end();
 }

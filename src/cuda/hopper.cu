@@ -35,6 +35,7 @@
 #include "hopper_gemm.cuh"
 #include "hopper_ptx.cuh"
 #include "hopper_sched.cuh"
+#include "hopper_score_mod.cuh"
 #include "hopper_tma.cuh"
 #include "hopper_trace.cuh"
 #include "hopper_wgmma.cuh"
@@ -326,10 +327,13 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, int BC = FC_HP_BC>
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a) {
+                         const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a,
+                         const fc_hp_score_mod md) {
+  /* md: softcap and ALiBi (hopper_score_mod.cuh), read by the SCORE_MOD kernels only; a parameter of its own after
+   * the others, so that the plain kernels' parameters keep their offsets (and their code its bytes) */
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   constexpr int NC = 2, BR = FC_HP_BR, CONSUMER_WARPS = FC_HP_CONSUMER_WARPS, BAR_TURN = FC_HP_BAR_TURN;
@@ -432,11 +436,19 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (the rest are dummy trips). */
     const int n_own = fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks);
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
-    const float c = a.scale_log2;
+    /* SCORE_MOD: S becomes the modified score x, so the exponent's factor is log2 e alone (hopper_score_mod.cuh) */
+    const float c = SCORE_MOD ? 1.4426950408889634f : a.scale_log2;
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)
       fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, shift, a.window_left, a.window_right, sk, &lo[rh], &hi[rh]);
+    /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
+    float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
+    if constexpr (SCORE_MOD) {
+      slope = fc_hp_alibi_slope(md, b, h);
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + sk - sq - 2 * t);
+    }
     /* Key blocks that need no mask for any row of this warpgroup: [j_full_lo, j_full_hi). Block j is whole
      * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row
      * ((j + 1)·Bc − 1 ≤ wg_row0 + shift + wr) and right of its left edge for the last row
@@ -481,6 +493,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_wgmma_wait<0>();
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
+        if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, j_begin * BC);
         fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
       }
 
@@ -508,6 +521,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
+        if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, (j_begin + n) * BC);
         /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
          * O's rescale wait for it. The block boundary keeps ptxas from hoisting the wait above the softmax
          * (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own before the
@@ -571,7 +585,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       const int row = wg_row0 + 16 * warp + g + 8 * rh;
       if (a.lse && t == 0 && row < sq) {
         const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + row : (b * a.heads_q + h) * a.seqlen_q + row;
-        a.lse[at] = m[rh] != -INFINITY ? m[rh] * a.scale + logf(lr) : -INFINITY;
+        a.lse[at] = m[rh] != -INFINITY ? m[rh] * (SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
       }
     }
 
@@ -624,16 +638,16 @@ static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int thr
 
 /* The one-tile kernel at its tile shape, <D, K/V stages, Bc>: D = 128: 32 + 2·2·32 = 160 KB; D = 256, Bc = 80: 64 +
  * 2·2·40 = 224 KB of the 227 KB a block may have. */
-template <typename T, int D, int STAGES, int BC = FC_HP_BC>
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
 static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
-                                  int grid) {
+                                  const fc_hp_score_mod *md, int grid) {
   fc_hopper_fwd_args a = *a0;
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args) =
-      fc_hopper_fwd_kernel<T, D, STAGES, BC>;
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
+                 const fc_hp_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
-  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a);
+  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a, *md);
   FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
   return FLASHC_OK;
 }
@@ -755,14 +769,16 @@ static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
 
 /* claim: the dynamic order's counter in the workspace (NULL: the stride order); split: the split rounds' memory
  * (NULL: whole tiles only). */
-template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC>
+template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
-                                             const fc_hopper_fwd_args *a, const fc_hp_sched *sc, bool tma_store,
-                                             int32_t *claim, const fc_hp_split_mem *split) {
+                                             const fc_hopper_fwd_args *a, const fc_hp_score_mod *md,
+                                             const fc_hp_sched *sc, bool tma_store, int32_t *claim,
+                                             const fc_hp_split_mem *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_hp_sched) = fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC>;
+                 const fc_hp_sched, const fc_hp_score_mod) =
+      fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC, SCORE_MOD>;
   if constexpr (D <= 128) /* D = 256 has no sO to store from */
-    if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC>;
+    if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC, SCORE_MOD>;
   const size_t smem = fc_hp_persistent_smem_bytes(64 * NC, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (persistent)"));
   fc_device_props props;
@@ -783,7 +799,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
     walk.split_flag = split->flags;
     walk.split_part = split->part;
   }
-  kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk);
+  kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk, *md);
   FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
   return FLASHC_OK;
 }
@@ -791,9 +807,10 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
 /* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. nc = 3
  * (D = 64): the caller made q's map with boxes of 192 rows and a->m_blocks from Br = 192; o's map keeps boxes of 64
  * rows (each consumer warpgroup stores its own 64 rows). */
-template <typename T>
+template <typename T, bool SCORE_MOD>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      const fc_hp_fwd_plan *pl, int32_t *claim, const fc_hp_split_mem *split) {
+                                      const fc_hp_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
+                                      const fc_hp_split_mem *split) {
   const int D = pl->d;
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
   if (pl->tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
@@ -802,9 +819,11 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   const int64_t group_bytes = fc_hp_triangular(p) ? FC_HP_L2_GROUP_BYTES : 0;
   const fc_hp_sched sc =
       fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
-  if (D == 64) return fc_hp_launch_persistent<T, 64, 3, 3>(p, maps, a, &sc, pl->tma_store, claim, split);
-  if (D == 256) return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256>(p, maps, a, &sc, false, claim, split);
-  return fc_hp_launch_persistent<T, 128, 2>(p, maps, a, &sc, pl->tma_store, claim, split);
+  if (D == 64)
+    return fc_hp_launch_persistent<T, 64, 3, 3, FC_HP_BC, SCORE_MOD>(p, maps, a, md, &sc, pl->tma_store, claim, split);
+  if (D == 256)
+    return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, &sc, false, claim, split);
+  return fc_hp_launch_persistent<T, 128, 2, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, &sc, pl->tma_store, claim, split);
 }
 
 static bool hopper_usable(char *why, size_t len) {
@@ -871,10 +890,21 @@ static flashc_status hopper_supports(const fc_problem *p) {
                       "%d ways)",
                       grid, splits);
   }
+  FC_CHECK(fc_hp_score_mod_check(p, "cuda-hopper"));
   FC_CHECK(fc_hp_check_view(p, &p->q, true, "q"));
   FC_CHECK(fc_hp_check_view(p, &p->k, false, "k"));
   FC_CHECK(fc_hp_check_view(p, &p->v, false, "v"));
   return FLASHC_OK;
+}
+
+/* The plan's kernel for element type T, plain or with the score modifiers. */
+template <typename T, bool SCORE_MOD>
+static flashc_status fc_hp_forward_kernels(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
+                                           const fc_hp_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
+                                           const fc_hp_split_mem *split, int grid) {
+  if (pl->persistent) return fc_hp_persistent<T, SCORE_MOD>(p, maps, a, md, pl, claim, split);
+  return pl->d == 256 ? fc_hp_launch<T, 256, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, grid)
+                      : fc_hp_launch<T, 128, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, grid);
 }
 
 static flashc_status hopper_forward(const fc_problem *p) {
@@ -936,15 +966,14 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.own_blocks = 1;
   a.align_end = fc_hp_triangular(p);
   a.q_slots = 2;
-  if (pl.persistent) {
-    if (p->dtype == FLASHC_F16) return fc_hp_persistent<__half>(p, maps, &a, &pl, claim, split);
-    return fc_hp_persistent<__nv_bfloat16>(p, maps, &a, &pl, claim, split);
+  /* Softcap or ALiBi: the same plan's kernels built with SCORE_MOD (hopper_score_mod.cuh), one variant each. */
+  fc_hp_score_mod md;
+  if (fc_hp_score_mod_of(p, &md)) {
+    if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, true>(p, maps, &a, &md, &pl, claim, split, grid);
+    return fc_hp_forward_kernels<__nv_bfloat16, true>(p, maps, &a, &md, &pl, claim, split, grid);
   }
-  if (p->dtype == FLASHC_F16)
-    return pl.d == 256 ? fc_hp_launch<__half, 256, 2, FC_HP_BC_D256>(p, maps, &a, grid)
-                       : fc_hp_launch<__half, 128, 2>(p, maps, &a, grid);
-  return pl.d == 256 ? fc_hp_launch<__nv_bfloat16, 256, 2, FC_HP_BC_D256>(p, maps, &a, grid)
-                     : fc_hp_launch<__nv_bfloat16, 128, 2>(p, maps, &a, grid);
+  if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, false>(p, maps, &a, &md, &pl, claim, split, grid);
+  return fc_hp_forward_kernels<__nv_bfloat16, false>(p, maps, &a, &md, &pl, claim, split, grid);
 }
 
 #if FC_HP_TRACE
@@ -963,7 +992,7 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
-    0,    /* features: the plain call only (validate.c refuses the others) */
-    0,    /* max_head_dim_v */
-    NULL, /* forward_kvcache */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI, /* features (hopper_score_mod.cuh); validate.c refuses the others */
+    0,                                     /* max_head_dim_v */
+    fc_cuda_forward_kvcache,               /* forward_kvcache: decode.cu */
 };

@@ -51,6 +51,7 @@
 #include "hopper_bwd_rows.cuh"
 #include "hopper_gemm.cuh"
 #include "hopper_ptx.cuh"
+#include "hopper_score_mod.cuh"
 #include "hopper_tma.cuh"
 #include "hopper_trace.cuh"
 #include "hopper_wgmma.cuh"
@@ -112,6 +113,9 @@ typedef struct fc_hopper_bwd_args {
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
   int dk_vec, dv_vec; /* eight neighbouring elements may be stored as one 16-byte chunk */
+  /* softcap and ALiBi (hopper_score_mod.cuh): read by the SCORE_MOD kernels only; last, so that the plain kernels'
+   * arguments keep their offsets */
+  fc_hp_score_mod mod;
 } fc_hopper_bwd_args;
 
 #if FC_HOPPER_ARCH
@@ -317,6 +321,100 @@ fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t
     fc_hpb_p_pass<BR, true, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sq, sk, shift, wl, wr, l2_pre);
 }
 
+/* The SCORE_MOD kernels' P pass (hopper_score_mod.cuh): Sᵀ → x = the modified score, Pᵀ = 2^(x·log2 e − lse2_i),
+ * masked as fc_hpb_p_pass, and g = 1 − tanh² (CAP) for dSᵀ, with what each kernel keeps of them (MODE):
+ *   FC_HPB_MOD_DS    st ← Pᵀ, y ← Pᵀ∘g∘(y − D_i) (y = dPᵀ ready: fc_hopper_bwd_kernel)
+ *   FC_HPB_MOD_PACK  pp ← Pᵀ, pg ← Pᵀ∘g, both packed to 16 bits (dV's A; dSᵀ's factor, as fc_hpb_ds_from_pg reads it:
+ *                    hopper_bwd_v2.cuh, where the fp32 Pᵀ∘g beside Sᵀ's and dPᵀ's accumulators spilled 864 bytes at
+ *                    D = 64; the D = 256 kernel rounds Pᵀ to 16 bits before dSᵀ likewise)
+ *   FC_HPB_MOD_TWO   st ← Pᵀ, y ← Pᵀ∘g (hopper_bwd_d256.cuh: Pᵀ for dV, Pᵀ∘g for the other warpgroup's dSᵀ)
+ * The exponentials all run on the special-function unit (no fc_exp2_poly: softcap's tanh fills the FMA pipe). */
+enum { FC_HPB_MOD_DS = 0, FC_HPB_MOD_PACK = 1, FC_HPB_MOD_TWO = 2 };
+template <typename T, int BR, bool MASKED, bool CAP, int MODE>
+static __device__ __forceinline__ void
+fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
+                  uint32_t sL, uint32_t sD, int t, int q0, int key0, int sq, int sk, int64_t shift, int64_t wl,
+                  int64_t wr, const fc_hp_score_mod &md, float slope, const float2 *l2_pre) {
+  /* ALiBi: key key0 + 8·rh and query q0 + 8x + 2t + e % 2 are |w[rh] + 8x + e % 2| apart */
+  const float w[2] = {(float)(q0 + 2 * t + sk - sq - key0), (float)(q0 + 2 * t + sk - sq - key0 - 8)};
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 l2 = l2_pre ? l2_pre[x] : fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+    const float2 dr =
+        MODE == FC_HPB_MOD_DS ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
+    float pv[4], gv[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float g;
+      const float xs = fc_hpb_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
+      float p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
+      if constexpr (MASKED) {
+        const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+        if (!(key < sk && q0 + qc < sq && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
+      }
+      pv[e] = p;
+      if constexpr (MODE == FC_HPB_MOD_DS) {
+        st[4 * x + e] = p;
+        y[4 * x + e] = p * g * (y[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+      } else if constexpr (MODE == FC_HPB_MOD_PACK) {
+        gv[e] = p * g;
+      } else {
+        st[4 * x + e] = p;
+        y[4 * x + e] = p * g;
+      }
+    }
+    if constexpr (MODE == FC_HPB_MOD_PACK) { /* s[8kb + 2r], s[8kb + 2r + 1] are A's register r of k-step kb */
+      pp[x / 2][2 * (x % 2)] = fc_pack2<T>(pv[0], pv[1]);
+      pp[x / 2][2 * (x % 2) + 1] = fc_pack2<T>(pv[2], pv[3]);
+      pg[x / 2][2 * (x % 2)] = fc_pack2<T>(gv[0], gv[1]);
+      pg[x / 2][2 * (x % 2) + 1] = fc_pack2<T>(gv[2], gv[3]);
+    }
+  }
+}
+
+/* fc_hpb_p_pass_mod over the block of keys k0 .. k0 + BC − 1 and queries q0 .. q0 + BR − 1 of query head hh: masked
+ * only where the block is cut (fc_hpb_p_from_s), softcap chosen once per block (uniform). */
+template <typename T, int BR, int MODE, int BC = FC_HPB_BC>
+static __device__ __forceinline__ void
+fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
+                    uint32_t sL, uint32_t sD, int t, int q0, int k0, int key0, int sq, int sk, int64_t shift,
+                    int64_t wl, int64_t wr, const fc_hp_score_mod &md, float slope, const float2 *l2_pre = nullptr) {
+  const bool whole = k0 + BC <= sk && q0 + BR <= sq && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) &&
+                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+  if (md.k_out > 0.0f) {
+    if (whole)
+      fc_hpb_p_pass_mod<T, BR, false, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                  l2_pre);
+    else
+      fc_hpb_p_pass_mod<T, BR, true, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                 l2_pre);
+  } else {
+    if (whole)
+      fc_hpb_p_pass_mod<T, BR, false, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                   l2_pre);
+    else
+      fc_hpb_p_pass_mod<T, BR, true, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                  l2_pre);
+  }
+}
+
+/* SCORE_MOD: dSᵀ = (Pᵀ∘g)∘(dPᵀ − D_i) in place of dPᵀ, Pᵀ∘g packed to 16 bits by fc_hpb_p_pass_mod (FC_HPB_MOD_PACK:
+ * s[8kb + 2r], s[8kb + 2r + 1] in pg[kb][r]). BIASED as fc_hpb_ds_from_dp. */
+template <typename T, int BR, bool BIASED>
+static __device__ __forceinline__ void fc_hpb_ds_from_pg(float (&dpt)[BR / 2], const uint32_t (&pg)[BR / 16][4],
+                                                         uint32_t sD, int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 dr = BIASED ? make_float2(0.0f, 0.0f) : fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const uint32_t w = pg[x / 2][2 * (x % 2) + e / 2];
+      dpt[4 * x + e] =
+          fc_to_float<T>((uint16_t)(e & 1 ? w >> 16 : w & 0xffffu)) * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+    }
+  }
+}
+
 /* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). BIASED: dPᵀ − D_i
  * is what dpt holds already (fc_hpb_bias_init). */
 template <int BR, bool BIASED = false>
@@ -501,7 +599,7 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
  * the split ran 1.20-1.31x each warpgroup adding its own keys' share at D = 128, seqlen ≥ 1k,
  * bench/results/configs/hopper-bwd-dq-split-h100.txt). The price: both warpgroups meet at a barrier before and after
  * writing dSᵀ. The adds are red.global.add in a fixed order (the tickets above), into the [total_q][hq][D] sum. */
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -581,8 +679,16 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_fence_regs(st);
       fc_fence_regs(dpt);
 
-      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, and dSᵀ = Pᵀ∘(dPᵀ − D_i) in one pass. */
-      fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, and dSᵀ = Pᵀ∘(dPᵀ − D_i) in one pass (SCORE_MOD: of the modified
+       * scores, dSᵀ through tanh). */
+      if constexpr (SCORE_MOD) {
+        uint32_t unused[BR / 16][4];
+        fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_DS>(st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift,
+                                                  a.window_left, a.window_right, a.mod,
+                                                  fc_hp_alibi_slope(a.mod, ti.b, hh));
+      } else {
+        fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
+      }
       /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers
        * of k-step kb, as P in the forward). */
       uint32_t pp[BR / 16][4], dsp[BR / 16][4];
@@ -755,13 +861,14 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
   return pl;
 }
 
-template <typename T> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
+/* SCORE_MOD: the same kernel built with softcap and ALiBi (hopper_score_mod.cuh). */
+template <typename T, bool SCORE_MOD> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
   switch (id) {
-  case FC_HPB_V2_D64: return fc_hopper_bwd_v2_kernel<T, 64>;
-  case FC_HPB_V2_D128: return fc_hopper_bwd_v2_kernel<T, 128>;
-  case FC_HPB_DET_D64: return fc_hopper_bwd_kernel<T, 64, 3>;
-  case FC_HPB_DET_D128: return fc_hopper_bwd_kernel<T, 128, 2>;
-  default: return fc_hopper_bwd_d256_kernel<T>;
+  case FC_HPB_V2_D64: return fc_hopper_bwd_v2_kernel<T, 64, SCORE_MOD>;
+  case FC_HPB_V2_D128: return fc_hopper_bwd_v2_kernel<T, 128, SCORE_MOD>;
+  case FC_HPB_DET_D64: return fc_hopper_bwd_kernel<T, 64, 3, SCORE_MOD>;
+  case FC_HPB_DET_D128: return fc_hopper_bwd_kernel<T, 128, 2, SCORE_MOD>;
+  default: return fc_hopper_bwd_d256_kernel<T, SCORE_MOD>;
   }
 }
 
@@ -770,7 +877,8 @@ template <typename T>
 static flashc_status fc_hpb_run(const fc_problem *p, const fc_hpb_plan_t *pl, const CUtensorMap maps[4],
                                 const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  const fc_hpb_kernel_fn kernel = fc_hpb_kernel<T>(pl->kernel);
+  const fc_hpb_kernel_fn kernel =
+      a->mod.alibi || a->mod.k_out > 0.0f ? fc_hpb_kernel<T, true>(pl->kernel) : fc_hpb_kernel<T, false>(pl->kernel);
   FC_CHECK(fc_mma_smem((const void *)kernel, pl->smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, pl->smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   const cudaError_t e = cudaGetLastError(); /* FC_LAUNCH_CHECK with the plan's kernel name */
@@ -888,6 +996,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.dk_vec = fc_hpb_vec16(&dk), a.dv_vec = fc_hpb_vec16(&dv);
+  fc_hp_score_mod_of(p, &a.mod);
 
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));

@@ -254,7 +254,7 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
 
 /* The D = 256 dK/dV kernel (the header above): each consumer warpgroup one whole product at N = 64 (Sᵀ or dPᵀ),
  * dV issued before barrier B, the next block's product issued behind dQ_1 and dK. */
-template <typename T>
+template <typename T, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -349,8 +349,21 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         /* Pᵀ = 2^(c·Sᵀ − lse2_i) for all 64 queries, masked only when some pair of keys k0 .. k0 + 63 × queries q0
          * .. q0 + 63 is cut */
         const uint32_t sLw = sLse + s * FC_HPB256_ROWS;
-        fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sq, sk, shift, wl, wr);
-        fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
+        if constexpr (SCORE_MOD) {
+          /* Pᵀ of the modified scores → sP (for dV); with softcap Pᵀ∘(1 − tanh²) → sdS, where warpgroup 1 reads it
+           * for dSᵀ instead of Pᵀ and writes dSᵀ over it (each thread its own pairs). This block's sdS buffer is free
+           * here for the reason sP is (the header: its last readers retired before barrier B of block it − 1). */
+          float pg[XN / 2];
+          uint32_t unused[XN / 16][4];
+          fc_hpb_p_from_s_mod<T, XN, FC_HPB_MOD_TWO, FC_HPB256_BC>(st, pg, unused, unused, sLw, sDsum, t, q0, k0, key0,
+                                                                   sq, sk, shift, wl, wr, a.mod,
+                                                                   fc_hp_alibi_slope(a.mod, ti.b, hh));
+          fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
+          if (a.mod.k_out > 0.0f) fc_hpb256_store_ps<T, XN>(pg, sdS, warp, g, t);
+        } else {
+          fc_hpb_p_from_s<XN, false, FC_HPB256_BC>(st, st, sLw, sDsum, c, t, q0, k0, key0, sq, sk, shift, wl, wr);
+          fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
+        }
         MARK(3);
         fc_fence_proxy_async(); /* the writes, before both warpgroups' dV wgmmas read them */
         fc_named_barrier_arrive_if(FC_HPB256_BAR_P, 256, true); /* P */
@@ -370,7 +383,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       fc_wgmma_commit();
       MARK(4);
       if (cw == 1) {
-        fc_hpb256_ds_whole<T>(st, sP, sDsum, warp, g, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+        /* dSᵀ = Pᵀ∘(dPᵀ − D_i); SCORE_MOD with softcap: (Pᵀ∘(1 − tanh²))∘(dPᵀ − D_i), from sdS */
+        fc_hpb256_ds_whole<T>(st, SCORE_MOD && a.mod.k_out > 0.0f ? sdS : sP, sDsum, warp, g, t);
         fc_hpb256_store_ps<T, XN>(st, sdS, warp, g, t);
       }
       MARK(5);

@@ -75,15 +75,20 @@ static __device__ __forceinline__ void fc_hpb_v2_dq_add(const fc_hopper_bwd_args
 /* One block (one trip of the loop) of fc_hopper_bwd_v2_kernel: block `it` of the tile's n_iter (query head, query
  * block) pairs, in stage it % STAGES of the Q/dO ring, in the header's order. FIRST: block 0 (no dQ of an earlier
  * block to issue). */
-template <typename T, int D, bool FIRST = false>
+template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false>
 static __device__ __forceinline__ void
 fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int hk, int64_t pad0, int k0,
                 int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
                 uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows, uint32_t v_rows,
                 uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
-                float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2]) {
+                float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2],
+                const float *alibi_b = nullptr) {
   constexpr int STAGES = FC_HPB_V2_STAGES, BR = D == 64 ? 128 : FC_HPB_BR;
-  constexpr bool EARLY_DV = D == 128, BIAS = D == 128;
+  /* SCORE_MOD (hopper_score_mod.cuh): Sᵀ is not biased (the modifiers act on the raw score, before lse2 is
+   * subtracted), the P pass packs Pᵀ (for dV) and Pᵀ∘(1 − tanh²) (for dSᵀ) to 16 bits itself, so dV goes early as at
+   * D = 128; lse2_i is read in the P pass (no registers for it beside the packed tiles). */
+  constexpr bool EARLY_DV = D == 128 || SCORE_MOD, BIAS = D == 128, BIAS_S = BIAS && !SCORE_MOD;
+  constexpr bool L2_PRE = !BIAS && !SCORE_MOD;
   constexpr bool ROWSPLIT = BR == 128;
   constexpr int NQ = ROWSPLIT ? D : D / 2;
   static_assert(NQ == 64, "a 64 × 64 fp32 dQ product per warpgroup (fc_hpb_v2_dq_add)");
@@ -107,18 +112,19 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
    * wgmmas, they made it wait (H100, D = 64: 1.023-1.032x, bench/results/configs/hopper-bwd-lag-d64-2026-11-24.txt).
    * Not D_i too (+16 registers: spills at D = 64). */
   if constexpr (BIAS) {
-    fc_hpb_bias_init<BR, true, true>(st, dpt, sL, sD, 1.0f / c, t);
+    fc_hpb_bias_init<BR, BIAS_S, true>(st, dpt, sL, sD, 1.0f / c, t);
     /* each accumulator its own register before the fence (else ptxas sinks the copies of a pair's shared bias
      * between the two products' wgmmas and injects waits there: C7517/C7519) */
-    fc_fence_regs(st);
+    if constexpr (BIAS_S) fc_fence_regs(st);
     fc_fence_regs(dpt);
-  } else {
-    fc_hpb_ld_rows<BR>(l2_pre, sL, t);
   }
+  if constexpr (L2_PRE) fc_hpb_ld_rows<BR>(l2_pre, sL, t);
+  /* SCORE_MOD: this block's query head's ALiBi slope (alibi_b: the sequence's slopes), loaded before the wgmmas */
+  const float slope = SCORE_MOD && alibi_b ? __ldg(alibi_b + hh) : 0.0f;
   fc_fence_regs(dk);
   fc_fence_regs(dv);
   fc_wgmma_fence();
-  fc_hp_ss_kmajor<T, D, BR, !BIAS>(st, k_rows, q_tile);
+  fc_hp_ss_kmajor<T, D, BR, !BIAS_S>(st, k_rows, q_tile);
   fc_wgmma_commit();
   fc_hp_ss_kmajor<T, D, BR, !BIAS>(dpt, v_rows, do_tile);
   fc_wgmma_commit();
@@ -128,17 +134,25 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
 
   /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, while dPᵀ's wgmma runs on (fc_hpb_p_pass says which keys and queries this
    * thread holds). */
-  const float2 no_l2[BR / 8] = {}; /* BIAS: −0 is subtracted (Sᵀ holds Sᵀ − lse2_i/c already) */
-  fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift,
-                                                          a.window_left, a.window_right, BIAS ? no_l2 : l2_pre);
-  MARK(3);
   /* Packed to 16 bits as A fragments (query columns 16·kb .. 16·kb + 15 are A's registers of k-step kb). */
-  uint32_t pp[BR / 16][4], dsp[BR / 16][4];
+  uint32_t pp[BR / 16][4], dsp[BR / 16][4], pg[SCORE_MOD ? BR / 16 : 1][4];
+  if constexpr (SCORE_MOD) {
+    /* pp ← Pᵀ, pg ← Pᵀ∘(1 − tanh²), packed */
+    fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_PACK>(st, dpt, pp, pg, sL, sD, t, q0, k0, key0, sq, sk, shift, a.window_left,
+                                                a.window_right, a.mod, slope);
+  } else {
+    const float2 no_l2[BR / 8] = {}; /* BIAS: −0 is subtracted (Sᵀ holds Sᵀ − lse2_i/c already) */
+    fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift,
+                                                            a.window_left, a.window_right, BIAS ? no_l2 : l2_pre);
+  }
+  MARK(3);
   if constexpr (EARLY_DV) {
+    if constexpr (!SCORE_MOD) {
 #pragma unroll
-    for (int kb = 0; kb < BR / 16; kb++)
+      for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll
-      for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+        for (int r = 0; r < 4; r++) pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+    }
 
     /* dV_j += Pᵀ·dO_i: queued behind dPᵀ, it runs while dSᵀ is formed and stored */
     fc_wgmma_fence();
@@ -151,7 +165,10 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
   fc_fence_regs(dpt);
   MARK(4);
 
-  fc_hpb_ds_from_dp<BR, BIAS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
+  if constexpr (SCORE_MOD)
+    fc_hpb_ds_from_pg<T, BR, BIAS>(dpt, pg, sD, t); /* dSᵀ = (Pᵀ∘(1 − tanh²))∘(dPᵀ − D_i) */
+  else
+    fc_hpb_ds_from_dp<BR, BIAS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
 #pragma unroll
   for (int kb = 0; kb < BR / 16; kb++)
 #pragma unroll
@@ -261,7 +278,7 @@ static __device__ __forceinline__ void fc_hpb_v2_lag_tail(const fc_hopper_bwd_ar
  * wait (EARLY_DV) and starts the Sᵀ/dPᵀ accumulators at −lse2_i/c, −D_i (BIAS); D = 64 issues dV after dSᵀ is formed
  * (its packed Pᵀ beside Sᵀ's and dPᵀ's accumulators would not fit 240 registers) and loads lse2_i at the block's
  * start. Both issue each block's dQ a block later (LAG). */
-template <typename T, int D>
+template <typename T, int D, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -331,12 +348,16 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
      * or a wait): ptxas must see which groups each wait retires, else it adds waits (C7517) or serialises
      * (C7514). Block 0 has no dQ of a block before it to issue (its own comes in block 1), the tail the last
      * block's. */
+    /* SCORE_MOD: the sequence's ALiBi slopes (NULL: none) */
+    const float *alibi_b = SCORE_MOD && a.mod.alibi ? a.mod.alibi + ti.b * a.mod.alibi_sb : nullptr;
     if (n_iter > 0) {
-      fc_hpb_v2_block<T, D, true>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct, warp, g, t,
-                                  sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+      fc_hpb_v2_block<T, D, true, SCORE_MOD>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct,
+                                             warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt,
+                                             dk, dv, alibi_b);
       for (int it = 1; it < n_iter; it++)
-        fc_hpb_v2_block<T, D>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct, warp, g, t, sQ,
-                              sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt, dk, dv);
+        fc_hpb_v2_block<T, D, false, SCORE_MOD>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw,
+                                                ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols,
+                                                st, dpt, dk, dv, alibi_b);
       fc_hpb_v2_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */

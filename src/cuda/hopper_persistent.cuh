@@ -107,11 +107,12 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2, int BC = FC_HP_BC>
+template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
-                                    const fc_hopper_fwd_args a, const fc_hp_sched sc) {
+                                    const fc_hopper_fwd_args a, const fc_hp_sched sc, const fc_hp_score_mod md) {
+  /* md: softcap and ALiBi, the SCORE_MOD kernels' only: last, so that the plain kernels' parameters keep offsets */
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   /* NC consumer warpgroups of 64 query rows, as in hopper.cu (NC = 3: tmastore3, D = 64 only). */
@@ -254,7 +255,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const uint32_t o_rows = sO + 64 * cw * FC_HP_ROW_BYTES; /* SO only */
-    const float c = a.scale_log2;
+    /* SCORE_MOD: S becomes the modified score x, the exponent's factor log2 e alone (hopper_score_mod.cuh) */
+    const float c = SCORE_MOD ? 1.4426950408889634f : a.scale_log2;
     FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
@@ -371,7 +373,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         if (a.lse && t == 0 && row < x.sq && wg_row0 >= 0) {
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
-          a.lse[at] = m[rh] != -INFINITY ? m[rh] * a.scale + logf(lr) : -INFINITY;
+          a.lse[at] = m[rh] != -INFINITY ? m[rh] * (SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
         }
       }
     };
@@ -443,6 +445,13 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       const int j_full_hi = (int)max(full_hi, (int64_t)0),
                 j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
       auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
+      /* SCORE_MOD: the tile's ALiBi slope and each row's ALiBi distance to key 2t (hopper.cu's one-tile kernel) */
+      float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
+      if constexpr (SCORE_MOD) {
+        slope = fc_hp_alibi_slope(md, x.b, x.h);
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + x.sk - x.sq - 2 * t);
+      }
 
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
       uint32_t p[BC / 16][4];
@@ -475,6 +484,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           FC_HP_MARK(5, 0);
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
           kuse++;
+          if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, j_begin * BC);
           fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
           FC_HP_MARK(6, 0);
         }
@@ -502,6 +512,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_fence_regs(s);
           FC_HP_MARK(9, n);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, (j_begin + n) * BC);
           /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
            * the block boundary keeping the wait after the softmax (hopper.cu's loop). */
           fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);

@@ -242,12 +242,44 @@ def test_cuda_backends_refuse(backend):
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=f"softcap is not supported on backend {backend}"):
-        flashc.attention(q, q, q, softcap=2.0, backend=backend)
+    if backend != "cuda-hopper":  # it runs softcap and ALiBi: test_cuda_hopper_score_mods
+        with pytest.raises(NotImplementedError, match=f"softcap is not supported on backend {backend}"):
+            flashc.attention(q, q, q, softcap=2.0, backend=backend)
+        with pytest.raises(NotImplementedError, match=f"ALiBi .* is not supported on backend {backend}"):
+            flashc.attention(q, q, q, alibi_slopes=torch.ones(2, device="cuda"), backend=backend)
     with pytest.raises(NotImplementedError, match=f"is not supported on backend {backend}"):
         flashc.attention(q, q, v, backend=backend)
-    with pytest.raises(NotImplementedError, match=f"ALiBi .* is not supported on backend {backend}"):
-        flashc.attention(q, q, q, alibi_slopes=torch.ones(2, device="cuda"), backend=backend)
+
+
+# name, (batch, sq, sk, hq, hkv, d), options
+HOPPER_CASES = [
+    ("softcap-causal-d128", (2, 129, 257, 2, 2, 128), dict(softcap=20.0, causal=True)),
+    ("alibi-gqa-d64", (1, 100, 300, 4, 2, 64), dict(alibi="head")),
+    ("alibi-softcap-window-d256", (2, 77, 200, 2, 1, 256), dict(alibi="batch", softcap=5.0, window=(40, 3))),
+]
+
+
+@pytest.mark.skipif("cuda-hopper" not in CUDA_BACKENDS, reason="no CUDA device (or not sm_90)")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name,shape,opts", HOPPER_CASES, ids=[c[0] for c in HOPPER_CASES])
+def test_cuda_hopper_score_mods(name, shape, opts, dtype, rng):
+    """cuda-hopper's softcap and ALiBi (torch, slopes on the device) against the fp64 oracle on the rounded inputs."""
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    b, sq, sk, hq, hkv, d = shape
+    opts = dict(opts)
+    slopes = slopes_for(opts.pop("alibi"), b, hq) if "alibi" in opts else None
+    tdt = getattr(torch, dtype)
+    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
+    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, d), (b, sq, hq, d)))
+    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), slopes=slopes, **opts)
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    o, lse = ft.attention(q, k, v, alibi_slopes=None if slopes is None else torch.tensor(slopes, device="cuda"),
+                          backend="cuda-hopper", return_lse=True, **opts)  # fmt: skip
+    o.backward(dout)
+    got = tuple(x.detach().double().cpu().numpy() for x in (o, lse, q.grad, k.grad, v.grad))
+    check_against(got, want, 4e-2, f"{name} cuda-hopper {dtype}")
 
 
 # ---- torch ---------------------------------------------------------------------------------------------------
