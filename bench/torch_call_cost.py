@@ -7,10 +7,15 @@ At this shape the attention itself is a few microseconds, so what is measured is
 from Python into the kernel: argument conversion, dispatch, autograd bookkeeping. Each row times `--calls`
 calls in a loop, `--repeats` times after a warm-up (the rows taking turns, so that a change in the machine's
 load weighs on all of them alike), and prints the median per call and the ratio to SDPA's of the same
-direction. flashc.torch.attention runs its kernels directly in plain eager mode; torch.ops.flashc.fwd is the
-registered operator that compiled and exported graphs call. Forward rows run under torch.no_grad() on
-tensors that do not require grad; forward + backward rows run o.backward(dout) on leaves that do. On CUDA the
-loop is synchronised once at its end, so a row is the host's cost whenever the GPU keeps up (it does at this
+direction. flashc.torch.attention runs its kernels directly in plain eager mode: through the C++ extension
+libflashc_torch.so where it is built (torch.ops.flashc_ext.fwd/bwd, python/flashc/_torch_ext.cpp), else through
+ctypes; the "(Python path)" rows force the latter in the same run, and FLASHC_TORCH_EXT=0 keeps the extension
+out altogether. torch.ops.flashc.fwd is the registered operator that compiled and exported graphs call; its
+CPU and CUDA kernels are the extension's where it is loaded. flashc.prepare_forward()() is the C call with
+nothing around it: the floor of every flashc row (on the CPU at this shape, the cpu backend's own fixed cost
+is most of it). Forward rows run under torch.no_grad() on tensors that do not require grad; forward +
+backward rows run o.backward(dout) on leaves that do. On CUDA the loop is synchronised once at its end, so a
+row is the host's cost whenever the GPU keeps up (it does at this
 shape). flashc runs with torch's thread count, as flashc.torch does.
 """
 
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 
 import flashc
 import flashc.torch as ft
+from flashc import _torch_fast
 
 
 def time_rows(rows, calls: int, repeats: int, sync, clock) -> list:
@@ -92,26 +98,47 @@ def main() -> None:
     def flashc_api_fwd():
         flashc.attention(q, k, v, causal=True)
 
+    def python_path(fn):
+        """fn with flashc.torch's kernels taken from the ctypes path instead of the extension."""
+
+        def run():
+            ft._kernels = _torch_fast.PYTHON_PATH
+            try:
+                fn()
+            finally:
+                ft._kernels = _torch_fast
+
+        return run
+
+    def extension_fwd():  # the extension's operator alone, as flashc.torch calls it
+        with torch.no_grad():
+            torch.ops.flashc_ext.fwd(q, k, v, None, None, None, True, -1, -1, False, "auto", -1, False, 0.0)
+
     prepared = flashc.prepare_forward(q, k, v, causal=True, threads=torch.get_num_threads())
 
     def operator_fwd():  # the registered operator, as torch.compile and torch.export see it
         with torch.no_grad():
             torch.ops.flashc.fwd(q, k, v, None, None, None, True, -1, -1, False, "auto", -1, False)
 
+    ext = _torch_fast.AVAILABLE
     rows = [
         ("forward", "sdpa", sdpa_fwd),
         ("forward", "flashc.torch.attention", flashc_torch_fwd),
+        *([("forward", "  (Python path)", python_path(flashc_torch_fwd))] if ext else []),
+        *([("forward", "torch.ops.flashc_ext.fwd", extension_fwd)] if ext else []),
         ("forward", "flashc.attention", flashc_api_fwd),
         ("forward", "flashc.prepare_forward()()", prepared),
         *([("forward", "torch.ops.flashc.fwd", operator_fwd)] if hasattr(torch.ops.flashc, "fwd") else []),
         ("forward+backward", "sdpa", sdpa_fwd_bwd),
         ("forward+backward", "flashc.torch.attention", flashc_torch_fwd_bwd),
+        *([("forward+backward", "  (Python path)", python_path(flashc_torch_fwd_bwd))] if ext else []),
     ]
     print(
         f"# torch {torch.__version__}, flashc {flashc.__version__}, {dev.type} {str(dtype).replace('torch.', '')}, "
         f"b{b} s{s} h{h} d{d} causal, torch threads {torch.get_num_threads()}, "
         f"{args.clock} clock, median of {args.repeats} x {args.calls} calls"
     )
+    print("# extension: " + ("libflashc_torch.so" if ext else f"none ({_torch_fast.WHY})"))
     print(f"{'direction':<17} {'entry point':<28} {'us/call':>8} {'x sdpa':>7}")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     base = {}

@@ -66,6 +66,26 @@ def test_eager_and_operator_paths_agree(rng):
 
 
 @needs_ops
+def test_num_splits_reaches_the_operator(rng):
+    """num_splits, flashc::fwd's last argument (the forward's key splits; the CPU backends ignore a count): opcheck
+    passes with it, the bits and the gradients are the default's, and a negative count comes back refused by the C
+    library (so it reaches flashc_params), through the operator and through flashc.torch.attention."""
+    q, k, v = qkv(rng, grad=True)
+    extra = (0.0, None, None, None, None, 0.0, 0, 0)  # softcap ... dropout_offset, at their defaults
+    torch.library.opcheck(torch.ops.flashc.fwd.default, (q, k, v, None, None, *OPTS, *extra, 3))
+    o, lse = torch.ops.flashc.fwd(q, k, v, None, None, *OPTS, *extra, 3)
+    o0, lse0 = torch.ops.flashc.fwd(q, k, v, None, None, *OPTS)
+    assert torch.equal(o, o0) and torch.equal(lse, lse0)
+    with pytest.raises(ValueError, match="params.num_splits is -1"):
+        torch.ops.flashc.fwd(q.detach(), k.detach(), v.detach(), None, None, *OPTS, *extra, -1)
+    g = torch.autograd.grad(ft.attention(q, k, v, causal=True, num_splits=2).sum(), (q, k, v))
+    g0 = torch.autograd.grad(ft.attention(q, k, v, causal=True).sum(), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(g, g0))
+    with pytest.raises(ValueError, match="num_splits is -2"):
+        ft.attention(q, k, v, num_splits=-2)
+
+
+@needs_ops
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_compile_fullgraph_forward_and_backward(rng, varlen):
     if varlen:
@@ -177,6 +197,16 @@ def test_mixed_dtypes_are_refused_as_sdpa_refuses_them(rng):
         assert ft.attention(q.bfloat16(), k, v).dtype == torch.bfloat16
 
 
+def _host_threads(backend: str) -> int:
+    """The thread count flashc.torch last set on this thread's host handle: in the C++ extension where it runs the
+    calls (flashc/_torch_fast.py), else in the Python path's handle cache."""
+    from flashc import _torch_fast
+
+    if _torch_fast.AVAILABLE:
+        return _torch_fast.host_threads(backend)
+    return _ops._tls.handles[(backend, -1, 0)].threads
+
+
 def test_cpu_threads_follow_torch(rng):
     need_backend("cpu")
     q, k, v = qkv(rng)
@@ -185,9 +215,9 @@ def test_cpu_threads_follow_torch(rng):
         for n in (1, 2):
             torch.set_num_threads(n)
             ft.attention(q, k, v, backend="cpu")
-            assert _ops._tls.handles[("cpu", -1, 0)].threads == n
+            assert _host_threads("cpu") == n
         ft.attention(q, k, v, backend="cpu", threads=3)
-        assert _ops._tls.handles[("cpu", -1, 0)].threads == 3
+        assert _host_threads("cpu") == 3
     finally:
         torch.set_num_threads(before)
 

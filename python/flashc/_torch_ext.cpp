@@ -1,0 +1,387 @@
+// flashc's forward and backward as PyTorch operators flashc_ext::fwd and flashc_ext::bwd, on PyTorch's stable
+// ABI: the C++ half of flashc.torch's eager hot path (python/flashc/_torch_fast.py loads it).
+//
+//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, scale?, causal, window_left, window_right, top_left,
+//                   backend, threads, deterministic, softcap) -> (out, lse)
+//   flashc_ext::bwd(dout, q, k, v, out, lse, <fwd's arguments from cu_seqlens_q on>) -> (dq, dk, dv)
+//
+// The arguments mean what they mean for flashc::fwd / flashc::bwd (python/flashc/_ops.py); these kernels run the
+// calls that need nothing but them (no ALiBi, seqused, attn_mask, dropout or num_splits), the calls of a plain
+// model. Why C++: in Python the argument checks and the ctypes marshalling around the C call cost ~22 us a call on
+// the CPU (bench/torch_call_cost.py); here at::Tensor -> flashc_tensor is a handful of C calls (the operator's
+// dispatch and output allocation included, ~5 us).
+//
+// Why the stable ABI (torch/csrc/stable, TORCH_TARGET_VERSION 2.10): the library this builds uses only PyTorch's C
+// shim, so one build loads into every torch >= 2.10 (and no Python ABI: it is loaded with torch.ops.load_library).
+// The stable ABI cannot register autograd formulas, so the autograd.Function of flashc.torch stays in Python.
+//
+// Failures throw (RuntimeError in Python) with the C library's message; flashc/_torch_fast.py then runs the same
+// call through the Python path, which raises the exception type and message flashc.torch always raised. So this
+// file checks only what it must to hand libflashc a valid description, and throws on anything unusual.
+//
+// libflashc is not linked: flashc_torch_bind(path) opens the very library the Python package loaded with ctypes
+// (FLASHC_LIBRARY or the package's own), so that both share its handles' state and its per-thread last error.
+
+#define TORCH_TARGET_VERSION (((0ULL + 2) << 56) | ((0ULL + 10) << 48))
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include "flashc.h"
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+namespace {
+
+// ---- libflashc, bound at run time -------------------------------------------------------------------------
+struct Api {
+  decltype(&flashc_create) create = nullptr;
+  decltype(&flashc_destroy) destroy = nullptr;
+  decltype(&flashc_set_threads) set_threads = nullptr;
+  decltype(&flashc_set_stream) set_stream = nullptr;
+  decltype(&flashc_handle_last_backend) last_backend = nullptr;
+  decltype(&flashc_forward) forward = nullptr;
+  decltype(&flashc_backward) backward = nullptr;
+  decltype(&flashc_last_error) last_error = nullptr;
+};
+Api api; // written once by flashc_torch_bind, before any operator runs
+
+// The fields of flashc_params these kernels set end at softcap: describing only them (struct_size) lets this
+// library drive a libflashc built from an older or newer flashc.h, which gives the later fields their defaults.
+constexpr size_t PARAMS_SIZE = offsetof(flashc_params, alibi_slopes);
+
+[[noreturn]] void fail(const std::string &what) { throw std::runtime_error("flashc: " + what); }
+
+// ---- CUDA, through what torch has loaded -------------------------------------------------------------------
+// The current stream comes from the AOTInductor shim of libtorch_cuda (the stable ABI of torch 2.10 has no
+// native stream handle); whether it is capturing a CUDA graph, from the driver. Both are looked up once, so that
+// this library needs neither at link time and loads into a CPU-only torch as well.
+using CurrentStreamFn = AOTITorchError (*)(int32_t, void **);
+using IsCapturingFn = int (*)(void *, int *); // cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*)
+
+void *symbol(const char *library, const char *name) {
+  void *lib = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);
+  return lib ? dlsym(lib, name) : nullptr;
+}
+
+void *current_stream(int32_t device) {
+  static const auto fn =
+      reinterpret_cast<CurrentStreamFn>(symbol("libtorch_cuda.so", "aoti_torch_get_current_cuda_stream"));
+  void *stream = nullptr;
+  if (!fn || fn(device, &stream) != AOTI_TORCH_SUCCESS) fail("cannot read torch's current CUDA stream");
+  return stream;
+}
+
+bool capturing(void *stream) {
+  static const auto fn = reinterpret_cast<IsCapturingFn>(symbol("libcuda.so.1", "cuStreamIsCapturing"));
+  int status = 0;
+  if (!fn || fn(stream, &status) != 0) return true; // cannot tell: let the Python path decide
+  return status != 0;
+}
+
+// ---- handles: one per thread, backend, device and stream (as flashc/_ops.py keeps them) --------------------
+struct Handle {
+  std::string backend;
+  int32_t device; // -1: the CPU
+  void *stream;
+  flashc_handle h;
+  int threads; // the count last set on h; -1 before any
+};
+
+struct Handles {
+  std::vector<Handle> list;
+  ~Handles() {
+    for (Handle &x : list) api.destroy(x.h);
+  }
+};
+thread_local Handles handles;
+// Where this thread's Python side reads the backend its last call ran (flashc_torch_set_slot): a name in
+// libflashc's backend table, whose address names the backend. Read as memory, it costs the hot path no call.
+thread_local const char **last_backend_slot = nullptr;
+constexpr size_t MAX_HANDLES = 16; // per thread: streams come and go; each handle holds a workspace
+
+Handle &handle(const std::string &backend, int32_t device, void *stream) {
+  for (Handle &x : handles.list)
+    if (x.device == device && x.stream == stream && x.backend == backend) return x;
+  // A new handle allocates its device workspace on its first call, which a CUDA graph capture forbids; the
+  // Python path raises the error that says what to do.
+  if (device >= 0 && capturing(stream)) fail("first call on a capturing stream");
+  flashc_handle h = nullptr;
+  if (api.create(&h, backend.c_str()) != FLASHC_OK) fail(api.last_error());
+  if (device >= 0 && api.set_stream(h, stream) != FLASHC_OK) {
+    api.destroy(h);
+    fail(api.last_error());
+  }
+  if (handles.list.size() >= MAX_HANDLES) {
+    api.destroy(handles.list.front().h);
+    handles.list.erase(handles.list.begin());
+  }
+  handles.list.push_back(Handle{backend, device, stream, h, -1});
+  return handles.list.back();
+}
+
+// ---- tensors -----------------------------------------------------------------------------------------------
+struct Place {
+  bool cuda;
+  int32_t device; // -1 on the CPU
+};
+
+Place place_of(const Tensor &x) {
+  if (x.is_cpu()) return {false, -1};
+  if (x.is_cuda()) return {true, x.get_device_index()};
+  fail("tensors on a device other than cpu and cuda");
+}
+
+flashc_dtype dtype_of(const Tensor &x) {
+  switch (x.scalar_type()) {
+  case ScalarType::Float: return FLASHC_F32;
+  case ScalarType::Half: return FLASHC_F16;
+  case ScalarType::BFloat16: return FLASHC_BF16;
+  case ScalarType::Double: return FLASHC_F64;
+  default: fail("a dtype flashc does not take");
+  }
+}
+
+// x, or a copy with a unit head_dim stride (the one layout rule of the C API that a view can break).
+Tensor readable(const Tensor &x, int64_t ndim) {
+  if (x.dim() != ndim) fail("a tensor of the wrong rank");
+  return x.stride(ndim - 1) == 1 ? x : torch::stable::contiguous(x);
+}
+
+// x as flashc_tensor, checked to live where q does. Packed [total, heads, dim] tensors are one batch entry.
+flashc_tensor describe(const Tensor &x, const Place &where) {
+  const Place p = place_of(x);
+  if (p.cuda != where.cuda || p.device != where.device) fail("tensors on different devices");
+  flashc_tensor t;
+  t.data = x.data_ptr();
+  t.dtype = dtype_of(x);
+  if (x.dim() == 3) {
+    t.size[0] = 1;
+    t.stride[0] = 0;
+    for (int d = 0; d < 3; d++) {
+      t.size[d + 1] = x.size(d);
+      t.stride[d + 1] = x.stride(d);
+    }
+  } else {
+    for (int d = 0; d < 4; d++) {
+      t.size[d] = x.size(d);
+      t.stride[d] = x.stride(d);
+    }
+  }
+  return t;
+}
+
+// A new contiguous tensor of these sizes on `where` (aoti_torch_empty_strided: no dispatcher lookup).
+Tensor empty(const std::vector<int64_t> &sizes, int32_t dtype, const Place &where) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t s = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = s;
+    s *= sizes[d];
+  }
+  AtenTensorHandle out = nullptr;
+  const int32_t type = where.cuda ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu();
+  if (aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype, type,
+                               where.cuda ? where.device : 0, &out) != AOTI_TORCH_SUCCESS)
+    fail("an output could not be allocated");
+  return Tensor(out);
+}
+
+int32_t torch_dtype(const Tensor &x) {
+  int32_t code = 0;
+  if (aoti_torch_get_dtype(x.get(), &code) != AOTI_TORCH_SUCCESS) fail("cannot read a dtype");
+  return code;
+}
+
+std::vector<int64_t> lse_sizes(const Tensor &q, bool packed) {
+  if (packed) return {q.size(1), q.size(0)};
+  return {q.size(0), q.size(2), q.size(1)};
+}
+
+// The parameters of one call; cu_q/cu_k: host int32 offsets, kept alive by the caller.
+flashc_params params_of(const std::optional<Tensor> &cu_q, const std::optional<Tensor> &cu_k,
+                        std::optional<double> scale, bool causal, int64_t wl, int64_t wr, bool top_left, bool det,
+                        double softcap) {
+  flashc_params p = flashc_params_default();
+  p.struct_size = PARAMS_SIZE;
+  p.scale = scale ? static_cast<float>(*scale) : 0.0f;
+  p.causal = causal;
+  p.align = top_left ? FLASHC_ALIGN_TOP_LEFT : FLASHC_ALIGN_BOTTOM_RIGHT;
+  p.window_left = wl;
+  p.window_right = wr;
+  p.deterministic = det;
+  p.softcap = static_cast<float>(softcap);
+  if (cu_q.has_value() != cu_k.has_value()) fail("varlen needs both cu_seqlens");
+  if (cu_q) {
+    for (const Tensor *cu : {&*cu_q, &*cu_k})
+      if (!cu->is_cpu() || cu->scalar_type() != ScalarType::Int || cu->dim() != 1 || cu->stride(0) != 1)
+        fail("cu_seqlens that are not host int32 vectors");
+    if (cu_q->numel() != cu_k->numel() || cu_q->numel() < 2) fail("cu_seqlens of different lengths");
+    p.cu_seqlens_q = static_cast<const int32_t *>(cu_q->data_ptr());
+    p.cu_seqlens_k = static_cast<const int32_t *>(cu_k->data_ptr());
+    p.num_seqs = cu_q->numel() - 1;
+  }
+  return p;
+}
+
+// Runs fn(handle) on the handle for (backend, q's device, the current stream), with the thread count set.
+template <class Fn> void run(const Place &where, const std::string &backend, int64_t threads, Fn fn) {
+  if (!api.forward) fail("the extension is not bound to libflashc (flashc_torch_bind)");
+  void *stream = where.cuda ? current_stream(where.device) : nullptr;
+  Handle &h = handle(backend, where.device, stream);
+  const int n = threads >= 0 ? static_cast<int>(threads) : static_cast<int>(torch::stable::get_num_threads());
+  if (n != h.threads) {
+    if (api.set_threads(h.h, n) != FLASHC_OK) fail(api.last_error());
+    h.threads = n;
+  }
+  flashc_status s;
+  if (where.cuda && torch::stable::accelerator::getCurrentDeviceIndex() != where.device) {
+    torch::stable::accelerator::DeviceGuard guard(where.device); // libflashc works on the current device
+    s = fn(h.h);
+  } else {
+    s = fn(h.h);
+  }
+  if (s != FLASHC_OK) fail(api.last_error());
+  if (last_backend_slot) *last_backend_slot = api.last_backend(h.h);
+}
+
+// ---- the operators -----------------------------------------------------------------------------------------
+std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
+                               std::optional<double> scale, bool causal, int64_t wl, int64_t wr, bool top_left,
+                               std::string backend, int64_t threads, bool det, double softcap) {
+  // q: [b, s_q, h_q, d] (packed: [total_q, h_q, d]); k: [b, s_k, h_k, d]; v: [b, s_k, h_k, d_v]
+  const bool packed = cu_q.has_value();
+  const int64_t nd = packed ? 3 : 4;
+  q = readable(q, nd);
+  k = readable(k, nd);
+  v = readable(v, nd);
+  const Place where = place_of(q);
+  flashc_params p = params_of(cu_q, cu_k, scale, causal, wl, wr, top_left, det, softcap);
+  std::vector<int64_t> osize(nd);
+  for (int64_t d = 0; d < nd - 1; d++) osize[d] = q.size(d);
+  osize[nd - 1] = v.size(nd - 1); // o takes V's head dim
+  Tensor out = empty(osize, torch_dtype(q), where);
+  Tensor lse = empty(lse_sizes(q, packed), aoti_torch_dtype_float32(), where);
+  flashc_tensor tq = describe(q, where), tk = describe(k, where), tv = describe(v, where), to = describe(out, where);
+  float *plse = static_cast<float *>(lse.data_ptr());
+  run(where, backend, threads, [&](flashc_handle h) { return api.forward(h, &p, &tq, &tk, &tv, &to, plse); });
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                                       std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
+                                       std::optional<double> scale, bool causal, int64_t wl, int64_t wr, bool top_left,
+                                       std::string backend, int64_t threads, bool det, double softcap) {
+  const bool packed = cu_q.has_value();
+  const int64_t nd = packed ? 3 : 4;
+  q = readable(q, nd);
+  k = readable(k, nd);
+  v = readable(v, nd);
+  out = readable(out, nd);
+  dout = readable(dout, nd);
+  const Place where = place_of(q);
+  const std::vector<int64_t> want = lse_sizes(q, packed);
+  const Place lse_at = place_of(lse);
+  if (lse.scalar_type() != ScalarType::Float || lse.dim() != static_cast<int64_t>(want.size()) ||
+      lse_at.cuda != where.cuda || lse_at.device != where.device)
+    fail("an lse that is not the forward's");
+  for (size_t d = 0; d < want.size(); d++)
+    if (lse.size(static_cast<int64_t>(d)) != want[d]) fail("an lse that is not the forward's");
+  if (!lse.is_contiguous()) lse = torch::stable::contiguous(lse);
+  flashc_params p = params_of(cu_q, cu_k, scale, causal, wl, wr, top_left, det, softcap);
+  auto like = [&](const Tensor &x) {
+    std::vector<int64_t> sizes(nd);
+    for (int64_t d = 0; d < nd; d++) sizes[d] = x.size(d);
+    return empty(sizes, torch_dtype(x), where);
+  };
+  Tensor dq = like(q), dk = like(k), dv = like(v);
+  flashc_tensor tq = describe(q, where), tk = describe(k, where), tv = describe(v, where), to = describe(out, where);
+  flashc_tensor tdo = describe(dout, where), tdq = describe(dq, where), tdk = describe(dk, where),
+                tdv = describe(dv, where);
+  const float *plse = static_cast<const float *>(lse.data_ptr());
+  run(where, backend, threads,
+      [&](flashc_handle h) { return api.backward(h, &p, &tq, &tk, &tv, &to, plse, &tdo, &tdq, &tdk, &tdv); });
+  return {dq, dk, dv};
+}
+
+} // namespace
+
+// ---- registration ------------------------------------------------------------------------------------------
+STABLE_TORCH_LIBRARY(flashc_ext, m) {
+  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, float? scale, bool causal, "
+        "int window_left, int window_right, bool top_left, str backend, int threads, bool deterministic, "
+        "float softcap) -> (Tensor, Tensor)");
+  m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
+        "Tensor? cu_seqlens_k, float? scale, bool causal, int window_left, int window_right, bool top_left, "
+        "str backend, int threads, bool deterministic, float softcap) -> (Tensor, Tensor, Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(flashc_ext, CPU, m) {
+  m.impl("fwd", TORCH_BOX(&fwd));
+  m.impl("bwd", TORCH_BOX(&bwd));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(flashc_ext, CUDA, m) {
+  m.impl("fwd", TORCH_BOX(&fwd));
+  m.impl("bwd", TORCH_BOX(&bwd));
+}
+
+// ---- plain C entry points, called once through ctypes ------------------------------------------------------
+extern "C" {
+
+// Binds the operators to the libflashc at `path` (the one flashc._lib loaded). 0 on success; else -1 with
+// dlerror()'s words in *why.
+__attribute__((visibility("default"))) int flashc_torch_bind(const char *path, const char **why) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    *why = dlerror();
+    return -1;
+  }
+  Api a;
+  const char *missing = nullptr;
+  auto get = [&](auto &fn, const char *name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (!fn && !missing) missing = name;
+  };
+  get(a.create, "flashc_create");
+  get(a.destroy, "flashc_destroy");
+  get(a.set_threads, "flashc_set_threads");
+  get(a.set_stream, "flashc_set_stream");
+  get(a.last_backend, "flashc_handle_last_backend");
+  get(a.forward, "flashc_forward");
+  get(a.backward, "flashc_backward");
+  get(a.last_error, "flashc_last_error");
+  if (missing) {
+    *why = missing;
+    return -1;
+  }
+  api = a;
+  return 0;
+}
+
+// The CPU thread count set on this thread's host handle for `backend` (the stream-less one), -1 if it has none:
+// what the Python path's handle cache shows, for tests.
+__attribute__((visibility("default"))) int flashc_torch_host_threads(const char *backend) {
+  for (const Handle &x : handles.list)
+    if (x.device < 0 && x.backend == backend) return x.threads;
+  return -1;
+}
+
+// Sets this thread's slot for the name of the backend each successful operator call runs (NULL: none).
+__attribute__((visibility("default"))) void flashc_torch_set_slot(const char **slot) { last_backend_slot = slot; }
+}

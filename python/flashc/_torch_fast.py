@@ -1,0 +1,188 @@
+"""flashc.torch's eager kernels through the C++ extension libflashc_torch.so, where it is built.
+
+fwd_impl and bwd_impl take the arguments of flashc._ops.fwd_impl / bwd_impl and return what they return. A call
+that needs nothing but q, k, v (and host cu_seqlens), the options and softcap runs the operators
+flashc_ext::fwd / flashc_ext::bwd of the extension (python/flashc/_torch_ext.cpp): at::Tensor to flashc_tensor
+in C++, one cached flashc handle per thread, backend, device and stream, the current CUDA stream. Any other call
+(ALiBi, seqused, attn_mask, later features), and any call the extension refuses, runs through flashc._ops: so
+the results, and the exceptions with their types and messages, are those of the Python path whether the
+extension is there or not. The extension is an accelerator, never a second implementation of the checks.
+
+The extension is looked for next to the libflashc that flashc._lib loaded (FLASHC_LIBRARY, or the package's
+own), because it calls that very library: it is bound to it by path at load time. FLASHC_TORCH_EXT=0 (or OFF)
+skips it (to compare, or to test the Python path). `AVAILABLE` says whether it loaded, `WHY` why not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import threading
+import types
+
+import torch
+
+from . import _api, _lib, _ops
+
+EXTENSION = "libflashc_torch.so"
+
+
+def _load():
+    """(extension CDLL, None) or (None, why not)."""
+    if os.environ.get("FLASHC_TORCH_EXT", "").upper() in ("0", "OFF"):
+        return None, f"FLASHC_TORCH_EXT={os.environ['FLASHC_TORCH_EXT']}"
+    path = pathlib.Path(_lib.path).resolve().parent / EXTENSION
+    if not path.is_file():
+        return None, f"{path} is not built (the library's CMake build makes it where torch >= 2.10 is importable)"
+    try:
+        torch.ops.load_library(str(path))  # registers flashc_ext::fwd / bwd
+        ext = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError) as e:  # e.g. a torch older than the stable ABI the extension targets
+        return None, f"{path} cannot be loaded: {e}"
+    why = ctypes.c_char_p()
+    try:
+        bind, set_slot = ext.flashc_torch_bind, ext.flashc_torch_set_slot
+    except AttributeError as e:  # an extension of another flashc version
+        return None, f"{path} is not this package's: {e}"
+    bind.argtypes, bind.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)], ctypes.c_int
+    set_slot.argtypes, set_slot.restype = [ctypes.c_void_p], None
+    if bind(str(pathlib.Path(_lib.path).resolve()).encode(), ctypes.byref(why)) != 0:
+        return None, f"{path} cannot bind to {_lib.path}: {(why.value or b'').decode()}"
+    return ext, None
+
+
+_ext, WHY = _load()
+AVAILABLE = _ext is not None
+
+if AVAILABLE:
+    # The overloads' C++ callables (OpOverload._op): the same dispatch without OpOverload.__call__'s Python frame.
+    _fwd = getattr(torch.ops.flashc_ext.fwd.default, "_op", torch.ops.flashc_ext.fwd.default)
+    _bwd = getattr(torch.ops.flashc_ext.bwd.default, "_op", torch.ops.flashc_ext.bwd.default)
+    _set_slot = _ext.flashc_torch_set_slot
+    _names: dict = {}  # address of a name in libflashc's backend table -> the name
+
+    class _Slot(threading.local):
+        """Per thread: the cell the extension writes the address of the last backend's name into."""
+
+        def __init__(self):
+            self.cell = ctypes.c_void_p()
+            _set_slot(ctypes.addressof(self.cell))
+
+    _slot = _Slot()
+
+    def _note_backend(backend: str, cell) -> None:
+        """flashc.last_backend() after an extension call, as _ops._run sets it (reading the cell is no call)."""
+        if backend != "auto":
+            _api._local.last_backend = backend
+            return
+        at = cell.value
+        name = _names.get(at)
+        if name is None:
+            name = _names[at] = ctypes.string_at(at).decode()
+        _api._local.last_backend = name
+
+    def host_threads(backend: str) -> int:
+        """The thread count set on this thread's host handle for backend (-1: none yet), as the Python path's
+        _ops._tls.handles[(backend, -1, 0)].threads shows it."""
+        fn = _ext.flashc_torch_host_threads
+        fn.argtypes, fn.restype = [ctypes.c_char_p], ctypes.c_int
+        return fn(backend.encode())
+
+    def _plain(more, kw) -> bool:
+        """True when the arguments past attn_mask (dropout's, num_splits, any added to _ops.fwd_impl later) keep
+        their defaults (None, False or 0), which the extension's operators assume."""
+        for x in more:
+            if not (x is None or x is False or (type(x) in (int, float) and x == 0)):
+                return False
+        for x in kw.values() if kw else ():
+            if not (x is None or x is False or (type(x) in (int, float) and x == 0)):
+                return False
+        return True
+
+    def fwd_impl(q, k, v, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap=0.0,
+                 su_q=None, su_k=None, alibi=None, mask=None, *more, **kw):  # fmt: skip
+        if (
+            su_q is None
+            and su_k is None
+            and alibi is None
+            and mask is None
+            and (cu_q is None or (cu_q.is_cpu and cu_k is not None and cu_k.is_cpu))
+            and _plain(more, kw)
+        ):
+            cell = _slot.cell  # before the call: a thread's first access registers its cell
+            try:
+                out, lse = _fwd(q, k, v, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap)
+            except Exception:  # the Python path below raises the error flashc.torch raises without the extension
+                pass
+            else:
+                _note_backend(backend, cell)
+                return out, lse
+        return _ops.fwd_impl(q, k, v, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap,
+                             su_q, su_k, alibi, mask, *more, **kw)  # fmt: skip
+
+    def bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det,
+                 softcap=0.0, su_q=None, su_k=None, alibi=None, mask=None, want_dbias=False, *more, **kw):  # fmt: skip
+        if (
+            su_q is None
+            and su_k is None
+            and alibi is None
+            and mask is None
+            and not want_dbias
+            and (cu_q is None or (cu_q.is_cpu and cu_k is not None and cu_k.is_cpu))
+            and _plain(more, kw)
+        ):
+            cell = _slot.cell
+            try:
+                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads,
+                             det, softcap)  # fmt: skip
+            except Exception:
+                pass
+            else:
+                _note_backend(backend, cell)
+                return grads
+        return _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads,
+                             det, softcap, su_q, su_k, alibi, mask, want_dbias, *more, **kw)  # fmt: skip
+
+    class Attention(torch.autograd.Function):
+        """flashc.torch's autograd for a call with nothing but q, k, v, cu_seqlens and the options (flashc.torch's
+        _Function covers every feature; this one saves only what such a call needs and takes the options as one
+        argument: some 15 us less per forward + backward). Same formula: lse not differentiable, no double
+        backward."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, cu_q, cu_k, opts):
+            out, lse = fwd_impl(q, k, v, cu_q, cu_k, *opts)
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+            ctx.opts = opts
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            _ops.check_double_backward()
+            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+            return (*bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts), None, None, None)
+
+    def _bwd_kernel(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det,
+                    softcap=0.0, su_q=None, su_k=None, alibi=None, mask=None, *more):  # fmt: skip
+        """flashc::bwd's kernel: its arguments in its schema's order (no want_dbias there)."""
+        return bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det,
+                        softcap, su_q, su_k, alibi, mask, False, *more)  # fmt: skip
+
+    # The registered operators (what torch.compile and torch.export call) run the same kernels: their CPU and CUDA
+    # implementations become these, in place of _ops's custom_op bodies (the same arguments, in schema order;
+    # anything these do not take goes to those bodies' own code, _ops.fwd_impl / bwd_impl). flashc::bwd_dbias keeps
+    # its own. Their fake implementations and autograd formulas stay _ops's.
+    if _ops.HAVE_OPS:
+        _ops.fwd.register_kernel(("cpu", "cuda"), fwd_impl)
+        _ops.bwd.register_kernel(("cpu", "cuda"), _bwd_kernel)
+
+else:
+    fwd_impl = _ops.fwd_impl
+    bwd_impl = _ops.bwd_impl
+    Attention = None
+
+# flashc.torch's kernels as they are without the extension: what tests and bench/torch_call_cost.py put in place of
+# this module (flashc.torch._kernels) to run the Python path beside the extension's.
+PYTHON_PATH = types.SimpleNamespace(AVAILABLE=False, fwd_impl=_ops.fwd_impl, bwd_impl=_ops.bwd_impl, Attention=None)
