@@ -19,10 +19,12 @@ Grids (--grid):
                GPT-2 small, Falcon-7B's MQA) at seqlen 1k/4k/8k/32k, batch = max(1, 16k tokens / seqlen), causal,
                bf16; peers torch:flash and torch:cudnn (enable_gqa, or K/V expanded where a backend lacks it).
   cpu          docs/targets.md's CPU table: 1/8/2048/64 and 1/8/4096/128, full and causal, fp32; peer torch:cpu.
-  features     issue #48 side by side: plain, softcap 30, ALiBi (slopes 2^(−8(h+1)/H)) at d 128, and Q/K 192 with
-               V 128, seqlen 4k and 8k, 16 heads, batch = 16k tokens / seqlen, causal, bf16; peers torch:flash,
-               cudnn and efficient where they take the case (ALiBi as a float attn_mask; no SDPA softcap). The CSV
-               adds head_dim_v, softcap and alibi columns.
+  features     issue #48 side by side: plain, softcap 30, ALiBi (slopes 2^(−8(h+1)/H)), dropout 0.1 (a fixed
+               seed; the reference draws the same Philox mask) at d 128, and Q/K 192 with V 128, seqlen 4k and 8k,
+               16 heads, batch = 16k tokens / seqlen, causal, bf16; peers torch:flash, cudnn and efficient where
+               they take the case (ALiBi as a float attn_mask; no SDPA softcap, and SDPA's dropout draws another
+               mask: skipped). A backend that refuses a feature gives a skipped row saying so. The CSV adds
+               head_dim_v, softcap, alibi and dropout columns.
   decode       issue #49: flashc.attention_with_kvcache over a dense and a paged (16, 256) cache, seqlen_new 1 and
                4, batch 1/8/64, cache length 1k…128k, heads 32/8, 64/8, 32/32, d 128, bf16, causal; peers
                torch:flash and cudnn on the same cache as dense tensors; a `copy` row with the copy bandwidth of
@@ -69,12 +71,12 @@ except ImportError:  # run from a checkout without `pip install ./python` (then 
 from flashc.testing import configs, decode, engine, impls, report, timing  # noqa: E402
 
 COLUMNS = engine.SCHEMA + ["config", "status", "speedup", "baseline", "repeats", "reference", "note"]
-FEATURE_COLUMNS = COLUMNS + ["head_dim_v", "softcap", "alibi"]
+FEATURE_COLUMNS = COLUMNS + ["head_dim_v", "softcap", "alibi", "dropout"]
 DECODE_COLUMNS = COLUMNS + decode.EXTRA_COLUMNS
 
 
 def grid(name: str, quick: bool = False, device: str = "cuda") -> tuple:
-    """(configs, dtypes, masks, peers) of a named grid; a config may be (Config, softcap, alibi)."""
+    """(configs, dtypes, masks, peers) of a named grid; a config may be (Config, features: impls.Case fields)."""
     if name == "fp32-ladder":
         seen, cfgs = set(), []
         for c in configs.STANDARD + configs.seqlen_sweep() + [configs.Config("stress-1", 8, 16, 2048, 64)]:
@@ -246,11 +248,9 @@ def main(argv=None) -> int:
     for dtype in dtypes:
         for causal in masks:
             for item in cfgs:
-                cfg, softcap, alibi = item if isinstance(item, tuple) else (item, 0.0, False)
+                cfg, features = item if isinstance(item, tuple) else (item, {})
                 opts.input_sets = args.input_sets or _input_sets(cfg, dtype, device, passes)
-                case = impls.Case(
-                    cfg=cfg, dtype=dtype, causal=causal, threads=args.threads, softcap=softcap, alibi=alibi
-                )
+                case = impls.Case(cfg=cfg, dtype=dtype, causal=causal, threads=args.threads, **features)
                 case_rows = engine.run_case(case, all_impls, passes, opts)
                 for r in case_rows:
                     print(report.line(r))

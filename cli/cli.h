@@ -5,6 +5,7 @@
  *   options.c   the option table: every flag, which subcommands take it, its parser and its help line
  *   convert.c   f32 <-> f16/bf16/f64 conversion (round to nearest even)
  *   data.c      the attention inputs: generate, load from a directory, save; meta.json
+ *   mask.c      --attn-mask: a boolean mask or float bias from a .npy file, or generated (random-bool, padding)
  *   runner.c    one backend on one problem: buffers (host or CUDA device), forward, backward, timing
  *   device.c    the CUDA runtime calls (FLASHC_CLI_CUDA builds only) and the device's name
  *   metrics.c   error metrics against the fp64 reference and the per-dtype tolerances
@@ -49,9 +50,11 @@ typedef struct cli_options {
   flashc_causal_align align;
   int64_t window_left, window_right;
   float scale;
-  float softcap; /* 0: off */
-  int alibi;     /* --alibi: ALiBi's slopes 2^(−8(h+1)/H) */
-  int threads;   /* 0: all online processors */
+  float softcap;         /* 0: off */
+  int alibi;             /* --alibi: ALiBi's slopes 2^(−8(h+1)/H) */
+  float dropout;         /* --dropout P: attention dropout's rate, keyed by --seed (offset 0); 0: off */
+  const char *attn_mask; /* --attn-mask PATH.npy|random-bool|padding; NULL: none */
+  int threads;           /* 0: all online processors */
   int64_t batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
   int64_t head_dim_v; /* V's head dim (the generated v, o, do); --head-dim-v, else head_dim */
   uint64_t seed;
@@ -113,6 +116,18 @@ static inline int64_t cli_v_elems(const cli_shape *s) { return s->batch * s->seq
 static inline int64_t cli_o_elems(const cli_shape *s) { return s->batch * s->seqlen_q * s->heads_q * s->head_dim_v; }
 static inline int64_t cli_lse_elems(const cli_shape *s) { return s->batch * s->heads_q * s->seqlen_q; }
 
+/* An attention mask as the C API takes it (flashc_params.attn_mask): its elements in C order over `shape`, which
+ * broadcasts to [batch, heads_q, seqlen_q, seqlen_k] (each dimension 1 or the full size; stride 0 where it is 1). */
+typedef struct cli_mask {
+  int is_bool;       /* 1: keep (nonzero = attend); 0: bias */
+  int64_t shape[4];  /* batch|1, heads_q|1, seqlen_q|1, seqlen_k|1 */
+  int64_t stride[4]; /* in elements; 0 on a broadcast dimension */
+  int64_t count;     /* elements held; 0: no mask */
+  uint8_t *keep;     /* is_bool */
+  float *bias;       /* !is_bool: values of the compute dtype (rounded to it), finite or −inf */
+  char source[96];   /* for messages: the file's name, "random-bool" or "padding" */
+} cli_mask;
+
 /* The inputs on the host as f32, already representable in `dtype` (bf16/f16 values are rounded). */
 typedef struct cli_inputs {
   cli_shape shape;
@@ -120,8 +135,13 @@ typedef struct cli_inputs {
   npy_dtype file_dtype;    /* of the files read or written: outputs use it */
   uint64_t seed;           /* 0 when unknown (loaded data without meta.json) */
   float *q, *k, *v, *dout; /* dout NULL when the data has none (forward only) */
+  cli_mask mask;           /* --attn-mask (count 0: none); cli_attach_mask sets it */
 } cli_inputs;
 
+/* The state of random stream `stream` of a seed, and its next 64 bits (splitmix64): each generated tensor draws
+ * from a stream of its own (q 0, k 1, v 2, do 3, the attention mask 4). */
+uint64_t cli_random_state(uint64_t seed, int stream);
+uint64_t cli_splitmix64(uint64_t *state);
 /* Checks the shape flags (ranges, heads_q % heads_kv); CLI_OK or CLI_ERROR with a message. */
 int cli_check_shape(const cli_shape *s);
 /* Random N(0, 1) inputs from a seed, rounded to dtype. */
@@ -132,6 +152,15 @@ int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in);
 /* Writes q k v do .npy and meta.json into dir (created). */
 int cli_save(const char *dir, const cli_inputs *in);
 void cli_inputs_free(cli_inputs *in);
+
+/* ---- the attention mask (mask.c) ------------------------------------------------------------------------ */
+/* --attn-mask SPEC for the inputs' shape and compute dtype, into in->mask: a .npy file (bool: a boolean mask; f2, f4,
+ * f8: a bias, rounded to the compute dtype), or "random-bool" / "padding", generated from `seed`. CLI_OK, or
+ * CLI_ERROR with a message that names the file and its shape or value. */
+int cli_attach_mask(const char *spec, uint64_t seed, cli_inputs *in);
+void cli_mask_free(cli_mask *m);
+/* "bool (2, 1, 1, 203) from padding" for the check's header line. */
+void cli_mask_describe(const cli_mask *m, char *out, size_t len);
 /* Writes a tensor of doubles to dir/name as npy dtype `file_dtype`, shape [ndim] dims. */
 int cli_write_tensor(const char *dir, const char *name, const double *x, npy_dtype file_dtype, int ndim,
                      const int64_t *dims);
@@ -154,6 +183,8 @@ typedef struct cli_set {
 typedef struct cli_runner {
   flashc_handle handle;
   void *alibi; /* with ALiBi: the slopes for shape.heads_q, where the backend reads them (params points here) */
+  void *mask;  /* with the inputs' mask: it in the compute dtype (bool: uint8), where the backend reads it */
+  flashc_status status; /* of the last forward or backward call */
   flashc_backend_info info;
   flashc_dtype dtype;
   int on_device; /* 1: the sets live in CUDA device memory */
@@ -170,7 +201,8 @@ int cli_backend_info(const char *name, flashc_backend_info *info);
 bool cli_backend_runnable(const flashc_backend_info *info, char *why, size_t len);
 
 /* Opens a runner: a handle on `backend`, `n_sets` copies of the inputs converted to `dtype` (on the device
- * for CUDA backends), output buffers (backward ones when `backward`). */
+ * for CUDA backends), output buffers (backward ones when `backward`); the inputs' mask, if any, goes into the
+ * params. */
 int cli_runner_open(cli_runner *r, const char *backend, flashc_dtype dtype, int threads, const cli_inputs *in,
                     const flashc_params *params, int n_sets, bool backward);
 void cli_runner_close(cli_runner *r);
@@ -253,8 +285,9 @@ void cmd_ring_help(void);            /* the paragraph after its options: FLOPs a
 /* Prints the help of a subcommand by name (from the table in flashc.c). */
 void cli_print_command_help(const char *name);
 
-/* Params from the options (causal, align, window, scale, softcap; with --alibi, alibi_slopes points to slopes
- * for o->heads heads, which cli_runner_open replaces by slopes for the data's heads where the backend reads them). */
+/* Params from the options (causal, align, window, scale, softcap, dropout with the seed; with --alibi, alibi_slopes
+ * points to slopes for o->heads heads, which cli_runner_open replaces by slopes for the data's heads where the backend
+ * reads them). */
 flashc_params cli_params(const cli_options *o);
 /* ALiBi's slopes of the paper, 2^(−8(h+1)/H) for heads h < H, in a buffer of this process (valid until the
  * next call); NULL when H is larger than it holds. */

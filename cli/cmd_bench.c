@@ -144,7 +144,8 @@ typedef struct bench_row {
   int check_rc;
 } bench_row;
 
-static void print_row(const bench_row *r, flashc_dtype dtype, bool causal) {
+/* mask: "full", "causal", and "+mask" after either with --attn-mask. */
+static void print_row(const bench_row *r, flashc_dtype dtype, const char *mask) {
   char shape[64], abs_s[16] = "-", l2_s[16] = "-";
   snprintf(shape, sizeof shape, "%lldx%lldx%lldx%lld", (long long)r->shape->batch, (long long)r->shape->heads_q,
            (long long)r->shape->seqlen_q, (long long)r->shape->head_dim);
@@ -152,8 +153,8 @@ static void print_row(const bench_row *r, flashc_dtype dtype, bool causal) {
     snprintf(abs_s, sizeof abs_s, "%.2e", r->max_abs);
     snprintf(l2_s, sizeof l2_s, "%.2e", r->rel_l2);
   }
-  printf("%-12s %-5s %-20s %-6s %-4s %10.3f %9.4g %9.4g %10s %10s  %s\n", r->info->name, flashc_dtype_name(dtype),
-         shape, causal ? "causal" : "full", r->backward ? "bwd" : "fwd", r->ms, r->tflops, r->gbps, abs_s, l2_s,
+  printf("%-12s %-5s %-20s %-11s %-4s %10.3f %9.4g %9.4g %10s %10s  %s\n", r->info->name, flashc_dtype_name(dtype),
+         shape, mask, r->backward ? "bwd" : "fwd", r->ms, r->tflops, r->gbps, abs_s, l2_s,
          !r->checked             ? "-"
          : r->check_rc == CLI_OK ? "PASS"
                                  : "FAIL");
@@ -193,11 +194,13 @@ static void csv_row(FILE *f, const bench_row *r, const cli_options *o, flashc_dt
   fflush(f);
 }
 
-/* One backend, one shape, one pass: check (when asked), then time. */
+/* One backend, one shape, one pass: check (when asked), then time. *status: the library's answer to the last call
+ * (FLASHC_ERR_UNSUPPORTED: the backend refuses the call's features). */
 static int measure(const cli_options *o, flashc_dtype dtype, const cli_inputs *in, const flashc_params *params,
-                   const cli_outputs *ref, bench_row *row, double *ms_buf) {
+                   const cli_outputs *ref, bench_row *row, double *ms_buf, flashc_status *status) {
   cli_runner r;
   int sets = row->info->device == FLASHC_DEVICE_CUDA ? sets_for(&in->shape, dtype) : 1;
+  *status = FLASHC_OK;
   if (cli_runner_open(&r, row->info->name, dtype, o->threads, in, params, sets, row->backward)) return CLI_ERROR;
   int rc = CLI_OK;
   if (ref) {
@@ -214,6 +217,7 @@ static int measure(const cli_options *o, flashc_dtype dtype, const cli_inputs *i
     }
   }
   if (!rc) rc = cli_runner_time(&r, row->backward, o->warmup, o->repeats, ms_buf);
+  *status = r.status;
   cli_runner_close(&r);
   if (rc) return CLI_ERROR;
   row->ms = median(ms_buf, o->repeats);
@@ -259,20 +263,24 @@ int cmd_bench(int argc, char **argv) {
     if (csv) fclose(csv);
     return cli_error("out of memory");
   }
-  flashc_params params = flashc_params_default();
-  params.causal = o.causal;
+  flashc_params params = cli_params(&o);
   bool passes[2] = {o.mode != CLI_MODE_BWD, o.mode != CLI_MODE_FWD};
   int total = 0, done = 0;
   for (int b = 0; b < n_backends; b++) total += o.n_seqlens * (passes[0] + (passes[1] && backends[b].has_backward));
 
-  printf("%-12s %-5s %-20s %-6s %-4s %10s %9s %9s %10s %10s  %s\n", "backend", "dtype", "shape (b h s d)", "mask",
+  char mask[16];
+  snprintf(mask, sizeof mask, "%s%s", o.causal ? "causal" : "full", o.attn_mask ? "+mask" : "");
+  printf("%-12s %-5s %-20s %-11s %-4s %10s %9s %9s %10s %10s  %s\n", "backend", "dtype", "shape (b h s d)", "mask",
          "pass", "ms", "TFLOP/s", "GB/s", "max_abs", "rel_l2", "check");
   int check_failed = 0;
+  bool refused[MAX_BACKENDS] = {false}; /* under --backend all: refuses the call's features, skipped from then on */
+  const bool all = strcmp(o.backend, "all") == 0;
   rc = CLI_OK;
   for (int si = 0; si < o.n_seqlens && !rc; si++) {
     cli_shape s = {o.batch, o.seqlens[si], o.seqlens[si], o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
     cli_inputs in;
-    if (cli_generate(&s, dtype, o.seed, &in)) {
+    if (cli_generate(&s, dtype, o.seed, &in) || cli_attach_mask(o.attn_mask, o.seed, &in)) {
+      cli_inputs_free(&in);
       rc = CLI_ERROR;
       break;
     }
@@ -289,7 +297,7 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int b = 0; b < n_backends && !rc; b++)
       for (int p = 0; p < 2 && !rc; p++) {
-        if (!passes[p]) continue;
+        if (!passes[p] || refused[b]) continue;
         if (p == 1 && !backends[b].has_backward) {
           fprintf(stderr, "flashc bench: %s has no backward pass; timing forward only\n", backends[b].name);
           continue;
@@ -298,11 +306,19 @@ int cmd_bench(int argc, char **argv) {
         snprintf(what, sizeof what, "%s seqlen %lld %s", backends[b].name, (long long)s.seqlen_q, p ? "bwd" : "fwd");
         progress(done, total, what);
         bench_row row = {.info = &backends[b], .shape = &s, .backward = p == 1};
-        rc = measure(&o, dtype, &in, &params, check ? &ref : NULL, &row, ms_buf);
+        flashc_status status;
+        rc = measure(&o, dtype, &in, &params, check ? &ref : NULL, &row, ms_buf, &status);
+        if (rc && all && status == FLASHC_ERR_UNSUPPORTED) { /* its message is printed above */
+          progress_clear();
+          fprintf(stderr, "flashc bench: skipping %s: it refuses this call\n", backends[b].name);
+          refused[b] = true;
+          rc = CLI_OK;
+          continue;
+        }
         if (rc) break;
         done++;
         progress_clear();
-        print_row(&row, dtype, o.causal);
+        print_row(&row, dtype, mask);
         if (csv) csv_row(csv, &row, &o, dtype, date);
         if (row.checked && row.check_rc != CLI_OK) check_failed = 1;
       }

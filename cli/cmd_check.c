@@ -37,6 +37,10 @@ int cmd_check(int argc, char **argv) {
     cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
     if (cli_generate(&s, o.dtype >= 0 ? (flashc_dtype)o.dtype : FLASHC_F32, o.seed, &in)) return CLI_ERROR;
   }
+  if (cli_attach_mask(o.attn_mask, o.seed, &in)) {
+    cli_inputs_free(&in);
+    return CLI_ERROR;
+  }
   flashc_params params = cli_params(&o);
   char shape[200];
   describe(&in.shape, shape, sizeof shape);
@@ -46,7 +50,13 @@ int cmd_check(int argc, char **argv) {
     printf(", window %lld,%lld", (long long)o.window_left, (long long)o.window_right);
   if (o.scale != 0) printf(", scale %g", (double)o.scale);
   if (o.softcap != 0) printf(", softcap %g", (double)o.softcap);
+  if (o.dropout != 0) printf(", dropout %g (seed %llu)", (double)o.dropout, (unsigned long long)o.seed);
   if (o.alibi) printf(", ALiBi");
+  if (in.mask.count) {
+    char mask[300];
+    cli_mask_describe(&in.mask, mask, sizeof mask);
+    printf(", %s", mask);
+  }
   printf("\n");
 
   cli_outputs out, ref;

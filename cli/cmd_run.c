@@ -16,6 +16,10 @@ int cmd_run(int argc, char **argv) {
   bool backward = o.mode != CLI_MODE_FWD;
   cli_inputs in;
   if (cli_load(o.data, o.dtype, backward, &in)) return CLI_ERROR;
+  if (cli_attach_mask(o.attn_mask, o.seed, &in)) {
+    cli_inputs_free(&in);
+    return CLI_ERROR;
+  }
   flashc_params params = cli_params(&o);
   cli_outputs out;
   double ms_fwd = 0, ms_bwd = 0;

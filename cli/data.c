@@ -41,6 +41,7 @@ void cli_inputs_free(cli_inputs *in) {
   free(in->k);
   free(in->v);
   free(in->dout);
+  cli_mask_free(&in->mask);
   memset(in, 0, sizeof *in);
 }
 
@@ -53,7 +54,11 @@ static float *alloc_floats(int64_t n, const char *what) {
 /* ---- generation ------------------------------------------------------------------------------------------ */
 /* splitmix64: a fast, well-mixed 64-bit stream; one per tensor so that each is independent of the others'
  * sizes. */
-static uint64_t splitmix64(uint64_t *state) {
+uint64_t cli_random_state(uint64_t seed, int stream) {
+  return seed * 0x2545f4914f6cdd1dull + (uint64_t)stream * 0x9e3779b97f4a7c15ull;
+}
+
+uint64_t cli_splitmix64(uint64_t *state) {
   uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -61,11 +66,11 @@ static uint64_t splitmix64(uint64_t *state) {
 }
 
 /* Uniform in (0, 1]: never 0, so log() below is finite. */
-static double uniform(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53; }
+static double uniform(uint64_t *state) { return ((double)(cli_splitmix64(state) >> 11) + 1.0) * 0x1.0p-53; }
 
 /* N(0, 1) by Box–Muller, rounded to dtype. */
 static void fill_normal(float *x, int64_t n, uint64_t seed, int stream, flashc_dtype dtype) {
-  uint64_t state = seed * 0x2545f4914f6cdd1dull + (uint64_t)stream * 0x9e3779b97f4a7c15ull;
+  uint64_t state = cli_random_state(seed, stream);
   const double two_pi = 6.283185307179586;
   for (int64_t i = 0; i < n; i += 2) {
     double r = sqrt(-2.0 * log(uniform(&state))), t = two_pi * uniform(&state);
@@ -287,6 +292,10 @@ int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in) {
                   npy_shape_string(a[t].ndim, a[t].shape, shape, sizeof shape));
         goto done;
       }
+    if (a[t].dtype == NPY_B1) { /* the reader takes bool for masks (--attn-mask); inputs are floats */
+      cli_error("%s: dtype |b1 (bool) is not an input's: q, k, v and do are '<f2', '<f4' or '<f8'", path);
+      goto done;
+    }
     if (a[t].dtype != a[0].dtype) {
       cli_error("%s: dtype %s differs from q.npy's %s", path, npy_dtype_descr(a[t].dtype), npy_dtype_descr(a[0].dtype));
       goto done;

@@ -38,7 +38,25 @@ typedef struct cli_subcommand {
   void (*extra_help)(void);
 } cli_subcommand;
 
-static void check_extra_help(void) { cli_print_tolerances(); }
+/* --attn-mask's values (cli/mask.c), under the options of run, check and bench. */
+static void mask_help(void) {
+  printf("--attn-mask, as SDPA's attn_mask: PATH.npy of a shape that broadcasts to [batch, heads, seqlen_q, seqlen_k]\n"
+         "(numpy's rule: aligned on the right, each dimension 1 or the full size; [seqlen_q, seqlen_k] serves every\n"
+         "batch and head): bool ('|b1', True = attend), or a float bias added to the scores ('<f2', '<f4', '<f8',\n"
+         "rounded to the compute dtype; -inf hides a key; bf16 as '<f4' files). Generated instead: random-bool "
+         "([batch, 1, seqlen_q,\n"
+         "seqlen_k], each True with probability 1/2, from --seed) or padding ([batch, 1, 1, seqlen_k]: sequence b of\n"
+         "B hides its last floor((b+1)*seqlen_k/(2B)) keys). A row that sees no key gets o = 0. A backend without\n"
+         "masks refuses the call, saying so.\n");
+}
+
+static void run_extra_help(void) { mask_help(); }
+
+static void check_extra_help(void) {
+  cli_print_tolerances();
+  printf("\n");
+  mask_help();
+}
 
 static void bench_extra_help(void) {
   printf("FLOPs: forward 4*b*hq*sq*sk*d (halved when causal), backward 2.5x the forward. GB/s: the bytes of the\n"
@@ -46,8 +64,12 @@ static void bench_extra_help(void) {
          "CUDA backends are timed with CUDA events and rotate over up to %d copies of the inputs. CSV columns:\n"
          "date,device,commit,impl,dtype,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,causal,pass,world,\n"
          "threads,ms,tflops,gbps,max_abs_err,rel_l2_err (commit from $FLASHC_COMMIT). Errors are the worst over\n"
-         "the pass's outputs (o, lse / dq, dk, dv), empty when not checked; a failed check makes the exit code 1.\n",
+         "the pass's outputs (o, lse / dq, dk, dv), empty when not checked; a failed check makes the exit code 1.\n"
+         "--backend all skips a backend that refuses the call's features (--attn-mask, --dropout, ...) and says so;\n"
+         "the FLOPs of a masked call count the keys the mask hides.\n",
          CLI_MAX_SETS);
+  printf("\n");
+  mask_help();
 }
 
 static const cli_subcommand subcommands[] = {
@@ -68,11 +90,12 @@ static const cli_subcommand subcommands[] = {
      NULL},
     {"run", CLI_RUN, cmd_run, "run a backend on a data directory; write o, lse (and dq, dk, dv) as .npy",
      "flashc run --data DIR --backend NAME --mode fwd|bwd|both [--dtype f32|f16|bf16] [--causal]\n"
-     "                  [--causal-align bottom-right|top-left] [--window L,R] [--scale S] [--threads N]",
+     "                  [--causal-align bottom-right|top-left] [--window L,R] [--scale S] [--attn-mask M]\n"
+     "                  [--threads N]",
      "Reads DIR's inputs, converts them to the compute dtype, runs the backend and writes o.npy and lse.npy\n"
      "([batch, heads, seqlen_q], '<f4'), and for bwd/both dq.npy, dk.npy, dv.npy, in the dtype of the input\n"
      "files. bwd runs the forward first (it needs o and lse) and writes its outputs too.",
-     NULL},
+     run_extra_help},
     {"check", CLI_CHECK, cmd_check, "compare a backend with the fp64 reference (cpu-ref); exit 1 on FAIL",
      "flashc check [--data DIR | generation flags] --backend NAME [--mode ...] [attention options]",
      "Runs the backend and cpu-ref (in f64, on exactly the same inputs, already rounded to the compute dtype)\n"
@@ -82,7 +105,7 @@ static const cli_subcommand subcommands[] = {
     {"bench", CLI_BENCH, cmd_bench, "time backends over sequence lengths; table on stdout, CSV rows",
      "flashc bench [--backend NAME,...|all] [--seqlens N,...] [--batch B --heads H --heads-kv HKV --head-dim D\n"
      "                  --dtype T --causal --mode fwd|bwd|both] [--repeats N --warmup N] [--check yes|no|auto]\n"
-     "                  [--csv FILE] [--threads N]",
+     "                  [--attn-mask random-bool|padding|PATH.npy] [--csv FILE] [--threads N]",
      "For each sequence length (seqlen_q = seqlen_k) and backend: validates against cpu-ref (see --check),\n"
      "then times the forward and/or backward pass and prints backend, shape, median ms, TFLOP/s and GB/s.\n"
      "With --decode: attention over a KV cache instead, beside a memcpy bandwidth (flashc bench --decode --help).",

@@ -78,6 +78,22 @@ static const char *dtype_list(unsigned dtypes, char *out, size_t len) {
   return out;
 }
 
+/* The mask in the compute dtype (bool: uint8) where the backend reads it, and the params that point to it. */
+static int open_mask(cli_runner *r, const cli_mask *m) {
+  const size_t bytes = (size_t)m->count * (m->is_bool ? 1 : flashc_dtype_size(r->dtype));
+  void *host = m->is_bool ? (void *)m->keep : malloc(bytes + 1);
+  if (!host) return cli_error("out of memory for the attention mask");
+  if (!m->is_bool) cli_pack(m->bias, host, r->dtype, m->count);
+  int rc = alloc_buffer(r, &r->mask, bytes);
+  if (!rc) rc = r->on_device ? cli_device_upload(r->mask, host, bytes) : (memcpy(r->mask, host, bytes), CLI_OK);
+  if (!m->is_bool) free(host);
+  if (rc) return CLI_ERROR;
+  r->params.attn_mask = r->mask;
+  r->params.attn_mask_is_bool = m->is_bool;
+  for (int d = 0; d < 4; d++) r->params.attn_mask_stride[d] = m->stride[d];
+  return CLI_OK;
+}
+
 int cli_runner_open(cli_runner *r, const char *backend, flashc_dtype dtype, int threads, const cli_inputs *in,
                     const flashc_params *params, int n_sets, bool backward) {
   memset(r, 0, sizeof *r);
@@ -119,6 +135,10 @@ int cli_runner_open(cli_runner *r, const char *backend, flashc_dtype dtype, int 
     r->params.alibi_slopes = r->alibi;
     r->params.alibi_stride_batch = 0;
   }
+  if (in->mask.count && open_mask(r, &in->mask)) {
+    cli_runner_close(r);
+    return CLI_ERROR;
+  }
 
   void *staging = NULL;
   const size_t most = q_bytes(r) > k_bytes(r) ? q_bytes(r) : k_bytes(r),
@@ -158,6 +178,7 @@ void cli_runner_close(cli_runner *r) {
       if (all[i]) free_buffer(r, all[i]);
   }
   if (r->alibi) free_buffer(r, r->alibi);
+  if (r->mask) free_buffer(r, r->mask);
   flashc_destroy(r->handle);
   memset(r, 0, sizeof *r);
 }
@@ -198,7 +219,7 @@ static flashc_tensor o_like(const cli_runner *r, void *data) {
 int cli_runner_forward(cli_runner *r, int s) {
   cli_set *b = &r->set[s];
   flashc_tensor q = q_like(r, b->q), k = k_like(r, b->k), v = v_like(r, b->v), o = o_like(r, b->o);
-  if (flashc_forward(r->handle, &r->params, &q, &k, &v, &o, b->lse) != FLASHC_OK)
+  if ((r->status = flashc_forward(r->handle, &r->params, &q, &k, &v, &o, b->lse)) != FLASHC_OK)
     return cli_error("backend %s: %s", r->info.name, flashc_last_error());
   return CLI_OK;
 }
@@ -207,7 +228,7 @@ int cli_runner_backward(cli_runner *r, int s) {
   cli_set *b = &r->set[s];
   flashc_tensor q = q_like(r, b->q), k = k_like(r, b->k), v = v_like(r, b->v), o = o_like(r, b->o);
   flashc_tensor dout = o_like(r, b->dout), dq = q_like(r, b->dq), dk = k_like(r, b->dk), dv = v_like(r, b->dv);
-  if (flashc_backward(r->handle, &r->params, &q, &k, &v, &o, b->lse, &dout, &dq, &dk, &dv) != FLASHC_OK)
+  if ((r->status = flashc_backward(r->handle, &r->params, &q, &k, &v, &o, b->lse, &dout, &dq, &dk, &dv)) != FLASHC_OK)
     return cli_error("backend %s: %s", r->info.name, flashc_last_error());
   return CLI_OK;
 }
@@ -317,6 +338,8 @@ flashc_params cli_params(const cli_options *o) {
   p.window_right = o->window_right;
   p.scale = o->scale;
   p.softcap = o->softcap;
+  p.dropout_p = o->dropout; /* the library refuses a rate outside [0, 1), naming it */
+  p.dropout_seed = o->seed;
   if (o->alibi) p.alibi_slopes = cli_alibi_slopes(o->heads);
   return p;
 }

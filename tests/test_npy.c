@@ -71,7 +71,7 @@ static void test_round_trips(void) {
   static const int ndims[] = {0, 1, 1, 2, 4, 8, 2};
   int n_shapes = (int)(sizeof ndims / sizeof ndims[0]);
   for (int version = 0; version <= 3; version++)
-    for (int dt = NPY_F2; dt <= NPY_F8; dt++)
+    for (int dt = NPY_F2; dt <= NPY_B1; dt++)
       for (int s = 0; s < n_shapes; s++) {
         npy_array a = {.dtype = (npy_dtype)dt, .ndim = ndims[s]};
         int64_t count = 1;
@@ -185,6 +185,8 @@ static void test_numpy_headers(void) {
   expect_header_ok(2, "{'descr': '<f4', 'fortran_order': False, 'shape': (0,), }\n", NPY_F4, 1, s0, 0);
   expect_header_ok(3, "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 1,), }\n", NPY_F8, 2, s1x1, 8);
   expect_header_ok(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (), }\n", NPY_F8, 0, NULL, 8);
+  /* np.save of a bool array (an attention mask): numpy writes its descr '|b1', one byte per element. */
+  expect_header_ok(1, "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 3), }\n", NPY_B1, 2, s23, 6);
 }
 
 /* ---- hostile input -------------------------------------------------------------------------------------- */

@@ -40,6 +40,7 @@ size_t npy_dtype_size(npy_dtype dtype) {
   case NPY_F2: return 2;
   case NPY_F4: return 4;
   case NPY_F8: return 8;
+  case NPY_B1: return 1;
   }
   return 0;
 }
@@ -49,6 +50,7 @@ const char *npy_dtype_descr(npy_dtype dtype) {
   case NPY_F2: return "<f2";
   case NPY_F4: return "<f4";
   case NPY_F8: return "<f8";
+  case NPY_B1: return "|b1";
   }
   return NULL;
 }
@@ -171,7 +173,7 @@ static int parse_descr(cursor *c, npy_dtype *dtype) {
   if (peek(c, '['))
     return fail(c->err, c->errlen,
                 "npy header: structured dtypes (a list descr) are not supported; only '<f2', "
-                "'<f4', '<f8'");
+                "'<f4', '<f8', '|b1'");
   char d[32];
   if (parse_string(c, d, sizeof d, "the 'descr' string")) return -1;
   if (strcmp(d, "<f2") == 0)
@@ -180,13 +182,15 @@ static int parse_descr(cursor *c, npy_dtype *dtype) {
     *dtype = NPY_F4;
   else if (strcmp(d, "<f8") == 0)
     *dtype = NPY_F8;
+  else if (strcmp(d, "|b1") == 0)
+    *dtype = NPY_B1;
   else if (d[0] == '>')
     return fail(c->err, c->errlen,
                 "npy header: big-endian dtype '%s' is not supported; only little-endian '<f2', "
-                "'<f4', '<f8'",
+                "'<f4', '<f8' and '|b1'",
                 d);
   else
-    return fail(c->err, c->errlen, "npy header: dtype '%s' is not supported; only '<f2', '<f4', '<f8'", d);
+    return fail(c->err, c->errlen, "npy header: dtype '%s' is not supported; only '<f2', '<f4', '<f8', '|b1'", d);
   return 0;
 }
 

@@ -1,5 +1,6 @@
 /*
- * npy.h — read and write NumPy .npy files: little-endian float arrays (f2, f4, f8) in C order.
+ * npy.h — read and write NumPy .npy files: little-endian float arrays (f2, f4, f8) and boolean arrays (b1, for
+ * attention masks) in C order.
  *
  * The format (numpy.lib.format): the magic "\x93NUMPY", a major and a minor version byte, the header
  * length (u16 little-endian for version 1.0, u32 for 2.0 and 3.0), then the header: a Python dict literal
@@ -8,7 +9,7 @@
  *
  * The reader is strict and bounded: anything it cannot read exactly (a truncated file, a lying header
  * length, a shape whose byte count overflows or disagrees with the data, Fortran order, a big-endian or
- * non-float dtype, an absurd header) is an error with a message that names the offending value, and no
+ * dtype other than these, an absurd header) is an error with a message that names the offending value, and no
  * data buffer is allocated before the data is known to be there. Not part of libflashc's public API: the
  * CLI, the tests and the fuzzer use it.
  */
@@ -29,12 +30,13 @@ extern "C" {
 typedef enum npy_dtype {
   NPY_F2 = 0, /* '<f2': IEEE half */
   NPY_F4 = 1, /* '<f4': float     */
-  NPY_F8 = 2  /* '<f8': double    */
+  NPY_F8 = 2, /* '<f8': double    */
+  NPY_B1 = 3  /* '|b1': bool, one byte each; the bytes are kept as they are (numpy reads nonzero as True) */
 } npy_dtype;
 
-/* Bytes per element (2, 4, 8); 0 for an unknown value. */
+/* Bytes per element (2, 4, 8, 1); 0 for an unknown value. */
 size_t npy_dtype_size(npy_dtype dtype);
-/* "<f2", "<f4", "<f8"; NULL for an unknown value. */
+/* "<f2", "<f4", "<f8", "|b1"; NULL for an unknown value. */
 const char *npy_dtype_descr(npy_dtype dtype);
 
 /* An array read from a file, or described for writing. `data` is C order, little-endian values converted

@@ -1,5 +1,6 @@
-"""flashc.testing with softcap, ALiBi and a head dim of V of its own (issue #48), and bench/compare.py's features
-and decode grids (issues #48 and #49) at host sizes: the reference against a plain loop, the grids' rows."""
+"""flashc.testing with softcap, ALiBi, dropout and a head dim of V of its own (issue #48), and bench/compare.py's
+features and decode grids (issues #48 and #49) at host sizes: the reference against a plain loop (its dropout mask
+against libflashc's), the grids' rows."""
 
 import csv
 import math
@@ -14,14 +15,15 @@ import pytest
 import flashc
 from flashc.testing import configs, decode, engine, impls, metrics, reference
 
-from conftest import CPU_BACKENDS, need_backend, randn
+from conftest import BACKENDS, CPU_BACKENDS, need_backend, randn
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 # ---- the reference -----------------------------------------------------------------------------------------------
-def loop_attention(q, k, v, causal, softcap, slopes, scale):
-    """o [b, sq, hq, dv] by loops over (b, h, i) in float64: the paper's formulas, nothing shared with reference.py."""
+def loop_attention(q, k, v, causal, softcap, slopes, scale, z=None):
+    """o [b, sq, hq, dv] by loops over (b, h, i) in float64: the paper's formulas, nothing shared with reference.py.
+    z [b, hq, sq, sk]: dropout's factors keep / (1 − p), multiplying the softmax's weights."""
     b, sq, hq, _ = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     o = np.zeros((b, sq, hq, dv))
@@ -42,8 +44,46 @@ def loop_attention(q, k, v, causal, softcap, slopes, scale):
                     scores.append(x)
                 m = max(scores)
                 w = np.array([0.0 if x == -math.inf else math.exp(x - m) for x in scores])
-                o[s, i, h] = (w / w.sum()) @ v[s, :, g]
+                w = w / w.sum()
+                o[s, i, h] = (w if z is None else w * z[s, h, i]) @ v[s, :, g]
     return o
+
+
+def engines_match_the_loop(q, k, v, dout, softcap, slopes, z=None, **features):
+    """Every reference engine (causal, bottom-right) against loop_attention: the forward to 1e-12, the backward
+    against central differences of loop_attention (z held fixed; q, k, v small enough for every element), on whole
+    tensors and on one (batch, kv-head) slice (ALiBi's slopes and the dropout mask cut with it). features: the
+    Reference's own keywords for what z is (dropout_p=, dropout_seed=, dropout_offset=)."""
+    scale = reference.effective_scale(None, q.shape[3])
+
+    def o_of():
+        return loop_attention(q, k, v, True, softcap, slopes, scale, z)
+
+    want, grads = o_of(), []
+    for x in (q, k, v):  # d(sum(o · dout)) / dx
+        g = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            keep = x[idx]
+            x[idx] = keep + 1e-6
+            up = np.sum(o_of() * dout)
+            x[idx] = keep - 1e-6
+            down = np.sum(o_of() * dout)
+            x[idx] = keep
+            g[idx] = (up - down) / 2e-6
+        grads.append(g)
+    engines = ["numpy"] + (["cpu-ref"] if "cpu-ref" in CPU_BACKENDS else [])
+    engines += ["torch-fp64"] if impls.torch_or_none() else []
+    for e in engines:
+        for samples in (None, 1):
+            ref = reference.Reference(q, k, v, dout, True, None, None, "bottom-right", samples=samples, engine=e,
+                                      softcap=softcap, alibi_slopes=slopes, **features)  # fmt: skip
+            assert ref.sampled == (samples == 1)
+            (o, _), *_ = ref.forward()
+            got_o, _ = ref.pick_forward(want)
+            np.testing.assert_allclose(o, got_o[0], atol=1e-12, err_msg=f"{e} samples={samples}")
+            for got, w, what in zip(ref.backward()[0], ref.pick_backward(*grads)[0], ("dq", "dk", "dv")):
+                np.testing.assert_allclose(got, w, atol=1e-6, err_msg=f"{e} samples={samples} {what}")
+    return want
 
 
 CASES = [
@@ -56,37 +96,40 @@ CASES = [
 
 @pytest.mark.parametrize("softcap,alibi,dv", CASES)
 def test_reference_features_match_a_plain_loop(rng, softcap, alibi, dv):
-    """Every reference engine's forward against loop_attention, and its backward against central differences of
-    loop_attention (q, k, v small enough for every element)."""
+    """Every reference engine against loop_attention, forward and backward (engines_match_the_loop)."""
     q, k = randn(rng, (1, 5, 4, 3), np.float64), randn(rng, (1, 7, 2, 3), np.float64)
     v, dout = randn(rng, (1, 7, 2, dv), np.float64), randn(rng, (1, 5, 4, dv), np.float64)
-    slopes = configs.alibi_slopes(4) if alibi else None
-    scale = reference.effective_scale(None, 3)
-    want = loop_attention(q, k, v, True, softcap, slopes, scale)
-    grads = []
-    for x in (q, k, v):  # d(sum(o · dout)) / dx
-        g = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            keep = x[idx]
-            x[idx] = keep + 1e-6
-            up = np.sum(loop_attention(q, k, v, True, softcap, slopes, scale) * dout)
-            x[idx] = keep - 1e-6
-            down = np.sum(loop_attention(q, k, v, True, softcap, slopes, scale) * dout)
-            x[idx] = keep
-            g[idx] = (up - down) / 2e-6
-        grads.append(g)
-    engines = ["numpy"] + (["cpu-ref"] if "cpu-ref" in CPU_BACKENDS else [])
-    engines += ["torch-fp64"] if impls.torch_or_none() else []
-    for e in engines:
-        for samples in (None, 1):  # whole tensors, and one (batch, kv-head) slice (ALiBi's slopes cut with it)
-            ref = reference.Reference(q, k, v, dout, True, None, None, "bottom-right", samples=samples, engine=e,
-                                      softcap=softcap, alibi_slopes=slopes)  # fmt: skip
-            (o, _), *_ = ref.forward()
-            got_o, _ = ref.pick_forward(want)
-            np.testing.assert_allclose(o, got_o[0], atol=1e-12, err_msg=e)
-            want_grads = ref.pick_backward(*grads)[0]
-            for got, w, what in zip(ref.backward()[0], want_grads, ("dq", "dk", "dv")):
-                np.testing.assert_allclose(got, w, atol=1e-6, err_msg=f"{e} {what}")
+    engines_match_the_loop(q, k, v, dout, softcap, configs.alibi_slopes(4) if alibi else None)
+
+
+# ---- dropout ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed,offset", [(impls.DROPOUT_SEED, 0), (2**40 + 7, 2**64 - 3)])
+def test_dropout_keep_is_the_librarys_mask(rng, cpu_ref, seed, offset):
+    """reference.Dropout.keep, for the whole call and for a part of it (a sampled slice's sequence and heads), is
+    the mask libflashc returns (return_dropout_mask) for the same p, seed and offset: an odd sq·sk (the last Philox
+    block half used), a seed above 2^32, an offset whose blocks wrap past 2^64. (tests/test_dropout.c checks the
+    library's Philox against Random123's known answers.)"""
+    q, k, v = randn(rng, (3, 7, 4, 8)), randn(rng, (3, 9, 2, 8)), randn(rng, (3, 9, 2, 8))
+    _, lib = flashc.attention(q, k, v, dropout_p=0.3, seed=seed, offset=offset, return_dropout_mask=True,
+                              backend="cpu-ref")  # fmt: skip
+    drop = reference.Dropout(0.3, seed, offset, heads_q=4)
+    keep = drop.keep(3, 4, 7, 9)
+    assert keep.shape == lib.shape and np.array_equal(keep, lib)
+    assert 0.6 < keep.mean() < 0.8  # p = 0.3 drops about 30 %
+    assert np.array_equal(drop.part(2, 2).keep(1, 2, 7, 9), lib[2:3, 2:4])
+
+
+@pytest.mark.parametrize("softcap,dv", [(0.0, 3), (2.0, 5)])
+def test_reference_dropout_matches_a_plain_loop(rng, softcap, dv):
+    """Every engine's dropout against loop_attention given the same keep mask (engines_match_the_loop), on whole
+    tensors and on one slice (where cpu-ref hands the slice to the numpy engine with its part of the call's mask)."""
+    q, k = randn(rng, (2, 5, 4, 3), np.float64), randn(rng, (2, 6, 2, 3), np.float64)
+    v, dout = randn(rng, (2, 6, 2, dv), np.float64), randn(rng, (2, 5, 4, dv), np.float64)
+    drop = reference.Dropout(0.25, 99, 5, heads_q=4)
+    z = drop.keep(2, 4, 5, 6) * drop.scale
+    want = engines_match_the_loop(q, k, v, dout, softcap, None, z, dropout_p=0.25, dropout_seed=99, dropout_offset=5)
+    plain = loop_attention(q, k, v, True, softcap, None, reference.effective_scale(None, 3))
+    assert np.abs(want - plain).max() > 1e-2  # dropout moves o
 
 
 def test_softcap_and_alibi_change_the_reference(rng):
@@ -119,11 +162,14 @@ def test_flops_and_bytes_count_the_v_head_dim():
 
 def test_features_grid_shapes():
     rows = configs.features_grid()
-    assert len(rows) == 8 and {c.seqlen for c, _, _ in rows} == {4096, 8192}
-    for cfg, _, _ in rows:
+    assert len(rows) == 10 and {c.seqlen for c, _ in rows} == {4096, 8192}
+    for cfg, features in rows:
         assert cfg.batch * cfg.seqlen == 16384 and cfg.heads == 16
         assert (cfg.head_dim, cfg.dv) == ((192, 128) if cfg.name.startswith("dv") else (128, 128))
-    assert sum(cap == 30.0 for _, cap, _ in rows) == 2 and sum(a for _, _, a in rows) == 2
+        impls.Case(cfg=cfg, dtype="bf16", causal=True, **features)  # every feature is a Case field
+    names = [cfg.name.split("-")[0] for cfg, _ in rows]
+    assert names == ["plain", "softcap30", "alibi", "dropout0.1", "dv"] * 2
+    assert [f for _, f in rows[:5]] == [{}, {"softcap": 30.0}, {"alibi": True}, {"dropout": 0.1}, {}]
 
 
 # ---- the framework's rows ----------------------------------------------------------------------------------------
@@ -147,6 +193,52 @@ def test_features_through_the_engine(cpu_ref):
                 assert r["status"] == ("peer" if alibi else "skipped"), r
                 if alibi:
                     assert r["max_abs_err"] < 1e-4, r
+
+
+def test_dropout_through_the_engine(rng, cpu_ref):
+    """A dropout case: cpu-ref and cpu pass against the reference (cpu-ref's own mask from the seed, and the numpy
+    engine's Philox), forward and backward, GQA, seqlen_q != seqlen_k, causal; torch:cpu is skipped with the reason.
+    The check is not vacuous: the reference moves with p and with the seed."""
+    impl = impls.flashc_impls("cpu", CPU_BACKENDS) + [impls.TorchSDPA("cpu")]
+    cfg = configs.Config("t", 2, 4, 21, 16, heads_kv=2, seqlen_k=34)
+    case = impls.Case(cfg=cfg, dtype="f32", causal=True, dropout=0.1)
+    assert case.features() == {"dropout_p": 0.1, "seed": impls.DROPOUT_SEED}
+    for ref_engine in ("numpy", "cpu-ref"):
+        rows = engine.run_case(case, impl, ["fwd", "bwd"], engine.Options(repeats=3, warmup=1, ref_engine=ref_engine))
+        assert len(rows) == 2 * len(impl)
+        for r in rows:
+            assert r["dropout"] == 0.1
+            if r["impl"].startswith("flashc:"):
+                assert r["status"] == "pass" and r["max_abs_err"] < 1e-5, r
+            else:  # without torch the row says that first
+                assert r["status"] == "skipped" and ("dropout" in r["note"] or not impls.torch_or_none()), r
+    q, k, v, _ = impls.Inputs(case, 0).numpy()
+    o = {}
+    for name, p, seed in (("ref", 0.1, impls.DROPOUT_SEED), ("no dropout", 0.0, 0), ("other seed", 0.1, 1)):
+        ref = reference.Reference(q, k, v, None, True, None, None, "bottom-right", engine="numpy", dropout_p=p,
+                                  dropout_seed=seed)  # fmt: skip
+        o[name] = ref.forward()[0][0]
+    assert np.abs(o["ref"] - o["no dropout"]).max() > 1e-2 and np.abs(o["ref"] - o["other seed"]).max() > 1e-2
+
+
+@pytest.mark.parametrize("name", [n for n, b in BACKENDS.items() if b.device == "cuda"] or ["cuda-mma"])
+def test_cuda_backends_refuse_dropout_as_a_skipped_row(name):
+    """On a GPU run a CUDA backend that refuses dropout gives a skipped row saying unsupported, not a failure."""
+    b = BACKENDS.get(name)
+    if b is None or not b.usable:
+        pytest.skip(f"no CUDA device (backend {name}: {'not in this build' if b is None else b.why_unusable})")
+    torch = impls.torch_or_none()
+    if torch is None or not torch.cuda.is_available():
+        pytest.skip("no CUDA device for torch")
+    cfg = configs.Config("t", 1, 2, 64, 64)
+    case = impls.Case(cfg=cfg, dtype="bf16", causal=True, dropout=0.1)
+    rows = engine.run_case(
+        case, impls.flashc_impls("cuda", [name]), ["fwd", "bwd"], engine.Options(repeats=3, warmup=1)
+    )
+    for r in rows:
+        if r["status"] == "pass":  # a CUDA backend that implements dropout checks against the same reference
+            continue
+        assert r["status"] == "skipped" and r["note"].startswith("unsupported") and "dropout" in r["note"], r
 
 
 class _Refuses(impls.Impl):
@@ -192,22 +284,27 @@ def run_compare(tmp_path, grid):
 def test_compare_features_grid_quick(tmp_path):
     need_backend("cpu-ref")
     columns, rows = run_compare(tmp_path, "features")
-    assert columns[: len(engine.SCHEMA)] == engine.SCHEMA and columns[-3:] == ["head_dim_v", "softcap", "alibi"]
+    assert columns[: len(engine.SCHEMA)] == engine.SCHEMA
+    assert columns[-4:] == ["head_dim_v", "softcap", "alibi", "dropout"]
     ours = [r for r in rows if r["impl"].startswith("flashc:")]
-    assert len(ours) == 2 * 4 * 2 * len(CPU_BACKENDS)  # seqlens x features x passes x backends
-    for r in ours:
+    assert len(ours) == 2 * 5 * 2 * len(CPU_BACKENDS)  # seqlens x features x passes x backends
+    for r in ours:  # the CPU backends implement every feature: dropout0.1 rows pass against the same mask too
         assert r["status"] == "pass" and r["dtype"] == "bf16" and r["causal"] == "1", r
         assert float(r["max_abs_err"]) < 0.05 and float(r["ms"]) > 0, r
-    assert {(r["softcap"], r["alibi"], r["head_dim"], r["head_dim_v"]) for r in ours} == {
-        ("0.0", "0", "32", "32"),
-        ("30.0", "0", "32", "32"),
-        ("0.0", "1", "32", "32"),
-        ("0.0", "0", "48", "32"),
+    assert {(r["softcap"], r["alibi"], r["dropout"], r["head_dim"], r["head_dim_v"]) for r in ours} == {
+        ("0.0", "0", "0.0", "32", "32"),
+        ("30.0", "0", "0.0", "32", "32"),
+        ("0.0", "1", "0.0", "32", "32"),
+        ("0.0", "0", "0.1", "32", "32"),
+        ("0.0", "0", "0.0", "48", "32"),
     }
+    assert {r["config"].split("-")[0] for r in ours if r["dropout"] == "0.1"} == {"dropout0.1"}
     peers = [r for r in rows if r["impl"] == "torch:cpu"]
-    assert len(peers) == 2 * 4 * 2
+    assert len(peers) == 2 * 5 * 2
     for r in peers:
-        if r["softcap"] != "0.0" or impls.torch_or_none() is None:
+        if r["dropout"] != "0.0":
+            assert r["status"] == "skipped" and ("dropout" in r["note"] or not impls.torch_or_none()), r
+        elif r["softcap"] != "0.0" or impls.torch_or_none() is None:
             assert r["status"] == "skipped" and r["note"], r
         else:
             assert r["status"] == "peer" and float(r["max_abs_err"]) < 0.05, r
@@ -244,3 +341,8 @@ def test_testing_cli_takes_the_features(capsys, cpu_ref):
     out = capsys.readouterr().out
     assert code == 0 and "softcap 20 alibi" in out and "1/4:2/40:50/16:24" in out, out
     assert out.count(" pass") >= 2 * len(CPU_BACKENDS), out
+    code = cli.main(args + ["--dropout", "0.2"])
+    out = capsys.readouterr().out
+    assert code == 0 and "softcap 20 alibi dropout 0.2" in out and out.count(" pass") >= 2 * len(CPU_BACKENDS), out
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--dropout", "1.0"])

@@ -11,10 +11,12 @@ What runs. --kernel NAME[,NAME] picks flashc backends (default: the best usable 
 and torch:math (pinned through torch.nn.attention.sdpa_kernel). Configurations: the ten of the CUDA-core
 FA2 project (small-1 1/1/128/64 … stress-1 8/16/2048/64), the seqlen sweep 128…8192 at 4/8/·/64
 (--seqlen-experiment), or --config B/H/S/D (repeatable; B/HQ:HKV/SQ:SK/D for GQA and unequal lengths).
-Features (issue #48): --softcap CAP, --alibi (slopes 2^(−8(h+1)/H)) and --head-dim-v DV apply to every
-configuration; the reference computes them, flashc gets softcap=/alibi_slopes=, SDPA gets ALiBi as a float
-attn_mask and skips softcap (no mask can express it). bench/compare.py --grid features/decode uses the same
-machinery (decode: flashc.testing.decode).
+Features (issue #48): --softcap CAP, --alibi (slopes 2^(−8(h+1)/H)), --dropout P and --head-dim-v DV apply to
+every configuration; the reference computes them, flashc gets softcap=/alibi_slopes=/dropout_p= (with a fixed
+seed, impls.DROPOUT_SEED: the reference draws the same Philox mask, cpu-ref from the seed itself, the other
+engines from reference.Dropout), SDPA gets ALiBi as a float attn_mask and skips softcap (no mask can express it)
+and dropout (its mask comes from torch's generator). A backend that refuses a feature gives a skipped row.
+bench/compare.py --grid features/decode uses the same machinery (decode: flashc.testing.decode).
 
 Checks. Every implementation's output is compared with an fp64 reference computed from the same rounded
 inputs: flashc's cpu-ref backend in float64 (the default on the host), or materialised scores in torch

@@ -57,6 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", default=None, metavar="L,R", help="sliding window, e.g. 128,0 (-1: unbounded)")
     p.add_argument("--softcap", type=float, default=0.0, help="scores s <- cap·tanh(s / cap) (Gemma-2; 0: none)")
     p.add_argument("--alibi", action="store_true", help="ALiBi with the paper's slopes 2^(-8(h+1)/H)")
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="attention dropout p (0: none); the mask is keyed by a fixed seed, and the reference draws the same",
+    )
     p.add_argument("--head-dim-v", type=int, default=0, help="head dim of V and O for every config (0: Q/K's)")
     p.add_argument(
         "--tolerance",
@@ -123,6 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (args.softcap >= 0 and args.softcap < float("inf")):
         p.error(f"--softcap {args.softcap}: use 0 (none) or a finite cap > 0")
+    if not 0.0 <= args.dropout < 1.0:
+        p.error(f"--dropout {args.dropout}: use 0 (none) or a probability 0 < p < 1")
     if args.head_dim_v < 0:
         p.error(f"--head-dim-v {args.head_dim_v}: use 0 (Q/K's head dim) or a head dim >= 1")
     return args
@@ -227,7 +236,8 @@ def main(argv=None) -> int:
     print(
         f"flashc {flashc.__version__} | device {device} ({opts.device_label}) | dtype {args.dtype} | "
         f"{'causal' if args.causal else 'full'}{f' window {window}' if window else ''}"
-        f"{f' softcap {args.softcap:g}' if args.softcap else ''}{' alibi' if args.alibi else ''} | mode {args.mode} | "
+        f"{f' softcap {args.softcap:g}' if args.softcap else ''}{' alibi' if args.alibi else ''}"
+        f"{f' dropout {args.dropout:g}' if args.dropout else ''} | mode {args.mode} | "
         f"reference {ref_engine} f64" + (f", sampled above seqlen {args.max_ref_seqlen}" if args.max_ref_seqlen else "")
     )
     print(f"implementations: {', '.join(i.name for i in all_impls)}")
@@ -239,7 +249,7 @@ def main(argv=None) -> int:
     for cfg in cfgs:
         cfg = dataclasses.replace(cfg, head_dim_v=args.head_dim_v) if args.head_dim_v else cfg
         case = impls.Case(cfg=cfg, dtype=args.dtype, causal=args.causal, window=window, threads=args.threads,
-                          softcap=args.softcap, alibi=args.alibi)  # fmt: skip
+                          softcap=args.softcap, alibi=args.alibi, dropout=args.dropout)  # fmt: skip
         case_rows = engine.run_case(
             case, all_impls, passes, opts, on_row=(lambda row: progress.update(1)) if progress is not None else None
         )

@@ -85,24 +85,26 @@ def models_grid(tokens=16384, seqlens=(1024, 4096, 8192, 32768), models=MODELS) 
     return [Config(f"{name}-s{s}", max(1, tokens // s), hq, s, d, hkv) for name, hq, hkv, d in models for s in seqlens]
 
 
-# Issue #48's features measured side by side: (name, softcap, ALiBi, V with its own head dim).
+# Issue #48's features measured side by side: (name, the Case fields it sets, V with its own head dim).
 FEATURES = (
-    ("plain", 0.0, False, False),
-    ("softcap30", 30.0, False, False),
-    ("alibi", 0.0, True, False),
-    ("dv", 0.0, False, True),
+    ("plain", {}, False),
+    ("softcap30", {"softcap": 30.0}, False),
+    ("alibi", {"alibi": True}, False),
+    ("dropout0.1", {"dropout": 0.1}, False),
+    ("dv", {}, True),
 )
 
 
 def features_grid(tokens=16384, heads=16, head_dim=128, seqlens=(4096, 8192), dv_pair=(192, 128)) -> list:
-    """Issue #48: (Config, softcap, alibi) per seqlen and feature, batch = max(1, tokens / seqlen); the "dv"
-    rows take their Q/K and V head dims from dv_pair (DeepSeek-V2/V3's 192/128), the others head_dim."""
+    """Issue #48: (Config, features) per seqlen and feature, batch = max(1, tokens / seqlen), features the
+    impls.Case fields of the row (softcap=, alibi=, dropout=; {} for plain); the "dv" rows take their Q/K and V
+    head dims from dv_pair (DeepSeek-V2/V3's 192/128), the others head_dim."""
     out = []
     for s in seqlens:
-        for name, cap, alibi, own_dv in FEATURES:
+        for name, features, own_dv in FEATURES:
             d, dv = dv_pair if own_dv else (head_dim, 0)
             label = f"{name}-d{d}:{dv}-s{s}" if own_dv else f"{name}-d{d}-s{s}"
-            out.append((Config(label, max(1, tokens // s), heads, s, d, head_dim_v=dv), cap, alibi))
+            out.append((Config(label, max(1, tokens // s), heads, s, d, head_dim_v=dv), dict(features)))
     return out
 
 

@@ -117,6 +117,7 @@ def _base_row(case: Case, impl, pass_: str, opts: Options) -> dict:
         head_dim_v=cfg.dv,
         softcap=case.softcap,
         alibi=int(bool(case.alibi)),
+        dropout=case.dropout,
         **{"pass": pass_},
     )
 
@@ -159,6 +160,8 @@ def run_case(case: Case, impls: list, passes: list, opts: Options, on_row=None) 
         seed=opts.seed,
         softcap=case.softcap,
         alibi_slopes=case.alibi_slopes,
+        dropout_p=case.dropout,
+        dropout_seed=case.dropout_seed,
     )
     tol = opts.tolerance if opts.tolerance is not None else metrics.DEFAULT_TOLERANCE[case.dtype]
     rows = []

@@ -20,6 +20,9 @@ from . import configs
 
 NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 TORCH_SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+# The Philox key of a dropout case: fixed, so that a row's mask is the same run to run and the reference (cpu-ref
+# from the same seed, or reference.Dropout's numpy Philox) draws the same one.
+DROPOUT_SEED = 0x5EED
 
 
 _torch_error = None  # the ImportError of the first failed `import torch`
@@ -57,6 +60,8 @@ class Case:
     threads: int = 0  # host threads, 0 = all
     softcap: float = 0.0  # 0: none; else s <- cap·tanh(s / cap) before the softmax
     alibi: bool = False  # ALiBi with the paper's slopes for cfg.heads (configs.alibi_slopes)
+    dropout: float = 0.0  # 0: none; else p, the mask keyed by dropout_seed (offset 0)
+    dropout_seed: int = DROPOUT_SEED
 
     @property
     def alibi_slopes(self):
@@ -64,12 +69,15 @@ class Case:
         return configs.alibi_slopes(self.cfg.heads) if self.alibi else None
 
     def features(self) -> dict:
-        """softcap= and alibi_slopes= as flashc's calls take them, only those set (a plain case passes none)."""
+        """softcap=, alibi_slopes= and dropout_p= with seed= as flashc's calls take them, only those set (a plain
+        case passes none). The backward gets the same seed, so it regenerates the forward's mask."""
         out = {}
         if self.softcap:
             out["softcap"] = self.softcap
         if self.alibi:
             out["alibi_slopes"] = self.alibi_slopes
+        if self.dropout:
+            out.update(dropout_p=self.dropout, seed=self.dropout_seed)
         return out
 
 
@@ -231,6 +239,8 @@ class TorchSDPA(Impl):
             return "SDPA has no sliding window"
         if case.softcap:
             return "SDPA has no softcap (cap·tanh(s / cap) changes the scores; an additive attn_mask cannot express it)"
+        if case.dropout:
+            return "SDPA's dropout draws its mask from torch's generator, not flashc's Philox stream: nothing to check"
         if case.causal and case.cfg.seqlen != case.cfg.sk and case.align != "top-left" and not case.alibi:
             return "SDPA's is_causal is top-left aligned; this case is bottom-right"
         return None

@@ -1,5 +1,5 @@
-"""The fp64 reference: attention forward and backward done plainly in float64 (with softcap, ALiBi and a
-head dim of V of its own, as flashc.h defines them), and sampling for shapes where the full reference would be
+"""The fp64 reference: attention forward and backward done plainly in float64 (with softcap, ALiBi, dropout and
+a head dim of V of its own, as flashc.h defines them), and sampling for shapes where the full reference would be
 too slow.
 
 Three engines compute the same thing:
@@ -15,6 +15,12 @@ Sampling: a (batch, kv-head) slice — one sequence, one key/value head and the 
 independent of every other. For a large shape the reference is computed on a few such slices, and the
 kernel's output is compared on those slices only (Reference.slices says which); ALiBi's slopes are cut to the
 slice's query heads.
+
+Dropout: the keep mask is flashc.h's, bit for bit: Philox4x32-10 keyed by the seed, its counter made of the offset,
+the element's index and the (sequence, query head) pair of the whole call. cpu-ref draws it itself from the seed
+and offset when it computes the whole call; the numpy and torch-fp64 engines, and cpu-ref on a sampled slice (a
+slice's own call would number its sequence and heads from 0), get it from `Dropout.keep`, this file's numpy
+Philox (tests/python/test_bench_grids.py checks it against the mask libflashc returns).
 """
 
 from __future__ import annotations
@@ -47,6 +53,71 @@ def visible(sq: int, sk: int, causal: bool, window=None, align: str = "bottom-ri
     return m
 
 
+# ---- dropout -------------------------------------------------------------------------------------------
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 (Salmon et al., SC 2011; Random123's philox4x32 with R = 10) of 32-bit words held in uint64
+    arrays (or ints, broadcast): (c0, c1, c2, c3) ← (hi(M1·c2) ⊕ c1 ⊕ k0, lo(M1·c2), hi(M0·c0) ⊕ c3 ⊕ k1, lo(M0·c0))
+    ten times, the key bumped by the Weyl constants between rounds. Returns the four words, [4, n]."""
+    w32 = np.uint64(0xFFFFFFFF)
+    c = [np.asarray(x, dtype=np.uint64) & w32 for x in (c0, c1, c2, c3)]
+    k0, k1 = (np.asarray(x, dtype=np.uint64) & w32 for x in (k0, k1))
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & w32, (k1 + np.uint64(0xBB67AE85)) & w32
+        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]  # < 2^64: no wrap
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & w32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & w32]
+    return np.stack(np.broadcast_arrays(*c))
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropout:
+    """flashc.h's dropout of one call (p, seed, offset; heads_q of the whole call), seen from a part of it whose
+    first sequence is b0 and first query head h0 (whole: the part is the call itself)."""
+
+    p: float
+    seed: int
+    offset: int = 0
+    heads_q: int = 1
+    b0: int = 0
+    h0: int = 0
+    whole: bool = True
+
+    @property
+    def p32(self) -> float:
+        return float(np.float32(self.p))  # the C API carries p as a float
+
+    @property
+    def scale(self) -> float:
+        """1 / (1 − p): what a kept weight is multiplied by."""
+        return 1.0 / (1.0 - self.p32)
+
+    def part(self, b0: int, h0: int) -> Dropout:
+        """The same call seen from sequence b0 and query head h0 of this part."""
+        return dataclasses.replace(self, b0=self.b0 + b0, h0=self.h0 + h0, whole=False)
+
+    def keep(self, batch: int, heads: int, sq: int, sk: int) -> np.ndarray:
+        """bool [batch, heads, sq, sk] of this part: element e = i·sk + j of (sequence b, query head h) takes word
+        e mod 4 of Philox4x32-10(counter (offset + ⌊e / 4⌋ mod 2^64, b·heads_q + h), key (seed mod 2^32, seed >>
+        32)) and is kept when that word is ≥ ⌊p·2^32 + 1/2⌋."""
+        t = np.uint64(int(np.floor(self.p32 * 2.0**32 + 0.5)))
+        n = np.uint64(self.offset % 2**64) + np.arange((sq * sk + 3) // 4, dtype=np.uint64)  # wraps mod 2^64
+        seed = self.seed % 2**64
+        out = np.empty((batch, heads, sq, sk), dtype=bool)
+        for b in range(batch):
+            for h in range(heads):
+                bh = (self.b0 + b) * self.heads_q + self.h0 + h
+                words = philox4x32_10(n, n >> np.uint64(32), bh % 2**32, bh >> 32, seed % 2**32, seed >> 32)
+                out[b, h] = (words.T.reshape(-1)[: sq * sk] >= t).reshape(sq, sk)
+        return out
+
+
+def _dropout_factor(dropout, q, k):
+    """Z = keep / (1 − p) [b, hq, sq, sk] for q's batch and query heads, or None without dropout."""
+    if dropout is None:
+        return None
+    return dropout.keep(q.shape[0], q.shape[2], q.shape[1], k.shape[1]) * dropout.scale
+
+
 # ---- numpy engine --------------------------------------------------------------------------------------
 def alibi_bias(slopes, sq: int, sk: int) -> np.ndarray:
     """[b|1, hq, sq, sk]: −slope·|i + sk − sq − j| (flashc.h's ALiBi, bottom-right whatever the causal alignment),
@@ -73,9 +144,12 @@ def _scores(q, k, scale, mask, softcap=0.0, alibi_slopes=None):
     return np.where(mask[None, None], s, -np.inf), kk, t
 
 
-def numpy_forward(q, k, v, causal=False, window=None, scale=None, align="bottom-right", softcap=0.0, alibi_slopes=None):
+def numpy_forward(
+    q, k, v, causal=False, window=None, scale=None, align="bottom-right", softcap=0.0, alibi_slopes=None, dropout=None
+):
     """(o, lse) in float64 for [b, s, h, d] arrays (v and o may have their own head dim); rows that see no key
-    give o = 0, lse = −inf."""
+    give o = 0, lse = −inf. dropout (a Dropout for these sequences and heads): o = (P ∘ Z)·V with Z = keep / (1 − p);
+    lse stays the undropped softmax's."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     scale = effective_scale(scale, q.shape[3])
     mask = visible(q.shape[1], k.shape[1], causal, window, align)
@@ -85,19 +159,31 @@ def numpy_forward(q, k, v, causal=False, window=None, scale=None, align="bottom-
     p = np.exp(s - np.where(empty, 0.0, m))
     rowsum = p.sum(axis=3, keepdims=True)
     p = p / np.where(empty, 1.0, rowsum)
+    z = _dropout_factor(dropout, q, k)
     vv = np.repeat(v, q.shape[2] // v.shape[2], axis=2)
-    o = np.einsum("bhij,bjhd->bihd", p, vv)
+    o = np.einsum("bhij,bjhd->bihd", p if z is None else p * z, vv)
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, rowsum)))[..., 0]
     return o, lse
 
 
 def numpy_backward(
-    dout, q, k, v, causal=False, window=None, scale=None, align="bottom-right", softcap=0.0, alibi_slopes=None
+    dout,
+    q,
+    k,
+    v,
+    causal=False,
+    window=None,
+    scale=None,
+    align="bottom-right",
+    softcap=0.0,
+    alibi_slopes=None,
+    dropout=None,
 ):
     """(dq, dk, dv) in float64: dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) (times 1 − tanh²(S / cap) with
     softcap: the derivative of cap·tanh(x / cap); ALiBi's bias is a constant), dQ = scale·dS·K,
-    dK = scale·dSᵀ·Q, dV = Pᵀ·dO, with the query heads of a group summed into their key/value head."""
+    dK = scale·dSᵀ·Q, dV = Pᵀ·dO, with the query heads of a group summed into their key/value head. With dropout
+    (flashc.h): O = (P ∘ Z)·V, dV = (P ∘ Z)ᵀ·dO and dS = P ∘ (Z ∘ dP − rowsum(dO ∘ O))."""
     dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
     scale = effective_scale(scale, q.shape[3])
     g = q.shape[2] // k.shape[2]
@@ -107,16 +193,20 @@ def numpy_backward(
     empty = np.isneginf(m)
     p = np.exp(s - np.where(empty, 0.0, m))
     p = p / np.where(empty, 1.0, p.sum(axis=3, keepdims=True))
+    z = _dropout_factor(dropout, q, k)
+    pz = p if z is None else p * z
     vv = np.repeat(v, g, axis=2)
-    o = np.einsum("bhij,bjhd->bihd", p, vv)
+    o = np.einsum("bhij,bjhd->bihd", pz, vv)
     dp = np.einsum("bihd,bjhd->bhij", dout, vv)
+    if z is not None:
+        dp = dp * z
     delta = np.einsum("bihd,bihd->bhi", dout, o)[..., None]
     ds = p * (dp - delta)
     if t is not None:
         ds = ds * (1.0 - t * t)
     dq = scale * np.einsum("bhij,bjhd->bihd", ds, kk)
     dk = scale * np.einsum("bhij,bihd->bjhd", ds, q)
-    dv = np.einsum("bhij,bihd->bjhd", p, dout)
+    dv = np.einsum("bhij,bihd->bjhd", pz, dout)
     b, sk, hkv, d = k.shape
     dk = dk.reshape(b, sk, hkv, g, d).sum(axis=3)
     dv = dv.reshape(b, sk, hkv, g, v.shape[3]).sum(axis=3)
@@ -185,11 +275,15 @@ class Reference:
         seed=0,
         softcap=0.0,
         alibi_slopes=None,
+        dropout_p=0.0,
+        dropout_seed=0,
+        dropout_offset=0,
     ):
         self.q, self.k, self.v, self.dout = q, k, v, dout
         self.opts = dict(causal=causal, window=window, scale=scale, align=align, softcap=softcap)
         self.alibi_slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float32)
         b, _, hq, _ = q.shape
+        self.dropout = Dropout(dropout_p, dropout_seed, dropout_offset, hq) if dropout_p else None
         self.slices = choose_slices(b, hq, k.shape[2], samples, seed)
         self.total_slices = b * k.shape[2]
         self.engine = engine
@@ -204,6 +298,8 @@ class Reference:
         what = f"{self.engine} f64"
         if self.sampled:
             what += f", {len(self.slices)}/{self.total_slices} (batch, kv-head) slices"
+            if self.dropout is not None and self.engine == "cpu-ref":
+                what += " (numpy f64 there: dropout)"
         return what
 
     # Whole tensors at once when nothing is sampled (one call, all threads busy), else slice by slice.
@@ -218,13 +314,21 @@ class Reference:
             return x
         return {"q": part.q, "kv": part.kv, "lse": part.lse, "slopes": part.slopes}[kind](x)
 
+    def _dropout(self, part):
+        """The call's dropout seen from a part (None: whole tensors), or None without dropout."""
+        if self.dropout is None or part is None:
+            return self.dropout
+        return self.dropout.part(part.b, part.g * part.group)
+
     def forward(self):
         if self._fwd is None:
             out = []
             for part in self._parts():
                 q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
                 a = self._cut(part, self.alibi_slopes, "slopes")
-                out.append(_ENGINES[self.engine].forward(q, k, v, **self.opts, alibi_slopes=a))
+                out.append(
+                    _ENGINES[self.engine].forward(q, k, v, **self.opts, alibi_slopes=a, dropout=self._dropout(part))
+                )
             self._fwd = out
         return self._fwd
 
@@ -235,7 +339,10 @@ class Reference:
                 q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
                 dout = self._cut(part, self.dout, "q")
                 a = self._cut(part, self.alibi_slopes, "slopes")
-                out.append(_ENGINES[self.engine].backward(dout, q, k, v, o, lse, **self.opts, alibi_slopes=a))
+                drop = self._dropout(part)
+                out.append(
+                    _ENGINES[self.engine].backward(dout, q, k, v, o, lse, **self.opts, alibi_slopes=a, dropout=drop)
+                )
             self._bwd = out
         return self._bwd
 
@@ -257,43 +364,52 @@ class Reference:
 # ---- engines -------------------------------------------------------------------------------------------
 class _Numpy:
     @staticmethod
-    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
-        return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes)
+    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
+        return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
 
     @staticmethod
-    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
-        return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes)
+    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
+        return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
 
 
 class _CpuRef:
+    """cpu-ref on float64 copies. With dropout on a sampled slice (dropout.whole False) the numpy engine computes
+    it instead: cpu-ref would number the slice's sequence and heads from 0 and draw another mask."""
+
     @staticmethod
-    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
         import flashc
 
+        if dropout is not None and not dropout.whole:
+            return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
         return flashc.attention(
             q, k, v, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref", return_lse=True,
-            **_features(softcap, alibi_slopes),
+            **_features(softcap, alibi_slopes, dropout),
         )  # fmt: skip
 
     @staticmethod
-    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
         import flashc
 
+        if dropout is not None and not dropout.whole:
+            return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
         dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
         return flashc.attention_backward(
             dout, q, k, v, o, lse, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref",
-            **_features(softcap, alibi_slopes),
+            **_features(softcap, alibi_slopes, dropout),
         )  # fmt: skip
 
 
-def _features(softcap, alibi_slopes) -> dict:
+def _features(softcap, alibi_slopes, dropout=None) -> dict:
     """The feature keywords of a call, only where set: a libflashc without them still runs the plain cases."""
     out = {}
     if softcap:
         out["softcap"] = softcap
     if alibi_slopes is not None:
         out["alibi_slopes"] = np.ascontiguousarray(alibi_slopes, dtype=np.float32)
+    if dropout is not None:
+        out.update(dropout_p=dropout.p, seed=dropout.seed, offset=dropout.offset)
     return out
 
 
@@ -302,7 +418,7 @@ class _TorchFp64:
     time, so that memory stays at one slice's scores (16k × 16k × 8 bytes per query head at most)."""
 
     @staticmethod
-    def _one(q, k, v, causal, window, scale, align, dout=None, softcap=0.0, alibi_slopes=None):
+    def _one(q, k, v, causal, window, scale, align, dout=None, softcap=0.0, alibi_slopes=None, dropout=None):
         import torch
 
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -327,6 +443,9 @@ class _TorchFp64:
         rowsum = e.sum(dim=3, keepdim=True)
         p = e / rowsum.masked_fill(empty, 1.0)
         lse = (m + torch.log(rowsum.detach())).masked_fill(empty, float("-inf"))[..., 0]
+        z = _dropout_factor(dropout, q, k)
+        if z is not None:  # autograd through P ∘ Z gives flashc.h's dropout backward
+            p = p * torch.from_numpy(z).to(dev)
         o = torch.einsum("bhij,bjhd->bihd", p, vv)
         if dout is None:
             return o.detach().cpu().numpy(), lse.detach().cpu().numpy()
@@ -339,23 +458,31 @@ class _TorchFp64:
         group = q.shape[2] // k.shape[2]
         return [Slice(b, g, group) for b in range(q.shape[0]) for g in range(k.shape[2])]
 
+    @staticmethod
+    def _slice_dropout(dropout, sl):
+        return None if dropout is None else dropout.part(sl.b, sl.g * sl.group)
+
     @classmethod
-    def forward(cls, q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+    def forward(cls, q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
         o = np.empty((*q.shape[:3], v.shape[3]), dtype=np.float64)
         lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float64)
         for sl in cls._each_slice(q, k):
             sl.q(o)[...], sl.lse(lse)[...] = cls._one(
-                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, None, softcap, sl.slopes(alibi_slopes)
-            )
+                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, None, softcap, sl.slopes(alibi_slopes),
+                cls._slice_dropout(dropout, sl),
+            )  # fmt: skip
         return o, lse
 
     @classmethod
-    def backward(cls, dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None):
+    def backward(
+        cls, dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None
+    ):
         dq, dk, dv = (np.empty(x.shape, dtype=np.float64) for x in (q, k, v))
         for sl in cls._each_slice(q, k):
             sl.q(dq)[...], sl.kv(dk)[...], sl.kv(dv)[...] = cls._one(
-                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, sl.q(dout), softcap, sl.slopes(alibi_slopes)
-            )
+                sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, sl.q(dout), softcap, sl.slopes(alibi_slopes),
+                cls._slice_dropout(dropout, sl),
+            )  # fmt: skip
         return dq, dk, dv
 
 
