@@ -5,8 +5,8 @@
 # state (cuda-hopper beside cuDNN, bf16) for each library in turn, --rounds times (alternating, so that drift hits all
 # alike), and last a table: TFLOP/s per case and library (the mean of the rounds), cuDNN's mean, each NAME / REF.
 # Logs to $OUT. A round of four cases takes ~35 s per library. A NAME may carry settings for its runs after an @:
-# new@FLASHC_MMA_FWD_CONFIG=lean runs new.so with that variable set (VAR=VALUE pairs, comma-separated: an A/B of two
-# settings of one build). Their logs are named with the characters outside [A-Za-z0-9_.-] as _ (file_of).
+# new@FLASHC_CPU_KERNELS=avx2 runs new.so with that variable set (VAR=VALUE pairs, comma-separated), for the few
+# operational settings the library reads (docs/environment.md); kernel variants are separate builds. Their logs are named with the characters outside [A-Za-z0-9_.-] as _ (file_of).
 set -uo pipefail
 cases=128:2048:0,128:2048:1,64:2048:0,64:2048:1
 rounds=2

@@ -3,7 +3,6 @@ call):
 
     FLASHC_LIBRARY=build-gc/libflashc.so PYTHONPATH=python python3 tools/profile/power.py [--seconds 2.5] [--pass bwd]
         [--cases 64:4096:1,...] [--dtype f16] [--backend cuda-mma --peers flash,cudnn]
-        [--variants D@default+KEY=VAL]
 
 Each case (bf16 or --dtype f16, 16k tokens, width 2048) runs for --seconds after 3 warm-up calls, with a pause between
 cases, while nvidia-smi samples the SM clock, the power draw, the temperature and the throttle reasons every 20 ms; each
@@ -12,6 +11,7 @@ depends on the energy it spends per cycle, so a faster kernel at fixed clocks (n
 per clock (TFLOP/s per GHz) and energy per work (J per PFLOP) beside the time. nvidia-smi's power.draw is an average
 over about a second (it climbs for ~1 s after a kernel starts), and the clock steps down again once that average reaches
 the cap (bench/results/profile/hopper-power-2026-11-23.txt): runs shorter than ~1.5 s read a mix of states.
+An A/B of two kernels is two builds of the library, each run through this script (tools/hopper/ab.sh).
 """
 import argparse
 import datetime
@@ -50,26 +50,6 @@ def run(name, call, flops, seconds, phases):
     time.sleep(1.0)
 
 
-# The FLASHC_HOPPER_* settings this script was started with (tools/hopper/ab.sh's NAME@VAR=VALUE): every variant,
-# "default" too, runs on top of them. (Before 2bfc597 set_env dropped them, so that ab.sh's A/Bs of two settings
-# of one build ran the library's defaults on both sides.)
-BASE_ENV = {k: v for k, v in os.environ.items() if k.startswith("FLASHC_HOPPER_")}
-
-
-def set_env(variant):
-    """default[+KEY=VAL...]: the library's choice (or the settings the script started with), each +KEY=VAL setting
-    FLASHC_HOPPER_KEY=VAL on top. cuda-hopper's forward has one plan (src/cuda/hopper.cu): no other name."""
-    for key in [k for k in os.environ if k.startswith("FLASHC_HOPPER_")]:
-        os.environ.pop(key)
-    os.environ.update(BASE_ENV)
-    name, *extra = variant.split("+")
-    if name != "default":
-        sys.exit(f"power.py: variant {variant!r}: only default[+KEY=VAL...] (cuda-hopper's forward has no variants)")
-    for kv in extra:
-        key, _, val = kv.partition("=")
-        os.environ[f"FLASHC_HOPPER_{key.upper()}"] = val or "1"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=2.5)
@@ -81,14 +61,7 @@ def main():
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--backend", default="cuda-hopper", help="flashc's backend (cuda-hopper, cuda-mma, ...)")
     ap.add_argument("--peers", default="cudnn", help="SDPA backends run after it: cudnn, flash, efficient (comma-separated)")
-    ap.add_argument("--variants", default="", help="cuda-hopper: settings run beside the default, "
-                    "D@default+KEY=VAL for one head dim only (FLASHC_HOPPER_KEY=VAL)")
-    ap.add_argument("--d128-variants", default=None, help="the variants at d = 128 alone (older spelling of "
-                    "--variants 128@V,...)")
     a = ap.parse_args()
-    variants = [v for v in a.variants.split(",") if v]
-    if a.d128_variants:
-        variants += [f"128@{v}" for v in a.d128_variants.split(",") if v]
     spec = a.cases or (BWD_CASES if a.which == "bwd" else CASES)
     cases = [tuple(int(x) for x in c.split(":")) for c in spec.split(",")]
     query = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -104,16 +77,11 @@ def main():
             q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4))
             flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if a.which == "bwd" else 1.0)
             tag = f"{'-bwd' if a.which == 'bwd' else ''} d{d} s{s} c{int(causal)}"
-            mine = ["default"] + [v.split("@", 1)[1] for v in variants if v.split("@", 1)[0] == str(d)]
-            for variant in mine if a.backend == "cuda-hopper" else ["default"]:
-                set_env(variant)
-                call = fwd = flashc.prepare_forward(q, k, v, causal=causal, backend=a.backend)
-                if a.which == "bwd":
-                    o, lse = fwd()
-                    call = flashc.prepare_backward(dout, q, k, v, o, lse, causal=causal, backend=a.backend)
-                name = a.backend.replace("cuda-", "") + ("" if variant == "default" else "-" + variant)
-                run(name + tag, call, flops, a.seconds, phases)
-                set_env("default")
+            call = fwd = flashc.prepare_forward(q, k, v, causal=causal, backend=a.backend)
+            if a.which == "bwd":
+                o, lse = fwd()
+                call = flashc.prepare_backward(dout, q, k, v, o, lse, causal=causal, backend=a.backend)
+            run(a.backend.replace("cuda-", "") + tag, call, flops, a.seconds, phases)
             for peer in a.peers.split(","):
                 run(peer + tag, sdpa_call("sdpa-" + peer, a.which, q, k, v, dout, causal), flops, a.seconds, phases)
         smi.terminate()
