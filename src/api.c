@@ -127,7 +127,7 @@ flashc_status flashc_create(flashc_handle *handle, const char *backend) {
   return FLASHC_OK;
 }
 
-void fc_device_workspace_free(struct flashc_handle_s *h); /* src/cuda/runtime.cu, or the stub below */
+void fc_device_workspace_free(struct flashc_handle_s *h); /* src/cuda/common/runtime.cu, or the stub below */
 
 flashc_status flashc_destroy(flashc_handle h) {
   if (!h) return FLASHC_OK;

@@ -338,7 +338,7 @@ flashc_status fc_locate(const char *op, const void *const *ptrs, const char *con
 /* Host scratch memory owned by the handle, grown on demand (so a repeated call allocates nothing).
  * Returns FLASHC_ERR_OUT_OF_MEMORY with the byte count on failure. Valid until the next call on the handle. */
 flashc_status fc_host_workspace(const fc_problem *p, size_t bytes, void **ptr);
-/* The same for device memory (CUDA builds only; defined in src/cuda/runtime.cu). */
+/* The same for device memory (CUDA builds only; defined in src/cuda/common/runtime.cu). */
 flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr);
 /* Device memory of the handle that is zero when a kernel starts: allocated and zeroed once (again when it must grow
  * or the device changes), and every kernel that uses it must leave it zero again (e.g. flags between CTAs, each
@@ -352,7 +352,7 @@ flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_strea
 
 /* The results of an empty problem in device memory (api.c), on p's stream: zero every element of the view of
  * n[0] × n[1] × n[2] rows of `row` contiguous elements of p's dtype (strides in elements, honoured: the memory
- * between rows is not touched), and set n floats to `value`. src/cuda/fill.cu; FLASHC_ERR_UNSUPPORTED without
+ * between rows is not touched), and set n floats to `value`. src/cuda/common/fill.cu; FLASHC_ERR_UNSUPPORTED without
  * CUDA. */
 flashc_status fc_device_zero_rows(const fc_problem *p, void *data, const int64_t n[3], const int64_t stride[3],
                                   int64_t row);

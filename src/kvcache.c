@@ -6,7 +6,7 @@
  * where the cache rows are (cache_seqlens, block_table): every length and every block index the call will use,
  * and that no appended row is a row another sequence uses. Only then is anything written. A CUDA backend's tables
  * are device memory that the host cannot read without waiting for the GPU: they are never dereferenced here, and
- * its kernels check them instead (src/cuda/decode.cu; the problem's seqlen_k stays the capacity). Tensor checks are
+ * its kernels check them instead (src/cuda/mma/decode.cu; the problem's seqlen_k stays the capacity). Tensor checks are
  * validate.c's (fc_check_tensor, fc_check_no_self_overlap, fc_check_disjoint); messages name
  * flashc_forward_kvcache and the offending value.
  */

@@ -14,7 +14,7 @@
 #include "internal.h"
 
 #ifdef __cplusplus
-extern "C" { /* src/cuda/decode.cu reads the problem */
+extern "C" { /* src/cuda/mma/decode.cu reads the problem */
 #endif
 
 typedef struct fc_kv_problem {
@@ -63,7 +63,8 @@ void fc_kv_append_host(const fc_kv_problem *p);
 void fc_ref_kvcache_row(const fc_kv_problem *p, int64_t b, int64_t h, int64_t i);
 
 /* The backends' entry points (src/cpu/ref_kvcache.c, src/cpu/kvcache.c; the CUDA backends' one,
- * fc_cuda_forward_kvcache of src/cuda/decode.cu, is declared in src/cuda/common.cuh, which their tables see). */
+ * fc_cuda_forward_kvcache of src/cuda/mma/decode.cu, is declared in src/cuda/common/common.cuh, which their tables
+ * see). */
 flashc_status fc_ref_forward_kvcache(const fc_kv_problem *p);
 flashc_status fc_cpu_forward_kvcache(const fc_kv_problem *p);
 

@@ -73,7 +73,7 @@ static const tcase cases[] = {
     DENSE("tiles-300x270-causal-d72", 1, 300, 270, 2, 1, 72, 1, BR, -1, -1, TH_BSHD, F16, QUICK),
     DENSE("tiles-140x150-d130-win40-20", 1, 140, 150, 2, 2, 130, 0, BR, 40, 20, TH_BHSD, BF16, QUICK),
     DENSE("tiles-200x300-d200-gqa", 1, 200, 300, 4, 2, 200, 0, BR, -1, -1, TH_BSHD, BF16, QUICK),
-    /* decoding: few query rows against many keys (cuda-mma splits the keys between CTAs: mma_fwd_split.cuh) */
+    /* decoding: few query rows against many keys (cuda-mma splits the keys between CTAs: mma/fwd_split.cuh) */
     DENSE("decode-1x2000-gqa", 1, 1, 2000, 4, 2, 128, 1, BR, -1, -1, TH_BSHD, LOW, QUICK),
     DENSE("decode-5x3000-win100", 2, 5, 3000, 2, 2, 64, 0, BR, 100, 0, TH_BSHD, LOW, QUICK | DETERM),
     /* seqlens */
@@ -112,7 +112,7 @@ static const tcase cases[] = {
     DENSE("b3h4", 3, 65, 80, 4, 4, 32, 0, BR, -1, -1, TH_BSHD, LOW, 0),
     DENSE("gqa8", 2, 77, 77, 16, 2, 64, 1, BR, -1, -1, TH_BSHD, LOW, DETERM),
     DENSE("mqa", 1, 90, 130, 6, 1, 64, 0, BR, -1, -1, TH_BSHD, LOW, 0),
-    /* GQA groups split between CTAs (src/cuda/gqa.cu): partial dK/dV summed per kv head, strided outputs */
+    /* GQA groups split between CTAs (src/cuda/common/gqa.cu): partial dK/dV summed per kv head, strided outputs */
     DENSE("gqa4-d128-causal-strided", 2, 300, 300, 8, 2, 128, 1, BR, -1, -1, TH_STRIDED, LOW, QUICK | DETERM),
     DENSE("mqa-d256-causal", 1, 200, 260, 4, 1, 256, 1, BR, -1, -1, TH_BHSD, BF16, 0),
     DENSE("gqa3-d96-win", 1, 150, 170, 6, 2, 96, 0, BR, 40, 10, TH_BSHD, F16, DETERM),

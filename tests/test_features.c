@@ -519,7 +519,7 @@ static void test_cuda_refusals(void) {
  * elements), and shapes that reach each kernel of its plans: the persistent forward at D = 64 (3 consumers), 128 and
  * 256, its split last rounds (unmasked, dense, more tiles than SMs: 20 heads × 8 query blocks), the one-tile forward
  * (D = 256 with a mask; D = 128 causal from 8192 keys), the backward's D = 64, 128, 256 kernels and the deterministic
- * one, GQA with few CTAs (the group split, gqa.cu). */
+ * one, GQA with few CTAs (the group split, common/gqa.cu). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 static const fcase hopper_cases[] = {

@@ -106,7 +106,7 @@ static flashc_status need_nccl(const char *op) {
                   op, nccl_why);
 }
 
-flashc_status fc_cuda_error(cudaError_t e, const char *what, const char *file, int line); /* runtime.cu */
+flashc_status fc_cuda_error(cudaError_t e, const char *what, const char *file, int line); /* common/runtime.cu */
 
 #define CUDA_OK(call)                                                                                                  \
   do {                                                                                                                 \

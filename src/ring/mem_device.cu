@@ -4,7 +4,7 @@
  * Every kernel but fill works on rows (b, s, h) of d contiguous elements: one warp per row, four rows per
  * block of 128 threads, lanes striding along d (coalesced). The index arithmetic is 64-bit and done once per
  * row. All work is queued on the call's stream (ctx->stream). */
-#include "../cuda/common.cuh"
+#include "../cuda/common/common.cuh"
 #include "ring.h"
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper_bwd_d256.cuh: WHOLE with
+"""A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper/bwd_d256.cuh: WHOLE with
 EDV, the one D = 256 kernel), run under random interleavings with bwd_v2_model.py's machinery. The orders before it
 (the split products with the next block's Sᵀ issued early, without that, WHOLE without EDV) were deleted in commit
 9993c62 (their code is at d79fa1c) and are no longer modelled. Agents: the producer thread (Q_i, lse2_i into a

@@ -1,5 +1,5 @@
 """A model of the pairwise barriers of cuda-hopper's backward at D = 64 and 128 with each block's dQ issued one block
-later (LAG: src/cuda/hopper_bwd_v2.cuh, fc_hopper_bwd_v2_kernel; docs/hopper.md, "The D = 128 kernel (LAG + BIAS)"),
+later (LAG: src/cuda/hopper/bwd_kernel.cuh, fc_hopper_bwd_v2_kernel; docs/hopper.md, "The D = 128 kernel (LAG + BIAS)"),
 run under random interleavings of the two consumer warpgroups (bwd_v2_model.py runs the same barriers within the
 kernel's whole protocol).
 

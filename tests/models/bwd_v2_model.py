@@ -1,4 +1,4 @@
-"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper_bwd_v2.cuh,
+"""A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper/bwd_kernel.cuh,
 fc_hopper_bwd_v2_kernel<T, 64> and <T, 128>: the backward's default at head dims <= 128 outside deterministic mode),
 run under random interleavings. Agents: the producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two
 consumer warpgroups (each one agent: its 128 threads pass every step together, through the wgmma .sync.aligned

@@ -1,4 +1,4 @@
-"""A model of cuda-hopper's forward mbarrier protocols (src/cuda/hopper.cu, hopper_persistent.cuh), run under random
+"""A model of cuda-hopper's forward mbarrier protocols (src/cuda/hopper/fwd.cu, hopper/fwd_persistent.cuh), run under random
 interleavings: the producer thread and the consumer warps (2 warpgroups x 4; 3 x 4 in the persistent kernel at
 D = 64) execute the kernel's barrier operations in the kernel's order; TMA copies land at random later times. Checks:
 no deadlock, every consumer read finds the tile it expects in its stage, and no copy overwrites a stage that a
@@ -238,7 +238,7 @@ def simulate(n_blocks, stages, seed, mutation=None, own=None):
     return log
 
 
-# ---- the persistent kernel (src/cuda/hopper_persistent.cuh): one CTA over several tiles ------------------------
+# ---- the persistent kernel (src/cuda/hopper/fwd_persistent.cuh): one CTA over several tiles ------------------------
 PERSISTENT_MUTATIONS = {
     "p_counts_per_tile": "stage and parity counted from 0 in every tile, not over the CTA's life",
     "p_last_v_kept": "the tile's last V stage is never released (as the one-tile kernel may)",
@@ -255,7 +255,7 @@ PERSISTENT_MUTATIONS = {
     "p3_turn_in_empty_tile": "the last consumer hands the turn over once in a tile with no key block",
 }
 
-# the dynamic order (src/cuda/hopper.cu's fc_hp_fwd_plan_of): several CTAs claim positions of one order with a shared
+# the dynamic order (src/cuda/hopper/fwd.cu's fc_hp_fwd_plan_of): several CTAs claim positions of one order with a shared
 # counter
 DYNAMIC_MUTATIONS = {
     "d_consumer_skips_tile": "consumer 1 takes the next ring entry at once after its first loaded one from the ring, "
@@ -581,7 +581,7 @@ def random_own(rng, weights, nc):
 
 
 DUMMY_MUTATIONS = ("p_take_before_dummy", "p_dummy_no_turn", "p_dummy_v_kept")
-# (consumer warpgroups, Q slots, K/V stages) of the persistent kernels that run (hopper.cu's fc_hp_persistent):
+# (consumer warpgroups, Q slots, K/V stages) of the persistent kernels that run (hopper/fwd.cu's fc_hp_persistent):
 # D = 128 (2 consumers, two Q slots, 2 stages), D = 256 (2, one Q slot, 2), D = 64 (tmastore3: 3, two Q slots, 3)
 PERSISTENT_SHAPES = ((2, 2, 2), (2, 1, 2), (3, 2, 3))
 D256_SHAPE = ((2, 1, 2),)

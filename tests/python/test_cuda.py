@@ -222,7 +222,7 @@ def tensor_core_backends():
 @pytest.mark.parametrize("backend", tensor_core_backends())
 def test_backward_tile_order_gives_the_same_bits(backend, rng):
     """The tensor-core backwards' dK/dV grids walk their last two waves' (sequence, kv head) pairs key block by key
-    block where a right mask edge makes the tiles differ in length (src/cuda/tail_order.cuh). Deterministic mode's dQ
+    block where a right mask edge makes the tiles differ in length (src/cuda/common/tail_order.cuh). Deterministic mode's dQ
     adds take turns key block by key block and must still make progress in that order (a run that finishes is the
     check), and give the same bits run to run. Cases with the whole grid in the tail order and with both orders, D =
     64, 128, 256, GQA, bottom-right shifts, a window; the gradients within 3x bf16 SDPA's error of fp32 SDPA's."""
@@ -274,7 +274,7 @@ def test_backward_tile_order_gives_the_same_bits(backend, rng):
 def test_forward_tile_order_gives_the_same_bits(backend, rng):
     """The one-tile forwards (cuda-mma's; cuda-hopper's ping-pong kernel, which its plan runs at d 129-256 with a mask
     and at d 65-128 with a causal mask from 8192 keys) walk their last two waves' (sequence, query head) pairs query
-    block by query block under a causal or right-window mask (tail_order.cuh): O and lse the same bits run to run, O
+    block by query block under a causal or right-window mask (common/tail_order.cuh): O and lse the same bits run to run, O
     within 2x bf16 SDPA's error of fp32 SDPA's."""
     cases = [  # (b, hq, hkv, sq, sk, d, align, window)
         (2, 6, 3, 1000, 1000, 64, "top-left", None),
@@ -310,7 +310,7 @@ MMA = next((b for b in CUDA_BACKENDS if b.name == "cuda-mma"), None)
 
 @pytest.mark.skipif(MMA is None or not MMA.usable, reason="cuda-mma is not usable here (sm_80+ only)")
 def test_mma_split_keys(rng):
-    """cuda-mma's forward with each tile's keys split between CTAs and the parts combined (mma_fwd_split.cuh). Forced
+    """cuda-mma's forward with each tile's keys split between CTAs and the parts combined (mma/fwd_split.cuh). Forced
     counts (num_splits=) on shapes with masks that leave some parts of a row empty (causal both ways,
     windows, rows that see no key), GQA, varlen with a sequence of no keys, d 59/128/256, parts of one key block;
     then the automatic count (num_splits=0) on decoding shapes (1 and 7 query rows against 5000 keys), where it must

@@ -1,5 +1,5 @@
 """GPU check of cuda-fa2-fp32's backward (the fused kernel at d <= 64 in the atomic mode, the accumulator kernels
-elsewhere and the deterministic dQ pass: src/cuda/fa2_fp32_bwd.cu): correctness of dq, dk, dv against an fp64 reference, then backward TFLOP/s against PyTorch SDPA `efficient` (fp32) on b4 h8 d64 seqlen
+elsewhere and the deterministic dQ pass: src/cuda/ladder/fa2_fp32_bwd.cu): correctness of dq, dk, dv against an fp64 reference, then backward TFLOP/s against PyTorch SDPA `efficient` (fp32) on b4 h8 d64 seqlen
 1024..8192 and b8 h16 s2048 d64, full and causal. Run through tools/fa2/bench-bwd.sh, or:
 
     python3 tools/fa2/check_bwd.py --lib build-gpu-fa2bwd/libflashc.so [--quick] [--no-check] [--no-bench]

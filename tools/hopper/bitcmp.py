@@ -1,5 +1,5 @@
 """tools/hopper/bitcmp.py — do two builds of libflashc give cuda-hopper's forward the same bits? For a compile-time
-experiment (a -D switch in src/cuda/hopper.cu, tools/hopper/build_trace.sh) that must not change the maths:
+experiment (a -D switch in src/cuda/hopper/fwd.cu, tools/hopper/build_trace.sh) that must not change the maths:
 
     FLASHC_LIBRARY=A/libflashc.so PYTHONPATH=python python3 tools/hopper/bitcmp.py save /tmp/ref.pt
     FLASHC_LIBRARY=B/libflashc.so PYTHONPATH=python python3 tools/hopper/bitcmp.py compare /tmp/ref.pt

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/hopper/build_variant.sh OUT_DIR SOURCE "DEFINES" — one source of the library (e.g. src/cuda/hopper_bwd.cu)
+# tools/hopper/build_variant.sh OUT_DIR SOURCE "DEFINES" — one source of the library (e.g. src/cuda/hopper/bwd.cu)
 # compiled with DEFINES (-DNAME=VALUE ...) and linked with the other objects of the configured Ninja build $BUILD
 # (default build, the folder scripts/build makes; brought up to date first) into OUT_DIR/libflashc.so, for A/B runs of compile-time settings
 # (tools/hopper/pack_libs.sh, ab.sh). The build folder itself is left as it is.

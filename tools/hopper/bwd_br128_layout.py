@@ -1,8 +1,8 @@
 """Host-side checks of the index arithmetic of cuda-hopper's backward with Br = 128 query rows per block, which
 nothing but a GPU can run: every formula below is copied from the kernel and compared with an independent statement
-of what it must be. The formulas are those of the first kernel at Br = 128 (src/cuda/hopper_bwd.cu at commit
+of what it must be. The formulas are those of the first kernel at Br = 128 (src/cuda/hopper/bwd.cu at commit
 d79fa1c: its shared-memory map and hand-written dSᵀ stores are gone since); the A fragments, B operands, dQ tile and
-query-block range are those the second kernel at D = 64 (src/cuda/hopper_bwd_v2.cuh) still uses.
+query-block range are those the second kernel at D = 64 (src/cuda/hopper/bwd_kernel.cuh) still uses.
 
     python3 tools/hopper/bwd_br128_layout.py        (prints one line per check, exits 1 on a failure)
 

@@ -1,4 +1,4 @@
-"""Host-side checks of the index arithmetic of cuda-hopper's head-dim-256 backward (src/cuda/hopper_bwd_d256.cuh),
+"""Host-side checks of the index arithmetic of cuda-hopper's head-dim-256 backward (src/cuda/hopper/bwd_d256.cuh),
 which nothing but a GPU can run: every formula below is copied from the kernel and compared with an independent
 statement of what it must be (the PTX ISA's canonical 128-byte-swizzled layouts, the TMA box, the blocked dQ sum).
 

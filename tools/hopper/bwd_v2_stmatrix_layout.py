@@ -1,4 +1,4 @@
-"""Host-side check of the second backward version's dSᵀ stores (src/cuda/hopper_bwd_v2.cuh, fc_hpb_v2_block, since
+"""Host-side check of the second backward version's dSᵀ stores (src/cuda/hopper/bwd_kernel.cuh, fc_hpb_v2_block, since
 66f32af): one stmatrix.m8n8.x4 per j writes four 8 × 8 matrices of the packed dSᵀ fragments dsp[j][0..3], each
 lane giving the address of one matrix row. Checked against an independent statement of where each fragment word
 belongs (the kernel's 32-bit stores before 66f32af, which the dQ wgmma's MN-major A descriptor reads):

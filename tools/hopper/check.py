@@ -6,7 +6,7 @@ SDPA (flash, cudnn) on the shapes of docs/targets.md. Run through tools/hopper/g
 Correctness rule (FlashAttention's): the kernel's max |error| against the fp64 reference is at most 2x the error
 of the same maths done plainly in the kernel's precision (matmuls in bf16/fp16, softmax in fp32), + 1e-4.
 Outputs and lse are poisoned with NaN before every call; lse must match to 2e-3 and be -inf exactly where a
-row sees no key. Every case runs the library's own plan for it (src/cuda/hopper.cu, fc_hp_fwd_plan): the persistent
+row sees no key. Every case runs the library's own plan for it (src/cuda/hopper/fwd.cu, fc_hp_fwd_plan): the persistent
 kernel with 3 consumer warpgroups at d <= 64, with 2 at d <= 128 (the one-tile ping-pong kernel with a causal mask from
 8192 keys), the persistent D = 256 kernel without a mask and the one-tile one with a mask at d > 128; the TMA store of o
 where TMA can address o, direct stores where it cannot; the dynamic or stride order and the split last rounds where the

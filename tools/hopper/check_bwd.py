@@ -5,8 +5,8 @@ tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
     python3 tools/hopper/check_bwd.py --lib build-gpu/libflashc.so [--quick | --tiny] [--no-bench | --no-check]
         [--dims 64,128,256] [--rounds 1] [--no-peers] [--bench-d 64,128]
 
-The library has one kernel per case (src/cuda/hopper_bwd.cu's fc_hpb_plan): at d <= 64 and d <= 128 the second
-dK/dV kernel (src/cuda/hopper_bwd_v2.cuh), past 128 the head-dim-256 kernel (src/cuda/hopper_bwd_d256.cuh), in
+The library has one kernel per case (src/cuda/hopper/bwd.cu's fc_hpb_plan): at d <= 64 and d <= 128 the second
+dK/dV kernel (src/cuda/hopper/bwd_kernel.cuh), past 128 the head-dim-256 kernel (src/cuda/hopper/bwd_d256.cuh), in
 deterministic mode at d <= 128 the first kernel (fc_hopper_bwd_kernel) with its dQ turns. --dims picks the head
 dims of the correctness cases (each runs its own tile: 64, 128 or 256); the timings time cuda-hopper (the median of
 --rounds) beside cuda-mma, SDPA flash and cudnn at --bench-d. A/B comparisons of two builds: tools/hopper/ab.sh.

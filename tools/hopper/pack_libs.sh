@@ -2,7 +2,7 @@
 # tools/hopper/pack_libs.sh OUT.tar.xz NAME=BUILD_DIR ... — libflashc builds in one archive for the device tool's carry
 # (64 MiB in all), each as NAME.so, for tools/hopper/ab.sh. xz with a dictionary larger than all of them together, so
 # that builds differing in one object cost little beyond the first (measured: four 37 MB libraries that differ in
-# hopper.cu, 26 MB; gzip: 26 MB each). Build the variants with tools/hopper/build_trace.sh BUILD COPY "-D...".
+# hopper/fwd.cu, 26 MB; gzip: 26 MB each). Build the variants with tools/hopper/build_trace.sh BUILD COPY "-D...".
 set -euo pipefail
 out=${1:?usage: pack_libs.sh OUT.tar.xz NAME=BUILD_DIR ...}
 shift

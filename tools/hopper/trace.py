@@ -6,8 +6,8 @@
         [--variants default,default+KEY=VAL] [--dump PREFIX]
     python3 tools/hopper/trace.py --load PREFIX-128-2048-0-default.npz ...   (no GPU: a --dump's records again)
 
-A library built with -DFC_HP_TRACE=1 (src/cuda/hopper_trace.cuh) has the producer's thread and thread 0 of each
-consumer warpgroup write the SM's clock at marks in hopper_persistent.cuh. Each case (bf16, docs/targets.md's shapes: 16k
+A library built with -DFC_HP_TRACE=1 (src/cuda/hopper/trace.cuh) has the producer's thread and thread 0 of each
+consumer warpgroup write the SM's clock at marks in hopper/fwd_persistent.cuh. Each case (bf16, docs/targets.md's shapes: 16k
 tokens, width 2048) runs --warmup calls, then one traced call; printed (medians over the first 132 CTAs, in SM cycles):
   - a trip of the key loop, split at its marks (waits for K/V, for the turn, for S, the softmax beside P·V, the rest);
   - the tile boundary of each consumer, from its last P·V's turn to the next tile's first S issued, split at its

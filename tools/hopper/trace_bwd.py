@@ -2,13 +2,13 @@
 """tools/hopper/trace_bwd.py — where the backward's second dK/dV kernel spends a block, read off its own timeline (a
 development tool, the backward's counterpart of trace.py):
 
-    tools/hopper/build_variant.sh /tmp/tr src/cuda/hopper_bwd.cu -DFC_HP_TRACE=1
+    tools/hopper/build_variant.sh /tmp/tr src/cuda/hopper/bwd.cu -DFC_HP_TRACE=1
     FLASHC_LIBRARY=/tmp/tr/libflashc.so PYTHONPATH=python python3 tools/hopper/trace_bwd.py [--cases 128:2048:0,...]
         [--dump PREFIX]
     python3 tools/hopper/trace_bwd.py --load PREFIX-128-2048-0.npz ...   (no GPU: a --dump's records again)
 
-A library whose hopper_bwd.cu is built with -DFC_HP_TRACE=1 has thread 0 of each consumer warpgroup write the SM's
-clock at ten marks of every block of fc_hpb_v2_block (src/cuda/hopper_bwd_v2.cuh, MARK(k)) and the
+A library whose hopper/bwd.cu is built with -DFC_HP_TRACE=1 has thread 0 of each consumer warpgroup write the SM's
+clock at ten marks of every block of fc_hpb_v2_block (src/cuda/hopper/bwd_kernel.cuh, MARK(k)) and the
 producer's thread two per fill (fc_hpb_produce), for the first 132 CTAs (the first wave of the single-tile kernel:
 one per SM). Marks:
   1 block entry   2 Sᵀ ready      3 Pᵀ done        4 dPᵀ ready (D = 128: dV issued before)
@@ -16,7 +16,7 @@ one per SM). Marks:
   8 dV and the last block's dQ ready (READY of the other passed, dQ and dK issued)
   9 dQ tile added (bulk add issued)   10 dK ready
   producer: 0 before the wait for a free stage, 1 after it (fill issued).
-The head-dim-256 kernel (src/cuda/hopper_bwd_d256.cuh; cases with D = 256) has its own marks, thread 0 of each
+The head-dim-256 kernel (src/cuda/hopper/bwd_d256.cuh; cases with D = 256) has its own marks, thread 0 of each
 consumer warpgroup:
   1 block entry   2 Sᵀ (warpgroup 0) or dPᵀ (1) ready   3 Pᵀ stored (0) or barrier P passed (1)
   4 dV issued   5 dSᵀ stored (1)   6 dV retired, dO released   7 barrier B passed

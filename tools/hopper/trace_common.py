@@ -1,11 +1,11 @@
 """tools/hopper/trace_common.py — what trace.py (the forward) and trace_bwd.py (the backward) share: the layout of
-src/cuda/hopper_trace.cuh's buffer, the options for the cases and for saving and re-reading records, and one traced
+src/cuda/hopper/trace.cuh's buffer, the options for the cases and for saving and re-reading records, and one traced
 call through the library's PREFIX_trace_reset / PREFIX_trace_read (FC_HP_TRACE_READERS)."""
 import ctypes
 
 import numpy as np
 
-CTAS, SLOTS, EVENTS = 132, 4, 6144  # hopper_trace.cuh
+CTAS, SLOTS, EVENTS = 132, 4, 6144  # hopper/trace.cuh
 
 
 def add_args(ap, cases, warmup):

@@ -19,7 +19,7 @@ cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHC_CUDA=ON -DFLAS
   -DFLASHC_BUILD_TESTS=OFF -DFLASHC_BUILD_CLI=OFF -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/build.log" 2>&1
 cmake --build $BUILD --target flashc -j16 >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build ok at $(($(date +%s) - T0))s"
-# ptxas -v of mma.cu: registers and spills of every forward kernel
+# ptxas -v of mma/fwd.cu: registers and spills of every forward kernel
 python3 - "$OUT/build.log" <<'PY' | tee "$OUT/ptxas-fwd.txt"
 import re, subprocess, sys
 cur, st, rows = None, None, []

@@ -1,5 +1,5 @@
 """Decoding-shaped forward calls (a few query rows against a long key cache) on a GPU: flashc beside PyTorch SDPA
-(flash, cudnn) in the same run, for cuda-mma's split keys (mma_fwd_split.cuh). Medians of CUDA-event times after
+(flash, cudnn) in the same run, for cuda-mma's split keys (mma/fwd_split.cuh). Medians of CUDA-event times after
 warm-up, L2 flushed before each call; the ratio printed last is each column's time over SDPA flash's (> 1: faster).
 
     python3 tools/mma/bench_decode.py --lib build-gpu/libflashc.so [--csv out.csv]

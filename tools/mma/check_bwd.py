@@ -1,4 +1,4 @@
-"""GPU check of cuda-mma's backward (the kernels its plan picks: src/cuda/mma_bwd.cu): correctness of dq, dk, dv
+"""GPU check of cuda-mma's backward (the kernels its plan picks: src/cuda/mma/bwd.cu): correctness of dq, dk, dv
 against an fp64 reference, then backward TFLOP/s against PyTorch SDPA flash and cudnn on the shapes of
 docs/targets.md. Run through tools/mma/bench-bwd.sh, or:
 

@@ -1,4 +1,4 @@
-"""GPU check of cuda-mma's forward (the kernels its plan picks: src/cuda/mma.cu's fc_mma_fwd_plan_of): correctness
+"""GPU check of cuda-mma's forward (the kernels its plan picks: src/cuda/mma/fwd.cu's fc_mma_fwd_plan_of): correctness
 against an fp64 reference, with the keys of each tile split as the plan chooses (num_splits 0) and in forced counts,
 then TFLOP/s against PyTorch SDPA (flash, cudnn) on the shapes of docs/targets.md.
 Run through tools/mma/bench-fwd.sh, or:

@@ -1,5 +1,5 @@
 """How much of a one-CTA-per-tile grid's time the SMs sit idle, by the order its tiles are handed out: the list-
-scheduling model behind src/cuda/tail_order.cuh (no GPU).
+scheduling model behind src/cuda/common/tail_order.cuh (no GPU).
 
     python3 tools/profile/grid_order_model.py [--sms 132] [--ctas-per-sm 1] [--pass bwd|fwd] [--waves 1,2,3,4]
         [--mask causal|full]
@@ -10,7 +10,7 @@ seqlen_q = seqlen_k) the tiles of one (sequence, head) pair differ: in the backw
 query blocks (Bc / Br of them per key block), in the forward query block i sees i + 1 key blocks. The grids of
 docs/targets.md: 16k tokens, width 2048 (b = 16384 / s, h = 2048 / d). Orders:
   pair   each pair's tiles together, heaviest first (the kernels before the tail order, 1874f51);
-  tailW  the same, except the last W waves' pairs tile index by tile index (tail_order.cuh: W = 2);
+  tailW  the same, except the last W waves' pairs tile index by tile index (common/tail_order.cuh: W = 2);
   lpt    every tile by length, longest first (the model's best; spreads the CTAs at work over every pair: L2).
 Prints the idle share of each: (makespan - ideal) / makespan, ideal = total work / slots. With --mask full every
 tile has one length and the order cannot matter: the table shows what the last, partial round of tiles leaves idle,

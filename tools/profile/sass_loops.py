@@ -11,7 +11,7 @@ A loop's count is every instruction between its head and its back edge: the mask
 block both, so it is an upper bound of what one trip issues; --paths prints the forward branches inside the loop
 with the number of instructions each one skips, to read the common path off.
 
-  tools/profile/sass_loops.py build/CMakeFiles/flashc_objects.dir/src/cuda/mma.cu.o --kernels 'fwd_lean.*bfloat16, 128'
+  tools/profile/sass_loops.py build/CMakeFiles/flashc_objects.dir/src/cuda/mma/fwd.cu.o --kernels 'fwd_lean.*bfloat16, 128'
   nvdisasm -c x.cubin > x.sass; tools/profile/sass_loops.py x.sass
 
 Needs nvdisasm (CUDA toolkit, or the nvidia-cuda-nvdisasm wheel: --nvdisasm PATH) for cubins and objects;

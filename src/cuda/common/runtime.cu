@@ -1,0 +1,191 @@
+/* common/runtime.cu — the CUDA side of the library that is not a kernel: errors to statuses, device discovery,
+ * where a pointer lives, and the handle's device workspace. */
+#include "common/common.cuh"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" flashc_status fc_cuda_error(cudaError_t e, const char *what, const char *file, int line) {
+  const char *base = strrchr(file, '/');
+  flashc_status s = e == cudaErrorMemoryAllocation ? FLASHC_ERR_OUT_OF_MEMORY : FLASHC_ERR_CUDA;
+  return fc_error(s, "%s failed at %s:%d: %s (%s)", what, base ? base + 1 : file, line, cudaGetErrorString(e),
+                  cudaGetErrorName(e));
+}
+
+/* -1 unknown, 0 no device, 1 devices present: the answer does not change while the process runs. */
+static int device_state = -1;
+static char device_why[160];
+
+extern "C" bool fc_cuda_usable(char *why, size_t len) {
+  if (device_state < 0) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      cudaGetLastError(); /* clear it: this is an answer, not a failure */
+      /* The runtime says "driver version is insufficient" also where there is no driver at all. */
+      void *driver = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) : NULL;
+      if (driver) dlclose(driver);
+      snprintf(device_why, sizeof device_why, "no CUDA device (%s)",
+               e == cudaErrorInsufficientDriver && !driver ? "no CUDA driver / no GPU: libcuda.so.1 not found"
+               : e != cudaSuccess                          ? cudaGetErrorString(e)
+                                                           : "0 devices");
+      device_state = 0;
+    } else {
+      device_state = 1;
+    }
+  }
+  if (!device_state && why) snprintf(why, len, "%s", device_why);
+  return device_state == 1;
+}
+
+extern "C" flashc_status fc_device_get_props(fc_device_props *out) {
+  enum { MAX_DEVICES = 64 };
+  static fc_device_props cache[MAX_DEVICES];
+  static int cached[MAX_DEVICES];
+  int dev = 0;
+  FC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < MAX_DEVICES && cached[dev]) {
+    *out = cache[dev];
+    return FLASHC_OK;
+  }
+  cudaDeviceProp prop;
+  FC_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  fc_device_props p;
+  p.device = dev;
+  p.sm = prop.major * 10 + prop.minor;
+  p.num_sms = prop.multiProcessorCount;
+  p.smem_per_block_optin = prop.sharedMemPerBlockOptin;
+  p.smem_per_sm = prop.sharedMemPerMultiprocessor;
+  FC_CUDA_CHECK(cudaMemGetInfo(&p.free_mem, &p.total_mem));
+  if (dev >= 0 && dev < MAX_DEVICES) {
+    cache[dev] = p;
+    cached[dev] = 1;
+  }
+  *out = p;
+  return FLASHC_OK;
+}
+
+extern "C" bool fc_cuda_usable_sm(int min_sm, char *why, size_t len) {
+  if (!fc_cuda_usable(why, len)) return false;
+  fc_device_props p;
+  if (fc_device_get_props(&p) != FLASHC_OK) {
+    if (why) snprintf(why, len, "%s", flashc_last_error());
+    return false;
+  }
+  if (p.sm < min_sm) {
+    if (why) snprintf(why, len, "device %d is sm_%d; this backend needs sm_%d or newer", p.device, p.sm, min_sm);
+    return false;
+  }
+  return true;
+}
+
+extern "C" int fc_pointer_is_device(const void *ptr) {
+  if (!fc_cuda_usable(NULL, 0)) return 0; /* no device: no device memory can exist */
+  cudaPointerAttributes attr;
+  cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+extern "C" flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr) {
+  struct flashc_handle_s *h = p->handle;
+  int dev = 0;
+  FC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (h->device_ws && (bytes > h->device_ws_size || dev != h->device_ws_device)) {
+    /* cudaFree waits for work that may still read the old workspace. */
+    FC_CUDA_CHECK(cudaFree(h->device_ws));
+    h->device_ws = NULL;
+    h->device_ws_size = 0;
+  }
+  if (!h->device_ws && bytes > 0) {
+    cudaError_t e = cudaMalloc(&h->device_ws, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      h->device_ws = NULL;
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      cudaGetLastError();
+      return fc_error(FLASHC_ERR_OUT_OF_MEMORY,
+                      "device workspace of %zu bytes (%.2f GiB) could not be allocated on device %d "
+                      "(%.2f GiB free): %s",
+                      bytes, bytes / 1073741824.0, dev, free_b / 1073741824.0, cudaGetErrorString(e));
+    }
+    h->device_ws_size = bytes;
+    h->device_ws_device = dev;
+  }
+  *ptr = h->device_ws;
+  return FLASHC_OK;
+}
+
+extern "C" flashc_status fc_device_zeroed(const fc_problem *p, size_t bytes, void **ptr) {
+  struct flashc_handle_s *h = p->handle;
+  int dev = 0;
+  FC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (h->device_zero && (bytes > h->device_zero_size || dev != h->device_zero_device)) {
+    FC_CUDA_CHECK(cudaFree(h->device_zero)); /* waits for work that may still use it */
+    h->device_zero = NULL;
+    h->device_zero_size = 0;
+  }
+  if (!h->device_zero && bytes > 0) {
+    cudaError_t e = cudaMalloc(&h->device_zero, bytes);
+    /* once, on the call's stream (ordered before its kernels): the users keep it zero */
+    if (e == cudaSuccess) e = cudaMemsetAsync(h->device_zero, 0, bytes, (cudaStream_t)p->stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (h->device_zero) cudaFree(h->device_zero);
+      h->device_zero = NULL;
+      return fc_error(FLASHC_ERR_OUT_OF_MEMORY, "zeroed device memory of %zu bytes on device %d: %s", bytes, dev,
+                      cudaGetErrorString(e));
+    }
+    h->device_zero_size = bytes;
+    h->device_zero_device = dev;
+  }
+  *ptr = h->device_zero;
+  return FLASHC_OK;
+}
+
+extern "C" flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_stream, void *new_stream) {
+  if (!h->device_ws) return FLASHC_OK; /* no GPU call yet: nothing can be pending */
+  int prev = 0;
+  FC_CUDA_CHECK(cudaGetDevice(&prev));
+  FC_CUDA_CHECK(cudaSetDevice(h->device_ws_device));
+  cudaEvent_t done = NULL;
+  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(done, (cudaStream_t)old_stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)new_stream, done, 0);
+  if (done) cudaEventDestroy(done); /* the wait keeps what it needs */
+  cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fc_error(FLASHC_ERR_CUDA,
+                    "flashc_set_stream: ordering the new stream after the old one's work on the handle's workspace "
+                    "failed: %s",
+                    cudaGetErrorString(e));
+  }
+  return FLASHC_OK;
+}
+
+/* Frees *mem on its device (the caller's device is restored) and clears the pointer; errors are dropped: the handle is
+ * going away. */
+static void fc_device_free_on(void **mem, int device) {
+  if (*mem) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
+    cudaFree(*mem);
+    cudaSetDevice(prev);
+    cudaGetLastError();
+  }
+  *mem = NULL;
+}
+
+extern "C" void fc_device_workspace_free(struct flashc_handle_s *h) {
+  fc_device_free_on(&h->device_ws, h->device_ws_device);
+  h->device_ws_size = 0;
+  fc_device_free_on(&h->device_zero, h->device_zero_device);
+  h->device_zero_size = 0;
+}

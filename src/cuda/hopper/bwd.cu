@@ -1,0 +1,1019 @@
+/* hopper/bwd.cu — cuda-hopper backward: FlashAttention-3's backward on H100/H200 (sm_90a) with TMA, wgmma and
+ * warp specialisation (docs/hopper.md, "The backward"). Verified on an H100 with tools/hopper/check_bwd.py.
+ *
+ * With P = softmax(scale·Q·Kᵀ) recomputed from the forward's lse, and D = rowsum(dO∘O):
+ *   dV = Pᵀ·dO      dP = dO·Vᵀ      dS = P∘(dP − D)      dK = scale·dSᵀ·Q      dQ = scale·dS·K
+ *
+ * Kernels, in order:
+ *   1. prep (common/bwd_rows.cuh): D and lse2 = lse·log2(e) per query row, padded per sequence;
+ *   2. dkdv: one CTA per key block K_j, V_j (Bc = 128 keys) of one kv head of one sequence; 3 warpgroups:
+ *        warpgroup 0, producer (24 registers): one thread loads K_j, V_j once and then, into a ring of STAGES
+ *          stages, Q_i, dO_i (TMA, Br = 64 rows; 128 in the second version at D = 64) and lse2_i, D_i (bulk
+ *          copies) of every (query head of the GQA group, query block i) that sees the key block, in order;
+ *        warpgroups 1, 2, consumers (240 registers): keys 64·c .. 64·c + 63 of K_j each; per query block:
+ *          Sᵀ = K_j·Q_iᵀ,  dPᵀ = V_j·dO_iᵀ                       wgmma m64nBrk16, all operands in shared memory
+ *          Pᵀ = 2^(c·Sᵀ − lse2_i),  dSᵀ = Pᵀ∘(dPᵀ − D_i)         registers (c = scale·log2 e), masked
+ *          dV_j += Pᵀ·dO_i,  dK_j += dSᵀ·Q_i                    wgmma m64nDk16, Pᵀ/dSᵀ from registers
+ *          dQ_i += dS·K_j                                       dSᵀ → shared memory; a 64 × 64 fp32 product per
+ *                                                               warpgroup over all 128 keys (D = 128: columns
+ *                                                               64·c ..; D = 64, Br = 128: rows 64·c ..), both
+ *                                                               operands MN-major
+ *        dK_j = scale·dK_j, dV_j at the end: through the free Q/dO ring, stored as 16-byte chunks (fc_hpb_store_dkdv);
+ *   3. convert (common/bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
+ * The dK/dV kernels (fc_hpb_plan chooses; docs/hopper.md, "The backward"):
+ *   fc_hopper_bwd_v2_kernel (hopper/bwd_kernel.cuh), D = 64 and 128: each warpgroup's wgmma groups ordered so that its
+ *     CUDA-core work runs beside its own tensor work (FlashAttention-3's order), each block's dQ issued a block later
+ *     (LAG: pairwise barriers of the two warpgroups instead of one of both per block), the dQ product into a
+ *     shared-memory tile and one bulk reduce-add per tile into a blocked fp32 sum;
+ *   fc_hopper_bwd_kernel (here), deterministic mode (bit-identical gradients run to run), D = 64 and 128: every
+ *     wgmma group waited for as soon as it is issued; dQ split by columns, added with red.global.add in a fixed
+ *     order, key block by key block, warpgroup 0 then 1, through a ticket per (query head, query block) in global
+ *     memory (fc_flag_wait); dK, dV are sums in registers in a fixed order anyway;
+ *   fc_hopper_bwd_d256_kernel (hopper/bwd_d256.cuh), head dims 129 .. 256: Bc = 64 keys per CTA, Sᵀ and dPᵀ one
+ *     consumer warpgroup each, dK/dV/dQ split by head-dim columns, Pᵀ and dSᵀ through shared memory, with the same
+ *     prep, blocked dQ sum (w = 64) and convert.
+ *
+ * Shared memory of fc_hopper_bwd_kernel (tiles in 64-column halves of 128-byte rows, 128-byte swizzle, 1024-byte
+ * aligned):
+ *   sK, sV [D/64][Bc][64]                    K_j, V_j (A of Sᵀ, dPᵀ; K_j also B of dQ, MN-major)
+ *   sQ, sdO [STAGES][D/64][Br][64]           Q_i, dO_i ring (B of Sᵀ, dPᵀ K-major; B of dK, dV MN-major)
+ *   sdS [Bc][64]                             dSᵀ, each consumer's 64 key rows (A of dQ, MN-major)
+ *   sLD [STAGES][2][Br] fp32                 lse2_i, D_i
+ *   mbarriers: kv_full, full[STAGES], empty[STAGES]
+ * The second version adds a second sdS buffer and sdQ [2][64][64] fp32 (each consumer's dQ product, bank-swizzled:
+ * fc_bwd_dq_blocked_index). The experiments that lost (other dQ paths and block heights, the next block's Sᵀ issued
+ * early, a ping-pong of the warpgroups, a persistent kernel, other D = 256 orders) are rows of docs/experiments.md;
+ * their code is at commit d79fa1c. */
+#include "common/tail_order.cuh"
+#include "common/common.cuh"
+#include "common/gqa.cuh"
+#include "hopper/bwd_api.cuh"
+#include "common/bwd_rows.cuh"
+#include "hopper/gemm.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/score_mod.cuh"
+#include "hopper/tma.cuh"
+#include "hopper/trace.cuh"
+#include "hopper/wgmma.cuh"
+#include "mma/host.cuh"
+#include "mma/ptx.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Trace marks (hopper/trace.cuh, built with -DFC_HP_TRACE=1; tools/hopper/trace_bwd.py reads them): mark k of block
+ * (or fill) n in slot `slot` (0 the producer, 1 + c consumer warpgroup c's thread 0) at index 16·n + k, tag k. */
+#if FC_HP_TRACE
+#define FC_HPB_MARK_AT(slot, n, k) fc_hp_mark_at((slot), 16u * (uint32_t)(n) + (k), (k), (uint32_t)(n))
+#else
+#define FC_HPB_MARK_AT(slot, n, k) ((void)0)
+#endif
+
+enum {
+  FC_HPB_BR = 64,             /* query rows per block of the loop (Br; the second version: 128 at D = 64) */
+  FC_HPB_BC = 128,            /* keys per CTA: 2 consumer warpgroups × 64 */
+  FC_HPB_THREADS = 384,       /* producer + 2 consumer warpgroups */
+  FC_HPB_CONSUMER_WARPS = 8,  /* arrivals that release a stage */
+  FC_HPB_ROW_BYTES = 128,     /* one swizzled row: 64 16-bit elements */
+  FC_HPB_KV_HALF = 128 * 128, /* one 64-column half of K_j or V_j (Bc rows) */
+  FC_HPB_Q_HALF = 64 * 128,   /* one 64-column half of Q_i or dO_i (Br = 64 rows; Br·128 bytes in general) */
+  FC_HPB_REGS_PRODUCER = 24,  /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
+  FC_HPB_REGS_CONSUMER = 240,
+  FC_HPB_BAR_DS = 1,     /* named barriers 1, 2: one consumer warpgroup each (its rows of sdS) */
+  FC_HPB_BAR_DS_ALL = 3, /* named barrier 3: both consumer warpgroups (dQ: each reads the other's rows) */
+  /* The lagged version (hopper/bwd_kernel.cuh, LAG): pairwise barriers of the two consumer warpgroups, 128 arrivals
+   * (bar.arrive, warpgroup c) + 128 (bar.sync, the other) each */
+  FC_HPB_BAR_READY = 4, /* 4 + 2c + b: warpgroup c's dSᵀ rows are in sdS buffer b */
+  FC_HPB_BAR_FREE = 8,  /* 8 + 2c + b: warpgroup c's dQ wgmmas have read sdS buffer b */
+  FC_HPB_V2_STAGES = 2, /* Q/dO stages of the lagged version (a third does not fit its shared memory) */
+};
+
+typedef struct fc_hopper_bwd_args {
+  uint16_t *dk, *dv;
+  int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+  const float *lse2, *dsum; /* [hq][total_pad], rows padded per sequence (common/bwd_rows.cuh) */
+  float *dq_accum;          /* [total_q][hq][D] fp32 */
+  int *dq_ticket;           /* deterministic: [hq][total_pad / Br] turns of the dQ adds, zeroed per call */
+  const int32_t *cu_q, *cu_k;
+  const int64_t *cu_pad;
+  int seqlen_q, seqlen_k;
+  int64_t sq_pad, total_pad;
+  /* GQA: each kv head's query heads are split into kv_split parts of `group` heads, one CTA per part and key block,
+   * each writing its part's dK/dV (into a workspace that fc_gqa_reduce sums). heads_kv counts those parts (the real
+   * kv heads · kv_split), and a tile's hk is one: it reads K/V head hk / kv_split and query heads hk·group ... */
+  int heads_q, heads_kv, group, head_dim;
+  int kv_split;     /* query-head parts per kv head; 1: one CTA walks the whole group */
+  int n_blocks;     /* key blocks per (kv head part, sequence) */
+  int n_pairs;      /* (sequence, kv head part) pairs: batch·heads_kv */
+  int tail_from;    /* the single-tile kernels' first pair walked key block by key block (common/tail_order.cuh) */
+  float scale;      /* > 0 (supports refuses a negative one) */
+  float scale_log2; /* scale·log2(e) */
+  int64_t window_left, window_right, mask_offset;
+  int bottom_right;
+  int dk_vec, dv_vec; /* eight neighbouring elements may be stored as one 16-byte chunk */
+  /* softcap and ALiBi (hopper/score_mod.cuh): read by the SCORE_MOD kernels only; last, so that the plain kernels'
+   * arguments keep their offsets */
+  fc_hp_score_mod mod;
+} fc_hopper_bwd_args;
+
+#if FC_HOPPER_ARCH
+/* ---- the few instructions the forward does not use ------------------------------------------------------ */
+/* Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory through the
+ * copy engine; completion counts them against `bar`'s expected transaction bytes. */
+static __device__ __forceinline__ void fc_hpb_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"((uint64_t)src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+/* Two neighbouring floats (8-byte aligned) of shared memory. */
+static __device__ __forceinline__ float2 fc_hpb_ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+/* This thread's BR / 4 values of a per-query row buffer in shared memory (lse2_i or D_i at `at`): queries 8x + 2t and
+ * + 1, the columns of its Sᵀ fragments (fc_hpb_p_pass), loaded ahead of their use. */
+template <int BR> static __device__ __forceinline__ void fc_hpb_ld_rows(float2 (&v)[BR / 8], uint32_t at, int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) v[x] = fc_hpb_ld_shared_f32x2(at + 4 * (8 * x + 2 * t));
+}
+
+/* The query blocks (Br rows) that see some key of the block [k0, k0 + Bc): [*i_begin, *i_begin + *n_i). Rows
+ * i ≥ j − shift − wr see key j from the right edge, i ≤ j − shift + wl from the left (cuda-mma's dkdv walks the
+ * same range). BC: 64 for the D = 256 kernel (hopper/bwd_d256.cuh). */
+template <int BR, int BC = FC_HPB_BC>
+static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int sk, int64_t shift, int64_t wl,
+                                                           int64_t wr, int *i_begin, int *n_i) {
+  int64_t i_lo = wr < 0 ? 0 : k0 - shift - wr;
+  int64_t i_hi = wl < 0 ? sq : (int64_t)min(k0 + BC, sk) - 1 - shift + wl + 1;
+  i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)sq);
+  *i_begin = (int)(i_lo / BR);
+  *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
+}
+
+/* One tile of the dK/dV kernels: key block jb of kv head hk of sequence b, the sequence's extents (varlen: its rows
+ * in cu_q/cu_k, its first padded row in cu_pad) and the (query head, query block) pairs that see the key block. */
+struct fc_hpb_tile {
+  int jb, hk, k0, sk, sq, q_start, k_start, bt, i_begin, n_i, n_iter;
+  int64_t b, pad0, shift;
+};
+
+/* Tile (jb, bh = b·heads_kv + hk) of key blocks of BC keys. False: k0 ≥ sk (a key block past a shorter sequence of a
+ * varlen batch: nothing to do). */
+template <int BR, int BC = FC_HPB_BC>
+static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args &a, int jb, int64_t bh,
+                                                        fc_hpb_tile *ti) {
+  ti->jb = jb;
+  /* 32-bit: bh < batch·heads_kv (n_pairs, an int). A 64-bit division is a call whose result ptxas kept on the stack
+   * until the epilogue in the D = 256 kernel (8 bytes of local memory per CTA). */
+  const int pair = (int)bh;
+  ti->hk = pair % a.heads_kv;
+  ti->b = pair / a.heads_kv;
+  ti->q_start = 0, ti->k_start = 0, ti->sq = a.seqlen_q, ti->sk = a.seqlen_k;
+  ti->pad0 = ti->b * a.sq_pad;
+  if (a.cu_q) {
+    ti->q_start = a.cu_q[ti->b];
+    ti->sq = a.cu_q[ti->b + 1] - ti->q_start;
+    ti->k_start = a.cu_k[ti->b];
+    ti->sk = a.cu_k[ti->b + 1] - ti->k_start;
+    ti->pad0 = a.cu_pad[ti->b];
+  }
+  ti->k0 = jb * BC;
+  if (ti->k0 >= ti->sk) return false;
+  ti->bt = a.cu_q ? 0 : (int)ti->b; /* batch coordinate of the tensor maps */
+  ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
+  fc_hpb_query_blocks<BR, BC>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
+  ti->n_iter = a.group * ti->n_i; /* (query head, query block) pairs, head-major */
+  return true;
+}
+
+/* The tile of this CTA in the single-tile kernels (common/tail_order.cuh: the grid's last pairs key block by key
+ * block where a right mask edge makes the tiles unequal). */
+template <int BR, int BC = FC_HPB_BC>
+static __device__ __forceinline__ bool fc_hpb_tile_of_cta(const fc_hopper_bwd_args &a, fc_hpb_tile *ti) {
+  int jb;
+  int64_t bh;
+  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
+  return fc_hpb_tile_from<BR, BC>(a, jb, bh, ti);
+}
+
+/* The tile's first key row of dk or dv (g, with that view's strides): where its dK_j or dV_j goes. */
+static __device__ __forceinline__ uint16_t *fc_hpb_key_rows(uint16_t *g, int64_t sb, int64_t ss, int64_t sh,
+                                                            const fc_hpb_tile &ti) {
+  return g + ti.b * sb + (int64_t)ti.k_start * ss + (int64_t)ti.hk * sh;
+}
+
+/* The barriers every dK/dV kernel has at `bars`: kv_full, full[STAGES] (the producer's arrive.expect_tx, then the
+ * bytes), empty[STAGES] (one arrival per consumer thread). Thread 0, before the fence and the CTA barrier. */
+template <int STAGES> static __device__ __forceinline__ void fc_hpb_init_barriers(uint32_t bars) {
+  fc_mbar_init(bars, 1);
+#pragma unroll
+  for (int s = 0; s < STAGES; s++) {
+    fc_mbar_init(bars + 8u * (1 + s), 1);
+    fc_mbar_init(bars + 8u * (1 + STAGES + s), 32 * FC_HPB_CONSUMER_WARPS);
+  }
+}
+
+/* The producer thread of the dK/dV kernels (both versions): K_j, V_j once into sK, sV (halves of 64 columns), then
+ * into the ring of STAGES stages Q_i, dO_i (TMA) and lse2_i, D_i (bulk copies) of every (query head of the GQA
+ * group, query block) pair that sees the key block, head-major; fill u of stage s waits for the end of use u − 1
+ * (every consumer thread released it). Barriers at `bars`: kv_full, full[STAGES], empty[STAGES]. */
+template <int D, int BR, int STAGES>
+static __device__ __forceinline__ void
+fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v, const CUtensorMap *tm_do,
+               const fc_hopper_bwd_args &a, uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO, uint32_t sLD,
+               uint32_t bars, int hk, int bt, int k_start, int k0, int q_start, int64_t pad0, int i_begin, int n_i,
+               int n_iter) {
+  constexpr int HALVES = D / 64;
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t Q_HALF = BR * FC_HPB_ROW_BYTES;          /* one 64-column half of Q_i or dO_i */
+  constexpr uint32_t STAGE_TX = 2 * Q_BYTES + 2 * ROWS_BYTES; /* Q_i, dO_i, lse2_i, D_i */
+  const uint32_t kv_full = bars, full = bars + 8u, empty = bars + 8u * (1 + STAGES);
+  fc_tma_prefetch_map(tm_q);
+  fc_tma_prefetch_map(tm_k);
+  fc_tma_prefetch_map(tm_v);
+  fc_tma_prefetch_map(tm_do);
+  fc_mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+#pragma unroll
+  for (int hf = 0; hf < HALVES; hf++) {
+    fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
+    fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
+  }
+  for (int it = 0; it < n_iter; it++) {
+    const int s = it % STAGES, u = it / STAGES;
+    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    FC_HPB_MARK_AT(0, it, 0);
+    if (u > 0) fc_mbar_wait(empty + 8u * s, (u - 1) & 1);
+    FC_HPB_MARK_AT(0, it, 1);
+    fc_mbar_arrive_expect_tx(full + 8u * s, STAGE_TX);
+#pragma unroll
+    for (int hf = 0; hf < HALVES; hf++) {
+      fc_tma_load_4d(sQ + s * Q_BYTES + hf * Q_HALF, tm_q, 64 * hf, q_start + q0, hh, bt, full + 8u * s);
+      fc_tma_load_4d(sdO + s * Q_BYTES + hf * Q_HALF, tm_do, 64 * hf, q_start + q0, hh, bt, full + 8u * s);
+    }
+    /* Padded buffers: rows q0 .. q0 + Br − 1 exist (the sequence's rows are padded to FC_BWD_ROWS_PAD, a multiple of
+     * Br), 256-byte aligned (pad0 and total_pad are multiples of FC_BWD_ROWS_PAD = 128 rows, q0 of Br = 64 or 128). */
+    const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
+    fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES, a.lse2 + at, ROWS_BYTES, full + 8u * s);
+    fc_hpb_bulk_load(sLD + s * 2 * ROWS_BYTES + ROWS_BYTES, a.dsum + at, ROWS_BYTES, full + 8u * s);
+  }
+}
+
+/* Deterministic dQ: the adders of one (query head, query block) take turns through a ticket in global memory.
+ * The key blocks that see a query block are consecutive (both ends of the range above grow with k0), so the
+ * turns go key block by key block, warpgroup 0 then 1: warpgroup c of key block j adds once the ticket reads
+ * 2j + c, then posts 2j + c + 1. Only warpgroup 0 of the first key block of the run does not wait. A turn
+ * waits only for lower key blocks of the same (kv head, sequence), i.e. CTAs of lower index, which were
+ * scheduled no later. The ticket is a flag between CTAs (fc_flag_wait, fc_flag_post). */
+
+/* Key j is visible to query i (the problem's mask, with the sequence's shift). */
+static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
+  return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
+}
+
+/* Pᵀ = 2^(c·Sᵀ − lse2_i) in place, for this thread's keys key0 (e < 2) and key0 + 8 (e ≥ 2) and queries
+ * q0 + 8x + 2t + (e & 1); lse2_i at sL. MASKED: queries and keys past the sequence and pairs outside the mask are
+ * zeroed (a query row past the sequence has lse2 = +inf, but its Sᵀ may be NaN: zero rows, or the next sequence's,
+ * times a key with an infinite component). WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
+ * ready already (fc_hopper_bwd_kernel). l2_pre: lse2_i loaded already (fc_hpb_ld_rows), else loaded here. POLY: of
+ * every 8 exponentials, how many fc_exp2_poly computes on the FMA pipe (the rest: ex2 on the special-function unit;
+ * H100: 1 of 8 ran 1.005-1.016x at D = 128, 2 or 3 of 8 0.97-0.995x, bench/results/configs/
+ * hopper-bwd-exp-trace-2026-11-24.txt; the forward's softmax lost 6-14 % with 2-4 of 8). */
+template <int BR, bool MASKED, bool WITH_DS, int POLY>
+static __device__ __forceinline__ void fc_hpb_p_pass(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
+                                                     uint32_t sD, float c, int t, int q0, int key0, int sq, int sk,
+                                                     int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 l2 = l2_pre ? l2_pre[x] : fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+    const float2 dr = WITH_DS ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const float arg = fmaf(st[4 * x + e], c, (e & 1) ? -l2.y : -l2.x);
+      float p = (4 * x + e) % 8 < POLY ? fc_exp2_poly(arg) : fc_exp2(arg);
+      if constexpr (MASKED) {
+        const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+        if (!(key < sk && q0 + qc < sq && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
+      }
+      st[4 * x + e] = p;
+      if constexpr (WITH_DS) dpt[4 * x + e] = p * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+    }
+  }
+}
+
+/* fc_hpb_p_pass for the block of keys k0 .. k0 + BC − 1 and queries q0 .. q0 + BR − 1, masked only where some pair
+ * of it is cut. Whether it is whole is tested once, around two loops: with the test inside the loop (`if (!whole
+ * && !visible) p = 0`), ptxas branched per element and unmasked blocks ran ~6 instructions per element instead of
+ * 2 (ncu's source view at commit 5ef3b40: 3x the branches of cuDNN's kernel, the exponentials a third of the
+ * samples). */
+template <int BR, bool WITH_DS, int BC = FC_HPB_BC, int POLY = 0>
+static __device__ __forceinline__ void
+fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t sD, float c, int t, int q0, int k0,
+                int key0, int sq, int sk, int64_t shift, int64_t wl, int64_t wr, const float2 *l2_pre = nullptr) {
+  const bool whole = k0 + BC <= sk && q0 + BR <= sq && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) &&
+                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+  if (whole)
+    fc_hpb_p_pass<BR, false, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sq, sk, shift, wl, wr, l2_pre);
+  else
+    fc_hpb_p_pass<BR, true, WITH_DS, POLY>(st, dpt, sL, sD, c, t, q0, key0, sq, sk, shift, wl, wr, l2_pre);
+}
+
+/* The SCORE_MOD kernels' P pass (hopper/score_mod.cuh): Sᵀ → x = the modified score, Pᵀ = 2^(x·log2 e − lse2_i),
+ * masked as fc_hpb_p_pass, and g = 1 − tanh² (CAP) for dSᵀ, with what each kernel keeps of them (MODE):
+ *   FC_HPB_MOD_DS    st ← Pᵀ, y ← Pᵀ∘g∘(y − D_i) (y = dPᵀ ready: fc_hopper_bwd_kernel)
+ *   FC_HPB_MOD_PACK  pp ← Pᵀ, pg ← Pᵀ∘g, both packed to 16 bits (dV's A; dSᵀ's factor, as fc_hpb_ds_from_pg reads it:
+ *                    hopper/bwd_kernel.cuh, where the fp32 Pᵀ∘g beside Sᵀ's and dPᵀ's accumulators spilled 864 bytes at
+ *                    D = 64; the D = 256 kernel rounds Pᵀ to 16 bits before dSᵀ likewise)
+ *   FC_HPB_MOD_TWO   st ← Pᵀ, y ← Pᵀ∘g (hopper/bwd_d256.cuh: Pᵀ for dV, Pᵀ∘g for the other warpgroup's dSᵀ)
+ * The exponentials all run on the special-function unit (no fc_exp2_poly: softcap's tanh fills the FMA pipe). */
+enum { FC_HPB_MOD_DS = 0, FC_HPB_MOD_PACK = 1, FC_HPB_MOD_TWO = 2 };
+template <typename T, int BR, bool MASKED, bool CAP, int MODE>
+static __device__ __forceinline__ void
+fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
+                  uint32_t sL, uint32_t sD, int t, int q0, int key0, int sq, int sk, int64_t shift, int64_t wl,
+                  int64_t wr, const fc_hp_score_mod &md, float slope, const float2 *l2_pre) {
+  /* ALiBi: key key0 + 8·rh and query q0 + 8x + 2t + e % 2 are |w[rh] + 8x + e % 2| apart */
+  const float w[2] = {(float)(q0 + 2 * t + sk - sq - key0), (float)(q0 + 2 * t + sk - sq - key0 - 8)};
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 l2 = l2_pre ? l2_pre[x] : fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+    const float2 dr =
+        MODE == FC_HPB_MOD_DS ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
+    float pv[4], gv[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float g;
+      const float xs = fc_hpb_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
+      float p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
+      if constexpr (MASKED) {
+        const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
+        if (!(key < sk && q0 + qc < sq && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
+      }
+      pv[e] = p;
+      if constexpr (MODE == FC_HPB_MOD_DS) {
+        st[4 * x + e] = p;
+        y[4 * x + e] = p * g * (y[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+      } else if constexpr (MODE == FC_HPB_MOD_PACK) {
+        gv[e] = p * g;
+      } else {
+        st[4 * x + e] = p;
+        y[4 * x + e] = p * g;
+      }
+    }
+    if constexpr (MODE == FC_HPB_MOD_PACK) { /* s[8kb + 2r], s[8kb + 2r + 1] are A's register r of k-step kb */
+      pp[x / 2][2 * (x % 2)] = fc_pack2<T>(pv[0], pv[1]);
+      pp[x / 2][2 * (x % 2) + 1] = fc_pack2<T>(pv[2], pv[3]);
+      pg[x / 2][2 * (x % 2)] = fc_pack2<T>(gv[0], gv[1]);
+      pg[x / 2][2 * (x % 2) + 1] = fc_pack2<T>(gv[2], gv[3]);
+    }
+  }
+}
+
+/* fc_hpb_p_pass_mod over the block of keys k0 .. k0 + BC − 1 and queries q0 .. q0 + BR − 1 of query head hh: masked
+ * only where the block is cut (fc_hpb_p_from_s), softcap chosen once per block (uniform). */
+template <typename T, int BR, int MODE, int BC = FC_HPB_BC>
+static __device__ __forceinline__ void
+fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
+                    uint32_t sL, uint32_t sD, int t, int q0, int k0, int key0, int sq, int sk, int64_t shift,
+                    int64_t wl, int64_t wr, const fc_hp_score_mod &md, float slope, const float2 *l2_pre = nullptr) {
+  const bool whole = k0 + BC <= sk && q0 + BR <= sq && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) &&
+                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+  if (md.k_out > 0.0f) {
+    if (whole)
+      fc_hpb_p_pass_mod<T, BR, false, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                  l2_pre);
+    else
+      fc_hpb_p_pass_mod<T, BR, true, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                 l2_pre);
+  } else {
+    if (whole)
+      fc_hpb_p_pass_mod<T, BR, false, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                   l2_pre);
+    else
+      fc_hpb_p_pass_mod<T, BR, true, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
+                                                  l2_pre);
+  }
+}
+
+/* SCORE_MOD: dSᵀ = (Pᵀ∘g)∘(dPᵀ − D_i) in place of dPᵀ, Pᵀ∘g packed to 16 bits by fc_hpb_p_pass_mod (FC_HPB_MOD_PACK:
+ * s[8kb + 2r], s[8kb + 2r + 1] in pg[kb][r]). BIASED as fc_hpb_ds_from_dp. */
+template <typename T, int BR, bool BIASED>
+static __device__ __forceinline__ void fc_hpb_ds_from_pg(float (&dpt)[BR / 2], const uint32_t (&pg)[BR / 16][4],
+                                                         uint32_t sD, int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 dr = BIASED ? make_float2(0.0f, 0.0f) : fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const uint32_t w = pg[x / 2][2 * (x % 2) + e / 2];
+      dpt[4 * x + e] =
+          fc_to_float<T>((uint16_t)(e & 1 ? w >> 16 : w & 0xffffu)) * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+    }
+  }
+}
+
+/* dSᵀ = Pᵀ∘(dPᵀ − D_i) in place of dPᵀ (D_i at sD, the same fragment layout as fc_hpb_p_from_s). BIASED: dPᵀ − D_i
+ * is what dpt holds already (fc_hpb_bias_init). */
+template <int BR, bool BIASED = false>
+static __device__ __forceinline__ void fc_hpb_ds_from_dp(float (&dpt)[BR / 2], const float (&st)[BR / 2], uint32_t sD,
+                                                         int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 dr = BIASED ? make_float2(0.0f, 0.0f) : fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+    for (int e = 0; e < 4; e++) dpt[4 * x + e] = st[4 * x + e] * (dpt[4 * x + e] - ((e & 1) ? dr.y : dr.x));
+  }
+}
+
+/* BIAS (hopper/bwd_kernel.cuh): Sᵀ's and dPᵀ's accumulators start at −lse2_i/c (ST) and −D_i (DP) (the stage's rows at
+ * sL, sD, this thread's query columns as fc_hpb_p_pass reads them), so that the wgmmas, accumulating from their first
+ * k-step, leave Sᵀ − lse2_i/c and dPᵀ − D_i: the P pass and dSᵀ load nothing from shared memory then. lse2 = +inf
+ * (queries that see no key, padding) becomes −3.4e38: finite in the tensor core's sums, and still 2^(c·x) = 0. */
+template <int BR, bool ST, bool DP>
+static __device__ __forceinline__ void fc_hpb_bias_init(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL,
+                                                        uint32_t sD, float inv_c, int t) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    if constexpr (ST) {
+      const float2 l2 = fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
+      /* fc_fmax_nan: a NaN lse (a row that met a NaN in the forward) stays NaN, and so does its P. */
+      const float bx = fc_fmax_nan(-l2.x * inv_c, -3.4e38f), by = fc_fmax_nan(-l2.y * inv_c, -3.4e38f);
+#pragma unroll
+      for (int e = 0; e < 4; e++) st[4 * x + e] = (e & 1) ? by : bx;
+    }
+    if constexpr (DP) {
+      const float2 dr = fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t));
+#pragma unroll
+      for (int e = 0; e < 4; e++) dpt[4 * x + e] = (e & 1) ? -dr.y : -dr.x;
+    }
+  }
+}
+
+/* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warpgroup's 64 keys × Br queries (wgmma m64nBrk16): D/16 k-steps
+ * over the head dim. Step kk reads columns 16·kk .. 16·kk + 15: 32·(kk % 4) bytes into the rows of half kk / 4
+ * (hopper/gemm.cuh's fc_hp_ss_kmajor, two products interleaved, with the halves of the two tiles of different heights:
+ * Br·128 bytes for Q_i, dO_i). B is Q_i, dO_i K-major: Br rows of 128 bytes, 8-row groups 1024 bytes apart (Br = 128:
+ * the forward's K_j). The first step writes without reading: both are fresh values per block. */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void fc_hpb_sdp(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t k_rows,
+                                                  uint32_t v_rows, uint32_t q_tile, uint32_t do_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint32_t oa = (kk / 4) * FC_HPB_KV_HALF + (kk % 4) * 32,
+                   ob = (kk / 4) * (BR * FC_HPB_ROW_BYTES) + (kk % 4) * 32;
+    const uint64_t dk = fc_wgmma_desc_off(k_rows, oa, 16, 1024), dq = fc_wgmma_desc_off(q_tile, ob, 16, 1024);
+    const uint64_t dv = fc_wgmma_desc_off(v_rows, oa, 16, 1024), ddo = fc_wgmma_desc_off(do_tile, ob, 16, 1024);
+    if (kk == 0) {
+      fc_wgmma_ss_zero<T, BR>(st, dk, dq);
+      fc_wgmma_ss_zero<T, BR>(dpt, dv, ddo);
+    } else {
+      fc_wgmma_ss<T, BR>(st, dk, dq);
+      fc_wgmma_ss<T, BR>(dpt, dv, ddo);
+    }
+  }
+}
+
+/* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i: Br/16 k-steps of 16 queries; step kb reads rows 16·kb .. 16·kb + 15 of
+ * dO_i, Q_i (MN-major, imm-trans-b = 1: two 8-row groups 1024 bytes apart, the column halves Br·128 bytes
+ * apart), as the forward's O += P·V_j. */
+template <typename T, int D, int BR>
+static __device__ __forceinline__ void fc_hpb_dkdv(float (&dv)[D / 2], float (&dk)[D / 2],
+                                                   const uint32_t (&p)[BR / 16][4], const uint32_t (&ds)[BR / 16][4],
+                                                   uint32_t q_tile, uint32_t do_tile) {
+#pragma unroll
+  for (int kb = 0; kb < BR / 16; kb++) {
+    fc_wgmma_rs<T, D>(dv, p[kb], fc_wgmma_desc_off(do_tile, kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+    fc_wgmma_rs<T, D>(dk, ds[kb], fc_wgmma_desc_off(q_tile, kb * 16 * FC_HPB_ROW_BYTES, BR * FC_HPB_ROW_BYTES, 1024));
+  }
+}
+
+/* dQ_i (64 queries × N columns from k_cols on) (+)= dS·K_j over 64 keys: 4 k-steps of 16 keys. A = dS is stored
+ * as dSᵀ (a row per key, the queries contiguous; Br = 128: ds_rows lies in one 64-query half of sdS, M = 64 so
+ * the leading offset is unused): M-major, imm-trans-a = 1; B = K_j (a row per key, the head dim
+ * contiguous): N-major, imm-trans-b = 1. Step kb reads key rows 16·kb .. of both (2048 bytes on). N = 32 starts
+ * 0 or 64 bytes into a swizzled 128-byte row (the swizzle is of the address, as for the K-major k-steps). ZERO:
+ * the first step overwrites dq (else it adds to it). */
+template <typename T, int N, bool ZERO = true>
+static __device__ __forceinline__ void fc_hpb_dq(float (&dq)[N / 2], uint32_t ds_rows, uint32_t k_cols) {
+#pragma unroll
+  for (int kb = 0; kb < 4; kb++) {
+    const uint64_t da = fc_wgmma_desc_off(ds_rows, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_Q_HALF, 1024);
+    const uint64_t db = fc_wgmma_desc_off(k_cols, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB_KV_HALF, 1024);
+    if (ZERO && kb == 0)
+      fc_wgmma_ss_tt_zero<T, N>(dq, da, db);
+    else
+      fc_wgmma_ss_tt<T, N>(dq, da, db);
+  }
+}
+
+/* The second version's dQ path: this warpgroup's dQ product (64 rows × NQ columns, the wgmma accumulator layout) into
+ * its shared-memory tile, then one thread adds the whole tile to `dst` in the fp32 sum (one bulk reduce-add). The tile
+ * is the sum's blocked layout (fc_bwd_dq_blocked_index, w = W): NQ / W tiles of 64 rows × W columns one after the
+ * other, which is where the sum keeps them when NQ is all its ld columns (Br = 128: W = 32, NQ = D = 64). Row 16·warp +
+ * g + 8·rh, columns 8x + 2t, + 1: in sub-tile x / (W / 8), the row's 16-byte chunk 2·(x % (W / 8)) + t / 2, stored at
+ * that chunk ^ (2g % (W / 4)). The caller has made sure the last add from this tile has read it. */
+template <int NQ, int W = NQ>
+static __device__ __forceinline__ void fc_hpb_dq_tile_add(const float (&dq)[NQ / 2], uint32_t tile, float *dst,
+                                                          int warp, int g, int t, int ct, int bar) {
+  static_assert(NQ % W == 0 && W % 8 == 0, "whole sub-tiles of whole 16-byte chunks");
+#pragma unroll
+  for (int x = 0; x < NQ / 8; x++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++)
+      fc_st_shared_f32x2(tile + (x / (W / 8)) * (FC_BWD_DQ_TILE * W * 4) + (16 * warp + g + 8 * rh) * (W * 4) +
+                             (((2 * (x % (W / 8)) + (t >> 1)) ^ ((2 * g) % (W / 4))) << 4) + 8 * (t & 1),
+                         dq[4 * x + 2 * rh], dq[4 * x + 2 * rh + 1]);
+  fc_fence_proxy_async();     /* these writes, before the copy engine reads them */
+  fc_named_barrier(bar, 128); /* the warpgroup's whole tile is written */
+  if (ct == 0) {
+    fc_bulk_reduce_add_f32(dst, tile, FC_BWD_DQ_TILE * NQ * 4);
+    fc_bulk_commit();
+  }
+}
+#endif /* FC_HOPPER_ARCH */
+
+#if FC_HOPPER_ARCH
+/* One 64-key × D tile of 16-bit values (a warpgroup's dK_j or dV_j) from shared memory at `tile` to global memory:
+ * row r at r·2D bytes, its 16-byte chunk c at ((c ^ r % 8)·16) (fc_hpb_store_dkdv writes it so), key key_base + r
+ * at `to` + (key_base + r)·ss; rows past the sequence (sk) and columns past head_dim are not written. Each thread
+ * stores whole chunks (16 bytes when `vec`, else element by element), a warp 4 (D = 64) or 2 (D = 128) rows. */
+template <int D>
+static __device__ __forceinline__ void fc_hpb_store_tile(uint32_t tile, uint16_t *to, int64_t ss, int key_base, int sk,
+                                                         int head_dim, int vec, int ct) {
+  constexpr int CH = D / 8; /* 16-byte chunks per row */
+#pragma unroll
+  for (int i = 0; i < 64 * CH / 128; i++) {
+    const int idx = i * 128 + ct, r = idx / CH, ch = idx % CH, key = key_base + r, col = 8 * ch;
+    if (key >= sk || col >= head_dim) continue;
+    const uint4 v = fc_ld_shared_v4(tile + r * 2 * D + ((ch ^ (r % 8)) << 4));
+    uint16_t *dst = to + (int64_t)key * ss + col;
+    if (vec && col + 8 <= head_dim) {
+      fc_st_global_v4(dst, v);
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < head_dim) dst[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
+/* The end of the dK/dV kernels at D ≤ 128: dK_j = scale·dK_j and dV_j (this warpgroup's keys k0 + 64·cw .., the
+ * accumulators' rows 16·warp + g (+ 8), columns 8x + 2t, + 1) into global memory through shared memory, so that the
+ * global stores are whole 16-byte chunks of rows: stored from the accumulators as 32-bit pairs, half of every 32-byte
+ * sector was wasted (ncu). `stage` is where they are staged: the Q/dO stage ring, 2 × 64 × D × 2 bytes per warpgroup
+ * at least: free once both consumer warpgroups are past the barrier below (every fill has been consumed and every
+ * wgmma retired; the producer issues nothing more). The smem tile is swizzled by 16-byte chunks (chunk x of row r at
+ * x ^ r % 8) so that both the pair writes and the chunk reads are free of bank conflicts. */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                                         uint32_t stage, const fc_hopper_bwd_args &a, uint16_t *dK,
+                                                         uint16_t *dV, int k0, int sk, int cw, int ct) {
+  constexpr uint32_t TILE = 64 * D * 2;
+  const int warp = ct / 32, g = ct % 32 / 4, t = ct % 4;
+  const uint32_t tk = stage + cw * 2 * TILE, tv = tk + TILE;
+  fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups are done with the stages */
+  fc_fence_proxy_async();                   /* after the async proxy's use of this memory, before these writes */
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    const int r = 16 * warp + g + 8 * rh;
+#pragma unroll
+    for (int x = 0; x < D / 8; x++) {
+      const uint32_t off = r * 2 * D + ((x ^ (r % 8)) << 4) + 4 * t;
+      fc_st_shared_u32(tk + off, fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
+      fc_st_shared_u32(tv + off, fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+    }
+  }
+  fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
+  fc_hpb_store_tile<D>(tk, dK, a.dk_ss, k0 + 64 * cw, sk, a.head_dim, a.dk_vec, ct);
+  fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, a.head_dim, a.dv_vec, ct);
+}
+#endif /* FC_HOPPER_ARCH */
+
+/* The deterministic dK/dV kernel. dQ_i is split between the two consumer warpgroups by columns: warpgroup c computes
+ * columns N·c .. N·c + N − 1 (N = D / 2) over all 128 keys of K_j (both warpgroups' rows of dSᵀ), so that every
+ * element of dQ_i gets one fp32 reduction per CTA instead of two (ncu: the backward is L2-bound on these reductions;
+ * the split ran 1.20-1.31x each warpgroup adding its own keys' share at D = 128, seqlen ≥ 1k,
+ * bench/results/configs/hopper-bwd-dq-split-h100.txt). The price: both warpgroups meet at a barrier before and after
+ * writing dSᵀ. The adds are red.global.add in a fixed order (the tickets above), into the [total_q][hq][D] sum. */
+template <typename T, int D, int STAGES, bool SCORE_MOD = false>
+__global__ void __launch_bounds__(FC_HPB_THREADS, 1)
+    fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                         const fc_hopper_bwd_args a) {
+#if FC_HOPPER_ARCH
+  constexpr int BR = FC_HPB_BR;
+  constexpr int NQ = D / 2; /* columns of one dQ product */
+  static_assert(FC_BWD_ROWS_PAD % BR == 0, "a query block stays inside its sequence's padded rows");
+  constexpr uint32_t KV_BYTES = FC_HPB_BC * D * 2, Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
+  constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
+  const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
+  const uint32_t sLD = sdS + DS_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
+  const uint32_t kv_full = bars;
+#define FULL(s)  (bars + 8u * (1 + (s)))
+#define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
+
+  /* Which tile (fc_hpb_tile_of_cta). */
+  fc_hpb_tile ti;
+  if (!fc_hpb_tile_of_cta<BR>(a, &ti)) return; /* the whole CTA, before any barrier */
+  const int jb = ti.jb, hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0;
+  const int bt = ti.bt, i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
+  const int64_t pad0 = ti.pad0, shift = ti.shift;
+  const int64_t q_row0 = a.cu_q ? q_start : ti.b * a.seqlen_q; /* the sequence's first row of the dQ sum */
+  int prev_begin = 0, prev_n = 0;                              /* the previous key block's query blocks */
+  if (jb > 0)
+    fc_hpb_query_blocks<BR>(k0 - FC_HPB_BC, sq, sk, shift, a.window_left, a.window_right, &prev_begin, &prev_n);
+
+  if (threadIdx.x == 0) {
+    fc_hpb_init_barriers<STAGES>(bars);
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+
+  if (threadIdx.x < 128) {
+    /* ---- producer ---------------------------------------------------------------------------------- */
+    fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
+    if (threadIdx.x == 0 && n_iter > 0)
+      fc_hpb_produce<D, BR, STAGES>(&tm_q, &tm_k, &tm_v, &tm_do, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0,
+                                    q_start, pad0, i_begin, n_i, n_iter);
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
+    /* The warpgroup index through a shuffle: provably warp-uniform, so that the descriptors derived from it
+     * live in uniform registers (hopper/fwd.cu explains why that matters). */
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
+    const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
+    const uint32_t ds_rows = sdS + 64 * cw * FC_HPB_ROW_BYTES; /* and its 64 rows of dSᵀ */
+    const int key0 = k0 + 64 * cw + 16 * warp + g;             /* this thread's keys: key0, key0 + 8 */
+    const float c = a.scale_log2;
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int x = 0; x < D / 2; x++) dk[x] = dv[x] = 0.0f;
+    if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
+
+    float st[BR / 2], dpt[BR / 2];
+    for (int it = 0; it < n_iter; it++) {
+      const int s = it % STAGES, u = it / STAGES;
+      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+      const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
+      const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
+      int *ticket = NULL;
+      /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ */
+      fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
+      fc_fence_regs(dk);
+      fc_fence_regs(dv);
+      fc_wgmma_fence();
+      fc_hpb_sdp<T, D, BR>(st, dpt, k_rows, v_rows, q_tile, do_tile);
+      fc_wgmma_commit();
+      fc_wgmma_wait<0>();
+      fc_fence_regs(st);
+      fc_fence_regs(dpt);
+
+      /* Pᵀ = 2^(c·Sᵀ − lse2_i), masked, and dSᵀ = Pᵀ∘(dPᵀ − D_i) in one pass (SCORE_MOD: of the modified
+       * scores, dSᵀ through tanh). */
+      if constexpr (SCORE_MOD) {
+        uint32_t unused[BR / 16][4];
+        fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_DS>(st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift,
+                                                  a.window_left, a.window_right, a.mod,
+                                                  fc_hp_alibi_slope(a.mod, ti.b, hh));
+      } else {
+        fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
+      }
+      /* Packed to 16 bits as A fragments (the accumulators of query columns 16·kb .. 16·kb + 15 are A's registers
+       * of k-step kb, as P in the forward). */
+      uint32_t pp[BR / 16][4], dsp[BR / 16][4];
+#pragma unroll
+      for (int kb = 0; kb < BR / 16; kb++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          pp[kb][r] = fc_pack2<T>(st[8 * kb + 2 * r], st[8 * kb + 2 * r + 1]);
+          dsp[kb][r] = fc_pack2<T>(dpt[8 * kb + 2 * r], dpt[8 * kb + 2 * r + 1]);
+        }
+
+      /* dSᵀ into this warpgroup's rows of sdS, swizzled as TMA would write it: row r (a key), 16-byte chunk x
+       * (queries 8x .. 8x + 7) at r·128 + ((x ^ (r % 8))·16); this thread's rows have r % 8 = g. */
+      fc_fence_proxy_async(); /* after the async proxy's reads of sdS (the last dQ wgmma), before these writes */
+      /* Every warp of both warpgroups (whose dQ wgmmas read these rows) is past the last block's dQ wgmma wait:
+       * none still reads sdS. */
+      fc_named_barrier(FC_HPB_BAR_DS_ALL, 256);
+#pragma unroll
+      for (int x = 0; x < BR / 8; x++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int r = 16 * warp + g + 8 * rh;
+          /* dpt[4x + 2rh], dpt[4x + 2rh + 1], packed above as dsp[x / 2][2·(x % 2) + rh] */
+          fc_st_shared_u32(ds_rows + r * FC_HPB_ROW_BYTES + ((x ^ g) << 4) + 4 * t, dsp[x / 2][2 * (x % 2) + rh]);
+        }
+      fc_fence_proxy_async();                   /* these generic writes, before the async proxy (wgmma) reads them */
+      fc_named_barrier(FC_HPB_BAR_DS_ALL, 256); /* both warpgroups' dSᵀ rows are in shared memory */
+
+      /* dV_j += Pᵀ·dO_i, dK_j += dSᵀ·Q_i */
+      fc_wgmma_fence();
+      fc_hpb_dkdv<T, D, BR>(dv, dk, pp, dsp, q_tile, do_tile);
+      fc_wgmma_commit();
+
+      /* dQ_i (columns NQ·cw ..) += dS·K_j over all 128 keys, added into the fp32 sum: lanes t and t ^ 1 swap
+       * halves so that each red adds four consecutive columns of one row (even lane: row g, odd lane: row g + 8).
+       * Rows past the sequence are skipped (their dS is 0, but the rows belong to another one). */
+      const bool odd = t & 1;
+      const int qrow = q0 + 16 * warp + g + (odd ? 8 : 0);
+      float *dq_row = a.dq_accum + ((q_row0 + qrow) * a.heads_q + hh) * (int64_t)D + 4 * (t >> 1);
+      /* Wait for this warpgroup's turn (fc_flag_wait); the previous key block saw query block q0 / Br iff it
+       * lies in that block's range. */
+      const int ib = q0 / BR;
+      const bool first = cw == 0 && !(prev_n > 0 && ib >= prev_begin && ib < prev_begin + prev_n);
+      ticket = a.dq_ticket + ((int64_t)hh * a.total_pad + pad0 + q0) / BR;
+      if (ct == 0 && !first) fc_flag_wait(ticket, 2 * jb + cw, 32);
+      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the whole warpgroup adds after the acquire */
+      {
+        const int col0 = NQ * cw; /* this product's first column of dQ_i */
+        float dq[NQ / 2];
+        fc_wgmma_fence();
+        /* keys 0 .. 63 (warpgroup 0's dSᵀ rows), then 64 .. 127 */
+        const uint32_t k_cols = sK + (col0 / 64) * FC_HPB_KV_HALF + (col0 % 64) * 2;
+        fc_hpb_dq<T, NQ>(dq, sdS, k_cols);
+        fc_hpb_dq<T, NQ, false>(dq, sdS + 64 * FC_HPB_ROW_BYTES, k_cols + 64 * FC_HPB_ROW_BYTES);
+        fc_wgmma_commit();
+        fc_wgmma_wait<0>();
+        fc_fence_regs(dq);
+#pragma unroll
+        for (int x = 0; x < NQ / 8; x++) {
+          const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 0] : dq[4 * x + 2], 1);
+          const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * x + 1] : dq[4 * x + 3], 1);
+          if (qrow < sq) {
+            if (odd)
+              fc_red_add4(dq_row + col0 + 8 * x, r0, r1, dq[4 * x + 2], dq[4 * x + 3]);
+            else
+              fc_red_add4(dq_row + col0 + 8 * x, dq[4 * x + 0], dq[4 * x + 1], r0, r1);
+          }
+        }
+      }
+      __threadfence();                           /* this thread's adds are performed ... */
+      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... every thread's, before the turn passes on */
+      if (ct == 0) fc_flag_post(ticket, 2 * jb + cw + 1);
+      /* dV, dK of this block are done (the waits above covered them) */
+      fc_wgmma_wait<0>();
+      fc_fence_regs(dk);
+      fc_fence_regs(dv);
+      /* Q_i, dO_i, lse2_i, D_i of stage s are read: it may be refilled. Every consumer thread arrives: an
+       * arrive releases only the arriving thread's own reads of sL/sD (racecheck found the next bulk fill
+       * racing with the other lanes' reads when lane 0 arrived for its warp). */
+      fc_mbar_arrive_if(EMPTY(s), true);
+    }
+
+    uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
+    uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
+    static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
+    fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
+  }
+#undef FULL
+#undef EMPTY
+#endif /* FC_HOPPER_ARCH */
+}
+
+/* The second version (D = 64, 128): its own file, sharing the helpers above. */
+#include "hopper/bwd_kernel.cuh"
+/* The D = 256 kernel: its own file, sharing the helpers above. */
+#include "hopper/bwd_d256.cuh"
+
+/* ---- host ------------------------------------------------------------------------------------------------ */
+/* Dynamic shared memory of one CTA of fc_hopper_bwd_kernel (red.global.add dQ): the tiles, lse2/D rows, barriers,
+ * and 1024 bytes of slack for the alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB; D = 64, 3 stages:
+ * 32 + 48 + 16 + … = 98 KB. */
+static size_t fc_hpb_smem_bytes(int d, int stages) {
+  return (size_t)2 * FC_HPB_BC * d * 2 + (size_t)stages * 2 * FC_HPB_BR * d * 2 + (size_t)FC_HPB_BC * FC_HPB_BR * 2 +
+         (size_t)stages * 2 * FC_HPB_BR * 4 + 8 * (1 + 2 * stages) + 1024;
+}
+
+/* The second version (hopper/bwd_kernel.cuh), 2 stages: sK, sV, the stages, sdS twice, sdQ 2 × 16 KB, lse2/D rows,
+ * barriers and the alignment slack. D = 128 (Br = 64): 198696 bytes. D = 64 (Br = 128): 32 + 64 + 64 + 32 KB + 2 KB
+ * + 40 + 1024 = 199720 bytes (3 stages would need 233528, past the 232448 allowed). */
+static size_t fc_hpb_v2_smem_bytes(int d) {
+  const size_t br = d == 64 ? 128 : FC_HPB_BR, stages = 2;
+  return 2 * FC_HPB_BC * (size_t)d * 2 + stages * 2 * br * d * 2 + 2 * FC_HPB_BC * br * 2 +
+         2 * FC_BWD_DQ_TILE * (size_t)64 * 4 + stages * 2 * br * 4 + 8 * (1 + 2 * stages) + 1024;
+}
+
+typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                                 const fc_hopper_bwd_args);
+
+/* The dK/dV kernels the backward has. */
+typedef enum {
+  FC_HPB_V2_D64,   /* fc_hopper_bwd_v2_kernel<T, 64>: Br = 128, bulk dQ, LAG */
+  FC_HPB_V2_D128,  /* fc_hopper_bwd_v2_kernel<T, 128>: Br = 64, bulk dQ, LAG and BIAS */
+  FC_HPB_DET_D64,  /* fc_hopper_bwd_kernel<T, 64, 3>: deterministic, split dQ with tickets */
+  FC_HPB_DET_D128, /* fc_hopper_bwd_kernel<T, 128, 2>: the same */
+  FC_HPB_D256,     /* fc_hopper_bwd_d256_kernel<T>: EDV */
+} fc_hpb_kernel_id;
+
+/* The backward's plan for one call. */
+typedef struct fc_hpb_plan_t {
+  fc_hpb_kernel_id kernel;
+  int br;        /* query rows per block: the box of the Q and dO tensor maps */
+  int dq_tile_w; /* the blocked dQ sum's tile width (fc_bwd_dq_blocked_index), 0: [total_q][hq][D] by red.global.add */
+  size_t smem;   /* dynamic shared memory per CTA */
+  const char *name; /* "launch of <kernel>", for errors */
+} fc_hpb_plan_t;
+
+/* The one choice of kernel and tile per call (measured on the H100, bf16; the losers' code is at d79fa1c,
+ * docs/experiments.md has their rows). Grid: one CTA per (key block of Bc = 128 keys; 64 at D = 256, kv head part,
+ * sequence), fc_hpb_bc. */
+static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
+  fc_hpb_plan_t pl;
+  if (p->head_dim > 128) {
+    /* EDV: +0.9..2.0 % over WHOLE (dV after barrier B), which ran +0.9..5.9 % over the split products at N = 32
+     * (1.0–1.26x cuDNN), those without the next block's Sᵀ issued early 0.88–0.99x
+     * (bench/results/configs/hopper-bwd-d256-edv-2026-11-24.txt, hopper-bwd-d256.txt). Not deterministic
+     * (fc_hopper_bwd_supports refuses it). */
+    pl.kernel = FC_HPB_D256, pl.br = FC_HPB_BR, pl.dq_tile_w = FC_HPB256_DQ_W, pl.smem = FC_HPB256_SMEM;
+    pl.name = "launch of fc_hopper_bwd_d256_kernel";
+  } else if (p->deterministic) {
+    /* The first kernel: dQ split by columns between the warpgroups, added with red.global.add in a fixed order
+     * through the tickets (bulk adds have no order to fix; the split ran 1.20–1.31x every warpgroup adding its own
+     * keys' share at D = 128, bench/results/configs/hopper-bwd-dq-split-h100.txt). */
+    const int d = p->head_dim > 64 ? 128 : 64;
+    pl.kernel = d == 128 ? FC_HPB_DET_D128 : FC_HPB_DET_D64, pl.br = FC_HPB_BR, pl.dq_tile_w = 0;
+    pl.smem = fc_hpb_smem_bytes(d, d == 128 ? 2 : 3), pl.name = "launch of fc_hopper_bwd_kernel";
+  } else if (p->head_dim > 64) {
+    /* The second version, LAG and BIAS: +0.5..1.6 % over LAG + BIAS with the next block's Sᵀ issued behind dK
+     * (NEXT; it spills 8 bytes), which ran +2.9..6.6 % over NEXT alone, NEXT +3.7..9.4 % over the first kernel with
+     * bulk dQ (bench/results/configs/hopper-bwd-lag-d64-2026-11-24.txt part 6, hopper-bwd-lag-bias-2026-11-24.txt,
+     * hopper-bwd-v2.txt); its persistent form (one CTA per SM) 0.95–1.04x (hopper-bwd-persist.txt). */
+    pl.kernel = FC_HPB_V2_D128, pl.br = FC_HPB_BR, pl.dq_tile_w = 64, pl.smem = fc_hpb_v2_smem_bytes(128);
+    pl.name = "launch of fc_hopper_bwd_v2_kernel";
+  } else {
+    /* The second version at Br = 128 with LAG: +6.8..13.1 % over it without, LAG + NEXT only +3.9..8.0 %
+     * (hopper-bwd-lag-d64-2026-11-24.txt); without LAG the NEXT, EARLY_S and EARLY_DV orders within ±2 % of the plain
+     * one (hopper-bwd-v2-d64.txt); Br = 128 ran 1.04–1.13x Br = 64 (hopper-bwd-br128.txt). */
+    pl.kernel = FC_HPB_V2_D64, pl.br = 128, pl.dq_tile_w = 32, pl.smem = fc_hpb_v2_smem_bytes(64);
+    pl.name = "launch of fc_hopper_bwd_v2_kernel";
+  }
+  return pl;
+}
+
+/* SCORE_MOD: the same kernel built with softcap and ALiBi (hopper/score_mod.cuh). */
+template <typename T, bool SCORE_MOD> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
+  switch (id) {
+  case FC_HPB_V2_D64: return fc_hopper_bwd_v2_kernel<T, 64, SCORE_MOD>;
+  case FC_HPB_V2_D128: return fc_hopper_bwd_v2_kernel<T, 128, SCORE_MOD>;
+  case FC_HPB_DET_D64: return fc_hopper_bwd_kernel<T, 64, 3, SCORE_MOD>;
+  case FC_HPB_DET_D128: return fc_hopper_bwd_kernel<T, 128, 2, SCORE_MOD>;
+  default: return fc_hopper_bwd_d256_kernel<T, SCORE_MOD>;
+  }
+}
+
+/* prep (D, lse2 rows), the plan's dK/dV kernel, convert (dQ to 16 bits). */
+template <typename T>
+static flashc_status fc_hpb_run(const fc_problem *p, const fc_hpb_plan_t *pl, const CUtensorMap maps[4],
+                                const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
+  FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
+  const fc_hpb_kernel_fn kernel =
+      a->mod.alibi || a->mod.k_out > 0.0f ? fc_hpb_kernel<T, true>(pl->kernel) : fc_hpb_kernel<T, false>(pl->kernel);
+  FC_CHECK(fc_mma_smem((const void *)kernel, pl->smem, "flashc_backward: backend cuda-hopper"));
+  kernel<<<grid, FC_HPB_THREADS, pl->smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
+  const cudaError_t e = cudaGetLastError(); /* FC_LAUNCH_CHECK with the plan's kernel name */
+  if (e != cudaSuccess) return fc_cuda_error(e, pl->name, __FILE__, __LINE__);
+  return fc_bwd_rows_convert<T>(p, rows);
+}
+
+static size_t fc_hpb_round256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* Two neighbouring elements of a row can be one aligned 32-bit store. */
+static int fc_hpb_vec16(const fc_view *v) {
+  return (uintptr_t)v->data % 16 == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 && v->stride_h % 8 == 0;
+}
+
+/* The keys per CTA (Bc) of the dK/dV kernel that runs this head dim. */
+static int fc_hpb_bc(int64_t head_dim) { return head_dim > 128 ? (int)FC_HPB256_BC : (int)FC_HPB_BC; }
+
+flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
+  if (p->heads_kv > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_kv %lld exceeds 2^31-1 on backend cuda-hopper",
+                    (long long)p->heads_kv);
+  if (p->head_dim > 128 && p->deterministic) /* the D = 256 kernel adds dQ in bulk, in no fixed order */
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "deterministic backward at head_dim %lld (> 128) is not built on backend cuda-hopper",
+                    (long long)p->head_dim);
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim)), p->heads_kv, p->batch, &grid));
+  FC_CHECK(fc_hp_check_view(p, &p->dout, true, "dout"));
+  return FLASHC_OK;
+}
+
+flashc_status fc_hopper_backward(const fc_problem *p) {
+  const fc_hpb_plan_t plan = fc_hpb_plan(p);
+  /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
+  fc_bwd_rows_args rows;
+  memset(&rows, 0, sizeof rows);
+  int64_t *cu_pad_host = NULL;
+  if (p->cu_seqlens_q) {
+    void *h;
+    FC_CHECK(fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
+    cu_pad_host = (int64_t *)h;
+    cu_pad_host[0] = 0;
+    for (int64_t s = 0; s < p->batch; s++) {
+      const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+      cu_pad_host[s + 1] = cu_pad_host[s] + fc_cdiv(len, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
+    }
+    rows.total_pad = cu_pad_host[p->batch];
+  } else {
+    rows.sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
+    rows.total_pad = p->batch * rows.sq_pad;
+  }
+  const int D = fc_hp_d_tile(p->head_dim);
+  const int dq_tile_w = plan.dq_tile_w;
+  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
+  const size_t pad_bytes = cu_pad_host ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
+  const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
+  /* The dQ sum: [total_q][hq][D] (deterministic), or blocked over the padded rows (bulk adds) */
+  const int64_t dq_rows = dq_tile_w > 0 ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
+  const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
+  const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
+  const int n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim));
+  const int split = fc_gqa_split(p, n_blocks, 1, 4); /* one dK/dV CTA per SM (its shared memory) */
+  const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + fc_hpb_round256(ticket_bytes);
+  char *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
+  const cudaStream_t stream = fc_stream(p);
+  const int32_t *cu_q = NULL, *cu_k = NULL;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &cu_q, &cu_k));
+  const int64_t *cu_pad = NULL;
+  if (cu_pad_host) {
+    FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
+                                  cudaMemcpyHostToDevice, stream));
+    cu_pad = (const int64_t *)(ws + cu_bytes);
+  }
+  float *lse2 = (float *)(ws + cu_bytes + pad_bytes), *dsum = (float *)(ws + cu_bytes + pad_bytes + row_bytes);
+  float *dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
+  const bool blocked = dq_tile_w > 0; /* then prep zeroes the sum (rows.dq_zero) */
+  if (!blocked) FC_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_bytes, stream));
+  int *dq_ticket = NULL;
+  if (ticket_bytes) {
+    dq_ticket = (int *)(ws + cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes);
+    FC_CUDA_CHECK(cudaMemsetAsync(dq_ticket, 0, ticket_bytes, stream));
+  }
+
+  rows.o = (const uint16_t *)p->o.data, rows.dout = (const uint16_t *)p->dout.data;
+  rows.dq = (uint16_t *)p->dq.data;
+  rows.o_sb = p->o.stride_b, rows.o_ss = p->o.stride_s, rows.o_sh = p->o.stride_h;
+  rows.do_sb = p->dout.stride_b, rows.do_ss = p->dout.stride_s, rows.do_sh = p->dout.stride_h;
+  rows.dq_sb = p->dq.stride_b, rows.dq_ss = p->dq.stride_s, rows.dq_sh = p->dq.stride_h;
+  rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
+  rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_tile_w = dq_tile_w;
+  rows.dq_zero = blocked ? dq_accum : NULL;
+  rows.cu_q = cu_q, rows.cu_pad = cu_pad;
+  rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
+  rows.heads_q = (int)p->heads_q, rows.head_dim = (int)p->head_dim;
+  rows.scale = p->scale;
+
+  fc_hopper_bwd_args a;
+  memset(&a, 0, sizeof a);
+  fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
+  if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
+  a.dk = (uint16_t *)dk.data, a.dv = (uint16_t *)dv.data;
+  a.dk_sb = dk.stride_b, a.dk_ss = dk.stride_s, a.dk_sh = dk.stride_h;
+  a.dv_sb = dv.stride_b, a.dv_ss = dv.stride_s, a.dv_sh = dv.stride_h;
+  a.lse2 = lse2, a.dsum = dsum, a.dq_accum = dq_accum, a.dq_ticket = dq_ticket;
+  a.cu_q = cu_q, a.cu_k = cu_k, a.cu_pad = cu_pad;
+  a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
+  a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
+  a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
+  a.group = (int)(p->heads_q / p->heads_kv) / split, a.kv_split = split;
+  a.head_dim = (int)p->head_dim;
+  a.n_blocks = n_blocks;
+  a.scale = p->scale;
+  a.scale_log2 = p->scale * 1.4426950408889634f;
+  a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
+  a.bottom_right = p->bottom_right;
+  a.dk_vec = fc_hpb_vec16(&dk), a.dv_vec = fc_hpb_vec16(&dv);
+  fc_hp_score_mod_of(p, &a.mod);
+
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
+  a.n_pairs = (int)(p->batch * a.heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
+  FC_CHECK(fc_tail_from(p, a.n_blocks, a.n_pairs, NULL, 0, 0, &a.tail_from)); /* one CTA per SM */
+  CUtensorMap maps[4];
+  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", plan.br, "flashc_backward", &maps[0]));
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[1]));
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[2]));
+  FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", plan.br, "flashc_backward", &maps[3]));
+  if (p->dtype == FLASHC_F16)
+    FC_CHECK(fc_hpb_run<__half>(p, &plan, maps, &a, &rows, grid));
+  else
+    FC_CHECK(fc_hpb_run<__nv_bfloat16>(p, &plan, maps, &a, &rows, grid));
+  return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
+}
+
+#if FC_HP_TRACE
+FC_HP_TRACE_READERS(fc_hopper_bwd) /* fc_hopper_bwd_trace_reset, fc_hopper_bwd_trace_read: tools/hopper/trace_bwd.py */
+#endif

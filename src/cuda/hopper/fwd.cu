@@ -1,0 +1,998 @@
+/* hopper/fwd.cu — cuda-hopper forward: FlashAttention on H100/H200 (sm_90a) with TMA, wgmma and warp
+ * specialisation, after the FlashAttention-3 paper (Shah et al., 2024). Verified on an H100 (tools/hopper/gpu.sh:
+ * 528/528 cases, memcheck, racecheck and synccheck clean); FLASHC_HOPPER=0 hides it (see docs/hopper.md).
+ *
+ *   CTA = one query block Q_i (Br = 128 rows) of one head of one sequence; 3 warpgroups (384 threads):
+ *     warpgroup 0, producer (24 registers): one thread issues every TMA copy: Q_i once, then K_j and V_j
+ *       into a ring of STAGES stages, each stage handed over through mbarriers (full: the bytes landed;
+ *       empty: both consumers are done with it);
+ *     warpgroups 1, 2, consumers (240 registers): rows 64·c .. 64·c + 63 of Q_i each, for every visible
+ *       key block j (Bc = 128 keys):
+ *         S = Q_i·K_jᵀ                       wgmma m64n128k16, Q_i and K_j from shared memory
+ *         m' = max(m, rowmax S);  P = 2^(c·S − c·m');  l = 2^(c·(m − m'))·l + rowsum P   (c = scale·log2 e)
+ *         O = 2^(c·(m − m'))·O + P·V_j        wgmma m64nDk16, P from registers, V_j from shared memory
+ *       (m moves only when c·rowmax S passes c·m by 8, a factor 2^8, so O's rescale is skipped in most blocks),
+ *       where S_{j+1} = Q_i·K_{j+1}ᵀ and O += P_j·V_j are issued back to back, and the softmax of block
+ *       j + 1 runs on the CUDA cores while P_j·V_j is still in flight on the tensor cores (intra-warpgroup
+ *       overlap), and the two consumers take turns to issue their GEMMs, so that one's softmax runs during
+ *       the other's GEMMs (ping-pong); O /= l;  lse = scale·m + ln l;  O goes out through shared memory (the
+ * warpgroup's rows of Q_i).
+ *
+ * Shared memory (each tile in 64-column halves of rows of 128 bytes, 128-byte swizzle as TMA writes it and
+ * wgmma reads it; all tiles start on 1024-byte boundaries):
+ *   sQ [D/64][Br][64]            Q_i; at the end each consumer stages its O rows in its own rows
+ *   sK [STAGES][D/64][Bc][64]    K_j ring
+ *   sV [STAGES][D/64][Bc][64]    V_j ring
+ *   mbarriers: q_full, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES]
+ *
+ * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
+ * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
+ * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. This one-tile kernel runs at D = 128 with
+ * a causal-like mask from seqlen_k 8192 and at D = 256 with any mask; everything else runs hopper/fwd_persistent.cuh's
+ * kernel (fc_hp_fwd_plan says which, and what lost to each choice). */
+#include "common/common.cuh"
+#include "hopper/bwd_api.cuh"
+#include "hopper/gemm.cuh"
+#include "hopper/ptx.cuh"
+#include "hopper/sched.cuh"
+#include "hopper/score_mod.cuh"
+#include "hopper/tma.cuh"
+#include "hopper/trace.cuh"
+#include "hopper/wgmma.cuh"
+#include "mma/host.cuh"
+#include "mma/ptx.cuh"
+#include "common/tail_order.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  FC_HP_BR = 128,               /* query rows per CTA: 2 consumer warpgroups × 64 */
+  FC_HP_BC = 128,               /* keys per block */
+  FC_HP_BC_D256 = 80,           /* keys per block of D = 256 (registers: O 128 + S 40 + 2 P 20) */
+  FC_HP_THREADS = 384,          /* producer + 2 consumer warpgroups */
+  FC_HP_CONSUMER_WARPS = 8,     /* arrivals that release a stage */
+  FC_HP_ROW_BYTES = 128,        /* one swizzled row: 64 16-bit elements */
+  FC_HP_HALF_BYTES = 128 * 128, /* one 64-column half of a 128-row tile */
+  FC_HP_REGS_PRODUCER = 24,     /* setmaxnreg: 128·24 + 256·240 = 64512 ≤ 65536 */
+  FC_HP_REGS_CONSUMER = 240,
+  FC_HP_BASE_SLACK = 8,   /* the softmax's base moves once a row's max passes it by 2^8 (fc_hp_softmax_f32) */
+  FC_HP_BAR_EPILOGUE = 1, /* named barriers 1, 2: one consumer warpgroup each */
+  FC_HP_BAR_TURN = 3,     /* named barriers 3, 4: consumer c may issue its GEMMs */
+  /* The persistent kernel at D = 64 (tmastore3): 3 consumer warpgroups, Br = 192, Bc = 128, 512 threads; 128·24 +
+   * 384·160 = 64512 ≤ 65536 (S 64 + O 32 + P 32 registers fit in 160, R151 the highest). Named barriers 1, 2, 3 for the
+   * epilogues, 4, 5, 6 for the turns (FC_HP_BAR_EPILOGUE + NC + c). */
+  FC_HP_REGS_CONSUMER_NC3 = 160, /* the producer keeps FC_HP_REGS_PRODUCER */
+};
+
+typedef struct fc_hopper_fwd_args {
+  uint16_t *o;
+  float *lse; /* NULL: not wanted */
+  int64_t o_sb, o_ss, o_sh;
+  const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
+  int seqlen_q, seqlen_k;     /* dense sizes */
+  int64_t total_q;            /* varlen lse row stride */
+  int heads_q, group;         /* group = heads_q / heads_kv */
+  int head_dim, m_blocks;
+  int n_pairs;      /* the one-tile kernels' grid: (sequence, query head) pairs, batch·heads_q */
+  int tail_from;    /* the first pair walked query block by query block (common/tail_order.cuh) */
+  float scale;      /* > 0 (supports refuses a negative one) */
+  float scale_log2; /* scale·log2(e): exponent of S in base 2 */
+  int64_t window_left, window_right, mask_offset;
+  int bottom_right;
+  int o_aligned;  /* rows of o start on 16-byte boundaries: 16-byte stores */
+  int own_blocks; /* 1: each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks) */
+  int align_end;  /* the persistent kernel's query blocks end at the sequence's last row (fc_hp_tile_setup) */
+  int q_slots;    /* the persistent kernel's Q buffers in use: always 2 (fc_hp_fwd_plan) */
+} fc_hopper_fwd_args;
+
+/* 1 in the sm_90a image of this file, 0 in the others: tells the host whether the kernels it would launch on
+ * this device have bodies. */
+__constant__ int fc_hopper_built_for_sm90a = FC_HOPPER_ARCH;
+
+#if FC_HOPPER_ARCH
+/* Visible keys of query row i: [*lo, *hi), clipped to [0, sk] (empty when *lo >= *hi). */
+static __device__ __forceinline__ void fc_hp_row_keys(int64_t i, int64_t shift, int64_t wl, int64_t wr, int sk, int *lo,
+                                                      int *hi) {
+  const int64_t d = i + shift;
+  int64_t a = wl < 0 ? 0 : d - wl, b = wr < 0 ? sk : d + wr + 1;
+  a = a < 0 ? 0 : (a > sk ? sk : a);
+  b = b < 0 ? 0 : (b > sk ? sk : b);
+  *lo = (int)a;
+  *hi = (int)b;
+}
+
+static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) { return a / b - (a % b < 0); }
+
+/* The key blocks of a tile that one consumer warpgroup needs, counted from the tile's first (j_begin): up to the
+ * block holding the last key its last row sees, at least 1 and at most the tile's n_blocks. Past them every key is
+ * masked for all 64 of its rows (a causal or right-window edge runs down the tile), so their S would be all −inf, P
+ * all 0, and m, l, O unchanged: the warpgroup skips their GEMMs and softmax and only keeps the turns and the stage
+ * hand-overs (the consumers' dummy trips). The tile's blocks run to its last row's edge, the first warpgroups'
+ * blocks end earlier where the edge crosses a block boundary inside the tile: Br = 192 with Bc = 128 (the persistent
+ * kernel at D = 64) skips 1 block of 64 × 128 in 3 of every 6 warpgroup tiles of a causal head (a tenth of the tensor
+ * work at seqlen 2048), D = 256's Bc = 80 about 0.8 of a block per 128-row tile, and a bottom-right alignment whose
+ * shift is not a multiple of Bc does likewise. Rows past the sequence (the last tile's) need none: 1, the least the
+ * loop runs. Warpgroup-uniform (wg_row0 is). */
+static __device__ __forceinline__ int fc_hp_own_blocks(const fc_hopper_fwd_args &a, int wg_row0, int sq, int sk,
+                                                       int64_t shift, int bc, int j_begin, int n_blocks) {
+  if (!a.own_blocks || n_blocks <= 1) return n_blocks;
+  if (wg_row0 >= sq || wg_row0 + 63 < 0) return 1;
+  int lo, hi;
+  fc_hp_row_keys(min(wg_row0 + 63, sq - 1), shift, a.window_left, a.window_right, sk, &lo, &hi);
+  const int n = (hi + bc - 1) / bc - j_begin;
+  return n < 1 ? 1 : n > n_blocks ? n_blocks : n;
+}
+
+/* A warpgroup's 64 rows of O, staged in shared memory at `rows` (swizzled: 16-byte chunk x of row r at half x / 8,
+ * `half` bytes apart, byte r·128 + ((x % 8) ^ (r % 8))·16), to o at O (the sequence's row 0): rows row0 + r < sq
+ * and columns < head_dim only, whole 16-byte chunks where o allows, element by element otherwise. */
+template <int D>
+static __device__ __forceinline__ void fc_hp_store_o_rows(const fc_hopper_fwd_args &a, uint16_t *O, uint32_t rows,
+                                                          uint32_t half, int row0, int sq, int ct) {
+  for (int idx = ct; idx < 64 * (D / 8); idx += 128) {
+    const int r = idx / (D / 8), x = idx % (D / 8), row = row0 + r;
+    const int cols = min(a.head_dim - 8 * x, 8);
+    if (row >= sq || cols <= 0) continue;
+    const uint4 v = fc_ld_shared_v4(rows + (x / 8) * half + r * FC_HP_ROW_BYTES + (((x % 8) ^ (r % 8)) << 4));
+    uint16_t *to = O + (int64_t)row * a.o_ss + 8 * x;
+    if (a.o_aligned && cols == 8) {
+      *(uint4 *)to = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (e < cols) to[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
+/* One butterfly stage of a transpose across a quad: this lane sends its pair of words p where `hi`, q where not, to
+ * lane ^ mask (whose `hi` is the other: it sends the other pair), and the pair it receives replaces the one it sent. */
+static __device__ __forceinline__ void fc_quad_exchange(uint32_t &p0, uint32_t &p1, uint32_t &q0, uint32_t &q1, bool hi,
+                                                        int mask) {
+  uint32_t x0 = hi ? p0 : q0, x1 = hi ? p1 : q1;
+  x0 = __shfl_xor_sync(0xffffffffu, x0, mask);
+  x1 = __shfl_xor_sync(0xffffffffu, x1, mask);
+  if (hi)
+    p0 = x0, p1 = x1;
+  else
+    q0 = x0, q1 = x1;
+}
+
+/* This thread's two rows of O / l (row0, row0 + 8), packed to 16 bits and stored to o at O (the sequence's row 0)
+ * straight from registers: rows < sq and columns < head_dim. For the persistent kernel at D = 256, which has no shared
+ * memory left to stage them in. The accumulator gives thread t of a quad columns 8x + 2t, 8x + 2t + 1 of each 8-column
+ * chunk x; per 4 chunks the quad transposes those words (two butterfly stages of shuffles), so that thread t holds
+ * chunk 4G + t whole and stores it as one 16-byte store where o's rows are aligned: a warp's store then writes 64
+ * contiguous bytes of each of 8 rows, where 4-byte stores wrote 16 (those lost 3.5-7 %:
+ * bench/results/configs/hopper-fwd-d256-persistent-2026-11-29.txt). */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_hp_store_o_regs(const fc_hopper_fwd_args &a, uint16_t *O,
+                                                          const float (&o)[D / 2], const float (&inv)[2], int row0,
+                                                          int sq, int t) {
+  const bool hi1 = t & 2, hi0 = t & 1;
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    const int row = row0 + 8 * rh;
+    uint16_t *to = O + (int64_t)row * a.o_ss;
+#pragma unroll
+    for (int G = 0; G < D / 32; G++) {
+      uint32_t w[4]; /* w[j]: columns 8(4G + j) + 2t, + 1 */
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        w[j] = fc_pack2<T>(o[4 * (4 * G + j) + 2 * rh] * inv[rh], o[4 * (4 * G + j) + 2 * rh + 1] * inv[rh]);
+      /* w as row t of a 4 × 4 matrix of the quad; transposed: w[j] = columns 8(4G + t) + 2j, + 1 */
+      fc_quad_exchange(w[0], w[1], w[2], w[3], hi1, 2); /* 2 × 2 blocks of words between lanes t, t ^ 2 */
+      fc_quad_exchange(w[0], w[2], w[1], w[3], hi0, 1); /* then single words within each block: t, t ^ 1 */
+      const int col = 8 * (4 * G + t);
+      if (row >= sq || col >= a.head_dim) continue;
+      if (a.o_aligned && col + 8 <= a.head_dim) {
+        *(uint4 *)(to + col) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          if (col + e < a.head_dim) to[col + e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+      }
+    }
+  }
+}
+
+/* This warp's 16 rows of a warpgroup's 64 rows of O, packed to 16 bits (ob[2x + rh]: columns 8x + 2t, 8x + 2t + 1
+ * of row 16·warp + g + 8·rh, the accumulator's layout), into the swizzled rows at `rows` as fc_hp_store_o_rows
+ * reads them: one stmatrix.x4 per 16 columns (chunks x, x + 1 of both row halves), D / 16 instructions where 32-bit
+ * stores take D / 4 (cuDNN's epilogue stages O so). Lane l gives the address of row l % 8 of matrix l / 8, that is
+ * of row 16·warp + 8·(l / 8 % 2) + l % 8, chunk x + l / 16; x is even, so (x % 8 + l / 16) ^ (l % 8) = (x % 8) ^ k. */
+template <int D>
+static __device__ __forceinline__ void fc_hp_stage_o(uint32_t rows, uint32_t half, const uint32_t (&ob)[D / 4],
+                                                     int warp, int lane) {
+  const int i = lane % 8, k = (lane / 16) ^ i;
+  const uint32_t row = rows + (16 * warp + 8 * (lane / 8 % 2) + i) * FC_HP_ROW_BYTES;
+#pragma unroll
+  for (int x = 0; x < D / 8; x += 2) {
+    const uint32_t r[4] = {ob[2 * x], ob[2 * x + 1], ob[2 * x + 2], ob[2 * x + 3]};
+    fc_stmatrix_x4(row + (x / 8) * half + (((x % 8) ^ k) << 4), r);
+  }
+}
+
+/* O += P·V_j: Bc/16 k-steps of 16 keys; step kb reads rows 16·kb .. 16·kb + 15 of V_j (two 8-row groups, 1024
+ * bytes apart), every 64-column half (Bc·128 bytes apart: the leading offset). */
+template <typename T, int D, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_t (&p)[BC / 16][4], uint32_t v_tile) {
+#pragma unroll
+  for (int kb = 0; kb < BC / 16; kb++)
+    fc_wgmma_rs<T, D>(o, p[kb], fc_wgmma_desc_off(v_tile, kb * 16 * FC_HP_ROW_BYTES, BC * FC_HP_ROW_BYTES, 1024));
+}
+
+/* Masks S (keys outside each row's range → −inf), then the online softmax of one block, P in place of S (fp32):
+ *   m' = max(m, rowmax S);  alpha = 2^(c·m − c·m');  P = 2^(c·S − c·m');  l = alpha·l + rowsum P
+ * except that m, the base of the exponents, moves only when the row's max passes it by more than
+ * FC_HP_BASE_SLACK (in units of c·S, base 2): otherwise m' = m and alpha = 1 exactly, P ≤ 2^FC_HP_BASE_SLACK, and
+ * the rescale of O is skipped (fc_hp_rescale_if) where no row of the warp moved its base, which after the first
+ * block is nearly always (FlashAttention-4's conditional rescale). Exact: O, l and lse share the base, whatever it
+ * is, and 2^8 is far inside fp16's range. A row that has seen only masked keys keeps m = −inf and uses 0 as its
+ * base, so every exponent is −inf and P = 0. This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows
+ * (rh = 0, 1); the 4 threads t of a row share its max, and each sums only its own columns of l (summed over the 4 at
+ * the end). */
+/* The max of v[0 .. N) into v[0], as a tree of depth ceil(log2 N) (N need not be a power of 2: D = 256 has 10). A
+ * template: each level's bounds must be constants, so that v stays in registers. */
+template <int N> static __device__ __forceinline__ void fc_hp_tree_max(float (&v)[N]) {
+  if constexpr (N > 1) {
+#pragma unroll
+    for (int x = 0; x < N / 2; x++) v[x] = fc_fmax_nan(v[x], v[x + (N + 1) / 2]);
+    fc_hp_tree_max<(N + 1) / 2>(*(float(*)[(N + 1) / 2]) v);
+  }
+}
+
+template <int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
+                                                         const int (&hi)[2], int t, float c, float (&m)[2],
+                                                         float (&l)[2], float (&alpha)[2]) {
+  if (mask) {
+#pragma unroll
+    for (int x = 0; x < BC / 8; x++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + 8 * x + 2 * t + (e & 1), rh = e >> 1;
+        if (key < lo[rh] || key >= hi[rh]) s[4 * x + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    /* The row's max as a tree (depth log2(BC/4), not a chain of BC/4 dependent FMNMX: the exponentials wait for it,
+     * and the consumer's chain of S, softmax and P·V sets the loop's pace; tools/hopper/trace.py). */
+    float v[BC / 8];
+#pragma unroll
+    for (int x = 0; x < BC / 8; x++) v[x] = fc_fmax_nan(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]);
+    fc_hp_tree_max<BC / 8>(v);
+    float mx = fc_fmax_nan(m[rh], v[0]);
+    mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    /* m = −inf: any key seen moves it. A NaN max (fc_fmax_nan: a NaN score) moves it too, so that the row ends
+     * NaN, not with the m = −inf of a row that saw no key. */
+    const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK || mx != mx;
+    const float mb = move ? mx : m[rh];
+    const float base = mb == -INFINITY ? 0.0f : mb * c;
+    alpha[rh] = move ? fc_exp2(m[rh] * c - base) : 1.0f; /* m = −inf: 0, and O, l are still 0 */
+    m[rh] = mb;
+    float sum = 0.0f;
+#pragma unroll
+    for (int x = 0; x < BC / 8; x++) {
+      s[4 * x + 2 * rh] = fc_exp2(fmaf(s[4 * x + 2 * rh], c, -base));
+      s[4 * x + 2 * rh + 1] = fc_exp2(fmaf(s[4 * x + 2 * rh + 1], c, -base));
+      sum += s[4 * x + 2 * rh] + s[4 * x + 2 * rh + 1];
+    }
+    l[rh] = alpha[rh] * l[rh] + sum;
+  }
+}
+
+/* P packed to 16 bits in the A-fragment layout of the P·V wgmma: the accumulators of S columns 16·kb ..
+ * 16·kb + 15 (8-column blocks 2kb, 2kb + 1) are exactly A's registers for k-step kb. */
+template <typename T, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_pack(const float (&s)[BC / 2], uint32_t (&p)[BC / 16][4]) {
+#pragma unroll
+  for (int kb = 0; kb < BC / 16; kb++) {
+    p[kb][0] = fc_pack2<T>(s[8 * kb + 0], s[8 * kb + 1]);
+    p[kb][1] = fc_pack2<T>(s[8 * kb + 2], s[8 * kb + 3]);
+    p[kb][2] = fc_pack2<T>(s[8 * kb + 4], s[8 * kb + 5]);
+    p[kb][3] = fc_pack2<T>(s[8 * kb + 6], s[8 * kb + 7]);
+  }
+}
+
+/* The whole softmax of one block: P in fp32, then packed. */
+template <typename T, int BC = FC_HP_BC>
+static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
+                                                     const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
+                                                     float (&alpha)[2], uint32_t (&p)[BC / 16][4]) {
+  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, m, l, alpha);
+  fc_hp_pack<T, BC>(s, p);
+}
+
+template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int x = 0; x < D / 8; x++) {
+    o[4 * x + 0] *= alpha[0];
+    o[4 * x + 1] *= alpha[0];
+    o[4 * x + 2] *= alpha[1];
+    o[4 * x + 3] *= alpha[1];
+  }
+}
+
+/* O's rescale, skipped by the whole warp when none of its rows moved its base (alpha = 1: fc_hp_softmax_f32). Called
+ * only where no wgmma is in flight: the branch would otherwise make ptxas serialise the pipeline. */
+template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (&o)[D / 2], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) fc_hp_rescale<D>(o, alpha);
+}
+#endif /* FC_HOPPER_ARCH */
+
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
+__global__ void __launch_bounds__(FC_HP_THREADS, 1)
+    fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a,
+                         const fc_hp_score_mod md) {
+  /* md: softcap and ALiBi (hopper/score_mod.cuh), read by the SCORE_MOD kernels only; a parameter of its own after
+   * the others, so that the plain kernels' parameters keep their offsets (and their code its bytes) */
+#if FC_HOPPER_ARCH
+  constexpr int HALVES = D / 64;
+  constexpr int NC = 2, BR = FC_HP_BR, CONSUMER_WARPS = FC_HP_CONSUMER_WARPS, BAR_TURN = FC_HP_BAR_TURN;
+  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  /* The swizzle pattern repeats every 1024 bytes of address, for TMA and wgmma alike: align by hand (the
+   * launch adds 1024 bytes of slack), whatever the toolchain gives the dynamic block. */
+  const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
+  const uint32_t q_full = bars;
+#define FULL_K(s)  (bars + 8u * (1 + (s)))
+#define FULL_V(s)  (bars + 8u * (1 + STAGES + (s)))
+#define EMPTY_K(s) (bars + 8u * (1 + 2 * STAGES + (s)))
+#define EMPTY_V(s) (bars + 8u * (1 + 3 * STAGES + (s)))
+
+  /* Which tile: row blocks vary fastest (CTAs running together share K and V in L2), the heaviest causal
+   * block of each head first, the last pairs row block by row block (common/tail_order.cuh: a short tail). */
+  int blk;
+  int64_t bh;
+  fc_tail_tile_of_cta(a.m_blocks, a.n_pairs, a.tail_from, &blk, &bh);
+  const int mb = a.m_blocks - 1 - blk;
+  const int h = (int)(bh % a.heads_q);
+  const int64_t b = bh / a.heads_q;
+  int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
+  if (a.cu_q) {
+    q_start = a.cu_q[b];
+    sq = a.cu_q[b + 1] - q_start;
+    k_start = a.cu_k[b];
+    sk = a.cu_k[b + 1] - k_start;
+  }
+  const int i0 = mb * BR;
+  if (i0 >= sq) return;                                 /* the whole CTA, before any barrier */
+  const int hk = h / a.group, bt = a.cu_q ? 0 : (int)b; /* batch coordinate of the tensor maps */
+
+  /* Key blocks visible to some row of Q_i: [j_begin, j_end). */
+  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
+  int lo_first, hi_first, lo_last, hi_last;
+  fc_hp_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
+  fc_hp_row_keys(min(i0 + BR, sq) - 1, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
+  const int j_begin = lo_first / BC;
+  const int n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - j_begin : 0;
+
+  if (threadIdx.x == 0) {
+    fc_mbar_init(q_full, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      fc_mbar_init(FULL_K(s), 1); /* the producer's arrive.expect_tx, then the bytes */
+      fc_mbar_init(FULL_V(s), 1);
+      fc_mbar_init(EMPTY_K(s), CONSUMER_WARPS); /* one arrival per consumer warp */
+      fc_mbar_init(EMPTY_V(s), CONSUMER_WARPS);
+    }
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+
+  if (threadIdx.x < 128) {
+    /* ---- producer ---------------------------------------------------------------------------------- */
+    fc_setmaxnreg_dec<FC_HP_REGS_PRODUCER>();
+    if (threadIdx.x == 0) {
+      fc_tma_prefetch_map(&tm_q);
+      fc_tma_prefetch_map(&tm_k);
+      fc_tma_prefetch_map(&tm_v);
+      fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
+#pragma unroll
+      for (int hf = 0; hf < HALVES; hf++)
+        fc_tma_load_4d(sQ + hf * Q_HALF_BYTES, &tm_q, 64 * hf, q_start + i0, h, bt, q_full);
+      /* In the order the consumers use them: K_0, K_1, V_0, K_2, V_1, ... A stage is refilled once both
+       * consumers released its previous tile (fill u of a stage waits for the end of use u − 1). */
+      for (int n = 0; n <= n_blocks; n++) {
+        if (n < n_blocks) {
+          const int s = n % STAGES, u = n / STAGES;
+          if (u > 0) fc_mbar_wait(EMPTY_K(s), (u - 1) & 1);
+          fc_mbar_arrive_expect_tx(FULL_K(s), KV_BYTES);
+          const int row = k_start + (j_begin + n) * BC;
+#pragma unroll
+          for (int hf = 0; hf < HALVES; hf++)
+            fc_tma_load_4d(sK + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_k, 64 * hf, row, hk, bt, FULL_K(s));
+        }
+        if (n > 0) {
+          const int s = (n - 1) % STAGES, u = (n - 1) / STAGES;
+          if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
+          fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
+          const int row = k_start + (j_begin + n - 1) * BC;
+#pragma unroll
+          for (int hf = 0; hf < HALVES; hf++)
+            fc_tma_load_4d(sV + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
+        }
+      }
+    }
+  } else {
+    /* ---- consumers --------------------------------------------------------------------------------- */
+    fc_setmaxnreg_inc<FC_HP_REGS_CONSUMER>();
+    /* The warpgroup index through a shuffle: provably the same in every lane, so that the shared-memory
+     * descriptors derived from it live in uniform registers (else ptxas moves each into the one uniform
+     * register the wgmma reads, between wgmmas, and serialises them). */
+    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wg_row0 = i0 + 64 * cw; /* this warpgroup's first query row */
+    /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (the rest are dummy trips). */
+    const int n_own = fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks);
+    const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
+    /* SCORE_MOD: S becomes the modified score x, so the exponent's factor is log2 e alone (hopper/score_mod.cuh) */
+    const float c = SCORE_MOD ? 1.4426950408889634f : a.scale_log2;
+    int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++)
+      fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, shift, a.window_left, a.window_right, sk, &lo[rh], &hi[rh]);
+    /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
+    float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
+    if constexpr (SCORE_MOD) {
+      slope = fc_hp_alibi_slope(md, b, h);
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + sk - sq - 2 * t);
+    }
+    /* Key blocks that need no mask for any row of this warpgroup: [j_full_lo, j_full_hi). Block j is whole
+     * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row
+     * ((j + 1)·Bc − 1 ≤ wg_row0 + shift + wr) and right of its left edge for the last row
+     * (j·Bc ≥ wg_row0 + 63 + shift − wl). Worked out once here, so that the loop tests two ints. */
+    int64_t full_hi = sk / BC, full_lo = 0; /* 64-bit: the ring's mask_offset may be far away */
+    if (a.window_right >= 0) full_hi = min(full_hi, fc_hp_floor_div(wg_row0 + shift + a.window_right + 1, BC));
+    if (a.window_left >= 0) full_lo = -fc_hp_floor_div(-(wg_row0 + 63 + shift - a.window_left), BC);
+    const int j_full_hi = (int)max(full_hi, (int64_t)0),
+              j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
+    auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
+    /* Ping-pong: before issuing its GEMMs a consumer waits for its turn (barrier BAR_TURN + c, 256 threads:
+     * its own bar.sync and the previous consumer's bar.arrive); after issuing them it hands the turn to the next
+     * consumer, c ^ 1 (hopper/fwd_persistent.cuh's 3 consumers go round robin). All
+     * take n_blocks + 1 turns (block 0's S, the loop's S + P·V, the last P·V, then a dummy trip's empty turn per
+     * block past n_own) whatever their rows (n_blocks is the CTA's, so a warpgroup whose rows all lie past the
+     * sequence still takes every turn); consumer 0 goes first (consumer NC − 1 arrives once at the start), and
+     * consumer NC − 1's last hand-over is skipped: barrier c then sees n_blocks + 1 arrivals of the other consumer
+     * against n_blocks + 1 waits of its own, and no arrival is left pending at exit. A consumer cannot hand over
+     * twice before the other one waited: its next turn needs the other's hand-over. */
+    auto my_turn = [&]() { fc_named_barrier(BAR_TURN + cw, 256); };
+    auto your_turn = [&](bool last) { fc_named_barrier_arrive_if(BAR_TURN + (cw ^ 1), 256, !(last && cw == NC - 1)); };
+
+    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+    uint32_t p[BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
+#pragma unroll
+    for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
+    fc_mbar_wait(q_full, 0); /* Q_i has landed (TMA's writes are visible to these threads' loads from here on) */
+    /* S = Q_i·K_jᵀ of the key block in K stage k_tile. */
+    auto qk = [&](float(&s)[BC / 2], uint32_t k_tile) { fc_hp_ss_kmajor<T, D, BC>(s, q_rows, k_tile); };
+
+    if (n_blocks > 0) {
+      fc_named_barrier_arrive_if(BAR_TURN, 256, cw == NC - 1); /* consumer 0 first */
+      /* Block 0: S = Q_i·K_0ᵀ, softmax; O is still 0, nothing to rescale. */
+      {
+        float s[BC / 2];
+        fc_mbar_wait(FULL_K(0), 0);
+        my_turn();
+        fc_wgmma_fence();
+        qk(s, sK);
+        fc_wgmma_commit();
+        your_turn(false);
+        fc_wgmma_wait<0>();
+        fc_fence_regs(s);
+        fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
+        if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, j_begin * BC);
+        fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
+      }
+
+      for (int n = 1; n < n_own; n++) {
+        const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
+        float s[BC / 2];
+        /* V_{n−2} is read: its P·V was waited for at the end of the last trip. Released here, first thing, and
+         * not after the wait below (ptxas then serialises the wgmma pipeline: C7513, docs/hopper.md) nor after
+         * the next wait for S (one GEMM group later: with 2 stages the producer then refilled the stage too late
+         * for the other consumer's next turn, and the tensor cores idled; +2..20 % at D = 128, 256). */
+        fc_mbar_arrive_if(EMPTY_V((n + STAGES - 2) % STAGES), lane == 0 && n >= 2);
+        /* Issue S = Q_i·K_nᵀ and O += P_{n−1}·V_{n−1} back to back; the softmax of block n runs on the
+         * CUDA cores while the second is in flight (it touches neither O nor P_{n−1}). */
+        fc_mbar_wait(FULL_K(sn), un & 1);
+        fc_mbar_wait(FULL_V(sp), up & 1); /* before the fence: no branch inside a wgmma pipeline stage */
+        fc_fence_regs(o);
+        fc_fence_regs(p);
+        my_turn();
+        fc_wgmma_fence();
+        qk(s, sK + sn * KV_BYTES);
+        fc_wgmma_commit();
+        fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
+        fc_wgmma_commit();
+        your_turn(false);
+        fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
+        fc_fence_regs(s);
+        fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
+        if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, (j_begin + n) * BC);
+        /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
+         * O's rescale wait for it. The block boundary keeps ptxas from hoisting the wait above the softmax
+         * (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own before the
+         * wait and copied it after; the branch of the conditional rescale made ptxas serialise that loop (C7513), and
+         * this one measured the same without it. */
+        fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
+        fc_block_boundary(a.head_dim > 0);
+        fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+        fc_fence_regs(o);
+        fc_fence_regs(p);
+        fc_hp_pack<T, BC>(s, p);
+        fc_hp_rescale_if<D>(o, alpha);
+      }
+
+      /* The last O += P·V (of block n_own − 1). */
+      const int sl = (n_own - 1) % STAGES, ul = (n_own - 1) / STAGES;
+      fc_mbar_wait(FULL_V(sl), ul & 1);
+      fc_fence_regs(o);
+      fc_fence_regs(p);
+      my_turn();
+      fc_wgmma_fence();
+      fc_hp_pv<T, D, BC>(o, p, sV + sl * KV_BYTES);
+      fc_wgmma_commit();
+      your_turn(n_own == n_blocks);
+      fc_wgmma_wait<0>();
+      fc_fence_regs(o);
+      /* The tile's last V stages are not released: no fill waits for them. A warpgroup that stops early
+       * (n_own < n_blocks) releases V_{n_own−2} and V_{n_own−1}, whose stages the producer refills for the
+       * blocks it skips, then runs one dummy trip per skipped block: a turn (the others' groups of that block
+       * take theirs), and the block's K and V stages released after their full waits (so that no arrival falls
+       * into the phase of a stage's previous use). An arrival nobody waits for (the tile's last stages) is
+       * harmless. */
+      if (n_own < n_blocks) {
+        fc_mbar_arrive_if(EMPTY_V((n_own + STAGES - 2) % STAGES), lane == 0 && n_own >= 2);
+        fc_mbar_arrive_if(EMPTY_V(sl), lane == 0);
+        for (int n = n_own; n < n_blocks; n++) {
+          const int sn = n % STAGES, un = n / STAGES;
+          fc_mbar_wait(FULL_K(sn), un & 1);
+          my_turn();
+          your_turn(n == n_blocks - 1);
+          fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
+          fc_mbar_wait(FULL_V(sn), un & 1);
+          fc_mbar_arrive_if(EMPTY_V(sn), lane == 0);
+        }
+      }
+    }
+
+    /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf, l = 0: O = 0, lse = −inf. */
+    uint16_t *O = a.o + b * a.o_sb + (int64_t)q_start * a.o_ss + (int64_t)h * a.o_sh;
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      float lr = l[rh];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const float inv = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
+#pragma unroll
+      for (int x = 0; x < D / 8; x++) {
+        o[4 * x + 2 * rh] *= inv;
+        o[4 * x + 2 * rh + 1] *= inv;
+      }
+      const int row = wg_row0 + 16 * warp + g + 8 * rh;
+      if (a.lse && t == 0 && row < sq) {
+        const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + row : (b * a.heads_q + h) * a.seqlen_q + row;
+        a.lse[at] = m[rh] != -INFINITY ? m[rh] * (SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
+      }
+    }
+
+    /* Stage O in this warpgroup's rows of sQ (no wgmma reads them any more: all groups were waited for), in
+     * the same swizzled layout, so that the global stores are whole 16-byte chunks of a row. Row r of the
+     * warpgroup, 16-byte chunk x (columns 8x .. 8x + 7) lives at half x / 8, byte r·128 + ((x % 8) ^ (r % 8))·16;
+     * this thread's rows have r % 8 = g. */
+    fc_fence_proxy_async(); /* after the async proxy's reads of sQ, before these generic writes */
+    /* Every warp of the warpgroup is past its last wgmma wait before any overwrites the rows of Q_i. */
+    fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
+    {
+      uint32_t ob[D / 4];
+#pragma unroll
+      for (int x = 0; x < D / 8; x++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) ob[2 * x + rh] = fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]);
+      fc_hp_stage_o<D>(q_rows, Q_HALF_BYTES, ob, warp, lane);
+    }
+    fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
+    fc_hp_store_o_rows<D>(a, O, q_rows, Q_HALF_BYTES, wg_row0, sq, ct);
+  }
+#undef FULL_K
+#undef FULL_V
+#undef EMPTY_K
+#undef EMPTY_V
+#endif /* FC_HOPPER_ARCH */
+}
+
+#include "hopper/fwd_persistent.cuh"
+
+/* ---- host ------------------------------------------------------------------------------------------------ */
+/* Dynamic shared memory of one CTA of br query rows: the tiles, the barriers, and 1024 bytes of slack for the
+ * alignment. */
+static size_t fc_hp_smem_bytes(int br, int d, int stages, int bc) {
+  return (size_t)(br + 2 * stages * bc) * d * 2 + 8 * (1 + 4 * stages) + 1024;
+}
+
+/* FLASHC_HOPPER=0 hides the backend (auto then takes cuda-mma): a switch for comparisons and bisection. */
+static bool hopper_enabled(void) {
+  const char *e = getenv("FLASHC_HOPPER");
+  return !(e && strcmp(e, "0") == 0);
+}
+
+/* The one-tile kernels' grid order (common/tail_order.cuh); a: a copy of the caller's arguments, launched. */
+static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int threads, size_t smem,
+                                fc_hopper_fwd_args *a) {
+  a->n_pairs = (int)(p->batch * p->heads_q); /* fits: the caller's fc_mma_grid refused a grid past 2^31 − 1 CTAs */
+  return fc_tail_from(p, a->m_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
+}
+
+/* The one-tile kernel at its tile shape, <D, K/V stages, Bc>: D = 128: 32 + 2·2·32 = 160 KB; D = 256, Bc = 80: 64 +
+ * 2·2·40 = 224 KB of the 227 KB a block may have. */
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
+static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
+                                  const fc_hp_score_mod *md, int grid) {
+  fc_hopper_fwd_args a = *a0;
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
+                 const fc_hp_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD>;
+  const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
+  FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
+  kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a, *md);
+  FC_LAUNCH_CHECK("fc_hopper_fwd_kernel");
+  return FLASHC_OK;
+}
+
+/* ---- the persistent kernel's launch ---- */
+/* Its shared memory: the one-tile kernel's, plus sO (Br·D·2), the q_empty barrier and the tile ring (two mbarriers
+ * and a position per entry; the static orders leave it unused). tmastore3 (Br = 192, D = 64): sQ 24 KB + 3 × (16 +
+ * 16) KB + sO 24 KB = 144 KB (+ barriers, ring and slack: 148,632 bytes). */
+static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages, int bc) {
+  const size_t so = d <= 128 ? 2 * (size_t)br * d * 2 : 0; /* sO and Q's second slot (none at D = 256) */
+  return fc_hp_smem_bytes(br, d, stages, bc) + so + 3 * 8 + (16 + 64) * FC_HP_TILE_RING;
+}
+
+/* The dynamic order's claim counter in the device workspace, after the varlen offsets: 256 bytes, so that anything
+ * placed after it stays aligned. */
+#define FC_HP_CLAIM_BYTES ((size_t)256)
+
+/* Can o take the TMA store? A dense problem (varlen rows past one sequence are the next one's, which TMA's
+ * clipping would not spare) and a view TMA can address (the conditions fc_hp_check_view puts on q, k, v). A
+ * question, not a refusal: no fc_error, the persistent kernel's direct stores take any o. */
+static bool fc_hp_o_tma_ok(const fc_problem *p) {
+  if (p->cu_seqlens_q || (uintptr_t)p->o.data % 16 != 0) return false;
+  const fc_hp_map_shape s = fc_hp_shape(p, &p->o, true);
+  for (int d = 1; d < 4; d++)
+    if (s.stride[d] % 8 != 0 || s.stride[d] >= ((int64_t)1 << 39) || s.size[d] > INT32_MAX) return false;
+  return true;
+}
+
+/* A causal-like mask: every query row sees a prefix of the keys (no left window edge), so the query blocks of a head
+ * weigh from one key block to all of them. */
+static bool fc_hp_triangular(const fc_problem *p) { return p->window_left < 0 && p->window_right >= 0; }
+
+/* The orders in which the persistent grid's CTAs take the schedule's positions (hopper/sched.cuh): stride, CTA x the
+ * positions x, x + grid, x + 2·grid, ...; or dynamic, each CTA claiming the next position with an atomic counter when
+ * it is about to finish a tile (greedy, and the CTAs at work keep neighbouring positions: the L2 groups hold).
+ * fc_hp_fwd_plan picks one. */
+enum { FC_HP_SCHED_STRIDE = 0, FC_HP_SCHED_DYNAMIC = 1 };
+
+/* The split last rounds: the persistent forward's last rounds split by key blocks (stream-K, fc_hp_sched_split) where
+ * every tile weighs the same: no mask, no varlen, the stride order. Its memory, per CTA (SM) and consumer warpgroup:
+ * each thread's o, m, l (d/2 + 4 floats) in the workspace, and a flag in the handle's zeroed memory
+ * (fc_device_zeroed: the merging CTA resets the flag it waited for, so no call clears them first; a memset before
+ * each launch, one more node on the stream, cost what the split won in the steady state). Two consumer warpgroups
+ * only: tmastore3's consumers have no registers to spare (the fix-up spilled 32 bytes there), and its 192-row tiles
+ * fill 20.7 rounds at d64 (the last partial round costs 1.4 %, against 3 % for d128's 15.5); built for tmastore3, the
+ * split won +1.7 % at 2k over the same kernel with the split off, but that kernel, spilling per tile, lost 3 % at 8k to
+ * the 2-consumer one (bench/results/configs/hopper-fwd-split-nc3-2026-11-25.txt, A and E). H100
+ * (bench/results/configs/hopper-split-2026-11-23.txt): 2048 whole tiles of d128 take as long as 2112 (the idle half
+ * round is real: 3 %); with the memset the split won back 0.6-1 % of it in the short form, nothing in the steady state;
+ * without it 0.2-3.1 % in the short form (two rounds at 2k, 4k, 8k and 2176 tiles, 7 of 8 pairs ahead), -0.4..+0.9 %
+ * steady. The waits: CTA x waits for x + 1 only, at its very end; the hardware starts CTAs in index order, so the
+ * lowest CTA still waiting always has its partner running or done, even with fewer SMs free than the grid (NCCL's
+ * kernels beside it): no hang. */
+typedef struct fc_hp_split_mem {
+  float *part;
+  int32_t *flags;
+} fc_hp_split_mem;
+static size_t fc_hp_split_part_bytes(int sms, int d) { return (size_t)sms * 2 * 128 * (d / 2 + 4) * sizeof(float); }
+
+/* The forward's plan for one call: the kernel, its tile, the persistent kernel's order and split. What it picks
+ * measured fastest on the H100 (and the H200 at D = 256); each losing alternative is named beside the choice with
+ * what it measured against it, and docs/experiments.md keeps the alternatives that were deleted. */
+typedef struct fc_hp_fwd_plan {
+  bool persistent; /* hopper/fwd_persistent.cuh's kernel; false: the one-tile ping-pong kernel (fc_hopper_fwd_kernel) */
+  int d;           /* D: 64, 128 or 256 (fc_hp_d_tile) */
+  int nc;          /* consumer warpgroups, Br = 64·nc query rows per tile */
+  int bc;          /* keys per block */
+  bool tma_store;  /* the persistent kernel stores O by TMA (else directly from shared memory or registers) */
+  int order;       /* FC_HP_SCHED_* (the persistent kernel) */
+  bool split;      /* the split last rounds (fc_hp_split_mem) */
+} fc_hp_fwd_plan;
+
+static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
+  const bool tri = fc_hp_triangular(p), unmasked = p->window_left < 0 && p->window_right < 0;
+  const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+  fc_hp_fwd_plan pl;
+  pl.d = fc_hp_d_tile(p->head_dim);
+  if (pl.d == 64)
+    /* tmastore3 (persistent, 3 consumers, Br = 192), any mask: unmasked +2..17 % over 2 consumers (tmastore) and even
+     * with the one-tile kernel with 3 consumers (pingpong3) at 4k–16k (configs/hopper-fwd-tmastore3.txt); causal
+     * +1..11 % over pingpong3 at 4k–16k (configs/hopper-fwd-sched.txt) and, with the mask shortcuts, +9..17 % over
+     * tmastore at 512–16k (configs/hopper-fwd-mask-shortcuts-2026-11-23.txt, steady state, bf16). */
+    pl.persistent = true;
+  else if (pl.d == 128)
+    /* tmastore (persistent, 2 consumers) except causal-like from seqlen_k 8192, where the one-tile ping-pong kernel
+     * (pingpong) wins. Unmasked, tmastore over pingpong: +1..6 % up to 1k (configs/hopper-fwd-dynsched.txt), +1..3 %
+     * steady at 2k–4k once the L2 groups were dropped for unmasked attention (configs/hopper-fwd-l2-groups-2026-11-23
+     * .txt), +1.4 % at 8k and +0.9 % at 16k with the split rounds (configs/hopper-fwd-d128-tmastore-2026-11-24.txt);
+     * causal below 8k +5..9 % at 512–4k with the dynamic order (configs/hopper-fwd-dynsched.txt). */
+    pl.persistent = !tri || p->seqlen_k < 8192;
+  else
+    /* D = 256: persistent (one Q slot, no sO: O stored from registers) without a mask, +6 % over pingpong at 1k (whole
+     * tiles), +2 % at 2k–8k; with a causal mask it stayed 2 % under pingpong (dynamic order; stride lost 30 % to
+     * imbalance) (configs/hopper-fwd-d256-persistent-2026-11-29.txt, H200, bf16). */
+    pl.persistent = unmasked;
+  pl.nc = pl.d == 64 ? 3 : 2;
+  pl.bc = pl.d == 256 ? FC_HP_BC_D256 : FC_HP_BC; /* Bc = 80 at D = 256: O 128 + S 40 + 2 P 20 registers */
+  /* The TMA store where o allows it (fc_hp_o_tma_ok; the direct stores take any o, varlen's among them), at D ≤ 128:
+   * D = 256 has no sO to store from. Direct stores from sO: +0.4..−5 % (configs/hopper-fwd-variants.txt). */
+  pl.tma_store = pl.persistent && pl.d <= 128 && fc_hp_o_tma_ok(p);
+  /* Dynamic where the tiles' weights differ (a triangular mask) and at D = 128 up to seqlen_k 1024 unmasked, stride
+   * elsewhere. Causal, snake1 (a snake over one L2 group of all pairs) vs stride: tmastore3 +6..18 % at 2k–16k,
+   * D = 128 +1..21 % at 4k–16k, −19..−22 % at 1k–2k (configs/hopper-fwd-sched.txt); dynamic balances like snake1 and
+   * keeps the L2 groups: tmastore3 causal 2k +8 %, D = 128 causal 512–4k +5..9 %, unmasked 512 +6 %
+   * (configs/hopper-fwd-dynsched.txt); in the steady state under the power cap snake1 ends 2–10 % behind dynamic (3–10
+   * % more energy per FLOP: it gives up the L2 groups; configs/hopper-fwd-l2-groups-2026-11-23.txt). */
+  pl.order = FC_HP_SCHED_STRIDE;
+  if (pl.persistent && (((pl.nc == 3 || pl.d >= 128) && tri) || (pl.d == 128 && !tri && p->seqlen_k <= 1024)))
+    pl.order = FC_HP_SCHED_DYNAMIC;
+  /* The split last rounds where every tile weighs the same (no mask, no varlen, the stride order) and two consumers
+   * run, except at D = 256 below 4096 keys, where the fix-up (each consumer's 64 × 256 fp32 partial through global
+   * memory) costs more than the partial round it saves: against whole tiles −7 % at 512 keys, −3.6 % at 1k, −0.5 % at
+   * 2k, +0.7 % at 4k, +1.3 % at 8k (configs/hopper-fwd-d256-persistent-2026-11-29.txt). At D ≤ 128 it measured faster
+   * at every seqlen it runs at (configs/hopper-split-2026-11-23.txt, hopper-fwd-d128-tmastore-2026-11-24.txt). */
+  pl.split = pl.persistent && pl.nc == 2 && pl.order == FC_HP_SCHED_STRIDE && unmasked && !varlen &&
+             (pl.d <= 128 || p->seqlen_k >= 4096);
+  return pl;
+}
+
+/* claim: the dynamic order's counter in the workspace (NULL: the stride order); split: the split rounds' memory
+ * (NULL: whole tiles only). */
+template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false>
+static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
+                                             const fc_hopper_fwd_args *a, const fc_hp_score_mod *md,
+                                             const fc_hp_sched *sc, bool tma_store, int32_t *claim,
+                                             const fc_hp_split_mem *split) {
+  void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
+                 const fc_hp_sched, const fc_hp_score_mod) =
+      fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC, SCORE_MOD>;
+  if constexpr (D <= 128) /* D = 256 has no sO to store from */
+    if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC, SCORE_MOD>;
+  const size_t smem = fc_hp_persistent_smem_bytes(64 * NC, D, STAGES, BC);
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (persistent)"));
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  /* One CTA per SM (this shared memory and 384 threads of 168 registers, or 512 of 128, allow no second); fewer
+   * when there are fewer tiles. */
+  const int grid = sc->tiles < props.num_sms ? sc->tiles : props.num_sms;
+  if (grid <= 0) return FLASHC_OK;
+  fc_hp_sched walk = fc_hp_sched_for_grid(*sc, grid, 0);
+  if (claim) {
+    /* Zeroed on the call's stream before every launch, rather than reset by the grid's last CTA: a launch that
+     * failed or was cut short cannot leave a count that would make the next call skip tiles, and no CTA needs a
+     * second atomic to find out that it is the last. */
+    walk.claim = claim;
+    FC_CUDA_CHECK(cudaMemsetAsync(claim, 0, sizeof(int32_t), fc_stream(p)));
+  }
+  if (NC == 2 && split && fc_hp_sched_split(&walk, (int)fc_cdiv(p->seqlen_k, BC))) {
+    walk.split_flag = split->flags;
+    walk.split_part = split->part;
+  }
+  kernel<<<grid, 128 + 128 * NC, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a, walk, *md);
+  FC_LAUNCH_CHECK("fc_hopper_fwd_persistent_kernel");
+  return FLASHC_OK;
+}
+
+/* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. nc = 3
+ * (D = 64): the caller made q's map with boxes of 192 rows and a->m_blocks from Br = 192; o's map keeps boxes of 64
+ * rows (each consumer warpgroup stores its own 64 rows). */
+template <typename T, bool SCORE_MOD>
+static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
+                                      const fc_hp_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
+                                      const fc_hp_split_mem *split) {
+  const int D = pl->d;
+  CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
+  if (pl->tma_store) FC_CHECK(fc_hp_encode_box(p, &p->o, true, "o", 64, "flashc_forward", &maps[3]));
+  const int64_t kv_bytes_per_bh = 2 * (int64_t)(p->cu_seqlens_k ? p->total_k / p->batch : p->seqlen_k) * D * 2;
+  /* L2 groups of heads with a causal mask only (hopper/sched.cuh, FC_HP_L2_GROUP_BYTES) */
+  const int64_t group_bytes = fc_hp_triangular(p) ? FC_HP_L2_GROUP_BYTES : 0;
+  const fc_hp_sched sc =
+      fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
+  if (D == 64)
+    return fc_hp_launch_persistent<T, 64, 3, 3, FC_HP_BC, SCORE_MOD>(p, maps, a, md, &sc, pl->tma_store, claim, split);
+  if (D == 256)
+    return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, &sc, false, claim, split);
+  return fc_hp_launch_persistent<T, 128, 2, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, &sc, pl->tma_store, claim, split);
+}
+
+static bool hopper_usable(char *why, size_t len) {
+  if (!hopper_enabled()) {
+    if (why) snprintf(why, len, "disabled by FLASHC_HOPPER=0");
+    return false;
+  }
+  if (!fc_cuda_usable_sm(90, why, len)) return false;
+  fc_device_props props;
+  if (fc_device_get_props(&props) != FLASHC_OK) {
+    if (why) snprintf(why, len, "%s", flashc_last_error());
+    return false;
+  }
+  if (props.sm != 90) { /* sm_90a code runs on compute capability 9.0 only */
+    if (why)
+      snprintf(why, len, "device %d is sm_%d; backend cuda-hopper runs on sm_90 (H100, H200) only", props.device,
+               props.sm);
+    return false;
+  }
+  /* Whether the device code loaded for this device is sm_90a's: asked once per device. The copy from the symbol is
+   * synchronous (it waits for all the device's queued work), and `usable` runs at every call (auto asks cuda-hopper
+   * first): asked at every call, it cost ~20 µs of an idle GPU before the kernel's launch and no host run-ahead
+   * (bench/results/configs/hopper-usable-sync-2026-11-24.txt). */
+  enum { MAX_DEVICES = 64 };
+  static int built_on[MAX_DEVICES]; /* 0 unknown, 1 sm_90a code, −1 none */
+  const int dev = props.device;
+  int built = dev >= 0 && dev < MAX_DEVICES ? __atomic_load_n(&built_on[dev], __ATOMIC_RELAXED) : 0;
+  if (built == 0) { /* threads racing here all copy the same flag */
+    int flag = 0;
+    built = cudaMemcpyFromSymbol(&flag, fc_hopper_built_for_sm90a, sizeof flag) == cudaSuccess && flag ? 1 : -1;
+    if (built < 0) cudaGetLastError();
+    if (dev >= 0 && dev < MAX_DEVICES) __atomic_store_n(&built_on[dev], built, __ATOMIC_RELAXED);
+  }
+  if (built < 0) {
+    if (why) snprintf(why, len, "this libflashc was built without sm_90a code (add 90a to FLASHC_CUDA_ARCHITECTURES)");
+    return false;
+  }
+  return true;
+}
+
+static flashc_status hopper_supports(const fc_problem *p) {
+  /* Both directions run head dims up to 256 (the backward's D = 64, 128, 256 kernels); auto takes cuda-mma's
+   * backward for what fc_hopper_bwd_supports refuses (deterministic mode past 128). */
+  const int max_head_dim = 256;
+  if (p->is_backward) FC_CHECK(fc_hopper_bwd_supports(p));
+  if (p->head_dim > max_head_dim)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds %d on backend cuda-hopper%s", (long long)p->head_dim,
+                    max_head_dim, p->is_backward ? " (backward)" : "");
+  if (p->scale < 0.0f)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "scale %g is negative; backend cuda-hopper needs a positive scale",
+                    (double)p->scale);
+  if (p->heads_q > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-hopper",
+                    (long long)p->heads_q);
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("cuda-hopper", fc_cdiv(p->seqlen_q, FC_HP_BR), p->heads_q, p->batch, &grid));
+  if (!p->is_backward && p->handle && !p->handle->fixed) {
+    /* auto: a forward whose query tiles would fill at most a quarter of the GPU's slots runs faster as cuda-mma's
+     * split keys (mma/fwd_split.cuh: decoding, a few heads) than as one long tile per CTA here. */
+    int splits = 1;
+    if (fc_mma_fwd_splits(p, &splits) == FLASHC_OK && splits >= 4)
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "flashc_forward: %d query tiles are too few for cuda-hopper under auto (cuda-mma splits the keys "
+                      "%d ways)",
+                      grid, splits);
+  }
+  FC_CHECK(fc_hp_score_mod_check(p, "cuda-hopper"));
+  FC_CHECK(fc_hp_check_view(p, &p->q, true, "q"));
+  FC_CHECK(fc_hp_check_view(p, &p->k, false, "k"));
+  FC_CHECK(fc_hp_check_view(p, &p->v, false, "v"));
+  return FLASHC_OK;
+}
+
+/* The plan's kernel for element type T, plain or with the score modifiers. */
+template <typename T, bool SCORE_MOD>
+static flashc_status fc_hp_forward_kernels(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
+                                           const fc_hp_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
+                                           const fc_hp_split_mem *split, int grid) {
+  if (pl->persistent) return fc_hp_persistent<T, SCORE_MOD>(p, maps, a, md, pl, claim, split);
+  return pl->d == 256 ? fc_hp_launch<T, 256, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, grid)
+                      : fc_hp_launch<T, 128, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, grid);
+}
+
+static flashc_status hopper_forward(const fc_problem *p) {
+  const fc_hp_fwd_plan pl = fc_hp_fwd_plan_of(p);
+  const int br = 64 * pl.nc;
+  const int m_blocks = (int)fc_cdiv(p->seqlen_q, br);
+  int grid = 0;
+  FC_CHECK(fc_mma_grid("flashc_forward", m_blocks, p->heads_q, p->batch, &grid));
+  CUtensorMap maps[3];
+  FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));     /* the Q box: one query block */
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", pl.bc, "flashc_forward", &maps[1])); /* K, V: one key block */
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", pl.bc, "flashc_forward", &maps[2]));
+  /* The dynamic order's claim counter lives in the workspace, after the varlen offsets, then the split's partials. */
+  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),
+               claim_bytes = pl.order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
+  size_t split_bytes = 0;
+  fc_device_props props;
+  if (pl.split) {
+    FC_CHECK(fc_device_get_props(&props));
+    split_bytes = fc_hp_split_part_bytes(props.num_sms, pl.d);
+  }
+  void *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));
+  int32_t *claim = pl.order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
+  fc_hp_split_mem split_mem = {NULL, NULL}, *split = NULL;
+  if (split_bytes) {
+    void *flags = NULL;
+    FC_CHECK(fc_device_zeroed(p, (size_t)props.num_sms * 2 * sizeof(int32_t), &flags));
+    split_mem.part = (float *)((uint8_t *)ws + cu_bytes + claim_bytes);
+    split_mem.flags = (int32_t *)flags;
+    split = &split_mem;
+  }
+  fc_hopper_fwd_args a;
+  memset(&a, 0, sizeof a);
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  a.o = (uint16_t *)p->o.data;
+  a.lse = p->lse;
+  a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
+  a.seqlen_q = (int)p->seqlen_q;
+  a.seqlen_k = (int)p->seqlen_k;
+  a.total_q = p->total_q;
+  a.heads_q = (int)p->heads_q;
+  a.group = (int)(p->heads_q / p->heads_kv);
+  a.head_dim = (int)p->head_dim;
+  a.m_blocks = m_blocks;
+  a.scale = p->scale;
+  a.scale_log2 = p->scale * 1.4426950408889634f;
+  a.window_left = p->window_left;
+  a.window_right = p->window_right;
+  a.mask_offset = p->mask_offset;
+  a.bottom_right = p->bottom_right;
+  a.o_aligned = fc_mma_view_aligned(&p->o);
+  /* The mask shortcuts, the same bits as without them. Each consumer warpgroup stops at its own last visible key block
+   * (fc_hp_own_blocks); with a causal-like mask the persistent kernel's query blocks end at the sequence's last row
+   * (fc_hp_tile_setup; without one every block weighs the same). Both off: tmastore3 −9..−17 % causal at 512–16k
+   * (configs/hopper-fwd-mask-shortcuts-2026-11-23.txt). Two Q slots: the persistent kernel loads the next tile's Q
+   * during this one's last blocks; one slot, after the last S: no measurable change, kept so that the tile boundary
+   * never waits for Q (configs/hopper-fwd-tile-boundary-2026-11-23.txt). */
+  a.own_blocks = 1;
+  a.align_end = fc_hp_triangular(p);
+  a.q_slots = 2;
+  /* Softcap or ALiBi: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one variant each. */
+  fc_hp_score_mod md;
+  if (fc_hp_score_mod_of(p, &md)) {
+    if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, true>(p, maps, &a, &md, &pl, claim, split, grid);
+    return fc_hp_forward_kernels<__nv_bfloat16, true>(p, maps, &a, &md, &pl, claim, split, grid);
+  }
+  if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, false>(p, maps, &a, &md, &pl, claim, split, grid);
+  return fc_hp_forward_kernels<__nv_bfloat16, false>(p, maps, &a, &md, &pl, claim, split, grid);
+}
+
+#if FC_HP_TRACE
+FC_HP_TRACE_READERS(fc_hopper) /* fc_hopper_trace_reset, fc_hopper_trace_read: tools/hopper/trace.py */
+#endif
+
+extern "C" const fc_backend fc_backend_cuda_hopper = {
+    "cuda-hopper",
+    "FlashAttention-3 style forward: TMA, wgmma, warp-specialised producer/consumers, mbarrier ring "
+    "(sm_90a); the backward likewise",
+    FLASHC_DEVICE_CUDA,
+    (1u << FLASHC_F16) | (1u << FLASHC_BF16),
+    1,
+    256, /* the backward too */
+    hopper_usable,
+    hopper_supports,
+    hopper_forward,
+    fc_hopper_backward,
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI, /* features (hopper/score_mod.cuh); validate.c refuses the others */
+    0,                                     /* max_head_dim_v */
+    fc_cuda_forward_kvcache,               /* forward_kvcache: mma/decode.cu */
+};

@@ -1,0 +1,33 @@
+/* hopper/tma.cuh — the host side of cuda-hopper's TMA, shared by the forward (hopper/fwd.cu) and the backward
+ * (hopper/bwd.cu): whether a view can be addressed by the copy engine, and its tensor map. */
+#ifndef FLASHC_CUDA_HOPPER_TMA_CUH
+#define FLASHC_CUDA_HOPPER_TMA_CUH
+
+#include "common/common.cuh"
+
+#include <cuda.h> /* CUtensorMap (a type only: no driver call is linked) */
+
+/* The head dim D a call runs as: d ≤ 64 as 64, d ≤ 128 as 128, d ≤ 256 as 256 (the copy engine fills the columns past
+ * d with zeros). */
+static inline int fc_hp_d_tile(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
+
+/* The 4-d shape of a [b, s, h, d] view for TMA: dims (head_dim, rows, heads, batch), innermost first. A dim of
+ * size 1 gets a stride that TMA accepts (its coordinate is always 0). */
+typedef struct fc_hp_map_shape {
+  int64_t size[4];   /* elements: head_dim, rows, heads, batch */
+  int64_t stride[4]; /* elements; stride[0] = 1 */
+} fc_hp_map_shape;
+
+/* q, o, dout (is_q: rows of the query side) or k, v. */
+fc_hp_map_shape fc_hp_shape(const fc_problem *p, const fc_view *v, bool is_q);
+
+/* Can TMA address this view? 16-byte aligned base, strides of multiples of 16 bytes below 2^40, sizes that fit
+ * its 32-bit coordinates. FLASHC_ERR_UNSUPPORTED with a message naming `name` and the dim otherwise. */
+flashc_status fc_hp_check_view(const fc_problem *p, const fc_view *v, bool is_q, const char *name);
+
+/* The map of a view that fc_hp_check_view accepted: boxes of 64 columns × box_rows rows of one head, 128-byte
+ * swizzle, zeros outside. `op` ("flashc_forward", "flashc_backward") starts the message of a failure. */
+flashc_status fc_hp_encode_box(const fc_problem *p, const fc_view *v, bool is_q, const char *name, int box_rows,
+                               const char *op, CUtensorMap *map);
+
+#endif /* FLASHC_CUDA_HOPPER_TMA_CUH */

@@ -1,0 +1,431 @@
+/* mma/fwd.cu — cuda-mma forward: FlashAttention-2 on tensor cores through mma.sync
+ * (sm_80+).
+ *
+ *   for each query block Q_i (Br = 128 rows, one CTA; each warp owns MT tiles
+ * of 16 rows): for each key block j (Bc keys) that the mask leaves visible to
+ * some row of Q_i: S = Q_i·K_jᵀ                          (m16n8k16; Q_i
+ * fragments in registers or read from sQ, K_j fragments via ldmatrix, shared by
+ * the warp's MT tiles) m' = max(m, rowmax S);  P = 2^(c·S − c·m');  l = 2^(c·(m
+ * − m'))·l + rowsum P   (c = scale·log2 e) O = 2^(c·(m − m'))·O + P·V_j (P
+ * stays in registers as the A operand; V_j via ldmatrix.trans) O /= l;  lse =
+ * scale·m + ln l
+ *
+ * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (any strides, in elements);
+ * lse [b, hq, sq] or [hq, total_q] (varlen). The head dim d is compiled as D in
+ * {32, 64, 96, 128, 160, 192, 256}; any other d runs in the next D with zero
+ * columns.
+ *
+ * Shared memory (16-bit elements, rows of DS = round_up(D, 64), XOR-swizzled:
+ * see mma/tile.cuh): sQ [Br][DS]          Q_i; at the end each warp stages its
+ * O rows here sK [STAGES][Bc][DS]  K_j ring buffer, filled by cp.async STAGES −
+ * 1 blocks ahead sV [STAGES][Bc][DS]  V_j likewise. Per thread (lane = 4g + t), per M-tile: rows g and g + 8 of the
+ * tile, O (D/8 × 4 fp32), S (Bc/8 × 4 fp32), m and l of its two rows; Q (D/16 ×
+ * 4 registers) when Q_IN_REGS.
+ *
+ * Two kernels, one loop: mma/fwd_kernel.cuh's (every call whose shape fits the device's shared memory, the keys
+ * split between CTAs where the grid is small: mma/fwd_split.cuh) and this file's, with smaller tiles for devices
+ * that give a block less shared memory (sm_80 at d256, sm_86/89 at d160/192). fc_mma_fwd_plan_of picks the
+ * kernel, its tile shape (one table, fc_mma_fwd_shapes) and the split; tools/mma/bench-fwd.sh checks and times
+ * it. */
+#include "common/common.cuh"
+#include "mma/fwd_common.cuh"
+#include "mma/fwd_kernel.cuh"
+#include "mma/host.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. The kernel for the SMALL shapes (fc_mma_fwd_shapes);
+ * mma/fwd_kernel.cuh's is the same loop with less overhead per key block. */
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
+__global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_kernel(const fc_mma_fwd_args a) {
+  constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
+  constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
+  constexpr int NS = BC / 8; /* n-blocks of S */
+  constexpr int NO = D / 8;  /* n-blocks of O */
+  constexpr int QKD = Q_IN_REGS ? KD : 1;
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t *sQ = smem, *sK = sQ + BR * DS, *sV = sK + STAGES * BC * DS;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wrow = warp * MT * 16; /* the warp's first row in the block; tile mt
+                                      starts at wrow + 16·mt */
+
+  const fc_fwd_where w = fc_fwd_locate(a);
+  const int64_t b = w.b, q_start = w.q_start, k_start = w.k_start;
+  const int h = w.h, mb = w.mb, sq = w.sq, sk = w.sk;
+  const int i0 = mb * BR;
+  if (i0 >= sq) return;
+  const int hk = h / a.group;
+  const uint16_t *Q = a.q + b * a.q_sb + q_start * a.q_ss + (int64_t)h * a.q_sh; /* row 0 of this sequence */
+  const uint16_t *K = a.k + b * a.k_sb + k_start * a.k_ss + (int64_t)hk * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + k_start * a.v_ss + (int64_t)hk * a.v_sh;
+
+  /* Key blocks visible to some row of this block: [j_begin, j_end). Rows past
+   * sq are padding. */
+  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
+  const int i_last = min(i0 + BR, sq) - 1;
+  int lo_first, hi_first, lo_last, hi_last;
+  fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
+  fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
+  const int j_begin = lo_first / BC;
+  const int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  /* Whether key block j needs the mask: only blocks that cut through the key
+   * tail or some row's window. */
+  auto needs_mask = [&](int j) {
+    const int k0 = j * BC;
+    return !(k0 + BC <= sk && (a.window_right < 0 || k0 + BC - 1 <= i0 + shift + a.window_right) &&
+             (a.window_left < 0 || k0 >= i_last + shift - a.window_left));
+  };
+  auto load_k = [&](int j, int stage) {
+    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
+                                         a.head_dim, tid, K);
+  };
+  auto load_v = [&](int j, int stage) {
+    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
+                                         a.head_dim, tid, V);
+  };
+
+  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
+  fc_cp_async_commit();
+  /* Prologue: the first STAGES − 1 key blocks, one commit group each (empty
+   * groups keep the count). */
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    const int j = j_begin + s;
+    if (j < j_end) load_k(j, s), load_v(j, s);
+    fc_cp_async_commit();
+  }
+  fc_cp_async_wait<STAGES - 1>(); /* Q's group is the oldest */
+  __syncthreads();                /* every thread's part of Q_i has landed */
+  const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
+  const uint32_t q_lane = fc_fwd_lane<DS>(FC_FRAG_A, lane), k_lane = fc_fwd_lane<DS>(FC_FRAG_B, lane),
+                 v_lane = fc_fwd_lane<DS>(FC_FRAG_BT, lane);
+  const uint32_t sQ_u = fc_smem_u32(sQ);
+  uint32_t qf[MT][QKD][4];
+  if constexpr (Q_IN_REGS) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++) {
+        fc_ldmatrix_x4(qf[mt][kk], fc_fwd_addr<DS>(sQ_u, q_lane, wrow + 16 * mt, kk));
+#pragma unroll
+        for (int x = 0; x < 4; x++) qf[mt][kk][x] ^= neg;
+      }
+  }
+
+  float o[MT][NO][4];
+  fc_fwd_zero<MT, NO>(o);
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+
+  for (int j = j_begin; j < j_end; j++) {
+    const int n = j - j_begin;
+    fc_cp_async_wait<STAGES - 2>(); /* this thread's copies of block j have landed */
+    /* Block j is visible to every warp, and every warp is done with block j −
+     * 1, whose stage the prefetch below overwrites. */
+    __syncthreads();
+    {
+      const int jp = j + STAGES - 1, sp = (n + STAGES - 1) % STAGES;
+      if (jp < j_end) load_k(jp, sp), load_v(jp, sp);
+      fc_cp_async_commit();
+    }
+    const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS), Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
+
+    /* S = Q_i·K_jᵀ, raw dot products: the scale is folded into the exponent
+     * below. */
+    float s[MT][NS][4];
+    fc_fwd_zero<MT, NS>(s);
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      fc_fwd_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, sQ_u, q_lane, wrow, neg, Kj, k_lane);
+    if (needs_mask(j)) fc_fwd_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
+
+    /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum
+     * P. */
+    fc_fwd_max_rescale<MT, NS, NO>(s, m, l, o, a.scale_log2);
+    float base[MT][2];
+    fc_fwd_bases<MT>(m, a.scale_log2, base);
+    fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
+
+    /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; kb++) {
+      uint32_t pa[MT][NS / 2][4];
+      fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
+      uint32_t pk[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
+      fc_fwd_pv_step<T, DS, D, MT, NO>(o, pk, kb, Vj, v_lane);
+    }
+  }
+
+  fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
+}
+
+/* ---- the plan ------------------------------------------------------------------------------------------ */
+/* Tile shape of one compiled head dim: Bc keys per block, stages of the K/V ring, M-tiles per warp
+ * (FC_MMA_BR / (16·MT) warps), Q in registers for the whole key loop, CTAs per SM to aim for (the register
+ * budget: 65536 / (MIN_BLOCKS · threads), at most 255). bc = 0: no kernel. */
+typedef struct fc_mma_fwd_shape {
+  int bc, stages, mt, q_in_regs, min_blocks;
+} fc_mma_fwd_shape;
+
+enum { FC_MMA_NDIMS = 7 };
+static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
+
+/* The kernels: mma/fwd_kernel.cuh's, with the shapes of the call's mask, or this file's with the smaller shapes
+ * where the device gives a block too little shared memory for the lean ones (fc_mma_fwd_plan_of). */
+enum fc_mma_fwd_row { FC_MMA_FWD_MASKED, FC_MMA_FWD_UNMASKED, FC_MMA_FWD_SMALL, FC_MMA_FWD_NROWS };
+
+/* Shapes by head dim 32 … 256. Measured on the H100 against SDPA flash (tools/mma/bench-fwd.sh; bench/results/
+ * configs/), the losers' code in docs/experiments.md:
+ *   d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds two M-tiles, half the ldmatrix per MMA) at 2
+ *            CTAs/SM, whose barriers are independent (one CTA's softmax runs beside the other's MMAs); 8 warps ×
+ *            16 rows (the first shape, `base`) read d64 0.94× and d128 0.85× flash where this read 1.05× and
+ *            0.93× (mma-fwd-configs.csv, a4e082a).
+ *   d ≤ 64:  3 K/V stages (2 CTAs of 74 KB fit an SM; from d 96 they would not), so that block j + 1's copies may
+ *            still be in flight while block j computes; 2 stages: −0..3 % unmasked, −0..1 % causal
+ *            (mma-fwd-limits-2026-11-24.txt, E).
+ *   d 96/128 unmasked: Bc = 32 (S in half the registers: the key loop reloads no spilled values, where Bc = 64
+ *            reloads 11–16 per block; 2 stages, so that 2 CTAs of 70 KB fit an A100's SM); Bc = 64: −1..−8 %
+ *            unmasked, but +1..3 % causal at 2k–8k, hence the row by mask (mma-fwd-limits-2026-11-24.txt, H, H').
+ *   d ≥ 160: Bc = 64, 8 warps × 16 rows (half the barriers and softmax passes per key; 192 KB at d 256): d256
+ *            0.92× flash where Bc = 32 read 0.82× (mma-fwd-configs.csv).
+ *   SMALL:   8 warps × 16 rows, Bc = 32, where the lean shape's shared memory (144 KB at d160/192, 192 KB at
+ *            d256) exceeds what the device gives a block: sm_86/89 (99 KB) at d160/192, sm_80 (163 KB) at d256.
+ *            At d ≤ 128 the lean shapes fit every sm_80+ device (96 KB at most): no kernel there. */
+static constexpr fc_mma_fwd_shape fc_mma_fwd_shapes[FC_MMA_FWD_NROWS][FC_MMA_NDIMS] = {
+    /* MASKED: a causal mask or a window */
+    {{64, 3, 2, 1, 2},
+     {64, 3, 2, 1, 2},
+     {64, 2, 2, 0, 2},
+     {64, 2, 2, 0, 2},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1}},
+    /* UNMASKED */
+    {{64, 3, 2, 1, 2},
+     {64, 3, 2, 1, 2},
+     {32, 2, 2, 0, 2},
+     {32, 2, 2, 0, 2},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1},
+     {64, 2, 1, 0, 1}},
+    /* SMALL */
+    {{0, 0, 0, 0, 0},
+     {0, 0, 0, 0, 0},
+     {0, 0, 0, 0, 0},
+     {0, 0, 0, 0, 0},
+     {32, 2, 1, 1, 1},
+     {32, 2, 1, 1, 1},
+     {32, 2, 1, 0, 1}},
+};
+
+static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
+  return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
+}
+
+static int fc_mma_dim_index(int64_t head_dim) {
+  const int d = fc_mma_compiled_dim(head_dim);
+  for (int i = 0; i < FC_MMA_NDIMS; i++)
+    if (fc_mma_dims[i] == d) return i;
+  return -1;
+}
+
+/* What a forward call runs. */
+typedef struct fc_mma_fwd_plan {
+  int dim;      /* index of the compiled head dim in fc_mma_dims */
+  int row;      /* FC_MMA_FWD_*: the kernel and its shape */
+  bool aligned; /* every row of q, k, v, o on 16 bytes: cp.async; else the kernels' plain loads */
+  int grid;     /* query tiles: CTAs per part */
+  int splits;   /* parts the keys of each tile are split into, one CTA each (mma/fwd_split.cuh); 1: none */
+} fc_mma_fwd_plan;
+
+static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl) {
+  pl->dim = fc_mma_dim_index(p->head_dim);
+  if (pl->dim < 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
+  FC_CHECK(fc_mma_grid("flashc_forward", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &pl->grid));
+  const int d = fc_mma_dims[pl->dim];
+  fc_device_props props;
+  FC_CHECK(fc_device_get_props(&props));
+  /* mma/fwd_kernel.cuh's kernel (fewer instructions per key block), its shapes by the call's mask; this file's kernel
+   * with the same shapes (`mt2`) read d128 0.88–0.95× flash where lean read 0.93–1.06×, d256 0.79–1.06× (0.84–1.15×)
+   * (configs/mma-fwd-lean.txt). Where the device's shared memory is too small for them: SMALL. */
+  pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
+  if (fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d) > props.smem_per_block_optin &&
+      fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0)
+    pl->row = FC_MMA_FWD_SMALL;
+  const fc_mma_fwd_shape *s = &fc_mma_fwd_shapes[pl->row][pl->dim];
+  const size_t bytes = fc_mma_fwd_smem(s, d);
+  if (bytes > props.smem_per_block_optin)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_forward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block; "
+                    "device %d (sm_%d) allows %zu",
+                    d, bytes, props.device, props.sm, props.smem_per_block_optin);
+  pl->aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
+                fc_mma_view_aligned(&p->o);
+  /* The split keys: the lean kernel on aligned rows only. params.num_splits 1: none; n > 1: n parts, at most one
+   * per key block and FC_SPLIT_MAX; 0: split only a grid that fills less than half of the GPU's slots for its CTAs
+   * (CTAs per SM × SMs), then enough parts to fill them, at least 4 key blocks each, at most FC_SPLIT_MAX
+   * (FlashAttention-2's split-KV rule; decoding is the case): on the H100 2–4× the one-pass kernel at 1 query row
+   * against 4k–128k keys (bench/results/decode.csv). */
+  pl->splits = 1;
+  if (pl->row == FC_MMA_FWD_SMALL || !pl->aligned || p->seqlen_k <= 0 || pl->grid < 1 || p->num_splits == 1)
+    return FLASHC_OK;
+  const int64_t key_blocks = fc_cdiv(p->seqlen_k, s->bc); /* varlen: the longest sequence's */
+  int64_t n = p->num_splits;
+  if (n <= 0) {
+    const int64_t slots = (int64_t)props.num_sms * s->min_blocks;
+    if (2 * (int64_t)pl->grid > slots) return FLASHC_OK;
+    n = (slots + pl->grid - 1) / pl->grid;
+    if (n > key_blocks / 4) n = key_blocks / 4;
+  }
+  if (n > key_blocks) n = key_blocks;
+  if (n > FC_SPLIT_MAX) n = FC_SPLIT_MAX;
+  pl->splits = n >= 2 ? (int)n : 1;
+  return FLASHC_OK;
+}
+
+flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits) {
+  fc_mma_fwd_plan pl;
+  *splits = 1;
+  FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
+  *splits = pl.splits;
+  return FLASHC_OK;
+}
+
+/* ---- launch -------------------------------------------------------------------------------------------- */
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN>
+static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_args *a0, int grid) {
+  fc_mma_fwd_args a_tail = *a0, *const a = &a_tail;
+  const size_t smem = (size_t)(FC_MMA_BR + 2 * STAGES * BC) * fc_tile_stride(D) * sizeof(uint16_t);
+  /* Rows that cp.async cannot copy (not 16-byte aligned) take the slower kernel
+   * with plain loads. */
+  void (*kernel)(const fc_mma_fwd_args);
+  if constexpr (LEAN)
+    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true>
+             : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
+                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+  else
+    kernel = a->aligned ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
+                        : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+  FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-mma"));
+  a_tail.n_pairs = (int)(p->batch * p->heads_q); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
+  FC_CHECK(fc_tail_from(p, a->m_blocks, a_tail.n_pairs, (const void *)kernel, FC_MMA_BR / MT * 2, smem,
+                        &a_tail.tail_from)); /* the grid's order (common/tail_order.cuh) */
+  kernel<<<dim3(grid, a->n_splits), FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
+  FC_LAUNCH_CHECK("fc_mma_fwd_kernel");
+  if (a->n_splits > 1) { /* the parts of each row merged (mma/fwd_split.cuh) */
+    fc_mma_fwd_combine_kernel<T, D><<<grid, FC_SPLIT_COMBINE_THREADS, 0, fc_stream(p)>>>(*a);
+    FC_LAUNCH_CHECK("fc_mma_fwd_combine_kernel");
+  }
+  return FLASHC_OK;
+}
+
+/* The kernel of row R, head dim index I: a compile-time walk over the table, so that adding a head dim or
+ * changing a shape needs no new case; a cell without a kernel (bc = 0) compiles nothing. */
+template <typename T, int R, int I>
+static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_args *a, const fc_mma_fwd_plan *pl) {
+  if constexpr (R < FC_MMA_FWD_NROWS) {
+    if constexpr (I < FC_MMA_NDIMS) {
+      constexpr fc_mma_fwd_shape s = fc_mma_fwd_shapes[R][I];
+      if constexpr (s.bc > 0) {
+        if (pl->row == R && pl->dim == I)
+          return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks,
+                                   R != FC_MMA_FWD_SMALL>(p, a, pl->grid);
+      }
+      return fc_mma_fwd_dispatch<T, R, I + 1>(p, a, pl);
+    } else {
+      return fc_mma_fwd_dispatch<T, R + 1, 0>(p, a, pl);
+    }
+  } else {
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for row %d, head dim %d", pl->row,
+                    pl->dim < 0 || pl->dim >= FC_MMA_NDIMS ? -1 : fc_mma_dims[pl->dim]);
+  }
+}
+
+static flashc_status mma_supports(const fc_problem *p) {
+  if (fc_mma_dim_index(p->head_dim) < 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
+  if (p->heads_q > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-mma", (long long)p->heads_q);
+  if (p->is_backward) {
+    FC_CHECK(fc_mma_bwd_supports(p));
+  } else {
+    fc_mma_fwd_plan pl;
+    FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
+  }
+  int grid = 0;
+  return fc_mma_grid("cuda-mma", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &grid);
+}
+
+static flashc_status mma_forward(const fc_problem *p) {
+  fc_mma_fwd_plan pl;
+  FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
+  const int splits = pl.splits, grid = pl.grid, d = fc_mma_dims[pl.dim];
+  /* The parts' O (D floats a row) and lse, FC_MMA_BR rows per CTA of the split grid, after the varlen offsets. */
+  const size_t split_rows = (size_t)splits * grid * FC_MMA_BR, cu_bytes = fc_mma_cu_seqlens_bytes(p);
+  const size_t split_bytes = splits > 1 ? split_rows * (d + 1) * sizeof(float) : 0;
+  void *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, cu_bytes + split_bytes, &ws));
+  fc_mma_fwd_args a;
+  memset(&a, 0, sizeof a);
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  a.n_splits = splits;
+  if (splits > 1) {
+    a.split_o = (float *)((uint8_t *)ws + cu_bytes);
+    a.split_lse = a.split_o + split_rows * d;
+  }
+  a.q = (const uint16_t *)p->q.data;
+  a.k = (const uint16_t *)p->k.data;
+  a.v = (const uint16_t *)p->v.data;
+  a.o = (uint16_t *)p->o.data;
+  a.lse = p->lse;
+  a.q_sb = p->q.stride_b, a.q_ss = p->q.stride_s, a.q_sh = p->q.stride_h;
+  a.k_sb = p->k.stride_b, a.k_ss = p->k.stride_s, a.k_sh = p->k.stride_h;
+  a.v_sb = p->v.stride_b, a.v_ss = p->v.stride_s, a.v_sh = p->v.stride_h;
+  a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
+  a.seqlen_q = (int)p->seqlen_q;
+  a.seqlen_k = (int)p->seqlen_k;
+  a.total_q = p->total_q;
+  a.heads_q = (int)p->heads_q;
+  a.group = (int)(p->heads_q / p->heads_kv);
+  a.head_dim = (int)p->head_dim;
+  a.m_blocks = (int)fc_cdiv(p->seqlen_q, FC_MMA_BR);
+  a.scale = fabsf(p->scale);
+  a.scale_log2 = a.scale * 1.4426950408889634f;
+  a.negate_q = p->scale < 0.0f;
+  a.window_left = p->window_left;
+  a.window_right = p->window_right;
+  a.mask_offset = p->mask_offset;
+  a.bottom_right = p->bottom_right;
+  a.aligned = pl.aligned;
+  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, 0, 0>(p, &a, &pl);
+  return fc_mma_fwd_dispatch<__nv_bfloat16, 0, 0>(p, &a, &pl);
+}
+
+flashc_status fc_mma_backward(const fc_problem *p); /* mma/bwd.cu */
+
+static bool mma_usable(char *why, size_t len) { return fc_cuda_usable_sm(80, why, len); }
+
+extern "C" const fc_backend fc_backend_cuda_mma = {
+    "cuda-mma",
+    "FlashAttention-2 on tensor cores: mma.sync, ldmatrix, cp.async pipeline, "
+    "swizzled shared memory (sm_80+)",
+    FLASHC_DEVICE_CUDA,
+    (1u << FLASHC_F16) | (1u << FLASHC_BF16),
+    1,
+    256,
+    mma_usable,
+    mma_supports,
+    mma_forward,
+    fc_mma_backward,
+    0,                       /* features: the plain call only (validate.c refuses the others) */
+    0,                       /* max_head_dim_v */
+    fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
+};

@@ -1,0 +1,135 @@
+/* mma/fwd_common.cuh — what cuda-mma's forward kernels (mma/fwd.cu's and the lean
+ * one of mma/fwd_kernel.cuh) share: their arguments, which tile a CTA computes,
+ * and the end of a CTA (O = O / l, lse, O stored through shared memory). */
+#ifndef FLASHC_CUDA_MMA_FWD_COMMON_CUH
+#define FLASHC_CUDA_MMA_FWD_COMMON_CUH
+
+#include "mma/fwd_steps.cuh"
+#include "common/tail_order.cuh"
+
+#include <math.h>
+
+enum { FC_MMA_BR = 128 }; /* query rows per CTA: warps × M-tiles per warp × 16 */
+
+typedef struct fc_mma_fwd_args {
+  const uint16_t *q, *k, *v;
+  uint16_t *o;
+  float *lse; /* NULL: not wanted */
+  int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+  const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
+  int seqlen_q, seqlen_k;     /* dense sizes */
+  int64_t total_q;            /* varlen lse row stride */
+  int heads_q, group;         /* group = heads_q / heads_kv */
+  int head_dim, m_blocks;
+  int n_pairs;      /* (sequence, query head) pairs: batch·heads_q */
+  int tail_from;    /* the first pair walked tile by tile (common/tail_order.cuh) */
+  float scale_log2; /* |scale|·log2(e): exponent of S in base 2 */
+  float scale;      /* |scale| */
+  int negate_q;     /* scale < 0: use −Q and |scale| (the scores are the same) */
+  int64_t window_left, window_right, mask_offset;
+  int bottom_right, aligned;
+  /* Split keys (mma/fwd_split.cuh): n_splits > 1 runs each tile as n_splits CTAs (blockIdx.y) over equal parts of
+   * its key blocks, each writing O / l and lse of its part to split_o, split_lse; a second kernel combines them. */
+  int n_splits;
+  float *split_o, *split_lse;
+} fc_mma_fwd_args;
+
+/* Which tile a CTA computes: row blocks vary fastest (CTAs running together
+ * share K and V in L2), the heaviest causal block of each head first, the last
+ * pairs row block by row block (common/tail_order.cuh: a short tail). Sequence b's rows are [q_start, q_start + sq) of
+ * q and its keys [k_start, k_start + sk) of k and v. */
+typedef struct fc_fwd_where {
+  int64_t b, q_start, k_start;
+  int h, mb, sq, sk;
+} fc_fwd_where;
+static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_args &a) {
+  fc_fwd_where w;
+  int blk; /* 0: the pair's heaviest query block (the last, under a causal mask); the grid's order:
+              common/tail_order.cuh */
+  int64_t bh;
+  fc_tail_tile_of_cta(a.m_blocks, a.n_pairs, a.tail_from, &blk, &bh);
+  w.mb = a.m_blocks - 1 - blk;
+  w.h = (int)(bh % a.heads_q);
+  w.b = bh / a.heads_q;
+  w.q_start = w.k_start = 0;
+  w.sq = a.seqlen_q, w.sk = a.seqlen_k;
+  if (a.cu_q) {
+    w.q_start = a.cu_q[w.b];
+    w.sq = a.cu_q[w.b + 1] - (int)w.q_start;
+    w.k_start = a.cu_k[w.b];
+    w.sk = a.cu_k[w.b + 1] - (int)w.k_start;
+  }
+  return w;
+}
+
+/* A row's l summed over the quad of threads that hold its columns, and its lse = scale·m + ln l (−inf where m = −inf:
+ * the row saw no key; NaN where m or l is NaN). Shared by the one-pass end below and the split keys'
+ * (mma/fwd_split.cuh). */
+static __device__ __forceinline__ float fc_fwd_quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+static __device__ __forceinline__ float fc_fwd_row_lse(float m, float l, float scale) {
+  return m != -INFINITY ? m * scale + logf(l) : -INFINITY;
+}
+
+/* The end of a CTA: O = O / l and lse = scale·m + ln l (a row that saw no key
+ * has m = −inf and l = 0: O = 0, lse = −inf), then O stored through shared memory, so that
+ * global stores are whole 16-byte chunks of a row. Each warp stages its rows in
+ * the rows of sO (= sQ) that only it has read (its Q fragments): a warp
+ * barrier is enough. */
+template <typename T, int D, int MT, bool ALIGNED>
+static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, const fc_fwd_where &w, int i0, int wrow,
+                                                     float (*o)[D / 8][4], const float (*m)[2], const float (*l)[2],
+                                                     uint16_t *sO, int lane) {
+  constexpr int NO = D / 8, DS = fc_tile_stride(D);
+  const int g = lane / 4, t = lane % 4;
+  const int64_t b = w.b, q_start = w.q_start;
+  const int h = w.h, sq = w.sq;
+  uint16_t *O = a.o + b * a.o_sb + q_start * a.o_ss + (int64_t)h * a.o_sh;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const float lr = fc_fwd_quad_sum(l[mt][rh]);
+      const float inv = m[mt][rh] != -INFINITY ? 1.0f / lr : 0.0f;
+#pragma unroll
+      for (int x = 0; x < NO; x++) {
+        o[mt][x][2 * rh] *= inv;
+        o[mt][x][2 * rh + 1] *= inv;
+      }
+      const int row = i0 + wrow + 16 * mt + g + 8 * rh;
+      if (a.lse && t == 0 && row < sq) {
+        const int64_t at =
+            a.cu_q ? (int64_t)h * a.total_q + q_start + row : ((int64_t)b * a.heads_q + h) * a.seqlen_q + row;
+        a.lse[at] = fc_fwd_row_lse(m[mt][rh], lr, a.scale);
+      }
+    }
+
+  __syncwarp(); /* lanes wrote rows other lanes read through ldmatrix at the
+                   start: order them explicitly */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int x = 0; x < NO; x++)
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        const int r = wrow + 16 * mt + g + 8 * rh;
+        *(uint32_t *)(sO + fc_tile_off<DS>(r, x) + 2 * t) = fc_pack2<T>(o[mt][x][2 * rh], o[mt][x][2 * rh + 1]);
+      }
+  __syncwarp();
+  for (int idx = lane; idx < 16 * MT * NO; idx += 32) {
+    const int r = wrow + idx / NO, c = idx % NO, row = i0 + r;
+    const int cols = min(a.head_dim - 8 * c, 8);
+    if (row >= sq || cols <= 0) continue;
+    const uint16_t *from = sO + fc_tile_off<DS>(r, c);
+    uint16_t *to = O + (int64_t)row * a.o_ss + 8 * c;
+    if (ALIGNED && cols == 8) {
+      *(uint4 *)to = *(const uint4 *)from;
+    } else {
+      for (int x = 0; x < cols; x++) to[x] = from[x];
+    }
+  }
+}
+
+#endif /* FLASHC_CUDA_MMA_FWD_COMMON_CUH */

@@ -1,0 +1,299 @@
+/* mma/fwd_kernel.cuh — cuda-mma's forward kernel (the one that runs wherever its tiles fit the device's shared
+ * memory: mma/fwd.cu's fc_mma_fwd_plan_of): the maths and pipeline of mma/fwd.cu's fc_mma_fwd_kernel, with the
+ * per-block overhead that kernel's SASS showed moved out of the key loop (docs/ladder.md, cuda-mma, has the counts):
+ *   - Q_i is negated once in shared memory (a negative scale), not in every
+ *     fragment read from sQ (4 LOP3 per ldmatrix of Q);
+ *   - each ldmatrix operand keeps its 4 swizzle variants in registers, so that
+ *     an address is one register plus an immediate (no XOR per ldmatrix);
+ *   - a key block that is whole (all Bc rows present, head_dim = D) is copied
+ *     by cp.async without the per-chunk predicates and zero-fill sizes;
+ *   - the blocks that need no mask form one range [j_plain0, j_plain1),
+ *     computed once: two compares per block instead of the 64-bit window
+ *     tests; the mask itself compares each element's compile-time column
+ *     with the row's range shifted once (fc_lean_mask). */
+#ifndef FLASHC_CUDA_MMA_FWD_LEAN_CUH
+#define FLASHC_CUDA_MMA_FWD_LEAN_CUH
+
+#include "mma/fwd_common.cuh"
+#include "mma/fwd_split.cuh"
+
+/* floor(x / y) and ceil(x / y) for y > 0 and x of either sign. */
+static __device__ __forceinline__ int64_t fc_floor_div(int64_t x, int64_t y) {
+  return x >= 0 ? x / y : -((-x + y - 1) / y);
+}
+static __device__ __forceinline__ int64_t fc_ceil_div(int64_t x, int64_t y) { return -fc_floor_div(-x, y); }
+
+/* The 4 swizzle variants of a lane's ldmatrix address into a tile at shared
+ * address `tile` (a multiple of 128): x[i] = tile + (lane offset ^ 32i), so
+ * that fc_fwd_addr(tile, off, row0, kk) = x[kk & 3] + 2·row0·DS + (kk >> 2)·128
+ * (see fc_fwd_lane: the XOR touches bits 5–6 only, which adding multiples of
+ * 128 leaves alone). The empty asm keeps the compiler from recomputing them in
+ * the loop (that is the XOR per ldmatrix this saves). */
+template <int DS>
+static __device__ __forceinline__ void fc_lean_lane(uint32_t x[4], uint32_t tile, fc_frag_kind kind, int lane) {
+  const uint32_t off = fc_fwd_lane<DS>(kind, lane);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    x[i] = tile + (off ^ ((uint32_t)i << 5));
+    asm("" : "+r"(x[i]));
+  }
+}
+
+/* S += Q_i·K_jᵀ over k-step kk, as fc_fwd_qk_step, from the address variants
+ * qx (sQ at the warp's first row) and kj (K_j's stage). Q is already negated. */
+template <typename T, int DS, int MT, int NS, int QKD, bool Q_IN_REGS>
+static __device__ __forceinline__ void fc_lean_qk_step(float (*s)[NS][4], const uint32_t (*qf)[QKD][4], int kk,
+                                                       const uint32_t qx[4], const uint32_t kj[4]) {
+  uint32_t qa[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    if constexpr (Q_IN_REGS) {
+#pragma unroll
+      for (int x = 0; x < 4; x++) qa[mt][x] = qf[mt][kk][x];
+    } else {
+      fc_ldmatrix_x4(qa[mt], qx[kk & 3] + (uint32_t)(2 * 16 * mt * DS + (kk >> 2) * 128));
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < NS / 2; p++) {
+    uint32_t kb[4];
+    fc_ldmatrix_x4(kb, kj[kk & 3] + (uint32_t)(2 * 16 * p * DS + (kk >> 2) * 128));
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      fc_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+      fc_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+    }
+  }
+}
+
+/* O += P·V_j over k-step kb, as fc_fwd_pv_step, from V_j's address variants
+ * vj. */
+template <typename T, int DS, int D, int MT, int NO>
+static __device__ __forceinline__ void fc_lean_pv_step(float (*o)[NO][4], const uint32_t (*pa)[4], int kb,
+                                                       const uint32_t vj[4]) {
+#pragma unroll
+  for (int dp = 0; dp < D / 16; dp++) {
+    uint32_t vb[4];
+    fc_ldmatrix_x4_trans(vb, vj[dp & 3] + (uint32_t)(2 * 16 * kb * DS + (dp >> 2) * 128));
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      fc_mma<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+      fc_mma<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+    }
+  }
+}
+
+/* fc_fwd_mask with the keys relative to this thread's first column: each row's
+ * range [lo, hi) becomes [lo − k0 − 2t, hi − k0 − 2t) once, and each element
+ * compares it with its compile-time column 8x + (e & 1), so that no key index
+ * is kept per element (fc_fwd_mask's, at d 128, pushed the predicates into
+ * bit masks: ~200 more instructions per masked block). */
+template <int MT, int NS>
+static __device__ __forceinline__ void fc_lean_mask(float (*s)[NS][4], int row0, int64_t shift, int64_t window_left,
+                                                    int64_t window_right, int sk, int k0, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      int lo, hi;
+      fc_row_keys(row0 + 16 * mt + g + 8 * rh, shift, window_left, window_right, sk, &lo, &hi);
+      const int first = k0 + 2 * t, a = lo - first, b = hi - first; /* lo, hi, k0 in [0, sk]: no overflow */
+#pragma unroll
+      for (int x = 0; x < NS; x++)
+#pragma unroll
+        for (int e = 2 * rh; e < 2 * rh + 2; e++) {
+          const int c = 8 * x + (e & 1);
+          if (c < a || c >= b) s[mt][x][e] = -INFINITY;
+        }
+    }
+}
+
+/* cp.async of 16 bytes that are all present (no zero-fill operand). */
+static __device__ __forceinline__ void fc_cp_async16_whole(uint32_t dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+/* A whole tile (ROWS rows present, every chunk full: head_dim = D) into the
+ * swizzled tile at shared address `tile`, in fc_fwd_load_tile_walk's pattern
+ * (thread: chunk column tid % CH, rows tid / CH + k·R) without its predicates.
+ */
+template <int ROWS, int D, int NT>
+static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const uint16_t *src, int64_t stride, int tid) {
+  constexpr int DS = fc_tile_stride(D), CH = D / 8, R = NT / CH;
+  static_assert(NT % CH == 0 && R % 8 == 0, "a thread's rows must share their swizzle");
+  const int c = tid % CH, r0 = tid / CH;
+  const uint16_t *from = src + (int64_t)r0 * stride + 8 * c;
+  const uint32_t to = tile + 2u * (uint32_t)fc_tile_off<DS>(r0, c);
+#pragma unroll
+  for (int k = 0; k * R < ROWS; k++) {
+    if (ROWS % R != 0 && r0 + k * R >= ROWS) break;
+    fc_cp_async16_whole(to + (uint32_t)(k * R * DS * 2), from);
+    from += R * stride;
+    asm("" : "+l"(from)); /* one 64-bit add a row, not a register pair per row (see fc_fwd_load_tile_walk) */
+  }
+}
+
+/* The kernel: mma/fwd.cu's fc_mma_fwd_kernel (same template arguments, same
+ * shared-memory layout and launch) with the changes listed at the top. */
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
+          bool SPLIT = false>
+__global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
+  constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
+  constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
+  constexpr int NS = BC / 8; /* n-blocks of S */
+  constexpr int NO = D / 8;  /* n-blocks of O */
+  constexpr int QKD = Q_IN_REGS ? KD : 1;
+  constexpr int CH = D / 8; /* 16-byte chunks of a row */
+  constexpr bool WALK = ALIGNED && NT % CH == 0 && (NT / CH) % 8 == 0;
+  constexpr uint32_t TILE = BC * DS * 2; /* bytes of one stage of K (or V) */
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t *sQ = smem, *sK = sQ + BR * DS, *sV = sK + STAGES * BC * DS;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wrow = warp * MT * 16; /* the warp's first row in the block */
+
+  const fc_fwd_where w = fc_fwd_locate(a);
+  const int64_t b = w.b, q_start = w.q_start, k_start = w.k_start;
+  const int h = w.h, mb = w.mb, sq = w.sq, sk = w.sk;
+  const int i0 = mb * BR;
+  if (i0 >= sq) return;
+  const int hk = h / a.group;
+  const uint16_t *Q = a.q + b * a.q_sb + q_start * a.q_ss + (int64_t)h * a.q_sh;
+  const uint16_t *K = a.k + b * a.k_sb + k_start * a.k_ss + (int64_t)hk * a.k_sh;
+  const uint16_t *V = a.v + b * a.v_sb + k_start * a.v_ss + (int64_t)hk * a.v_sh;
+
+  /* Key blocks visible to some row of this block: [j_begin, j_end). */
+  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
+  const int i_last = min(i0 + BR, sq) - 1;
+  int lo_first, hi_first, lo_last, hi_last;
+  fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
+  fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
+  int j_begin = lo_first / BC;
+  int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  if constexpr (SPLIT) fc_fwd_split_range(a.n_splits, (int)blockIdx.y, &j_begin, &j_end); /* this CTA's part */
+  /* Blocks that every row of the block sees whole, which need no mask: key
+   * block j is such when (j + 1)·Bc <= min(sk, i0 + shift + window_right + 1)
+   * (no key past the tail or right of the first row's window) and j·Bc >=
+   * i_last + shift − window_left (none left of the last row's window): j in
+   * [j_plain0, j_plain1), which may be empty. */
+  int64_t key_end = sk;
+  if (a.window_right >= 0) key_end = min(key_end, (int64_t)i0 + shift + a.window_right + 1);
+  const int64_t plain1 = fc_floor_div(key_end, BC);
+  const int64_t plain0 = a.window_left < 0 ? 0 : fc_ceil_div((int64_t)i_last + shift - a.window_left, BC);
+  const int j_plain1 = (int)max((int64_t)j_begin, min(plain1, (int64_t)j_end));
+  const int j_plain0 = (int)max((int64_t)j_begin, min(plain0, (int64_t)j_end));
+  const bool whole_cols = a.head_dim == D; /* every chunk of a row present */
+  auto load_k = [&](int j, int stage) {
+    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
+                                         a.head_dim, tid, K);
+  };
+  auto load_v = [&](int j, int stage) {
+    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
+                                         a.head_dim, tid, V);
+  };
+
+  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
+  fc_cp_async_commit();
+  /* Prologue: the first STAGES − 1 key blocks, one commit group each (empty
+   * groups keep the count). */
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    const int j = j_begin + s;
+    if (j < j_end) load_k(j, s), load_v(j, s);
+    fc_cp_async_commit();
+  }
+  fc_cp_async_wait<STAGES - 1>(); /* Q's group is the oldest */
+  __syncthreads();                /* every thread's part of Q_i has landed */
+  if (a.negate_q) {
+    /* A negative scale: S = (−Q_i)·K_jᵀ with |scale|, the sign flipped once
+     * here. */
+    for (int idx = tid; idx < BR * CH; idx += NT) {
+      uint4 *p = (uint4 *)(sQ + fc_tile_off<DS>(idx / CH, idx % CH));
+      uint4 v = *p;
+      v.x ^= 0x80008000u, v.y ^= 0x80008000u, v.z ^= 0x80008000u, v.w ^= 0x80008000u;
+      *p = v;
+    }
+    __syncthreads(); /* Q_i is negated before any warp reads its fragments */
+  }
+  uint32_t qx[4], kx[4], vx[4];
+  fc_lean_lane<DS>(qx, fc_smem_u32(sQ) + 2u * (uint32_t)(wrow * DS), FC_FRAG_A, lane);
+  fc_lean_lane<DS>(kx, fc_smem_u32(sK), FC_FRAG_B, lane);
+  fc_lean_lane<DS>(vx, fc_smem_u32(sV), FC_FRAG_BT, lane);
+  uint32_t qf[MT][QKD][4];
+  if constexpr (Q_IN_REGS) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++)
+        fc_ldmatrix_x4(qf[mt][kk], qx[kk & 3] + (uint32_t)(2 * 16 * mt * DS + (kk >> 2) * 128));
+  }
+
+  float o[MT][NO][4];
+  fc_fwd_zero<MT, NO>(o);
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+
+  int stage = 0; /* K_j and V_j's stage of the ring: (j − j_begin) mod STAGES */
+  for (int j = j_begin; j < j_end; j++) {
+    fc_cp_async_wait<STAGES - 2>(); /* this thread's copies of block j have landed */
+    /* Block j is visible to every warp, and every warp is done with block j −
+     * 1, whose stage the prefetch below overwrites. */
+    __syncthreads();
+    {
+      const int jp = j + STAGES - 1, sp = stage == 0 ? STAGES - 1 : stage - 1;
+      if (jp < j_end) {
+        bool whole = false;
+        if constexpr (WALK) {
+          whole = whole_cols && jp * BC <= sk - BC;
+          if (whole) {
+            fc_lean_load_whole<BC, D, NT>(fc_smem_u32(sK) + sp * TILE, K + (int64_t)(jp * BC) * a.k_ss, a.k_ss, tid);
+            fc_lean_load_whole<BC, D, NT>(fc_smem_u32(sV) + sp * TILE, V + (int64_t)(jp * BC) * a.v_ss, a.v_ss, tid);
+          }
+        }
+        if (!whole) load_k(jp, sp), load_v(jp, sp);
+      }
+      fc_cp_async_commit();
+    }
+    uint32_t kj[4], vj[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) kj[i] = kx[i] + stage * TILE, vj[i] = vx[i] + stage * TILE;
+
+    /* S = Q_i·K_jᵀ, raw dot products: the scale is folded into the exponent
+     * below. */
+    float s[MT][NS][4];
+    fc_fwd_zero<MT, NS>(s);
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) fc_lean_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, qx, kj);
+    if (j < j_plain0 || j >= j_plain1)
+      fc_lean_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
+
+    /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum
+     * P. */
+    fc_fwd_max_rescale<MT, NS, NO>(s, m, l, o, a.scale_log2);
+    float base[MT][2];
+    fc_fwd_bases<MT>(m, a.scale_log2, base);
+    fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
+
+    /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; kb++) {
+      uint32_t pa[MT][NS / 2][4];
+      fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
+      uint32_t pk[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
+      fc_lean_pv_step<T, DS, D, MT, NO>(o, pk, kb, vj);
+    }
+    stage = stage == STAGES - 1 ? 0 : stage + 1;
+  }
+
+  /* A compile-time switch: the split's end, beside the other, made ptxas spill more in the d128 Bc = 64 loop. */
+  if constexpr (SPLIT)
+    fc_fwd_finish_split<D, MT>(a, sq, i0, wrow, o, m, l, lane);
+  else
+    fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
+}
+
+#endif /* FLASHC_CUDA_MMA_FWD_LEAN_CUH */

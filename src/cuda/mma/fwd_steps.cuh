@@ -1,0 +1,282 @@
+/* mma/fwd_steps.cuh — the steps of one key block of cuda-mma's forward
+ * (mma/fwd.cu), as small inline functions that both of its pipelines call: S =
+ * Q_i·K_jᵀ one k-step at a time, the mask, the online softmax's max and
+ * rescale, P = 2^(c·S − c·m) for a range of S's n-blocks, O += P·V_j; and a
+ * tile loader for rows that cp.async cannot copy.
+ *
+ * Per thread (lane = 4g + t) and M-tile mt of 16 rows: s[mt][x][e] is the score
+ * of row g + 8·(e >> 1) and key 8x + 2t + (e & 1) of the block; o[mt][x][e]
+ * likewise for column 8x + 2t + (e & 1) of O; m and l are indexed [mt][rh] with
+ * rh = e >> 1. P, packed to 16 bits, is the A fragment of P·V: pa[mt][kb] holds
+ * keys 16kb..16kb+15 (see mma/ptx.cuh: C's layout is A's cut in half). */
+#ifndef FLASHC_CUDA_MMA_FWD_STEPS_CUH
+#define FLASHC_CUDA_MMA_FWD_STEPS_CUH
+
+#include "common/common.cuh"
+#include "mma/tile.cuh"
+
+#include <math.h>
+
+/* ldmatrix.x4 addresses with one register per lane instead of mma/tile.cuh's
+ * four (fc_frag_lane): the swizzled chunk (2i + half) ^ (row & 7) of
+ * fc_frag_lane's offset i is (half ^ (row & 7)) ^ 2i, and a tile, a row offset
+ * of 8 rows and a group of 8 chunks are all multiples of 128 bytes, so that the
+ * 2i part is an XOR on bits 5–6 of the final address. fc_fwd_lane gives the
+ * byte offset of i = 0 for this lane; fc_fwd_addr the address of the fragment
+ * at tile row row0 (a multiple of 8) and k-step (or n-block pair) kk, as
+ * fc_frag_addr does. Needs tiles on 128-byte boundaries (smem is
+ * __align__(128), every tile a multiple). */
+template <int DS> static __device__ __forceinline__ uint32_t fc_fwd_lane(fc_frag_kind kind, int lane) {
+  int row, half;
+  if (kind == FC_FRAG_A) {
+    row = lane & 15, half = lane >> 4;
+  } else if (kind == FC_FRAG_B) {
+    row = (lane & 7) + ((lane >> 4) << 3), half = (lane >> 3) & 1;
+  } else {
+    row = (lane & 7) + (((lane >> 3) & 1) << 3), half = lane >> 4;
+  }
+  return 2u * (uint32_t)(row * DS) + ((uint32_t)(half ^ (row & 7)) << 4);
+}
+template <int DS>
+static __device__ __forceinline__ uint32_t fc_fwd_addr(uint32_t tile, uint32_t lane_off, int row0, int kk) {
+  return (tile + lane_off + (uint32_t)(2 * row0 * DS + (kk >> 2) * 128)) ^ ((uint32_t)(kk & 3) << 5);
+}
+
+/* S += Q_i·K_jᵀ over k-step kk (16 columns of the head dim), for all MT tiles
+ * of the warp: each K_j fragment (one ldmatrix.x4: two n-blocks) serves the MT
+ * tiles. Q comes from registers (qf, Q_IN_REGS) or from sQ, negated by `neg`
+ * when the scale is negative. */
+template <typename T, int DS, int MT, int NS, int QKD, bool Q_IN_REGS>
+static __device__ __forceinline__ void fc_fwd_qk_step(float (*s)[NS][4], const uint32_t (*qf)[QKD][4], int kk,
+                                                      uint32_t sQ, uint32_t q_lane, int wrow, uint32_t neg, uint32_t Kj,
+                                                      uint32_t k_lane) {
+  uint32_t qa[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    if constexpr (Q_IN_REGS) {
+#pragma unroll
+      for (int x = 0; x < 4; x++) qa[mt][x] = qf[mt][kk][x];
+    } else {
+      fc_ldmatrix_x4(qa[mt], fc_fwd_addr<DS>(sQ, q_lane, wrow + 16 * mt, kk));
+#pragma unroll
+      for (int x = 0; x < 4; x++) qa[mt][x] ^= neg;
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < NS / 2; p++) {
+    uint32_t kb[4];
+    fc_ldmatrix_x4(kb, fc_fwd_addr<DS>(Kj, k_lane, 16 * p, kk));
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      fc_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+      fc_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+    }
+  }
+}
+
+template <int MT, int NS> static __device__ __forceinline__ void fc_fwd_zero(float (*s)[NS][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int x = 0; x < NS; x++) s[mt][x][0] = s[mt][x][1] = s[mt][x][2] = s[mt][x][3] = 0.0f;
+}
+
+/* Keys outside a row's visible range [lo, hi) score −inf. k0 is the block's
+ * first key; this thread's rows are row0 + 16·mt + g + 8·rh (row0: the warp's
+ * first row in the sequence). The ranges are recomputed here rather than kept
+ * in registers: only the few blocks that cut through the diagonal, a window or
+ * the key tail pay. */
+template <int MT, int NS>
+static __device__ __forceinline__ void fc_fwd_mask(float (*s)[NS][4], int row0, int64_t shift, int64_t window_left,
+                                                   int64_t window_right, int sk, int k0, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      int lo, hi;
+      fc_row_keys(row0 + 16 * mt + g + 8 * rh, shift, window_left, window_right, sk, &lo, &hi);
+#pragma unroll
+      for (int x = 0; x < NS; x++)
+#pragma unroll
+        for (int e = 2 * rh; e < 2 * rh + 2; e++) {
+          const int key = k0 + 8 * x + 2 * t + (e & 1);
+          if (key < lo || key >= hi) s[mt][x][e] = -INFINITY;
+        }
+    }
+}
+
+/* m' = max(m, rowmax S), then O and l rescaled by 2^(c·(m − m')), lazily: while
+ * no row of the warp has grown its max by more than 2^8, m stays where it was
+ * and P may reach 256 (exact in fp16/bf16, and l uses the same base), which
+ * spares the O·alpha multiplies of most blocks. c = scale_log2. The maxima
+ * carry NaN (fc_fmax_nan), and a NaN max always moves m: a row that met a NaN
+ * score must not keep m = −inf, which means "no key seen" at the end. */
+template <int MT, int NS, int NO>
+static __device__ __forceinline__ void fc_fwd_max_rescale(const float (*s)[NS][4], float (*m)[2], float (*l)[2],
+                                                          float (*o)[NO][4], float scale_log2) {
+  float mx[MT][2];
+  bool grow = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      float v = m[mt][rh];
+#pragma unroll
+      for (int x = 0; x < NS; x++) v = fc_fmax_nan(v, fc_fmax_nan(s[mt][x][2 * rh], s[mt][x][2 * rh + 1]));
+      v = fc_fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 1)); /* the 4 threads of a row share its max */
+      v = fc_fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      mx[mt][rh] = v;
+      /* m = −inf, v finite: true; both −inf: NaN, false; v NaN: true */
+      grow |= (v - m[mt][rh]) * scale_log2 > 8.0f || v != v;
+    }
+  if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) {
+        /* A row that has seen only masked keys keeps m = −inf and uses 0 as its
+         * base (never inf − inf). */
+        const float base = mx[mt][rh] == -INFINITY ? 0.0f : mx[mt][rh] * scale_log2;
+        const float alpha = fc_exp2(m[mt][rh] * scale_log2 - base);
+        m[mt][rh] = mx[mt][rh];
+        l[mt][rh] *= alpha;
+#pragma unroll
+        for (int x = 0; x < NO; x++) {
+          o[mt][x][2 * rh] *= alpha;
+          o[mt][x][2 * rh + 1] *= alpha;
+        }
+      }
+  }
+}
+
+/* Base of the exponent of each row: c·m, or 0 for a row that has seen only
+ * masked keys (its scores are all −inf, so that P = 2^−inf = 0). */
+template <int MT>
+static __device__ __forceinline__ void fc_fwd_bases(const float (*m)[2], float scale_log2, float (*base)[2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) base[mt][rh] = m[mt][rh] == -INFINITY ? 0.0f : m[mt][rh] * scale_log2;
+}
+
+/* P = 2^(c·S − base) for n-blocks [x0, x1) of S, in place; l += this thread's
+ * part of rowsum P. The loops run over all NS n-blocks and test the range, so
+ * that they unroll whole and the test folds away once the caller's own loop is
+ * unrolled and x0, x1 are constants. */
+template <int MT, int NS>
+static __device__ __forceinline__ void fc_fwd_exp(float (*s)[NS][4], float (*l)[2], const float (*base)[2],
+                                                  float scale_log2, int x0, int x1) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++)
+#pragma unroll
+      for (int x = 0; x < NS; x++) {
+        if (x < x0 || x >= x1) continue;
+        s[mt][x][2 * rh] = fc_exp2(fmaf(s[mt][x][2 * rh], scale_log2, -base[mt][rh]));
+        s[mt][x][2 * rh + 1] = fc_exp2(fmaf(s[mt][x][2 * rh + 1], scale_log2, -base[mt][rh]));
+        l[mt][rh] += s[mt][x][2 * rh] + s[mt][x][2 * rh + 1];
+      }
+}
+
+/* P of n-blocks [x0, x1) packed to 16 bits into the A fragments pa (n-block x →
+ * half x & 1 of pa[x / 2]). */
+template <typename T, int MT, int NS>
+static __device__ __forceinline__ void fc_fwd_pack(const float (*s)[NS][4], uint32_t (*pa)[NS / 2][4], int x0, int x1) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int x = 0; x < NS; x++) {
+      if (x < x0 || x >= x1) continue;
+      pa[mt][x / 2][2 * (x & 1)] = fc_pack2<T>(s[mt][x][0], s[mt][x][1]);
+      pa[mt][x / 2][2 * (x & 1) + 1] = fc_pack2<T>(s[mt][x][2], s[mt][x][3]);
+    }
+}
+
+/* O += P·V_j over k-step kb (keys 16kb..16kb+15); each V_j fragment
+ * (ldmatrix.x4.trans: two n-blocks of O) serves the MT tiles. */
+template <typename T, int DS, int D, int MT, int NO>
+static __device__ __forceinline__ void fc_fwd_pv_step(float (*o)[NO][4], const uint32_t (*pa)[4], int kb, uint32_t Vj,
+                                                      uint32_t v_lane) {
+#pragma unroll
+  for (int dp = 0; dp < D / 16; dp++) {
+    uint32_t vb[4];
+    fc_ldmatrix_x4_trans(vb, fc_fwd_addr<DS>(Vj, v_lane, 16 * kb, dp));
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      fc_mma<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+      fc_mma<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+    }
+  }
+}
+
+/* fc_load_tile for rows that are not 16-byte aligned (ALIGNED = false), one
+ * chunk at a time: the unrolled loader keeps every chunk's 8 loads in flight at
+ * once, which with O, S and Q live spilled at D = 192 and 256. A rare, slow
+ * path (odd head dims or strides): fewer registers matter more than latency
+ * here. */
+template <int ROWS, int D, int NT>
+static __device__ __forceinline__ void fc_fwd_load_tile_plain(uint16_t *tile, const uint16_t *src, int64_t stride,
+                                                              int rows_left, int d, int tid) {
+  constexpr int DS = fc_tile_stride(D), CH = D / 8, TOTAL = ROWS * CH;
+#pragma unroll 1
+  for (int idx = tid; idx < TOTAL; idx += NT) {
+    const int r = idx / CH, c = idx % CH;
+    const int cols = r < rows_left ? min(max(d - 8 * c, 0), 8) : 0; /* valid elements in this chunk */
+    const uint16_t *from = src + (int64_t)r * stride + 8 * c;
+    uint32_t w[4];
+#pragma unroll
+    for (int x = 0; x < 4; x++) {
+      const uint32_t lo = 2 * x < cols ? from[2 * x] : 0u, hi = 2 * x + 1 < cols ? from[2 * x + 1] : 0u;
+      w[x] = lo | hi << 16;
+    }
+    *(uint4 *)(tile + fc_tile_off<DS>(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+/* fc_load_tile for aligned rows, with the few registers a thread needs across
+ * the key loop: each thread keeps one chunk column c and rows r0, r0 + R, r0 +
+ * 2R, … (R = NT / CH rows per pass, a multiple of 8, so that every row of the
+ * thread has the same swizzle and its shared addresses differ by constants),
+ * walking one global pointer down the rows. fc_load_tile's general indexing let
+ * the compiler precompute every chunk's global and shared offset once, outside
+ * the key loop: 3 registers a chunk, which with MT = 2 at d 128 (16 chunks of K
+ * and V a thread) spilled. The empty asm hides the pointer's arithmetic
+ * progression, so that the compiler cannot turn it back into per-chunk offsets.
+ */
+template <int ROWS, int D, int NT>
+static __device__ __forceinline__ void fc_fwd_load_tile_walk(uint16_t *tile, const uint16_t *src, int64_t stride,
+                                                             int rows_left, int d, int tid, const uint16_t *safe) {
+  constexpr int DS = fc_tile_stride(D), CH = D / 8, R = NT / CH;
+  static_assert(NT % CH == 0 && R % 8 == 0, "a thread's rows must share their swizzle");
+  const int c = tid % CH, r0 = tid / CH;
+  const int bytes = 2 * min(max(d - 8 * c, 0), 8); /* valid bytes of this chunk column */
+  const uint16_t *from = src + (int64_t)r0 * stride + 8 * c;
+  const uint32_t to = fc_smem_u32(tile + fc_tile_off<DS>(r0, c));
+#pragma unroll
+  for (int k = 0; k * R < ROWS; k++) {
+    const int r = r0 + k * R;
+    if (ROWS % R != 0 && r >= ROWS) break;
+    const bool in = r < rows_left && bytes > 0;
+    fc_cp_async16(to + (uint32_t)(k * R * DS * 2), in ? from : safe, in ? bytes : 0);
+    from += R * stride;
+    asm("" : "+l"(from));
+  }
+}
+
+/* A tile: cp.async through the walking loader where its row pattern fits, else
+ * mma/tile.cuh's loader; rows that are not 16-byte aligned through the plain
+ * loader above. */
+template <int ROWS, int D, int NT, bool ALIGNED>
+static __device__ __forceinline__ void fc_fwd_load_tile(uint16_t *tile, const uint16_t *src, int64_t stride,
+                                                        int rows_left, int d, int tid, const uint16_t *safe) {
+  constexpr int CH = D / 8;
+  if constexpr (!ALIGNED)
+    fc_fwd_load_tile_plain<ROWS, D, NT>(tile, src, stride, rows_left, d, tid);
+  else if constexpr (NT % CH == 0 && (NT / CH) % 8 == 0)
+    fc_fwd_load_tile_walk<ROWS, D, NT>(tile, src, stride, rows_left, d, tid, safe);
+  else
+    fc_load_tile<ROWS, D, NT, true>(tile, src, stride, rows_left, d, tid, safe);
+}
+
+#endif /* FLASHC_CUDA_MMA_FWD_STEPS_CUH */
