@@ -585,7 +585,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       const int row = wg_row0 + 16 * warp + g + 8 * rh;
       if (a.lse && t == 0 && row < sq) {
         const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + row : (b * a.heads_q + h) * a.seqlen_q + row;
-        a.lse[at] = m[rh] != -INFINITY ? m[rh] * (SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
+        /* __fmul_rn: an overflowed scale·m must give NaN, not fma's −inf (mma/fwd_common.cuh, fc_fwd_row_lse) */
+        a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
       }
     }
 

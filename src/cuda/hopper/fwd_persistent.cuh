@@ -373,7 +373,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         if (a.lse && t == 0 && row < x.sq && wg_row0 >= 0) {
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
-          a.lse[at] = m[rh] != -INFINITY ? m[rh] * (SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
+          /* __fmul_rn: not contracted into an fma (mma/fwd_common.cuh, fc_fwd_row_lse) */
+          a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
         }
       }
     };

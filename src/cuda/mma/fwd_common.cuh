@@ -70,7 +70,10 @@ static __device__ __forceinline__ float fc_fwd_quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 static __device__ __forceinline__ float fc_fwd_row_lse(float m, float l, float scale) {
-  return m != -INFINITY ? m * scale + logf(l) : -INFINITY;
+  /* __fmul_rn: not contracted into fma(m, scale, ln l). Past fp32's range (scale·m > 3.4e38) every P underflowed
+   * and l = 0: the fma's exact product plus −inf gave −inf, "no key seen", and the backward then gave zero
+   * gradients; the rounded product is +inf, inf − inf = NaN, and the overflow shows. */
+  return m != -INFINITY ? __fmul_rn(m, scale) + logf(l) : -INFINITY;
 }
 
 /* The end of a CTA: O = O / l and lse = scale·m + ln l (a row that saw no key
