@@ -46,23 +46,40 @@ static void fill(float *x, size_t n, unsigned seed) {
   }
 }
 
-static void params_abi(void) {
-  enum { B = 1, S = 37, H = 2, D = 16 };
-  const size_t n = (size_t)B * S * H * D;
-  float *q = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
-  float *o_new = malloc(n * sizeof(float)), *o_old = malloc(n * sizeof(float));
-  fill(q, n, 1), fill(k, n, 2), fill(v, n, 3);
+/* A small f32 problem on a cpu handle: q, k, v filled from `seed`, two outputs to compare calls with. */
+typedef struct small {
+  size_t n; /* elements of each tensor */
+  float *q, *k, *v, *o[2];
+  flashc_tensor tq, tk, tv, to[2];
   flashc_handle h;
-  th_check(flashc_create(&h, "cpu") == FLASHC_OK, "flashc_create: %s", flashc_last_error());
-  flashc_tensor tq = flashc_tensor_bshd(q, FLASHC_F32, B, S, H, D), tk = flashc_tensor_bshd(k, FLASHC_F32, B, S, H, D);
-  flashc_tensor tv = flashc_tensor_bshd(v, FLASHC_F32, B, S, H, D);
-  flashc_tensor to_new = flashc_tensor_bshd(o_new, FLASHC_F32, B, S, H, D);
-  flashc_tensor to_old = flashc_tensor_bshd(o_old, FLASHC_F32, B, S, H, D);
+} small;
+
+static void small_new(small *c, int64_t seqlen, int64_t head_dim, unsigned seed) {
+  const int64_t B = 1, H = 2;
+  c->n = (size_t)(B * seqlen * H * head_dim);
+  float **x[5] = {&c->q, &c->k, &c->v, &c->o[0], &c->o[1]};
+  flashc_tensor *t[5] = {&c->tq, &c->tk, &c->tv, &c->to[0], &c->to[1]};
+  for (int i = 0; i < 5; i++) {
+    *x[i] = malloc(c->n * sizeof(float));
+    if (i < 3) fill(*x[i], c->n, seed + (unsigned)i);
+    *t[i] = flashc_tensor_bshd(*x[i], FLASHC_F32, B, seqlen, H, head_dim);
+  }
+  th_check(flashc_create(&c->h, "cpu") == FLASHC_OK, "flashc_create: %s", flashc_last_error());
+}
+
+static void small_free(small *c) {
+  flashc_destroy(c->h);
+  free(c->q), free(c->k), free(c->v), free(c->o[0]), free(c->o[1]);
+}
+
+static void params_abi(void) {
+  small c;
+  small_new(&c, 37, 16, 1);
 
   flashc_params p = flashc_params_default();
   th_check(p.struct_size == sizeof(flashc_params), "flashc_params_default sets struct_size (%zu)", p.struct_size);
   p.causal = 1, p.window_left = 5, p.scale = 0.3f;
-  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &to_new, NULL) == FLASHC_OK, "forward, today's params: %s",
+  th_check(flashc_forward(c.h, &p, &c.tq, &c.tk, &c.tv, &c.to[0], NULL) == FLASHC_OK, "forward, today's params: %s",
            flashc_last_error());
 
   /* An older caller: exactly its bytes on the heap; the library must not read `deterministic` past them. */
@@ -70,58 +87,51 @@ static void params_abi(void) {
   memset(op, 0, sizeof *op);
   op->struct_size = sizeof *op, op->scale = 0.3f, op->causal = 1, op->align = FLASHC_ALIGN_BOTTOM_RIGHT;
   op->window_left = 5, op->window_right = -1;
-  th_check(flashc_forward(h, (const flashc_params *)op, &tq, &tk, &tv, &to_old, NULL) == FLASHC_OK,
+  th_check(flashc_forward(c.h, (const flashc_params *)op, &c.tq, &c.tk, &c.tv, &c.to[1], NULL) == FLASHC_OK,
            "forward, an older caller's params: %s", flashc_last_error());
-  th_check(memcmp(o_new, o_old, n * sizeof(float)) == 0, "an older caller's params give the same output");
+  th_check(memcmp(c.o[0], c.o[1], c.n * sizeof(float)) == 0, "an older caller's params give the same output");
 
   /* Unreadable sizes: 0 (not from flashc_params_default) and larger than the library's. */
   flashc_params bad = p;
   bad.struct_size = 0;
-  th_check(flashc_forward(h, &bad, &tq, &tk, &tv, &to_old, NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
+  th_check(flashc_forward(c.h, &bad, &c.tq, &c.tk, &c.tv, &c.to[1], NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
                strstr(flashc_last_error(), "flashc_params_default"),
            "struct_size 0 is refused, naming flashc_params_default (got: %s)", flashc_last_error());
   bad.struct_size = sizeof(flashc_params) + 8;
-  th_check(flashc_forward(h, &bad, &tq, &tk, &tv, &to_old, NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
+  th_check(flashc_forward(c.h, &bad, &c.tq, &c.tk, &c.tv, &c.to[1], NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
                strstr(flashc_last_error(), "newer flashc.h"),
            "a larger struct_size is refused as a newer header's (got: %s)", flashc_last_error());
-  flashc_destroy(h);
-  free(op), free(q), free(k), free(v), free(o_new), free(o_old);
+  small_free(&c);
+  free(op);
 }
 
 /* num_splits, the last field so far: a caller whose struct ends before it gets 0 (the backend chooses), whatever
  * bytes follow its struct; a negative count from a caller that has the field is refused; backends that do not
  * split (cpu) ignore a count. */
 static void num_splits_abi(void) {
-  enum { B = 1, S = 19, H = 2, D = 8 };
-  const size_t n = (size_t)B * S * H * D;
-  float *q = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
-  float *o0 = malloc(n * sizeof(float)), *o1 = malloc(n * sizeof(float));
-  fill(q, n, 4), fill(k, n, 5), fill(v, n, 6);
-  flashc_handle h;
-  th_check(flashc_create(&h, "cpu") == FLASHC_OK, "flashc_create: %s", flashc_last_error());
-  flashc_tensor tq = flashc_tensor_bshd(q, FLASHC_F32, B, S, H, D), tk = flashc_tensor_bshd(k, FLASHC_F32, B, S, H, D);
-  flashc_tensor tv = flashc_tensor_bshd(v, FLASHC_F32, B, S, H, D);
-  flashc_tensor t0 = flashc_tensor_bshd(o0, FLASHC_F32, B, S, H, D),
-                t1 = flashc_tensor_bshd(o1, FLASHC_F32, B, S, H, D);
+  small c;
+  small_new(&c, 19, 8, 4);
 
   flashc_params p = flashc_params_default();
   th_check(p.num_splits == 0, "flashc_params_default: num_splits 0 (got %d)", p.num_splits);
   p.causal = 1;
-  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t0, NULL) == FLASHC_OK, "forward: %s", flashc_last_error());
+  th_check(flashc_forward(c.h, &p, &c.tq, &c.tk, &c.tv, &c.to[0], NULL) == FLASHC_OK, "forward: %s",
+           flashc_last_error());
   p.num_splits = 7;
-  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t1, NULL) == FLASHC_OK && memcmp(o0, o1, n * sizeof(float)) == 0,
+  th_check(flashc_forward(c.h, &p, &c.tq, &c.tk, &c.tv, &c.to[1], NULL) == FLASHC_OK &&
+               memcmp(c.o[0], c.o[1], c.n * sizeof(float)) == 0,
            "cpu ignores num_splits 7: %s", flashc_last_error());
   p.num_splits = -1;
-  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t1, NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
+  th_check(flashc_forward(c.h, &p, &c.tq, &c.tk, &c.tv, &c.to[1], NULL) == FLASHC_ERR_INVALID_ARGUMENT &&
                strstr(flashc_last_error(), "num_splits"),
            "num_splits -1 is refused, naming the field (got: %s)", flashc_last_error());
   /* The same bytes from a caller whose header ends before num_splits: the -1 past its struct is not read. */
   p.struct_size = offsetof(flashc_params, num_splits);
-  memset(o1, 0, n * sizeof(float));
-  th_check(flashc_forward(h, &p, &tq, &tk, &tv, &t1, NULL) == FLASHC_OK && memcmp(o0, o1, n * sizeof(float)) == 0,
+  memset(c.o[1], 0, c.n * sizeof(float));
+  th_check(flashc_forward(c.h, &p, &c.tq, &c.tk, &c.tv, &c.to[1], NULL) == FLASHC_OK &&
+               memcmp(c.o[0], c.o[1], c.n * sizeof(float)) == 0,
            "a struct without num_splits gets 0, not the bytes after it: %s", flashc_last_error());
-  flashc_destroy(h);
-  free(q), free(k), free(v), free(o0), free(o1);
+  small_free(&c);
 }
 
 static void backend_info_abi(void) {

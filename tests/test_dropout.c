@@ -133,12 +133,7 @@ typedef struct inputs {
 
 static void inputs_new(inputs *in, const dcase *c, th_rng *r) {
   const int64_t nq = rows_q(c) * c->hq * c->d, nk = rows_k(c) * c->hkv * c->d;
-  in->q = malloc((size_t)nq * sizeof(double)), in->dout = malloc((size_t)nq * sizeof(double));
-  in->k = malloc((size_t)nk * sizeof(double)), in->v = malloc((size_t)nk * sizeof(double));
-  for (int64_t x = 0; x < nq; x++)
-    in->q[x] = th_round(FLASHC_BF16, th_rng_normal(r)), in->dout[x] = th_round(FLASHC_BF16, th_rng_normal(r));
-  for (int64_t x = 0; x < nk; x++)
-    in->k[x] = th_round(FLASHC_BF16, th_rng_normal(r)), in->v[x] = th_round(FLASHC_BF16, th_rng_normal(r));
+  th_normal_inputs(r, nq, nk, &in->q, &in->k, &in->v, &in->dout);
   for (int h = 0; h < 8; h++) in->slopes[h] = 0.25f / (float)(h + 1);
   in->pad = malloc((size_t)(c->batch * c->sk));
   for (int64_t x = 0; x < c->batch * c->sk; x++) in->pad[x] = x % c->sk < c->sk - 7 * (x / c->sk + 1);
@@ -164,13 +159,13 @@ static flashc_params case_params(const dcase *c, inputs *in, uint64_t seed, uint
 
 /* ---- one run ---------------------------------------------------------------------------------------------- */
 typedef struct run_out {
-  double *o, *lse, *dq, *dk, *dv;
+  th_results r;
   uint8_t *mask; /* [batch, hq, sq, sk] */
 } run_out;
 
 static void run_free(run_out *r) {
-  free(r->o), free(r->lse), free(r->dq), free(r->dk), free(r->dv), free(r->mask);
-  memset(r, 0, sizeof *r);
+  th_results_free(&r->r), free(r->mask);
+  r->mask = NULL;
 }
 
 static bool run_case(const dcase *c, inputs *in, const char *name, flashc_dtype dt, int threads, uint64_t seed,
@@ -193,17 +188,8 @@ static bool run_case(const dcase *c, inputs *in, const char *name, flashc_dtype 
   float *lse = malloc((size_t)nlse * sizeof *lse);
   char what[160];
   snprintf(what, sizeof what, "%s on %s %s (%d threads)", c->name, name, flashc_dtype_name(dt), threads);
-  flashc_status s = flashc_forward(be.handle, &p, &q.view, &k.view, &v.view, &o.view, lse);
-  bool ok = th_check(s == FLASHC_OK, "%s forward: %s", what, flashc_last_error());
-  if (ok)
-    s = flashc_backward(be.handle, &p, &q.view, &k.view, &v.view, &o.view, lse, &dout.view, &dq.view, &dk.view,
-                        &dv.view);
-  ok = ok && th_check(s == FLASHC_OK, "%s backward: %s", what, flashc_last_error());
+  const bool ok = th_forward_backward(&be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv, what, &out->r);
   if (ok) {
-    th_check_output(&o, what), th_check_output(&dq, what), th_check_output(&dk, what), th_check_output(&dv, what);
-    out->o = th_dense(&o), out->dq = th_dense(&dq), out->dk = th_dense(&dk), out->dv = th_dense(&dv);
-    out->lse = malloc((size_t)nlse * sizeof(double));
-    for (int64_t x = 0; x < nlse; x++) out->lse[x] = lse[x];
     out->mask = mask;
     mask = NULL;
   }
@@ -318,9 +304,10 @@ static double rel_err(const double *x, const double *ref, int64_t n) {
 
 static bool same_bits(const run_out *a, const run_out *b, const dcase *c) {
   const int64_t nq = rows_q(c) * c->hq * c->d, nk = rows_k(c) * c->hkv * c->d, nl = rows_q(c) * c->hq;
-  return !memcmp(a->o, b->o, (size_t)nq * 8) && !memcmp(a->dq, b->dq, (size_t)nq * 8) &&
-         !memcmp(a->dk, b->dk, (size_t)nk * 8) && !memcmp(a->dv, b->dv, (size_t)nk * 8) &&
-         !memcmp(a->lse, b->lse, (size_t)nl * 8);
+  const th_results *x = &a->r, *y = &b->r;
+  return !memcmp(x->o, y->o, (size_t)nq * 8) && !memcmp(x->dq, y->dq, (size_t)nq * 8) &&
+         !memcmp(x->dk, y->dk, (size_t)nk * 8) && !memcmp(x->dv, y->dv, (size_t)nk * 8) &&
+         !memcmp(x->lse, y->lse, (size_t)nl * 8);
 }
 
 static void test_case(const dcase *c, th_rng *rng) {
@@ -340,8 +327,8 @@ static void test_case(const dcase *c, th_rng *rng) {
   if (!c->alibi && !c->pad_mask) {
     oracle_out want;
     oracle(c, &in, ref.mask, &want);
-    const double e[5] = {rel_err(ref.o, want.o, nq), rel_err(ref.lse, want.lse, nl), rel_err(ref.dq, want.dq, nq),
-                         rel_err(ref.dk, want.dk, nk), rel_err(ref.dv, want.dv, nk)};
+    const double e[5] = {rel_err(ref.r.o, want.o, nq), rel_err(ref.r.lse, want.lse, nl), rel_err(ref.r.dq, want.dq, nq),
+                         rel_err(ref.r.dk, want.dk, nk), rel_err(ref.r.dv, want.dv, nk)};
     if (th_check(e[0] < 1e-12 && e[1] < 1e-7 && e[2] < 1e-12 && e[3] < 1e-12 && e[4] < 1e-12,
                  "%s: cpu-ref f64 against the fp64 oracle given its mask: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e",
                  c->name, e[0], e[1], e[2], e[3], e[4]))
@@ -356,8 +343,9 @@ static void test_case(const dcase *c, th_rng *rng) {
     /* against cpu-ref's f64 run on the same inputs (bf16-exact, so every dtype holds them exactly) */
     if (!run_case(c, &in, "cpu", dts[t], 1, seed, offset, &got)) continue;
     const double tol = dts[t] == FLASHC_F32 ? 2e-5 : 2e-2;
-    const double e[5] = {rel_err(got.o, ref.o, nq), rel_err(got.lse, ref.lse, nl), rel_err(got.dq, ref.dq, nq),
-                         rel_err(got.dk, ref.dk, nk), rel_err(got.dv, ref.dv, nk)};
+    const double e[5] = {rel_err(got.r.o, ref.r.o, nq), rel_err(got.r.lse, ref.r.lse, nl),
+                         rel_err(got.r.dq, ref.r.dq, nq), rel_err(got.r.dk, ref.r.dk, nk),
+                         rel_err(got.r.dv, ref.r.dv, nk)};
     bool ok = e[1] < 1e-5;
     for (int x = 0; x < 5; x++) ok &= x == 1 || e[x] < tol;
     if (th_check(ok, "%s cpu %s against cpu-ref: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e (tol %.0e)", c->name,
@@ -419,7 +407,7 @@ static void test_determinism(th_rng *rng) {
     double *plain = th_dense(&o);
     int64_t ones = 0;
     for (int64_t x = 0; x < nmask; x++) ones += a.mask[x] == 1;
-    th_check(!memcmp(plain, a.o, (size_t)(c->batch * c->sq * c->hq * c->d) * 8) && ones == nmask,
+    th_check(!memcmp(plain, a.r.o, (size_t)(c->batch * c->sq * c->hq * c->d) * 8) && ones == nmask,
              "%s: dropout_p = 0 differs from no dropout (or its mask drops %lld)", name, (long long)(nmask - ones));
     free(plain);
     th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&o);

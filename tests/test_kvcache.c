@@ -160,6 +160,25 @@ static int64_t cache_index(const kcase *c, const kbuf *k, const flashc_tensor *t
   return th_index(t, k->table[s * k->table_stride + j / c->page_size], j % c->page_size, h, 0);
 }
 
+/* The caches as they must be after the call, from their contents before it (kc0, vc0): k_new/v_new at
+ * cache_seqlens for the first nseq sequences, every other element as before (malloc; the caller frees both). */
+static void expected_caches(const kcase *c, const kbuf *k, const void *kc0, const void *vc0, int64_t nseq,
+                            unsigned char **want_k, unsigned char **want_v) {
+  const int64_t es = (int64_t)es_of(c->dtype);
+  unsigned char *wk = malloc(k->kc_bytes + 1), *wv = malloc(k->kc_bytes + 1);
+  memcpy(wk, kc0, k->kc_bytes), memcpy(wv, vc0, k->kc_bytes);
+  for (int64_t s = 0; s < nseq; s++)
+    for (int64_t t = 0; t < c->sn; t++)
+      for (int64_t hh = 0; hh < c->hkv; hh++) {
+        const int64_t at = k->seqlens[s] + t;
+        memcpy(wk + cache_index(c, k, &k->kc, s, at, hh) * es,
+               (const char *)k->kn.data + th_index(&k->kn, s, t, hh, 0) * es, (size_t)(c->d * es));
+        memcpy(wv + cache_index(c, k, &k->vc, s, at, hh) * es,
+               (const char *)k->vn.data + th_index(&k->vn, s, t, hh, 0) * es, (size_t)(c->d * es));
+      }
+  *want_k = wk, *want_v = wv;
+}
+
 /* The plain fp64 computation: o [b, sq, hq, d] and lse [b, hq, sq], from the cache as given (before the call)
  * and k_new/v_new, gathered per sequence. */
 static void reference(const kcase *c, const kbuf *k, const void *kc0, const void *vc0, double *o, double *lse) {
@@ -279,18 +298,8 @@ static void *run_case(const kcase *c, const char *backend, int threads, uint64_t
   /* The cache: the appended rows hold k_new/v_new, every other element is as before. */
   bad = 0;
   {
-    const size_t es = es_of(dt);
-    unsigned char *want_k = malloc(k.kc_bytes + 1), *want_v = malloc(k.kc_bytes + 1);
-    memcpy(want_k, kc0, k.kc_bytes), memcpy(want_v, vc0, k.kc_bytes);
-    for (int64_t s = 0; s < c->batch; s++)
-      for (int64_t t = 0; t < c->sn; t++)
-        for (int64_t hh = 0; hh < c->hkv; hh++) {
-          const int64_t at = k.seqlens[s] + t;
-          memcpy(want_k + cache_index(c, &k, &k.kc, s, at, hh) * (int64_t)es,
-                 (char *)k.kn.data + th_index(&k.kn, s, t, hh, 0) * (int64_t)es, (size_t)c->d * es);
-          memcpy(want_v + cache_index(c, &k, &k.vc, s, at, hh) * (int64_t)es,
-                 (char *)k.vn.data + th_index(&k.vn, s, t, hh, 0) * (int64_t)es, (size_t)c->d * es);
-        }
+    unsigned char *want_k, *want_v;
+    expected_caches(c, &k, kc0, vc0, c->batch, &want_k, &want_v);
     bad = memcmp(want_k, k.kc_mem, k.kc_bytes) != 0 || memcmp(want_v, k.vc_mem, k.kc_bytes) != 0;
     free(want_k), free(want_v);
   }
@@ -601,17 +610,8 @@ static void gpu_case(const kcase *c, const char *backend, int breakage, uint64_t
   baseline(c, &k, kc0, vc0, base_o, base_lse);
 
   /* The cache as it must be afterwards: k_new/v_new at cache_seqlens, for every sequence that is not broken. */
-  unsigned char *want_k = malloc(k.kc_bytes + 1), *want_v = malloc(k.kc_bytes + 1);
-  memcpy(want_k, kc0, k.kc_bytes), memcpy(want_v, vc0, k.kc_bytes);
-  for (int64_t s = 0; s < (breakage ? 1 : c->batch); s++)
-    for (int64_t t = 0; t < c->sn; t++)
-      for (int64_t hh = 0; hh < c->hkv; hh++) {
-        const int64_t at = k.seqlens[s] + t;
-        memcpy(want_k + cache_index(c, &k, &k.kc, s, at, hh) * (int64_t)es,
-               (char *)k.kn.data + th_index(&k.kn, s, t, hh, 0) * (int64_t)es, (size_t)c->d * es);
-        memcpy(want_v + cache_index(c, &k, &k.vc, s, at, hh) * (int64_t)es,
-               (char *)k.vn.data + th_index(&k.vn, s, t, hh, 0) * (int64_t)es, (size_t)c->d * es);
-      }
+  unsigned char *want_k, *want_v;
+  expected_caches(c, &k, kc0, vc0, breakage ? 1 : c->batch, &want_k, &want_v);
   if (breakage == BREAK_INDEX_HIGH) k.table[1 * k.table_stride + 1] = (int32_t)k.num_blocks + 5;
   if (breakage == BREAK_INDEX_NEGATIVE) k.table[1 * k.table_stride + 0] = -1;
   if (breakage == BREAK_LENGTH_PAST) k.seqlens[1] = (int32_t)(c->capacity - c->sn + 1);

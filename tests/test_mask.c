@@ -228,13 +228,14 @@ static double rel_err(const double *x, const double *ref, int64_t n) { return re
 
 /* ---- one case on one backend and dtype ------------------------------------------------------------------- */
 typedef struct run_out {
-  double *o, *lse, *dq, *dk, *dv, *dbias;
+  th_results r;
+  double *dbias;
   int64_t dbias_n;
 } run_out;
 
 static void run_free(run_out *r) {
-  free(r->o), free(r->lse), free(r->dq), free(r->dk), free(r->dv), free(r->dbias);
-  memset(r, 0, sizeof *r);
+  th_results_free(&r->r), free(r->dbias);
+  r->dbias = NULL, r->dbias_n = 0;
 }
 
 /* Inputs (dense doubles) of one case, drawn once: q, k, v, dout ~ N(0, 1), the mask expanded. */
@@ -244,12 +245,7 @@ typedef struct inputs {
 
 static void inputs_new(inputs *in, const mcase *c, th_rng *r) {
   const int64_t nq = c->batch * c->sq * c->hq * c->d, nk = c->batch * c->sk * c->hkv * c->d;
-  in->q = malloc((size_t)nq * sizeof(double)), in->dout = malloc((size_t)nq * sizeof(double));
-  in->k = malloc((size_t)nk * sizeof(double)), in->v = malloc((size_t)nk * sizeof(double));
-  for (int64_t x = 0; x < nq; x++)
-    in->q[x] = th_round(FLASHC_BF16, th_rng_normal(r)), in->dout[x] = th_round(FLASHC_BF16, th_rng_normal(r));
-  for (int64_t x = 0; x < nk; x++)
-    in->k[x] = th_round(FLASHC_BF16, th_rng_normal(r)), in->v[x] = th_round(FLASHC_BF16, th_rng_normal(r));
+  th_normal_inputs(r, nq, nk, &in->q, &in->k, &in->v, &in->dout);
   /* The mask's own values, one per element of its view, then expanded: bf16-exact biases in [−3, 3) (some
    * −inf), or booleans with ~30% removed. Dead rows: query rows 1 and 5 (when they exist) lose every key. */
   const int64_t n[4] = {c->batch, c->hq, c->sq, c->sk};
@@ -324,17 +320,8 @@ static bool run_case(const mcase *c, const inputs *in, const char *name, flashc_
   th_poison(&o), th_poison(&dq), th_poison(&dk), th_poison(&dv);
   char what[160];
   snprintf(what, sizeof what, "%s on %s %s", c->name, name, flashc_dtype_name(dt));
-  flashc_status s = flashc_forward(be.handle, &p, &q.view, &k.view, &v.view, &o.view, lse);
-  bool ok = th_check(s == FLASHC_OK, "%s forward: %s", what, flashc_last_error());
-  if (ok)
-    s = flashc_backward(be.handle, &p, &q.view, &k.view, &v.view, &o.view, lse, &dout.view, &dq.view, &dk.view,
-                        &dv.view);
-  ok = ok && th_check(s == FLASHC_OK, "%s backward: %s", what, flashc_last_error());
+  const bool ok = th_forward_backward(&be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv, what, &out->r);
   if (ok) {
-    th_check_output(&o, what), th_check_output(&dq, what), th_check_output(&dk, what), th_check_output(&dv, what);
-    out->o = th_dense(&o), out->dq = th_dense(&dq), out->dk = th_dense(&dk), out->dv = th_dense(&dv);
-    out->lse = malloc((size_t)nlse * sizeof(double));
-    for (int64_t x = 0; x < nlse; x++) out->lse[x] = lse[x];
     if (c->dbias_dims >= 0) {
       out->dbias = read_dbias(&dbias, dt, c->dbias_dims, what);
       int64_t k4[4], total = 1;
@@ -362,10 +349,10 @@ static void check_dead_rows(const mcase *c, const inputs *in, const run_out *r, 
         }
         if (any) continue;
         dead++;
-        bad += r->lse[(b * c->hq + h) * c->sq + i] != -INFINITY;
+        bad += r->r.lse[(b * c->hq + h) * c->sq + i] != -INFINITY;
         for (int64_t e = 0; e < c->d; e++) {
           const int64_t at = ((b * c->sq + i) * c->hq + h) * c->d + e;
-          bad += r->o[at] != 0.0 || r->dq[at] != 0.0;
+          bad += r->r.o[at] != 0.0 || r->r.dq[at] != 0.0;
         }
       }
   if (c->dead_rows) th_check(dead > 0, "%s: the case has no row whose keys are all removed", what);
@@ -393,9 +380,9 @@ static void test_case(const mcase *c, th_rng *rng) {
   char what[160];
   snprintf(what, sizeof what, "%s cpu-ref f64", c->name);
   if (run_case(c, &in, "cpu-ref", FLASHC_F64, &ref)) {
-    const double e[6] = {rel_err(ref.o, o, nq),   rel_err(ref.lse, lse, nlse),
-                         rel_err(ref.dq, dq, nq), rel_err(ref.dk, dk, nk),
-                         rel_err(ref.dv, dv, nk), dbias ? rel_err_floor(ref.dbias, dbias, nb, dS_top) : 0.0};
+    const double e[6] = {rel_err(ref.r.o, o, nq),   rel_err(ref.r.lse, lse, nlse),
+                         rel_err(ref.r.dq, dq, nq), rel_err(ref.r.dk, dk, nk),
+                         rel_err(ref.r.dv, dv, nk), dbias ? rel_err_floor(ref.dbias, dbias, nb, dS_top) : 0.0};
     /* lse is stored as fp32: 1e-7 of it */
     if (th_check(e[0] < 1e-12 && e[1] < 1e-7 && e[2] < 1e-12 && e[3] < 1e-12 && e[4] < 1e-12 && e[5] < 1e-12,
                  "%s against the oracle: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e dbias %.1e", what, e[0], e[1], e[2],
@@ -405,14 +392,15 @@ static void test_case(const mcase *c, th_rng *rng) {
   }
   /* 2. cpu in f32 and bf16 against cpu-ref in f64 (the inputs are bf16-exact, so both see the same values). */
   const flashc_dtype dts[2] = {FLASHC_F32, FLASHC_BF16};
-  for (int t = 0; t < 2 && ref.o; t++) {
+  for (int t = 0; t < 2 && ref.r.o; t++) {
     run_out got = {0};
     snprintf(what, sizeof what, "%s cpu %s", c->name, flashc_dtype_name(dts[t]));
     if (!run_case(c, &in, "cpu", dts[t], &got)) continue;
     const double tol = dts[t] == FLASHC_F32 ? 2e-5 : 2e-2;
-    const double e[6] = {rel_err(got.o, ref.o, nq),   rel_err(got.lse, ref.lse, nlse),
-                         rel_err(got.dq, ref.dq, nq), rel_err(got.dk, ref.dk, nk),
-                         rel_err(got.dv, ref.dv, nk), dbias ? rel_err_floor(got.dbias, ref.dbias, nb, dS_top) : 0.0};
+    const double e[6] = {
+        rel_err(got.r.o, ref.r.o, nq),   rel_err(got.r.lse, ref.r.lse, nlse),
+        rel_err(got.r.dq, ref.r.dq, nq), rel_err(got.r.dk, ref.r.dk, nk),
+        rel_err(got.r.dv, ref.r.dv, nk), dbias ? rel_err_floor(got.dbias, ref.dbias, nb, dS_top) : 0.0};
     bool ok = true;
     for (int x = 0; x < 6; x++) ok &= e[x] < (x == 1 ? 1e-5 : tol);
     if (th_check(ok, "%s against cpu-ref: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e dbias %.1e (tol %.0e)", what, e[0],

@@ -4,6 +4,7 @@
 #include "harness.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef FLASHC_TEST_CUDA
@@ -138,4 +139,24 @@ flashc_status th_backward(const th_backend *b, const flashc_params *params, cons
   th_fail("backend %s needs device memory but the tests were built without CUDA", b->info.name);
   return FLASHC_ERR_CUDA;
 #endif
+}
+
+void th_results_free(th_results *r) {
+  free(r->o), free(r->lse), free(r->dq), free(r->dk), free(r->dv);
+  memset(r, 0, sizeof *r);
+}
+
+bool th_forward_backward(const th_backend *b, const flashc_params *params, const th_tensor *q, const th_tensor *k,
+                         const th_tensor *v, th_tensor *o, float *lse, int64_t lse_numel, const th_tensor *dout,
+                         th_tensor *dq, th_tensor *dk, th_tensor *dv, const char *what, th_results *r) {
+  flashc_status s = flashc_forward(b->handle, params, &q->view, &k->view, &v->view, &o->view, lse);
+  if (!th_check(s == FLASHC_OK, "%s forward: %s", what, flashc_last_error())) return false;
+  s = flashc_backward(b->handle, params, &q->view, &k->view, &v->view, &o->view, lse, &dout->view, &dq->view, &dk->view,
+                      &dv->view);
+  if (!th_check(s == FLASHC_OK, "%s backward: %s", what, flashc_last_error())) return false;
+  th_check_output(o, what), th_check_output(dq, what), th_check_output(dk, what), th_check_output(dv, what);
+  r->o = th_dense(o), r->dq = th_dense(dq), r->dk = th_dense(dk), r->dv = th_dense(dv);
+  r->lse = malloc((size_t)lse_numel * sizeof(double));
+  for (int64_t x = 0; x < lse_numel; x++) r->lse[x] = lse[x];
+  return true;
 }

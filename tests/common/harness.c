@@ -135,3 +135,12 @@ double th_rng_normal(th_rng *r) {
   double u = 1.0 - th_rng_uniform(r), w = th_rng_uniform(r);
   return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
 }
+
+void th_normal_inputs(th_rng *r, int64_t nq, int64_t nk, double **q, double **k, double **v, double **dout) {
+  *q = malloc((size_t)nq * sizeof(double)), *dout = malloc((size_t)nq * sizeof(double));
+  *k = malloc((size_t)nk * sizeof(double)), *v = malloc((size_t)nk * sizeof(double));
+  for (int64_t x = 0; x < nq; x++)
+    (*q)[x] = th_round(FLASHC_BF16, th_rng_normal(r)), (*dout)[x] = th_round(FLASHC_BF16, th_rng_normal(r));
+  for (int64_t x = 0; x < nk; x++)
+    (*k)[x] = th_round(FLASHC_BF16, th_rng_normal(r)), (*v)[x] = th_round(FLASHC_BF16, th_rng_normal(r));
+}

@@ -69,6 +69,9 @@ void th_rng_init(th_rng *r, uint64_t seed);
 uint64_t th_rng_u64(th_rng *r);
 double th_rng_uniform(th_rng *r); /* [0, 1) */
 double th_rng_normal(th_rng *r);  /* N(0, 1) */
+/* A problem's dense inputs (malloc; the caller frees): q and dout of nq elements, k and v of nk, N(0, 1) rounded
+ * to bf16 so that every dtype holds them exactly; drawn in pairs, q[x] and dout[x], then k[x] and v[x]. */
+void th_normal_inputs(th_rng *r, int64_t nq, int64_t nk, double **q, double **k, double **v, double **dout);
 
 /* ---- dtypes, written apart from the library's own conversions (dtype.c) --------------------------- */
 /* Nearest-even rounding by exact arithmetic on doubles: slow, but obviously right. */
@@ -199,5 +202,18 @@ flashc_status th_forward(const th_backend *b, const flashc_params *params, const
 flashc_status th_backward(const th_backend *b, const flashc_params *params, const th_tensor *q, const th_tensor *k,
                           const th_tensor *v, const th_tensor *o, const float *lse, int64_t lse_numel,
                           const th_tensor *dout, th_tensor *dq, th_tensor *dk, th_tensor *dv);
+
+/* What one forward + backward gave, as dense doubles (malloc; th_results_free frees): o, dq, dk, dv in BSHD and
+ * lse in the layout of flashc.h. */
+typedef struct th_results {
+  double *o, *lse, *dq, *dk, *dv;
+} th_results;
+void th_results_free(th_results *r);
+/* Forward, then backward, of `params` on b with host tensors (CPU backends), lse holding lse_numel floats. Each
+ * status and each output (written, finite, nothing outside its view) is checked under the name `what`; on
+ * success r holds the results. False when a call failed (recorded), r then untouched. */
+bool th_forward_backward(const th_backend *b, const flashc_params *params, const th_tensor *q, const th_tensor *k,
+                         const th_tensor *v, th_tensor *o, float *lse, int64_t lse_numel, const th_tensor *dout,
+                         th_tensor *dq, th_tensor *dk, th_tensor *dv, const char *what, th_results *r);
 
 #endif /* FLASHC_TEST_HARNESS_H */

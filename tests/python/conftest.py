@@ -21,6 +21,34 @@ def need_backend(name):
     return b
 
 
+def need_torch_ops():
+    """torch and flashc._ops, skipping where torch or its custom operators (torch >= 2.4) are missing."""
+    torch = pytest.importorskip("torch")
+    from flashc import _ops
+
+    if not _ops.HAVE_OPS:
+        pytest.skip("torch < 2.4: no operators")
+    return torch, _ops
+
+
+def visible(nq, nk, causal=False, window=None, bottom_right=True):
+    """[nq, nk] bool: which keys each query row sees. The diagonal is at the bottom-right (FlashAttention's
+    alignment) or the top-left; window (left, right), -1 unbounded, counts keys each side of it; causal caps the
+    right at 0."""
+    i = np.arange(nq)[:, None]
+    j = np.arange(nk)[None, :]
+    diag = i + (nk - nq if bottom_right else 0)
+    left, right = window if window is not None else (-1, -1)
+    seen = np.ones((nq, nk), bool)
+    if causal:
+        seen &= j <= diag
+    if left >= 0:
+        seen &= j >= diag - left
+    if right >= 0:
+        seen &= j <= diag + right
+    return seen
+
+
 @pytest.fixture
 def cpu_ref():
     return need_backend("cpu-ref")

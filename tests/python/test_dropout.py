@@ -9,7 +9,7 @@ backends must refuse dropout; they skip with "no CUDA device" where there is non
 
 import numpy as np
 import pytest
-from conftest import BACKENDS
+from conftest import BACKENDS, need_torch_ops
 
 import flashc
 
@@ -226,11 +226,7 @@ def test_torch_determinism():
 
 
 def test_torch_operators():
-    torch = pytest.importorskip("torch")
-    from flashc import _ops
-
-    if not _ops.HAVE_OPS:
-        pytest.skip("torch < 2.4: no operators")
+    torch, _ops = need_torch_ops()
     from torch.library import opcheck
 
     g = torch.Generator().manual_seed(5)

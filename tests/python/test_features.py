@@ -8,7 +8,7 @@ feature must raise NotImplementedError naming it; CUDA parts skip with "no CUDA 
 
 import numpy as np
 import pytest
-from conftest import BACKENDS
+from conftest import BACKENDS, need_torch_ops, visible
 
 import flashc
 
@@ -40,16 +40,8 @@ def oracle(q, k, v, dout, *, causal=False, window=None, scale=None, softcap=0.0,
         k0 = cu_k[s] if packed else 0
         nq = (used_q[s] if used_q is not None else cu_q[s + 1] - cu_q[s]) if packed else Sq
         nk = (used_k[s] if used_k is not None else cu_k[s + 1] - cu_k[s]) if packed else k.shape[1]
-        i = np.arange(nq)[:, None]
-        j = np.arange(nk)[None, :]
-        diag = i + (nk - nq if align == "bottom-right" else 0)
-        left, right = window if window is not None else (-1, -1)
-        right = 0 if causal else right
-        vis = np.ones((nq, nk), bool)
-        if left >= 0:
-            vis &= j >= diag - left
-        if right >= 0:
-            vis &= j <= diag + right
+        i, j = np.arange(nq)[:, None], np.arange(nk)[None, :]  # for ALiBi's distances
+        vis = visible(nq, nk, causal, window, align == "bottom-right")
         for h in range(H):
             hk = h // (H // Hk)
             Q, K, V = q[b, q0 : q0 + nq, h], k[b, k0 : k0 + nk, hk], v[b, k0 : k0 + nk, hk]
@@ -331,11 +323,7 @@ def test_torch_varlen_seqused(rng):
 
 def test_torch_operators_take_the_features(rng):
     """Through flashc::fwd/bwd: opcheck (schema, fake impl, autograd registration) and torch.compile."""
-    torch = pytest.importorskip("torch")
-    from flashc import _ops
-
-    if not _ops.HAVE_OPS:
-        pytest.skip("torch < 2.4: no operators")
+    torch, _ops = need_torch_ops()
     import flashc.torch as ft
 
     q = torch.randn(1, 12, 2, 16, dtype=torch.float64, requires_grad=True)

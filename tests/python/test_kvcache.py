@@ -15,7 +15,7 @@ import pytest
 import flashc
 from flashc import kvcache as kvc
 
-from conftest import need_backend
+from conftest import need_backend, visible
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -57,7 +57,6 @@ def reference(q, kc, vc, k, v, lens, table, page, causal=False, window=None, sca
     b, sq, hq, d = q.shape
     hkv = kc.shape[2]
     scale = np.float32(1.0 / np.sqrt(d)) if scale is None else np.float32(scale)
-    wl, wr = window if window is not None else (-1, -1)
     o = np.zeros((b, sq, hq, d))
     lse = np.full((b, hq, sq), -np.inf)
     for s in range(b):
@@ -69,16 +68,7 @@ def reference(q, kc, vc, k, v, lens, table, page, causal=False, window=None, sca
         for h in range(hq):
             hk = h // (hq // hkv)
             scores = float(scale) * (q[s, :, h].astype(np.float64) @ K[:, hk].T)  # [sq, n]
-            i = np.arange(sq)[:, None]
-            j = np.arange(n)[None, :]
-            diag = i + n - sq
-            seen = np.ones((sq, n), bool)
-            if causal:
-                seen &= j <= diag
-            if wl >= 0:
-                seen &= j >= diag - wl
-            if wr >= 0:
-                seen &= j <= diag + wr
+            seen = visible(sq, n, causal, window)
             scores = np.where(seen, scores, -np.inf)
             m = scores.max(axis=1, initial=-np.inf)
             for r in range(sq):
@@ -347,23 +337,13 @@ def plain_lowp(torch, q, kc, vc, k, v, lens, table, page, causal, window, dtype)
     rounded: FlashAttention's baseline (a kernel's error may be twice this one's)."""
     b, sq, hq, d = q.shape
     hkv = kc.shape[2]
-    wl, wr = window if window is not None else (-1, -1)
     out = np.zeros((b, sq, hq, d))
     for s in range(b):
         K, V = gather(kc, table, page, s, lens[s]), gather(vc, table, page, s, lens[s])
         if k is not None:
             K, V = np.concatenate([K, k[s]]), np.concatenate([V, v[s]])
         n = K.shape[0]
-        i = np.arange(sq)[:, None]
-        j = np.arange(n)[None, :]
-        diag = i + n - sq
-        seen = np.ones((sq, n), bool)
-        if causal:
-            seen &= j <= diag
-        if wl >= 0:
-            seen &= j >= diag - wl
-        if wr >= 0:
-            seen &= j <= diag + wr
+        seen = visible(sq, n, causal, window)
         for h in range(hq):
             hk = h // (hq // hkv)
             Q, Kh, Vh = (torch.from_numpy(np.ascontiguousarray(x)).to(dtype) for x in (q[s, :, h], K[:, hk], V[:, hk]))

@@ -10,16 +10,12 @@
 #   bash tools/hopper/gpu.sh build d256-smoke d256-sanitize d256 d256-bench
 # build is incremental in build-gpu (sm_90a only). smoke runs a few shapes under a short timeout: a wrong
 # barrier protocol hangs rather than fails. Logs go to $OUT (default /tmp/out).
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-T0=$(date +%s)
-export PYTHONUNBUFFERED=1
+# shellcheck source=tools/run-step.sh
+source "$(dirname "$0")/../run-step.sh"
 LIB=build-gpu/libflashc.so
 CHECK="python3 tools/hopper/check.py --lib $LIB"
 CHECK_BWD="python3 tools/hopper/check_bwd.py --lib $LIB"
 
-# shellcheck source=tools/run-step.sh
-source "$(dirname "$0")/../run-step.sh"
 RUN_TIMEOUT_NOTE=" (a hang: barrier protocol?)"
 run_and_show() { # run, then the interesting lines of its log
   local rc
@@ -32,11 +28,7 @@ run_and_show() { # run, then the interesting lines of its log
 for step in "$@"; do
   case $step in
   build)
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-    cmake -S . -B build-gpu -G Ninja -DFLASHC_CUDA=ON -DFLASHC_CUDA_ARCHITECTURES=90a -DFLASHC_BUILD_TESTS=OFF \
-      -DFLASHC_BUILD_CLI=OFF >"$OUT/build.log" 2>&1
-    cmake --build build-gpu --target flashc -j16 >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-    grep -E "C75[0-9][0-9]" "$OUT/build.log" && echo "WARNING: ptxas serialised or ignored something (above)"
+    build_sm90a build-gpu
     echo "build ok at $(($(date +%s) - T0))s"
     ;;
   smoke)
