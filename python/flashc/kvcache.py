@@ -173,7 +173,10 @@ def _check_out(name: str, x, shape: tuple, like, float32: bool = False) -> None:
         raise ValueError(f"flashc: {name} is on {_arrays.device_of(x)} but q is on {_arrays.device_of(like)}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"flashc: {name} has shape {tuple(x.shape)}; the call writes {tuple(shape)}")
-    want = _arrays.empty((0,), like, float32=float32).dtype
+    if _arrays.is_torch(like):  # the dtype written, found without allocating (out= serves loops that allocate nothing)
+        want = _arrays._torch().float32 if float32 else like.dtype
+    else:
+        want = np.dtype(np.float32) if float32 else like.dtype.newbyteorder("=")
     if x.dtype != want:
         raise TypeError(f"flashc: {name}.dtype is {x.dtype}; the call writes {want}")
     if isinstance(x, np.ndarray) and not x.flags.writeable:
