@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { CLI_OK = 0, CLI_CHECK_FAILED = 1, CLI_ERROR = 2 };
+enum { CLI_HELP = -1, CLI_OK = 0, CLI_CHECK_FAILED = 1, CLI_ERROR = 2 };
 
 /* ---- messages ----------------------------------------------------------------------------------------- */
 /* The running subcommand ("run"), for message prefixes. */
@@ -84,7 +84,7 @@ typedef enum {
 } cli_command_bit;
 
 /* Defaults for subcommand `bit`, then argv parsed into *o. Returns CLI_OK, CLI_ERROR (a message was
- * printed) or -1 when --help was asked for (the caller prints help). */
+ * printed) or CLI_HELP when --help was asked for (the command's help was printed: the command exits with 0). */
 int cli_parse_options(unsigned bit, int argc, char **argv, cli_options *o);
 /* The option lines of subcommand `bit`'s help. */
 void cli_print_options(unsigned bit);
@@ -244,6 +244,8 @@ void cli_device_name(char *out, size_t len);
 /* The CPU's model name from /proc/cpuinfo ("unknown CPU" if absent). */
 void cli_cpu_name(char *out, size_t len);
 double cli_now_ms(void);
+/* The median of v[0..n) (n >= 1); sorts v in place. */
+double cli_median(double *v, int n);
 
 /* ---- errors against the reference (metrics.c) ----------------------------------------------------------- */
 typedef struct cli_error_stats {

@@ -37,16 +37,6 @@ static double pass_bytes(const cli_shape *s, flashc_dtype dtype, bool backward) 
   return backward ? e * (2 * nq + 2 * nk + 2 * nv + 2 * no) + lse : e * (nq + nk + nv + no) + lse;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, compare_doubles);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* A CSV field: quoted when it holds a comma, a quote or a newline. */
 static void csv_field(FILE *f, const char *s) {
   if (!strpbrk(s, ",\"\n")) {
@@ -220,7 +210,7 @@ static int measure(const cli_options *o, flashc_dtype dtype, const cli_inputs *i
   *status = r.status;
   cli_runner_close(&r);
   if (rc) return CLI_ERROR;
-  row->ms = median(ms_buf, o->repeats);
+  row->ms = cli_median(ms_buf, o->repeats);
   double seconds = row->ms * 1e-3;
   double flops = forward_flops(&in->shape, o->causal) * (row->backward ? 2.5 : 1.0);
   row->tflops = seconds > 0 ? flops / seconds / 1e12 : 0;
@@ -233,11 +223,7 @@ int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[i], "--decode") == 0) return cmd_bench_decode(argc, argv);
   cli_options o;
   int rc = cli_parse_options(CLI_BENCH, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("bench");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   flashc_dtype dtype = (flashc_dtype)o.dtype;
   flashc_backend_info backends[MAX_BACKENDS];
   int n_backends;

@@ -18,11 +18,7 @@ static void describe(const cli_shape *s, char *out, size_t len) {
 int cmd_check(int argc, char **argv) {
   cli_options o;
   int rc = cli_parse_options(CLI_CHECK, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("check");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   if (!o.backend) return cli_error("--backend NAME is required (see flashc list)");
   flashc_backend_info info; /* an unknown name fails here, before anything is printed or generated */
   if (cli_backend_info(o.backend, &info)) return CLI_ERROR;

@@ -353,28 +353,13 @@ static double copy_bandwidth(size_t bytes, int threads, int repeats, double *ms_
     }
     if (rep >= 0) ms[rep] = cli_now_ms() - t0;
   }
-  for (int i = 1; i < repeats; i++) /* median: insertion sort of a few values */
-    for (int j = i; j > 0 && ms[j - 1] > ms[j]; j--) {
-      const double t = ms[j];
-      ms[j] = ms[j - 1], ms[j - 1] = t;
-    }
-  const double med = repeats % 2 ? ms[repeats / 2] : 0.5 * (ms[repeats / 2 - 1] + ms[repeats / 2]);
+  const double med = cli_median(ms, repeats);
   free(src), free(dst), free(ms);
   *ms_out = med;
   return med > 0 ? 2.0 * (double)bytes / (med * 1e-3) / 1e9 : 0;
 }
 
-/* ---- the command ----------------------------------------------------------------------------------------------------
- */
-static double median_of(double *v, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-      const double t = v[j];
-      v[j] = v[j - 1], v[j - 1] = t;
-    }
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
+/* ---- the command ------------------------------------------------------------------------------------------ */
 static void csv_line(FILE *f, const char *date, const char *device, const char *impl, const decode_opts *o, int64_t len,
                      int threads, double ms, double gbps, bool checked, double max_abs, double rel_l2) {
   const char *commit = getenv("FLASHC_COMMIT");
@@ -458,7 +443,7 @@ int cmd_bench_decode(int argc, char **argv) {
         ms[i] = cli_now_ms() - t0;
       }
       if (!rc) {
-        const double med = median_of(ms, o.repeats), gbps = med > 0 ? kv_bytes / (med * 1e-3) / 1e9 : 0;
+        const double med = cli_median(ms, o.repeats), gbps = med > 0 ? kv_bytes / (med * 1e-3) / 1e9 : 0;
         char heads[24], impl[96];
         snprintf(heads, sizeof heads, "%lld/%lld", (long long)o.heads, (long long)o.heads_kv);
         printf("%-10s %-5s %-5lld %-7s %-4lld %-4lld %-6s %9lld %10.4f %10.2f %6.1f %8.0f%%  %s\n",

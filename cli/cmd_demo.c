@@ -37,11 +37,7 @@ static void row(const char *backend, flashc_dtype dtype, const char *pass, doubl
 int cmd_demo(int argc, char **argv) {
   cli_options o;
   int rc = cli_parse_options(CLI_DEMO, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("demo");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   const cli_shape s = {2, 512, 512, 8, 8, 64, 64};
   flashc_backend_info info;
   if (o.backend) {

@@ -6,11 +6,7 @@
 int cmd_gen(int argc, char **argv) {
   cli_options o;
   int rc = cli_parse_options(CLI_GEN, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("gen");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   if (!o.data) return cli_error("--data DIR is required (the directory to write)");
   cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
   cli_inputs in;

@@ -6,11 +6,7 @@
 int cmd_list(int argc, char **argv) {
   cli_options o;
   int rc = cli_parse_options(CLI_LIST, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("list");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   int n = flashc_backend_count();
   printf("%-12s %-6s %-6s %-16s %-9s %-8s %s\n", "backend", "usable", "device", "dtypes", "head_dim", "backward",
          "summary");

@@ -6,11 +6,7 @@
 int cmd_run(int argc, char **argv) {
   cli_options o;
   int rc = cli_parse_options(CLI_RUN, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("run");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   if (!o.data) return cli_error("--data DIR is required (a directory written by flashc gen, or the same files)");
   if (!o.backend) return cli_error("--backend NAME is required (see flashc list)");
   bool backward = o.mode != CLI_MODE_FWD;

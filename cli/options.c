@@ -282,7 +282,10 @@ int cli_parse_options(unsigned bit, int argc, char **argv, cli_options *o) {
   set_defaults(bit, o);
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return -1;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      cli_print_command_help(cli_command);
+      return CLI_HELP;
+    }
     if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
       return cli_error("unexpected argument '%s' (options start with --; see flashc %s --help)", a, cli_command);
     const char *name = a + 2, *eq = strchr(name, '=');

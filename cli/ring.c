@@ -150,16 +150,6 @@ static double forward_flops(const cli_shape *s, int causal) {
   return causal && s->seqlen_q == s->seqlen_k ? f / 2 : f;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, compare_doubles);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ---- the tensors of one rank --------------------------------------------------------------------------- */
 /* This rank's shards of the inputs and its outputs, in the compute dtype (host, or device for CUDA). */
 typedef struct shards {
@@ -388,7 +378,7 @@ static int bench_ring(const cli_options *o, flashc_ring ring, const flashc_param
       rc = ring_rc(st); /* an error other than a lost peer is every rank's (the library agrees first) */
       if (i >= o->warmup) ms[i - o->warmup] = cli_now_ms() - t0;
     }
-    if (!rc) med[pass] = median(ms, o->repeats);
+    if (!rc) med[pass] = cli_median(ms, o->repeats);
   }
   free(ms);
   if ((rc = agree_rc(rc))) return rc;
@@ -409,7 +399,7 @@ static int bench_report(const cli_options *o, const char *backend, const cli_inp
   cli_runner one;
   int rc = cli_runner_open(&one, backend, dt, o->threads, in, params, 2, passes == 2), opened = !rc;
   for (int pass = 0; pass < passes && !rc; pass++)
-    if (!(rc = cli_runner_time(&one, pass == 1, o->warmup, o->repeats, sm))) single[pass] = median(sm, o->repeats);
+    if (!(rc = cli_runner_time(&one, pass == 1, o->warmup, o->repeats, sm))) single[pass] = cli_median(sm, o->repeats);
   if (opened) cli_runner_close(&one);
   free(sm);
   if (rc) return rc;
@@ -637,11 +627,7 @@ done:
 int cmd_ring(int argc, char **argv) {
   cli_options o;
   int rc = cli_parse_options(CLI_RING, argc, argv, &o);
-  if (rc < 0) {
-    cli_print_command_help("ring");
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
   if (o.data && o.gen_flags_given)
     return cli_error("--data and the generation flags (--batch, --seqlen, ..., --seed) exclude each other: the shape "
                      "comes from the files");
