@@ -22,18 +22,22 @@ matplotlib.use("Agg")  # files only: no display on the machines that run this
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def rows(paths, dtype):
+    """The rows of `dtype` in the CSV files, in file order."""
+    for path in paths:
+        with open(path, newline="") as f:
+            yield from (row for row in csv.DictReader(f) if row["dtype"] == dtype)
+
+
 def load(paths, dtype):
     """{(pass, head_dim, causal): {impl: [(seqlen, tflops)]}} of the rows of `dtype`, and the device named."""
     panels = collections.defaultdict(lambda: collections.defaultdict(list))
     device = ""
-    for path in paths:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if row["dtype"] != dtype or not row["tflops"]:
-                    continue
-                key = (row["pass"], int(row["head_dim"]), int(row["causal"]))
-                panels[key][row["impl"]].append((int(row["seqlen_q"]), float(row["tflops"])))
-                device = row["device"]
+    for row in rows(paths, dtype):
+        if row["tflops"]:
+            key = (row["pass"], int(row["head_dim"]), int(row["causal"]))
+            panels[key][row["impl"]].append((int(row["seqlen_q"]), float(row["tflops"])))
+            device = row["device"]
     return panels, device
 
 
@@ -41,12 +45,10 @@ def load_ratios(paths, dtype):
     """{pass: {config: {flashc impl: fastest peer ms / its ms}}} in file order, and the device named."""
     times = collections.defaultdict(lambda: collections.defaultdict(dict))
     device = ""
-    for path in paths:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if row["dtype"] == dtype and row["ms"] and row["status"] not in ("FAIL", "error", "skipped"):
-                    times[row["pass"]][row["config"]][row["impl"]] = float(row["ms"])
-                    device = row["device"]
+    for row in rows(paths, dtype):
+        if row["ms"] and row["status"] not in ("FAIL", "error", "skipped"):
+            times[row["pass"]][row["config"]][row["impl"]] = float(row["ms"])
+            device = row["device"]
     ratios = {}
     for pas, configs in times.items():
         ratios[pas] = {}

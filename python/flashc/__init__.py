@@ -11,7 +11,7 @@ autograd (FlashAttentionFunction, the FlashAttention module). `python -m flashc.
 every backend against an fp64 reference and the PyTorch peers.
 
 The library is the one installed in the package, or the one named by the environment variable
-FLASHC_LIBRARY.
+FLASHC_LIBRARY. numpy is an extra (pip install flashc[numpy]): flashc.torch needs only torch.
 """
 
 from . import _lib

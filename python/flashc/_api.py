@@ -1,10 +1,10 @@
 """The Python API: attention forward and backward (dense and varlen), prepared calls, backends.
 
-A call is built in two steps. `_build_*` checks in Python only what ctypes or the C library cannot check
-(types, ranks, the sizes of lse and cu_seqlens, devices), allocates the outputs that were not given, and
-fills the ctypes structs; `Call.__call__` then runs the C function on the thread's cached handle. The
-public functions do both at once; prepare_forward/prepare_backward return the Call so that a loop or a
-benchmark repeats only the C call. Every other check (shapes against each other, the mask, what a backend
+A call is built in two steps. prepare_forward/prepare_backward check in Python only what ctypes or the C
+library cannot check (types, ranks, the sizes of lse and cu_seqlens, devices), allocate the outputs that were
+not given, fill the ctypes structs and return a Call; `Call.__call__` then runs the C function on the thread's
+cached handle. The public functions do both at once; a loop or a benchmark keeps the Call and repeats only
+the C call. Every other check (shapes against each other, the mask, what a backend
 supports) is the C library's, and its message comes back in the exception.
 """
 
@@ -17,9 +17,8 @@ import numbers
 import threading
 import weakref
 
-import numpy as np
-
 from . import _arrays, _lib
+from ._arrays import np  # None without numpy: only numpy arrays, and conversions that check for it, reach np
 from ._lib import InvalidArgumentError, UnsupportedError
 
 _ALIGNS = {"bottom-right": _lib.ALIGN_BOTTOM_RIGHT, "top-left": _lib.ALIGN_TOP_LEFT}
@@ -130,7 +129,7 @@ def check_dropout(dropout_p, seed, offset) -> tuple:
     p = float(dropout_p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"flashc: dropout_p is {p}; it must be in [0, 1) (0: no dropout)")
-    if float(np.float32(p)) >= 1.0:  # the C API takes a float: 0.99999999 would round to 1
+    if p >= 1.0 - 2.0**-25:  # rounds to 1 in float32, which the C API takes (halfway to 1 - 2^-24 rounds up)
         raise ValueError(f"flashc: dropout_p {p} rounds to 1.0 in float32; it must be below 1")
     words = []
     for name, x in (("seed", seed), ("offset", offset)):
@@ -141,7 +140,7 @@ def check_dropout(dropout_p, seed, offset) -> tuple:
                     "seed and offset"
                 )
             x = 0
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
             raise TypeError(f"flashc: {name} must be an int, not {x!r}")
         if not -(2**63) <= int(x) < 2**64:
             raise ValueError(f"flashc: {name} is {x}; it must fit 64 bits")
@@ -176,6 +175,7 @@ def check_alibi_shape(shape, heads_q: int, batch: int) -> int:
 def host_seqused(name: str, x, num_seqs: int) -> np.ndarray:
     """seqused_q/k as the host int32 array of num_seqs that the C library reads (from a list, a numpy array or a
     torch tensor on any device); the library checks each against its cu_seqlens slot."""
+    _arrays.require_numpy(f"{name} as a {type(x).__name__} (int32 torch tensors need no conversion)")
     if _arrays.is_torch(x):
         x = x.detach().cpu().numpy()
     try:
@@ -334,7 +334,7 @@ def _backend_devices() -> dict:
 def _check_threads(threads) -> int:
     if threads is None:
         return 0
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
         raise TypeError(f"flashc: threads must be an int or None, not {threads!r}")
     if not 0 <= int(threads) <= 2**31 - 1:
         raise ValueError(f"flashc: threads is {threads}; use 0 or None for all processors, or a positive count")
@@ -448,41 +448,22 @@ def _varlen(cu_seqlens_q, cu_seqlens_k, params: _lib.Params, q, k):
     return (cq, ck), (q.shape[1], q.shape[0])
 
 
-def _build_forward(
-    q,
-    k,
-    v,
-    *,
-    causal,
-    window,
-    scale,
-    backend,
-    causal_align,
-    threads,
-    deterministic,
-    out,
-    lse,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    varlen=False,
-    softcap=0.0,
-    alibi_slopes=None,
-    seqused_q=None,
-    seqused_k=None,
-    attn_mask=None,
-    dropout_p=0.0,
-    seed=None,
-    offset=0,
-    return_dropout_mask=False,
-    num_splits=0,
-) -> Call:
+def _setup(
+    named: dict, varlen: bool, causal, window, scale, backend, causal_align, threads, deterministic, cu_seqlens_q,
+    cu_seqlens_k, softcap, alibi_slopes, seqused_q, seqused_k, dropout_p, seed, offset,
+) -> tuple:  # fmt: skip
+    """What a forward and a backward set up alike, checked in this order: the arrays of `named` (q, k first) as the
+    C library reads them, of one kind and device; the options, cu_seqlens, softcap, ALiBi, seqused and dropout into
+    params; the backend and the thread count. Returns (the arrays in `named`'s order, device, params, backend,
+    threads, the arrays to keep alive, the host cu_seqlens or None, lse's shape)."""
     ndim = 3 if varlen else 4
-    q, k, v = (_arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v)))
-    device = _same_kind_and_device({"q": q, "k": k, "v": v})
-    dtype = _arrays.dtype_code("q", q)
+    named = {n: _arrays.as_input(n, x, ndim) for n, x in named.items()}
+    arrays = tuple(named.values())
+    q, k = arrays[0], arrays[1]
+    device = _same_kind_and_device(named)
     params = _params(causal, window, scale, causal_align, deterministic)
     backend, threads = _check_backend(backend, device), _check_threads(threads)
-    keep = [q, k, v]
+    keep = list(arrays)
     hosts = None
     if varlen:
         hosts, lse_shape = _varlen(cu_seqlens_q, cu_seqlens_k, params, q, k)
@@ -490,105 +471,12 @@ def _build_forward(
     else:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
-    keep.append(_set_attn_mask(params, q, k, varlen, attn_mask)[0])
     params.dropout_p, params.dropout_seed, params.dropout_offset = check_dropout(dropout_p, seed, offset)
-    params.num_splits = check_num_splits(num_splits)
-    mask = None
-    if return_dropout_mask:
-        mask = _arrays.empty(dropout_mask_shape(q, k, varlen, hosts), q, uint8=True)
-        params.dropout_mask = _arrays.data_ptr(mask) if _arrays.numel(mask) else None
-        keep.append(mask)
-    o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)  # o takes V's head dim
-    if out is None:
-        out = _arrays.empty(o_shape, q)
-    else:
-        _arrays.check_output("out", out, o_shape, dtype, q)
-    if lse is None:
-        lse = _arrays.empty(lse_shape, q, float32=True)
-    else:
-        _arrays.check_output("lse", lse, lse_shape, _lib.F32, q)
-        if not _is_contiguous(lse):
-            raise ValueError("flashc: lse must be contiguous (the C library writes it densely)")
-    keep += [out, lse]
-    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out))
-    outputs = (out, lse) if mask is None else (out, lse, _arrays.as_bool(mask))
-    return Call(False, backend, threads, params, tensors, _float_ptr(lse), keep, outputs, device)
+    return arrays, device, params, backend, threads, keep, hosts, lse_shape
 
 
 def _is_contiguous(x) -> bool:
-    return x.flags.c_contiguous if isinstance(x, np.ndarray) else x.is_contiguous()
-
-
-def _build_backward(
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    *,
-    causal,
-    window,
-    scale,
-    backend,
-    causal_align,
-    threads,
-    deterministic,
-    dq,
-    dk,
-    dv,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    softcap=0.0,
-    alibi_slopes=None,
-    seqused_q=None,
-    seqused_k=None,
-    attn_mask=None,
-    return_dbias=False,
-    dropout_p=0.0,
-    seed=None,
-    offset=0,
-) -> Call:
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    ndim = 3 if varlen else 4
-    named = {n: _arrays.as_input(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout))}
-    q, k, v, out, dout = named["q"], named["k"], named["v"], named["out"], named["dout"]
-    device = _same_kind_and_device(named)
-    dtype = _arrays.dtype_code("q", q)
-    params = _params(causal, window, scale, causal_align, deterministic)
-    backend, threads = _check_backend(backend, device), _check_threads(threads)
-    keep = [q, k, v, out, dout]
-    if varlen:
-        hosts, lse_shape = _varlen(cu_seqlens_q, cu_seqlens_k, params, q, k)
-        keep += hosts
-    else:
-        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
-    keep += _features(params, q, varlen, softcap, alibi_slopes, seqused_q, seqused_k)
-    params.dropout_p, params.dropout_seed, params.dropout_offset = check_dropout(dropout_p, seed, offset)
-    lse = _arrays.as_lse(lse, lse_shape, q)
-    grads = []
-    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        if g is None:
-            g = _arrays.empty(tuple(like.shape), q)
-        else:
-            _arrays.check_output(name, g, tuple(like.shape), dtype, q)
-        grads.append(g)
-    mask, mask4 = _set_attn_mask(params, q, k, varlen, attn_mask)
-    keep += [lse, mask] + grads
-    if return_dbias:
-        if mask is None or params.attn_mask_is_bool:
-            raise ValueError("flashc: return_dbias needs a float attn_mask (a boolean mask has no gradient)")
-        # dbias in the mask's shape, written through a 4-d view whose broadcast dims have stride 0 (summed).
-        dbias4 = _arrays.empty(mask4, q)
-        params.dbias = _arrays.data_ptr(dbias4) if _arrays.numel(dbias4) else None
-        itemsize = dbias4.itemsize if isinstance(dbias4, np.ndarray) else dbias4.element_size()
-        st = dbias4.strides if isinstance(dbias4, np.ndarray) else tuple(s * itemsize for s in dbias4.stride())
-        params.dbias_stride[:] = [st[d] // itemsize if mask4[d] > 1 else 0 for d in range(4)]
-        mask_shape = tuple(np.shape(attn_mask))
-        grads.append(dbias4.reshape(mask_shape))
-        keep.append(dbias4)
-    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out, dout, *grads[:3]))
-    return Call(True, backend, threads, params, tensors, _float_ptr(lse), keep, tuple(grads), device)
+    return x.flags.c_contiguous if _arrays.is_numpy(x) else x.is_contiguous()
 
 
 # ---- public functions ----------------------------------------------------------------------------------
@@ -827,33 +715,33 @@ def prepare_forward(
     (out, lse), written in place. q, k, v must not be moved or freed while the call is kept (it keeps a
     reference). With cu_seqlens_q/k the arrays are packed (varlen)."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    return _build_forward(
-        q,
-        k,
-        v,
-        causal=causal,
-        window=window,
-        scale=scale,
-        backend=backend,
-        causal_align=causal_align,
-        threads=threads,
-        deterministic=deterministic,
-        out=out,
-        lse=lse,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        varlen=varlen,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqused_q=seqused_q,
-        seqused_k=seqused_k,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        seed=seed,
-        offset=offset,
-        return_dropout_mask=return_dropout_mask,
-        num_splits=num_splits,
-    )
+    (q, k, v), device, params, backend, threads, keep, hosts, lse_shape = _setup(
+        {"q": q, "k": k, "v": v}, varlen, causal, window, scale, backend, causal_align, threads, deterministic,
+        cu_seqlens_q, cu_seqlens_k, softcap, alibi_slopes, seqused_q, seqused_k, dropout_p, seed, offset,
+    )  # fmt: skip
+    dtype = _arrays.dtype_code("q", q)
+    keep.append(_set_attn_mask(params, q, k, varlen, attn_mask)[0])
+    params.num_splits = check_num_splits(num_splits)
+    mask = None
+    if return_dropout_mask:
+        mask = _arrays.empty(dropout_mask_shape(q, k, varlen, hosts), q, uint8=True)
+        params.dropout_mask = _arrays.data_ptr(mask) if _arrays.numel(mask) else None
+        keep.append(mask)
+    o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)  # o takes V's head dim
+    if out is None:
+        out = _arrays.empty(o_shape, q)
+    else:
+        _arrays.check_output("out", out, o_shape, dtype, q)
+    if lse is None:
+        lse = _arrays.empty(lse_shape, q, float32=True)
+    else:
+        _arrays.check_output("lse", lse, lse_shape, _lib.F32, q)
+        if not _is_contiguous(lse):
+            raise ValueError("flashc: lse must be contiguous (the C library writes it densely)")
+    keep += [out, lse]
+    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out))
+    outputs = (out, lse) if mask is None else (out, lse, _arrays.as_bool(mask))
+    return Call(False, backend, threads, params, tensors, _float_ptr(lse), keep, outputs, device)
 
 
 def prepare_backward(
@@ -888,35 +776,39 @@ def prepare_backward(
 ) -> Call:
     """attention_backward() converted once: `call()` returns (dq, dk, dv) (and dbias with return_dbias), written
     in place."""
-    return _build_backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        causal=causal,
-        window=window,
-        scale=scale,
-        backend=backend,
-        causal_align=causal_align,
-        threads=threads,
-        deterministic=deterministic,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqused_q=seqused_q,
-        seqused_k=seqused_k,
-        attn_mask=attn_mask,
-        return_dbias=return_dbias,
-        dropout_p=dropout_p,
-        seed=seed,
-        offset=offset,
-    )
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    (q, k, v, out, dout), device, params, backend, threads, keep, _, lse_shape = _setup(
+        {"q": q, "k": k, "v": v, "out": out, "dout": dout}, varlen, causal, window, scale, backend, causal_align,
+        threads, deterministic, cu_seqlens_q, cu_seqlens_k, softcap, alibi_slopes, seqused_q, seqused_k, dropout_p,
+        seed, offset,
+    )  # fmt: skip
+    dtype = _arrays.dtype_code("q", q)
+    lse = _arrays.as_lse(lse, lse_shape, q)
+    grads = []
+    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if g is None:
+            g = _arrays.empty(tuple(like.shape), q)
+        else:
+            _arrays.check_output(name, g, tuple(like.shape), dtype, q)
+        grads.append(g)
+    mask, mask4 = _set_attn_mask(params, q, k, varlen, attn_mask)
+    keep += [lse, mask] + grads
+    if return_dbias:
+        if mask is None or params.attn_mask_is_bool:
+            raise ValueError("flashc: return_dbias needs a float attn_mask (a boolean mask has no gradient)")
+        # dbias in the mask's shape, written through a 4-d view whose broadcast dims have stride 0 (summed).
+        dbias4 = _arrays.empty(mask4, q)
+        params.dbias = _arrays.data_ptr(dbias4) if _arrays.numel(dbias4) else None
+        st = _arrays._element_strides(dbias4)
+        params.dbias_stride[:] = [st[d] if mask4[d] > 1 else 0 for d in range(4)]
+        if hasattr(attn_mask, "shape"):
+            mask_shape = tuple(attn_mask.shape)
+        else:  # a nested list
+            mask_shape = _arrays.require_numpy("attn_mask as a list").shape(attn_mask)
+        grads.append(dbias4.reshape(mask_shape))
+        keep.append(dbias4)
+    tensors = tuple(_arrays.describe(x) for x in (q, k, v, out, dout, *grads[:3]))
+    return Call(True, backend, threads, params, tensors, _float_ptr(lse), keep, tuple(grads), device)
 
 
 # ---- backends ------------------------------------------------------------------------------------------

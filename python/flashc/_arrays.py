@@ -15,19 +15,38 @@ contiguous strides, as the C library takes it (its results: flashc.h, "Empty inp
 
 from __future__ import annotations
 
+import math
 import sys
-
-import ml_dtypes
-import numpy as np
 
 from . import _lib
 
-_NUMPY_DTYPES = {
-    np.dtype(np.float32): _lib.F32,
-    np.dtype(np.float16): _lib.F16,
-    np.dtype(ml_dtypes.bfloat16): _lib.BF16,
-    np.dtype(np.float64): _lib.F64,
-}
+# numpy is optional (pip install flashc[numpy]): flashc.torch needs only torch. Without it np is None, no array
+# is a numpy array, and what needs numpy (numpy inputs, offsets given as lists) raises require_numpy's ImportError.
+try:
+    import numpy as np
+except ImportError:
+    np = None
+try:
+    import ml_dtypes  # numpy's bfloat16
+except ImportError:
+    ml_dtypes = None
+
+_NUMPY_DTYPES = {}
+if np is not None:
+    _NUMPY_DTYPES = {np.dtype(np.float32): _lib.F32, np.dtype(np.float16): _lib.F16, np.dtype(np.float64): _lib.F64}
+    if ml_dtypes is not None:
+        _NUMPY_DTYPES[np.dtype(ml_dtypes.bfloat16)] = _lib.BF16
+
+
+def require_numpy(what: str):
+    """numpy, or an ImportError that says what needed it and how to get it."""
+    if np is None:
+        raise ImportError(f"flashc: {what} needs numpy, which is not installed: pip install 'flashc[numpy]'")
+    return np
+
+
+def is_numpy(x) -> bool:
+    return np is not None and isinstance(x, np.ndarray)
 
 
 def _torch():
@@ -47,19 +66,22 @@ def _torch_dtypes():
 
 
 def kind(name: str, x) -> str:
-    """'numpy' or 'torch'; TypeError for anything else (None, lists, other array types)."""
-    if isinstance(x, np.ndarray):
+    """'numpy' or 'torch'; TypeError for anything else (None, lists, other array types), ImportError for an
+    array-like where numpy is not installed."""
+    if is_numpy(x):
         return "numpy"
     if is_torch(x):
         if x.layout != _torch().strided:
             raise TypeError(f"flashc: {name} has layout {x.layout}; pass a dense (strided) tensor")
         return "torch"
+    if x is not None:  # an array-like, for the numpy API
+        require_numpy(f"{name} as a {type(x).__name__} (flashc's numpy API)")
     raise TypeError(f"flashc: {name} must be a numpy.ndarray or a torch.Tensor, not {type(x).__name__}")
 
 
 def dtype_code(name: str, x) -> int:
     """The flashc_dtype of an array; TypeError for a dtype flashc has no kernel for."""
-    if isinstance(x, np.ndarray):
+    if is_numpy(x):
         code = _NUMPY_DTYPES.get(x.dtype.newbyteorder("=")) if x.dtype.kind in "fV" else None
     else:
         code = _torch_dtypes().get(x.dtype)
@@ -73,7 +95,7 @@ def dtype_code(name: str, x) -> int:
 
 def device_of(x) -> str:
     """'cpu' for numpy; the torch device ('cpu', 'cuda:0')."""
-    if isinstance(x, np.ndarray):
+    if is_numpy(x):
         return "cpu"
     dev = x.device
     if dev.type not in ("cpu", "cuda"):
@@ -84,7 +106,7 @@ def device_of(x) -> str:
 
 
 def numel(x) -> int:
-    return x.size if isinstance(x, np.ndarray) else x.numel()
+    return x.size if is_numpy(x) else x.numel()
 
 
 def _element_strides(x) -> tuple[int, ...] | None:
@@ -92,8 +114,8 @@ def _element_strides(x) -> tuple[int, ...] | None:
     if numel(x) == 0:
         # Nothing is read or written through an empty array, and numpy gives them arbitrary strides (and
         # pointers): described as contiguous, never copied.
-        return tuple(int(np.prod(x.shape[i + 1 :], dtype=np.int64)) for i in range(x.ndim))
-    if isinstance(x, np.ndarray):
+        return tuple(math.prod(int(n) for n in x.shape[i + 1 :]) for i in range(x.ndim))
+    if is_numpy(x):
         item = x.itemsize
         if any(s % item for s in x.strides) or not x.flags.aligned or not x.dtype.isnative:
             return None
@@ -119,7 +141,7 @@ def as_input(name: str, x, ndim: int):
     device_of(x)
     if _element_strides(x) is not None:
         return x
-    if isinstance(x, np.ndarray):
+    if is_numpy(x):
         # a copy always (ascontiguousarray would return a contiguous but misaligned array as it is)
         return np.array(x, dtype=x.dtype.newbyteorder("="), order="C", copy=True)
     return x.contiguous()
@@ -136,9 +158,9 @@ def check_output(name: str, x, shape: tuple[int, ...], dtype: int, like) -> None
         raise ValueError(f"flashc: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}")
     if device_of(x) != device_of(like):
         raise ValueError(f"flashc: {name} is on {device_of(x)} but q is on {device_of(like)}")
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
+    if is_numpy(x) and not x.flags.writeable:
         raise ValueError(f"flashc: {name} is a read-only array")
-    if isinstance(x, np.ndarray) and numel(x) and not x.flags.aligned:
+    if is_numpy(x) and numel(x) and not x.flags.aligned:
         raise ValueError(
             f"flashc: {name} is not aligned to its {x.itemsize}-byte elements; flashc needs element-aligned "
             "outputs (pass a fresh array)"
@@ -151,11 +173,11 @@ def check_output(name: str, x, shape: tuple[int, ...], dtype: int, like) -> None
 
 
 def _raw_strides(x):
-    return x.strides if isinstance(x, np.ndarray) else x.stride()
+    return x.strides if is_numpy(x) else x.stride()
 
 
 def data_ptr(x) -> int:
-    return x.ctypes.data if isinstance(x, np.ndarray) else x.data_ptr()
+    return x.ctypes.data if is_numpy(x) else x.data_ptr()
 
 
 def describe(x) -> _lib.Tensor:
@@ -177,7 +199,7 @@ def describe(x) -> _lib.Tensor:
 
 def empty(shape: tuple[int, ...], like, float32: bool = False, uint8: bool = False):
     """An uninitialised array of q's kind, device and dtype (or float32, for lse; uint8 for the dropout mask)."""
-    if isinstance(like, np.ndarray):
+    if is_numpy(like):
         dtype = np.float32 if float32 else np.uint8 if uint8 else like.dtype.newbyteorder("=")
         return np.empty(shape, dtype=dtype)
     t = _torch()
@@ -186,7 +208,7 @@ def empty(shape: tuple[int, ...], like, float32: bool = False, uint8: bool = Fal
 
 def as_bool(x):
     """A uint8 array of 0 and 1 seen as bool, without a copy."""
-    if isinstance(x, np.ndarray):
+    if is_numpy(x):
         return x.view(np.bool_)
     return x.view(_torch().bool)
 
@@ -207,7 +229,7 @@ def as_lse(x, shape: tuple[int, ...], like):
         )
     if device_of(x) != device_of(like):
         raise ValueError(f"flashc: lse is on {device_of(x)} but q is on {device_of(like)}")
-    if isinstance(x, np.ndarray):
+    if is_numpy(x):
         return np.require(x, np.float32, ["C", "A"])  # contiguous and aligned: read through a bare pointer
     return x.contiguous()
 
@@ -217,6 +239,7 @@ def as_cu_seqlens(name: str, x) -> np.ndarray:
     (on any device; a CUDA tensor is copied to the host, the C API takes host offsets)."""
     if x is None:
         raise TypeError(f"flashc: {name} is None; varlen attention needs both cu_seqlens arrays")
+    require_numpy(f"{name} as a {type(x).__name__} (int32 torch tensors need no conversion)")
     if is_torch(x):
         x = x.detach().cpu().numpy()
     try:

@@ -26,12 +26,12 @@ first call (the library names its size when refusing a struct_size larger than i
 # because Python 3.9 has no `X | None`.
 # ruff: noqa: UP045
 import ctypes
+import numbers
 import sys
 from typing import Optional
 
-import numpy as np
-
 from . import _api, _arrays, _lib
+from ._arrays import np  # None without numpy: reached by numpy arrays only
 
 
 class KVCache(ctypes.Structure):
@@ -70,7 +70,7 @@ def _int_array_ptr(name: str, x, ndim: int, device: str):
     """(pointer, row stride) of an int32 array the C library reads through a bare pointer: cache_seqlens [batch]
     or block_table [batch, max_blocks], where the tensors are. Its size is checked here (the library cannot see
     it), and its device: a library without CUDA would read a device pointer as host memory."""
-    if not isinstance(x, np.ndarray) and not _arrays.is_torch(x):
+    if not _arrays.is_numpy(x) and not _arrays.is_torch(x):
         raise TypeError(f"flashc: {name} must be an int32 numpy array or torch tensor, not {type(x).__name__}")
     if _arrays.device_of(x) != device:
         raise ValueError(f"flashc: {name} is on {_arrays.device_of(x)} but q is on {device}; they live together")
@@ -108,7 +108,7 @@ def _cache_tensor(name: str, x, written: bool) -> _lib.Tensor:
             f"flashc: {name} has {x.ndim} dimensions {tuple(x.shape)}; expected 4: [batch, capacity, heads_kv, "
             "head_dim] or [num_blocks, page_size, heads_kv, head_dim]"
         )
-    if written and isinstance(x, np.ndarray) and not x.flags.writeable:
+    if written and _arrays.is_numpy(x) and not x.flags.writeable:
         raise ValueError(f"flashc: {name} is read-only, but k/v are appended into it")
     if _arrays.numel(x) and _arrays._element_strides(x) is None:
         raise ValueError(
@@ -179,7 +179,7 @@ def _check_out(name: str, x, shape: tuple, like, float32: bool = False) -> None:
         want = np.dtype(np.float32) if float32 else like.dtype.newbyteorder("=")
     if x.dtype != want:
         raise TypeError(f"flashc: {name}.dtype is {x.dtype}; the call writes {want}")
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
+    if _arrays.is_numpy(x) and not x.flags.writeable:
         raise ValueError(f"flashc: {name} is read-only")
 
 
@@ -213,7 +213,7 @@ def _forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causa
 
 def _seqlens(cache_seqlens, q, like):
     """An int (flash_attn's shorthand: every sequence) as an int32 array of q's kind, on the cache's device."""
-    if cache_seqlens is None or not isinstance(cache_seqlens, (int, np.integer)) or isinstance(cache_seqlens, bool):
+    if cache_seqlens is None or not isinstance(cache_seqlens, numbers.Integral) or isinstance(cache_seqlens, bool):
         return cache_seqlens
     if not -(2**31) <= int(cache_seqlens) < 2**31:
         raise ValueError(f"flashc: cache_seqlens {cache_seqlens} does not fit in int32")
@@ -263,7 +263,7 @@ def attention_with_kvcache(
     """
     cache_seqlens = _seqlens(cache_seqlens, q, k_cache)
     scale, causal, wl, wr, _, _ = _api.check_options(causal, window, scale, "bottom-right", False)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)):
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
         raise TypeError(f"flashc: num_splits must be an int, not {num_splits!r}")
     if _arrays.is_torch(q):
         threads = -1 if threads is None else _api._check_threads(threads)

@@ -120,7 +120,7 @@ def _cast(q, k, v):
 
 def _offsets(name: str, cu):
     """cu_seqlens as an int32 tensor: int32 tensors as they are (on their device), anything else (a list,
-    a numpy array, another integer dtype) checked and converted on the host."""
+    a numpy array, another integer dtype) checked and converted on the host, through numpy."""
     if isinstance(cu, torch.Tensor) and cu.dtype == torch.int32:
         return cu
     from . import _arrays
@@ -132,9 +132,7 @@ def _slopes(alibi_slopes):
     """ALiBi slopes as a tensor (a list or numpy array converted); the operators move it to q's device."""
     if alibi_slopes is None or isinstance(alibi_slopes, torch.Tensor):
         return alibi_slopes
-    import numpy as np
-
-    return torch.from_numpy(np.ascontiguousarray(alibi_slopes, dtype=np.float32))
+    return torch.as_tensor(alibi_slopes, dtype=torch.float32)
 
 
 def _lengths(name: str, x):
