@@ -211,25 +211,10 @@ static void setup(problem *p, const tcase *c, flashc_dtype dt, th_rng *rng) {
   p->c = c;
   p->dt = dt;
   th_attn *a = &p->a;
-  a->params = flashc_params_default();
-  a->params.causal = c->causal;
-  a->params.align = c->align;
-  a->params.window_left = c->wl;
-  a->params.window_right = c->wr;
-  a->params.scale = c->scale;
-  a->batch = c->batch, a->seqlen_q = c->sq, a->seqlen_k = c->sk;
-  a->heads_q = c->hq, a->heads_kv = c->hkv, a->head_dim = c->d;
-  if (c->lens_q) {
-    p->cu_q[0] = p->cu_k[0] = 0;
-    for (int s = 0; s < c->num_seqs; s++) {
-      p->cu_q[s + 1] = p->cu_q[s] + c->lens_q[s];
-      p->cu_k[s + 1] = p->cu_k[s] + c->lens_k[s];
-    }
-    a->params.cu_seqlens_q = p->cu_q;
-    a->params.cu_seqlens_k = p->cu_k;
-    a->params.num_seqs = c->num_seqs;
-    a->batch = 1, a->seqlen_q = p->cu_q[c->num_seqs], a->seqlen_k = p->cu_k[c->num_seqs];
-  }
+  *a = th_attn_dense(c->batch, c->sq, c->sk, c->hq, c->hkv, c->d);
+  a->params.causal = c->causal, a->params.align = c->align, a->params.scale = c->scale;
+  a->params.window_left = c->wl, a->params.window_right = c->wr;
+  if (c->lens_q) th_attn_varlen(a, c->lens_q, c->lens_k, c->num_seqs, p->cu_q, p->cu_k);
   snprintf(p->label, sizeof p->label, "%-26s %-4s %-7s", c->name, flashc_dtype_name(dt), th_layout_name(c->layout));
   snprintf(p->tag, sizeof p->tag, "%s/%s/%s", c->name, flashc_dtype_name(dt), th_layout_name(c->layout));
   p->q = th_tensor_new(dt, c->layout, a->batch, a->seqlen_q, a->heads_q, a->head_dim);

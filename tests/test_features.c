@@ -92,23 +92,14 @@ typedef struct prob {
 static void prob_init(prob *P, const fcase *c) {
   memset(P, 0, sizeof *P);
   th_attn *a = &P->a;
-  a->params = flashc_params_default();
-  a->params.scale = c->scale;
-  a->params.causal = c->causal;
-  a->params.align = c->align;
-  a->params.window_left = c->wl;
-  a->params.window_right = c->wr;
-  a->params.softcap = c->softcap;
-  a->params.deterministic = c->deterministic;
-  a->batch = c->batch, a->seqlen_q = c->sq, a->seqlen_k = c->sk, a->heads_q = c->hq, a->heads_kv = c->hkv;
-  a->head_dim = c->d;
+  *a = th_attn_dense(c->batch, c->sq, c->sk, c->hq, c->hkv, c->d);
+  a->params.causal = c->causal, a->params.align = c->align, a->params.scale = c->scale;
+  a->params.window_left = c->wl, a->params.window_right = c->wr;
+  a->params.softcap = c->softcap, a->params.deterministic = c->deterministic;
   P->dv = c->dv;
   if (c->num_seqs) {
-    for (int s = 0; s < c->num_seqs; s++)
-      P->cu_q[s + 1] = P->cu_q[s] + c->lens_q[s], P->cu_k[s + 1] = P->cu_k[s] + c->lens_k[s];
-    a->params.cu_seqlens_q = P->cu_q, a->params.cu_seqlens_k = P->cu_k, a->params.num_seqs = c->num_seqs;
+    th_attn_varlen(a, c->lens_q, c->lens_k, c->num_seqs, P->cu_q, P->cu_k);
     a->params.seqused_q = c->used_q, a->params.seqused_k = c->used_k;
-    a->batch = 1, a->seqlen_q = P->cu_q[c->num_seqs], a->seqlen_k = P->cu_k[c->num_seqs];
   }
   if (c->alibi) {
     /* ALiBi's geometric slopes 2^(−8(h+1)/H), varied per sequence when there is one slope per (sequence, head). */
@@ -331,10 +322,10 @@ done:
 }
 
 /* ---- refusals ---------------------------------------------------------------------------------------- */
-/* A small f32 problem on `backend`, with params changed by the caller; returns the status, and checks that a
- * failed call left o poisoned. */
-static flashc_status small_call(const char *backend, const flashc_params *pa, int64_t d, int64_t dv, int varlen,
-                                char *backend_ran) {
+/* A small f32 problem on `backend`, with params changed by the caller and o of head dim o_dv (v's: dv); returns the
+ * status, and checks that a failed call left o poisoned. */
+static flashc_status small_call_o(const char *backend, const flashc_params *pa, int64_t d, int64_t dv, int64_t o_dv,
+                                  int varlen, char *backend_ran) {
   flashc_handle h;
   flashc_status st = flashc_create(&h, backend);
   if (st != FLASHC_OK) return st;
@@ -342,7 +333,7 @@ static flashc_status small_call(const char *backend, const flashc_params *pa, in
   th_tensor q = th_tensor_new(FLASHC_F32, TH_BSHD, 1, rows, 2, d),
             k = th_tensor_new(FLASHC_F32, TH_BSHD, 1, rows, 2, d),
             v = th_tensor_new(FLASHC_F32, TH_BSHD, 1, rows, 2, dv),
-            o = th_tensor_new(FLASHC_F32, TH_BSHD, 1, rows, 2, dv);
+            o = th_tensor_new(FLASHC_F32, TH_BSHD, 1, rows, 2, o_dv);
   th_rng rng;
   th_rng_init(&rng, 7);
   th_fill_normal(&q, &rng), th_fill_normal(&k, &rng), th_fill_normal(&v, &rng), th_poison(&o);
@@ -353,6 +344,11 @@ static flashc_status small_call(const char *backend, const flashc_params *pa, in
   th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&o);
   flashc_destroy(h);
   return st;
+}
+
+static flashc_status small_call(const char *backend, const flashc_params *pa, int64_t d, int64_t dv, int varlen,
+                                char *backend_ran) {
+  return small_call_o(backend, pa, d, dv, dv, varlen, backend_ran);
 }
 
 static void expect(flashc_status got, flashc_status want, const char *needle, const char *what) {
@@ -400,20 +396,8 @@ static void test_refusals(void) {
          "head_dim_v 600 on cpu");
 
   /* o must take v's head dim, dq/dk q's: a mismatch names the tensors. */
-  {
-    flashc_handle h;
-    flashc_create(&h, "cpu");
-    th_tensor q = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 4, 1, 8), v = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 4, 1, 16),
-              o = th_tensor_new(FLASHC_F32, TH_BSHD, 1, 4, 1, 8);
-    th_rng rng;
-    th_rng_init(&rng, 3);
-    th_fill_normal(&q, &rng), th_fill_normal(&v, &rng), th_poison(&o);
-    p = flashc_params_default();
-    expect(flashc_forward(h, &p, &q.view, &q.view, &v.view, &o.view, NULL), FLASHC_ERR_INVALID_ARGUMENT,
-           "o.size[3] (head_dim) is 8 but v.size[3] is 16", "o with q's head dim");
-    th_tensor_free(&q), th_tensor_free(&v), th_tensor_free(&o);
-    flashc_destroy(h);
-  }
+  expect(small_call_o("cpu", &p, 8, 16, 8, 0, NULL), FLASHC_ERR_INVALID_ARGUMENT,
+         "o.size[3] (head_dim) is 8 but v.size[3] is 16", "o with q's head dim");
 
   /* An older caller (struct_size ending before softcap) gets the defaults: its stray bytes there are ignored. */
   {

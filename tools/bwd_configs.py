@@ -10,15 +10,13 @@ which must stay NaN (no write past head_dim); per gradient, max |error| against 
 the error of the same maths done plainly in the kernel's precision, + the backend's floor; in deterministic mode
 two runs bit-identical; no NaN anywhere.
 """
-import argparse
 import dataclasses
 import math
-import time
 from typing import Callable
 
 import torch
 
-from gpucheck import Flashc, Results, cu_seqlens, make, make_with_buffer, reference, visible
+from gpucheck import Flashc, Results, arg_parser, inputs, make, make_with_buffer, reference, run, visible
 
 
 @dataclasses.dataclass
@@ -72,17 +70,9 @@ class Harness:
                + (f" scale{scale}" if scale else "") + (" det" if det else ""))
         if self.args.dims and d not in self.args.dims:
             return
-        if varlen:
-            cu_q, cu_k, seqs = cu_seqlens(varlen)
-            nb, nq, nk = 1, cu_q[-1], cu_k[-1]
-            p, keep = self.fc.params(causal, align, wl, wr, scale, cu=(cu_q, cu_k), deterministic=det)
-        else:
-            nb, nq, nk = b, sq, sk
-            seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
-            p, keep = self.fc.params(causal, align, wl, wr, scale, deterministic=det)
-        q = make(nb, nq, hq, d, dtype, layout)
-        k = make(nb, nk, hkv, d, dtype, layout)
-        v = make(nb, nk, hkv, d, dtype, layout)
+        q, k, v, seqs, cu = inputs(dtype, b, sq, sk, hq, hkv, d, layout, varlen)
+        nb, nq, nk = q.shape[0], q.shape[1], k.shape[1]
+        p, keep = self.fc.params(causal, align, wl, wr, scale, cu=cu, deterministic=det)
         do = make(nb, nq, hq, d, dtype, layout)
         sc = scale if scale else 1.0 / math.sqrt(d)
         # o and lse from the fp64 reference; lse as flashc lays it out: [b, hq, sq], or [hq, total_q] when varlen
@@ -189,11 +179,7 @@ class Harness:
 
 def parse_args(spec, more=None):
     """The command line of both scripts; `more(ap)` adds a script's own options after the common ones."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", default=spec.lib)
-    ap.add_argument("--quick", action="store_true", help=spec.quick_help)
-    ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--no-bench", action="store_true")
+    ap = arg_parser(spec.lib, spec.quick_help)
     ap.add_argument("--csv", default="", help="write the bench rows here (docs/targets.md's columns + config)")
     ap.add_argument("--no-varlen", action="store_true",
                     help="skip the varlen cases (under racecheck, PyTorch's reference of their 1-token sequence "
@@ -209,9 +195,4 @@ def main(spec, bench, more_args=None, extra_checks=()):
     """Parse the command line, check (unless --no-check), run `bench(harness)` (unless --no-bench), print the
     summary, exit 1 if anything failed."""
     h = Harness(spec, parse_args(spec, more_args))
-    t0 = time.time()
-    if not h.args.no_check:
-        h.correctness(extra_checks)
-    if not h.args.no_bench:
-        bench(h)
-    h.res.summary(t0, groups=h.configs, shown=30)
+    run(h.args, h.res, lambda: h.correctness(extra_checks), lambda: bench(h), groups=h.configs, shown=30)

@@ -1,13 +1,15 @@
 """What the GPU check scripts (tools/mma/check_fwd.py, tools/mma/check_bwd.py, tools/fa2/check_bwd.py,
 tools/hopper/check.py, tools/hopper/check_bwd.py) share: libflashc through the ctypes mirror of flashc.h that the
 Python package keeps (python/flashc/_lib.py, whose offsets tests/python/test_package.py checks against the header),
-the mask, the fp64 reference, the strided layouts under test, the record of results and its summary, and the
-timing of a call against the PyTorch SDPA peers.
+the mask, the fp64 reference, a case's random inputs in the strided layouts under test, the verdict on a forward's
+o and lse, the record of results and its summary, the common options and the order of a run, and the timing of a
+call against the PyTorch SDPA peers.
 
 The scripts run as `python3 tools/<dir>/<script>.py` from the repository root; each puts tools/ on sys.path and
 imports this module. Nothing here needs numpy or the package's other modules: only torch (and a GPU for the
 calls; the reference, the mask and `make` take a device).
 """
+import argparse
 import ctypes
 import importlib.util
 import math
@@ -127,6 +129,20 @@ def cu_seqlens(varlen):
     return cu_q, cu_k, seqs
 
 
+def inputs(dtype, b, sq, sk, hq, hkv, d, layout, varlen=None):
+    """Random q, k, v laid out as `layout` says, the sequences as (batch, q start, q len, k start, k len), and
+    cu = (cu_q, cu_k) for Flashc.params: varlen = (lens_q, lens_k) packs its sequences in batch 1 (b, sq, sk
+    unused), else cu is None and every batch holds one sequence of sq queries and sk keys."""
+    if varlen:
+        cu_q, cu_k, seqs = cu_seqlens(varlen)
+        b, nq, nk, cu = 1, cu_q[-1], cu_k[-1], (cu_q, cu_k)
+    else:
+        seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
+        nq, nk, cu = sq, sk, None
+    q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((nq, hq), (nk, hkv), (nk, hkv)))
+    return q, k, v, seqs, cu
+
+
 # ---- reference ---------------------------------------------------------------------------------------------
 def visible(sq, sk, causal, align, wl, wr, device="cuda"):
     """[sq, sk] bool: key j visible to query i (flashc.h's mask; align 0 = bottom-right)."""
@@ -185,6 +201,50 @@ def reference(q, k, v, scale, vis, low=None, do=None):
     return o.transpose(0, 1), lse, dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
 
 
+def check_forward(record, tag, dtype, q, k, v, o, lse, seqs, mask, varlen):
+    """Records under `tag` whether o (and lse, unless None) of a forward on q, k, v pass FlashAttention's rule:
+    max |error| against the fp64 reference at most 2x the plain low-precision computation's + 1e-4, lse within
+    2e-3 and -inf exactly where the reference's is; no NaN; sequences with no key give o = 0, lse = -inf.
+    mask = (causal, align, window_left, window_right); lse laid out as flashc.h says ([hq, total rows] with varlen,
+    else [b, hq, sq])."""
+    b, sq, hq, d = q.shape
+    rows = b * sq
+    scale = 1.0 / math.sqrt(d)
+    err = err_plain = err_lse = 0.0
+    bad = []
+    for bb, qs, ql, ks, kl in seqs:
+        if ql == 0:
+            continue
+        ox = o[bb:bb + 1, qs:qs + ql].double()
+        lx = None
+        if lse is not None:
+            lx = lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]
+        if kl == 0:  # no key at all: output 0, lse -inf
+            if torch.isnan(ox).any() or ox.abs().max() != 0:
+                bad.append("rows with no key are not 0")
+            if lx is not None and not bool((torch.isinf(lx) & (lx < 0)).all()):
+                bad.append("rows with no key: lse is not -inf")
+            continue
+        one = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], scale, visible(ql, kl, *mask))
+        o_ref, lse_ref = (x[None].double() for x in reference(*one))  # [1, sq, hq, d], [1, hq, sq]
+        o_plain = reference(*one, low=dtype)[0][None].double()
+        if torch.isnan(ox).any():
+            bad.append("NaN in o")
+        err = max(err, (ox - o_ref).abs().max().item())
+        err_plain = max(err_plain, (o_plain - o_ref).abs().max().item())
+        if lx is not None:
+            if torch.isnan(lx).any():
+                bad.append("NaN in lse")
+            inf_ref = torch.isinf(lse_ref)
+            if not torch.equal(torch.isinf(lx) & (lx < 0), inf_ref):
+                bad.append("lse -inf pattern differs")
+            if (~inf_ref).any():
+                err_lse = max(err_lse, (lx.double()[~inf_ref] - lse_ref[~inf_ref]).abs().max().item())
+    tol = 2 * err_plain + 1e-4
+    ok = not bad and err <= tol and err_lse <= 2e-3
+    record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
+
+
 # ---- results -----------------------------------------------------------------------------------------------
 class Results:
     """Every check's (tag, ok, info); a failure is printed when it happens (with verbose, a pass too)."""
@@ -220,6 +280,28 @@ class Results:
         for tag, info in self.failures[:shown]:
             print("  FAIL", tag, info)
         sys.exit(1 if self.failures else 0)
+
+
+def arg_parser(lib, quick_help):
+    """The options of every GPU check script: --lib (the library under test, default `lib`), --quick (help
+    `quick_help`), --no-check, --no-bench; a script adds its own."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=lib)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness cases")
+    ap.add_argument("--no-bench", action="store_true", help="skip the timings")
+    return ap
+
+
+def run(args, res, correctness, bench, groups=(), shown=30):
+    """correctness() unless --no-check, then bench() unless --no-bench, then res's summary and the exit (1 if
+    anything failed)."""
+    t0 = time.time()
+    if not args.no_check:
+        correctness()
+    if not args.no_bench:
+        bench()
+    res.summary(t0, groups=groups, shown=shown)
 
 
 # ---- timings -----------------------------------------------------------------------------------------------

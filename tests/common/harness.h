@@ -139,6 +139,14 @@ typedef struct th_attn {
   flashc_params params;
 } th_attn;
 
+/* A problem of these sizes (one sequence per batch entry) with flashc_params_default(). */
+th_attn th_attn_dense(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
+                      int64_t head_dim);
+/* Makes a varlen problem of num_seqs sequences of lens_q[s] queries and lens_k[s] keys: cu_q and cu_k (num_seqs + 1
+ * entries each, the caller's, to outlive a) get the offsets, a->params points at them, and the tensors pack the
+ * sequences in batch 1 (a->batch, seqlen_q and seqlen_k become 1 and the totals). */
+void th_attn_varlen(th_attn *a, const int32_t *lens_q, const int32_t *lens_k, int num_seqs, int32_t *cu_q,
+                    int32_t *cu_k);
 int64_t th_num_seqs(const th_attn *a);
 /* Rows of sequence s in the tensors: batch index, first row and length. */
 void th_seq_rows(const th_attn *a, int64_t s, bool keys, int64_t *batch_index, int64_t *start, int64_t *len);

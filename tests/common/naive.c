@@ -12,6 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+th_attn th_attn_dense(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
+                      int64_t head_dim) {
+  th_attn a = {batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, flashc_params_default()};
+  return a;
+}
+
+void th_attn_varlen(th_attn *a, const int32_t *lens_q, const int32_t *lens_k, int num_seqs, int32_t *cu_q,
+                    int32_t *cu_k) {
+  cu_q[0] = cu_k[0] = 0;
+  for (int s = 0; s < num_seqs; s++) cu_q[s + 1] = cu_q[s] + lens_q[s], cu_k[s + 1] = cu_k[s] + lens_k[s];
+  a->params.cu_seqlens_q = cu_q, a->params.cu_seqlens_k = cu_k, a->params.num_seqs = num_seqs;
+  a->batch = 1, a->seqlen_q = cu_q[num_seqs], a->seqlen_k = cu_k[num_seqs];
+}
+
 int64_t th_num_seqs(const th_attn *a) { return a->params.cu_seqlens_q ? a->params.num_seqs : a->batch; }
 
 void th_seq_rows(const th_attn *a, int64_t s, bool keys, int64_t *batch_index, int64_t *start, int64_t *len) {
@@ -102,44 +116,14 @@ static double softmax_row(const th_attn *a, const model *m, const double *qi, co
   return fl(m, mx + fl(m, log(l)));
 }
 
-void th_naive_forward(const th_attn *a, flashc_dtype dtype, const double *q, const double *k, const double *v,
-                      double *o, double *lse) {
+/* Plain attention row by row: the forward into o and lse (either may be NULL) and, given dout, the backward into
+ * dq, dk, dv. Both directions recompute the same P of each row, as a plain backward does from q and k. */
+static void naive(const th_attn *a, flashc_dtype dtype, const double *q, const double *k, const double *v, double *o,
+                  double *lse, const double *dout, double *dq, double *dk, double *dv) {
   model m = {dtype, dtype != FLASHC_F64};
   int64_t D = a->head_dim, group = a->heads_q / a->heads_kv;
-  double *p = malloc((size_t)(a->seqlen_k > 0 ? a->seqlen_k : 1) * sizeof *p);
-  if (!p) abort();
-  for (int64_t s = 0; s < th_num_seqs(a); s++) {
-    int64_t bq, sq0, sq, bk, sk0, sk;
-    th_seq_rows(a, s, false, &bq, &sq0, &sq);
-    th_seq_rows(a, s, true, &bk, &sk0, &sk);
-    for (int64_t h = 0; h < a->heads_q; h++)
-      for (int64_t i = 0; i < sq; i++) {
-        int64_t lo, hi, kvh = h / group;
-        th_key_range(a, sq, sk, i, &lo, &hi);
-        double *oi = o + q_at(a, bq, sq0 + i, h);
-        if (lo >= hi) { /* no key: output 0, lse −inf */
-          for (int64_t d = 0; d < D; d++) oi[d] = 0;
-          if (lse) lse[th_lse_index(a, s, h, i)] = -INFINITY;
-          continue;
-        }
-        double l = softmax_row(a, &m, q + q_at(a, bq, sq0 + i, h), k, bk, sk0, kvh, lo, hi, p);
-        if (lse) lse[th_lse_index(a, s, h, i)] = m.low ? (double)(float)l : l;
-        /* O = P·V */
-        for (int64_t d = 0; d < D; d++) {
-          double acc = 0;
-          for (int64_t j = lo; j < hi; j++) acc = fl(&m, acc + fl(&m, p[j] * v[k_at(a, bk, sk0 + j, kvh) + d]));
-          oi[d] = rt(&m, acc);
-        }
-      }
-  }
-  free(p);
-}
-
-void th_naive_backward(const th_attn *a, flashc_dtype dtype, const double *q, const double *k, const double *v,
-                       const double *dout, double *dq, double *dk, double *dv) {
-  model m = {dtype, dtype != FLASHC_F64};
-  int64_t D = a->head_dim, group = a->heads_q / a->heads_kv;
-  size_t nk = (size_t)(a->batch * a->seqlen_k * a->heads_kv * D), row = (size_t)(a->seqlen_k > 0 ? a->seqlen_k : 1);
+  size_t nk = dout ? (size_t)(a->batch * a->seqlen_k * a->heads_kv * D) : 0;
+  size_t row = (size_t)(a->seqlen_k > 0 ? a->seqlen_k : 1);
   double *p = malloc(row * sizeof *p), *ds = malloc(row * sizeof *ds);
   double *dk_acc = calloc(nk ? nk : 1, sizeof *dk_acc), *dv_acc = calloc(nk ? nk : 1, sizeof *dv_acc);
   if (!p || !ds || !dk_acc || !dv_acc) abort();
@@ -152,11 +136,22 @@ void th_naive_backward(const th_attn *a, flashc_dtype dtype, const double *q, co
       for (int64_t i = 0; i < sq; i++) {
         int64_t lo, hi, kvh = h / group;
         th_key_range(a, sq, sk, i, &lo, &hi);
-        const double *qi = q + q_at(a, bq, sq0 + i, h), *doi = dout + q_at(a, bq, sq0 + i, h);
+        const double *qi = q + q_at(a, bq, sq0 + i, h);
+        double l = lo < hi ? softmax_row(a, &m, qi, k, bk, sk0, kvh, lo, hi, p) : -INFINITY;
+        /* no key: output 0, lse −inf, no gradient */
+        if (lse) lse[th_lse_index(a, s, h, i)] = m.low ? (double)(float)l : l;
+        if (o) {
+          /* O = P·V */
+          double *oi = o + q_at(a, bq, sq0 + i, h);
+          for (int64_t d = 0; d < D; d++) {
+            double acc = 0;
+            for (int64_t j = lo; j < hi; j++) acc = fl(&m, acc + fl(&m, p[j] * v[k_at(a, bk, sk0 + j, kvh) + d]));
+            oi[d] = rt(&m, acc);
+          }
+        }
+        if (!dout) continue;
+        const double *doi = dout + q_at(a, bq, sq0 + i, h);
         double *dqi = dq + q_at(a, bq, sq0 + i, h);
-        for (int64_t d = 0; d < D; d++) dqi[d] = 0;
-        if (lo >= hi) continue; /* no key: no gradient */
-        softmax_row(a, &m, qi, k, bk, sk0, kvh, lo, hi, p);
         /* dP = dO·Vᵀ, D_i = Σ_j P_ij dP_ij, dS = P∘(dP − D_i) */
         double rowsum = 0;
         for (int64_t j = lo; j < hi; j++) {
@@ -171,7 +166,7 @@ void th_naive_backward(const th_attn *a, flashc_dtype dtype, const double *q, co
         for (int64_t d = 0; d < D; d++) {
           double acc = 0;
           for (int64_t j = lo; j < hi; j++) acc = fl(&m, acc + fl(&m, ds[j] * k[k_at(a, bk, sk0 + j, kvh) + d]));
-          dqi[d] = rt(&m, fl(&m, scale * acc));
+          dqi[d] = lo < hi ? rt(&m, fl(&m, scale * acc)) : 0;
         }
         for (int64_t j = lo; j < hi; j++) {
           double *dkj = dk_acc + k_at(a, bk, sk0 + j, kvh), *dvj = dv_acc + k_at(a, bk, sk0 + j, kvh);
@@ -190,4 +185,14 @@ void th_naive_backward(const th_attn *a, flashc_dtype dtype, const double *q, co
   free(ds);
   free(dk_acc);
   free(dv_acc);
+}
+
+void th_naive_forward(const th_attn *a, flashc_dtype dtype, const double *q, const double *k, const double *v,
+                      double *o, double *lse) {
+  naive(a, dtype, q, k, v, o, lse, NULL, NULL, NULL, NULL);
+}
+
+void th_naive_backward(const th_attn *a, flashc_dtype dtype, const double *q, const double *k, const double *v,
+                       const double *dout, double *dq, double *dk, double *dv) {
+  naive(a, dtype, q, k, v, NULL, NULL, dout, dq, dk, dv);
 }

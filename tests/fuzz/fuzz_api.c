@@ -42,6 +42,7 @@
  *   build-fuzz/tests/fuzz_api -max_total_time=60 -timeout=10 tests/fuzz/corpus/api
  */
 #include "flashc.h"
+#include "harness.h"
 
 #include <float.h>
 #include <math.h>
@@ -71,44 +72,7 @@ static uint64_t splitmix(uint64_t *s) {
 static double uniform(uint64_t *s) { return (double)(splitmix(s) >> 11) * 0x1p-53; } /* [0, 1) */
 
 /* ---- dtypes --------------------------------------------------------------------------------------------- */
-static float f16_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
-  float mag;
-  if (e == 31)
-    mag = m ? NAN : INFINITY;
-  else if (e == 0)
-    mag = ldexpf((float)m, -24);
-  else
-    mag = ldexpf((float)(m | 1024), (int)e - 25);
-  return sign ? -mag : mag;
-}
-static uint16_t float_to_f16(float f) { /* round to nearest even; the data generator's only */
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-  if (isnan(f)) return sign | 0x7E00;
-  float a = fabsf(f);
-  if (a >= 65520.0f) return sign | 0x7C00;
-  if (a < 0x1p-14f) return sign | (uint16_t)lrintf(a * 0x1p24f); /* subnormal (lrint rounds to even) */
-  int e;
-  float m = frexpf(a, &e);         /* a = m·2^e, m in [0.5, 1) */
-  long mant = lrintf(m * 2048.0f); /* 11 bits with the implicit one */
-  if (mant == 2048) mant = 1024, e++;
-  return sign | (uint16_t)(((e + 14) << 10) | (mant - 1024));
-}
-static float bf16_to_float(uint16_t b) {
-  uint32_t x = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-static uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  if (isnan(f)) return (uint16_t)((x >> 16) | 0x40);
-  return (uint16_t)((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
-}
-
+/* f16 and bf16 through the tests' own conversions (tests/common/dtype.c, written apart from the library's). */
 static size_t esize(flashc_dtype t) { return flashc_dtype_size(t) ? flashc_dtype_size(t) : 4; }
 
 static double load(const unsigned char *p, flashc_dtype t) {
@@ -122,7 +86,7 @@ static double load(const unsigned char *p, flashc_dtype t) {
   case FLASHC_BF16: {
     uint16_t h;
     memcpy(&h, p, 2);
-    return t == FLASHC_F16 ? f16_to_float(h) : bf16_to_float(h);
+    return t == FLASHC_F16 ? th_f16_to_f32(h) : th_bf16_to_f32(h);
   }
   case FLASHC_F64: {
     double d;
@@ -137,8 +101,8 @@ static void store(unsigned char *p, flashc_dtype t, double x) {
   uint16_t h;
   switch (t) {
   case FLASHC_F32: memcpy(p, &f, 4); break;
-  case FLASHC_F16: h = float_to_f16(f), memcpy(p, &h, 2); break;
-  case FLASHC_BF16: h = float_to_bf16(f), memcpy(p, &h, 2); break;
+  case FLASHC_F16: h = th_f32_to_f16(f), memcpy(p, &h, 2); break;
+  case FLASHC_BF16: h = th_f32_to_bf16(f), memcpy(p, &h, 2); break;
   case FLASHC_F64: memcpy(p, &x, 8); break;
   default: memcpy(p, &f, 4); break;
   }

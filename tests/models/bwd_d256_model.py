@@ -31,7 +31,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_v2_model import Violation, check, groups_at_most, run, sync_both  # noqa: E402
+from bwd_v2_model import caught, check, clean, groups_at_most, run, sync_both, verdict  # noqa: E402
 from protocol_model import MBar  # noqa: E402
 
 MUTATIONS = {
@@ -253,34 +253,13 @@ def simulate(n_iter, seed, mutation=None):
 
 
 def main():
-    failures = runs = 0
-    for n_iter in list(range(0, 10)) + [13, 24]:
-        for seed in range(300):
-            runs += 1
-            try:
-                simulate(n_iter, seed)
-            except (Violation, AssertionError) as e:
-                failures += 1
-                if failures < 10:
-                    print(f"n_iter {n_iter} seed {seed}: {e}")
-    print(f"protocol: {runs - failures}/{runs} interleavings clean")
+    failures = clean({"D256": simulate}, list(range(0, 10)) + [13, 24])
     missed = 0
     for m, what in MUTATIONS.items():
-        caught = False
-        for n_iter in (2, 3, 5, 8):
-            for seed in range(300):
-                try:
-                    simulate(n_iter, seed, mutation=m)
-                except (Violation, AssertionError):
-                    caught = True
-                    break
-            if caught:
-                break
-        print(f"mutation {m:20s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
-        missed += not caught
-    ok = failures == 0 and missed == 0
-    print("OK" if ok else "FAILED")
-    return 0 if ok else 1
+        hit = caught(functools.partial(simulate, mutation=m))
+        print(f"mutation {m:20s} ({what}): {'caught' if hit else 'NOT CAUGHT'}")
+        missed += not hit
+    return verdict(failures, missed)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ The model also runs deliberately broken protocols (MUTATIONS) and fails if it do
     python3 tests/models/bwd_v2_model.py      (D = 128 and D = 64; 0..7, 13, 24 blocks; 300 seeds each; each
                                                mutation in every kernel it concerns)
 
-The machinery (run, step, check, groups_at_most, sync_both) is shared with bwd_d256_model.py.
+The machinery (run, step, check, groups_at_most, sync_both, and the runs of clean and broken protocols: clean,
+caught, verdict) is shared with bwd_d256_model.py.
 """
 import functools
 import os
@@ -60,6 +61,45 @@ def sync_both(bar, c):
 def check(cond, msg):
     if not cond:
         raise Violation(msg)
+
+
+SEEDS = 300  # random interleavings per block count
+
+
+def clean(kernels, n_iters):
+    """Every kernel's protocol, kernels {name: simulate(n_iter, seed)}, over SEEDS interleavings of each block count
+    of n_iters: prints the first failures and the count of clean runs, returns the number of failures."""
+    failures = runs = 0
+    for name, simulate_one in kernels.items():
+        for n_iter in n_iters:
+            for seed in range(SEEDS):
+                runs += 1
+                try:
+                    simulate_one(n_iter, seed)
+                except (Violation, AssertionError) as e:  # AssertionError: an mbarrier phase over-arrived
+                    failures += 1
+                    if failures < 10:
+                        print(f"{name} n_iter {n_iter} seed {seed}: {e}")
+    print(f"protocol: {runs - failures}/{runs} interleavings clean")
+    return failures
+
+
+def caught(simulate_one):
+    """Whether a broken protocol, simulate_one(n_iter, seed), fails in some interleaving of 2, 3, 5 or 8 blocks."""
+    for n_iter in (2, 3, 5, 8):
+        for seed in range(SEEDS):
+            try:
+                simulate_one(n_iter, seed)
+            except (Violation, AssertionError):
+                return True
+    return False
+
+
+def verdict(failures, missed):
+    """The last line and the exit status: clean runs and every mutation caught."""
+    ok = failures == 0 and missed == 0
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
 
 
 MUTATIONS = {
@@ -298,40 +338,22 @@ VERSIONS = {  # name: (stages, early_dv); FC_HPB_V2_STAGES = 2 at both head dims
 }
 
 
+def simulate_version(stages, early_dv, n_iter, seed, mutation=None):
+    return simulate(n_iter, stages, seed, mutation=mutation, early_dv=early_dv)
+
+
 def main():
-    failures = 0
-    runs = 0
-    for version, (stages, early_dv) in VERSIONS.items():
-        for n_iter in list(range(0, 8)) + [13, 24]:
-            for seed in range(300):
-                runs += 1
-                try:
-                    simulate(n_iter, stages, seed, early_dv=early_dv)
-                except Violation as e:
-                    failures += 1
-                    if failures < 10:
-                        print(f"{version} n_iter {n_iter} seed {seed}: {e}")
-    print(f"protocol: {runs - failures}/{runs} interleavings clean")
+    failures = clean({name: functools.partial(simulate_version, stages, early_dv)
+                      for name, (stages, early_dv) in VERSIONS.items()}, list(range(0, 8)) + [13, 24])
     missed = 0
     for m, what in MUTATIONS.items():
         # each mutation must be caught in every kernel it concerns (the D = 64 one only there), not in one of them
         kernels = [(n, v) for n, v in VERSIONS.items() if not m.startswith("late_dv") or not v[1]]
         for name, (stages, early_dv) in kernels:
-            caught = False
-            for n_iter in (2, 3, 5, 8):
-                for seed in range(300):
-                    try:
-                        simulate(n_iter, stages, seed, mutation=m, early_dv=early_dv)
-                    except (Violation, AssertionError):  # AssertionError: an mbarrier phase over-arrived
-                        caught = True
-                        break
-                if caught:
-                    break
-            print(f"mutation {m:18s} {name:8s} ({what}): {'caught' if caught else 'NOT CAUGHT'}")
-            missed += not caught
-    ok = failures == 0 and missed == 0
-    print("OK" if ok else "FAILED")
-    return 0 if ok else 1
+            hit = caught(functools.partial(simulate_version, stages, early_dv, mutation=m))
+            print(f"mutation {m:18s} {name:8s} ({what}): {'caught' if hit else 'NOT CAUGHT'}")
+            missed += not hit
+    return verdict(failures, missed)
 
 
 if __name__ == "__main__":

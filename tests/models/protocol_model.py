@@ -32,6 +32,7 @@ transaction count is 0; try_wait.parity(P) succeeds once the phase of parity P h
 current phase's parity differs from P (a fresh barrier is in phase 0, so parity 1 passes at once).
 Named barriers of the ping-pong are modelled too (bar.sync counts itself and waits; bar.arrive counts only).
 """
+import functools
 import random
 import sys
 
@@ -71,6 +72,42 @@ class NamedBar:
             self.arrived = 0
             self.generation += 1
 
+    def sync(self, n):
+        """bar.sync by n threads: arrive, then wait for the phase to complete."""
+        target = self.generation + 1
+        self.add(n)
+        while self.generation < target:
+            yield "blocked"
+
+
+def wait(bar, parity):
+    """mbarrier try_wait on `parity` until it passes."""
+    while not bar.passed(parity):
+        yield "blocked"
+
+
+class Smem:
+    """A CTA's shared-memory stages that TMA fills: bufs[kind][stage] holds the tile that landed there last, in_flight
+    the copies issued and not landed yet (bar, kind, stage, tile), readers the warps whose wgmma reads a stage."""
+
+    def __init__(self, stages, q_slots):
+        self.bufs = {"Q": [None] * q_slots, "K": [None] * stages, "V": [None] * stages}
+        self.readers = {(kind, s): set() for kind, b in self.bufs.items() for s in range(len(b))}
+        self.in_flight = []
+
+    def tma(self, bar, kind, stage, tile):
+        if self.readers[(kind, stage)]:
+            raise AssertionError(f"TMA overwrites {kind} stage {stage} while {self.readers[(kind, stage)]} read it")
+        self.in_flight.append((bar, kind, stage, tile))
+
+    def read(self, kind, s, tile, who):
+        found = self.bufs[kind][s]
+        assert found == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{found}"
+        self.readers[(kind, s)].add(who)
+
+    def done(self, kind, s, who):  # the wgmma.wait_group covering the read of this tile
+        self.readers[(kind, s)].discard(who)
+
 
 MUTATIONS = {
     "v_released_at_wait1": "the loop releases V_{n-1} after wait_group 1 (its P.V may still run)",
@@ -97,23 +134,12 @@ def simulate(n_blocks, stages, seed, mutation=None, own=None):
     empty_k = [MBar(4 * nc) for _ in range(stages)]
     empty_v = [MBar(4 * nc) for _ in range(stages)]
     turn = [NamedBar(256) for _ in range(nc)]  # one per consumer warpgroup; counted in warps of 32
-    buf_k, buf_v = [None] * stages, [None] * stages
-    readers = {("K", s): set() for s in range(stages)} | {("V", s): set() for s in range(stages)}
-    in_flight = []  # TMA copies: (bar, kind, stage, tile)
-    log = []
-
-    def tma(bar, kind, stage, tile):
-        if readers[(kind, stage)]:
-            raise AssertionError(f"TMA overwrites {kind} stage {stage} while {readers[(kind, stage)]} read it")
-        in_flight.append((bar, kind, stage, tile))
-
-    def wait(bar, parity):
-        while not bar.passed(parity):
-            yield "blocked"
+    smem = Smem(stages, 1)
+    tma, read, done = smem.tma, smem.read, smem.done
 
     def producer():
         q_full.arrive(expect_tx=1)
-        in_flight.append((q_full, "Q", 0, 0))
+        tma(q_full, "Q", 0, 0)
         for n in range(n_blocks + 1):
             if n < n_blocks:
                 s, u = n % stages, n // stages
@@ -129,14 +155,6 @@ def simulate(n_blocks, stages, seed, mutation=None, own=None):
                 tma(full_v[s], "V", s, n - 1)
             yield "step"
 
-    def read(kind, s, tile, who):
-        buf = buf_k if kind == "K" else buf_v
-        assert buf[s] == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{buf[s]}"
-        readers[(kind, s)].add(who)
-
-    def done(kind, s, who):  # the wgmma.wait_group covering the read of this tile
-        readers[(kind, s)].discard(who)
-
     def release(bar):
         bar.arrive()
 
@@ -145,11 +163,7 @@ def simulate(n_blocks, stages, seed, mutation=None, own=None):
         n_own = n_blocks if own is None else own[cw]
 
         def my_turn():
-            b = turn[cw]
-            target = b.generation + 1
-            b.add(32)
-            while b.generation < target:
-                yield "blocked"
+            yield from turn[cw].sync(32)
 
         def your_turn(last):
             skipper = 0 if mutation == "pingpong_wrong_skip" else nc - 1
@@ -210,32 +224,12 @@ def simulate(n_blocks, stages, seed, mutation=None, own=None):
                 yield from wait(full_v[sn], un & 1)
                 release(empty_v[sn])
 
+    def end_check():  # nothing left pending on the turn barriers
+        assert all(b.arrived == 0 for b in turn), \
+            f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
+
     actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
-    alive = list(range(len(actors)))
-    stuck = 0
-    while alive or in_flight:
-        if in_flight and (not alive or rng.random() < 0.3):
-            bar, kind, s, tile = in_flight.pop(rng.randrange(len(in_flight)))
-            if kind == "K":
-                buf_k[s] = tile
-            elif kind == "V":
-                buf_v[s] = tile
-            bar.complete_tx(1)
-            stuck = 0
-            continue
-        i = rng.choice(alive)
-        try:
-            r = next(actors[i])
-            stuck = stuck + 1 if r == "blocked" else 0
-        except StopIteration:
-            alive.remove(i)
-            stuck = 0
-        if stuck > 5000 and not in_flight:
-            raise AssertionError(f"deadlock: actors {alive} blocked forever")
-    # nothing left pending on the turn barriers
-    assert all(b.arrived == 0 for b in turn), \
-        f"named barrier arrivals left pending at exit: {[b.arrived for b in turn]}"
-    return log
+    run_ctas([(actors, smem, end_check)], rng)
 
 
 # ---- the persistent kernel (src/cuda/hopper/fwd_persistent.cuh): one CTA over several tiles ------------------------
@@ -282,7 +276,7 @@ class Order:
 
 
 def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
-    """One CTA of the persistent kernel (tile ring, dummy trips): (actors, in_flight, bufs, end_check). The producer
+    """One CTA of the persistent kernel (tile ring, dummy trips): (actors, smem, end_check). The producer
     walks the positions of `order` (static: the CTA's list; dynamic: claimed), publishes each tile with rows in the
     2-entry tile ring before its loads, then an end marker; every consumer warp takes each tile from the ring (the
     first at its start, the next after the last P.V and the dummy trips of the one before). Q_i in q_slots slots (2;
@@ -303,23 +297,13 @@ def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
     turn = [NamedBar(256) for _ in range(nc)]
     turn_order = []  # the consumer whose warp 0 passed a turn, in order
     walked = {}  # consumer warp -> the positions it walked
-    bufs = {"Q": [None] * q_slots, "K": [None] * stages, "V": [None] * stages}
-    readers = {(kind, s): set() for kind, b in bufs.items() for s in range(len(b))}
-    in_flight = []
+    smem = Smem(stages, q_slots)
+    tma, read, done = smem.tma, smem.read, smem.done
     per_tile = mutation == "p_counts_per_tile"
 
     def n_own(t, cw):
         own = order.own.get(t)
         return order.weights[t] if own is None else own[cw]
-
-    def tma(bar, kind, stage, tile):
-        if readers[(kind, stage)]:
-            raise AssertionError(f"TMA overwrites {kind} stage {stage} while {readers[(kind, stage)]} read it")
-        in_flight.append((bar, kind, stage, tile))
-
-    def wait(bar, parity):
-        while not bar.passed(parity):
-            yield "blocked"
 
     def publish(fill, pos):
         """The producer's tile `fill` (-1: the end marker) into the ring."""
@@ -385,23 +369,12 @@ def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
         if mutation != "d_no_sentinel":
             yield from publish(tfill, -1)
 
-    def read(kind, s, tile, who):
-        assert bufs[kind][s] == tile, f"{who} expected {kind}{tile} in stage {s}, found {kind}{bufs[kind][s]}"
-        readers[(kind, s)].add(who)
-
-    def done(kind, s, who):
-        readers[(kind, s)].discard(who)
-
     def consumer(cw, warp):
         who = (cta, cw, warp)
         walked[(cw, warp)] = []
 
         def my_turn():
-            b = turn[cw]
-            target = b.generation + 1
-            b.add(32)
-            while b.generation < target:
-                yield "blocked"
+            yield from turn[cw].sync(32)
             if warp == 0:
                 turn_order.append(cw)
 
@@ -516,20 +489,21 @@ def persistent_cta(order, cta, stages, mutation, nc, q_slots=Q_SLOTS):
         assert turn_order == want, f"CTA {cta}: turns taken in the order {turn_order}, not round robin {want}"
 
     actors = [producer()] + [consumer(cw, w) for cw in range(nc) for w in range(4)]
-    return actors, in_flight, bufs, end_check
+    return actors, smem, end_check
 
 
 def run_ctas(ctas, rng):
-    """Random interleaving of every CTA's producer and consumer warps, and of its copies' landing."""
+    """Random interleaving of every CTA's producer and consumer warps, and of its copies' landing; ctas: (actors,
+    smem, end_check) each, end_check() run once all is done."""
     actors = [(c, a) for c, cta in enumerate(ctas) for a in cta[0]]
     alive = list(range(len(actors)))
     stuck = 0
-    while alive or any(c[1] for c in ctas):
-        pending = [c for c in ctas if c[1]]
+    while alive or any(c[1].in_flight for c in ctas):
+        pending = [c[1] for c in ctas if c[1].in_flight]
         if pending and (not alive or rng.random() < 0.3):
-            _, in_flight, bufs, _ = rng.choice(pending)
-            bar, kind, s, tile = in_flight.pop(rng.randrange(len(in_flight)))
-            bufs[kind][s] = tile
+            smem = rng.choice(pending)
+            bar, kind, s, tile = smem.in_flight.pop(rng.randrange(len(smem.in_flight)))
+            smem.bufs[kind][s] = tile
             bar.complete_tx(1)
             stuck = 0
             continue
@@ -541,9 +515,10 @@ def run_ctas(ctas, rng):
             alive.remove(i)
             stuck = 0
         if stuck > 5000 and not pending:
-            raise AssertionError(f"deadlock: actors {[actors[i][0] for i in alive]} (CTA) blocked forever")
+            raise AssertionError(f"deadlock: actors {alive} (of CTAs {sorted({actors[i][0] for i in alive})}) "
+                                 "blocked forever")
     for c in ctas:
-        c[3]()
+        c[2]()
 
 
 def simulate_persistent(tiles, stages, seed, mutation=None, nc=2, own=None, q_slots=Q_SLOTS):
@@ -591,10 +566,22 @@ DYNAMIC_SHAPES = ((2, 2, 2), (3, 2, 3))
 ONE_SLOT_MUTATIONS = ("p_q_released_first", "p_q_not_waited")  # checked again in D = 256's shape alone
 
 
-def run_persistent(mutation=None, seeds=40, shapes=PERSISTENT_SHAPES):
+def first_failure(cases):
+    """Runs each (description, run) of `cases` until one fails: the failure's description and error (None when
+    every run passed), and the number of runs that passed."""
+    runs = 0
+    for what, one in cases:
+        try:
+            one()
+        except AssertionError as e:
+            return f"{what}: {e}", runs
+        runs += 1
+    return None, runs
+
+
+def persistent_cases(mutation=None, seeds=40, shapes=PERSISTENT_SHAPES):
     """Random tile lists (1..6 tiles of 0..6 key blocks, some with no rows, some with dummy trips) under random
     interleavings, in each shape of PERSISTENT_SHAPES."""
-    runs = 0
     for nc, q_slots, stages in shapes:
         for seed in range(seeds):
             rng = random.Random(1000 + seed)
@@ -609,19 +596,13 @@ def run_persistent(mutation=None, seeds=40, shapes=PERSISTENT_SHAPES):
             if mutation in DUMMY_MUTATIONS:  # a tile whose first warpgroup runs dummy trips, then another
                 own[len(tiles)] = (1,) + (5,) * (nc - 1)
                 tiles += [5, 3]
-            try:
-                simulate_persistent(tiles, stages, seed, mutation, nc, own, q_slots)
-            except AssertionError as e:
-                return (f"persistent nc={nc} q_slots={q_slots} stages={stages} tiles={tiles} own={own} "
-                        f"seed={seed}: {e}", runs)
-            runs += 1
-    return None, runs
+            yield (f"persistent nc={nc} q_slots={q_slots} stages={stages} tiles={tiles} own={own} seed={seed}",
+                   functools.partial(simulate_persistent, tiles, stages, seed, mutation, nc, own, q_slots))
 
 
-def run_dynamic(mutation=None, seeds=40):
+def dynamic_cases(mutation=None, seeds=40):
     """The dynamic order: 1..3 CTAs over 1..12 positions (at least one per CTA, as the host's grid = min(tiles,
     SMs)), random weights with tiles without rows, empty tiles and dummy trips, in each shape of DYNAMIC_SHAPES."""
-    runs = 0
     for nc, q_slots, stages in DYNAMIC_SHAPES:
         for seed in range(seeds):
             rng = random.Random(5000 + seed)
@@ -630,18 +611,12 @@ def run_dynamic(mutation=None, seeds=40):
             if mutation:
                 weights += [rng.choice([0, None, 2]) for _ in range(3)] + [3, 1, 2] * grid  # several tiles per CTA
             own = random_own(rng, weights, nc)
-            try:
-                simulate_dynamic(weights, grid, stages, seed, mutation, nc, own, q_slots)
-            except AssertionError as e:
-                return (f"dynamic nc={nc} q_slots={q_slots} stages={stages} grid={grid} weights={weights} "
-                        f"seed={seed}: {e}", runs)
-            runs += 1
-    return None, runs
+            yield (f"dynamic nc={nc} q_slots={q_slots} stages={stages} grid={grid} weights={weights} seed={seed}",
+                   functools.partial(simulate_dynamic, weights, grid, stages, seed, mutation, nc, own, q_slots))
 
 
-def run_all(mutation=None, seeds=60):
-    """None when every run passes, else the first failure's description."""
-    runs = 0
+def one_tile_cases(mutation=None, seeds=60):
+    """The one-tile kernel over 0..9 key blocks, about half the runs of 2+ blocks with dummy trips."""
     stages = 2  # the one-tile kernel's K/V stages at D = 128 and 256 (fc_hp_launch<T, D, 2>)
     for n_blocks in range(0, 10):
         for seed in range(seeds):
@@ -651,50 +626,30 @@ def run_all(mutation=None, seeds=60):
                 own = (rng.randint(1, n_blocks), rng.randint(1, n_blocks))
             if mutation in ONE_TILE_DUMMY_MUTATIONS and n_blocks >= 2:
                 own = (rng.randint(1, n_blocks - 1), n_blocks)
-            try:
-                simulate(n_blocks, stages, seed, mutation, own)
-            except AssertionError as e:
-                return f"one-tile stages={stages} n_blocks={n_blocks} own={own} seed={seed}: {e}", runs
-            runs += 1
-    return None, runs
+            yield (f"one-tile stages={stages} n_blocks={n_blocks} own={own} seed={seed}",
+                   functools.partial(simulate, n_blocks, stages, seed, mutation, own))
 
 
 def main():
     failures = 0
-    for mutation, what in MUTATIONS.items():  # the model must catch each of these
-        err, _ = run_all(mutation, seeds=20)
-        print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
+    one_slot = functools.partial(persistent_cases, shapes=D256_SHAPE)  # caught with one Q slot too (D = 256)
+    broken = ([(m, "", one_tile_cases) for m in MUTATIONS] + [(m, "", persistent_cases) for m in PERSISTENT_MUTATIONS]
+              + [(m, " (one Q slot)", one_slot) for m in ONE_SLOT_MUTATIONS]
+              + [(m, "", dynamic_cases) for m in DYNAMIC_MUTATIONS])
+    for mutation, note, cases in broken:  # the model must catch each of these
+        err, _ = first_failure(cases(mutation, seeds=20))
+        print(f"mutation {mutation}{note}: {'caught: ' + err if err else 'NOT CAUGHT'}")
         failures += err is None
-    for mutation, what in PERSISTENT_MUTATIONS.items():
-        err, _ = run_persistent(mutation, seeds=20)
-        print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
-        failures += err is None
-    for mutation in ONE_SLOT_MUTATIONS:  # caught with one Q slot too (D = 256)
-        err, _ = run_persistent(mutation, seeds=20, shapes=D256_SHAPE)
-        print(f"mutation {mutation} (one Q slot): {'caught: ' + err if err else 'NOT CAUGHT'}")
-        failures += err is None
-    for mutation, what in DYNAMIC_MUTATIONS.items():
-        err, _ = run_dynamic(mutation, seeds=20)
-        print(f"mutation {mutation}: {'caught: ' + err if err else 'NOT CAUGHT'}")
-        failures += err is None
-    err, runs = run_all()
-    if err:
-        print("FAIL", err)
-        failures += 1
-    err_p, runs_p = run_persistent(seeds=300)
-    if err_p:
-        print("FAIL", err_p)
-        failures += 1
-    err_d, runs_d = run_dynamic(seeds=150)
-    if err_d:
-        print("FAIL", err_d)
-        failures += 1
-    runs_p += runs_d
-    print(f"{runs + runs_p} passed, {failures} failed (protocol model: the one-tile ping-pong kernel, 2 stages, "
+    runs = 0
+    for cases, seeds in ((one_tile_cases, 60), (persistent_cases, 300), (dynamic_cases, 150)):
+        err, passed = first_failure(cases(seeds=seeds))
+        runs += passed
+        if err:
+            print("FAIL", err)
+            failures += 1
+    print(f"{runs} passed, {failures} failed (protocol model: the one-tile ping-pong kernel, 2 stages, "
           f"0..9 key blocks; the persistent kernel at D = 64, 128, 256 (PERSISTENT_SHAPES) over random tile lists, "
-          f"static and dynamic orders; "
-          f"{len(MUTATIONS) + len(PERSISTENT_MUTATIONS) + len(ONE_SLOT_MUTATIONS) + len(DYNAMIC_MUTATIONS)} "
-          f"broken protocols must be caught)")
+          f"static and dynamic orders; {len(broken)} broken protocols must be caught)")
     sys.exit(1 if failures else 0)
 
 

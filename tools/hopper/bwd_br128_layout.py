@@ -21,7 +21,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from layout_common import check, fails, swz, threads  # noqa: E402
+from layout_common import check, fails, query_blocks, swz, threads, visible, whole_but_masked  # noqa: E402
 
 ROW, BC, DQ_TILE = 128, 128, 64
 # ---- 1. shared memory ---------------------------------------------------------------------------------------
@@ -187,17 +187,6 @@ check("dQ tile: column pairs (8x + 2t, + 1) adjacent in the sum (st.shared.v2)",
 
 
 # ---- 6. query-block ranges and the whole-block test -------------------------------------------------------------
-def visible(i, j, shift, wl, wr):  # fc_hpb_visible
-    return (wl < 0 or j >= i + shift - wl) and (wr < 0 or j <= i + shift + wr)
-
-
-def query_blocks(k0, sq, sk, shift, wl, wr, br):  # fc_hpb_query_blocks<BR>
-    i_lo = 0 if wr < 0 else k0 - shift - wr
-    i_hi = sq if wl < 0 else min(k0 + BC, sk) - 1 - shift + wl + 1
-    i_lo, i_hi = max(i_lo, 0), min(i_hi, sq)
-    i_begin = i_lo // br  # i_lo >= 0: C division
-    n_i = (i_hi + br - 1) // br - i_begin if i_lo < i_hi else 0
-    return i_begin, n_i
 
 
 rng = random.Random(1)
@@ -210,20 +199,14 @@ for _ in range(400):
     for br in (64, 128):
         pad = (sq + 127) // 128 * 128
         for k0 in range(0, sk, BC):
-            ib, n = query_blocks(k0, sq, sk, shift, wl, wr, br)
+            ib, n = query_blocks(k0, sq, sk, shift, wl, wr, br, BC)
             if n and (ib + n) * br > pad:
                 bad_pad += 1  # a block past the sequence's padded rows
             for i in range(sq):
                 for j in range(k0, min(k0 + BC, sk)):
                     if visible(i, j, shift, wl, wr) and not ib <= i // br < ib + n:
                         bad_cover += 1
-            for blk in range(ib, ib + n):
-                q0 = blk * br
-                whole = k0 + BC <= sk and (wr < 0 or k0 + BC - 1 <= q0 + shift + wr) and \
-                    (wl < 0 or k0 >= q0 + br - 1 + shift - wl)
-                if whole and not all(visible(i, j, shift, wl, wr) for i in range(q0, q0 + br)
-                                     for j in range(k0, k0 + BC)):
-                    bad_whole += 1
+            bad_whole += sum(whole_but_masked(blk * br, br, k0, BC, sk, shift, wl, wr) for blk in range(ib, ib + n))
 check("query blocks: every visible (query, key) pair lies in a block the key block walks", bad_cover == 0,
       f"{bad_cover} pairs missed")
 check("query blocks: no block past the padded rows (FC_BWD_ROWS_PAD = 128)", bad_pad == 0)

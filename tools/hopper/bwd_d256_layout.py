@@ -25,7 +25,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from layout_common import check, fails, swz, threads  # noqa: E402
+from layout_common import check, fails, query_blocks, swz, threads, visible, whole_but_masked  # noqa: E402
 
 ROW, D, BR, BC, QS, DQ_TILE, W = 128, 256, 64, 64, 32, 64, 64
 HALF = 64 * ROW
@@ -106,17 +106,13 @@ for buf in range(2):
     # WHOLE: warpgroup 0 stores all 64 queries (N = 64, c = 0: chunk x of 8); warpgroup 1's thread (warp, g, t)
     # reads back, at fc_hpb256_ds_whole's address, the pair of its own dPᵀ accumulators 4x + 2rh, + 1
     whole_w, bad = {}, 0
-    for cw, warp, g, t in threads():
-        if cw != 0:
-            continue
+    for _, warp, g, t in threads(0):
         for x in range(8):
             for rh in range(2):
                 r = 16 * warp + g + 8 * rh
                 for e in range(2):
                     whole_w[(r, 8 * x + 2 * t + e)] = sP + r * ROW + (((8 * 0 + x) ^ g) << 4) + 4 * t + 2 * e
-    for cw, warp, g, t in threads():
-        if cw != 1:
-            continue
+    for _, warp, g, t in threads(1):
         for x in range(8):
             for rh in range(2):
                 r = 16 * warp + g + 8 * rh
@@ -220,18 +216,6 @@ check("epilogue: dK tiles of both warpgroups and their dV tiles inside the Q rin
 
 
 # ---- 6. query-block range and the whole-block test -------------------------------------------------------------
-def visible(i, j, shift, wl, wr):  # fc_hpb_visible
-    return (wl < 0 or j >= i + shift - wl) and (wr < 0 or j <= i + shift + wr)
-
-
-def query_blocks(k0, sq, sk, shift, wl, wr):  # fc_hpb_query_blocks<64, 64>
-    i_lo = 0 if wr < 0 else k0 - shift - wr
-    i_hi = sq if wl < 0 else min(k0 + BC, sk) - 1 - shift + wl + 1
-    i_lo, i_hi = max(i_lo, 0), min(i_hi, sq)
-    begin = i_lo // BR
-    return begin, ((i_hi + BR - 1) // BR - begin if i_lo < i_hi else 0)
-
-
 random.seed(1)
 bad_range = bad_whole = 0
 for _ in range(1500):
@@ -240,23 +224,14 @@ for _ in range(1500):
     wr = random.choice([-1, 0, 7, 100])
     shift = random.choice([0, sk - sq]) + random.choice([0, 0, -30, 50])
     for k0 in range(0, sk, BC):
-        begin, n = query_blocks(k0, sq, sk, shift, wl, wr)
+        begin, n = query_blocks(k0, sq, sk, shift, wl, wr, BR, BC)
         seen = {i // BR for i in range(sq) for j in range(k0, min(k0 + BC, sk)) if visible(i, j, shift, wl, wr)}
         if not seen <= set(range(begin, begin + n)) or (seen and (min(seen) != begin or max(seen) != begin + n - 1)):
             bad_range += 1
         for ib in range(begin, begin + n):
-            q0 = ib * BR  # WHOLE: keys k0 .. k0 + 63 × all 64 queries of the block
-            whole = k0 + BC <= sk and (wr < 0 or k0 + BC - 1 <= q0 + shift + wr) and \
-                (wl < 0 or k0 >= q0 + BR - 1 + shift - wl)
-            if whole and not all(visible(i, j, shift, wl, wr) for i in range(q0, q0 + BR) for j in range(k0, k0 + BC)):
-                bad_whole += 1
-            for cw in range(2):
-                qs = ib * BR + QS * cw
-                whole = k0 + BC <= sk and (wr < 0 or k0 + BC - 1 <= qs + shift + wr) and \
-                    (wl < 0 or k0 >= qs + QS - 1 + shift - wl)
-                if whole and not all(visible(i, j, shift, wl, wr) for i in range(qs, qs + QS)
-                                     for j in range(k0, k0 + BC)):
-                    bad_whole += 1
+            # WHOLE: keys k0 .. k0 + 63 × all 64 queries of the block; then each warpgroup's 32 queries
+            bad_whole += whole_but_masked(ib * BR, BR, k0, BC, sk, shift, wl, wr)
+            bad_whole += sum(whole_but_masked(ib * BR + QS * cw, QS, k0, BC, sk, shift, wl, wr) for cw in range(2))
 check("fc_hpb_query_blocks<64, 64>: exactly the query blocks that see a key of the block", bad_range == 0,
       f"{bad_range} key blocks wrong")
 check("whole-block test: never true when some pair is masked", bad_whole == 0, f"{bad_whole} blocks wrong")

@@ -15,26 +15,19 @@ bench/compare.py pass) or as head-major memory passed as [b, s, h, d] views (--l
 cases give each CTA of the persistent grid several tiles (Br = 128 and, at d <= 64, Br = 192), among them tiles with
 no visible key and tiles past their sequence, with the TMA store of o and without.
 """
-import argparse
-import math
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for gpucheck
-from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
-                      visible)
+from gpucheck import (Flashc, Results, arg_parser, check_forward, inputs, make, peer_ms, run,  # noqa: E402
+                      sdpa_forward_ms, timeit)
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--lib", default="build-gpu/libflashc.so")
-ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+ap = arg_parser("build-gpu/libflashc.so", "a few shapes only (smoke test)")
 ap.add_argument("--tiny", action="store_true", help="two small shapes, causal only (racecheck, which is slow)")
 ap.add_argument("--many-tiles", action="store_true", help="only short cases with several tiles per CTA of the "
                 "persistent grid, bf16: compute-sanitizer (racecheck too) on the tile ring and the split rounds")
-ap.add_argument("--no-check", action="store_true")
-ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--bench-d", default="64,128,256", help="head dims timed (default 64,128,256)")
 ap.add_argument("--layout", choices=("bshd", "bhsd"), default="bshd",
                 help="memory of q, k, v, o in the timings: bshd = contiguous [b, s, h, d] tensors (default: what "
@@ -59,24 +52,10 @@ def check(dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1, layout=
     case = (f"{str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
             f"w({wl},{wr}) {layout}" + (f" o:{o_layout}" if o_layout != "bshd" else "") +
             (f" varlen{len(varlen[0])}" if varlen else ""))
-    if varlen:
-        cu_q, cu_k, seqs = cu_seqlens(varlen)
-        q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
-        p, keep = fc.params(causal, align, wl, wr, cu=(cu_q, cu_k))
-    else:
-        q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
-        seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
-        p, keep = fc.params(causal, align, wl, wr)
-    check_run(case, dtype, b, sq, hq, d, causal, align, wl, wr, want_lse, varlen, expect, q, k, v, seqs, p, o_layout)
-    del keep
-
-
-def check_run(case, dtype, b, sq, hq, d, causal, align, wl, wr, want_lse, varlen, expect, q, k, v, seqs, p, o_layout):
-    tag = case
-    refs = {}  # (bb, qs) -> o_ref, lse_ref, err_plain
-    o = make(q.shape[0], q.shape[1], q.shape[2], q.shape[3], dtype, o_layout).fill_(float("nan"))
-    rows = q.shape[0] * q.shape[1]
-    lse = torch.full((hq * rows,), float("nan"), device="cuda") if want_lse else None
+    q, k, v, seqs, cu = inputs(dtype, b, sq, sk, hq, hkv, d, layout, varlen)
+    p, keep = fc.params(causal, align, wl, wr, cu=cu)
+    o = make(*q.shape, dtype, o_layout, fill=float("nan"))
+    lse = torch.full((hq * q.shape[0] * q.shape[1],), float("nan"), device="cuda") if want_lse else None
     st = forward("cuda-hopper", p, q, k, v, o, lse)
     torch.cuda.synchronize()
     if expect != OK:
@@ -84,50 +63,13 @@ def check_run(case, dtype, b, sq, hq, d, causal, align, wl, wr, want_lse, varlen
         o2 = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
         st2 = forward("auto", p, q, k, v, o2, None)
         fell_back = fc.last_backend("auto")
-        record(tag + " (must refuse)", st == expect and st2 == OK and fell_back != "cuda-hopper",
+        record(case + " (must refuse)", st == expect and st2 == OK and fell_back != "cuda-hopper",
                f"status {st} ({msg}); auto ran {fell_back!r} with status {st2}")
-        return
-    if st != OK:
-        record(tag, False, f"status {st}: {fc.last_error()}")
-        return
-    scale = 1.0 / math.sqrt(d)
-    err = err_plain = err_lse = 0.0
-    bad = []
-    for bb, qs, ql, ks, kl in seqs:
-        if ql == 0:
-            continue
-        ox = o[bb:bb + 1, qs:qs + ql].double()
-        lx = ((lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse
-              else None)
-        if kl == 0:  # no key at all: output 0, lse -inf
-            if torch.isnan(ox).any() or ox.abs().max() != 0:
-                bad.append("rows with no key are not 0")
-            if want_lse and not bool((torch.isinf(lx) & (lx < 0)).all()):
-                bad.append("rows with no key: lse is not -inf")
-            continue
-        if (bb, qs) not in refs:
-            vis = visible(ql, kl, causal, align, wl, wr)
-            args_ = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], scale, vis)
-            o_ref, lse_ref = (x[None].double() for x in reference(*args_))  # [1, sq, hq, d], [1, hq, sq]
-            o_plain = reference(*args_, low=dtype)[0][None].double()
-            refs[(bb, qs)] = (o_ref, lse_ref, (o_plain - o_ref).abs().max().item())
-            del o_plain
-        o_ref, lse_ref, e_plain = refs[(bb, qs)]
-        if torch.isnan(ox).any():
-            bad.append("NaN in o")
-        err = max(err, (ox - o_ref).abs().max().item())
-        err_plain = max(err_plain, e_plain)
-        if want_lse:
-            if torch.isnan(lx).any():
-                bad.append("NaN in lse")
-            inf_ref = torch.isinf(lse_ref)
-            if not torch.equal(torch.isinf(lx) & (lx < 0), inf_ref):
-                bad.append("lse -inf pattern differs")
-            if (~inf_ref).any():
-                err_lse = max(err_lse, (lx.double()[~inf_ref] - lse_ref[~inf_ref]).abs().max().item())
-    tol = 2 * err_plain + 1e-4
-    ok = not bad and err <= tol and err_lse <= 2e-3
-    record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
+    elif st != OK:
+        record(case, False, f"status {st}: {fc.last_error()}")
+    else:
+        check_forward(record, case, dtype, q, k, v, o, lse, seqs, (causal, align, wl, wr), varlen)
+    del keep
 
 
 def sanitizer_tiles(dtype):
@@ -262,9 +204,4 @@ def bench():
                 del q, k, v, qv, kv, vv, o
 
 
-t0 = time.time()
-if not args.no_check:
-    correctness()
-if not args.no_bench:
-    bench()
-res.summary(t0, shown=20)
+run(args, res, correctness, bench, shown=20)

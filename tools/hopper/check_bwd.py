@@ -7,7 +7,7 @@ tools/hopper/gpu.sh (steps bwd-smoke, bwd, bwd-sanitize, bwd-bench), or:
 
 The library has one kernel per case (src/cuda/hopper/bwd.cu's fc_hpb_plan): at d <= 64 and d <= 128 the second
 dK/dV kernel (src/cuda/hopper/bwd_kernel.cuh), past 128 the head-dim-256 kernel (src/cuda/hopper/bwd_d256.cuh), in
-deterministic mode at d <= 128 the first kernel (fc_hopper_bwd_kernel) with its dQ turns. --dims picks the head
+deterministic mode at d <= 128 the first kernel (fc_hopper_bwd_det_kernel) with its dQ turns. --dims picks the head
 dims of the correctness cases (each runs its own tile: 64, 128 or 256); the timings time cuda-hopper (the median of
 --rounds) beside cuda-mma, SDPA flash and cudnn at --bench-d. A/B comparisons of two builds: tools/hopper/ab.sh.
 
@@ -20,24 +20,18 @@ and sums in fp32, D from the 16-bit o), + 1e-4. dq, dk, dv are poisoned with NaN
 come from cuda-hopper's forward (verified). Keys no query sees must get dk = dv = 0 and queries that see no key
 dq = 0 (the reference says so, the NaN poison catches rows never written).
 """
-import argparse
 import math
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for gpucheck
-from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_backward_ms, timeit,  # noqa: E402
-                      visible)
+from gpucheck import (Flashc, Results, arg_parser, inputs, make, peer_ms, reference, run,  # noqa: E402
+                      sdpa_backward_ms, timeit, visible)
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--lib", default="build-gpu/libflashc.so")
-ap.add_argument("--quick", action="store_true", help="a few shapes only (smoke test, about a minute)")
+ap = arg_parser("build-gpu/libflashc.so", "a few shapes only (smoke test, about a minute)")
 ap.add_argument("--tiny", action="store_true", help="two small shapes (racecheck, which is slow)")
-ap.add_argument("--no-check", action="store_true")
-ap.add_argument("--no-bench", action="store_true")
 ap.add_argument("--dims", default="64,128,256", help="correctness: the head dims of the shape and mask grid")
 ap.add_argument("--rounds", type=int, default=1, help="timings: rounds of cuda-hopper per shape (median)")
 ap.add_argument("--no-peers", action="store_true", help="timings: cuda-hopper only (no cuda-mma, flash, cudnn)")
@@ -86,14 +80,7 @@ def nan_like(x, layout=None):
 
 def problem(dtype, b, sq, sk, hq, hkv, d, causal, align, wl, wr, layout, varlen):
     """Inputs, o and lse (cuda-hopper's forward) and the per-sequence slices."""
-    if varlen:
-        cu_q, cu_k, seqs = cu_seqlens(varlen)
-        q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
-        cu = (cu_q, cu_k)
-    else:
-        q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
-        seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
-        cu = None
+    q, k, v, seqs, cu = inputs(dtype, b, sq, sk, hq, hkv, d, layout, varlen)
     dout = make(q.shape[0], q.shape[1], hq, d, dtype, layout)
     o = torch.empty_like(q)
     lse = torch.empty(hq * q.shape[0] * q.shape[1], device="cuda")
@@ -295,9 +282,4 @@ def bench():
                 del q, k, v, do, o, g
 
 
-t0 = time.time()
-if not args.no_check:
-    correctness()
-if not args.no_bench:
-    bench()
-res.summary(t0, shown=20)
+run(args, res, correctness, bench, shown=20)

@@ -14,8 +14,6 @@ choice, 1 none, n > 1 at most n parts), so that a failure names the count.
 The timings are medians of CUDA-event times after warm-up, L2 flushed before each call; the table printed last
 gives cuda-mma's TFLOP/s over SDPA flash's in the same run (the bar: >= 1.1 at seqlen >= 1k).
 """
-import argparse
-import math
 import os
 import sys
 import time
@@ -23,14 +21,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for gpucheck
-from gpucheck import (Flashc, Results, cu_seqlens, make, peer_ms, reference, sdpa_forward_ms, timeit,  # noqa: E402
-                      visible)
+from gpucheck import (Flashc, Results, arg_parser, check_forward, inputs, make, peer_ms, run,  # noqa: E402
+                      sdpa_forward_ms, timeit)
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--lib", default="build-mmafwd-gpu/libflashc.so")
-ap.add_argument("--quick", action="store_true", help="fewer shapes and seqlens (smoke test)")
-ap.add_argument("--no-check", action="store_true")
-ap.add_argument("--no-bench", action="store_true")
+ap = arg_parser("build-mmafwd-gpu/libflashc.so", "fewer shapes and seqlens (smoke test)")
 ap.add_argument("--splits", default="0,1,3,64", help="num_splits of the correctness cases (0: the plan's choice)")
 ap.add_argument("--dtypes", default="bf16,fp16")
 ap.add_argument("--dims", default="64,128,256", help="head dims of the timings")
@@ -56,58 +50,18 @@ def check(splits, dtype, b, sq, sk, hq, hkv, d, causal=0, align=0, wl=-1, wr=-1,
           varlen=None):
     tag = (f"splits {splits:<3d} {str(dtype)[6:]:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d} causal{causal} align{align} "
            f"w({wl},{wr}) {layout}" + (f" varlen{varlen}" if varlen else ""))
-    if varlen:
-        cu_q, cu_k, seqs = cu_seqlens(varlen)
-        q, k, v = (make(1, n, h, d, dtype, layout) for n, h in ((cu_q[-1], hq), (cu_k[-1], hkv), (cu_k[-1], hkv)))
-        p, keep = fc.params(causal, align, wl, wr, cu=(cu_q, cu_k))
-    else:
-        q, k, v = (make(b, n, h, d, dtype, layout) for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
-        seqs = [(bb, 0, sq, 0, sk) for bb in range(b)]
-        p, keep = fc.params(causal, align, wl, wr)
+    q, k, v, seqs, cu = inputs(dtype, b, sq, sk, hq, hkv, d, layout, varlen)
+    p, keep = fc.params(causal, align, wl, wr, cu=cu)
     p.num_splits = splits
     o = torch.full(q.shape, float("nan"), device="cuda", dtype=dtype)
-    rows = q.shape[0] * q.shape[1]
-    lse = torch.full((hq * rows,), float("nan"), device="cuda") if want_lse else None
+    lse = torch.full((hq * q.shape[0] * q.shape[1],), float("nan"), device="cuda") if want_lse else None
     st = forward(p, q, k, v, o, lse)
     torch.cuda.synchronize()
     if st != OK:
         record(tag, False, f"status {st}: {fc.last_error()}")
-        return
-    scale = 1.0 / math.sqrt(d)
-    err = err_plain = err_lse = 0.0
-    bad = []
-    for bb, qs, ql, ks, kl in seqs:
-        if ql == 0:
-            continue
-        ox = o[bb:bb + 1, qs:qs + ql].double()
-        lx = ((lse.view(hq, rows)[:, qs:qs + ql][None] if varlen else lse.view(b, hq, sq)[bb:bb + 1]) if want_lse
-              else None)
-        if kl == 0:  # no key at all: output 0, lse -inf
-            if torch.isnan(ox).any() or ox.abs().max() != 0:
-                bad.append("rows with no key are not 0")
-            if want_lse and not bool((torch.isinf(lx) & (lx < 0)).all()):
-                bad.append("rows with no key: lse is not -inf")
-            continue
-        vis = visible(ql, kl, causal, align, wl, wr)
-        args_ = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], scale, vis)
-        o_ref, lse_ref = (x[None].double() for x in reference(*args_))  # [1, sq, hq, d], [1, hq, sq]
-        o_plain = reference(*args_, low=dtype)[0][None].double()
-        if torch.isnan(ox).any():
-            bad.append("NaN in o")
-        err = max(err, (ox - o_ref).abs().max().item())
-        err_plain = max(err_plain, (o_plain - o_ref).abs().max().item())
-        if want_lse:
-            if torch.isnan(lx).any():
-                bad.append("NaN in lse")
-            inf_ref = torch.isinf(lse_ref)
-            if not torch.equal(torch.isinf(lx) & (lx < 0), inf_ref):
-                bad.append("lse -inf pattern differs")
-            if (~inf_ref).any():
-                err_lse = max(err_lse, (lx.double()[~inf_ref] - lse_ref[~inf_ref]).abs().max().item())
+    else:
+        check_forward(record, tag, dtype, q, k, v, o, lse, seqs, (causal, align, wl, wr), varlen)
     del keep
-    tol = 2 * err_plain + 1e-4
-    ok = not bad and err <= tol and err_lse <= 2e-3
-    record(tag, ok, f"err {err:.2e} (plain {err_plain:.2e}, tol {tol:.2e}) lse {err_lse:.1e} {' '.join(bad)}")
 
 
 def correctness():
@@ -218,9 +172,4 @@ def bench():
             print(f"{d:4d} {causal:2d} " + " ".join(f"{worst[c]:8.2f}" for c in configs) + f"  {best}")
 
 
-t0 = time.time()
-if not args.no_check:
-    correctness()
-if not args.no_bench:
-    bench()
-res.summary(t0, shown=30)
+run(args, res, correctness, bench, shown=30)
