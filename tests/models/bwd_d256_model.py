@@ -1,5 +1,5 @@
 """A model of the protocol of cuda-hopper's head-dim-256 backward kernel (src/cuda/hopper/bwd_d256.cuh: WHOLE with
-EDV, the one D = 256 kernel), run under random interleavings with bwd_v2_model.py's machinery. The orders before it
+EDV, the one D = 256 kernel), run under random interleavings with bwd_kernel_model.py's machinery. The orders before it
 (the split products with the next block's Sᵀ issued early, without that, WHOLE without EDV) were deleted in commit
 9993c62 (their code is at d79fa1c) and are no longer modelled. Agents: the producer thread (Q_i, lse2_i into a
 ring of 2 stages; dO_i, D_i into one buffer), the two consumer warpgroups (each one agent: its 128 threads pass every
@@ -31,7 +31,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_v2_model import caught, check, clean, groups_at_most, run, sync_both, verdict  # noqa: E402
+from bwd_kernel_model import caught, check, clean, groups_at_most, run, sync_both, verdict  # noqa: E402
 from protocol_model import MBar  # noqa: E402
 
 MUTATIONS = {

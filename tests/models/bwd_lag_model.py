@@ -1,6 +1,6 @@
 """A model of the pairwise barriers of cuda-hopper's backward at D = 64 and 128 with each block's dQ issued one block
-later (LAG: src/cuda/hopper/bwd_kernel.cuh, fc_hopper_bwd_v2_kernel; docs/hopper.md, "The D = 128 kernel (LAG + BIAS)"),
-run under random interleavings of the two consumer warpgroups (bwd_v2_model.py runs the same barriers within the
+later (LAG: src/cuda/hopper/bwd_kernel.cuh, fc_hopper_bwd_kernel; docs/hopper.md, "The D = 128 kernel (LAG + BIAS)"),
+run under random interleavings of the two consumer warpgroups (bwd_kernel_model.py runs the same barriers within the
 kernel's whole protocol).
 
 Each warpgroup is one agent (its 128 threads pass every step together). Per block i of n:

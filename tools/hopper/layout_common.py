@@ -1,5 +1,5 @@
 """What the host-side layout checks of the cuda-hopper backward kernels share (bwd_br128_layout.py,
-bwd_d256_layout.py, bwd_v2_stmatrix_layout.py): the check recorder, the 128-byte swizzle, the consumer
+bwd_d256_layout.py, bwd_stmatrix_layout.py): the check recorder, the 128-byte swizzle, the consumer
 threads' coordinates, and the kernels' mask arithmetic (the query blocks a key block walks, the whole-block test)."""
 fails = []  # names of the failed checks, in order
 

@@ -8,7 +8,7 @@ development tool, the backward's counterpart of trace.py):
     python3 tools/hopper/trace_bwd.py --load PREFIX-128-2048-0.npz ...   (no GPU: a --dump's records again)
 
 A library whose hopper/bwd.cu is built with -DFC_HP_TRACE=1 has thread 0 of each consumer warpgroup write the SM's
-clock at ten marks of every block of fc_hpb_v2_block (src/cuda/hopper/bwd_kernel.cuh, MARK(k)) and the
+clock at ten marks of every block of fc_hpb_lag_block (src/cuda/hopper/bwd_kernel.cuh, MARK(k)) and the
 producer's thread two per fill (fc_hpb_produce), for the first 132 CTAs (the first wave of the single-tile kernel:
 one per SM). Marks:
   1 block entry   2 Sᵀ ready      3 Pᵀ done        4 dPᵀ ready (D = 128: dV issued before)

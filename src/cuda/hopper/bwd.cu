@@ -21,11 +21,11 @@
  *        dK_j = scale·dK_j, dV_j at the end: through the free Q/dO ring, stored as 16-byte chunks (fc_hpb_store_dkdv);
  *   3. convert (common/bwd_rows.cuh): dQ = scale·(the fp32 sum) → 16 bits.
  * The dK/dV kernels (fc_hpb_plan chooses; docs/hopper.md, "The backward"):
- *   fc_hopper_bwd_v2_kernel (hopper/bwd_kernel.cuh), D = 64 and 128: each warpgroup's wgmma groups ordered so that its
+ *   fc_hopper_bwd_kernel (hopper/bwd_kernel.cuh), D = 64 and 128: each warpgroup's wgmma groups ordered so that its
  *     CUDA-core work runs beside its own tensor work (FlashAttention-3's order), each block's dQ issued a block later
  *     (LAG: pairwise barriers of the two warpgroups instead of one of both per block), the dQ product into a
  *     shared-memory tile and one bulk reduce-add per tile into a blocked fp32 sum;
- *   fc_hopper_bwd_kernel (here), deterministic mode (bit-identical gradients run to run), D = 64 and 128: every
+ *   fc_hopper_bwd_det_kernel (here), deterministic mode (bit-identical gradients run to run), D = 64 and 128: every
  *     wgmma group waited for as soon as it is issued; dQ split by columns, added with red.global.add in a fixed
  *     order, key block by key block, warpgroup 0 then 1, through a ticket per (query head, query block) in global
  *     memory (fc_flag_wait); dK, dV are sums in registers in a fixed order anyway;
@@ -33,7 +33,7 @@
  *     consumer warpgroup each, dK/dV/dQ split by head-dim columns, Pᵀ and dSᵀ through shared memory, with the same
  *     prep, blocked dQ sum (w = 64) and convert.
  *
- * Shared memory of fc_hopper_bwd_kernel (tiles in 64-column halves of 128-byte rows, 128-byte swizzle, 1024-byte
+ * Shared memory of fc_hopper_bwd_det_kernel (tiles in 64-column halves of 128-byte rows, 128-byte swizzle, 1024-byte
  * aligned):
  *   sK, sV [D/64][Bc][64]                    K_j, V_j (A of Sᵀ, dPᵀ; K_j also B of dQ, MN-major)
  *   sQ, sdO [STAGES][D/64][Br][64]           Q_i, dO_i ring (B of Sᵀ, dPᵀ K-major; B of dK, dV MN-major)
@@ -85,9 +85,9 @@ enum {
   FC_HPB_BAR_DS_ALL = 3, /* named barrier 3: both consumer warpgroups (dQ: each reads the other's rows) */
   /* The lagged version (hopper/bwd_kernel.cuh, LAG): pairwise barriers of the two consumer warpgroups, 128 arrivals
    * (bar.arrive, warpgroup c) + 128 (bar.sync, the other) each */
-  FC_HPB_BAR_READY = 4, /* 4 + 2c + b: warpgroup c's dSᵀ rows are in sdS buffer b */
-  FC_HPB_BAR_FREE = 8,  /* 8 + 2c + b: warpgroup c's dQ wgmmas have read sdS buffer b */
-  FC_HPB_V2_STAGES = 2, /* Q/dO stages of the lagged version (a third does not fit its shared memory) */
+  FC_HPB_BAR_READY = 4,  /* 4 + 2c + b: warpgroup c's dSᵀ rows are in sdS buffer b */
+  FC_HPB_BAR_FREE = 8,   /* 8 + 2c + b: warpgroup c's dQ wgmmas have read sdS buffer b */
+  FC_HPB_LAG_STAGES = 2, /* Q/dO stages of the lagged version (a third does not fit its shared memory) */
 };
 
 typedef struct fc_hopper_bwd_args {
@@ -278,7 +278,7 @@ static __device__ __forceinline__ bool fc_hpb_visible(int64_t i, int64_t j, int6
  * q0 + 8x + 2t + (e & 1); lse2_i at sL. MASKED: queries and keys past the sequence and pairs outside the mask are
  * zeroed (a query row past the sequence has lse2 = +inf, but its Sᵀ may be NaN: zero rows, or the next sequence's,
  * times a key with an infinite component). WITH_DS: dSᵀ = Pᵀ∘(dPᵀ − D_i) in the same pass (D_i at sD), when dPᵀ is
- * ready already (fc_hopper_bwd_kernel). l2_pre: lse2_i loaded already (fc_hpb_ld_rows), else loaded here. POLY: of
+ * ready already (fc_hopper_bwd_det_kernel). l2_pre: lse2_i loaded already (fc_hpb_ld_rows), else loaded here. POLY: of
  * every 8 exponentials, how many fc_exp2_poly computes on the FMA pipe (the rest: ex2 on the special-function unit;
  * H100: 1 of 8 ran 1.005-1.016x at D = 128, 2 or 3 of 8 0.97-0.995x, bench/results/configs/
  * hopper-bwd-exp-trace-2026-11-24.txt; the forward's softmax lost 6-14 % with 2-4 of 8). */
@@ -323,7 +323,7 @@ fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t
 
 /* The SCORE_MOD kernels' P pass (hopper/score_mod.cuh): Sᵀ → x = the modified score, Pᵀ = 2^(x·log2 e − lse2_i),
  * masked as fc_hpb_p_pass, and g = 1 − tanh² (CAP) for dSᵀ, with what each kernel keeps of them (MODE):
- *   FC_HPB_MOD_DS    st ← Pᵀ, y ← Pᵀ∘g∘(y − D_i) (y = dPᵀ ready: fc_hopper_bwd_kernel)
+ *   FC_HPB_MOD_DS    st ← Pᵀ, y ← Pᵀ∘g∘(y − D_i) (y = dPᵀ ready: fc_hopper_bwd_det_kernel)
  *   FC_HPB_MOD_PACK  pp ← Pᵀ, pg ← Pᵀ∘g, both packed to 16 bits (dV's A; dSᵀ's factor, as fc_hpb_ds_from_pg reads it:
  *                    hopper/bwd_kernel.cuh, where the fp32 Pᵀ∘g beside Sᵀ's and dPᵀ's accumulators spilled 864 bytes at
  *                    D = 64; the D = 256 kernel rounds Pᵀ to 16 bits before dSᵀ likewise)
@@ -601,9 +601,9 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
  * writing dSᵀ. The adds are red.global.add in a fixed order (the tickets above), into the [total_q][hq][D] sum. */
 template <typename T, int D, int STAGES, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
-    fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                         const fc_hopper_bwd_args a) {
+    fc_hopper_bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                             const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int BR = FC_HPB_BR;
   constexpr int NQ = D / 2; /* columns of one dQ product */
@@ -787,7 +787,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #include "hopper/bwd_d256.cuh"
 
 /* ---- host ------------------------------------------------------------------------------------------------ */
-/* Dynamic shared memory of one CTA of fc_hopper_bwd_kernel (red.global.add dQ): the tiles, lse2/D rows, barriers,
+/* Dynamic shared memory of one CTA of fc_hopper_bwd_det_kernel (red.global.add dQ): the tiles, lse2/D rows, barriers,
  * and 1024 bytes of slack for the alignment. D = 128, 2 stages: 64 + 64 + 16 + 1 KB + … = 146 KB; D = 64, 3 stages:
  * 32 + 48 + 16 + … = 98 KB. */
 static size_t fc_hpb_smem_bytes(int d, int stages) {
@@ -798,7 +798,7 @@ static size_t fc_hpb_smem_bytes(int d, int stages) {
 /* The second version (hopper/bwd_kernel.cuh), 2 stages: sK, sV, the stages, sdS twice, sdQ 2 × 16 KB, lse2/D rows,
  * barriers and the alignment slack. D = 128 (Br = 64): 198696 bytes. D = 64 (Br = 128): 32 + 64 + 64 + 32 KB + 2 KB
  * + 40 + 1024 = 199720 bytes (3 stages would need 233528, past the 232448 allowed). */
-static size_t fc_hpb_v2_smem_bytes(int d) {
+static size_t fc_hpb_lag_smem_bytes(int d) {
   const size_t br = d == 64 ? 128 : FC_HPB_BR, stages = 2;
   return 2 * FC_HPB_BC * (size_t)d * 2 + stages * 2 * br * d * 2 + 2 * FC_HPB_BC * br * 2 +
          2 * FC_BWD_DQ_TILE * (size_t)64 * 4 + stages * 2 * br * 4 + 8 * (1 + 2 * stages) + 1024;
@@ -809,10 +809,10 @@ typedef void (*fc_hpb_kernel_fn)(const CUtensorMap, const CUtensorMap, const CUt
 
 /* The dK/dV kernels the backward has. */
 typedef enum {
-  FC_HPB_V2_D64,   /* fc_hopper_bwd_v2_kernel<T, 64>: Br = 128, bulk dQ, LAG */
-  FC_HPB_V2_D128,  /* fc_hopper_bwd_v2_kernel<T, 128>: Br = 64, bulk dQ, LAG and BIAS */
-  FC_HPB_DET_D64,  /* fc_hopper_bwd_kernel<T, 64, 3>: deterministic, split dQ with tickets */
-  FC_HPB_DET_D128, /* fc_hopper_bwd_kernel<T, 128, 2>: the same */
+  FC_HPB_D64,      /* fc_hopper_bwd_kernel<T, 64>: Br = 128, bulk dQ, LAG */
+  FC_HPB_D128,     /* fc_hopper_bwd_kernel<T, 128>: Br = 64, bulk dQ, LAG and BIAS */
+  FC_HPB_DET_D64,  /* fc_hopper_bwd_det_kernel<T, 64, 3>: deterministic, split dQ with tickets */
+  FC_HPB_DET_D128, /* fc_hopper_bwd_det_kernel<T, 128, 2>: the same */
   FC_HPB_D256,     /* fc_hopper_bwd_d256_kernel<T>: EDV */
 } fc_hpb_kernel_id;
 
@@ -843,20 +843,20 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
      * keys' share at D = 128, bench/results/configs/hopper-bwd-dq-split-h100.txt). */
     const int d = p->head_dim > 64 ? 128 : 64;
     pl.kernel = d == 128 ? FC_HPB_DET_D128 : FC_HPB_DET_D64, pl.br = FC_HPB_BR, pl.dq_tile_w = 0;
-    pl.smem = fc_hpb_smem_bytes(d, d == 128 ? 2 : 3), pl.name = "launch of fc_hopper_bwd_kernel";
+    pl.smem = fc_hpb_smem_bytes(d, d == 128 ? 2 : 3), pl.name = "launch of fc_hopper_bwd_det_kernel";
   } else if (p->head_dim > 64) {
     /* The second version, LAG and BIAS: +0.5..1.6 % over LAG + BIAS with the next block's Sᵀ issued behind dK
      * (NEXT; it spills 8 bytes), which ran +2.9..6.6 % over NEXT alone, NEXT +3.7..9.4 % over the first kernel with
      * bulk dQ (bench/results/configs/hopper-bwd-lag-d64-2026-11-24.txt part 6, hopper-bwd-lag-bias-2026-11-24.txt,
      * hopper-bwd-v2.txt); its persistent form (one CTA per SM) 0.95–1.04x (hopper-bwd-persist.txt). */
-    pl.kernel = FC_HPB_V2_D128, pl.br = FC_HPB_BR, pl.dq_tile_w = 64, pl.smem = fc_hpb_v2_smem_bytes(128);
-    pl.name = "launch of fc_hopper_bwd_v2_kernel";
+    pl.kernel = FC_HPB_D128, pl.br = FC_HPB_BR, pl.dq_tile_w = 64, pl.smem = fc_hpb_lag_smem_bytes(128);
+    pl.name = "launch of fc_hopper_bwd_kernel";
   } else {
     /* The second version at Br = 128 with LAG: +6.8..13.1 % over it without, LAG + NEXT only +3.9..8.0 %
      * (hopper-bwd-lag-d64-2026-11-24.txt); without LAG the NEXT, EARLY_S and EARLY_DV orders within ±2 % of the plain
      * one (hopper-bwd-v2-d64.txt); Br = 128 ran 1.04–1.13x Br = 64 (hopper-bwd-br128.txt). */
-    pl.kernel = FC_HPB_V2_D64, pl.br = 128, pl.dq_tile_w = 32, pl.smem = fc_hpb_v2_smem_bytes(64);
-    pl.name = "launch of fc_hopper_bwd_v2_kernel";
+    pl.kernel = FC_HPB_D64, pl.br = 128, pl.dq_tile_w = 32, pl.smem = fc_hpb_lag_smem_bytes(64);
+    pl.name = "launch of fc_hopper_bwd_kernel";
   }
   return pl;
 }
@@ -864,10 +864,10 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
 /* SCORE_MOD: the same kernel built with softcap and ALiBi (hopper/score_mod.cuh). */
 template <typename T, bool SCORE_MOD> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
   switch (id) {
-  case FC_HPB_V2_D64: return fc_hopper_bwd_v2_kernel<T, 64, SCORE_MOD>;
-  case FC_HPB_V2_D128: return fc_hopper_bwd_v2_kernel<T, 128, SCORE_MOD>;
-  case FC_HPB_DET_D64: return fc_hopper_bwd_kernel<T, 64, 3, SCORE_MOD>;
-  case FC_HPB_DET_D128: return fc_hopper_bwd_kernel<T, 128, 2, SCORE_MOD>;
+  case FC_HPB_D64: return fc_hopper_bwd_kernel<T, 64, SCORE_MOD>;
+  case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, SCORE_MOD>;
+  case FC_HPB_DET_D64: return fc_hopper_bwd_det_kernel<T, 64, 3, SCORE_MOD>;
+  case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, SCORE_MOD>;
   default: return fc_hopper_bwd_d256_kernel<T, SCORE_MOD>;
   }
 }

@@ -3,7 +3,7 @@
  * device helpers (fc_hpb_*), whose Pᵀ pass, dQ wgmma chain, bulk dQ tile add, dK/dV tile store, blocked dQ sum and row
  * passes it shares.
  *
- * Why not fc_hopper_bwd_kernel at D = 256: with Bc = 128 keys and each consumer warpgroup owning 64 keys × all D
+ * Why not fc_hopper_bwd_det_kernel at D = 256: with Bc = 128 keys and each consumer warpgroup owning 64 keys × all D
  * columns, dK and dV alone are 2 × 64 × 256 fp32 per warpgroup = 256 registers per thread; and sK + sV (128 KB) + one
  * Q/dO stage (64 KB) + sdS + sdQ pass 227 KB. So (FlashAttention-3's hdim-256 backward has the same pressure: Br = 64,
  * Bc = 80, dK/dV "swapAB" so that each warpgroup's accumulators hold a slice of the head dim; our shapes differ):
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #define Q_FULL(s)  (bars + 8u * (1 + (s)))
 #define Q_EMPTY(s) (bars + 8u * (3 + (s)))
 
-  /* Which tile (fc_hpb_tile_of_cta, as fc_hopper_bwd_kernel, with Bc = 64). */
+  /* Which tile (fc_hpb_tile_of_cta, as fc_hopper_bwd_det_kernel, with Bc = 64). */
   fc_hpb_tile ti;
   if (!fc_hpb_tile_of_cta<FC_HPB256_BR, FC_HPB256_BC>(a, &ti)) return; /* the whole CTA, before any barrier */
   const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0, bt = ti.bt;

@@ -2,42 +2,36 @@
  * deterministic mode (docs/hopper.md, "The D = 128 kernel (LAG + BIAS)" and "The D = 64 kernel"). Included by
  * hopper/bwd.cu only, after its device helpers (fc_hpb_*), whose names, tile layouts and dQ sum it shares.
  *
- * Same maths, masks, tiles and producer as fc_hopper_bwd_kernel (D = 128: Br = 64; D = 64: Br = 128, Bc = 128 both);
- * dQ goes through a shared-memory tile and one bulk reduce-add per tile into a blocked fp32 sum, and each consumer
- * warpgroup's wgmma groups are ordered so that its CUDA-core work runs beside its own tensor work instead of between
- * waits for all of it (FlashAttention-3's order). Per block i, with the groups still pending after each step on the
- * right:
- *   (BIAS: Sᵀ's and dPᵀ's accumulators set to −lse2_i/c and −D_i; else lse2_i loaded into registers)
- *   Sᵀ, dPᵀ issued (two groups); wait 1: Sᵀ done                                               [dPᵀ]
- *   Pᵀ = 2^(c·Sᵀ − lse2_i), masked                              beside dPᵀ
- *   EARLY_DV: dV_j += Pᵀ·dO_i issued; wait 1: dPᵀ done                                         [dV]
- *   else:     wait 0: dPᵀ done                                                                 []
- *   dSᵀ = Pᵀ∘(dPᵀ − D_i), packed                                EARLY_DV: beside dV
- *   else:     dV_j += Pᵀ·dO_i issued                                                           [dV]
- *   dSᵀ → sdS[i % 2]; arrive at READY (this warpgroup's rows of block i are in)
- *   wait at READY of the other warpgroup's rows of block i − 1
- *   dQ_{i−1} = dS·K_j and dK_j += dSᵀ·Q_i issued                                               [dV, dQ, dK]
- *     (D = 128: columns 64·c .. of dQ; D = 64: query rows 64·c .., all 64 columns; all 128 keys)
- *   wait 1: dV, dQ done; arrive at FREE (buffer (i − 1) % 2 is read)
- *   dQ → sdQ, one bulk reduce-add                               beside dK
- *   wait 0: dK done; release the stage                                                         []
- * D = 128 runs EARLY_DV and BIAS. At D = 64 (Br = 128) EARLY_DV's packed Pᵀ (32 registers), live beside Sᵀ's and
- * dPᵀ's fp32 accumulators (64 + 64) and dK, dV (64), spilled 4 bytes; lse2_i is loaded at the block's start there.
- * LAG, the dQ of block i − 1 issued in block i: the barrier of both warpgroups per block becomes pairwise named
- * barriers (READY: the other's dSᵀ rows of a block are in; FREE: its dQ has read a buffer the other writes next) and
- * the warpgroups drift apart; block 0 is peeled (FIRST), fc_hpb_v2_lag_tail issues the last block's dQ
- * (tests/models/bwd_lag_model.py checks the pairwise barriers, bwd_v2_model.py the whole kernel's protocol,
- * under random interleavings). sdS is double-buffered: dSᵀ of
- * block i goes to buffer i % 2, whose last readers (block i − 2's dQ wgmmas, issued in block i − 1 by both warpgroups)
- * each arrived at FREE after their wait. The issuing thread waits for the last bulk add's read of its warpgroup's sdQ
- * tile before the tile is written again.
- * Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO 2 × 2 × 16 KB + sdS 2 × Bc·Br·2 bytes (2 × 16 KB; D = 64: 2 × 32 KB)
+ * Same maths, masks, tiles and producer as fc_hopper_bwd_det_kernel (D = 128: Br = 64; D = 64: Br = 128, Bc = 128
+ * both); dQ goes through a shared-memory tile and one bulk reduce-add per tile into a blocked fp32 sum, and each
+ * consumer warpgroup's wgmma groups are ordered so that its CUDA-core work runs beside its own tensor work instead of
+ * between waits for all of it (FlashAttention-3's order). Per block i, with the groups still pending after each step on
+ * the right: (BIAS: Sᵀ's and dPᵀ's accumulators set to −lse2_i/c and −D_i; else lse2_i loaded into registers) Sᵀ, dPᵀ
+ * issued (two groups); wait 1: Sᵀ done                                               [dPᵀ] Pᵀ = 2^(c·Sᵀ − lse2_i),
+ * masked                              beside dPᵀ EARLY_DV: dV_j += Pᵀ·dO_i issued; wait 1: dPᵀ done [dV] else:     wait
+ * 0: dPᵀ done                                                                 [] dSᵀ = Pᵀ∘(dPᵀ − D_i), packed EARLY_DV:
+ * beside dV else:     dV_j += Pᵀ·dO_i issued                                                           [dV] dSᵀ → sdS[i
+ * % 2]; arrive at READY (this warpgroup's rows of block i are in) wait at READY of the other warpgroup's rows of block
+ * i − 1 dQ_{i−1} = dS·K_j and dK_j += dSᵀ·Q_i issued                                               [dV, dQ, dK] (D =
+ * 128: columns 64·c .. of dQ; D = 64: query rows 64·c .., all 64 columns; all 128 keys) wait 1: dV, dQ done; arrive at
+ * FREE (buffer (i − 1) % 2 is read) dQ → sdQ, one bulk reduce-add                               beside dK wait 0: dK
+ * done; release the stage                                                         [] D = 128 runs EARLY_DV and BIAS. At
+ * D = 64 (Br = 128) EARLY_DV's packed Pᵀ (32 registers), live beside Sᵀ's and dPᵀ's fp32 accumulators (64 + 64) and dK,
+ * dV (64), spilled 4 bytes; lse2_i is loaded at the block's start there. LAG, the dQ of block i − 1 issued in block i:
+ * the barrier of both warpgroups per block becomes pairwise named barriers (READY: the other's dSᵀ rows of a block are
+ * in; FREE: its dQ has read a buffer the other writes next) and the warpgroups drift apart; block 0 is peeled (FIRST),
+ * fc_hpb_lag_tail issues the last block's dQ (tests/models/bwd_lag_model.py checks the pairwise barriers,
+ * bwd_kernel_model.py the whole kernel's protocol, under random interleavings). sdS is double-buffered: dSᵀ of block i goes
+ * to buffer i % 2, whose last readers (block i − 2's dQ wgmmas, issued in block i − 1 by both warpgroups) each arrived
+ * at FREE after their wait. The issuing thread waits for the last bulk add's read of its warpgroup's sdQ tile before
+ * the tile is written again. Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO 2 × 2 × 16 KB + sdS 2 × Bc·Br·2 bytes (2 ×
+ * 16 KB; D = 64: 2 × 32 KB)
  * + sdQ 2 × 16 KB + sLD 2 × 2·Br·4 + barriers + 1 KB slack: D = 128 198696 bytes, D = 64 199720 (a third stage:
  * 231992 and 233528, the latter past the 232448 an H100 block may have). The losing orders of this kernel (the next
  * block's Sᵀ issued behind dK, earlier still, a ping-pong of the two warpgroups' Pᵀ/dSᵀ phases) and its persistent
  * form are rows of docs/experiments.md, their code at commit d79fa1c. */
-#ifndef FLASHC_CUDA_HOPPER_BWD_V2_CUH
-#define FLASHC_CUDA_HOPPER_BWD_V2_CUH
+#ifndef FLASHC_CUDA_HOPPER_BWD_KERNEL_CUH
+#define FLASHC_CUDA_HOPPER_BWD_KERNEL_CUH
 
 #if FC_HOPPER_ARCH
 /* acc (64 × D) += A·B over Br queries: A from registers (Pᵀ or dSᵀ packed, k-step kb = queries 16·kb ..),
@@ -56,9 +50,9 @@ static __device__ __forceinline__ void fc_hpb_rs_chain(float (&acc)[D / 2], cons
  * query block at row qq of head hq. D = 64 (Br = 128): rows qq + 64·cw .., all 64 columns (two w = 32 tiles,
  * contiguous); D = 128 (Br = 64): rows qq .., columns 64·cw .. */
 template <int D>
-static __device__ __forceinline__ void fc_hpb_v2_dq_add(const fc_hopper_bwd_args &a, const float (&dq)[32],
-                                                        uint32_t sdQ, int hq, int64_t pad0, int qq, int cw, int warp,
-                                                        int g, int t, int ct) {
+static __device__ __forceinline__ void fc_hpb_lag_dq_add(const fc_hopper_bwd_args &a, const float (&dq)[32],
+                                                         uint32_t sdQ, int hq, int64_t pad0, int qq, int cw, int warp,
+                                                         int g, int t, int ct) {
   constexpr int NQ = 64;
   static_assert(D == 64 || D == 128, "the second version's head dims");
   const uint32_t tile = sdQ + cw * (FC_BWD_DQ_TILE * NQ * 4);
@@ -72,18 +66,18 @@ static __device__ __forceinline__ void fc_hpb_v2_dq_add(const fc_hopper_bwd_args
 /* The same FULL/EMPTY as the kernel below (identical redefinitions there). */
 #define FULL(s)  (bars + 8u * (1 + (s)))
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
-/* One block (one trip of the loop) of fc_hopper_bwd_v2_kernel: block `it` of the tile's n_iter (query head, query
+/* One block (one trip of the loop) of fc_hopper_bwd_kernel: block `it` of the tile's n_iter (query head, query
  * block) pairs, in stage it % STAGES of the Q/dO ring, in the header's order. FIRST: block 0 (no dQ of an earlier
  * block to issue). */
 template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false>
 static __device__ __forceinline__ void
-fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int hk, int64_t pad0, int k0,
-                int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
-                uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows, uint32_t v_rows,
-                uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
-                float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2],
-                const float *alibi_b = nullptr) {
-  constexpr int STAGES = FC_HPB_V2_STAGES, BR = D == 64 ? 128 : FC_HPB_BR;
+fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int hk, int64_t pad0, int k0,
+                 int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
+                 uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows,
+                 uint32_t v_rows, uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
+                 float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2],
+                 const float *alibi_b = nullptr) {
+  constexpr int STAGES = FC_HPB_LAG_STAGES, BR = D == 64 ? 128 : FC_HPB_BR;
   /* SCORE_MOD (hopper/score_mod.cuh): Sᵀ is not biased (the modifiers act on the raw score, before lse2 is
    * subtracted), the P pass packs Pᵀ (for dV) and Pᵀ∘(1 − tanh²) (for dSᵀ) to 16 bits itself, so dV goes early as at
    * D = 128; lse2_i is read in the P pass (no registers for it beside the packed tiles). */
@@ -91,7 +85,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
   constexpr bool L2_PRE = !BIAS && !SCORE_MOD;
   constexpr bool ROWSPLIT = BR == 128;
   constexpr int NQ = ROWSPLIT ? D : D / 2;
-  static_assert(NQ == 64, "a 64 × 64 fp32 dQ product per warpgroup (fc_hpb_v2_dq_add)");
+  static_assert(NQ == 64, "a 64 × 64 fp32 dQ product per warpgroup (fc_hpb_lag_dq_add)");
   constexpr uint32_t Q_BYTES = BR * D * 2, ROWS_BYTES = BR * 4;
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES;
@@ -237,7 +231,7 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
     /* The dQ tile's head hq and query block qq: block it − 1's, from this block's (no second division) */
     const int r = it % n_i;
     const int hq = r == 0 ? hh - 1 : hh, qq = r == 0 ? (i_begin + n_i - 1) * BR : q0 - BR;
-    fc_hpb_v2_dq_add<D>(a, dq, sdQ, hq, pad0, qq, cw, warp, g, t, ct);
+    fc_hpb_lag_dq_add<D>(a, dq, sdQ, hq, pad0, qq, cw, warp, g, t, ct);
   }
 
   MARK(9);
@@ -254,9 +248,9 @@ fc_hpb_v2_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_
 
 /* LAG: the last block's dQ (block `it`), after the loop: as a block's, without a next block to run beside it. */
 template <typename T, int D>
-static __device__ __forceinline__ void fc_hpb_v2_lag_tail(const fc_hopper_bwd_args &a, int it, int n_i, int i_begin,
-                                                          int hk, int64_t pad0, int cw, int ct, int warp, int g, int t,
-                                                          uint32_t sdS, uint32_t sdQ, uint32_t k_cols) {
+static __device__ __forceinline__ void fc_hpb_lag_tail(const fc_hopper_bwd_args &a, int it, int n_i, int i_begin,
+                                                       int hk, int64_t pad0, int cw, int ct, int warp, int g, int t,
+                                                       uint32_t sdS, uint32_t sdQ, uint32_t k_cols) {
   constexpr int NQ = 64, BR = D == 64 ? 128 : FC_HPB_BR;
   /* buffer it % 2; D = 64 (Br = 128): this warpgroup's 64 queries of it (its half) */
   const uint32_t ds = sdS + (it & 1) * (FC_HPB_BC * BR * 2) + (D == 64 ? cw * FC_HPB_BC * FC_HPB_ROW_BYTES : 0);
@@ -270,21 +264,21 @@ static __device__ __forceinline__ void fc_hpb_v2_lag_tail(const fc_hopper_bwd_ar
   fc_fence_regs(dq);
   if (ct == 0) fc_bulk_wait_read<0>();       /* the last add has read sdQ ... */
   fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone writes it */
-  fc_hpb_v2_dq_add<D>(a, dq, sdQ, hk * a.group + it / n_i, pad0, (i_begin + it % n_i) * BR, cw, warp, g, t, ct);
+  fc_hpb_lag_dq_add<D>(a, dq, sdQ, hk * a.group + it / n_i, pad0, (i_begin + it % n_i) * BR, cw, warp, g, t, ct);
 }
 #endif /* FC_HOPPER_ARCH */
 
-/* D = 128: Br = 64; D = 64: Br = 128; 2 Q/dO stages either way (FC_HPB_V2_STAGES). D = 128 issues dV before the dPᵀ
+/* D = 128: Br = 64; D = 64: Br = 128; 2 Q/dO stages either way (FC_HPB_LAG_STAGES). D = 128 issues dV before the dPᵀ
  * wait (EARLY_DV) and starts the Sᵀ/dPᵀ accumulators at −lse2_i/c, −D_i (BIAS); D = 64 issues dV after dSᵀ is formed
  * (its packed Pᵀ beside Sᵀ's and dPᵀ's accumulators would not fit 240 registers) and loads lse2_i at the block's
  * start. Both issue each block's dQ a block later (LAG). */
 template <typename T, int D, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
-    fc_hopper_bwd_v2_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                            const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                            const fc_hopper_bwd_args a) {
+    fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                         const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
-  constexpr int STAGES = FC_HPB_V2_STAGES, BR = D == 64 ? 128 : FC_HPB_BR;
+  constexpr int STAGES = FC_HPB_LAG_STAGES, BR = D == 64 ? 128 : FC_HPB_BR;
   /* D = 128: warpgroup c's dQ product is columns 64·c .. of dQ_i (all Br = 64 queries); D = 64 (Br = 128): rows
    * 64·c .. (all 64 columns). Either way a 64 × 64 fp32 tile. */
   constexpr bool ROWSPLIT = BR == 128;
@@ -351,14 +345,14 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* SCORE_MOD: the sequence's ALiBi slopes (NULL: none) */
     const float *alibi_b = SCORE_MOD && a.mod.alibi ? a.mod.alibi + ti.b * a.mod.alibi_sb : nullptr;
     if (n_iter > 0) {
-      fc_hpb_v2_block<T, D, true, SCORE_MOD>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct,
-                                             warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt,
-                                             dk, dv, alibi_b);
+      fc_hpb_lag_block<T, D, true, SCORE_MOD>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct,
+                                              warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt,
+                                              dk, dv, alibi_b);
       for (int it = 1; it < n_iter; it++)
-        fc_hpb_v2_block<T, D, false, SCORE_MOD>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw,
-                                                ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols,
-                                                st, dpt, dk, dv, alibi_b);
-      fc_hpb_v2_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
+        fc_hpb_lag_block<T, D, false, SCORE_MOD>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw,
+                                                 ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols,
+                                                 st, dpt, dk, dv, alibi_b);
+      fc_hpb_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
@@ -371,4 +365,4 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #endif /* FC_HOPPER_ARCH */
 }
 
-#endif /* FLASHC_CUDA_HOPPER_BWD_V2_CUH */
+#endif /* FLASHC_CUDA_HOPPER_BWD_KERNEL_CUH */

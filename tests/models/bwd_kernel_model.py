@@ -1,5 +1,5 @@
 """A model of the protocol of cuda-hopper's second backward kernel (src/cuda/hopper/bwd_kernel.cuh,
-fc_hopper_bwd_v2_kernel<T, 64> and <T, 128>: the backward's default at head dims <= 128 outside deterministic mode),
+fc_hopper_bwd_kernel<T, 64> and <T, 128>: the backward's default at head dims <= 128 outside deterministic mode),
 run under random interleavings. Agents: the producer thread (TMA fills of the Q_i/dO_i/lse2_i/D_i stages), the two
 consumer warpgroups (each one agent: its 128 threads pass every step together, through the wgmma .sync.aligned
 instructions and its own named barriers), and the asynchronous units: TMA copies landing, each warpgroup's wgmma
@@ -25,7 +25,7 @@ Checks, each at the moment it matters:
     rewritten only after the dV / dK group that reads them retired; dK, dV are read at the end after all groups.
 The model also runs deliberately broken protocols (MUTATIONS) and fails if it does not catch each of them.
 
-    python3 tests/models/bwd_v2_model.py      (D = 128 and D = 64; 0..7, 13, 24 blocks; 300 seeds each; each
+    python3 tests/models/bwd_kernel_model.py      (D = 128 and D = 64; 0..7, 13, 24 blocks; 300 seeds each; each
                                                mutation in every kernel it concerns)
 
 The machinery (run, step, check, groups_at_most, sync_both, and the runs of clean and broken protocols: clean,
@@ -166,7 +166,7 @@ def run(rng, agents, done, tma, groups, bulk_reads, retired, land, bulk_read):
         raise Violation(f"deadlock: done {done}, groups {[len(g) for g in groups]}, tma {tma}")
 
 def simulate(n_iter, stages, seed, mutation=None, early_dv=True):
-    """fc_hopper_bwd_v2_kernel's consumers over one tile of n_iter blocks. early_dv: D = 128's order (dV issued before
+    """fc_hopper_bwd_kernel's consumers over one tile of n_iter blocks. early_dv: D = 128's order (dV issued before
     the dP^T wait); False: D = 64's (dV after dS^T is formed). Each block's dQ is issued in the next block (LAG), the
     last one's after the loop; READY(c, b) and FREE(c, b) are warpgroup c's pairwise named barriers of sdS buffer b
     (c arrives, the other syncs)."""
@@ -302,7 +302,7 @@ def simulate(n_iter, stages, seed, mutation=None, early_dv=True):
             yield from wait_groups(c, 1 if mutation == "wait1_end" else 0)  # dK
             holds[s].discard(c)
             empty[s].arrive()
-        if n_iter > 0:  # the last block's dQ (fc_hpb_v2_lag_tail)
+        if n_iter > 0:  # the last block's dQ (fc_hpb_lag_tail)
             last = n_iter - 1
             if mutation != "tail_no_sync":
                 yield from bar_sync(("READY", o, last & 1))
@@ -333,7 +333,7 @@ def simulate(n_iter, stages, seed, mutation=None, early_dv=True):
     check(not open_phases, f"named barrier phases open at exit (arrivals, syncs): {open_phases}")
 
 
-VERSIONS = {  # name: (stages, early_dv); FC_HPB_V2_STAGES = 2 at both head dims
+VERSIONS = {  # name: (stages, early_dv); FC_HPB_LAG_STAGES = 2 at both head dims
     "D128": (2, True), "D64": (2, False),
 }
 

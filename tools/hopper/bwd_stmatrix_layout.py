@@ -1,9 +1,9 @@
-"""Host-side check of the second backward version's dSᵀ stores (src/cuda/hopper/bwd_kernel.cuh, fc_hpb_v2_block, since
+"""Host-side check of the default backward kernel's dSᵀ stores (src/cuda/hopper/bwd_kernel.cuh, fc_hpb_lag_block, since
 66f32af): one stmatrix.m8n8.x4 per j writes four 8 × 8 matrices of the packed dSᵀ fragments dsp[j][0..3], each
 lane giving the address of one matrix row. Checked against an independent statement of where each fragment word
 belongs (the kernel's 32-bit stores before 66f32af, which the dQ wgmma's MN-major A descriptor reads):
 
-    python3 tools/hopper/bwd_v2_stmatrix_layout.py        (prints one line per check, exits 1 on a failure)
+    python3 tools/hopper/bwd_stmatrix_layout.py        (prints one line per check, exits 1 on a failure)
 
 stmatrix (PTX ISA, "stmatrix"): register i of lane 4g + t holds row g, columns 2t, 2t + 1 (two 16-bit values) of
 matrix i; lane l supplies the address of row l % 8 of matrix l / 8. Br = 64 (D = 128) and Br = 128 (D = 64).
