@@ -33,20 +33,29 @@ void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
 
 void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
   const int64_t d = fc_row_dim(p, at.v), nr = kern->nr;
-  /* Eight rows at a time, converted into fp32 rows, then transposed into their panel in 8 × 8 blocks: eight
-   * consecutive rows from a multiple of 8 lie in one panel (nr is a multiple of 8). */
-  enum { LD = 512 }; /* head_dim ≤ 256 and head_dim_v ≤ 512 on the cpu backend */
-  float rows8[8 * LD];
-  for (int64_t r0 = 0; r0 < at.rows; r0 += 8) {
-    const int64_t n = at.rows - r0 < 8 ? at.rows - r0 : 8;
-    for (int64_t i = 0; i < n; i++)
-      load_values(kern, p->dtype, at.v->data, row_offset(&at, r0 + i), d, mul, rows8 + i * LD);
-    kern->transpose(rows8, LD, n, d, dst + r0 / nr * ps + r0 % nr, nr);
+  if (p->dtype == FLASHC_F32 && mul == 1.0f && at.rows > 0) {
+    /* Nothing to convert: a panel's rows are transposed straight from the caller's (rows of one head are
+     * stride_s apart, fc_offset). */
+    const float *src = (const float *)at.v->data + row_offset(&at, 0);
+    for (int64_t r0 = 0; r0 < at.rows; r0 += nr)
+      kern->transpose(src + r0 * at.v->stride_s, at.v->stride_s, at.rows - r0 < nr ? at.rows - r0 : nr, d,
+                      dst + r0 / nr * ps, nr);
+  } else {
+    /* Eight rows at a time, converted into fp32 rows, then transposed into their panel in 8 × 8 blocks: eight
+     * consecutive rows from a multiple of 8 lie in one panel (nr is a multiple of 8). */
+    enum { LD = 512 }; /* head_dim ≤ 256 and head_dim_v ≤ 512 on the cpu backend */
+    float rows8[8 * LD];
+    for (int64_t r0 = 0; r0 < at.rows; r0 += 8) {
+      const int64_t n = at.rows - r0 < 8 ? at.rows - r0 : 8;
+      for (int64_t i = 0; i < n; i++)
+        load_values(kern, p->dtype, at.v->data, row_offset(&at, r0 + i), d, mul, rows8 + i * LD);
+      kern->transpose(rows8, LD, n, d, dst + r0 / nr * ps + r0 % nr, nr);
+    }
   }
-  for (int64_t r = at.rows; r < fc_round_up(at.rows, nr); r++) {
-    float *out = dst + r / nr * ps + r % nr;
-    for (int64_t c = 0; c < d; c++) out[c * nr] = 0.0f;
-  }
+  const int64_t tail = at.rows % nr; /* the last panel's rows past the tile: zero, a run of floats per column */
+  if (tail)
+    for (int64_t c = 0; c < d; c++)
+      memset(dst + at.rows / nr * ps + c * nr + tail, 0, (size_t)(nr - tail) * sizeof *dst);
 }
 
 void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ps) {
