@@ -1,4 +1,5 @@
-"""The package itself: version, backends, the library it loaded, and the ctypes structs against the header."""
+"""The package itself: version, backends, the library it loaded, the ctypes structs against the header, and the
+sdist (it carries the C project, which configures on its own)."""
 
 import os
 import pathlib
@@ -6,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -110,3 +112,71 @@ def test_ctypes_structs_match_the_header(tmp_path):
     for struct, cls in structs.items():
         header_fields = [ln.split()[0].split(".")[1] for ln in lines if ln.startswith(struct + ".")]
         assert [f for f, _ in cls._fields_] == header_fields
+
+
+def _sdist_builder():
+    """An interpreter that builds the sdist offline (build, scikit-build-core >= 1.0): this one, else the tool venv
+    that scripts/wheel makes. None when neither can."""
+    probe = "import build, scikit_build_core as s; assert int(s.__version__.split('.')[0]) >= 1"
+    for py in (pathlib.Path(sys.executable), ROOT / "build-wheel" / "venv" / "bin" / "python"):
+        if py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0:
+            return str(py)
+    return None
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory):
+    """(the sdist's file names below its top folder, the unpacked top folder), built from python/ without isolation,
+    so without the network."""
+    py = _sdist_builder()
+    if py is None:
+        pytest.skip("no `build` and scikit-build-core >= 1.0: pip install build scikit-build-core, or scripts/wheel")
+    out = tmp_path_factory.mktemp("sdist")
+    r = subprocess.run(
+        [py, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(out), str(ROOT / "python")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    tarball = out / f"flashc-{flashc.__version__}.tar.gz"
+    assert tarball.exists(), sorted(p.name for p in out.iterdir())
+    with tarfile.open(tarball) as tf:
+        top = f"flashc-{flashc.__version__}/"
+        names = {m.name[len(top) :] for m in tf.getmembers() if m.isfile()}
+        assert all(m.name.startswith(top) for m in tf.getmembers() if m.name != top.rstrip("/"))
+        tf.extractall(out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return names, out / top
+
+
+def test_sdist_carries_the_c_project_and_the_package(sdist):
+    """Every file of the CMake project that builds libflashc lies under csrc/ (what a build from the sdist
+    configures), every module of the package under flashc/; the tests, CLI, docs and benchmarks stay out."""
+    names, _ = sdist
+    want = {"pyproject.toml", "README.md", "PKG-INFO", "csrc/CMakeLists.txt"}
+    for part in ("cmake", "include", "src"):
+        want |= {f"csrc/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / part).rglob("*") if p.is_file()}
+    pkg = ROOT / "python" / "flashc"
+    want |= {
+        f"flashc/{p.relative_to(pkg).as_posix()}"
+        for p in pkg.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert "csrc/include/flashc.h" in want and "flashc/py.typed" in want and "flashc/_torch_ext.cpp" in want
+    assert sorted(want - names) == []
+    left_out = (["csrc", d] for d in ("tests", "cli", "docs", "bench"))
+    assert sorted(n for n in names if n.split("/")[:2] in left_out) == []
+
+
+def test_sdist_c_project_configures_alone(sdist, tmp_path):
+    """The sdist's csrc/ is a CMake project of its own: nothing it includes lies outside it (a build from the
+    sdist cannot reach the repository). Configured as the wheel build configures it, CPU only."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        pytest.skip("no cmake to configure the sdist's C project")
+    _, top = sdist
+    off = [f"-DFLASHC_{o}=OFF" for o in ("CUDA", "BUILD_TESTS", "BUILD_CLI", "MPI", "TORCH_EXT")]
+    r = subprocess.run(
+        [cmake, "-S", str(top / "csrc"), "-B", str(tmp_path / "build"), *off], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "flashc: CUDA backends OFF" in r.stdout, r.stdout
