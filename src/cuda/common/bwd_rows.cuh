@@ -217,6 +217,29 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_block
 }
 
 /* Launches prep over every padded row of every (head, sequence). */
+/* The padded row buffers' rows (lse2, D, the blocked dQ sum): each sequence's query rows rounded up to
+ * FC_BWD_ROWS_PAD. Varlen: *cu_pad_host = the padded offsets, batch + 1 of them in the handle's host workspace (the
+ * caller copies them to the device), and *sq_pad = 0; dense: *cu_pad_host = NULL and *sq_pad = the padded seqlen_q.
+ * *total_pad: the padded rows of every sequence. */
+static flashc_status fc_bwd_rows_pad(const fc_problem *p, int64_t **cu_pad_host, int64_t *sq_pad, int64_t *total_pad) {
+  *cu_pad_host = NULL, *sq_pad = 0;
+  if (!p->cu_seqlens_q) {
+    *sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
+    *total_pad = p->batch * *sq_pad;
+    return FLASHC_OK;
+  }
+  void *h;
+  FC_CHECK(fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
+  int64_t *pad = (int64_t *)h;
+  pad[0] = 0;
+  for (int64_t s = 0; s < p->batch; s++) {
+    const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+    pad[s + 1] = pad[s] + fc_cdiv(len, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
+  }
+  *cu_pad_host = pad, *total_pad = pad[p->batch];
+  return FLASHC_OK;
+}
+
 template <typename T> static flashc_status fc_bwd_rows_prep(const fc_problem *p, fc_bwd_rows_args a) {
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD);
   int64_t grid = 0;

@@ -38,6 +38,9 @@ typedef struct fc_device_props {
   int device, sm, num_sms;
   size_t smem_per_block_optin, smem_per_sm;
   size_t free_mem, total_mem; /* at the time of the first query */
+  /* The architecture of the image of this library's device code that the device runs (its PTX version): 90 where
+   * the sm_90a image runs, 80 where the sm_80 image, or its PTX JIT-compiled (a GPU newer than the build), does. */
+  int code_sm;
 } fc_device_props;
 flashc_status fc_device_get_props(fc_device_props *out);
 
@@ -49,6 +52,24 @@ flashc_status fc_cuda_forward_kvcache(const struct fc_kv_problem *p);
 #endif
 
 static inline cudaStream_t fc_stream(const fc_problem *p) { return (cudaStream_t)p->stream; }
+
+/* Kernels that only some images of the device code hold. The build makes one image per architecture of
+ * FLASHC_CUDA_ARCHITECTURES (sm_80, whose SASS also runs on sm_86/89 and whose PTX newer GPUs JIT-compile; sm_90a);
+ * a plan that never picks a kernel on the devices that run an image (fc_device_props.code_sm tells which image a
+ * device runs) need not build it there. FC_KERNEL_IN_IMAGE(held), the first statement of such a kernel, with `held`
+ * a constant expression of FC_CODE_SM (this pass's architecture, on code_sm's scale: 80, 90): where it is false the
+ * kernel traps and the compiler drops the rest of its body, a fraction of the kernel's compile time. The plan asks
+ * the same predicate with the device's code_sm, so no call reaches the trap. */
+#ifdef __CUDA_ARCH__
+#define FC_CODE_SM (__CUDA_ARCH__ / 10)
+#define FC_KERNEL_IN_IMAGE(held)                                                                                       \
+  if constexpr (!(held)) {                                                                                             \
+    __trap();                                                                                                          \
+    return;                                                                                                            \
+  }
+#else
+#define FC_KERNEL_IN_IMAGE(held)
+#endif
 
 /* max(a, b), NaN when either is NaN. Softmax's running maximum must carry a NaN score into the row, not drop it
  * as fmaxf (IEEE maxNum) does, so that "max = −inf" means "no key seen" and nothing else, and a NaN row comes

@@ -39,6 +39,9 @@ extern "C" bool fc_cuda_usable(char *why, size_t len) {
   return device_state == 1;
 }
 
+/* Launched never: its attributes tell which image of the device code a device runs (fc_device_props.code_sm). */
+__global__ void fc_image_probe_kernel(void) {}
+
 extern "C" flashc_status fc_device_get_props(fc_device_props *out) {
   enum { MAX_DEVICES = 64 };
   static fc_device_props cache[MAX_DEVICES];
@@ -58,6 +61,16 @@ extern "C" flashc_status fc_device_get_props(fc_device_props *out) {
   p.smem_per_block_optin = prop.sharedMemPerBlockOptin;
   p.smem_per_sm = prop.sharedMemPerMultiprocessor;
   FC_CUDA_CHECK(cudaMemGetInfo(&p.free_mem, &p.total_mem));
+  cudaFuncAttributes image;
+  const cudaError_t e = cudaFuncGetAttributes(&image, fc_image_probe_kernel);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: the next launch must not report it */
+    return fc_error(FLASHC_ERR_CUDA,
+                    "device %d (sm_%d) runs no image of this libflashc's device code: add its architecture to "
+                    "FLASHC_CUDA_ARCHITECTURES (%s)",
+                    dev, p.sm, cudaGetErrorName(e));
+  }
+  p.code_sm = image.ptxVersion;
   if (dev >= 0 && dev < MAX_DEVICES) {
     cache[dev] = p;
     cached[dev] = 1;

@@ -912,24 +912,10 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
 
 flashc_status fc_hopper_backward(const fc_problem *p) {
   const fc_hpb_plan_t plan = fc_hpb_plan(p);
-  /* Padded row buffers: each sequence's rows rounded up to FC_BWD_ROWS_PAD. */
   fc_bwd_rows_args rows;
   memset(&rows, 0, sizeof rows);
-  int64_t *cu_pad_host = NULL;
-  if (p->cu_seqlens_q) {
-    void *h;
-    FC_CHECK(fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
-    cu_pad_host = (int64_t *)h;
-    cu_pad_host[0] = 0;
-    for (int64_t s = 0; s < p->batch; s++) {
-      const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
-      cu_pad_host[s + 1] = cu_pad_host[s] + fc_cdiv(len, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
-    }
-    rows.total_pad = cu_pad_host[p->batch];
-  } else {
-    rows.sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
-    rows.total_pad = p->batch * rows.sq_pad;
-  }
+  int64_t *cu_pad_host;
+  FC_CHECK(fc_bwd_rows_pad(p, &cu_pad_host, &rows.sq_pad, &rows.total_pad));
   const int D = fc_hp_d_tile(p->head_dim);
   const int dq_tile_w = plan.dq_tile_w;
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);

@@ -44,6 +44,7 @@
 /* ---- 2. dkdv ------------------------------------------------------------------------------------------- */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ALIGNED, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mma_bwd_args a) {
+  FC_KERNEL_IN_IMAGE(fc_mma_bwd_in_image(FC_CODE_SM, FC_MMA_BWD_BASE))
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
   constexpr int KG = BC / 16, WN = NW / KG;     /* key groups; warps per key group */
   constexpr int SQ_N = BR / WN, NSX = SQ_N / 8; /* Sᵀ, dPᵀ: each warp 16 keys × SQ_N queries */
@@ -450,14 +451,6 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_
 }
 
 /* ---- the plan ------------------------------------------------------------------------------------------ */
-/* The dK/dV kernels (step 2); steps 1, 3, 3' and 4 are the same for all. */
-typedef enum fc_mma_bwd_kernel {
-  FC_MMA_BWD_FA2, /* fc_mma_bwd_fa2_kernel (mma/bwd_kernel.cuh): FlashAttention-2's tiles; atomic or deterministic dQ */
-  FC_MMA_BWD_FA2P,  /* fa2 with Pᵀ's exponentials between dPᵀ's MMAs (PDP); atomic dQ */
-  FC_MMA_BWD_FA2PB, /* fa2p with each block's dQ added by one bulk reduce-add (sm_90): a blocked dQ sum */
-  FC_MMA_BWD_BASE   /* fc_mma_bwd_dkdv_kernel: smaller tiles, where fa2's do not fit the device */
-} fc_mma_bwd_kernel;
-
 enum { FC_MMA_BWD_NDIMS = 7 };
 static constexpr int fc_mma_bwd_dims[FC_MMA_BWD_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
 
@@ -523,11 +516,12 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
   if (p->deterministic || !(fabsf(p->scale) >= 1e-30f))
     pl->kernel = FC_MMA_BWD_FA2;
   else
-    pl->kernel = props.sm / 10 == 9 ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P;
+    pl->kernel = fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_FA2PB) ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P;
   const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
   const bool bulk = pl->kernel == FC_MMA_BWD_FA2PB;
   size_t bytes = fc_bwd_fa2_smem(d, t.br, t.bc, fc_mma_bwd_fa2_qstages(d, t.br, t.bc, bulk), bulk);
-  if (bytes > props.smem_per_block_optin && fc_mma_bwd_base_tiles[pl->dim].br > 0) {
+  if (bytes > props.smem_per_block_optin && fc_mma_bwd_base_tiles[pl->dim].br > 0 &&
+      fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_BASE)) {
     pl->kernel = FC_MMA_BWD_BASE;
     bytes = fc_mma_bwd_base_smem(d, fc_mma_bwd_base_tiles[pl->dim]);
   }
@@ -717,22 +711,11 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   FC_CHECK(fc_mma_bwd_plan_of(p, &pl));
   fc_mma_bwd_args a;
   memset(&a, 0, sizeof a);
-  /* Padded row buffers: each sequence's rows rounded up to FC_BWD_PADR. */
-  int64_t *cu_pad_host = NULL;
-  if (p->cu_seqlens_q) {
-    void *h;
-    FC_CHECK(fc_host_workspace(p, (size_t)(p->batch + 1) * sizeof(int64_t), &h));
-    cu_pad_host = (int64_t *)h;
-    cu_pad_host[0] = 0;
-    for (int64_t s = 0; s < p->batch; s++) {
-      const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
-      cu_pad_host[s + 1] = cu_pad_host[s] + (len + FC_BWD_PADR - 1) / FC_BWD_PADR * FC_BWD_PADR;
-    }
-    a.total_pad = cu_pad_host[p->batch];
-  } else {
-    a.sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_PADR) * FC_BWD_PADR;
-    a.total_pad = p->batch * a.sq_pad;
-  }
+  /* Padded row buffers: each sequence's rows rounded up to FC_BWD_PADR, the row passes' FC_BWD_ROWS_PAD. */
+  static_assert((int)FC_BWD_PADR == (int)FC_BWD_ROWS_PAD,
+                "one padding of the row buffers for the kernels and the row passes");
+  int64_t *cu_pad_host;
+  FC_CHECK(fc_bwd_rows_pad(p, &cu_pad_host, &a.sq_pad, &a.total_pad));
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
   const size_t pad_bytes = cu_pad_host ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));

@@ -10,6 +10,22 @@
 
 enum { FC_BWD_PADR = 128, FC_BWD_DQ_WARPS = 8, FC_BWD_DQ_THREADS = FC_BWD_DQ_WARPS * 32, FC_BWD_DQ_BR = 128 };
 
+/* The dK/dV kernels (step 2 of mma/bwd.cu); steps 1, 3, 3' and 4 are the same for all. */
+typedef enum fc_mma_bwd_kernel {
+  FC_MMA_BWD_FA2, /* fc_mma_bwd_fa2_kernel (mma/bwd_kernel.cuh): FlashAttention-2's tiles; atomic or deterministic dQ */
+  FC_MMA_BWD_FA2P,  /* fa2 with Pᵀ's exponentials between dPᵀ's MMAs (PDP); atomic dQ */
+  FC_MMA_BWD_FA2PB, /* fa2p with each block's dQ added by one bulk reduce-add (sm_90): a blocked dQ sum */
+  FC_MMA_BWD_BASE   /* fc_mma_bwd_dkdv_kernel: smaller tiles, where fa2's do not fit the device */
+} fc_mma_bwd_kernel;
+
+/* Whether the image of this library's device code built for code_sm (fc_device_props) holds `kernel` (an
+ * fc_mma_bwd_kernel): the sm_90 image holds fa2 and fa2pb, every other image (sm_80, whose SASS also runs on sm_86 and
+ * sm_89 and whose PTX later GPUs JIT-compile) fa2, fa2p and base. The plan picks among the kernels of the image the
+ * device runs; in the others a kernel compiles to a trap (FC_KERNEL_IN_IMAGE), which no call reaches. */
+static constexpr bool fc_mma_bwd_in_image(int code_sm, int kernel) {
+  return code_sm / 10 == 9 ? kernel == FC_MMA_BWD_FA2 || kernel == FC_MMA_BWD_FA2PB : kernel != FC_MMA_BWD_FA2PB;
+}
+
 typedef struct fc_mma_bwd_args {
   const uint16_t *q, *k, *v, *o, *dout;
   uint16_t *dq, *dk, *dv;

@@ -273,6 +273,8 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
           bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
+  FC_KERNEL_IN_IMAGE(
+      fc_mma_bwd_in_image(FC_CODE_SM, PDP ? (BULK_DQ ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P) : FC_MMA_BWD_FA2))
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
   constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
   constexpr int MD = BC / WD, MT_D = MD / 16, ND = D / (NW / WD), NDV = ND / 8;  /* dK, dV warp tile */

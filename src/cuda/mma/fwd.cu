@@ -36,10 +36,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether the image built for code_sm holds the SMALL kernels (fc_mma_fwd_shapes): sm_90's 227 KB per block fits the
+ * lean shapes at every head dim, so its image has none (common/common.cuh, FC_KERNEL_IN_IMAGE). */
+static constexpr bool fc_mma_fwd_small_in_image(int code_sm) { return code_sm / 10 != 9; }
+
 /* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. The kernel for the SMALL shapes (fc_mma_fwd_shapes);
  * mma/fwd_kernel.cuh's is the same loop with less overhead per key block. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_kernel(const fc_mma_fwd_args a) {
+  FC_KERNEL_IN_IMAGE(fc_mma_fwd_small_in_image(FC_CODE_SM))
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
   constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
   constexpr int NS = BC / 8; /* n-blocks of S */
@@ -258,7 +263,7 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
    * (configs/mma-fwd-lean.txt). Where the device's shared memory is too small for them: SMALL. */
   pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
   if (fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d) > props.smem_per_block_optin &&
-      fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0)
+      fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0 && fc_mma_fwd_small_in_image(props.code_sm))
     pl->row = FC_MMA_FWD_SMALL;
   const fc_mma_fwd_shape *s = &fc_mma_fwd_shapes[pl->row][pl->dim];
   const size_t bytes = fc_mma_fwd_smem(s, d);
