@@ -110,9 +110,12 @@ def main() -> None:
 
         return run
 
+    if _torch_fast.AVAILABLE:  # the options as flashc.torch packs them: (scale ... softcap) -> one int
+        oid = _torch_fast.options_id((None, True, -1, -1, False, "auto", -1, False, 0.0))
+
     def extension_fwd():  # the extension's operator alone, as flashc.torch calls it
         with torch.no_grad():
-            torch.ops.flashc_ext.fwd(q, k, v, None, None, None, True, -1, -1, False, "auto", -1, False, 0.0)
+            torch.ops.flashc_ext.fwd(q, k, v, None, None, oid)
 
     prepared = flashc.prepare_forward(q, k, v, causal=True, threads=torch.get_num_threads())
 

@@ -1,15 +1,18 @@
 // flashc's forward and backward as PyTorch operators flashc_ext::fwd and flashc_ext::bwd, on PyTorch's stable
 // ABI: the C++ half of flashc.torch's eager hot path (python/flashc/_torch_fast.py loads it).
 //
-//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, scale?, causal, window_left, window_right, top_left,
-//                   backend, threads, deterministic, softcap) -> (out, lse)
-//   flashc_ext::bwd(dout, q, k, v, out, lse, <fwd's arguments from cu_seqlens_q on>) -> (dq, dk, dv)
+//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, options) -> (out, lse)
+//   flashc_ext::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, options) -> (dq, dk, dv)
 //
-// The arguments mean what they mean for flashc::fwd / flashc::bwd (python/flashc/_ops.py); these kernels run the
-// calls that need nothing but them (no ALiBi, seqused, attn_mask, dropout or num_splits), the calls of a plain
-// model. Why C++: in Python the argument checks and the ctypes marshalling around the C call cost ~22 us a call on
-// the CPU (bench/torch_call_cost.py); here at::Tensor -> flashc_tensor is a handful of C calls (the operator's
-// dispatch and output allocation included, ~5 us).
+// The tensors mean what they mean for flashc::fwd / flashc::bwd (python/flashc/_ops.py); `options` is the number
+// flashc_torch_options gave for the rest of their arguments (scale, causal, window_left, window_right, top_left,
+// backend, threads, deterministic, softcap), which flashc.torch checks and packs once per distinct set: every
+// argument of a schema costs the Python-to-operator call a conversion, and a string or an optional float costs
+// more than an int. These kernels run the calls that need nothing but them (no ALiBi, seqused, attn_mask,
+// dropout or num_splits), the calls of a plain model. Why C++: in Python the argument checks and the ctypes
+// marshalling around the C call cost ~22 us a call on the CPU (bench/torch_call_cost.py); here at::Tensor ->
+// flashc_tensor is a handful of C calls (with the operator's dispatch and output allocation, ~3 us above
+// the C call made through ctypes).
 //
 // Why the stable ABI (torch/csrc/stable, TORCH_TARGET_VERSION 2.10): the library this builds uses only PyTorch's C
 // shim, so one build loads into every torch >= 2.10 (and no Python ABI: it is loaded with torch.ops.load_library).
@@ -26,9 +29,12 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -67,6 +73,25 @@ constexpr size_t PARAMS_SIZE = offsetof(flashc_params, alibi_slopes);
 
 [[noreturn]] void fail(const std::string &what) { throw std::runtime_error("flashc: " + what); }
 
+// ---- options: checked and packed once per distinct set (flashc_torch_options), named by their index ----------
+struct Options {
+  flashc_params params; // scale ... softcap set; a varlen call fills in its cu_seqlens
+  const char *backend;  // interned: one address per name, so that a handle's lookup compares addresses
+  int64_t threads;      // -1: torch.get_num_threads() at each call
+};
+// A model uses a few sets; the bound keeps the table a fixed array that the operators read without a lock (an
+// entry is written once, before its index is handed out, and never freed). Past it flashc.torch uses ctypes.
+constexpr int64_t MAX_OPTIONS = 4096;
+std::atomic<const Options *> options_table[MAX_OPTIONS];
+std::mutex options_mutex; // serialises flashc_torch_options
+int64_t options_count = 0;
+
+const Options &options_of(int64_t id) {
+  const Options *o = id >= 0 && id < MAX_OPTIONS ? options_table[id].load(std::memory_order_acquire) : nullptr;
+  if (!o) fail("options " + std::to_string(id) + " were not made by flashc_torch_options");
+  return *o;
+}
+
 // ---- CUDA, through what torch has loaded -------------------------------------------------------------------
 // The current stream comes from the AOTInductor shim of libtorch_cuda (the stable ABI of torch 2.10 has no
 // native stream handle); whether it is capturing a CUDA graph, from the driver. Both are looked up once, so that
@@ -96,8 +121,8 @@ bool capturing(void *stream) {
 
 // ---- handles: one per thread, backend, device and stream (as flashc/_ops.py keeps them) --------------------
 struct Handle {
-  std::string backend;
-  int32_t device; // -1: the CPU
+  const char *backend; // interned (Options::backend)
+  int32_t device;      // -1: the CPU
   void *stream;
   flashc_handle h;
   int threads; // the count last set on h; -1 before any
@@ -115,14 +140,14 @@ thread_local Handles handles;
 thread_local const char **last_backend_slot = nullptr;
 constexpr size_t MAX_HANDLES = 16; // per thread: streams come and go; each handle holds a workspace
 
-Handle &handle(const std::string &backend, int32_t device, void *stream) {
+Handle &handle(const char *backend, int32_t device, void *stream) {
   for (Handle &x : handles.list)
-    if (x.device == device && x.stream == stream && x.backend == backend) return x;
+    if (x.backend == backend && x.device == device && x.stream == stream) return x;
   // A new handle allocates its device workspace on its first call, which a CUDA graph capture forbids; the
   // Python path raises the error that says what to do.
   if (device >= 0 && capturing(stream)) fail("first call on a capturing stream");
   flashc_handle h = nullptr;
-  if (api.create(&h, backend.c_str()) != FLASHC_OK) fail(api.last_error());
+  if (api.create(&h, backend) != FLASHC_OK) fail(api.last_error());
   if (device >= 0 && api.set_stream(h, stream) != FLASHC_OK) {
     api.destroy(h);
     fail(api.last_error());
@@ -170,34 +195,41 @@ flashc_tensor describe(const Tensor &x, const Place &where) {
   flashc_tensor t;
   t.data = x.data_ptr();
   t.dtype = dtype_of(x);
-  if (x.dim() == 3) {
+  const auto size = x.sizes(), stride = x.strides(); // one shim call each, not one per dimension
+  if (size.size() == 3) {
     t.size[0] = 1;
     t.stride[0] = 0;
     for (int d = 0; d < 3; d++) {
-      t.size[d + 1] = x.size(d);
-      t.stride[d + 1] = x.stride(d);
+      t.size[d + 1] = size[d];
+      t.stride[d + 1] = stride[d];
     }
   } else {
     for (int d = 0; d < 4; d++) {
-      t.size[d] = x.size(d);
-      t.stride[d] = x.stride(d);
+      t.size[d] = size[d];
+      t.stride[d] = stride[d];
     }
   }
   return t;
 }
 
+// Sizes of at most 4 dimensions, without a heap allocation.
+struct Sizes {
+  int64_t n;
+  int64_t v[4];
+};
+
 // A new contiguous tensor of these sizes on `where` (aoti_torch_empty_strided: no dispatcher lookup).
-Tensor empty(const std::vector<int64_t> &sizes, int32_t dtype, const Place &where) {
-  std::vector<int64_t> strides(sizes.size());
+Tensor empty(const Sizes &sizes, int32_t dtype, const Place &where) {
+  int64_t strides[4];
   int64_t s = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
+  for (int64_t d = sizes.n; d-- > 0;) {
     strides[d] = s;
-    s *= sizes[d];
+    s *= sizes.v[d];
   }
   AtenTensorHandle out = nullptr;
   const int32_t type = where.cuda ? aoti_torch_device_type_cuda() : aoti_torch_device_type_cpu();
-  if (aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype, type,
-                               where.cuda ? where.device : 0, &out) != AOTI_TORCH_SUCCESS)
+  if (aoti_torch_empty_strided(sizes.n, sizes.v, strides, dtype, type, where.cuda ? where.device : 0, &out) !=
+      AOTI_TORCH_SUCCESS)
     fail("an output could not be allocated");
   return Tensor(out);
 }
@@ -208,24 +240,22 @@ int32_t torch_dtype(const Tensor &x) {
   return code;
 }
 
-std::vector<int64_t> lse_sizes(const Tensor &q, bool packed) {
-  if (packed) return {q.size(1), q.size(0)};
-  return {q.size(0), q.size(2), q.size(1)};
+Sizes lse_sizes(const Tensor &q, bool packed) {
+  const auto size = q.sizes();
+  if (packed) return {2, {size[1], size[0]}};
+  return {3, {size[0], size[2], size[1]}};
 }
 
-// The parameters of one call; cu_q/cu_k: host int32 offsets, kept alive by the caller.
-flashc_params params_of(const std::optional<Tensor> &cu_q, const std::optional<Tensor> &cu_k,
-                        std::optional<double> scale, bool causal, int64_t wl, int64_t wr, bool top_left, bool det,
-                        double softcap) {
-  flashc_params p = flashc_params_default();
-  p.struct_size = PARAMS_SIZE;
-  p.scale = scale ? static_cast<float>(*scale) : 0.0f;
-  p.causal = causal;
-  p.align = top_left ? FLASHC_ALIGN_TOP_LEFT : FLASHC_ALIGN_BOTTOM_RIGHT;
-  p.window_left = wl;
-  p.window_right = wr;
-  p.deterministic = det;
-  p.softcap = static_cast<float>(softcap);
+Sizes sizes_of(const Tensor &x) {
+  const auto size = x.sizes();
+  Sizes s{static_cast<int64_t>(size.size()), {}};
+  for (int64_t d = 0; d < s.n; d++) s.v[d] = size[d];
+  return s;
+}
+
+// The parameters of one call: the options' with cu_q/cu_k (host int32 offsets, kept alive by the caller).
+flashc_params params_of(const Options &o, const std::optional<Tensor> &cu_q, const std::optional<Tensor> &cu_k) {
+  flashc_params p = o.params;
   if (cu_q.has_value() != cu_k.has_value()) fail("varlen needs both cu_seqlens");
   if (cu_q) {
     for (const Tensor *cu : {&*cu_q, &*cu_k})
@@ -240,11 +270,11 @@ flashc_params params_of(const std::optional<Tensor> &cu_q, const std::optional<T
 }
 
 // Runs fn(handle) on the handle for (backend, q's device, the current stream), with the thread count set.
-template <class Fn> void run(const Place &where, const std::string &backend, int64_t threads, Fn fn) {
+template <class Fn> void run(const Place &where, const Options &o, Fn fn) {
   if (!api.forward) fail("the extension is not bound to libflashc (flashc_torch_bind)");
   void *stream = where.cuda ? current_stream(where.device) : nullptr;
-  Handle &h = handle(backend, where.device, stream);
-  const int n = threads >= 0 ? static_cast<int>(threads) : static_cast<int>(torch::stable::get_num_threads());
+  Handle &h = handle(o.backend, where.device, stream);
+  const int n = o.threads >= 0 ? static_cast<int>(o.threads) : static_cast<int>(torch::stable::get_num_threads());
   if (n != h.threads) {
     if (api.set_threads(h.h, n) != FLASHC_OK) fail(api.last_error());
     h.threads = n;
@@ -262,31 +292,28 @@ template <class Fn> void run(const Place &where, const std::string &backend, int
 
 // ---- the operators -----------------------------------------------------------------------------------------
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
-                               std::optional<double> scale, bool causal, int64_t wl, int64_t wr, bool top_left,
-                               std::string backend, int64_t threads, bool det, double softcap) {
+                               int64_t options) {
   // q: [b, s_q, h_q, d] (packed: [total_q, h_q, d]); k: [b, s_k, h_k, d]; v: [b, s_k, h_k, d_v]
   const bool packed = cu_q.has_value();
   const int64_t nd = packed ? 3 : 4;
   q = readable(q, nd);
   k = readable(k, nd);
   v = readable(v, nd);
+  const Options &o = options_of(options);
   const Place where = place_of(q);
-  flashc_params p = params_of(cu_q, cu_k, scale, causal, wl, wr, top_left, det, softcap);
-  std::vector<int64_t> osize(nd);
-  for (int64_t d = 0; d < nd - 1; d++) osize[d] = q.size(d);
-  osize[nd - 1] = v.size(nd - 1); // o takes V's head dim
+  flashc_params p = params_of(o, cu_q, cu_k);
+  Sizes osize = sizes_of(q);
+  osize.v[nd - 1] = v.sizes()[nd - 1]; // o takes V's head dim
   Tensor out = empty(osize, torch_dtype(q), where);
   Tensor lse = empty(lse_sizes(q, packed), aoti_torch_dtype_float32(), where);
   flashc_tensor tq = describe(q, where), tk = describe(k, where), tv = describe(v, where), to = describe(out, where);
   float *plse = static_cast<float *>(lse.data_ptr());
-  run(where, backend, threads, [&](flashc_handle h) { return api.forward(h, &p, &tq, &tk, &tv, &to, plse); });
+  run(where, o, [&](flashc_handle h) { return api.forward(h, &p, &tq, &tk, &tv, &to, plse); });
   return {out, lse};
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                                       std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
-                                       std::optional<double> scale, bool causal, int64_t wl, int64_t wr, bool top_left,
-                                       std::string backend, int64_t threads, bool det, double softcap) {
+                                       std::optional<Tensor> cu_q, std::optional<Tensor> cu_k, int64_t options) {
   const bool packed = cu_q.has_value();
   const int64_t nd = packed ? 3 : 4;
   q = readable(q, nd);
@@ -294,28 +321,26 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   v = readable(v, nd);
   out = readable(out, nd);
   dout = readable(dout, nd);
+  const Options &o = options_of(options);
   const Place where = place_of(q);
-  const std::vector<int64_t> want = lse_sizes(q, packed);
+  const Sizes want = lse_sizes(q, packed);
   const Place lse_at = place_of(lse);
-  if (lse.scalar_type() != ScalarType::Float || lse.dim() != static_cast<int64_t>(want.size()) ||
-      lse_at.cuda != where.cuda || lse_at.device != where.device)
+  if (lse.scalar_type() != ScalarType::Float || lse.dim() != want.n || lse_at.cuda != where.cuda ||
+      lse_at.device != where.device)
     fail("an lse that is not the forward's");
-  for (size_t d = 0; d < want.size(); d++)
-    if (lse.size(static_cast<int64_t>(d)) != want[d]) fail("an lse that is not the forward's");
+  const auto lse_size = lse.sizes();
+  for (int64_t d = 0; d < want.n; d++)
+    if (lse_size[d] != want.v[d]) fail("an lse that is not the forward's");
   if (!lse.is_contiguous()) lse = torch::stable::contiguous(lse);
-  flashc_params p = params_of(cu_q, cu_k, scale, causal, wl, wr, top_left, det, softcap);
-  auto like = [&](const Tensor &x) {
-    std::vector<int64_t> sizes(nd);
-    for (int64_t d = 0; d < nd; d++) sizes[d] = x.size(d);
-    return empty(sizes, torch_dtype(x), where);
-  };
-  Tensor dq = like(q), dk = like(k), dv = like(v);
+  flashc_params p = params_of(o, cu_q, cu_k);
+  const int32_t dtype = torch_dtype(q); // libflashc checks that k, v, out and dout share it
+  Tensor dq = empty(sizes_of(q), dtype, where), dk = empty(sizes_of(k), dtype, where),
+         dv = empty(sizes_of(v), dtype, where);
   flashc_tensor tq = describe(q, where), tk = describe(k, where), tv = describe(v, where), to = describe(out, where);
   flashc_tensor tdo = describe(dout, where), tdq = describe(dq, where), tdk = describe(dk, where),
                 tdv = describe(dv, where);
   const float *plse = static_cast<const float *>(lse.data_ptr());
-  run(where, backend, threads,
-      [&](flashc_handle h) { return api.backward(h, &p, &tq, &tk, &tv, &to, plse, &tdo, &tdq, &tdk, &tdv); });
+  run(where, o, [&](flashc_handle h) { return api.backward(h, &p, &tq, &tk, &tv, &to, plse, &tdo, &tdq, &tdk, &tdv); });
   return {dq, dk, dv};
 }
 
@@ -323,12 +348,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
 
 // ---- registration ------------------------------------------------------------------------------------------
 STABLE_TORCH_LIBRARY(flashc_ext, m) {
-  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, float? scale, bool causal, "
-        "int window_left, int window_right, bool top_left, str backend, int threads, bool deterministic, "
-        "float softcap) -> (Tensor, Tensor)");
+  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int options) -> (Tensor, "
+        "Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
-        "Tensor? cu_seqlens_k, float? scale, bool causal, int window_left, int window_right, bool top_left, "
-        "str backend, int threads, bool deterministic, float softcap) -> (Tensor, Tensor, Tensor)");
+        "Tensor? cu_seqlens_k, int options) -> (Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashc_ext, CPU, m) {
@@ -374,11 +397,45 @@ __attribute__((visibility("default"))) int flashc_torch_bind(const char *path, c
   return 0;
 }
 
+// The number the operators take for these options (the arguments of flashc::fwd from scale to softcap, checked by
+// flashc.torch; scale 0: 1/sqrt(head_dim); threads -1: torch's count at each call), the same number for the same
+// options; -1 when MAX_OPTIONS sets are taken.
+__attribute__((visibility("default"))) int64_t flashc_torch_options(double scale, int causal, int64_t window_left,
+                                                                    int64_t window_right, int top_left,
+                                                                    const char *backend, int64_t threads,
+                                                                    int deterministic, double softcap) {
+  flashc_params p = flashc_params_default();
+  p.struct_size = PARAMS_SIZE;
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  p.align = top_left ? FLASHC_ALIGN_TOP_LEFT : FLASHC_ALIGN_BOTTOM_RIGHT;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  p.deterministic = deterministic;
+  p.softcap = static_cast<float>(softcap);
+  std::lock_guard<std::mutex> lock(options_mutex);
+  const char *name = nullptr;
+  for (int64_t i = 0; i < options_count; i++) {
+    const Options &o = *options_table[i].load(std::memory_order_relaxed);
+    if (std::strcmp(o.backend, backend) != 0) continue;
+    name = o.backend;
+    const flashc_params &q = o.params;
+    if (o.threads == threads && q.scale == p.scale && q.causal == p.causal && q.align == p.align &&
+        q.window_left == p.window_left && q.window_right == p.window_right && q.deterministic == p.deterministic &&
+        q.softcap == p.softcap)
+      return i;
+  }
+  if (options_count == MAX_OPTIONS) return -1;
+  if (!name) name = (new std::string(backend))->c_str(); // interned for the process's life, as the entry
+  options_table[options_count].store(new Options{p, name, threads}, std::memory_order_release);
+  return options_count++;
+}
+
 // The CPU thread count set on this thread's host handle for `backend` (the stream-less one), -1 if it has none:
 // what the Python path's handle cache shows, for tests.
 __attribute__((visibility("default"))) int flashc_torch_host_threads(const char *backend) {
   for (const Handle &x : handles.list)
-    if (x.device < 0 && x.backend == backend) return x.threads;
+    if (x.device < 0 && std::strcmp(x.backend, backend) == 0) return x.threads;
   return -1;
 }
 

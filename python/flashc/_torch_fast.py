@@ -3,10 +3,15 @@
 fwd_impl and bwd_impl take the arguments of flashc._ops.fwd_impl / bwd_impl and return what they return. A call
 that needs nothing but q, k, v (and host cu_seqlens), the options and softcap runs the operators
 flashc_ext::fwd / flashc_ext::bwd of the extension (python/flashc/_torch_ext.cpp): at::Tensor to flashc_tensor
-in C++, one cached flashc handle per thread, backend, device and stream, the current CUDA stream. Any other call
-(ALiBi, seqused, attn_mask, later features), and any call the extension refuses, runs through flashc._ops: so
-the results, and the exceptions with their types and messages, are those of the Python path whether the
-extension is there or not. The extension is an accelerator, never a second implementation of the checks.
+in C++, one cached flashc handle per thread, backend, device and stream, the current CUDA stream. The options
+(flashc.torch's checked tuple, scale ... softcap) reach the operators as one int, options_id(opts), made once
+per distinct tuple. Any other call (ALiBi, seqused, attn_mask, later features), and any call the extension
+refuses, runs through flashc._ops: so the results, and the exceptions with their types and messages, are those
+of the Python path whether the extension is there or not. The extension is an accelerator, never a second
+implementation of the checks.
+
+flashc.torch.attention's common call (plain tensors, nothing but the options) calls forward() or
+Attention.apply() directly, with the options' tuple and id that it caches per set of user arguments.
 
 The extension is looked for next to the libflashc that flashc._lib loaded (FLASHC_LIBRARY, or the package's
 own), because it calls that very library: it is bound to it by path at load time. FLASHC_TORCH_EXT=0 (or OFF)
@@ -43,6 +48,7 @@ def _load():
     why = ctypes.c_char_p()
     try:
         bind, set_slot = ext.flashc_torch_bind, ext.flashc_torch_set_slot
+        ext.flashc_torch_options  # noqa: B018 (present in this version's extension)
     except AttributeError as e:  # an extension of another flashc version
         return None, f"{path} is not this package's: {e}"
     bind.argtypes, bind.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)], ctypes.c_int
@@ -61,6 +67,24 @@ if AVAILABLE:
     _bwd = getattr(torch.ops.flashc_ext.bwd.default, "_op", torch.ops.flashc_ext.bwd.default)
     _set_slot = _ext.flashc_torch_set_slot
     _names: dict = {}  # address of a name in libflashc's backend table -> the name
+    _local = _api._local  # where flashc.last_backend() reads
+    _make_options = _ext.flashc_torch_options
+    _make_options.restype = ctypes.c_int64
+    _make_options.argtypes = [ctypes.c_double, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                              ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double]  # fmt: skip
+    _ids: dict = {}  # checked options tuple -> the extension's number for it
+
+    def options_id(opts: tuple) -> int:
+        """The number flashc_ext::fwd / bwd take for opts (scale, causal, window_left, window_right, top_left,
+        backend, threads, deterministic, softcap, as flashc.torch checks them); -1 when the extension holds no
+        more sets (the call then runs through ctypes)."""
+        i = _ids.get(opts)
+        if i is None:
+            scale, causal, wl, wr, top_left, backend, threads, det, softcap = opts
+            i = _make_options(scale or 0.0, causal, wl, wr, top_left, backend.encode(), threads, det, softcap)
+            if len(_ids) < 4096:
+                _ids[opts] = i
+        return i
 
     class _Slot(threading.local):
         """Per thread: the cell the extension writes the address of the last backend's name into."""
@@ -71,16 +95,40 @@ if AVAILABLE:
 
     _slot = _Slot()
 
+    def _name(at: int) -> str:
+        """The backend name at this address of libflashc's table (read once per backend)."""
+        name = _names[at] = ctypes.string_at(at).decode()
+        return name
+
     def _note_backend(backend: str, cell) -> None:
         """flashc.last_backend() after an extension call, as _ops._run sets it (reading the cell is no call)."""
         if backend != "auto":
-            _api._local.last_backend = backend
+            _local.last_backend = backend
             return
         at = cell.value
-        name = _names.get(at)
-        if name is None:
-            name = _names[at] = ctypes.string_at(at).decode()
-        _api._local.last_backend = name
+        _local.last_backend = _names.get(at) or _name(at)
+
+    def forward(q, k, v, cu_q, cu_k, opts: tuple, oid: int):
+        """(out, lse) of a call with nothing but the options (oid = options_id(opts)): through the extension,
+        else (it refused the call, or oid is -1) through _ops, which raises the error flashc.torch raises."""
+        cell = _slot.cell  # before the call: a thread's first access registers its cell
+        try:
+            out, lse = _fwd(q, k, v, cu_q, cu_k, oid)
+        except Exception:
+            return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+        # flashc.last_backend(), as _note_backend sets it, inline: this runs on every call
+        _local.last_backend = opts[5] if opts[5] != "auto" else (_names.get(cell.value) or _name(cell.value))
+        return out, lse
+
+    def backward(dout, q, k, v, out, lse, cu_q, cu_k, opts: tuple, oid: int):
+        """(dq, dk, dv) of forward()'s call, as forward() runs it."""
+        cell = _slot.cell
+        try:
+            grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid)
+        except Exception:
+            return _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *opts)
+        _local.last_backend = opts[5] if opts[5] != "auto" else (_names.get(cell.value) or _name(cell.value))
+        return grads
 
     def host_threads(backend: str) -> int:
         """The thread count set on this thread's host handle for backend (-1: none yet), as the Python path's
@@ -112,7 +160,8 @@ if AVAILABLE:
         ):
             cell = _slot.cell  # before the call: a thread's first access registers its cell
             try:
-                out, lse = _fwd(q, k, v, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap)
+                oid = options_id((scale, causal, wl, wr, top_left, backend, threads, det, softcap))
+                out, lse = _fwd(q, k, v, cu_q, cu_k, oid)
             except Exception:  # the Python path below raises the error flashc.torch raises without the extension
                 pass
             else:
@@ -134,8 +183,8 @@ if AVAILABLE:
         ):
             cell = _slot.cell
             try:
-                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads,
-                             det, softcap)  # fmt: skip
+                oid = options_id((scale, causal, wl, wr, top_left, backend, threads, det, softcap))
+                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid)
             except Exception:
                 pass
             else:
@@ -145,24 +194,35 @@ if AVAILABLE:
                              det, softcap, su_q, su_k, alibi, mask, want_dbias, *more, **kw)  # fmt: skip
 
     class Attention(torch.autograd.Function):
-        """flashc.torch's autograd for a call with nothing but q, k, v, cu_seqlens and the options (flashc.torch's
-        _Function covers every feature; this one saves only what such a call needs and takes the options as one
-        argument: some 15 us less per forward + backward). Same formula: lse not differentiable, no double
-        backward."""
+        """flashc.torch's autograd for a call with nothing but q, k, v, cu_seqlens and the options:
+        apply(q, k, v, cu_q, cu_k, opts, options_id(opts), want_lse) -> out, or (out, lse) with want_lse.
+        flashc.torch's _Function covers every feature; this one does only what such a call needs, which is what
+        a forward + backward costs above the kernels: the old-style forward(ctx, ...) (a setup_context would be
+        a second Python call), lse an output only when asked for (else a saved intermediate: autograd then
+        neither wraps it nor makes a zero gradient for it), no zero-filled gradients (set_materialize_grads:
+        dout is None when out is unused). Same formula: lse not differentiable, no double backward."""
 
         @staticmethod
-        def forward(ctx, q, k, v, cu_q, cu_k, opts):
-            out, lse = fwd_impl(q, k, v, cu_q, cu_k, *opts)
+        def forward(ctx, q, k, v, cu_q, cu_k, opts, oid, want_lse):
+            out, lse = forward(q, k, v, cu_q, cu_k, opts, oid)
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
             ctx.opts = opts
-            ctx.mark_non_differentiable(lse)
-            return out, lse
+            ctx.oid = oid
+            ctx.set_materialize_grads(False)
+            if want_lse:
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+            return out
 
         @staticmethod
-        def backward(ctx, dout, _dlse):
-            _ops.check_double_backward()
+        def backward(ctx, dout, _dlse=None):
+            if torch.is_grad_enabled():
+                _ops.check_double_backward()
+            if dout is None:  # only lse was used: it is not differentiable, so nothing flows
+                return None, None, None, None, None, None, None, None
             q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            return (*bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts), None, None, None)
+            dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, ctx.opts, ctx.oid)
+            return dq, dk, dv, None, None, None, None, None
 
     def _bwd_kernel(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det,
                     softcap=0.0, su_q=None, su_k=None, alibi=None, mask=None, *more):  # fmt: skip
@@ -181,7 +241,7 @@ if AVAILABLE:
 else:
     fwd_impl = _ops.fwd_impl
     bwd_impl = _ops.bwd_impl
-    Attention = None
+    Attention = forward = backward = options_id = None
 
 # flashc.torch's kernels as they are without the extension: what tests and bench/torch_call_cost.py put in place of
 # this module (flashc.torch._kernels) to run the Python path beside the extension's.

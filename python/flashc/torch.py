@@ -93,18 +93,53 @@ def _check_options(causal, window, scale, backend, causal_align, threads, determ
 _options_cache: dict = {}
 
 
+def _cacheable(window) -> bool:
+    """Whether a cache may hold these arguments: True == 1 and 1 == 1.0 as dict keys, so a key of valid values
+    would also answer for invalid ones that compare equal (threads=True, scale=True, softcap=False, a window
+    side True). The caches' keys carry the types of scale, threads and softcap; a window is cached only as a
+    tuple of two ints or Nones, and looked up only when it holds no bool (_no_bools)."""
+    return window is None or (
+        type(window) is tuple and len(window) == 2 and all(type(w) is int or w is None for w in window)
+    )
+
+
+def _no_bools(window) -> bool:
+    """False for a (left, right) window with a bool side, which a cache lookup would take for 1 or 0."""
+    return not (type(window) is tuple and len(window) == 2) or (
+        type(window[0]) is not bool and type(window[1]) is not bool
+    )
+
+
 def _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap) -> tuple:
     if _is_compiling():  # traced once: no cache for dynamo to guard on
         return _check_options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
-    key = (causal, window, scale, backend, causal_align, threads, deterministic, softcap)
+    key = (causal, window, scale, backend, causal_align, threads, deterministic, softcap,
+           type(scale), type(threads), type(softcap))  # fmt: skip
     try:
-        return _options_cache[key]
+        if window is None or _no_bools(window):
+            return _options_cache[key]
     except (KeyError, TypeError):  # TypeError: a list window is not hashable
         pass
-    opts = _check_options(*key)
-    if isinstance(window, (tuple, type(None))) and len(_options_cache) < 1024:
+    opts = _check_options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
+    if _cacheable(window) and len(_options_cache) < 1024:
         _options_cache[key] = opts
     return opts
+
+
+# flashc.torch.attention's common call: its options arguments (with the types of scale, threads and softcap) ->
+# (the checked tuple, the extension's number for it); filled by _fast_options.
+_fast_cache: dict = {}
+
+
+def _fast_options(key: tuple) -> tuple:
+    """(opts, options_id) for attention's fast path, from its arguments' key as attention builds it (raises as
+    _options does for invalid ones)."""
+    causal, window, scale, backend, causal_align, threads, deterministic, softcap = key[:8]
+    opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
+    entry = (opts, _kernels.options_id(opts))
+    if _cacheable(window) and len(_fast_cache) < 1024:
+        _fast_cache[key] = entry
+    return entry
 
 
 def _cast(q, k, v):
@@ -152,6 +187,15 @@ def _not_tensor(q, k, v):
 
 
 _peek_functorch = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: None)
+# What attention's fast path asks, bound once (each a C call).
+_Tensor = torch.Tensor
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_tracing_state = torch._C._get_tracing_state
+_grad_enabled = torch.is_grad_enabled
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: _autocast_enabled("cpu") or _autocast_enabled("cuda")
+)
 
 
 def _plain_eager(q, k, v) -> bool:
@@ -178,10 +222,15 @@ def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=N
         if torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
         ):
-            if _kernels.AVAILABLE and mask is None and alibi is None and su_q is None and su_k is None and not (
-                drop[0] or splits
+            if (
+                _kernels.AVAILABLE
+                and mask is None
+                and alibi is None
+                and su_q is None
+                and su_k is None
+                and not (drop[0] or splits)
             ):  # the leaner autograd.Function of the extension's path
-                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts)
+                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts, _kernels.options_id(opts), True)
             return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *drop, splits, *opts)
         return _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
@@ -282,6 +331,43 @@ def attention(
     whenever it is > 0, as there: pass 0.0 in evaluation). seed None: seed and offset drawn from torch's generator
     (see the module's docstring); given: the mask of flashc.attention(..., seed=seed, offset=offset). num_splits:
     as flashc.attention's (the forward's key splits on cuda-mma)."""
+    # The common call, in as few Python steps as it takes (bench/torch_call_cost.py): plain CPU/CUDA tensors of one
+    # dtype, nothing but the options, the extension loaded, plain eager mode (_plain_eager's conditions), no
+    # autocast. The options are checked once per set of arguments (_fast_options); anything else, and any call
+    # the extension refuses (which then runs through the Python path and raises its error), takes the general
+    # path below, which does the same.
+    kernels = _kernels
+    if (
+        kernels.AVAILABLE
+        and not _is_compiling()
+        and attn_mask is None
+        and alibi_slopes is None
+        and not dropout_p
+        and not num_splits
+        and type(q) is _Tensor
+        and type(k) is _Tensor
+        and type(v) is _Tensor
+        and (q.is_cpu or q.is_cuda)
+        and q.dtype == k.dtype == v.dtype
+        and not _dispatch_modes()
+        and not _function_modes()
+        and _tracing_state() is None
+        and _peek_functorch() is None
+        and not _any_autocast()
+    ):
+        key = (causal, window, scale, backend, causal_align, threads, deterministic, softcap,
+               type(scale), type(threads), type(softcap))  # fmt: skip
+        try:
+            if window is None or _no_bools(window):  # see _cacheable
+                opts, oid = _fast_cache[key]
+            else:
+                opts, oid = _fast_options(key)
+        except (KeyError, TypeError):  # TypeError: a window that is not hashable
+            opts, oid = _fast_options(key)
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
+            return kernels.Attention.apply(q, k, v, None, None, opts, oid, return_lse)
+        out, lse = kernels.forward(q, k, v, None, None, opts, oid)
+        return (out, lse) if return_lse else out
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         _not_tensor(q, k, v)
     opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)

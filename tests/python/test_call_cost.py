@@ -66,9 +66,9 @@ def test_forward_runs_no_python_of_the_ctypes_path():
     files = _python_frames(call)
     assert not _ctypes_files(files), f"the forward ran {_ctypes_files(files)}"
     ours = [name for f, name in files if f.parent == PACKAGE]
-    # attention, _options, _cast, _slopes, _forward, _plain_eager, fwd_impl, _plain, _note_backend: a handful of
-    # frames, where the ctypes path runs some 20 (fwd_impl, _readable x3, _run, _check_backend, _handle, ...)
-    assert len(ours) <= 12, f"{len(ours)} Python frames of flashc per forward: {ours}"
+    # attention and _torch_fast.forward (the common call's short path), where the ctypes path runs some 20
+    # (fwd_impl, _readable x3, _run, _check_backend, _handle, ...)
+    assert len(ours) <= 3, f"{len(ours)} Python frames of flashc per forward: {ours}"
 
 
 def test_forward_backward_runs_no_python_of_the_ctypes_path():
@@ -170,3 +170,81 @@ def _best_of(q, k, v, monkeypatch) -> tuple:
                 fn()
             best[fn] = min(best[fn], time.process_time() - t0)
     return best[fast], best[slow]
+
+
+def test_options_reach_the_extension_as_one_number():
+    # The options are checked and packed once per distinct set; the operators take the number.
+    a = (None, True, -1, -1, False, "auto", -1, False, 0.0)
+    b = (0.125, True, 7, 0, True, "cpu", 1, True, 2.5)
+    ia, ib = _torch_fast.options_id(a), _torch_fast.options_id(b)
+    assert ia >= 0 and ib >= 0 and ia != ib
+    assert _torch_fast.options_id(a) == ia
+    _torch_fast._ids.clear()  # the extension answers the same number again for the same set
+    assert _torch_fast.options_id(b) == ib
+    q, k, v = _inputs((1, 9, 2, 16), seed=3)
+    with torch.no_grad():
+        out, lse = torch.ops.flashc_ext.fwd(q, k, v, None, None, ib)
+        want, want_lse = ft.attention(q, k, v, True, (7, 0), 0.125, "cpu", True, causal_align="top-left",
+                                      threads=1, deterministic=True, softcap=2.5)  # fmt: skip
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    with pytest.raises(RuntimeError, match="options -1 were not made"):
+        torch.ops.flashc_ext.fwd(q, k, v, None, None, -1)
+
+
+@pytest.mark.parametrize(
+    "good, bad",
+    [
+        (dict(threads=1), dict(threads=True)),
+        (dict(scale=1.0), dict(scale=True)),
+        (dict(softcap=0.0), dict(softcap=False)),
+        (dict(window=(1, 0)), dict(window=(True, 0))),
+        (dict(window=(3, 0)), dict(window=(3, False))),
+    ],
+)
+def test_cached_options_still_refuse_bools(good, bad):
+    # True == 1 and False == 0.0 as dict keys: a cached valid call must not answer for the invalid one.
+    q, k, v = _inputs((1, 4, 2, 8))
+    with torch.no_grad():
+        for _ in range(2):
+            ft.attention(q, k, v, causal=True, **good)
+        with pytest.raises(TypeError, match="flashc: "):
+            ft.attention(q, k, v, causal=True, **bad)
+
+
+def test_fast_path_autograd_matches_python_path(monkeypatch):
+    q, k, v = _inputs((2, 21, 4, 32), grad=True, seed=4)
+    g = torch.Generator().manual_seed(5)
+    dout = torch.randn(2, 21, 4, 32, generator=g)
+
+    def run():
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out, lse = ft.attention(*xs, causal=True, window=(5, 0), return_lse=True)
+        assert out.requires_grad and not lse.requires_grad  # lse is not differentiable
+        out.backward(dout)
+        plain = ft.attention(*xs, causal=True, window=(5, 0))  # without lse: the same out
+        assert torch.equal(plain.detach(), out.detach())
+        return [out.detach(), lse] + [x.grad for x in xs]
+
+    fast = run()
+    monkeypatch.setattr(ft, "_kernels", _torch_fast.PYTHON_PATH)
+    slow = run()
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+
+
+def test_fast_path_refuses_double_backward():
+    q, k, v = _inputs(grad=True)
+    out = ft.attention(q, k, v, causal=True)
+    (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=False)
+    assert g.shape == q.shape
+    out = ft.attention(q, k, v, causal=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
+
+
+def test_fast_path_leaves_autocast_and_mixed_dtypes_to_the_general_path():
+    q, k, v = _inputs((1, 8, 2, 16))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ft.attention(q, k, v, causal=True).dtype == torch.bfloat16  # cast, as SDPA
+    with pytest.raises(TypeError, match="k.dtype is torch.float64"):
+        ft.attention(q, k.double(), v, causal=True)
