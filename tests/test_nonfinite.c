@@ -51,6 +51,8 @@ static const nf_case cases[] = {
     /* sq > sk, bottom-right: rows 0..19 see no key and keep o = 0, lse = −inf beside NaN rows (≥ 50) */
     {"nan-key-masked-rows", 70, 50, 1, 0, NAN_K, 30, 0.0f, 1, 1, 0},
     {"scale-1e38", 70, 70, 0, 1, NONE, 0, 1e38f, 1, 1, 1},
+    /* |scale| < 1e-30: cuda-mma's backward takes fa2 with the deterministic dQ pass even when not asked for */
+    {"scale-1e-35", 70, 70, 1, 1, NONE, 0, 1e-35f, 1, 1, 0},
     {"qk-near-max", 70, 70, 0, 1, NONE, 0, 0.0f, 4e37, 1, 1},
     {"v-near-max", 70, 70, 1, 1, NONE, 0, 0.0f, 1, 5e37, 1},
 };

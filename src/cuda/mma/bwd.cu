@@ -497,6 +497,8 @@ typedef struct fc_mma_bwd_plan {
   int dim;       /* index of the compiled head dim in fc_mma_bwd_dims */
   int kernel;    /* fc_mma_bwd_kernel */
   int dq_tile_w; /* FA2PB: the blocked fp32 dQ sum's tile width (fc_bwd_dq_blocked_index); 0: [total_q][hq][D] */
+  bool det_dq; /* dQ by its own pass (3'), in a fixed order: deterministic calls, and those that fa2p/fa2pb cannot take
+                */
 } fc_mma_bwd_plan;
 
 static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl) {
@@ -513,7 +515,10 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
    * configs/mma-bwd-fa2p-configs.csv). On sm_90 fa2pb: 1.12–1.23× fa2p at d64/d128 (configs/mma-bwd-fa2pb.txt),
    * 1.29–1.50× at d256 with one Q/dO buffer (mma-bwd-fa2pb-d256.txt). fa2p with 4 warps, 64 × 64 tiles and 2 CTAs
    * per SM (fa2x2): 0.82–1.16× fa2p (mma-bwd-fa2p-configs.csv). */
-  if (p->deterministic || !(fabsf(p->scale) >= 1e-30f))
+  /* Those fa2 calls take the deterministic dQ whether asked or not: calls with |scale| < 1e-30 are too rare to build
+   * fa2's atomic-dQ kernels for (28 in each image). */
+  pl->det_dq = p->deterministic || !(fabsf(p->scale) >= 1e-30f);
+  if (pl->det_dq)
     pl->kernel = FC_MMA_BWD_FA2;
   else
     pl->kernel = fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_FA2PB) ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P;
@@ -525,7 +530,7 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
     pl->kernel = FC_MMA_BWD_BASE;
     bytes = fc_mma_bwd_base_smem(d, fc_mma_bwd_base_tiles[pl->dim]);
   }
-  if (p->deterministic) { /* the dQ pass runs after dK/dV: refused before anything runs */
+  if (pl->det_dq) { /* the dQ pass runs after dK/dV: refused before anything runs */
     const size_t dq = fc_mma_bwd_dq_smem(d, fc_mma_bwd_dq_bc[pl->dim]);
     if (dq > bytes) bytes = dq;
   }
@@ -533,7 +538,7 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "flashc_backward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s; "
                     "device %d (sm_%d) allows %zu",
-                    d, bytes, p->deterministic ? " (deterministic)" : "", props.device, props.sm,
+                    d, bytes, pl->det_dq ? " (with the deterministic dQ pass)" : "", props.device, props.sm,
                     props.smem_per_block_optin);
   pl->dq_tile_w = pl->kernel == FC_MMA_BWD_FA2PB ? FC_MMA_DQ_TILE_W : 0;
   return FLASHC_OK;
@@ -577,9 +582,9 @@ static flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *kernel, in
 
 /* 2, base. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES>
-static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
+static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   fc_mma_bwd_args a = *a0;
-  const bool atomic = !p->deterministic;
+  const bool atomic = !det_dq;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
@@ -597,15 +602,16 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
 }
 
 /* 2, the fa2 family (mma/bwd_kernel.cuh): NW warps, one CTA per SM. PDP (fa2p, fa2pb) compiles the atomic-dQ kernel
- * only: the plan sends deterministic calls to fa2. BULK: fa2pb (the blocked dQ sum); LEAN: its register-lean kernel. */
+ * only, fa2 the deterministic one only (the plan's det_dq). BULK: fa2pb (the blocked dQ sum); LEAN: its register-lean
+ * kernel. */
 template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, bool BULK, bool LEAN>
-static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
+static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   constexpr int QSTAGES = fc_mma_bwd_fa2_qstages(D, BR, BC, BULK);
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
   fc_mma_bwd_args a = *a0;
-  const bool atomic = !p->deterministic;
-  if (PDP && !atomic)
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2p/fa2pb kernels have no deterministic dQ");
+  if (PDP == det_dq) /* fc_mma_bwd_plan_of: fa2 with the deterministic dQ, fa2p/fa2pb with the atomic one */
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2%s kernels have no %s dQ",
+                    PDP ? "p/fa2pb" : "", det_dq ? "deterministic" : "atomic");
   if (BULK && a0->dq_tile_w != FC_MMA_DQ_TILE_W)
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's fa2pb kernel needs the blocked dQ sum");
   int grid = 0;
@@ -616,8 +622,7 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   if constexpr (PDP || BULK)
     dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
   else
-    dkdv = aligned ? (atomic ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(true, false))
-                   : (atomic ? FC_FA2_KERNEL(false, true) : FC_FA2_KERNEL(false, false));
+    dkdv = aligned ? FC_FA2_KERNEL(true, false) : FC_FA2_KERNEL(false, false);
 #undef FC_FA2_KERNEL
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
   FC_CHECK(fc_mma_bwd_tail(p, (const void *)dkdv, NW * 32, smem, &a));
@@ -628,14 +633,14 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
 
 /* 3'/4: dQ from the fp32 buffer (atomic mode), or the deterministic dQ pass. */
 template <typename T, int D, int DQ_BC>
-static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned) {
+static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
-  if (!p->deterministic && a.dq_tile_w) { /* fa2pb's blocked sum: cuda-hopper's convert of it */
+  if (!det_dq && a.dq_tile_w) { /* fa2pb's blocked sum: cuda-hopper's convert of it */
     const fc_bwd_rows_args r = fc_mma_bwd_rows(&a);
     return fc_bwd_rows_convert<T>(p, &r);
   }
-  if (!p->deterministic) {
+  if (!det_dq) {
     const int64_t n = p->total_q * p->heads_q * p->head_dim;
     const int blocks = (int)(n / 256 < 65536 ? fc_cdiv(n, 256) : 65536);
     fc_mma_bwd_convert_kernel<T><<<blocks, 256, 0, stream>>>(a);
@@ -657,36 +662,40 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
 /* Head dim index I of the plan, as template arguments: compile-time walks over the tables, so that a head dim or a
  * tile changes in one place; a cell without a kernel (base's br = 0) compiles nothing. */
 template <typename T, bool PDP, bool BULK, int I = 0>
-static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int dim) {
+static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
+                                       const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     constexpr fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[I];
-    if (dim == I)
+    if (pl->dim == I)
       return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
-                            (BULK && t.lean != 0)>(p, a, aligned);
-    return fc_mma_bwd_fa2_at<T, PDP, BULK, I + 1>(p, a, aligned, dim);
+                            (BULK && t.lean != 0)>(p, a, aligned, pl->det_dq);
+    return fc_mma_bwd_fa2_at<T, PDP, BULK, I + 1>(p, a, aligned, pl);
   } else {
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no fa2 kernel for head dim index %d", dim);
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no fa2 kernel for head dim index %d", pl->dim);
   }
 }
 template <typename T, int I = 0>
-static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int dim) {
+static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
+                                        const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     constexpr fc_mma_bwd_base_tile t = fc_mma_bwd_base_tiles[I];
     if constexpr (t.br > 0) {
-      if (dim == I) return fc_mma_bwd_base<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, aligned);
+      if (pl->dim == I)
+        return fc_mma_bwd_base<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, aligned, pl->det_dq);
     }
-    return fc_mma_bwd_base_at<T, I + 1>(p, a, aligned, dim);
+    return fc_mma_bwd_base_at<T, I + 1>(p, a, aligned, pl);
   } else {
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no base kernel for head dim index %d", dim);
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no base kernel for head dim index %d", pl->dim);
   }
 }
 template <typename T, int I = 0>
-static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned, int dim) {
+static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
+                                          const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
-    if (dim == I) return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I]>(p, a, aligned);
-    return fc_mma_bwd_finish_at<T, I + 1>(p, a, aligned, dim);
+    if (pl->dim == I) return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I]>(p, a, aligned, pl->det_dq);
+    return fc_mma_bwd_finish_at<T, I + 1>(p, a, aligned, pl);
   } else {
-    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no dQ pass for head dim index %d", dim);
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no dQ pass for head dim index %d", pl->dim);
   }
 }
 
@@ -696,12 +705,12 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
                                          const fc_mma_bwd_plan *pl) {
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
   switch (pl->kernel) {
-  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false>(p, a, aligned, pl->dim))); break;
-  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false>(p, a, aligned, pl->dim))); break;
-  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true>(p, a, aligned, pl->dim))); break;
-  default: FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl->dim))); break;
+  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true>(p, a, aligned, pl))); break;
+  default: FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl))); break;
   }
-  return fc_mma_bwd_finish_at<T>(p, a, aligned, pl->dim);
+  return fc_mma_bwd_finish_at<T>(p, a, aligned, pl);
 }
 
 static size_t fc_round256(size_t n) { return (n + 255) / 256 * 256; }
@@ -723,7 +732,7 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   a.dq_tile_w = pl.dq_tile_w;
   /* blocked: every padded row, whole 64-row tiles (the bulk adds cover whole query blocks, padding included) */
   const int64_t dq_rows = a.dq_tile_w ? p->heads_q * a.total_pad : p->total_q * p->heads_q;
-  const size_t dq_bytes = p->deterministic ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
+  const size_t dq_bytes = pl.det_dq ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
   /* GQA: the group split (common/gqa.cu), sized for 64-key blocks and two CTAs per SM */
   const int split = fc_gqa_split(p, fc_cdiv(p->seqlen_k, 64), 2, 0);
   const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + fc_round256(dq_bytes);
