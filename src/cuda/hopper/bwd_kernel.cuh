@@ -21,11 +21,11 @@
  * the barrier of both warpgroups per block becomes pairwise named barriers (READY: the other's dSᵀ rows of a block are
  * in; FREE: its dQ has read a buffer the other writes next) and the warpgroups drift apart; block 0 is peeled (FIRST),
  * fc_hpb_lag_tail issues the last block's dQ (tests/models/bwd_lag_model.py checks the pairwise barriers,
- * bwd_kernel_model.py the whole kernel's protocol, under random interleavings). sdS is double-buffered: dSᵀ of block i goes
- * to buffer i % 2, whose last readers (block i − 2's dQ wgmmas, issued in block i − 1 by both warpgroups) each arrived
- * at FREE after their wait. The issuing thread waits for the last bulk add's read of its warpgroup's sdQ tile before
- * the tile is written again. Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO 2 × 2 × 16 KB + sdS 2 × Bc·Br·2 bytes (2 ×
- * 16 KB; D = 64: 2 × 32 KB)
+ * bwd_kernel_model.py the whole kernel's protocol, under random interleavings). sdS is double-buffered: dSᵀ of block i
+ * goes to buffer i % 2, whose last readers (block i − 2's dQ wgmmas, issued in block i − 1 by both warpgroups) each
+ * arrived at FREE after their wait. The issuing thread waits for the last bulk add's read of its warpgroup's sdQ tile
+ * before the tile is written again. Shared memory: sK, sV 2 × 16·D/64 KB + sQ, sdO 2 × 2 × 16 KB + sdS 2 × Bc·Br·2
+ * bytes (2 × 16 KB; D = 64: 2 × 32 KB)
  * + sdQ 2 × 16 KB + sLD 2 × 2·Br·4 + barriers + 1 KB slack: D = 128 198696 bytes, D = 64 199720 (a third stage:
  * 231992 and 233528, the latter past the 232448 an H100 block may have). The losing orders of this kernel (the next
  * block's Sᵀ issued behind dK, earlier still, a ping-pong of the two warpgroups' Pᵀ/dSᵀ phases) and its persistent
