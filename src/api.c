@@ -211,7 +211,8 @@ static flashc_status write_empty_results(const fc_problem *p, const fc_backend *
 /* ---- rows past seqused ------------------------------------------------------------------------------ */
 /* With seqused_q/k a backend sees only the used rows of each slot (fc_seq_q/k); the others' results are known
  * (flashc.h): query rows past seqused_q get o = 0, lse = −inf (forward) and dq = 0 (backward), key rows past
- * seqused_k get dk = dv = 0. Written here once, on the host: only CPU backends implement seqused. */
+ * seqused_k get dk = dv = 0. Written here once for every backend that implements seqused, after its kernels (on the
+ * same stream), where the tensors live. */
 static void zero_rows(const fc_problem *p, const fc_view *v, int64_t first, int64_t last, int64_t heads, int64_t dim) {
   const size_t es = flashc_dtype_size(p->dtype);
   for (int64_t r = first; r < last; r++)
@@ -221,8 +222,9 @@ static void zero_rows(const fc_problem *p, const fc_view *v, int64_t first, int6
 
 static flashc_status write_unused_rows(const fc_problem *p, const fc_backend *b) {
   if (!p->seqused_q && !p->seqused_k) return FLASHC_OK;
-  if (b->device != FLASHC_DEVICE_CPU)
+  if (!(b->features & FC_FEATURE_SEQUSED))
     return fc_error(FLASHC_ERR_INTERNAL, "seqused reached backend %s, which does not implement it", b->name);
+  if (b->device == FLASHC_DEVICE_CUDA) return fc_device_unused_rows(p);
   for (int64_t s = 0; s < p->batch; s++) {
     int64_t start, used;
     const int64_t q_end = p->cu_seqlens_q[s + 1], k_end = p->cu_seqlens_k[s + 1];

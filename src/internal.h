@@ -357,6 +357,9 @@ flashc_status fc_device_stream_switch(struct flashc_handle_s *h, void *old_strea
 flashc_status fc_device_zero_rows(const fc_problem *p, void *data, const int64_t n[3], const int64_t stride[3],
                                   int64_t row);
 flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, float value);
+/* The results of the rows past seqused in device memory (api.c), on p's stream, in one launch: o = 0 and lse = −inf
+ * (forward), dq = 0 past seqused_q and dk = dv = 0 past seqused_k (backward). Uses the device workspace. */
+flashc_status fc_device_unused_rows(const fc_problem *p);
 
 /* Runs fn(ctx, i, worker) for i in [0, n) on up to `threads` threads (the calling thread included) and
  * returns when all are done. Work is handed out dynamically, one index at a time and in increasing order, each

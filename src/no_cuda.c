@@ -40,3 +40,8 @@ flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, fl
   (void)value;
   return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
 }
+
+flashc_status fc_device_unused_rows(const fc_problem *p) {
+  (void)p;
+  return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
+}

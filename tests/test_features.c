@@ -17,6 +17,13 @@
  *      128, 256, every kernel its plans pick (persistent with split rounds, the one-tile kernel from 8192 keys,
  *      the deterministic backward), masks, GQA (the group split), varlen, odd lengths, tiny and huge caps,
  *      slopes per head and per sequence in device memory. Skipped without a GPU ("no CUDA device").
+ *   6. cuda-mma's seqused against the same oracle, bf16 and f16, forward and backward, with the unused rows NaN as in
+ *      3: seqused_q alone, seqused_k alone, both, whole slots, used lengths of 0 (no query, no key), several query
+ *      and key blocks, causal (both alignments), a window, GQA (the group split), the deterministic backward, head
+ *      dims 32 to 256. Skipped without a GPU ("no CUDA device").
+ *   7. cuda-mma's softcap and ALiBi against the same oracle, bf16 and f16, forward and backward: section 5's cases and
+ *      the rest of its plans (head dims 32 to 256, rows not 16-byte aligned, the split keys, a negative scale, the
+ *      deterministic dQ pass). Skipped without a GPU ("no CUDA device").
  */
 #include "harness.h"
 #include "internal.h"
@@ -432,8 +439,8 @@ static void test_refusals(void) {
       printf("PASS auto picks cpu for softcap + ALiBi + head dims 8/24\n");
   }
 
-  /* Every backend but cpu-ref and cpu lacks every feature but cuda-hopper's softcap and ALiBi, and the one check names
-   * it and the backend. */
+  /* Every backend but cpu-ref and cpu lacks every feature but the softcap and ALiBi of cuda-hopper and cuda-mma
+   * (sections 5 and 7) and cuda-mma's seqused (section 6), and the one check names it and the backend. */
   fc_problem base;
   memset(&base, 0, sizeof base);
   base.head_dim = base.head_dim_v = 64;
@@ -451,7 +458,8 @@ static void test_refusals(void) {
       snprintf(who, sizeof who, "backend %s", b->name);
       snprintf(what, sizeof what, "%s on %s", feats[f], b->name);
       const bool has = strcmp(b->name, "cpu") == 0 || strcmp(b->name, "cpu-ref") == 0 ||
-                       (strcmp(b->name, "cuda-hopper") == 0 && f <= 1);
+                       (strcmp(b->name, "cuda-hopper") == 0 && f <= 1) ||
+                       (strcmp(b->name, "cuda-mma") == 0 && (f <= 1 || f == 3));
       expect(fc_check_features("flashc_forward", who, b->features, &pf), has ? FLASHC_OK : FLASHC_ERR_UNSUPPORTED, who,
              what);
     }
@@ -462,9 +470,9 @@ static void test_refusals(void) {
   }
 }
 
-/* On a GPU, each usable CUDA backend refuses softcap (but cuda-hopper, which runs it: section 5), a head dim of V of
- * its own and seqused through the public API (ALiBi's slopes would need device memory: its refusal is the shared check
- * above). */
+/* On a GPU, each usable CUDA backend refuses softcap (but cuda-hopper and cuda-mma, which run it: sections 5 and 7), a
+ * head dim of V of its own and seqused (but cuda-mma, which runs it: section 6) through the public API (ALiBi's slopes
+ * would need device memory: its refusal is the shared check above). */
 static void test_cuda_refusals(void) {
   static const int32_t cu[2] = {0, 16}, used[1] = {9};
   int tried = 0;
@@ -475,7 +483,8 @@ static void test_cuda_refusals(void) {
     if (!th_backend_open(&be, info.name)) continue;
     tried++;
     for (int f = 0; f < 3; f++) {
-      if (f == 0 && strcmp(info.name, "cuda-hopper") == 0) continue;
+      if (f == 0 && (strcmp(info.name, "cuda-hopper") == 0 || strcmp(info.name, "cuda-mma") == 0)) continue;
+      if (f == 2 && strcmp(info.name, "cuda-mma") == 0) continue; /* it runs seqused: section 6 */
       const int64_t dv = f == 1 ? 128 : 64;
       flashc_params p = flashc_params_default();
       if (f == 0) p.softcap = 2.0f;
@@ -562,6 +571,115 @@ static void test_hopper(th_rng *rng) {
   th_backend_close(&be);
 }
 
+/* ---- cuda-mma's seqused ------------------------------------------------------------------------------------------ */
+/* Slots of several query and key blocks (cuda-mma's forward tiles 128 query rows; its backward 64 or 128 rows by 64 or
+ * 128 keys) with used lengths that end inside a block, on a block edge, at 0 and at the slot's end, and a second set:
+ * sequence 0 uses no key of its 29 (its used queries see none: o = 0, lse = −inf), sequence 3 half of its keys. */
+static const int32_t mq2[] = {300, 130, 0, 17}, mk2[] = {260, 400, 5, 200};
+static const int32_t mu_q2[] = {257, 0, 0, 16}, mu_k2[] = {131, 400, 5, 128};
+static const int32_t uk0[] = {0, 7, 0, 35, 300};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const fcase mma_seqused_cases[] = {
+    {"mma seqused d64", 1, 0, 0, 2, 2, 64, 64, 0.0f, 0.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5, lq, lk, uq, uk},
+    {"mma seqused blocks causal d128", 1, 0, 0, 2, 2, 128, 128, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 4,
+     mq2, mk2, mu_q2, mu_k2},
+    {"mma seqused blocks gqa 4:1 d64", 1, 0, 0, 4, 1, 64, 64, 0.0f, 0.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 4,
+     mq2, mk2, mu_q2, mu_k2},
+    {"mma seqused-q only causal-tl d32", 1, 0, 0, 2, 1, 32, 32, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_TOP_LEFT, PLAIN, 4, mq2,
+     mk2, mu_q2},
+    {"mma seqused-k only window(9,2) d96", 1, 0, 0, 2, 2, 96, 96, 0.5f, 0.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, 9, 2, 5,
+     lq, lk, NULL, uk},
+    {"mma seqused-k 0 used causal gqa 2:1 d128", 1, 0, 0, 4, 2, 128, 128, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN, 5, lq, lk, uq, uk0},
+    {"mma seqused whole slots d64", 1, 0, 0, 2, 2, 64, 64, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5, lq,
+     lk, lq, lk},
+    {"mma seqused deterministic gqa 4:2 d64", 1, 0, 0, 4, 2, 64, 64, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN, 4, mq2, mk2, mu_q2, mu_k2, .deterministic = 1},
+    {"mma seqused deterministic d256", 1, 0, 0, 2, 2, 256, 256, 0.0f, 0.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5,
+     lq, lk, uq, uk, .deterministic = 1},
+    {"mma seqused d256 bhsd", 1, 0, 0, 2, 1, 256, 256, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 4, mq2, mk2,
+     mu_q2, mu_k2, .layout = TH_BHSD},
+    {"mma seqused d40 strided", 1, 0, 0, 2, 2, 40, 40, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5, lq, lk,
+     uq, uk, .layout = TH_STRIDED},
+};
+#pragma GCC diagnostic pop
+#define NMMA_SEQUSED ((int)(sizeof mma_seqused_cases / sizeof mma_seqused_cases[0]))
+
+/* Every case in bf16 and f16 on cuda-mma where it is usable, cpu's bf16 tolerances; no refusal is accepted. */
+static void test_mma_seqused(th_rng *rng) {
+  bool usable = false;
+  for (int i = 0; i < flashc_backend_count(); i++) {
+    flashc_backend_info info;
+    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-mma") == 0) usable = info.usable;
+  }
+  th_backend be;
+  if (!usable || !th_backend_open(&be, "cuda-mma")) {
+    printf("SKIP cuda-mma seqused against the oracle: no CUDA device (or not sm_80+)\n");
+    return;
+  }
+  for (int i = 0; i < NMMA_SEQUSED; i++) {
+    run(&be, &mma_seqused_cases[i], FLASHC_BF16, 2e-2, 4e-2, rng);
+    run(&be, &mma_seqused_cases[i], FLASHC_F16, 2e-2, 4e-2, rng);
+  }
+  th_backend_close(&be);
+}
+
+/* ---- cuda-mma's softcap and ALiBi -------------------------------------------------------------------------------- */
+/* cuda-hopper's cases (section 5: head dims 64, 96, 128, 256, masks, GQA, varlen, the deterministic backward) and
+ * these, which reach the rest of cuda-mma's plans: head dims 32, 160, 192 and 40 (padded to 64, rows not 16-byte
+ * aligned: the kernels without cp.async), the split keys (a few query rows against thousands of keys, dense and
+ * varlen), a negative scale (the kernels negate Q and take |scale|), the deterministic dQ pass at d256, GQA 8:1 (the
+ * group split), seqused (the used lengths set ALiBi's distances). */
+static const int32_t ml_q[] = {3, 1, 0, 2}, ml_k[] = {2100, 4000, 7, 1};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const fcase mma_mod_cases[] = {
+    {"mma softcap d32", 2, 97, 203, 4, 4, 32, 32, 0.0f, 5.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"mma alibi-softcap causal d40 strided", 1, 150, 131, 2, 1, 40, 40, 0.0f, 3.0f, 2, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN, .layout = TH_STRIDED},
+    {"mma alibi-softcap window(40,3) d160", 1, 200, 260, 2, 2, 160, 160, 0.0f, 6.0f, 1, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
+     40, 3},
+    {"mma alibi causal-tl sq>sk d192", 1, 230, 150, 2, 1, 192, 192, 0.0f, 0.0f, 2, 1, FLASHC_ALIGN_TOP_LEFT, PLAIN},
+    {"mma softcap split keys d128", 1, 1, 4096, 8, 2, 128, 128, 0.0f, 10.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"mma alibi-softcap split keys causal d64", 2, 5, 3000, 4, 1, 64, 64, 0.0f, 7.0f, 2, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"mma alibi split keys varlen d256", 1, 0, 0, 2, 2, 256, 256, 0.0f, 0.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 4,
+     ml_q, ml_k},
+    {"mma alibi-softcap negative scale causal d64", 2, 130, 140, 2, 2, 64, 64, -0.2f, 4.0f, 1, 1,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN},
+    {"mma softcap negative scale deterministic d128", 1, 129, 200, 2, 1, 128, 128, -0.1f, 2.0f, 0, 0,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, .deterministic = 1},
+    {"mma alibi-softcap deterministic window(50,50) d256", 1, 200, 190, 2, 2, 256, 256, 0.0f, 9.0f, 2, 0,
+     FLASHC_ALIGN_BOTTOM_RIGHT, 50, 50, .deterministic = 1},
+    {"mma alibi-softcap gqa 8:1 causal d96", 1, 140, 300, 8, 1, 96, 96, 0.0f, 5.0f, 1, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"mma seqused alibi-softcap causal d128", 1, 0, 0, 2, 2, 128, 128, 0.0f, 3.0f, 2, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN, 4, mq2, mk2, mu_q2, mu_k2},
+};
+#pragma GCC diagnostic pop
+#define NMMA_MOD ((int)(sizeof mma_mod_cases / sizeof mma_mod_cases[0]))
+
+/* Every case in bf16 and f16 on cuda-mma where it is usable, the tolerances of section 5; no refusal is accepted. */
+static void test_mma_score_mod(th_rng *rng) {
+  bool usable = false;
+  for (int i = 0; i < flashc_backend_count(); i++) {
+    flashc_backend_info info;
+    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-mma") == 0) usable = info.usable;
+  }
+  th_backend be;
+  if (!usable || !th_backend_open(&be, "cuda-mma")) {
+    printf("SKIP cuda-mma softcap/ALiBi against the oracle: no CUDA device (or not sm_80+)\n");
+    return;
+  }
+  for (int i = 0; i < NHOPPER + NMMA_MOD; i++) {
+    const fcase *c = i < NHOPPER ? &hopper_cases[i] : &mma_mod_cases[i - NHOPPER];
+    run(&be, c, FLASHC_BF16, 2e-2, 4e-2, rng);
+    run(&be, c, FLASHC_F16, 2e-2, 4e-2, rng);
+  }
+  th_backend_close(&be);
+}
+
 int main(void) {
   th_begin("test_features");
   th_rng rng;
@@ -579,5 +697,7 @@ int main(void) {
   test_refusals();
   test_cuda_refusals();
   test_hopper(&rng);
+  test_mma_seqused(&rng);
+  test_mma_score_mod(&rng);
   return th_end();
 }

@@ -234,7 +234,7 @@ def test_cuda_backends_refuse(backend):
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
-    if backend != "cuda-hopper":  # it runs softcap and ALiBi: test_cuda_hopper_score_mods
+    if backend not in SCORE_MOD_BACKENDS:  # these run softcap and ALiBi: test_cuda_score_mods
         with pytest.raises(NotImplementedError, match=f"softcap is not supported on backend {backend}"):
             flashc.attention(q, q, q, softcap=2.0, backend=backend)
         with pytest.raises(NotImplementedError, match=f"ALiBi .* is not supported on backend {backend}"):
@@ -243,19 +243,22 @@ def test_cuda_backends_refuse(backend):
         flashc.attention(q, q, v, backend=backend)
 
 
-# name, (batch, sq, sk, hq, hkv, d), options
-HOPPER_CASES = [
+# The CUDA backends that run softcap and ALiBi, and the cases: name, (batch, sq, sk, hq, hkv, d), options
+SCORE_MOD_BACKENDS = ("cuda-hopper", "cuda-mma")
+SCORE_MOD_CASES = [
     ("softcap-causal-d128", (2, 129, 257, 2, 2, 128), dict(softcap=20.0, causal=True)),
     ("alibi-gqa-d64", (1, 100, 300, 4, 2, 64), dict(alibi="head")),
     ("alibi-softcap-window-d256", (2, 77, 200, 2, 1, 256), dict(alibi="batch", softcap=5.0, window=(40, 3))),
 ]
 
 
-@pytest.mark.skipif("cuda-hopper" not in CUDA_BACKENDS, reason="no CUDA device (or not sm_90)")
+@pytest.mark.parametrize("backend", SCORE_MOD_BACKENDS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name,shape,opts", HOPPER_CASES, ids=[c[0] for c in HOPPER_CASES])
-def test_cuda_hopper_score_mods(name, shape, opts, dtype, rng):
-    """cuda-hopper's softcap and ALiBi (torch, slopes on the device) against the fp64 oracle on the rounded inputs."""
+@pytest.mark.parametrize("name,shape,opts", SCORE_MOD_CASES, ids=[c[0] for c in SCORE_MOD_CASES])
+def test_cuda_score_mods(name, shape, opts, dtype, backend, rng):
+    """Softcap and ALiBi (torch, slopes on the device) against the fp64 oracle on the rounded inputs."""
+    if backend not in CUDA_BACKENDS:
+        pytest.skip(f"no CUDA device (or {backend} is not usable on it)")
     torch = pytest.importorskip("torch")
     import flashc.torch as ft
 
@@ -268,10 +271,50 @@ def test_cuda_hopper_score_mods(name, shape, opts, dtype, rng):
     want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), slopes=slopes, **opts)
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     o, lse = ft.attention(q, k, v, alibi_slopes=None if slopes is None else torch.tensor(slopes, device="cuda"),
-                          backend="cuda-hopper", return_lse=True, **opts)  # fmt: skip
+                          backend=backend, return_lse=True, **opts)  # fmt: skip
     o.backward(dout)
     got = tuple(x.detach().double().cpu().numpy() for x in (o, lse, q.grad, k.grad, v.grad))
-    check_against(got, want, 4e-2, f"{name} cuda-hopper {dtype}")
+    check_against(got, want, 4e-2, f"{name} {backend} {dtype}")
+
+
+MMA_SEQUSED_CASES = [
+    ("seqused-d64", 2, 2, 64, dict(seqused_q=USED_Q, seqused_k=USED_K)),
+    ("seqused-causal-gqa-d128", 4, 1, 128, dict(seqused_q=USED_Q, seqused_k=USED_K, causal=True)),
+    ("seqused-k-window-d32", 2, 2, 32, dict(seqused_k=USED_K, window=(9, 2))),
+    ("seqused-q-deterministic-d96", 2, 1, 96, dict(seqused_q=USED_Q, causal=True, deterministic=True)),
+]
+
+
+@pytest.mark.skipif("cuda-mma" not in CUDA_BACKENDS, reason="no CUDA device (or not sm_80+)")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name,hq,hkv,d,opts", MMA_SEQUSED_CASES, ids=[c[0] for c in MMA_SEQUSED_CASES])
+def test_cuda_mma_seqused(name, hq, hkv, d, opts, dtype, rng):
+    """cuda-mma's seqused (torch varlen, NaN past the used rows) against the fp64 oracle on the rounded inputs; the
+    rows past the used ones exactly o = 0, lse = -inf and zero gradients."""
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    cu_q, cu_k = np.cumsum([0] + LENS_Q).astype(np.int32), np.cumsum([0] + LENS_K).astype(np.int32)
+    tdt = getattr(torch, dtype)
+    q, k = (torch.randn(s, dtype=tdt) for s in ((cu_q[-1], hq, d), (cu_k[-1], hkv, d)))
+    v, dout = (torch.randn(s, dtype=tdt) for s in ((cu_k[-1], hkv, d), (cu_q[-1], hq, d)))
+    used_q, used_k = opts.get("seqused_q", LENS_Q), opts.get("seqused_k", LENS_K)
+    for s in range(len(LENS_Q)):  # what lies past the used rows must never be read: NaN there shows a read
+        for x, cu, used in ((q, cu_q, used_q), (dout, cu_q, used_q), (k, cu_k, used_k), (v, cu_k, used_k)):
+            x[cu[s] + used[s] : cu[s + 1]] = float("nan")
+    want = oracle(*(np.nan_to_num(x.double().numpy()) for x in (q, k, v, dout)), cu_q=cu_q, cu_k=cu_k,
+                  used_q=opts.get("seqused_q"), used_k=opts.get("seqused_k"),
+                  **{key: val for key, val in opts.items() if key in ("causal", "window")})  # fmt: skip
+    q, k, v = (x.cuda().requires_grad_() for x in (q, k, v))
+    o, lse = ft.attention_varlen(q, k, v, torch.tensor(cu_q), torch.tensor(cu_k), backend="cuda-mma",
+                                 return_lse=True, **opts)  # fmt: skip
+    o.backward(dout.cuda())
+    got = tuple(x.detach().double().cpu().numpy() for x in (o, lse, q.grad, k.grad, v.grad))
+    check_against(got, want, 4e-2, f"{name} cuda-mma {dtype}")
+    for s in range(len(LENS_Q)):  # exactly
+        rq, rk = slice(cu_q[s] + used_q[s], cu_q[s + 1]), slice(cu_k[s] + used_k[s], cu_k[s + 1])
+        assert np.all(got[0][rq] == 0) and np.all(got[1][:, rq] == -np.inf) and np.all(got[2][rq] == 0), name
+        assert np.all(got[3][rk] == 0) and np.all(got[4][rk] == 0), name
 
 
 # ---- torch ---------------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ typedef struct fc_bwd_rows_args {
   int dq_vec8;    /* convert of the blocked sum: dQ takes 16-byte stores of 8 columns (set by fc_bwd_rows_convert) */
   int od_lanes;   /* prep: > 0, o and dout take 16-byte loads of 8 columns, od_lanes lanes (a power of two) per row */
   const int32_t *cu_q;   /* device copy of cu_seqlens_q, or NULL (dense) */
+  const int32_t *end_q;  /* varlen: where each sequence's rows end (mma/host.cuh: seqused) */
   const int64_t *cu_pad; /* varlen: first padded row of each sequence; NULL when dense */
   int seqlen_q;
   int64_t total_q, total_pad, sq_pad;
@@ -60,7 +61,7 @@ typedef struct fc_bwd_rows_args {
 } fc_bwd_rows_args;
 
 /* What a CTA of prep's grid (row blocks × hq × sequences) covers: row block blk of head h of sequence b, whose
- * sq rows start at q_start ([total_q] rows when varlen) and at padded row pad0. */
+ * sq rows (varlen: the used rows of its slot) start at q_start ([total_q] rows when varlen) and at padded row pad0. */
 typedef struct fc_bwd_rows_cta {
   int blk, h, sq;
   int64_t b, q_start, pad0;
@@ -75,7 +76,7 @@ static __device__ __forceinline__ fc_bwd_rows_cta fc_bwd_rows_where(const fc_bwd
   w.q_start = 0, w.pad0 = w.b * a.sq_pad, w.sq = a.seqlen_q;
   if (a.cu_q) {
     w.q_start = a.cu_q[w.b];
-    w.sq = a.cu_q[w.b + 1] - (int)w.q_start;
+    w.sq = a.end_q[w.b] - (int)w.q_start;
     w.pad0 = a.cu_pad[w.b];
   }
   return w;
@@ -233,7 +234,8 @@ static flashc_status fc_bwd_rows_pad(const fc_problem *p, int64_t **cu_pad_host,
   int64_t *pad = (int64_t *)h;
   pad[0] = 0;
   for (int64_t s = 0; s < p->batch; s++) {
-    const int64_t len = (int64_t)p->cu_seqlens_q[s + 1] - p->cu_seqlens_q[s];
+    int64_t start, len; /* the used rows (seqused): the passes walk no others */
+    fc_seq_q(p, s, &start, &len);
     pad[s + 1] = pad[s] + fc_cdiv(len, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
   }
   *cu_pad_host = pad, *total_pad = pad[p->batch];

@@ -1,6 +1,11 @@
-/* common/fill.cu — the results of an empty problem in device memory (api.c, write_empty_results): zeros in a strided
- * view, −inf in lse. No backend kernel runs for such a problem, so these are the only writes it makes. */
+/* common/fill.cu — the results that api.c writes in device memory: those of an empty problem (write_empty_results:
+ * zeros in a strided view, −inf in lse; no backend kernel runs for such a problem, so these are the only writes it
+ * makes) and those of the rows past seqused (write_unused_rows), and the sequences' ends under seqused that the
+ * kernels read (mma/host.cuh). */
 #include "common/common.cuh"
+
+#include <math.h>
+#include <string.h>
 
 /* x: [n0, n1, n2, row], row contiguous, strides s0, s1, s2 in elements. Element e of the flattened view → its
  * address; only the view's elements are written (a strided o keeps the memory between its rows). T is an
@@ -63,5 +68,109 @@ extern "C" flashc_status fc_device_fill_f32(const fc_problem *p, float *data, in
   if (n == 0) return FLASHC_OK;
   fc_fill_f32_kernel<<<fc_fill_blocks(n), 256, 0, fc_stream(p)>>>(data, n, value);
   FC_LAUNCH_CHECK("fc_fill_f32_kernel");
+  return FLASHC_OK;
+}
+
+/* ---- seqused: the ends of the sequences, and the rows past them ---------------------------------------------- */
+/* end[b] = cu[b] + used[b] for b < n, over used's copy in end (mma/host.cuh, fc_mma_upload_cu_seqlens): blocks over
+ * q's ends first, then k's. */
+__global__ void fc_seq_ends_kernel(int32_t *end_q, const int32_t *cu_q, int32_t *end_k, const int32_t *cu_k,
+                                   int64_t n) {
+  const int64_t nq = end_q ? n : 0, total = nq + (end_k ? n : 0);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    if (i < nq)
+      end_q[i] += cu_q[i];
+    else
+      end_k[i - nq] += cu_k[i - nq];
+  }
+}
+
+extern "C" flashc_status fc_device_seq_ends(const fc_problem *p, int32_t *end_q, const int32_t *cu_q, int32_t *end_k,
+                                            const int32_t *cu_k) {
+  const int64_t n = (end_q ? p->batch : 0) + (end_k ? p->batch : 0);
+  if (n == 0) return FLASHC_OK;
+  fc_seq_ends_kernel<<<fc_fill_blocks(n), 256, 0, fc_stream(p)>>>(end_q, cu_q, end_k, cu_k, p->batch);
+  FC_LAUNCH_CHECK("fc_seq_ends_kernel");
+  return FLASHC_OK;
+}
+
+/* The outputs of the rows past seqused (flashc.h): per sequence s, the rows [cu[s] + used[s], cu[s + 1]) of each view,
+ * every head and column, set to 0, and lse of those query rows to −inf. Up to three views (forward: o; backward: dq,
+ * dk, dv), each on the q side or the k side; used NULL: that side's slots are whole. */
+typedef struct fc_unused_view {
+  void *data;
+  int64_t ss, sh; /* row and head strides, in elements (varlen: stride_b is 0) */
+  int heads, dim, keys;
+} fc_unused_view;
+typedef struct fc_unused_args {
+  fc_unused_view v[3];
+  int nv;
+  float *lse; /* [heads_q, total_q], or NULL */
+  int64_t total_q, batch;
+  int heads_q;
+  const int32_t *cu[2], *used[2]; /* [0]: q, [1]: k (device copies) */
+} fc_unused_args;
+
+/* One block per sequence at a time (a grid-stride loop over them), its threads over the elements of its unused rows.
+ * T: an unsigned integer of the element's size (all-zero bits are +0 in every dtype). */
+template <typename T> __global__ void fc_unused_rows_kernel(const fc_unused_args a) {
+  for (int64_t s = blockIdx.x; s < a.batch; s += gridDim.x) {
+    for (int x = 0; x < a.nv; x++) {
+      const fc_unused_view &v = a.v[x];
+      if (!a.used[v.keys]) continue;
+      const int64_t first = (int64_t)a.cu[v.keys][s] + a.used[v.keys][s], per_row = (int64_t)v.heads * v.dim;
+      const int64_t n = ((int64_t)a.cu[v.keys][s + 1] - first) * per_row;
+      for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+        const int64_t r = first + e / per_row, h = e % per_row / v.dim, c = e % v.dim;
+        ((T *)v.data)[r * v.ss + h * v.sh + c] = T(0);
+      }
+    }
+    if (a.lse && a.used[0]) {
+      const int64_t first = (int64_t)a.cu[0][s] + a.used[0][s], rows = (int64_t)a.cu[0][s + 1] - first;
+      for (int64_t e = threadIdx.x; e < rows * a.heads_q; e += blockDim.x)
+        a.lse[e / rows * a.total_q + first + e % rows] = -INFINITY;
+    }
+  }
+}
+
+extern "C" flashc_status fc_device_unused_rows(const fc_problem *p) {
+  if (!p->seqused_q && !p->seqused_k) return FLASHC_OK;
+  fc_unused_args a;
+  memset(&a, 0, sizeof a);
+  a.total_q = p->total_q, a.batch = p->batch, a.heads_q = (int)p->heads_q;
+  /* The sequences on the device, in the workspace: the backend's kernels that read its earlier contents were
+   * enqueued on this stream before these copies, so they are done with them when the copies run. */
+  const int64_t n = p->batch;
+  const size_t bytes = ((size_t)(n + 1) * 2 + (p->seqused_q ? n : 0) + (p->seqused_k ? n : 0)) * sizeof(int32_t);
+  void *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, bytes, &ws));
+  int32_t *at = (int32_t *)ws;
+  const cudaStream_t stream = fc_stream(p);
+  const int32_t *host[2][2] = {{p->cu_seqlens_q, p->seqused_q}, {p->cu_seqlens_k, p->seqused_k}};
+  for (int side = 0; side < 2; side++) {
+    FC_CUDA_CHECK(
+        cudaMemcpyAsync(at, host[side][0], (size_t)(n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    a.cu[side] = at, at += n + 1;
+    if (!host[side][1]) continue;
+    FC_CUDA_CHECK(cudaMemcpyAsync(at, host[side][1], (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    a.used[side] = at, at += n;
+  }
+  /* forward: o (and lse); backward: dq on the q side, dk and dv on the k side */
+  const fc_view *views[3] = {&p->dq, &p->dk, &p->dv};
+  const int64_t heads[3] = {p->heads_q, p->heads_kv, p->heads_kv}, dims[3] = {p->head_dim, p->head_dim, p->head_dim_v};
+  if (!p->is_backward) views[0] = &p->o, a.lse = p->lse;
+  for (int x = 0; x < (p->is_backward ? 3 : 1); x++) {
+    fc_unused_view &v = a.v[a.nv++];
+    v.data = views[x]->data, v.ss = views[x]->stride_s, v.sh = views[x]->stride_h;
+    v.heads = (int)heads[x], v.dim = (int)(p->is_backward ? dims[x] : p->head_dim_v), v.keys = x > 0;
+  }
+  const unsigned blocks = (unsigned)(n < 4096 ? n : 4096);
+  switch (flashc_dtype_size(p->dtype)) {
+  case 2: fc_unused_rows_kernel<uint16_t><<<blocks, 256, 0, stream>>>(a); break;
+  case 4: fc_unused_rows_kernel<uint32_t><<<blocks, 256, 0, stream>>>(a); break;
+  case 8: fc_unused_rows_kernel<uint64_t><<<blocks, 256, 0, stream>>>(a); break;
+  default: return fc_error(FLASHC_ERR_INTERNAL, "fc_device_unused_rows: element size %zu", flashc_dtype_size(p->dtype));
+  }
+  FC_LAUNCH_CHECK("fc_unused_rows_kernel");
   return FLASHC_OK;
 }

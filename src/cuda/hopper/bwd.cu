@@ -96,7 +96,7 @@ typedef struct fc_hopper_bwd_args {
   const float *lse2, *dsum; /* [hq][total_pad], rows padded per sequence (common/bwd_rows.cuh) */
   float *dq_accum;          /* [total_q][hq][D] fp32 */
   int *dq_ticket;           /* deterministic: [hq][total_pad / Br] turns of the dQ adds, zeroed per call */
-  const int32_t *cu_q, *cu_k;
+  const int32_t *cu_q, *cu_k, *end_q, *end_k; /* varlen: sequence b's rows [cu[b], end[b]) (mma/host.cuh) */
   const int64_t *cu_pad;
   int seqlen_q, seqlen_k;
   int64_t sq_pad, total_pad;
@@ -115,7 +115,7 @@ typedef struct fc_hopper_bwd_args {
   int dk_vec, dv_vec; /* eight neighbouring elements may be stored as one 16-byte chunk */
   /* softcap and ALiBi (hopper/score_mod.cuh): read by the SCORE_MOD kernels only; last, so that the plain kernels'
    * arguments keep their offsets */
-  fc_hp_score_mod mod;
+  fc_score_mod mod;
 } fc_hopper_bwd_args;
 
 #if FC_HOPPER_ARCH
@@ -176,9 +176,9 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   ti->pad0 = ti->b * a.sq_pad;
   if (a.cu_q) {
     ti->q_start = a.cu_q[ti->b];
-    ti->sq = a.cu_q[ti->b + 1] - ti->q_start;
+    ti->sq = a.end_q[ti->b] - ti->q_start;
     ti->k_start = a.cu_k[ti->b];
-    ti->sk = a.cu_k[ti->b + 1] - ti->k_start;
+    ti->sk = a.end_k[ti->b] - ti->k_start;
     ti->pad0 = a.cu_pad[ti->b];
   }
   ti->k0 = jb * BC;
@@ -334,7 +334,7 @@ template <typename T, int BR, bool MASKED, bool CAP, int MODE>
 static __device__ __forceinline__ void
 fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
                   uint32_t sL, uint32_t sD, int t, int q0, int key0, int sq, int sk, int64_t shift, int64_t wl,
-                  int64_t wr, const fc_hp_score_mod &md, float slope, const float2 *l2_pre) {
+                  int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre) {
   /* ALiBi: key key0 + 8·rh and query q0 + 8x + 2t + e % 2 are |w[rh] + 8x + e % 2| apart */
   const float w[2] = {(float)(q0 + 2 * t + sk - sq - key0), (float)(q0 + 2 * t + sk - sq - key0 - 8)};
 #pragma unroll
@@ -346,7 +346,7 @@ fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 1
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       float g;
-      const float xs = fc_hpb_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
+      const float xs = fc_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
       float p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
       if constexpr (MASKED) {
         const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
@@ -378,7 +378,7 @@ template <typename T, int BR, int MODE, int BC = FC_HPB_BC>
 static __device__ __forceinline__ void
 fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
                     uint32_t sL, uint32_t sD, int t, int q0, int k0, int key0, int sq, int sk, int64_t shift,
-                    int64_t wl, int64_t wr, const fc_hp_score_mod &md, float slope, const float2 *l2_pre = nullptr) {
+                    int64_t wl, int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre = nullptr) {
   const bool whole = k0 + BC <= sk && q0 + BR <= sq && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) &&
                      (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
   if (md.k_out > 0.0f) {
@@ -685,7 +685,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         uint32_t unused[BR / 16][4];
         fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_DS>(st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift,
                                                   a.window_left, a.window_right, a.mod,
-                                                  fc_hp_alibi_slope(a.mod, ti.b, hh));
+                                                  fc_score_mod_slope(a.mod, ti.b, hh));
       } else {
         fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
       }
@@ -931,8 +931,8 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   char *ws = NULL;
   FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
   const cudaStream_t stream = fc_stream(p);
-  const int32_t *cu_q = NULL, *cu_k = NULL;
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &cu_q, &cu_k));
+  fc_mma_seqs seqs;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
   const int64_t *cu_pad = NULL;
   if (cu_pad_host) {
     FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
@@ -957,7 +957,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   rows.lse = p->lse, rows.lse2 = lse2, rows.dsum = dsum;
   rows.dq_accum = dq_accum, rows.dq_ld = D, rows.dq_tile_w = dq_tile_w;
   rows.dq_zero = blocked ? dq_accum : NULL;
-  rows.cu_q = cu_q, rows.cu_pad = cu_pad;
+  rows.cu_q = seqs.cu_q, rows.end_q = seqs.end_q, rows.cu_pad = cu_pad;
   rows.seqlen_q = (int)p->seqlen_q, rows.total_q = p->total_q;
   rows.heads_q = (int)p->heads_q, rows.head_dim = (int)p->head_dim;
   rows.scale = p->scale;
@@ -970,7 +970,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.dk_sb = dk.stride_b, a.dk_ss = dk.stride_s, a.dk_sh = dk.stride_h;
   a.dv_sb = dv.stride_b, a.dv_ss = dv.stride_s, a.dv_sh = dv.stride_h;
   a.lse2 = lse2, a.dsum = dsum, a.dq_accum = dq_accum, a.dq_ticket = dq_ticket;
-  a.cu_q = cu_q, a.cu_k = cu_k, a.cu_pad = cu_pad;
+  a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k, a.cu_pad = cu_pad;
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
   a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
@@ -982,7 +982,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.dk_vec = fc_hpb_vec16(&dk), a.dv_vec = fc_hpb_vec16(&dv);
-  fc_hp_score_mod_of(p, &a.mod);
+  fc_score_mod_of(p, &a.mod);
 
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));

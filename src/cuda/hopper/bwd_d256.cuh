@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
           uint32_t unused[XN / 16][4];
           fc_hpb_p_from_s_mod<T, XN, FC_HPB_MOD_TWO, FC_HPB256_BC>(st, pg, unused, unused, sLw, sDsum, t, q0, k0, key0,
                                                                    sq, sk, shift, wl, wr, a.mod,
-                                                                   fc_hp_alibi_slope(a.mod, ti.b, hh));
+                                                                   fc_score_mod_slope(a.mod, ti.b, hh));
           fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
           if (a.mod.k_out > 0.0f) fc_hpb256_store_ps<T, XN>(pg, sdS, warp, g, t);
         } else {

@@ -71,10 +71,11 @@ typedef struct fc_hopper_fwd_args {
   uint16_t *o;
   float *lse; /* NULL: not wanted */
   int64_t o_sb, o_ss, o_sh;
-  const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
-  int seqlen_q, seqlen_k;     /* dense sizes */
-  int64_t total_q;            /* varlen lse row stride */
-  int heads_q, group;         /* group = heads_q / heads_kv */
+  const int32_t *cu_q, *cu_k;   /* device copies of cu_seqlens, or NULL (dense) */
+  const int32_t *end_q, *end_k; /* varlen: where each sequence's rows end (mma/host.cuh: seqused) */
+  int seqlen_q, seqlen_k;       /* dense sizes */
+  int64_t total_q;              /* varlen lse row stride */
+  int heads_q, group;           /* group = heads_q / heads_kv */
   int head_dim, m_blocks;
   int n_pairs;      /* the one-tile kernels' grid: (sequence, query head) pairs, batch·heads_q */
   int tail_from;    /* the first pair walked query block by query block (common/tail_order.cuh) */
@@ -330,8 +331,7 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (
 template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                         const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a,
-                         const fc_hp_score_mod md) {
+                         const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a, const fc_score_mod md) {
   /* md: softcap and ALiBi (hopper/score_mod.cuh), read by the SCORE_MOD kernels only; a parameter of its own after
    * the others, so that the plain kernels' parameters keep their offsets (and their code its bytes) */
 #if FC_HOPPER_ARCH
@@ -360,9 +360,9 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
   int q_start = 0, k_start = 0, sq = a.seqlen_q, sk = a.seqlen_k;
   if (a.cu_q) {
     q_start = a.cu_q[b];
-    sq = a.cu_q[b + 1] - q_start;
+    sq = a.end_q[b] - q_start;
     k_start = a.cu_k[b];
-    sk = a.cu_k[b + 1] - k_start;
+    sk = a.end_k[b] - k_start;
   }
   const int i0 = mb * BR;
   if (i0 >= sq) return;                                 /* the whole CTA, before any barrier */
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
     float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
     if constexpr (SCORE_MOD) {
-      slope = fc_hp_alibi_slope(md, b, h);
+      slope = fc_score_mod_slope(md, b, h);
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + sk - sq - 2 * t);
     }
@@ -641,10 +641,10 @@ static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int thr
  * 2·2·40 = 224 KB of the 227 KB a block may have. */
 template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
 static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
-                                  const fc_hp_score_mod *md, int grid) {
+                                  const fc_score_mod *md, int grid) {
   fc_hopper_fwd_args a = *a0;
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_hp_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD>;
+                 const fc_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
@@ -772,11 +772,10 @@ static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
  * (NULL: whole tiles only). */
 template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
-                                             const fc_hopper_fwd_args *a, const fc_hp_score_mod *md,
-                                             const fc_hp_sched *sc, bool tma_store, int32_t *claim,
-                                             const fc_hp_split_mem *split) {
+                                             const fc_hopper_fwd_args *a, const fc_score_mod *md, const fc_hp_sched *sc,
+                                             bool tma_store, int32_t *claim, const fc_hp_split_mem *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_hp_sched, const fc_hp_score_mod) =
+                 const fc_hp_sched, const fc_score_mod) =
       fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC, SCORE_MOD>;
   if constexpr (D <= 128) /* D = 256 has no sO to store from */
     if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC, SCORE_MOD>;
@@ -810,7 +809,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
  * rows (each consumer warpgroup stores its own 64 rows). */
 template <typename T, bool SCORE_MOD>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
-                                      const fc_hp_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
+                                      const fc_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
                                       const fc_hp_split_mem *split) {
   const int D = pl->d;
   CUtensorMap maps[4] = {qkv[0], qkv[1], qkv[2], qkv[0]}; /* maps[3]: o's, or unused */
@@ -891,7 +890,7 @@ static flashc_status hopper_supports(const fc_problem *p) {
                       "%d ways)",
                       grid, splits);
   }
-  FC_CHECK(fc_hp_score_mod_check(p, "cuda-hopper"));
+  FC_CHECK(fc_score_mod_check(p, "cuda-hopper"));
   FC_CHECK(fc_hp_check_view(p, &p->q, true, "q"));
   FC_CHECK(fc_hp_check_view(p, &p->k, false, "k"));
   FC_CHECK(fc_hp_check_view(p, &p->v, false, "v"));
@@ -901,7 +900,7 @@ static flashc_status hopper_supports(const fc_problem *p) {
 /* The plan's kernel for element type T, plain or with the score modifiers. */
 template <typename T, bool SCORE_MOD>
 static flashc_status fc_hp_forward_kernels(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
-                                           const fc_hp_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
+                                           const fc_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
                                            const fc_hp_split_mem *split, int grid) {
   if (pl->persistent) return fc_hp_persistent<T, SCORE_MOD>(p, maps, a, md, pl, claim, split);
   return pl->d == 256 ? fc_hp_launch<T, 256, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, grid)
@@ -940,7 +939,9 @@ static flashc_status hopper_forward(const fc_problem *p) {
   }
   fc_hopper_fwd_args a;
   memset(&a, 0, sizeof a);
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  fc_mma_seqs seqs;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
+  a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
   a.o = (uint16_t *)p->o.data;
   a.lse = p->lse;
   a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
@@ -968,8 +969,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.align_end = fc_hp_triangular(p);
   a.q_slots = 2;
   /* Softcap or ALiBi: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one variant each. */
-  fc_hp_score_mod md;
-  if (fc_hp_score_mod_of(p, &md)) {
+  fc_score_mod md;
+  if (fc_score_mod_of(p, &md)) {
     if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, true>(p, maps, &a, &md, &pl, claim, split, grid);
     return fc_hp_forward_kernels<__nv_bfloat16, true>(p, maps, &a, &md, &pl, claim, split, grid);
   }
@@ -993,7 +994,7 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI, /* features (hopper/score_mod.cuh); validate.c refuses the others */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI, /* features (common/score_mod.cuh); validate.c refuses the others */
     0,                                     /* max_head_dim_v */
     fc_cuda_forward_kvcache,               /* forward_kvcache: mma/decode.cu */
 };

@@ -81,9 +81,9 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   x->q_start = 0, x->k_start = 0, x->sq = a.seqlen_q, x->sk = a.seqlen_k;
   if (a.cu_q) {
     x->q_start = a.cu_q[x->b];
-    x->sq = a.cu_q[x->b + 1] - x->q_start;
+    x->sq = a.end_q[x->b] - x->q_start;
     x->k_start = a.cu_k[x->b];
-    x->sk = a.cu_k[x->b + 1] - x->k_start;
+    x->sk = a.end_k[x->b] - x->k_start;
   }
   x->i0 = mb * BR;
   if (x->i0 >= x->sq) return false;
@@ -111,7 +111,7 @@ template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2, int BC = FC
 __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
-                                    const fc_hopper_fwd_args a, const fc_hp_sched sc, const fc_hp_score_mod md) {
+                                    const fc_hopper_fwd_args a, const fc_hp_sched sc, const fc_score_mod md) {
   /* md: softcap and ALiBi, the SCORE_MOD kernels' only: last, so that the plain kernels' parameters keep offsets */
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       /* SCORE_MOD: the tile's ALiBi slope and each row's ALiBi distance to key 2t (hopper/fwd.cu's one-tile kernel) */
       float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
       if constexpr (SCORE_MOD) {
-        slope = fc_hp_alibi_slope(md, x.b, x.h);
+        slope = fc_score_mod_slope(md, x.b, x.h);
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + x.sk - x.sq - 2 * t);
       }

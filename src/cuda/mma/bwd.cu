@@ -275,9 +275,32 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
 }
 
 /* ---- 3. dq (deterministic mode) ------------------------------------------------------------------------ */
+/* SCORE_MOD: dS = P∘g∘(dP − D) in place of S (sc) for one block of keys from k0, P = 2^(x·log2 e − lse2) of the
+ * modified score x (fc_bwd_fa2_p_mod's maths in the forward's layout: row g + 8·(e >> 1), key k0 + 8x + 2t + (e & 1)),
+ * keys outside the row's [lo, hi) P = 0. dist0[rh]: i + sk − sq − 2t of the row (ALiBi). */
+template <int NS, bool CAP>
+static __device__ __forceinline__ void fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4],
+                                                       const fc_score_mod &md, float slope, const float (&dist0)[2],
+                                                       int k0, const int (&lo)[2], const int (&hi)[2],
+                                                       const float (&l2)[2], const float (&dr)[2], int t) {
+  const float v[2] = {dist0[0] - (float)k0, dist0[1] - (float)k0};
+#pragma unroll
+  for (int x = 0; x < NS; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int key = k0 + 8 * x + 2 * t + (e & 1), rh = e >> 1;
+      float g;
+      const float xs = fc_mod_score<CAP>(sc[x][e], md, slope, fabsf(v[rh] - (float)(8 * x + (e & 1))), &g);
+      float p = fc_exp2(fmaf(xs, 1.4426950408889634f, -l2[rh]));
+      if (key < lo[rh] || key >= hi[rh]) p = 0.0f;
+      sc[x][e] = p * g * (dp[x][e] - dr[rh]);
+    }
+}
+
 /* The forward's structure with dS in place of P: Br = 128 queries (8 warps × 16
- * rows), K_j/V_j ring. */
-template <typename T, int D, int BC, int STAGES, bool ALIGNED>
+ * rows), K_j/V_j ring. SCORE_MOD: softcap and ALiBi (mma/score_mod.cuh), P of the modified score and dS = P∘g∘(dP − D)
+ * as the fa2 kernels make them. */
+template <typename T, int D, int BC, int STAGES, bool ALIGNED, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(const fc_mma_bwd_args a) {
   constexpr int BR = FC_BWD_DQ_BR, NT = FC_BWD_DQ_THREADS, DS = fc_tile_stride(D), NS = BC / 8, NO = D / 8;
   extern __shared__ __align__(128) uint16_t smem[];
@@ -312,6 +335,12 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     const int64_t at = (int64_t)h * a.total_pad + s.pad0 + i; /* padded: rows up to i0 + BR exist */
     l2[rh] = a.lse2[at];
     dr[rh] = a.dsum[at];
+  }
+  /* SCORE_MOD: this (sequence, head)'s ALiBi slope and each row's ALiBi distance to key 2t, i + sk − sq − 2t */
+  [[maybe_unused]] float slope = 0.0f, dist0[2];
+  if constexpr (SCORE_MOD) {
+    slope = fc_score_mod_slope(a.mod, b, h);
+    for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(i0 + warp * 16 + g + 8 * rh + s.sk - s.sq - 2 * t);
   }
 
   fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, s.sq - i0, a.head_dim, tid, Q);
@@ -380,9 +409,15 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
         fc_mma<T>(dp[2 * p + 1], oa, vb[2], vb[3]);
       }
     }
-    /* dS = P∘(dP − D) with P = 2^(S·c − lse2) */
+    /* dS = P∘(dP − D) with P = 2^(S·c − lse2) (SCORE_MOD: dS = P∘g∘(dP − D), P = 2^(x·log2 e − lse2)) */
+    if constexpr (SCORE_MOD) {
+      if (a.mod.k_out > 0.0f)
+        fc_bwd_dq_p_mod<NS, true>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t);
+      else
+        fc_bwd_dq_p_mod<NS, false>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t);
+    }
 #pragma unroll
-    for (int x = 0; x < NS; x++)
+    for (int x = 0; x < NS && !SCORE_MOD; x++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = j * BC + 8 * x + 2 * t + (e & 1), rh = e >> 1;
@@ -525,8 +560,10 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
   const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
   const bool bulk = pl->kernel == FC_MMA_BWD_FA2PB;
   size_t bytes = fc_bwd_fa2_smem(d, t.br, t.bc, fc_mma_bwd_fa2_qstages(d, t.br, t.bc, bulk), bulk);
+  /* Softcap and ALiBi: the fa2 family and the dQ pass only (SCORE_MOD, mma/score_mod.cuh); base has no modifiers. */
+  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL;
   if (bytes > props.smem_per_block_optin && fc_mma_bwd_base_tiles[pl->dim].br > 0 &&
-      fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_BASE)) {
+      fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_BASE) && !mod) {
     pl->kernel = FC_MMA_BWD_BASE;
     bytes = fc_mma_bwd_base_smem(d, fc_mma_bwd_base_tiles[pl->dim]);
   }
@@ -536,10 +573,10 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
   }
   if (bytes > props.smem_per_block_optin)
     return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "flashc_backward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s; "
+                    "flashc_backward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s%s; "
                     "device %d (sm_%d) allows %zu",
-                    d, bytes, pl->det_dq ? " (with the deterministic dQ pass)" : "", props.device, props.sm,
-                    props.smem_per_block_optin);
+                    d, bytes, pl->det_dq ? " (with the deterministic dQ pass)" : "",
+                    mod ? " (with softcap or ALiBi)" : "", props.device, props.sm, props.smem_per_block_optin);
   pl->dq_tile_w = pl->kernel == FC_MMA_BWD_FA2PB ? FC_MMA_DQ_TILE_W : 0;
   return FLASHC_OK;
 }
@@ -560,7 +597,7 @@ static fc_bwd_rows_args fc_mma_bwd_rows(const fc_mma_bwd_args *a) {
   r.dq_sb = a->dq_sb, r.dq_ss = a->dq_ss, r.dq_sh = a->dq_sh;
   r.lse = a->lse, r.lse2 = a->lse2, r.dsum = a->dsum;
   r.dq_accum = a->dq_accum, r.dq_ld = a->dq_ld, r.dq_tile_w = a->dq_tile_w;
-  r.cu_q = a->cu_q, r.cu_pad = a->cu_pad;
+  r.cu_q = a->cu_q, r.end_q = a->end_q, r.cu_pad = a->cu_pad;
   r.seqlen_q = a->seqlen_q, r.total_q = a->total_q, r.total_pad = a->total_pad, r.sq_pad = a->sq_pad;
   r.heads_q = a->heads_q, r.head_dim = a->head_dim, r.scale = a->scale;
   return r;
@@ -603,8 +640,9 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
 
 /* 2, the fa2 family (mma/bwd_kernel.cuh): NW warps, one CTA per SM. PDP (fa2p, fa2pb) compiles the atomic-dQ kernel
  * only, fa2 the deterministic one only (the plan's det_dq). BULK: fa2pb (the blocked dQ sum); LEAN: its register-lean
- * kernel. */
-template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, bool BULK, bool LEAN>
+ * kernel. SCORE_MOD: the kernel built with softcap and ALiBi. */
+template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, bool BULK, bool LEAN,
+          bool SCORE_MOD>
 static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   constexpr int QSTAGES = fc_mma_bwd_fa2_qstages(D, BR, BC, BULK);
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
@@ -617,7 +655,8 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
-#define FC_FA2_KERNEL(AL, AT) fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, AL, AT, BULK, LEAN>
+#define FC_FA2_KERNEL(AL, AT)                                                                                          \
+  fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, AL, AT, BULK, LEAN, SCORE_MOD>
   void (*dkdv)(const fc_mma_bwd_args);
   if constexpr (PDP || BULK)
     dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
@@ -631,8 +670,8 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   return FLASHC_OK;
 }
 
-/* 3'/4: dQ from the fp32 buffer (atomic mode), or the deterministic dQ pass. */
-template <typename T, int D, int DQ_BC>
+/* 3'/4: dQ from the fp32 buffer (atomic mode), or the deterministic dQ pass (SCORE_MOD: softcap and ALiBi). */
+template <typename T, int D, int DQ_BC, bool SCORE_MOD>
 static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
@@ -651,8 +690,8 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_DQ_BR);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
   const size_t smem_dq = (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * DQ_BC) * fc_tile_stride(D) * 2;
-  void (*dq)(const fc_mma_bwd_args) =
-      aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true> : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false>;
+  void (*dq)(const fc_mma_bwd_args) = aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true, SCORE_MOD>
+                                              : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false, SCORE_MOD>;
   FC_CHECK(fc_mma_smem((const void *)dq, smem_dq, "flashc_backward: backend cuda-mma"));
   dq<<<grid, FC_BWD_DQ_THREADS, smem_dq, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dq_kernel");
@@ -661,15 +700,15 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
 
 /* Head dim index I of the plan, as template arguments: compile-time walks over the tables, so that a head dim or a
  * tile changes in one place; a cell without a kernel (base's br = 0) compiles nothing. */
-template <typename T, bool PDP, bool BULK, int I = 0>
+template <typename T, bool PDP, bool BULK, bool SCORE_MOD, int I = 0>
 static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                        const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     constexpr fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[I];
     if (pl->dim == I)
       return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
-                            (BULK && t.lean != 0)>(p, a, aligned, pl->det_dq);
-    return fc_mma_bwd_fa2_at<T, PDP, BULK, I + 1>(p, a, aligned, pl);
+                            (BULK && t.lean != 0), SCORE_MOD>(p, a, aligned, pl->det_dq);
+    return fc_mma_bwd_fa2_at<T, PDP, BULK, SCORE_MOD, I + 1>(p, a, aligned, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no fa2 kernel for head dim index %d", pl->dim);
   }
@@ -688,29 +727,36 @@ static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_ar
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no base kernel for head dim index %d", pl->dim);
   }
 }
-template <typename T, int I = 0>
+template <typename T, bool SCORE_MOD, int I = 0>
 static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                           const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
-    if (pl->dim == I) return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I]>(p, a, aligned, pl->det_dq);
-    return fc_mma_bwd_finish_at<T, I + 1>(p, a, aligned, pl);
+    if (pl->dim == I)
+      return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD>(p, a, aligned, pl->det_dq);
+    return fc_mma_bwd_finish_at<T, SCORE_MOD, I + 1>(p, a, aligned, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no dQ pass for head dim index %d", pl->dim);
   }
 }
 
-/* 1, 2 (the plan's kernel), then 3 or 3' and 4. */
-template <typename T>
+/* 1, 2 (the plan's kernel), then 3 or 3' and 4. SCORE_MOD: the kernels built with softcap and ALiBi (no base kernel:
+ * fc_mma_bwd_plan_of never picks it for them). */
+template <typename T, bool SCORE_MOD>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                          const fc_mma_bwd_plan *pl) {
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
   switch (pl->kernel) {
-  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false>(p, a, aligned, pl))); break;
-  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false>(p, a, aligned, pl))); break;
-  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true>(p, a, aligned, pl))); break;
-  default: FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false, SCORE_MOD>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false, SCORE_MOD>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true, SCORE_MOD>(p, a, aligned, pl))); break;
+  default:
+    if constexpr (SCORE_MOD)
+      return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's base kernel has no softcap or ALiBi");
+    else
+      FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl)));
+    break;
   }
-  return fc_mma_bwd_finish_at<T>(p, a, aligned, pl);
+  return fc_mma_bwd_finish_at<T, SCORE_MOD>(p, a, aligned, pl);
 }
 
 static size_t fc_round256(size_t n) { return (n + 255) / 256 * 256; }
@@ -741,7 +787,9 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
   if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
   const cudaStream_t stream = fc_stream(p);
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  fc_mma_seqs seqs;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
+  a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
   if (cu_pad_host) {
     FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
                                   cudaMemcpyHostToDevice, stream));
@@ -778,9 +826,16 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                        fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&dk) &&
                        fc_mma_view_aligned(&dv);
-  if (p->dtype == FLASHC_F16)
-    FC_CHECK(fc_mma_bwd_dispatch<__half>(p, &a, aligned, &pl));
-  else
-    FC_CHECK(fc_mma_bwd_dispatch<__nv_bfloat16>(p, &a, aligned, &pl));
+  /* Softcap or ALiBi: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
+  if (fc_mma_score_mod_of(p, &a.mod)) {
+    if (p->dtype == FLASHC_F16)
+      FC_CHECK((fc_mma_bwd_dispatch<__half, true>(p, &a, aligned, &pl)));
+    else
+      FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, true>(p, &a, aligned, &pl)));
+  } else if (p->dtype == FLASHC_F16) {
+    FC_CHECK((fc_mma_bwd_dispatch<__half, false>(p, &a, aligned, &pl)));
+  } else {
+    FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, false>(p, &a, aligned, &pl)));
+  }
   return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
 }

@@ -6,6 +6,7 @@
 
 #include "common/tail_order.cuh"
 #include "common/common.cuh"
+#include "mma/score_mod.cuh"
 #include "mma/tile.cuh"
 
 enum { FC_BWD_PADR = 128, FC_BWD_DQ_WARPS = 8, FC_BWD_DQ_THREADS = FC_BWD_DQ_WARPS * 32, FC_BWD_DQ_BR = 128 };
@@ -38,7 +39,8 @@ typedef struct fc_mma_bwd_args {
   int dq_ld;
   int dq_tile_w; /* > 0 (fa2pb's bulk adds): dq_accum is [hq][total_pad][dq_ld] in fc_bwd_dq_blocked_index's
                     layout with w = dq_tile_w (common/bwd_rows.cuh) */
-  const int32_t *cu_q, *cu_k;
+  /* varlen: sequence b's rows are [cu_q[b], end_q[b]) of q, [cu_k[b], end_k[b]) of k (mma/host.cuh) */
+  const int32_t *cu_q, *cu_k, *end_q, *end_k;
   const int64_t *cu_pad; /* varlen: first padded row of each sequence in
                             lse2/dsum; NULL when dense */
   int seqlen_q, seqlen_k;
@@ -55,22 +57,26 @@ typedef struct fc_mma_bwd_args {
   int negate_q;     /* scale < 0: scores from −Q with |scale| */
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
+  /* Softcap and ALiBi (mma/score_mod.cuh), read by the SCORE_MOD kernels only; last, so that the plain kernels'
+   * arguments keep their offsets. */
+  fc_score_mod mod;
 } fc_mma_bwd_args;
 
 /* One sequence: where its rows start in q (and the packed dQ buffer), k, and
- * the padded row buffers. */
+ * the padded row buffers, and how many it has (varlen: the used rows of its slots). */
 typedef struct fc_bwd_seq {
   int64_t q_start, k_start, q_row0, pad0;
   int sq, sk;
 } fc_bwd_seq;
 
 static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_of(const int32_t *cu_q, const int32_t *cu_k,
+                                                           const int32_t *end_q, const int32_t *end_k,
                                                            const int64_t *cu_pad, int seqlen_q, int seqlen_k,
                                                            int64_t sq_pad, int64_t b) {
   fc_bwd_seq s;
   if (cu_q) {
-    s.q_start = cu_q[b], s.sq = cu_q[b + 1] - (int)s.q_start;
-    s.k_start = cu_k[b], s.sk = cu_k[b + 1] - (int)s.k_start;
+    s.q_start = cu_q[b], s.sq = end_q[b] - (int)s.q_start;
+    s.k_start = cu_k[b], s.sk = end_k[b] - (int)s.k_start;
     s.q_row0 = s.q_start, s.pad0 = cu_pad[b];
   } else {
     s.q_start = 0, s.sq = seqlen_q, s.k_start = 0, s.sk = seqlen_k;
@@ -78,7 +84,7 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_of(const int32_t *cu_q, 
   }
   return s;
 }
-#define FC_BWD_SEQ(a, b) fc_bwd_seq_of(a.cu_q, a.cu_k, a.cu_pad, a.seqlen_q, a.seqlen_k, a.sq_pad, b)
+#define FC_BWD_SEQ(a, b) fc_bwd_seq_of(a.cu_q, a.cu_k, a.end_q, a.end_k, a.cu_pad, a.seqlen_q, a.seqlen_k, a.sq_pad, b)
 
 static __device__ __forceinline__ bool fc_bwd_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);

@@ -144,6 +144,37 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4]
   }
 }
 
+/* SCORE_MOD (mma/score_mod.cuh): Pᵀ = 2^(x·log2 e − lse2) of the modified score x of Sᵀ (recomputed with the
+ * forward's fc_tanh), masked as the plain pass (mk, where the block is not full), and dSᵀ = Pᵀ∘g∘(dPᵀ − D) in place of
+ * dPᵀ, g = 1 − tanh² (CAP; 1 without softcap). kt, qt: the thread's first key and query in the block (ks·MS + g,
+ * ns·NS + 2t); w = i + sk − sq − j of that pair, so that key kt + kc and query qt + qc are |w + qc − kc| apart (ALiBi;
+ * exact in fp32 below 2^24). L, Dr: lse2 and D of the block's queries. */
+template <int MT_S, int NSX, bool CAP>
+static __device__ __forceinline__ void
+fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4], const float *L, const float *Dr,
+                 const fc_score_mod &md, float slope, float w, const fc_bwd_pmask &mk, bool full, int kt, int qt) {
+#pragma unroll
+  for (int x = 0; x < NSX; x++) {
+    const int qc = qt + 8 * x; /* this lane's two query columns: qc, qc + 1 */
+    const float2 l2 = *(const float2 *)(L + qc), dr = *(const float2 *)(Dr + qc);
+#pragma unroll
+    for (int m = 0; m < MT_S; m++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qi = qc + (e & 1), kj = kt + 16 * m + 8 * (e >> 1);
+        float g;
+        const float xs =
+            fc_mod_score<CAP>(sT[m][x][e], md, slope, fabsf(w + (float)(8 * x + (e & 1) - 16 * m - 8 * (e >> 1))), &g);
+        float p = fc_exp2(fmaf(xs, 1.4426950408889634f, -(e & 1 ? l2.y : l2.x)));
+        if (!full && !(mk.k0 + kj < mk.sk && mk.q0 + qi < mk.sq &&
+                       fc_bwd_visible(mk.q0 + qi, mk.k0 + kj, mk.shift, mk.wl, mk.wr)))
+          p = 0.0f;
+        sT[m][x][e] = p;
+        dpT[m][x][e] = p * g * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
+      }
+  }
+}
+
 #if FC_BULK_ARCH
 /* BULK_DQ: this thread's byte addresses in sdQ (the blocked layout with w = 32: fc_bwd_dq_blocked_offset) of
  * row 16·R0 + g, column c0 + 8v + 2t for v = 0..3, where the warp's dQ tile starts at row 16·R0 (R0 a multiple
@@ -269,9 +300,11 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
  * registers need not sit beside dK's and dV's all at once: d256 adds its 64 columns in two passes).
  * BULK_DQ (with ATOMIC_DQ; the host launches it on sm_90 only): dQ through sdQ and bulk adds into the blocked
  * sum. Compiled for an older architecture (a JIT of the sm_80 PTX), the same kernel adds with red.global.add.v4
- * into the same blocked layout, so that the sum's layout never depends on the pass that ran. */
+ * into the same blocked layout, so that the sum's layout never depends on the pass that ran.
+ * SCORE_MOD: softcap and ALiBi (fc_bwd_fa2_p_mod), Sᵀ and dPᵀ as fa2 computes them (the modifiers act on the raw
+ * score, so PDP's start at −lse2/c does not apply), with the dQ of the kernel the plan picked (PDP, BULK_DQ). */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
-          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN>
+          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   FC_KERNEL_IN_IMAGE(
       fc_mma_bwd_in_image(FC_CODE_SM, PDP ? (BULK_DQ ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P) : FC_MMA_BWD_FA2))
@@ -279,6 +312,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   constexpr int MS = BC / WS, MT_S = MS / 16, NS = BR / (NW / WS), NSX = NS / 8; /* Sᵀ, dPᵀ warp tile */
   constexpr int MD = BC / WD, MT_D = MD / 16, ND = D / (NW / WD), NDV = ND / 8;  /* dK, dV warp tile */
   constexpr int MQ = BR / WQ, MT_Q = MQ / 16, NQ = D / (NW / WQ), NQX = NQC / 8; /* dQ warp tile */
+  constexpr bool PDP_S = PDP && !SCORE_MOD; /* Sᵀ, dPᵀ and Pᵀ as fa2p computes them */
   static_assert(NW % WS == 0 && NW % WD == 0 && NW % WQ == 0, "warps must tile every product");
   static_assert(MS % 16 == 0 && MD % 16 == 0 && MQ % 16 == 0, "warp tiles are whole m-tiles");
   static_assert(NS % 16 == 0 && ND % 16 == 0 && NQC % 16 == 0 && NQ % NQC == 0, "n-blocks come in pairs");
@@ -395,7 +429,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     for (int x = 0; x < NSX; x++) {
       const int qc = ns * NS + 8 * x + 2 * t; /* this lane's two query columns: qc, qc + 1 */
       float l0 = 0.0f, l1 = 0.0f, d0 = 0.0f, d1 = 0.0f;
-      if constexpr (PDP) {
+      if constexpr (PDP_S) {
         const float2 l2 = *(const float2 *)(L + qc), dr = *(const float2 *)(Dr + qc);
         l0 = -l2.x * inv_c, l1 = -l2.y * inv_c, d0 = -dr.x, d1 = -dr.y; /* lse2 = +inf: acc = −inf, P = 0 */
       }
@@ -409,7 +443,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     const bool full = k0 + BC <= s.sk && q0 + BR <= s.sq &&
                       (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
                       (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
-    if constexpr (!PDP) {
+    if constexpr (!PDP_S) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk++) {
         uint32_t ka[MT_S][4], va[MT_S][4];
@@ -432,9 +466,19 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
           }
         }
       }
+      if constexpr (SCORE_MOD) { /* Pᵀ of the modified score, and dSᵀ */
+        const fc_bwd_pmask mk = {shift, a.window_left, a.window_right, q0, k0, s.sq, s.sk};
+        const int kt = ks * MS + g, qt = ns * NS + 2 * t;
+        const float slope = fc_score_mod_slope(a.mod, b, hh);
+        const float w = (float)((int64_t)q0 + qt + s.sk - s.sq - k0 - kt);
+        if (a.mod.k_out > 0.0f)
+          fc_bwd_fa2_p_mod<MT_S, NSX, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt);
+        else
+          fc_bwd_fa2_p_mod<MT_S, NSX, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt);
+      }
       /* Pᵀ = 2^(Sᵀ·c − lse2) */
 #pragma unroll
-      for (int x = 0; x < NSX; x++) {
+      for (int x = 0; x < NSX && !SCORE_MOD; x++) {
         const int qc = ns * NS + 8 * x + 2 * t; /* this lane's two query columns: qc, qc + 1 */
         const float2 l2 = *(const float2 *)(L + qc);
 #pragma unroll
@@ -482,9 +526,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
                                                            ns, g, t);
     }
 
-    /* dSᵀ = Pᵀ∘(dPᵀ − D) (PDP: the accumulator already holds dPᵀ − D) */
+    /* dSᵀ = Pᵀ∘(dPᵀ − D) (PDP: the accumulator already holds dPᵀ − D; SCORE_MOD: made above) */
 #pragma unroll
-    for (int x = 0; x < NSX; x++) {
+    for (int x = 0; x < NSX && !SCORE_MOD; x++) {
       const float2 dr = PDP ? make_float2(0.0f, 0.0f) : *(const float2 *)(Dr + ns * NS + 8 * x + 2 * t);
 #pragma unroll
       for (int m = 0; m < MT_S; m++)

@@ -261,17 +261,20 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
   /* mma/fwd_kernel.cuh's kernel (fewer instructions per key block), its shapes by the call's mask; this file's kernel
    * with the same shapes (`mt2`) read d128 0.88–0.95× flash where lean read 0.93–1.06×, d256 0.79–1.06× (0.84–1.15×)
    * (configs/mma-fwd-lean.txt). Where the device's shared memory is too small for them: SMALL. */
+  /* Softcap and ALiBi: the lean kernel only (SCORE_MOD, mma/score_mod.cuh); the SMALL kernel has no modifiers. */
+  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL;
   pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
   if (fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d) > props.smem_per_block_optin &&
-      fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0 && fc_mma_fwd_small_in_image(props.code_sm))
+      fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0 && fc_mma_fwd_small_in_image(props.code_sm) && !mod)
     pl->row = FC_MMA_FWD_SMALL;
   const fc_mma_fwd_shape *s = &fc_mma_fwd_shapes[pl->row][pl->dim];
   const size_t bytes = fc_mma_fwd_smem(s, d);
   if (bytes > props.smem_per_block_optin)
     return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "flashc_forward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block; "
+                    "flashc_forward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s; "
                     "device %d (sm_%d) allows %zu",
-                    d, bytes, props.device, props.sm, props.smem_per_block_optin);
+                    d, bytes, mod ? " (with softcap or ALiBi)" : "", props.device, props.sm,
+                    props.smem_per_block_optin);
   pl->aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                 fc_mma_view_aligned(&p->o);
   /* The split keys: the lean kernel on aligned rows only. params.num_splits 1: none; n > 1: n parts, at most one
@@ -305,14 +308,18 @@ flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits) {
 }
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN>
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN, bool SCORE_MOD>
 static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_args *a0, int grid) {
   fc_mma_fwd_args a_tail = *a0, *const a = &a_tail;
   const size_t smem = (size_t)(FC_MMA_BR + 2 * STAGES * BC) * fc_tile_stride(D) * sizeof(uint16_t);
   /* Rows that cp.async cannot copy (not 16-byte aligned) take the slower kernel
    * with plain loads. */
   void (*kernel)(const fc_mma_fwd_args);
-  if constexpr (LEAN)
+  if constexpr (SCORE_MOD) /* the lean kernel only (fc_mma_fwd_plan_of) */
+    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true, true>
+             : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, false, true>
+                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, false, true>;
+  else if constexpr (LEAN)
     kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true>
              : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
                              : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
@@ -333,20 +340,21 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
 }
 
 /* The kernel of row R, head dim index I: a compile-time walk over the table, so that adding a head dim or
- * changing a shape needs no new case; a cell without a kernel (bc = 0) compiles nothing. */
-template <typename T, int R, int I>
+ * changing a shape needs no new case; a cell without a kernel (bc = 0) compiles nothing, nor SMALL with SCORE_MOD
+ * (softcap, ALiBi: fc_mma_fwd_plan_of never picks it). */
+template <typename T, bool SCORE_MOD, int R, int I>
 static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_args *a, const fc_mma_fwd_plan *pl) {
   if constexpr (R < FC_MMA_FWD_NROWS) {
     if constexpr (I < FC_MMA_NDIMS) {
       constexpr fc_mma_fwd_shape s = fc_mma_fwd_shapes[R][I];
-      if constexpr (s.bc > 0) {
+      if constexpr (s.bc > 0 && !(SCORE_MOD && R == FC_MMA_FWD_SMALL)) {
         if (pl->row == R && pl->dim == I)
           return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks,
-                                   R != FC_MMA_FWD_SMALL>(p, a, pl->grid);
+                                   R != FC_MMA_FWD_SMALL, SCORE_MOD>(p, a, pl->grid);
       }
-      return fc_mma_fwd_dispatch<T, R, I + 1>(p, a, pl);
+      return fc_mma_fwd_dispatch<T, SCORE_MOD, R, I + 1>(p, a, pl);
     } else {
-      return fc_mma_fwd_dispatch<T, R + 1, 0>(p, a, pl);
+      return fc_mma_fwd_dispatch<T, SCORE_MOD, R + 1, 0>(p, a, pl);
     }
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for row %d, head dim %d", pl->row,
@@ -357,6 +365,7 @@ static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_a
 static flashc_status mma_supports(const fc_problem *p) {
   if (fc_mma_dim_index(p->head_dim) < 0)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
+  FC_CHECK(fc_score_mod_check(p, "cuda-mma"));
   if (p->heads_q > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-mma", (long long)p->heads_q);
   if (p->is_backward) {
@@ -380,7 +389,9 @@ static flashc_status mma_forward(const fc_problem *p) {
   FC_CHECK(fc_device_workspace(p, cu_bytes + split_bytes, &ws));
   fc_mma_fwd_args a;
   memset(&a, 0, sizeof a);
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &a.cu_q, &a.cu_k));
+  fc_mma_seqs seqs;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
+  a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
   a.n_splits = splits;
   if (splits > 1) {
     a.split_o = (float *)((uint8_t *)ws + cu_bytes);
@@ -410,8 +421,16 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.aligned = pl.aligned;
-  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, 0, 0>(p, &a, &pl);
-  return fc_mma_fwd_dispatch<__nv_bfloat16, 0, 0>(p, &a, &pl);
+  /* Softcap or ALiBi: the plan's kernel built with SCORE_MOD (mma/score_mod.cuh), which turns S into the modified
+   * score x: the exponent's factor is log2 e alone and lse = m + ln l (scale 1). */
+  if (fc_mma_score_mod_of(p, &a.mod)) {
+    a.scale = 1.0f;
+    a.scale_log2 = 1.4426950408889634f;
+    if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, true, 0, 0>(p, &a, &pl);
+    return fc_mma_fwd_dispatch<__nv_bfloat16, true, 0, 0>(p, &a, &pl);
+  }
+  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, false, 0, 0>(p, &a, &pl);
+  return fc_mma_fwd_dispatch<__nv_bfloat16, false, 0, 0>(p, &a, &pl);
 }
 
 flashc_status fc_mma_backward(const fc_problem *p); /* mma/bwd.cu */
@@ -430,7 +449,7 @@ extern "C" const fc_backend fc_backend_cuda_mma = {
     mma_supports,
     mma_forward,
     fc_mma_backward,
-    0,                       /* features: the plain call only (validate.c refuses the others) */
-    0,                       /* max_head_dim_v */
-    fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_SEQUSED, /* features; validate.c refuses the others */
+    0,                                                          /* max_head_dim_v */
+    fc_cuda_forward_kvcache,                                    /* forward_kvcache: mma/decode.cu */
 };

@@ -5,6 +5,7 @@
 #define FLASHC_CUDA_MMA_FWD_COMMON_CUH
 
 #include "mma/fwd_steps.cuh"
+#include "mma/score_mod.cuh"
 #include "common/tail_order.cuh"
 
 #include <math.h>
@@ -16,10 +17,11 @@ typedef struct fc_mma_fwd_args {
   uint16_t *o;
   float *lse; /* NULL: not wanted */
   int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
-  const int32_t *cu_q, *cu_k; /* device copies of cu_seqlens, or NULL (dense) */
-  int seqlen_q, seqlen_k;     /* dense sizes */
-  int64_t total_q;            /* varlen lse row stride */
-  int heads_q, group;         /* group = heads_q / heads_kv */
+  const int32_t *cu_q, *cu_k;   /* device copies of cu_seqlens, or NULL (dense) */
+  const int32_t *end_q, *end_k; /* varlen: where each sequence's rows end (mma/host.cuh: seqused) */
+  int seqlen_q, seqlen_k;       /* dense sizes */
+  int64_t total_q;              /* varlen lse row stride */
+  int heads_q, group;           /* group = heads_q / heads_kv */
   int head_dim, m_blocks;
   int n_pairs;      /* (sequence, query head) pairs: batch·heads_q */
   int tail_from;    /* the first pair walked tile by tile (common/tail_order.cuh) */
@@ -32,12 +34,16 @@ typedef struct fc_mma_fwd_args {
    * its key blocks, each writing O / l and lse of its part to split_o, split_lse; a second kernel combines them. */
   int n_splits;
   float *split_o, *split_lse;
+  /* Softcap and ALiBi (mma/score_mod.cuh), read by the SCORE_MOD kernels only; last, so that the plain kernels'
+   * arguments keep their offsets. Their calls run with scale 1 and scale_log2 = log2 e: S becomes the modified score
+   * x, and lse = m + ln l. */
+  fc_score_mod mod;
 } fc_mma_fwd_args;
 
 /* Which tile a CTA computes: row blocks vary fastest (CTAs running together
  * share K and V in L2), the heaviest causal block of each head first, the last
  * pairs row block by row block (common/tail_order.cuh: a short tail). Sequence b's rows are [q_start, q_start + sq) of
- * q and its keys [k_start, k_start + sk) of k and v. */
+ * q and its keys [k_start, k_start + sk) of k and v (varlen: the used rows of its slots). */
 typedef struct fc_fwd_where {
   int64_t b, q_start, k_start;
   int h, mb, sq, sk;
@@ -55,9 +61,9 @@ static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_ar
   w.sq = a.seqlen_q, w.sk = a.seqlen_k;
   if (a.cu_q) {
     w.q_start = a.cu_q[w.b];
-    w.sq = a.cu_q[w.b + 1] - (int)w.q_start;
+    w.sq = a.end_q[w.b] - (int)w.q_start;
     w.k_start = a.cu_k[w.b];
-    w.sk = a.cu_k[w.b + 1] - (int)w.k_start;
+    w.sk = a.end_k[w.b] - (int)w.k_start;
   }
   return w;
 }

@@ -134,9 +134,11 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
 }
 
 /* The kernel: mma/fwd.cu's fc_mma_fwd_kernel (same template arguments, same
- * shared-memory layout and launch) with the changes listed at the top. */
+ * shared-memory layout and launch) with the changes listed at the top. SCORE_MOD: softcap and ALiBi
+ * (mma/score_mod.cuh), S turned into the modified score before the mask; the host passes scale 1 and
+ * scale_log2 = log2 e, so that the softmax and the end below are the plain kernel's. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
-          bool SPLIT = false>
+          bool SPLIT = false, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
   constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
@@ -182,6 +184,15 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   const int j_plain1 = (int)max((int64_t)j_begin, min(plain1, (int64_t)j_end));
   const int j_plain0 = (int)max((int64_t)j_begin, min(plain0, (int64_t)j_end));
   const bool whole_cols = a.head_dim == D; /* every chunk of a row present */
+  /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
+  [[maybe_unused]] float slope = 0.0f, dist0[SCORE_MOD ? MT : 1][2];
+  if constexpr (SCORE_MOD) {
+    slope = fc_score_mod_slope(a.mod, b, h);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) dist0[mt][rh] = (float)(i0 + wrow + 16 * mt + g + 8 * rh + sk - sq - 2 * t);
+  }
   auto load_k = [&](int j, int stage) {
     fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
                                          a.head_dim, tid, K);
@@ -264,6 +275,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     fc_fwd_zero<MT, NS>(s);
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) fc_lean_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, qx, kj);
+    if constexpr (SCORE_MOD) fc_mma_mod_scores<MT, NS>(s, a.mod, slope, dist0, j * BC);
     if (j < j_plain0 || j >= j_plain1)
       fc_lean_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
 

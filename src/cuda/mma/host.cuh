@@ -1,6 +1,6 @@
 /* mma/host.cuh — the host side shared by cuda-mma's forward (mma/fwd.cu) and
  * backward (mma/bwd.cu): which head dims are compiled, whether cp.async may be
- * used, the varlen offsets on the device, the launch limits. */
+ * used, the varlen sequences on the device, the launch limits. */
 #ifndef FLASHC_CUDA_MMA_HOST_CUH
 #define FLASHC_CUDA_MMA_HOST_CUH
 
@@ -22,24 +22,53 @@ static inline bool fc_mma_view_aligned(const fc_view *v) {
   return ((uintptr_t)v->data % 16) == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 && v->stride_h % 8 == 0;
 }
 
-/* The varlen offsets, copied from the caller's host arrays into `ws` (2·(batch
- * + 1) int32) on the stream; *cu_q = *cu_k = NULL for a dense problem. */
-static inline flashc_status fc_mma_upload_cu_seqlens(const fc_problem *p, int32_t *ws, const int32_t **cu_q,
-                                                     const int32_t **cu_k) {
-  *cu_q = *cu_k = NULL;
-  if (!p->cu_seqlens_q) return FLASHC_OK;
-  size_t n = (size_t)(p->batch + 1) * sizeof(int32_t);
-  FC_CUDA_CHECK(cudaMemcpyAsync(ws, p->cu_seqlens_q, n, cudaMemcpyHostToDevice, fc_stream(p)));
-  FC_CUDA_CHECK(cudaMemcpyAsync(ws + p->batch + 1, p->cu_seqlens_k, n, cudaMemcpyHostToDevice, fc_stream(p)));
-  *cu_q = ws;
-  *cu_k = ws + p->batch + 1;
-  return FLASHC_OK;
+/* The varlen sequences on the device: sequence b's rows are [cu_q[b], end_q[b]) of q and [cu_k[b], end_k[b]) of k.
+ * The kernels read a sequence's length as end − start, so that seqused (internal.h, fc_seq_q/k) reaches them
+ * without a branch: end_q = cu_q + 1 (the slots whole, no copy) or cu_q[b] + seqused_q[b] (likewise k). All NULL for
+ * a dense problem. */
+typedef struct fc_mma_seqs {
+  const int32_t *cu_q, *cu_k, *end_q, *end_k;
+} fc_mma_seqs;
+
+/* Bytes of the varlen offsets in the workspace (cu_q, cu_k, then end_q, end_k where seqused asks for them),
+ * rounded to 256 so that what follows stays aligned. */
+static inline size_t fc_mma_cu_seqlens_bytes(const fc_problem *p) {
+  if (!p->cu_seqlens_q) return 0;
+  const size_t ends = (p->seqused_q ? (size_t)p->batch : 0) + (p->seqused_k ? (size_t)p->batch : 0);
+  return (((size_t)(p->batch + 1) * 2 + ends) * sizeof(int32_t) + 255) / 256 * 256;
 }
 
-/* Bytes of the varlen offsets in the workspace, rounded to 256 so that what
- * follows stays aligned. */
-static inline size_t fc_mma_cu_seqlens_bytes(const fc_problem *p) {
-  return p->cu_seqlens_q ? ((size_t)(p->batch + 1) * 2 * sizeof(int32_t) + 255) / 256 * 256 : 0;
+/* The ends under seqused, on the device (common/fill.cu): end[b] += cu[b] over seqused's copy in end, for q and k
+ * (either NULL: nothing to do on that side), one launch. */
+extern "C" flashc_status fc_device_seq_ends(const fc_problem *p, int32_t *end_q, const int32_t *cu_q, int32_t *end_k,
+                                            const int32_t *cu_k);
+
+/* Copies the caller's host arrays (cu_seqlens, seqused) into `ws` (fc_mma_cu_seqlens_bytes of it) on the stream and
+ * points *s at them; the ends are summed there, not on the host, so that no host buffer has to outlive the copies. */
+static inline flashc_status fc_mma_upload_cu_seqlens(const fc_problem *p, int32_t *ws, fc_mma_seqs *s) {
+  s->cu_q = s->cu_k = s->end_q = s->end_k = NULL;
+  if (!p->cu_seqlens_q) return FLASHC_OK;
+  const int64_t n = p->batch;
+  const cudaStream_t stream = fc_stream(p);
+  int32_t *cu_q = ws, *cu_k = ws + n + 1, *end = ws + 2 * (n + 1);
+  FC_CUDA_CHECK(
+      cudaMemcpyAsync(cu_q, p->cu_seqlens_q, (size_t)(n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  FC_CUDA_CHECK(
+      cudaMemcpyAsync(cu_k, p->cu_seqlens_k, (size_t)(n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  int32_t *end_q = NULL, *end_k = NULL;
+  if (p->seqused_q) {
+    end_q = end, end += n;
+    FC_CUDA_CHECK(cudaMemcpyAsync(end_q, p->seqused_q, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  }
+  if (p->seqused_k) {
+    end_k = end;
+    FC_CUDA_CHECK(cudaMemcpyAsync(end_k, p->seqused_k, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  }
+  if (end_q || end_k) FC_CHECK(fc_device_seq_ends(p, end_q, cu_q, end_k, cu_k));
+  s->cu_q = cu_q, s->cu_k = cu_k;
+  s->end_q = end_q ? end_q : cu_q + 1;
+  s->end_k = end_k ? end_k : cu_k + 1;
+  return FLASHC_OK;
 }
 
 /* One CTA per (row block, head, sequence), on a 1-D grid: its size must fit
