@@ -17,6 +17,13 @@ is most of it). Forward rows run under torch.no_grad() on tensors that do not re
 backward rows run o.backward(dout) on leaves that do. On CUDA the loop is synchronised once at its end, so a
 row is the host's cost whenever the GPU keeps up (it does at this
 shape). flashc runs with torch's thread count, as flashc.torch does.
+
+The decode rows time one decoding step as a serving loop makes it, at a fixed shape: flashc.attention_with_kvcache
+with batch 1, one new query row of 8 heads, d 64, appending one key/value row of 2 heads into a dense cache of 256
+rows at cache_seqlens 255 (an int32 tensor where the cache is: the same row each call), causal, out= given;
+SDPA (enable_gqa) attends the same 256 cached keys through [b, h, s, d] views and appends nothing, so its row is
+the cheaper of the two by the append. attention_with_kvcache runs through the extension's flashc_ext::kvcache
+where it is built; "(Python path)" forces the ctypes path through the operator torch.ops.flashc.fwd_kvcache_out.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import torch.nn.functional as F
 import flashc
 import flashc.torch as ft
 from flashc import _torch_fast
+from flashc import kvcache as _kvcache
 
 
 def time_rows(rows, calls: int, repeats: int, sync, clock) -> list:
@@ -123,7 +131,41 @@ def main() -> None:
         with torch.no_grad():
             torch.ops.flashc.fwd(q, k, v, None, None, None, True, -1, -1, False, "auto", -1, False)
 
+    # One decoding step (see the docstring): q [1, 1, 8, 64] over a [1, 256, 2, 64] cache, appending row 255.
+    kv_q = torch.randn(1, 1, 8, 64, generator=g).to(dev, dtype)
+    k_cache, v_cache = (torch.randn(1, 256, 2, 64, generator=g).to(dev, dtype) for _ in range(2))
+    k_new, v_new = (torch.randn(1, 1, 2, 64, generator=g).to(dev, dtype) for _ in range(2))
+    kv_lens = torch.full((1,), 255, dtype=torch.int32, device=dev)
+    kv_out = torch.empty_like(kv_q)
+    kv_qt, kv_kt, kv_vt = (x.transpose(1, 2) for x in (kv_q, k_cache, v_cache))
+
+    def sdpa_decode():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(kv_qt, kv_kt, kv_vt, enable_gqa=True)
+
+    def flashc_decode():
+        with torch.no_grad():
+            flashc.attention_with_kvcache(kv_q, k_cache, v_cache, k_new, v_new, cache_seqlens=kv_lens, causal=True,
+                                          out=kv_out)  # fmt: skip
+
+    def python_path_decode():
+        """flashc_decode with attention_with_kvcache's Python path instead of the extension."""
+        fast = _kvcache._fast
+        _kvcache._fast = False
+        try:
+            flashc_decode()
+        finally:
+            _kvcache._fast = fast
+
+    if _torch_fast.kvcache is not None:  # attention_with_kvcache's options as one int, as its short path packs them
+        kv_oid = _torch_fast._kv_options((True, None, None, "auto", None, type(None), type(None), dev.type == "cuda"))
+
+    def extension_decode():  # the extension's operator alone, as attention_with_kvcache calls it
+        with torch.no_grad():
+            torch.ops.flashc_ext.kvcache(kv_q, k_cache, v_cache, k_new, v_new, kv_lens, None, kv_out, kv_oid, 0, False)
+
     ext = _torch_fast.AVAILABLE
+    kv_ext = _torch_fast.kvcache is not None
     rows = [
         ("forward", "sdpa", sdpa_fwd),
         ("forward", "flashc.torch.attention", flashc_torch_fwd),
@@ -135,11 +177,16 @@ def main() -> None:
         ("forward+backward", "sdpa", sdpa_fwd_bwd),
         ("forward+backward", "flashc.torch.attention", flashc_torch_fwd_bwd),
         *([("forward+backward", "  (Python path)", python_path(flashc_torch_fwd_bwd))] if ext else []),
+        ("decode", "sdpa", sdpa_decode),
+        ("decode", "attention_with_kvcache", flashc_decode),
+        *([("decode", "  (Python path)", python_path_decode)] if kv_ext else []),
+        *([("decode", "torch.ops.flashc_ext.kvcache", extension_decode)] if kv_ext else []),
     ]
     print(
         f"# torch {torch.__version__}, flashc {flashc.__version__}, {dev.type} {str(dtype).replace('torch.', '')}, "
         f"b{b} s{s} h{h} d{d} causal, torch threads {torch.get_num_threads()}, "
-        f"{args.clock} clock, median of {args.repeats} x {args.calls} calls"
+        f"{args.clock} clock, median of {args.repeats} x {args.calls} calls; decode: b1, 1 new row, cache 256, "
+        "8/2 heads, d64"
     )
     print("# extension: " + ("libflashc_torch.so" if ext else f"none ({_torch_fast.WHY})"))
     print(f"{'direction':<17} {'entry point':<28} {'us/call':>8} {'x sdpa':>7}")

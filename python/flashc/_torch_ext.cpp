@@ -1,22 +1,29 @@
-// flashc's forward and backward as PyTorch operators flashc_ext::fwd and flashc_ext::bwd, on PyTorch's stable
-// ABI: the C++ half of flashc.torch's eager hot path (python/flashc/_torch_fast.py loads it).
+// flashc's forward, backward and KV-cache attention as PyTorch operators flashc_ext::fwd, flashc_ext::bwd and
+// flashc_ext::kvcache, on PyTorch's stable ABI: the C++ half of the eager hot paths of flashc.torch and of
+// flashc.attention_with_kvcache on torch tensors (python/flashc/_torch_fast.py loads it).
 //
 //   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, options) -> (out, lse)
 //   flashc_ext::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, options) -> (dq, dk, dv)
+//   flashc_ext::kvcache(q, k_cache!, v_cache!, k?, v?, cache_seqlens?, block_table?, out!?, options, num_splits,
+//                       want_lse) -> (out?, lse?)
 //
-// The tensors mean what they mean for flashc::fwd / flashc::bwd (python/flashc/_ops.py); `options` is the number
+// The tensors mean what they mean for flashc::fwd / flashc::bwd (python/flashc/_ops.py) and for
+// flashc.attention_with_kvcache (flashc_forward_kvcache: the caches are written in place when k and v are given,
+// and so is out= when given, which is then not returned; lse only when wanted); `options` is the number
 // flashc_torch_options gave for the rest of their arguments (scale, causal, window_left, window_right, top_left,
-// backend, threads, deterministic, softcap), which flashc.torch checks and packs once per distinct set: every
-// argument of a schema costs the Python-to-operator call a conversion, and a string or an optional float costs
-// more than an int. These kernels run the calls that need nothing but them (no ALiBi, seqused, attn_mask,
-// dropout or num_splits), the calls of a plain model. Why C++: in Python the argument checks and the ctypes
-// marshalling around the C call cost ~22 us a call on the CPU (bench/torch_call_cost.py); here at::Tensor ->
-// flashc_tensor is a handful of C calls (with the operator's dispatch and output allocation, ~3 us above
-// the C call made through ctypes).
+// backend, threads, deterministic, softcap), which flashc.torch and attention_with_kvcache check and pack once per
+// distinct set: every argument of a schema costs the Python-to-operator call a conversion, and a string or an
+// optional float costs more than an int. These kernels run the calls that need nothing but them (no ALiBi, seqused,
+// attn_mask, dropout or num_splits for fwd/bwd), the calls of a plain model and of a serving loop. Why C++: in
+// Python the argument checks and the ctypes marshalling around the C call cost ~22 us a call on the CPU
+// (bench/torch_call_cost.py), and a decoding step through the registered operator torch.ops.flashc.fwd_kvcache_out
+// ~300 us; here at::Tensor -> flashc_tensor is a handful of C calls (with the operator's dispatch and output
+// allocation, ~3 us above the C call made through ctypes; attention_with_kvcache ~6 us above its operator).
 //
 // Why the stable ABI (torch/csrc/stable, TORCH_TARGET_VERSION 2.10): the library this builds uses only PyTorch's C
 // shim, so one build loads into every torch >= 2.10 (and no Python ABI: it is loaded with torch.ops.load_library).
-// The stable ABI cannot register autograd formulas, so the autograd.Function of flashc.torch stays in Python.
+// The stable ABI cannot register autograd formulas, so the autograd.Function of flashc.torch stays in Python; nor
+// can it move a tensor's version counter, so _torch_fast.py does that for the tensors flashc_ext::kvcache writes.
 //
 // Failures throw (RuntimeError in Python) with the C library's message; flashc/_torch_fast.py then runs the same
 // call through the Python path, which raises the exception type and message flashc.torch always raised. So this
@@ -63,6 +70,7 @@ struct Api {
   decltype(&flashc_handle_last_backend) last_backend = nullptr;
   decltype(&flashc_forward) forward = nullptr;
   decltype(&flashc_backward) backward = nullptr;
+  decltype(&flashc_forward_kvcache) forward_kvcache = nullptr; // NULL in a libflashc older than the KV cache
   decltype(&flashc_last_error) last_error = nullptr;
 };
 Api api; // written once by flashc_torch_bind, before any operator runs
@@ -70,6 +78,8 @@ Api api; // written once by flashc_torch_bind, before any operator runs
 // The fields of flashc_params these kernels set end at softcap: describing only them (struct_size) lets this
 // library drive a libflashc built from an older or newer flashc.h, which gives the later fields their defaults.
 constexpr size_t PARAMS_SIZE = offsetof(flashc_params, alibi_slopes);
+// The same for flashc_kvcache, whose fields this file sets up to num_splits.
+constexpr size_t KVCACHE_SIZE = offsetof(flashc_kvcache, num_splits) + sizeof(int);
 
 [[noreturn]] void fail(const std::string &what) { throw std::runtime_error("flashc: " + what); }
 
@@ -212,6 +222,26 @@ flashc_tensor describe(const Tensor &x, const Place &where) {
   return t;
 }
 
+// A [b, s, h, d] tensor that the call uses where it is, never copied: a KV cache (written in place by an append)
+// or out=. A layout the C API cannot take is refused, and so is an empty tensor, whose pointer and strides the
+// Python path describes in its own way (NULL, contiguous).
+flashc_tensor in_place(const Tensor &x, const Place &where) {
+  if (x.dim() != 4 || x.numel() == 0) fail("an empty tensor, or one of the wrong rank, to use in place");
+  if (x.sizes()[3] > 1 && x.stride(3) != 1) fail("a tensor whose head_dim stride is not 1, to use in place");
+  return describe(x, where);
+}
+
+// cache_seqlens [batch] or block_table [batch, max_blocks]: int32 where q is, rows of unit stride. The C API
+// reads them through a bare pointer, so their sizes are checked here (the library cannot see them).
+const int32_t *int32_table(const Tensor &x, int64_t ndim, int64_t batch, const Place &where) {
+  const Place p = place_of(x);
+  if (p.cuda != where.cuda || p.device != where.device) fail("tensors on different devices");
+  if (x.scalar_type() != ScalarType::Int || x.dim() != ndim || x.numel() == 0) fail("a table that is not int32");
+  const auto size = x.sizes();
+  if (size[0] != batch || (size[ndim - 1] > 1 && x.stride(ndim - 1) != 1)) fail("a table of the wrong shape");
+  return static_cast<const int32_t *>(x.data_ptr());
+}
+
 // Sizes of at most 4 dimensions, without a heap allocation.
 struct Sizes {
   int64_t n;
@@ -344,6 +374,62 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   return {dq, dk, dv};
 }
 
+// flashc_forward_kvcache: the cache tensors are written in place when k and v are given. Returns (out, or None
+// when out= was given and written; lse, or None when not wanted).
+std::tuple<std::optional<Tensor>, std::optional<Tensor>>
+kvcache(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k_new, std::optional<Tensor> v_new,
+        std::optional<Tensor> cache_seqlens, std::optional<Tensor> block_table, std::optional<Tensor> out,
+        int64_t options, int64_t num_splits, bool want_lse) {
+  // q, out: [b, s_q, h_q, d]; k_cache, v_cache: [b, capacity, h_k, d] or [num_blocks, page_size, h_k, d];
+  // k_new, v_new: [b, s_new, h_k, d]; cache_seqlens: [b]; block_table: [b, max_blocks]
+  if (!api.forward_kvcache) fail("this libflashc has no flashc_forward_kvcache");
+  q = readable(q, 4);
+  if (q.numel() == 0) fail("an empty q");
+  const Options &o = options_of(options);
+  const Place where = place_of(q);
+  const Sizes qsize = sizes_of(q);
+  flashc_kvcache c = flashc_kvcache_default();
+  c.struct_size = KVCACHE_SIZE;
+  c.k_cache = in_place(k_cache, where);
+  c.v_cache = in_place(v_cache, where);
+  flashc_tensor tk, tv;
+  if (k_new.has_value() != v_new.has_value()) fail("k and v given apart");
+  if (k_new) {
+    *k_new = readable(*k_new, 4);
+    *v_new = readable(*v_new, 4);
+    if (k_new->numel() == 0 || v_new->numel() == 0) fail("an empty k or v");
+    tk = describe(*k_new, where);
+    tv = describe(*v_new, where);
+    c.k_new = &tk;
+    c.v_new = &tv;
+  }
+  if (cache_seqlens) c.cache_seqlens = int32_table(*cache_seqlens, 1, qsize.v[0], where);
+  if (block_table) {
+    c.block_table = int32_table(*block_table, 2, qsize.v[0], where);
+    c.max_blocks_per_seq = block_table->sizes()[1];
+    c.block_table_stride = block_table->stride(0);
+  }
+  if (num_splits < 0 || num_splits > INT32_MAX) fail("num_splits out of range");
+  c.num_splits = static_cast<int>(num_splits);
+  const int32_t dtype = torch_dtype(q);
+  std::optional<Tensor> fresh;
+  if (out) {
+    if (out->dim() != 4) fail("an out= that is not q's shape"); // before sizes_of, which holds 4 sizes
+    const Sizes osize = sizes_of(*out);
+    if (torch_dtype(*out) != dtype || std::memcmp(osize.v, qsize.v, sizeof qsize.v) != 0)
+      fail("an out= that is not q's shape and dtype");
+  } else {
+    fresh = empty(qsize, dtype, where);
+  }
+  flashc_tensor tq = describe(q, where), to = in_place(out ? *out : *fresh, where);
+  std::optional<Tensor> lse;
+  if (want_lse) lse = empty(lse_sizes(q, false), aoti_torch_dtype_float32(), where);
+  float *plse = lse ? static_cast<float *>(lse->data_ptr()) : nullptr;
+  const flashc_params p = o.params;
+  run(where, o, [&](flashc_handle h) { return api.forward_kvcache(h, &tq, &c, &to, plse, &p); });
+  return {fresh, lse};
+}
+
 } // namespace
 
 // ---- registration ------------------------------------------------------------------------------------------
@@ -352,16 +438,20 @@ STABLE_TORCH_LIBRARY(flashc_ext, m) {
         "Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
         "Tensor? cu_seqlens_k, int options) -> (Tensor, Tensor, Tensor)");
+  m.def("kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+        "Tensor? block_table, Tensor(c!)? out, int options, int num_splits, bool want_lse) -> (Tensor?, Tensor?)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashc_ext, CPU, m) {
   m.impl("fwd", TORCH_BOX(&fwd));
   m.impl("bwd", TORCH_BOX(&bwd));
+  m.impl("kvcache", TORCH_BOX(&kvcache));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashc_ext, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&fwd));
   m.impl("bwd", TORCH_BOX(&bwd));
+  m.impl("kvcache", TORCH_BOX(&kvcache));
 }
 
 // ---- plain C entry points, called once through ctypes ------------------------------------------------------
@@ -393,6 +483,7 @@ __attribute__((visibility("default"))) int flashc_torch_bind(const char *path, c
     *why = missing;
     return -1;
   }
+  a.forward_kvcache = reinterpret_cast<decltype(a.forward_kvcache)>(dlsym(lib, "flashc_forward_kvcache"));
   api = a;
   return 0;
 }

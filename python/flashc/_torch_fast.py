@@ -13,6 +13,11 @@ implementation of the checks.
 flashc.torch.attention's common call (plain tensors, nothing but the options) calls forward() or
 Attention.apply() directly, with the options' tuple and id that it caches per set of user arguments.
 
+flashc.attention_with_kvcache on torch tensors calls kvcache() first: a plain eager call (no autograd to record,
+no compile, mode or transform) runs flashc_ext::kvcache, with its options' id cached per set of option
+arguments; kvcache() returns None for any other call, or one the extension refuses, and attention_with_kvcache
+then runs its Python path (the operators torch.ops.flashc.fwd_kvcache / fwd_kvcache_out), as above.
+
 The extension is looked for next to the libflashc that flashc._lib loaded (FLASHC_LIBRARY, or the package's
 own), because it calls that very library: it is bound to it by path at load time. FLASHC_TORCH_EXT=0 (or OFF)
 skips it (to compare, or to test the Python path). `AVAILABLE` says whether it loaded, `WHY` why not.
@@ -238,11 +243,91 @@ if AVAILABLE:
         _ops.fwd.register_kernel(("cpu", "cuda"), fwd_impl)
         _ops.bwd.register_kernel(("cpu", "cuda"), _bwd_kernel)
 
+    # ---- attention_with_kvcache's short path: flashc_ext::kvcache ---------------------------------------------
+    _kv = getattr(torch.ops.flashc_ext, "kvcache", None)  # None in an extension older than this module
+    _kv = _kv and getattr(_kv.default, "_op", _kv.default)
+    _bump = torch._C._increment_version  # takes a sequence of tensors (a tensor alone it would iterate)
+    _kv_ids: dict = {}  # attention_with_kvcache's option arguments (with types and q.is_cuda) -> options number
+
+    def _kv_options(key: tuple) -> int:
+        """The options number of attention_with_kvcache's option arguments, checked as its Python path checks
+        them; -1 where that path would refuse them (it then raises) or the extension holds no more sets."""
+        causal, window, scale, backend, threads, _, _, cuda = key
+        try:
+            scale, causal, wl, wr, _, _ = _api.check_options(causal, window, scale, "bottom-right", False)
+            threads = -1 if threads is None else _api._check_threads(threads)
+            _api._check_backend(backend, "cuda" if cuda else "cpu")  # host backends never get device pointers
+        except Exception:
+            return -1
+        oid = options_id((scale, causal, wl, wr, False, backend, threads, False, 0.0))
+        if _ft._cacheable(window) and len(_kv_ids) < 1024:
+            _kv_ids[key] = oid
+        return oid
+
+    def _any_requires_grad(*xs) -> bool:
+        """Whether a call could record autograd history, which the operator has none for (the Python path's
+        operator gives such a call an output whose backward raises)."""
+        return any(x is not None and x.requires_grad for x in xs)
+
+    def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, window, scale, return_lse, backend,
+                threads, num_splits, out):  # fmt: skip
+        """flashc.attention_with_kvcache's result for its arguments (cache_seqlens as a tensor or None) through
+        flashc_ext::kvcache, or None: the call is not a plain eager call on plain tensors with valid options, or
+        the extension refused it. The caller then runs its Python path, which gives the same result or raises
+        the error it always raised (a refused call has written nothing: the library checks before it appends)."""
+        ft, T = _ft, _Tensor
+        if not (
+            type(q) is T
+            and type(k_cache) is T
+            and type(v_cache) is T
+            and (k is None or type(k) is T)
+            and (v is None or type(v) is T)
+            and (out is None or type(out) is T)
+            and (cache_seqlens is None or type(cache_seqlens) is T)
+            and (block_table is None or type(block_table) is T)
+            and type(num_splits) is int
+            and not (ft._grad_enabled() and _any_requires_grad(q, k_cache, v_cache, k, v, out))
+            and not ft._is_compiling()
+            and not ft._dispatch_modes()
+            and not ft._function_modes()
+            and ft._tracing_state() is None
+            and ft._peek_functorch() is None
+        ):
+            return None
+        key = (causal, window, scale, backend, threads, type(scale), type(threads), q.is_cuda)
+        try:
+            oid = _kv_ids[key] if window is None or ft._no_bools(window) else _kv_options(key)
+        except (KeyError, TypeError):  # TypeError: a window that is not hashable
+            oid = _kv_options(key)
+        if oid < 0:
+            return None
+        cell = _slot.cell  # before the call: a thread's first access registers its cell
+        try:
+            o, lse = _kv(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, oid, num_splits,
+                         True if return_lse else False)  # fmt: skip
+        except Exception:
+            return None
+        # What the Python path's operator does around its kernel: the written tensors' versions move on (so that
+        # autograd notices a cache it saved being changed), and flashc.last_backend() names the backend run.
+        _bump((k_cache, v_cache) if out is None else (k_cache, v_cache, out))
+        _local.last_backend = _names.get(cell.value) or _name(cell.value)
+        if out is not None:
+            o = out
+        return (o, lse) if return_lse else o
+
+    _Tensor = torch.Tensor
+    if _kv is None:
+        kvcache = None  # noqa: F811
+
 else:
     fwd_impl = _ops.fwd_impl
     bwd_impl = _ops.bwd_impl
-    Attention = forward = backward = options_id = None
+    Attention = forward = backward = options_id = kvcache = None
 
 # flashc.torch's kernels as they are without the extension: what tests and bench/torch_call_cost.py put in place of
 # this module (flashc.torch._kernels) to run the Python path beside the extension's.
 PYTHON_PATH = types.SimpleNamespace(AVAILABLE=False, fwd_impl=_ops.fwd_impl, bwd_impl=_ops.bwd_impl, Attention=None)
+
+# Where the short paths read plain eager mode and the options caches' rules (flashc.torch, which imports this
+# module first: bound last, so that either import order works).
+from . import torch as _ft  # noqa: E402

@@ -15,7 +15,9 @@ the sequences they break come out NaN instead of raising.
 For torch the call is the operator torch.ops.flashc.fwd_kvcache, registered with torch.library.custom_op as
 mutating k_cache and v_cache, with a fake implementation, so torch.compile and FakeTensorMode see one opaque
 operator whose outputs they know. It is registered when this module is imported with torch already imported,
-else at the first call on torch tensors. It has no gradient (inference).
+else at the first call on torch tensors. It has no gradient (inference). In plain eager mode a call runs through
+the C++ extension's flashc_ext::kvcache instead where it is built (flashc/_torch_fast.py: the operator's Python
+layers cost ~300 us a call on the CPU), with the same results and errors.
 
 The C struct flashc_kvcache is mirrored here (KVCache); its size is checked against the library's own at the
 first call (the library names its size when refusing a struct_size larger than it).
@@ -181,6 +183,11 @@ def _check_out(name: str, x, shape: tuple, like, float32: bool = False) -> None:
         raise TypeError(f"flashc: {name}.dtype is {x.dtype}; the call writes {want}")
     if _arrays.is_numpy(x) and not x.flags.writeable:
         raise ValueError(f"flashc: {name} is read-only")
+    if _arrays._element_strides(x) is None:  # written where it is: a copy would not be seen by the caller
+        raise ValueError(
+            f"flashc: {name} has strides {tuple(_arrays._raw_strides(x))} that flashc cannot write through (the "
+            "last stride must be 1, none negative, elements aligned); pass a contiguous array"
+        )
 
 
 def _forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal, window_left, window_right,
@@ -224,6 +231,26 @@ def _seqlens(cache_seqlens, q, like):
     return np.full(q.shape[0], int(cache_seqlens), dtype=np.int32)
 
 
+# attention_with_kvcache's short path for torch tensors: _torch_fast.kvcache, False where the extension is not
+# loaded, None until the first call on a torch tensor (numpy users never import torch through flashc).
+_fast = None
+
+
+def _fast_path(q):
+    global _fast
+    if not _arrays.is_torch(q):
+        return None
+    from . import _torch_fast
+
+    try:  # the operators exist after a first call on torch tensors, whichever path runs it (torch.compile needs them)
+        torch_op()
+        torch_op_out()
+    except NotImplementedError:  # a torch without custom_op: the Python path says so
+        pass
+    _fast = _torch_fast.kvcache or False
+    return _fast
+
+
 def attention_with_kvcache(
     q,
     k_cache,
@@ -262,6 +289,15 @@ def attention_with_kvcache(
     Bad lengths or block indices raise ValueError naming them, before anything is written.
     """
     cache_seqlens = _seqlens(cache_seqlens, q, k_cache)
+    # A plain eager call on torch tensors, in a few C++ calls where the C++ extension is built (_torch_fast.kvcache:
+    # flashc_ext::kvcache); None from it means this is not such a call, or it was refused: the Python path below
+    # then runs it, with its result or its error.
+    fast = _fast if _fast is not None else _fast_path(q)
+    if fast:
+        done = fast(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, window, scale, return_lse, backend,
+                    threads, num_splits, out)  # fmt: skip
+        if done is not None:
+            return done
     scale, causal, wl, wr, _, _ = _api.check_options(causal, window, scale, "bottom-right", False)
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
         raise TypeError(f"flashc: num_splits must be an int, not {num_splits!r}")

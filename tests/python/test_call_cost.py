@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 import flashc  # noqa: E402
 import flashc.torch as ft  # noqa: E402
 from flashc import _torch_fast  # noqa: E402
+from flashc import kvcache as kvc  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _torch_fast.AVAILABLE, reason=f"no torch extension: {_torch_fast.WHY}")
 
@@ -138,18 +139,6 @@ def test_errors_are_the_python_paths(monkeypatch):
 
 def test_extension_is_cheaper_than_the_python_path(monkeypatch):
     q, k, v = _inputs()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the call's cost, not the thread pool's
-    try:
-        best = _best_of(q, k, v, monkeypatch)
-    finally:
-        torch.set_num_threads(threads)
-    # The ctypes path adds ~30 us of Python to a ~30 us call here; the margin leaves room for a noisy machine.
-    assert best[0] < 0.85 * best[1], f"extension {best[0] / 20 * 1e6:.1f} us, Python {best[1] / 20 * 1e6:.1f} us"
-
-
-def _best_of(q, k, v, monkeypatch) -> tuple:
-    """The least disturbed time of 20 forwards through the extension and through the Python path."""
 
     def fast():
         ft._kernels = _torch_fast
@@ -162,13 +151,26 @@ def _best_of(q, k, v, monkeypatch) -> tuple:
             ft.attention(q, k, v, causal=True)
 
     monkeypatch.setattr(ft, "_kernels", _torch_fast)  # restored after the test
+    best = _best_of(fast, slow)
+    # The ctypes path adds ~30 us of Python to a ~30 us call here; the margin leaves room for a noisy machine.
+    assert best[0] < 0.85 * best[1], f"extension {best[0] / 20 * 1e6:.1f} us, Python {best[1] / 20 * 1e6:.1f} us"
+
+
+def _best_of(fast, slow) -> tuple:
+    """The least disturbed time of 20 calls of fast() and of slow(), on one torch thread (the call's cost, not
+    the thread pool's)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     best = {fast: float("inf"), slow: float("inf")}
-    for _ in range(40):  # interleaved, the best of many: the least disturbed run of each
-        for fn in best:
-            t0 = time.process_time()
-            for _ in range(20):
-                fn()
-            best[fn] = min(best[fn], time.process_time() - t0)
+    try:
+        for _ in range(40):  # interleaved, the best of many: the least disturbed run of each
+            for fn in best:
+                t0 = time.process_time()
+                for _ in range(20):
+                    fn()
+                best[fn] = min(best[fn], time.process_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
     return best[fast], best[slow]
 
 
@@ -248,3 +250,175 @@ def test_fast_path_leaves_autocast_and_mixed_dtypes_to_the_general_path():
         assert ft.attention(q, k, v, causal=True).dtype == torch.bfloat16  # cast, as SDPA
     with pytest.raises(TypeError, match="k.dtype is torch.float64"):
         ft.attention(q, k.double(), v, causal=True)
+
+
+# ---- flashc.attention_with_kvcache: its short path through flashc_ext::kvcache ----------------------------------
+def _decode(paged, append, seed=6, dtype=torch.float32):
+    """A decoding step's tensors (q, k_cache, v_cache, k, v, cache_seqlens, block_table): batch 2, 2 new rows of 8
+    query heads over 2 KV heads, d 32, capacity 64 (pages of 16 in a permuted pool), cached lengths 15 and 40 (the
+    first sequence's append crosses a page boundary)."""
+    g = torch.Generator().manual_seed(seed)
+    table = None
+    if paged:
+        table = torch.randperm(10, generator=g)[:8].reshape(2, 4).to(torch.int32)
+        shape = (10, 16, 2, 32)
+    else:
+        shape = (2, 64, 2, 32)
+    q = torch.randn(2, 2, 8, 32, generator=g)
+    kc, vc = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+    k, v = (torch.randn(2, 2, 2, 32, generator=g) for _ in range(2)) if append else (None, None)
+    lens = torch.tensor([15, 40], dtype=torch.int32)
+    return tuple(x if x is None or not x.is_floating_point() else x.to(dtype) for x in (q, kc, vc, k, v, lens, table))
+
+
+def _kvcache_path(monkeypatch, fast: bool) -> list:
+    """Routes attention_with_kvcache through the extension (fast) or its Python path; returns the list that
+    records each run of the Python path's kernel (kvcache._forward)."""
+    monkeypatch.setattr(kvc, "_fast", _torch_fast.kvcache if fast else False)
+    runs, python_path = [], kvc._forward
+
+    def recorded(*args, **kw):
+        runs.append(1)
+        return python_path(*args, **kw)
+
+    monkeypatch.setattr(kvc, "_forward", recorded)
+    return runs
+
+
+needs_kvcache = pytest.mark.skipif(_torch_fast.kvcache is None, reason="the extension has no flashc_ext::kvcache")
+
+
+@needs_kvcache
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("append", [False, True], ids=["read", "append"])
+def test_kvcache_extension_matches_python_path_and_reference(monkeypatch, paged, append):
+    calls = [  # (options, out= given)
+        (dict(causal=True), False),
+        (dict(causal=True, window=(7, 0), num_splits=3, return_lse=True), False),
+        (dict(scale=0.3, return_lse=True), True),
+        (dict(causal=True, threads=1), True),
+    ]
+    for opts, given in calls:
+        results = {}
+        for path in ("extension", "python", "cpu-ref"):
+            runs = _kvcache_path(monkeypatch, path != "python")
+            dtype = torch.float64 if path == "cpu-ref" else torch.float32
+            q, kc, vc, k, v, lens, table = _decode(paged, append, dtype=dtype)
+            out = torch.full(q.shape, float("nan"), dtype=dtype) if given else None
+            got = flashc.attention_with_kvcache(q, kc, vc, k, v, lens, table, **opts, out=out,
+                                                backend="cpu-ref" if path == "cpu-ref" else "auto")  # fmt: skip
+            got = got if isinstance(got, tuple) else (got,)
+            assert got[0] is out or not given  # out= is what the call returns
+            assert flashc.last_backend() == ("cpu-ref" if path == "cpu-ref" else "cpu")
+            assert bool(runs) == (path == "python"), f"{path}: the Python path ran {len(runs)} times"
+            results[path] = list(got) + [kc, vc]
+        for a, b, r in zip(results["extension"], results["python"], results["cpu-ref"]):
+            assert torch.equal(a, b), opts  # the same kernel on the same data: bit-identical, caches included
+            torch.testing.assert_close(a.double(), r.double(), atol=1e-5, rtol=1e-5)  # lse is fp32 on cpu-ref too
+
+
+@needs_kvcache
+def test_kvcache_errors_are_the_python_paths(monkeypatch):
+    q, kc, vc, k, v, lens, table = _decode(paged=True, append=True)
+    far = table.clone()
+    far[1, 2] = 10  # the block of keys 32..47 of sequence 1: one past the pool
+    bad = [
+        dict(lens=lens + 40),  # past the capacity: libflashc's ValueError naming the length
+        dict(table=far),  # a block outside the pool: its ValueError naming the index
+        dict(lens=lens.long()),  # not int32: the Python path's TypeError
+        dict(q=q[:, :, :7]),  # 7 query heads over 2 KV heads: libflashc's InvalidArgumentError
+        dict(q=q.double()),  # mixed dtypes
+        dict(v=None),  # k without v: TypeError
+        dict(out=torch.empty(2, 2, 8, 16)),  # out of the wrong shape: ValueError
+        dict(out=torch.empty(2, 2, 8, 32, 1)),  # out of the wrong rank: ValueError
+        dict(out=torch.empty(2, 2, 8, 64)[..., ::2]),  # out that cannot be written in place: ValueError
+        dict(num_splits=-1),  # ValueError
+        dict(num_splits=True),  # TypeError
+        dict(window=(True, 0)),  # TypeError, after a cached call with (1, 0)
+        dict(kc=torch.empty(0, 16, 2, 32)),  # an empty pool: the Python path's own message
+    ]
+    for case in bad:
+        args = dict(q=q, kc=kc, vc=vc, k=k, v=v, lens=lens, table=table, out=None, num_splits=0, window=None) | case
+        errors = []
+        for fast in (True, False):
+            _kvcache_path(monkeypatch, fast)
+            caches = (args["kc"].clone(), args["vc"].clone())
+            with torch.no_grad():
+                flashc.attention_with_kvcache(q, kc, vc, k, v, lens, table, causal=True, window=(1, 0))  # cached
+                kc.copy_(caches[0]) if args["kc"] is kc else None
+                vc.copy_(caches[1]) if args["vc"] is vc else None
+                with pytest.raises(Exception) as e:
+                    flashc.attention_with_kvcache(args["q"], args["kc"], args["vc"], args["k"], args["v"], args["lens"],
+                                                  args["table"], causal=True, window=args["window"], out=args["out"],
+                                                  num_splits=args["num_splits"])  # fmt: skip
+            errors.append((type(e.value), str(e.value)))
+            assert torch.equal(args["kc"], caches[0]) and torch.equal(args["vc"], caches[1]), "a refused call wrote"
+        assert errors[0] == errors[1], case
+
+
+@needs_kvcache
+def test_kvcache_runs_no_python_of_the_ctypes_path(monkeypatch):
+    q, kc, vc, k, v, lens, table = _decode(paged=True, append=True)
+    out = torch.empty_like(q)
+
+    def call():
+        with torch.no_grad():
+            flashc.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True, out=out)
+
+    for fast in (True, False):
+        _kvcache_path(monkeypatch, fast)
+        call()  # warm: the options cache, the handle, the operators' registration
+        files = _python_frames(call)
+        ours = [name for f, name in files if f.parent == PACKAGE]
+        if fast:
+            assert not _ctypes_files(files), f"the decode step ran {_ctypes_files(files)}"
+            # attention_with_kvcache, _seqlens and _torch_fast.kvcache, where the Python path runs some 30
+            assert len(ours) <= 3, f"{len(ours)} Python frames of flashc per decode step: {ours}"
+        else:  # the check above can fail: the Python path runs the ctypes marshalling
+            assert _ctypes_files(files) and "_forward" in ours
+
+
+@needs_kvcache
+def test_kvcache_short_path_keeps_the_operators_bookkeeping(monkeypatch):
+    # Versions of the written tensors move on as the Python path's operator moves them (autograd checks them).
+    q, kc, vc, k, v, lens, table = _decode(paged=False, append=True)
+    out = torch.empty_like(q)
+    runs = _kvcache_path(monkeypatch, True)
+    before = (kc._version, vc._version, out._version)
+    with torch.no_grad():
+        flashc.attention_with_kvcache(q, kc, vc, k, v, lens, out=out)
+    assert not runs and all(a > b for a, b in zip((kc._version, vc._version, out._version), before))
+    # A call that autograd would record (an input that requires grad, grad enabled) is the Python path's: its
+    # operator has no gradient, and says so at backward.
+    lq = q.clone().requires_grad_()
+    o = flashc.attention_with_kvcache(lq, kc, vc, k, v, lens)
+    assert runs and o.requires_grad
+    with pytest.raises(RuntimeError):
+        o.sum().backward()
+
+
+@needs_kvcache
+def test_kvcache_extension_is_cheaper_than_the_python_path():
+    # bench/torch_call_cost.py's decode row: b1, a cache of 256, one new row appended, 8/2 heads, d64, out= given.
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(1, 1, 8, 64, generator=g), *(torch.randn(1, 1, 2, 64, generator=g) for _ in range(2))
+    kc, vc = (torch.randn(1, 256, 2, 64, generator=g) for _ in range(2))
+    lens, out = torch.full((1,), 255, dtype=torch.int32), torch.empty_like(q)
+
+    def fast():
+        kvc._fast = _torch_fast.kvcache
+        with torch.no_grad():
+            flashc.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True, out=out)
+
+    def slow():
+        kvc._fast = False
+        with torch.no_grad():
+            flashc.attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True, out=out)
+
+    saved = kvc._fast
+    try:
+        best = _best_of(fast, slow)
+    finally:
+        kvc._fast = saved
+    # The Python path (the custom operator's dispatch, the checks, ctypes) adds ~300 us to a ~60 us call here.
+    assert best[0] < 0.5 * best[1], f"extension {best[0] / 20 * 1e6:.1f} us, Python {best[1] / 20 * 1e6:.1f} us"
