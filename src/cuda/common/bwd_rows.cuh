@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_block
  * FC_BWD_ROWS_PAD. Varlen: *cu_pad_host = the padded offsets, batch + 1 of them in the handle's host workspace (the
  * caller copies them to the device), and *sq_pad = 0; dense: *cu_pad_host = NULL and *sq_pad = the padded seqlen_q.
  * *total_pad: the padded rows of every sequence. */
-static flashc_status fc_bwd_rows_pad(const fc_problem *p, int64_t **cu_pad_host, int64_t *sq_pad, int64_t *total_pad) {
+static inline flashc_status fc_bwd_rows_pad(const fc_problem *p, int64_t **cu_pad_host, int64_t *sq_pad,
+                                            int64_t *total_pad) {
   *cu_pad_host = NULL, *sq_pad = 0;
   if (!p->cu_seqlens_q) {
     *sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;

@@ -1,4 +1,4 @@
-/* mma/bwd_common.cuh — what every configuration of cuda-mma's backward shares (mma/bwd.cu includes it, then
+/* mma/bwd_common.cuh — what every configuration of cuda-mma's backward shares (mma/bwd_launch.cuh includes it, then
  * the configurations' kernels): the kernels' argument block, one sequence's offsets, the mask test, and the
  * loader of one query block (Q_i, dO_i, lse2_i, D_i) into shared memory. */
 #ifndef FLASHC_CUDA_MMA_BWD_COMMON_CUH

@@ -49,7 +49,7 @@
  * waits for the add to have read sdQ (wait_group.read) before the Pᵀ/dSᵀ barrier of it + 1, behind which the
  * tile is written again; the add has the Sᵀ/dPᵀ MMAs of it + 1 to read its 16-48 KB. Before the CTA exits,
  * thread 0 waits for the last add to complete (its shared memory must outlive the read).
- * Included by mma/bwd.cu after mma/bwd_common.cuh and common/bwd_rows.cuh. */
+ * Included by mma/bwd_launch.cuh after mma/bwd_common.cuh and common/bwd_rows.cuh. */
 #ifndef FLASHC_CUDA_MMA_BWD_FA2_CUH
 #define FLASHC_CUDA_MMA_BWD_FA2_CUH
 
