@@ -551,22 +551,25 @@ static const fcase hopper_cases[] = {
 #pragma GCC diagnostic pop
 #define NHOPPER ((int)(sizeof hopper_cases / sizeof hopper_cases[0]))
 
-/* Every case in bf16 and f16 on cuda-hopper where it is usable; the tolerances are cpu's bf16 ones (fp16's rounding
- * is finer, so they bound it too). The backend must run each call itself: no refusal is accepted. */
-static void test_hopper(th_rng *rng) {
+/* Cases a..b (two lists, so that a backend can run another's cases and its own) in bf16 and f16 on `backend` where
+ * it is usable, cpu's bf16 tolerances (fp16's rounding is finer, so they bound it too). The backend must run each call
+ * itself: no refusal is accepted. */
+static void run_gpu_cases(const char *backend, const char *what, const fcase *a, int na, const fcase *b, int nb,
+                          th_rng *rng) {
   bool usable = false;
   for (int i = 0; i < flashc_backend_count(); i++) {
     flashc_backend_info info;
-    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-hopper") == 0) usable = info.usable;
+    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, backend) == 0) usable = info.usable;
   }
   th_backend be;
-  if (!usable || !th_backend_open(&be, "cuda-hopper")) {
-    printf("SKIP cuda-hopper softcap/ALiBi against the oracle: no CUDA device (or not sm_90)\n");
+  if (!usable || !th_backend_open(&be, backend)) {
+    printf("SKIP %s %s against the oracle: no CUDA device (or not a GPU it runs on)\n", backend, what);
     return;
   }
-  for (int i = 0; i < NHOPPER; i++) {
-    run(&be, &hopper_cases[i], FLASHC_BF16, 2e-2, 4e-2, rng);
-    run(&be, &hopper_cases[i], FLASHC_F16, 2e-2, 4e-2, rng);
+  for (int i = 0; i < na + nb; i++) {
+    const fcase *c = i < na ? &a[i] : &b[i - na];
+    run(&be, c, FLASHC_BF16, 2e-2, 4e-2, rng);
+    run(&be, c, FLASHC_F16, 2e-2, 4e-2, rng);
   }
   th_backend_close(&be);
 }
@@ -606,25 +609,6 @@ static const fcase mma_seqused_cases[] = {
 #pragma GCC diagnostic pop
 #define NMMA_SEQUSED ((int)(sizeof mma_seqused_cases / sizeof mma_seqused_cases[0]))
 
-/* Every case in bf16 and f16 on cuda-mma where it is usable, cpu's bf16 tolerances; no refusal is accepted. */
-static void test_mma_seqused(th_rng *rng) {
-  bool usable = false;
-  for (int i = 0; i < flashc_backend_count(); i++) {
-    flashc_backend_info info;
-    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-mma") == 0) usable = info.usable;
-  }
-  th_backend be;
-  if (!usable || !th_backend_open(&be, "cuda-mma")) {
-    printf("SKIP cuda-mma seqused against the oracle: no CUDA device (or not sm_80+)\n");
-    return;
-  }
-  for (int i = 0; i < NMMA_SEQUSED; i++) {
-    run(&be, &mma_seqused_cases[i], FLASHC_BF16, 2e-2, 4e-2, rng);
-    run(&be, &mma_seqused_cases[i], FLASHC_F16, 2e-2, 4e-2, rng);
-  }
-  th_backend_close(&be);
-}
-
 /* ---- cuda-mma's softcap and ALiBi -------------------------------------------------------------------------------- */
 /* cuda-hopper's cases (section 5: head dims 64, 96, 128, 256, masks, GQA, varlen, the deterministic backward) and
  * these, which reach the rest of cuda-mma's plans: head dims 32, 160, 192 and 40 (padded to 64, rows not 16-byte
@@ -660,26 +644,6 @@ static const fcase mma_mod_cases[] = {
 #pragma GCC diagnostic pop
 #define NMMA_MOD ((int)(sizeof mma_mod_cases / sizeof mma_mod_cases[0]))
 
-/* Every case in bf16 and f16 on cuda-mma where it is usable, the tolerances of section 5; no refusal is accepted. */
-static void test_mma_score_mod(th_rng *rng) {
-  bool usable = false;
-  for (int i = 0; i < flashc_backend_count(); i++) {
-    flashc_backend_info info;
-    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-mma") == 0) usable = info.usable;
-  }
-  th_backend be;
-  if (!usable || !th_backend_open(&be, "cuda-mma")) {
-    printf("SKIP cuda-mma softcap/ALiBi against the oracle: no CUDA device (or not sm_80+)\n");
-    return;
-  }
-  for (int i = 0; i < NHOPPER + NMMA_MOD; i++) {
-    const fcase *c = i < NHOPPER ? &hopper_cases[i] : &mma_mod_cases[i - NHOPPER];
-    run(&be, c, FLASHC_BF16, 2e-2, 4e-2, rng);
-    run(&be, c, FLASHC_F16, 2e-2, 4e-2, rng);
-  }
-  th_backend_close(&be);
-}
-
 int main(void) {
   th_begin("test_features");
   th_rng rng;
@@ -696,8 +660,8 @@ int main(void) {
   }
   test_refusals();
   test_cuda_refusals();
-  test_hopper(&rng);
-  test_mma_seqused(&rng);
-  test_mma_score_mod(&rng);
+  run_gpu_cases("cuda-hopper", "softcap/ALiBi", hopper_cases, NHOPPER, NULL, 0, &rng);
+  run_gpu_cases("cuda-mma", "seqused", mma_seqused_cases, NMMA_SEQUSED, NULL, 0, &rng);
+  run_gpu_cases("cuda-mma", "softcap/ALiBi", hopper_cases, NHOPPER, mma_mod_cases, NMMA_MOD, &rng);
   return th_end();
 }
