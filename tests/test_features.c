@@ -583,6 +583,8 @@ static const int32_t mu_q2[] = {257, 0, 0, 16}, mu_k2[] = {131, 400, 5, 128};
 static const int32_t uk0[] = {0, 7, 0, 35, 300};
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+/* One case per line or two, as the other tables. */
+/* clang-format off */
 static const fcase mma_seqused_cases[] = {
     {"mma seqused d64", 1, 0, 0, 2, 2, 64, 64, 0.0f, 0.0f, 0, 0, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5, lq, lk, uq, uk},
     {"mma seqused blocks causal d128", 1, 0, 0, 2, 2, 128, 128, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 4,
@@ -606,6 +608,7 @@ static const fcase mma_seqused_cases[] = {
     {"mma seqused d40 strided", 1, 0, 0, 2, 2, 40, 40, 0.0f, 0.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, 5, lq, lk,
      uq, uk, .layout = TH_STRIDED},
 };
+/* clang-format on */
 #pragma GCC diagnostic pop
 #define NMMA_SEQUSED ((int)(sizeof mma_seqused_cases / sizeof mma_seqused_cases[0]))
 
