@@ -15,14 +15,15 @@
 #include "common/gqa.cuh"
 #include "mma/ptx.cuh" /* fc_to_float, fc_from_float */
 
-/* Parts per kv head: the fewest (a divisor of the group) that give the grid about two waves of the GPU and each CTA
- * at most max_heads query heads (0: no limit). Each part costs a K/V load per key block and its share of the parts'
- * workspace (written, then read by fc_gqa_reduce), so a grid already two waves deep is not split further.
- * H200, bf16, d128, causal 4k, backward (bench/results/gqa-bwd-h200-2026-11-29.csv), cuda-hopper (one CTA per SM):
- * 32 query heads over 8 kv heads run best whole (4 heads per CTA, 256 CTAs; split 2 ways: 0.89x), 64 over 8 (8
- * heads per CTA, 256 CTAs) 1.10x faster split 2 ways and 1.14x split 8 ways, 32 over 1 (MQA, 32 CTAs) 6.0x faster
- * split 8 or 32 ways; hence max_heads 4 there. cuda-mma (two CTAs per SM): 32 over 8 whole, 64 over 8 whole too
- * (split 2 ways: 0.94x), MQA 6.8-6.9x faster split 16 or 32 ways. */
+/* Parts per kv head: the fewest (a divisor of the group where one serves; else parts of sizes differing by one) that
+ * give the grid about two waves of the GPU and each CTA at most max_heads query heads (0: no limit). Each part costs a
+ * K/V load per key block and its share of the parts' workspace (written, then read by fc_gqa_reduce), so a grid already
+ * two waves deep is not split further. H200, bf16, d128, causal 4k, backward
+ * (bench/results/gqa-bwd-h200-2026-11-29.csv), cuda-hopper (one CTA per SM): 32 query heads over 8 kv heads run best
+ * whole (4 heads per CTA, 256 CTAs; split 2 ways: 0.89x), 64 over 8 (8 heads per CTA, 256 CTAs) 1.10x faster split 2
+ * ways and 1.14x split 8 ways, 32 over 1 (MQA, 32 CTAs) 6.0x faster split 8 or 32 ways; hence max_heads 4 there.
+ * cuda-mma (two CTAs per SM): 32 over 8 whole, 64 over 8 whole too (split 2 ways: 0.94x), MQA 6.8-6.9x faster split 16
+ * or 32 ways. */
 int fc_gqa_split(const fc_problem *p, int64_t key_blocks, int ctas_per_sm, int max_heads) {
   const int64_t group = p->heads_q / p->heads_kv;
   if (group <= 1) return 1;
@@ -32,6 +33,11 @@ int fc_gqa_split(const fc_problem *p, int64_t key_blocks, int ctas_per_sm, int m
   const int64_t ctas = key_blocks * p->batch * p->heads_kv;
   for (int64_t split = 1; split < group; split++)
     if (group % split == 0 && (max_heads == 0 || group / split <= max_heads) && ctas * split >= want) return (int)split;
+  /* Under a head limit, no divisor but the group itself (one query head per part: a group of 7, Qwen2.5's 28 query
+   * heads over 4, on cuda-hopper): parts of unequal sizes (fc_gqa_part_heads: 4 + 3), the fewest whose largest fits
+   * max_heads and that fill the waves. */
+  for (int64_t split = 2; max_heads > 0 && split < group; split++)
+    if ((max_heads == 0 || (group + split - 1) / split <= max_heads) && ctas * split >= want) return (int)split;
   return (int)group;
 }
 

@@ -100,9 +100,10 @@ typedef struct fc_hopper_bwd_args {
   const int64_t *cu_pad;
   int seqlen_q, seqlen_k;
   int64_t sq_pad, total_pad;
-  /* GQA: each kv head's query heads are split into kv_split parts of `group` heads, one CTA per part and key block,
-   * each writing its part's dK/dV (into a workspace that fc_gqa_reduce sums). heads_kv counts those parts (the real
-   * kv heads · kv_split), and a tile's hk is one: it reads K/V head hk / kv_split and query heads hk·group ... */
+  /* GQA: each kv head's `group` query heads are split into kv_split parts (fc_gqa_part_heads: as even as the count
+   * allows), one CTA per part and key block, each writing its part's dK/dV (into a workspace that fc_gqa_reduce
+   * sums). heads_kv counts those parts (the real kv heads · kv_split), and a tile's hk is one: it reads K/V head
+   * hk / kv_split and the part's query heads h0 .. h0 + nh − 1. */
   int heads_q, heads_kv, group, head_dim;
   int kv_split;     /* query-head parts per kv head; 1: one CTA walks the whole group */
   int n_blocks;     /* key blocks per (kv head part, sequence) */
@@ -157,7 +158,7 @@ static __device__ __forceinline__ void fc_hpb_query_blocks(int k0, int sq, int s
 /* One tile of the dK/dV kernels: key block jb of kv head hk of sequence b, the sequence's extents (varlen: its rows
  * in cu_q/cu_k, its first padded row in cu_pad) and the (query head, query block) pairs that see the key block. */
 struct fc_hpb_tile {
-  int jb, hk, k0, sk, sq, q_start, k_start, bt, i_begin, n_i, n_iter;
+  int jb, hk, h0, nh, k0, sk, sq, q_start, k_start, bt, i_begin, n_i, n_iter; /* h0, nh: the part's query heads */
   int64_t b, pad0, shift;
 };
 
@@ -172,6 +173,7 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   const int pair = (int)bh;
   ti->hk = pair % a.heads_kv;
   ti->b = pair / a.heads_kv;
+  fc_gqa_part_heads(ti->hk, a.group, a.kv_split, &ti->h0, &ti->nh);
   ti->q_start = 0, ti->k_start = 0, ti->sq = a.seqlen_q, ti->sk = a.seqlen_k;
   ti->pad0 = ti->b * a.sq_pad;
   if (a.cu_q) {
@@ -186,7 +188,7 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   ti->bt = a.cu_q ? 0 : (int)ti->b; /* batch coordinate of the tensor maps */
   ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
   fc_hpb_query_blocks<BR, BC>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
-  ti->n_iter = a.group * ti->n_i; /* (query head, query block) pairs, head-major */
+  ti->n_iter = ti->nh * ti->n_i; /* (query head, query block) pairs, head-major */
   return true;
 }
 
@@ -242,9 +244,11 @@ fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorM
     fc_tma_load_4d(sK + hf * FC_HPB_KV_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
     fc_tma_load_4d(sV + hf * FC_HPB_KV_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
   }
+  int h0, nh; /* the part's query heads (common/gqa.cuh) */
+  fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
   for (int it = 0; it < n_iter; it++) {
     const int s = it % STAGES, u = it / STAGES;
-    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    const int hh = h0 + it / n_i, q0 = (i_begin + it % n_i) * BR;
     FC_HPB_MARK_AT(0, it, 0);
     if (u > 0) fc_mbar_wait(empty + 8u * s, (u - 1) & 1);
     FC_HPB_MARK_AT(0, it, 1);
@@ -664,7 +668,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     float st[BR / 2], dpt[BR / 2];
     for (int it = 0; it < n_iter; it++) {
       const int s = it % STAGES, u = it / STAGES;
-      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+      const int hh = ti.h0 + it / n_i, q0 = (i_begin + it % n_i) * BR;
       const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
       const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
       int *ticket = NULL;
@@ -974,7 +978,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
   a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
-  a.group = (int)(p->heads_q / p->heads_kv) / split, a.kv_split = split;
+  a.group = (int)(p->heads_q / p->heads_kv), a.kv_split = split;
   a.head_dim = (int)p->head_dim;
   a.n_blocks = n_blocks;
   a.scale = p->scale;

@@ -157,10 +157,12 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
     fc_tma_load_4d(sK + hf * FC_HPB256_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
     fc_tma_load_4d(sV + hf * FC_HPB256_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
   }
+  int h0, nh; /* the part's query heads (common/gqa.cuh) */
+  fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
   for (int it = 0; it < n_iter; it++) {
     const int s = it & 1, u = it >> 1;
     const uint32_t q_full = bars + 8u * (1 + s), q_empty = bars + 8u * (3 + s);
-    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
+    const int hh = h0 + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
     /* Padded row buffers: rows q0 .. q0 + 63 exist and start 256-byte aligned (fc_hpb_produce says why). */
     const int64_t at = (int64_t)hh * a.total_pad + pad0 + q0;
     FC_HPB_MARK_AT(0, it, 0);
@@ -327,7 +329,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
      * see which groups each wait retires, else it adds waits (C7517) or serialises (C7514). */
     for (int it = 0; it < n_iter; it++) {
       const int s = it & 1, u = it >> 1;
-      const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
+      const int hh = ti.h0 + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
       const uint32_t q_tile = sQ + s * FC_HPB256_TILE;
       const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 

@@ -71,7 +71,7 @@ static __device__ __forceinline__ void fc_hpb_lag_dq_add(const fc_hopper_bwd_arg
  * block to issue). */
 template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false>
 static __device__ __forceinline__ void
-fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int hk, int64_t pad0, int k0,
+fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int h0, int64_t pad0, int k0,
                  int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
                  uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows,
                  uint32_t v_rows, uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
@@ -90,7 +90,7 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
   constexpr uint32_t DS_BYTES = FC_HPB_BC * BR * 2;
   constexpr uint32_t DS_HALF = FC_HPB_BC * FC_HPB_ROW_BYTES;
   const int s = it % STAGES, u = it / STAGES;
-  const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+  const int hh = h0 + it / n_i, q0 = (i_begin + it % n_i) * BR;
   const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
   const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
   const uint32_t ds_buf = sdS + (it & 1) * DS_BYTES; /* this block's dSᵀ, both warpgroups' rows */
@@ -249,7 +249,7 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
 /* LAG: the last block's dQ (block `it`), after the loop: as a block's, without a next block to run beside it. */
 template <typename T, int D>
 static __device__ __forceinline__ void fc_hpb_lag_tail(const fc_hopper_bwd_args &a, int it, int n_i, int i_begin,
-                                                       int hk, int64_t pad0, int cw, int ct, int warp, int g, int t,
+                                                       int h0, int64_t pad0, int cw, int ct, int warp, int g, int t,
                                                        uint32_t sdS, uint32_t sdQ, uint32_t k_cols) {
   constexpr int NQ = 64, BR = D == 64 ? 128 : FC_HPB_BR;
   /* buffer it % 2; D = 64 (Br = 128): this warpgroup's 64 queries of it (its half) */
@@ -264,7 +264,7 @@ static __device__ __forceinline__ void fc_hpb_lag_tail(const fc_hopper_bwd_args 
   fc_fence_regs(dq);
   if (ct == 0) fc_bulk_wait_read<0>();       /* the last add has read sdQ ... */
   fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone writes it */
-  fc_hpb_lag_dq_add<D>(a, dq, sdQ, hk * a.group + it / n_i, pad0, (i_begin + it % n_i) * BR, cw, warp, g, t, ct);
+  fc_hpb_lag_dq_add<D>(a, dq, sdQ, h0 + it / n_i, pad0, (i_begin + it % n_i) * BR, cw, warp, g, t, ct);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -345,14 +345,14 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* SCORE_MOD: the sequence's ALiBi slopes (NULL: none) */
     const float *alibi_b = SCORE_MOD && a.mod.alibi ? a.mod.alibi + ti.b * a.mod.alibi_sb : nullptr;
     if (n_iter > 0) {
-      fc_hpb_lag_block<T, D, true, SCORE_MOD>(a, 0, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw, ct,
-                                              warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st, dpt,
-                                              dk, dv, alibi_b);
+      fc_hpb_lag_block<T, D, true, SCORE_MOD>(a, 0, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift, c, cw,
+                                              ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st,
+                                              dpt, dk, dv, alibi_b);
       for (int it = 1; it < n_iter; it++)
-        fc_hpb_lag_block<T, D, false, SCORE_MOD>(a, it, n_iter, n_i, i_begin, hk, pad0, k0, key0, sq, sk, shift, c, cw,
-                                                 ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols,
-                                                 st, dpt, dk, dv, alibi_b);
-      fc_hpb_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, hk, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
+        fc_hpb_lag_block<T, D, false, SCORE_MOD>(a, it, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift, c,
+                                                 cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows,
+                                                 k_cols, st, dpt, dk, dv, alibi_b);
+      fc_hpb_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, ti.h0, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();

@@ -136,7 +136,7 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.total_q = p->total_q;
   a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
-  a.group = (int)(p->heads_q / p->heads_kv) / split, a.kv_split = split;
+  a.group = (int)(p->heads_q / p->heads_kv), a.kv_split = split;
   a.head_dim = (int)p->head_dim;
   a.scale = p->scale;
   a.scale_log2 = fabsf(p->scale) * 1.4426950408889634f;

@@ -45,8 +45,8 @@ typedef struct fc_mma_bwd_args {
                             lse2/dsum; NULL when dense */
   int seqlen_q, seqlen_k;
   int64_t total_q, total_pad, sq_pad;
-  /* GQA split into kv_split parts per kv head (common/gqa.cu): heads_kv counts the parts, group the query heads of one;
-   * a dK/dV tile's hk is a part, reading K/V head hk / kv_split */
+  /* GQA split into kv_split parts per kv head (common/gqa.cu): heads_kv counts the parts, group the query heads of a kv
+   * head; a dK/dV tile's hk is a part, reading K/V head hk / kv_split and its query heads (fc_gqa_part_heads) */
   int heads_q, heads_kv, group, head_dim;
   int kv_split;
   int n_blocks;     /* row blocks per (head, sequence) in the kernel's grid */

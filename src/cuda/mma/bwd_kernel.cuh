@@ -340,6 +340,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   int64_t bh;
   fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
   const int hk = (int)(bh % a.heads_kv);
+  int h0, nh; /* the part's query heads (common/gqa.cuh) */
+  fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
   const int64_t b = bh / a.heads_kv;
   const fc_bwd_seq s = LEAN ? fc_bwd_seq_uniform(FC_BWD_SEQ(a, b)) : FC_BWD_SEQ(a, b);
   const int k0 = jb * BC;
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
   const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
-  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
+  const int n_iter = nh * n_i; /* (query head, query block) pairs, head-major */
 
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
   const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
@@ -361,8 +363,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   const int64_t q_seq = b * a.q_sb + s.q_start * a.q_ss, do_seq = b * a.do_sb + s.q_start * a.do_ss;
   if (n_iter > 0)
     fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
-                                      a.q_sh, a.do_sh, hk * a.group, i_begin * BR, s.sq, a.head_dim, a.total_pad,
-                                      s.pad0, tid);
+                                      a.q_sh, a.do_sh, h0, i_begin * BR, s.sq, a.head_dim, a.total_pad, s.pad0, tid);
   fc_cp_async_commit();
 
   const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
@@ -390,7 +391,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     const int st = QSTAGES == 2 ? it % 2 : 0;
     const int nx_h = LEAN ? it_h + (it_b + 1 == n_i) : (it + 1) / n_i,
               nx_b = LEAN ? (it_b + 1 == n_i ? 0 : it_b + 1) : (it + 1) % n_i;
-    const int hh = hk * a.group + (LEAN ? it_h : it / n_i), q0 = (i_begin + (LEAN ? it_b : it % n_i)) * BR;
+    const int hh = h0 + (LEAN ? it_h : it / n_i), q0 = (i_begin + (LEAN ? it_b : it % n_i)) * BR;
     fc_cp_async_wait<0>(); /* this thread's copies of Q_i, dO_i (and K_j, V_j) have landed */
     /* Everyone's copies are visible, and every warp is done with iteration it − 1: its Q/dO buffer and
      * sP, sdS may be overwritten. */
@@ -400,20 +401,20 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
       if constexpr (LEAN && NT % (D / 8) == 0)
         fc_bwd_fa2_load_q_rows<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR,
                                                    sD + nst * BR, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss,
-                                                   a.do_ss, a.q_sh, a.do_sh, hk * a.group + nx_h, (i_begin + nx_b) * BR,
-                                                   s.sq, a.head_dim, a.total_pad, s.pad0, tid);
+                                                   a.do_ss, a.q_sh, a.do_sh, h0 + nx_h, (i_begin + nx_b) * BR, s.sq,
+                                                   a.head_dim, a.total_pad, s.pad0, tid);
       else
         fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
                                           a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
-                                          hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
-                                          a.total_pad, s.pad0, tid);
+                                          h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim, a.total_pad,
+                                          s.pad0, tid);
     }
     fc_cp_async_commit();
 #if FC_BULK_ARCH
     /* Every warp's tile of block it − 1 and its proxy fence are behind the barrier above: add the tile (its
      * head and block rebuilt here rather than kept live across the loop). */
     if (BULK_DQ && tid == 0 && it > 0)
-      fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (LEAN ? it_h - (it_b == 0) : (it - 1) / n_i),
+      fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, h0 + (LEAN ? it_h - (it_b == 0) : (it - 1) / n_i),
                                 (i_begin + (LEAN ? (it_b == 0 ? n_i : it_b) - 1 : (it - 1) % n_i)) * BR,
                                 fc_smem_u32(sdQ));
 #endif
@@ -587,8 +588,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
       __syncthreads();
       const int nx = it + 1;
       fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
-                                        a.q_sh, a.do_sh, hk * a.group + nx / n_i, (i_begin + nx % n_i) * BR, s.sq,
-                                        a.head_dim, a.total_pad, s.pad0, tid);
+                                        a.q_sh, a.do_sh, h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
+                                        a.total_pad, s.pad0, tid);
       fc_cp_async_commit();
     }
 
@@ -701,7 +702,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
 #if FC_BULK_ARCH
   /* The last block's tile is behind the barrier above; sdQ is not the staging of dK_j, dV_j below. */
   if (BULK_DQ && tid == 0 && n_iter > 0)
-    fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, hk * a.group + (n_iter - 1) / n_i, (i_begin + (n_iter - 1) % n_i) * BR,
+    fc_bwd_fa2_sdq_add<BR, D>(a, s.pad0, h0 + (n_iter - 1) / n_i, (i_begin + (n_iter - 1) % n_i) * BR,
                               fc_smem_u32(sdQ));
 #endif
   uint16_t *sdK = sQ, *sdV = sdO;

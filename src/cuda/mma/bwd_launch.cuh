@@ -45,6 +45,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   int64_t bh;
   fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
   const int hk = (int)(bh % a.heads_kv);
+  int h0, nh; /* the part's query heads (common/gqa.cuh) */
+  fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
   const int64_t b = bh / a.heads_kv;
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int k0 = jb * BC;
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
   const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
-  const int n_iter = a.group * n_i; /* (query head, query block) pairs, head-major */
+  const int n_iter = nh * n_i; /* (query head, query block) pairs, head-major */
 
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
   const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   fc_bwd_load_q<BR, D, NT, ALIGNED>(                                                                                   \
       sQ + (st)*BR * DS, sdO + (st)*BR * DS, sL + (st)*BR, sD + (st)*BR, a.q, a.dout, a.lse2, a.dsum,                  \
       b * a.q_sb + s.q_start * a.q_ss, b * a.do_sb + s.q_start * a.do_ss, a.q_ss, a.do_ss, a.q_sh, a.do_sh,            \
-      hk * a.group + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim, a.total_pad, s.pad0, tid)
+      h0 + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim, a.total_pad, s.pad0, tid)
   if (n_iter > 0) FC_BWD_ISSUE(0, 0);
   fc_cp_async_commit();
 
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
     __syncthreads();
     if (QSTAGES == 2 && it + 1 < n_iter) FC_BWD_ISSUE(it + 1, (it + 1) % 2);
     fc_cp_async_commit();
-    const int hh = hk * a.group + it / n_i, q0 = (i_begin + it % n_i) * BR;
+    const int hh = h0 + it / n_i, q0 = (i_begin + it % n_i) * BR;
     const uint32_t sQ_u = fc_smem_u32(sQ + st * BR * DS), sdO_u = fc_smem_u32(sdO + st * BR * DS);
     const float *L = sL + st * BR, *Dr = sD + st * BR;
 
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int i0 = mb * BR;
   if (i0 >= s.sq) return;
-  const int hk = h / (a.group * a.kv_split); /* the kv head (a.group: query heads per part) */
+  const int hk = h / a.group; /* the kv head */
   const uint16_t *Q = a.q + b * a.q_sb + s.q_start * a.q_ss + (int64_t)h * a.q_sh;
   const uint16_t *dO = a.dout + b * a.do_sb + s.q_start * a.do_ss + (int64_t)h * a.do_sh;
   const uint16_t *K = a.k + b * a.k_sb + s.k_start * a.k_ss + (int64_t)hk * a.k_sh;
