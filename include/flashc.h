@@ -212,7 +212,7 @@ typedef struct flashc_params {
   int64_t attn_mask_stride[4]; /* batch, head, query, key; in elements, ≥ 0; 0: broadcast */
   void *dbias;                 /* backward: NULL, or the bias's gradient (an output), as attn_mask lives */
   int64_t dbias_stride[4];     /* batch, head, query, key; in elements, ≥ 0; 0: summed over that dimension */
-  /* Attention dropout (see "Dropout" above; only cpu-ref and cpu implement it). */
+  /* Attention dropout (see "Dropout" above; cpu-ref, cpu and cuda-mma implement it). */
   float dropout_p;         /* 0: off; else 0 < p < 1, the probability that a weight is dropped */
   uint64_t dropout_seed;   /* Philox key */
   uint64_t dropout_offset; /* Philox counter base, in blocks of 4 elements */

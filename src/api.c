@@ -247,12 +247,11 @@ static flashc_status write_unused_rows(const fc_problem *p, const fc_backend *b)
 /* ---- the dropout mask (debug) ------------------------------------------------------------------------- */
 /* keep_ij of every element (flashc.h, "Dropout") into [batch, heads_q, seqlen_q, seqlen_k], 0 past a varlen
  * sequence's lengths. Written here from the definition, once for every backend, not by the kernels: what they used
- * is checked against it by the tests (they recompute o from this mask). On the host: only CPU backends implement
- * dropout. */
+ * is checked against it by the tests (they recompute o from this mask). CUDA backends: the same rule in a kernel
+ * (common/fill.cu). */
 static flashc_status write_dropout_mask(const fc_problem *p, const fc_backend *b) {
   if (!p->dropout_mask) return FLASHC_OK;
-  if (b->device != FLASHC_DEVICE_CPU)
-    return fc_error(FLASHC_ERR_INTERNAL, "dropout_mask reached backend %s, which does not implement it", b->name);
+  if (b->device == FLASHC_DEVICE_CUDA) return fc_device_dropout_mask(p);
   const int64_t SQ = p->seqlen_q, SK = p->seqlen_k;
   for (int64_t s = 0; s < p->batch; s++) {
     int64_t start, sq, sk;

@@ -360,6 +360,9 @@ flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, fl
 /* The results of the rows past seqused in device memory (api.c), on p's stream, in one launch: o = 0 and lse = −inf
  * (forward), dq = 0 past seqused_q and dk = dv = 0 past seqused_k (backward). Uses the device workspace. */
 flashc_status fc_device_unused_rows(const fc_problem *p);
+/* params.dropout_mask in device memory (api.c), on p's stream: keep of every element by philox.h's rule, 0 past each
+ * sequence's lengths. */
+flashc_status fc_device_dropout_mask(const fc_problem *p);
 
 /* Runs fn(ctx, i, worker) for i in [0, n) on up to `threads` threads (the calling thread included) and
  * returns when all are done. Work is handed out dynamically, one index at a time and in increasing order, each

@@ -45,3 +45,8 @@ flashc_status fc_device_unused_rows(const fc_problem *p) {
   (void)p;
   return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
 }
+
+flashc_status fc_device_dropout_mask(const fc_problem *p) {
+  (void)p;
+  return fc_error(FLASHC_ERR_UNSUPPORTED, "this libflashc was built without CUDA");
+}

@@ -14,8 +14,12 @@
  *      boolean attn_mask; cpu bit-identical at 1 and 3 threads; the same seed gives the same bits, another offset
  *      or seed another mask; p = 0 is bit-identical to no dropout.
  *   5. Refusals: p outside [0, 1) (and NaN), a mask over 2^28 elements or overlapping o, an older struct_size
- *      gives the defaults (no dropout); every CUDA backend lacks FC_FEATURE_DROPOUT and refuses (a call on the GPU
- *      where there is one), and so does ring attention.
+ *      gives the defaults (no dropout); every CUDA backend but cuda-mma lacks FC_FEATURE_DROPOUT and refuses (a call
+ *      on the GPU where there is one), and so does ring attention.
+ *   6. cuda-mma (bf16, f16) against cpu-ref (f64) given the same seed and offset: o, lse, dq, dk, dv, each backward
+ *      plan (fa2 family, and the deterministic dQ pass), its device-written mask bit for bit against cpu-ref's;
+ *      causal, windows, softcap, GQA, varlen, odd lengths, several key blocks, p = 0.1 and 0.5. Skipped without a GPU
+ *      ("no CUDA device").
  */
 #include "philox.h"
 #include "cpu/tile.h"
@@ -27,6 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef FLASHC_TEST_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 /* ---- 1. the generator ------------------------------------------------------------------------------------- */
 static void test_kat(void) {
@@ -527,8 +534,9 @@ static void test_refusals(void) {
   free(o1);
   th_backend_close(&be);
 
-  /* Every CUDA backend refuses dropout (FC_FEATURE_DROPOUT is not in its table entry), naming it; ring attention
-   * too. Checked on the table, so without a GPU as well; with one, a real call is refused. */
+  /* Every CUDA backend but cuda-mma refuses dropout (FC_FEATURE_DROPOUT is not in its table entry), naming it; ring
+   * attention too. Checked on the table, so without a GPU as well; with one, a real call is refused. cuda-mma runs it
+   * (section 6). */
   fc_problem fp;
   memset(&fp, 0, sizeof fp);
   fp.dropout_p = 0.1f;
@@ -538,7 +546,7 @@ static void test_refusals(void) {
     const fc_backend *b = fc_backends[i];
     if (!b) continue;
     const bool has = (b->features & FC_FEATURE_DROPOUT) != 0;
-    if (b->device == FLASHC_DEVICE_CPU) {
+    if (b->device == FLASHC_DEVICE_CPU || strcmp(b->name, "cuda-mma") == 0) {
       th_check(has, "backend %s lacks FC_FEATURE_DROPOUT", b->name);
       continue;
     }
@@ -563,6 +571,123 @@ static void test_refusals(void) {
   free(buf);
 }
 
+/* ---- 6. cuda-mma against cpu-ref ------------------------------------------------------------------------- */
+/* Shapes that reach cuda-mma's tiles: several key blocks (64 or 128 keys) and query blocks (128 forward, 64 or 128
+ * backward), rows past a block's end, odd sk (a row's elements start at any word of a Philox block), head dims 32 to
+ * 256 (40: rows not 16-byte aligned), GQA, varlen, windows and softcap with dropout. No ALiBi or attn_mask here (their
+ * inputs would need device copies; ALiBi's kernels are the ones these run). */
+#ifdef FLASHC_TEST_CUDA
+static const int32_t gq[4] = {130, 1, 0, 77}, gk[4] = {203, 9, 5, 300};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const dcase gpu_cases[] = {
+    {"mma p0.1 d64", 2, 200, 333, 2, 2, 64, NULL, NULL, 0, -1, -1, 0.0f, 0, 0, 0.1f},
+    {"mma causal gqa p0.5 d128", 1, 257, 300, 4, 2, 128, NULL, NULL, 1, -1, -1, 0.0f, 0, 0, 0.5f},
+    {"mma odd 113x203 d40 p0.3", 1, 113, 203, 3, 1, 40, NULL, NULL, 0, -1, -1, 0.0f, 0, 0, 0.3f},
+    {"mma window softcap p0.1 d96", 1, 190, 260, 2, 2, 96, NULL, NULL, 0, 40, 3, 5.0f, 0, 0, 0.1f},
+    {"mma varlen causal gqa p0.5 d32", 4, 130, 300, 4, 2, 32, gq, gk, 1, -1, -1, 0.0f, 0, 0, 0.5f},
+    {"mma causal sq>sk p0.1 d256", 1, 150, 97, 2, 1, 256, NULL, NULL, 1, -1, -1, 0.0f, 0, 0, 0.1f},
+    {"mma p0.5 d160 few rows many keys", 2, 3, 2100, 2, 2, 160, NULL, NULL, 0, -1, -1, 0.0f, 0, 0, 0.5f},
+};
+#pragma GCC diagnostic pop
+#define NGPU ((int)(sizeof gpu_cases / sizeof gpu_cases[0]))
+
+/* One forward + backward on a CUDA backend (tensors copied by the harness; the mask in device memory here). */
+static bool run_case_gpu(const dcase *c, inputs *in, const th_backend *be, flashc_dtype dt, int deterministic,
+                         uint64_t seed, uint64_t offset, run_out *out) {
+  const int64_t B = c->lens_q ? 1 : c->batch, SQ = c->lens_q ? rows_q(c) : c->sq, SK = c->lens_q ? rows_k(c) : c->sk;
+  th_tensor q = th_tensor_from_dense(dt, in->q, B, SQ, c->hq, c->d),
+            k = th_tensor_from_dense(dt, in->k, B, SK, c->hkv, c->d),
+            v = th_tensor_from_dense(dt, in->v, B, SK, c->hkv, c->d),
+            dout = th_tensor_from_dense(dt, in->dout, B, SQ, c->hq, c->d),
+            o = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d), dq = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d),
+            dk = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d), dv = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d);
+  const int64_t nlse = rows_q(c) * c->hq, nmask = c->batch * c->hq * c->sq * c->sk;
+  flashc_params p = case_params(c, in, seed, offset);
+  p.deterministic = deterministic;
+  uint8_t *mask = malloc((size_t)nmask), *dmask = NULL;
+  float *lse = malloc((size_t)nlse * sizeof *lse);
+  char what[200];
+  snprintf(what, sizeof what, "%s on %s %s%s", c->name, be->info.name, flashc_dtype_name(dt),
+           deterministic ? " deterministic" : "");
+  bool ok = th_check(cudaMalloc((void **)&dmask, (size_t)nmask) == cudaSuccess &&
+                         cudaMemset(dmask, 0xAB, (size_t)nmask) == cudaSuccess,
+                     "%s: the mask's device memory", what);
+  if (ok) {
+    p.dropout_mask = dmask;
+    flashc_status st = th_forward(be, &p, &q, &k, &v, &o, lse, nlse);
+    ok = th_check(st == FLASHC_OK, "%s forward: %s", what, flashc_last_error()) &&
+         th_check(cudaMemcpy(mask, dmask, (size_t)nmask, cudaMemcpyDeviceToHost) == cudaSuccess, "%s: mask copy", what);
+  }
+  if (ok) {
+    const flashc_status st = th_backward(be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv);
+    ok = th_check(st == FLASHC_OK, "%s backward: %s", what, flashc_last_error());
+  }
+  if (ok) {
+    th_check_output(&o, what), th_check_output(&dq, what), th_check_output(&dk, what), th_check_output(&dv, what);
+    out->r.o = th_dense(&o), out->r.dq = th_dense(&dq), out->r.dk = th_dense(&dk), out->r.dv = th_dense(&dv);
+    out->r.lse = malloc((size_t)nlse * sizeof(double));
+    for (int64_t x = 0; x < nlse; x++) out->r.lse[x] = lse[x];
+    out->mask = mask;
+    mask = NULL;
+  }
+  if (dmask) cudaFree(dmask);
+  free(mask), free(lse);
+  th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&dout), th_tensor_free(&o);
+  th_tensor_free(&dq), th_tensor_free(&dk), th_tensor_free(&dv);
+  return ok;
+}
+#endif
+
+static void test_cuda_mma(th_rng *rng) {
+#ifdef FLASHC_TEST_CUDA
+  bool usable = false;
+  for (int i = 0; i < flashc_backend_count(); i++) {
+    flashc_backend_info info;
+    if (flashc_backend_get(i, &info) == FLASHC_OK && strcmp(info.name, "cuda-mma") == 0) usable = info.usable;
+  }
+  th_backend be;
+  if (usable && th_backend_open(&be, "cuda-mma")) {
+    for (int ci = 0; ci < NGPU; ci++) {
+      const dcase *c = &gpu_cases[ci];
+      inputs in;
+      inputs_new(&in, c, rng);
+      const uint64_t seed = th_rng_u64(rng), offset = th_rng_u64(rng) >> (th_rng_u64(rng) % 64);
+      const int64_t nq = rows_q(c) * c->hq * c->d, nk = rows_k(c) * c->hkv * c->d, nl = rows_q(c) * c->hq,
+                    nmask = c->batch * c->hq * c->sq * c->sk;
+      run_out ref = {0};
+      if (run_case(c, &in, "cpu-ref", FLASHC_F64, 2, seed, offset, &ref)) {
+        const flashc_dtype dts[2] = {FLASHC_BF16, FLASHC_F16};
+        for (int x = 0; x < 4; x++) {
+          run_out got = {0};
+          const flashc_dtype dt = dts[x % 2];
+          if (!run_case_gpu(c, &in, &be, dt, x / 2, seed, offset, &got)) continue;
+          const double e[5] = {rel_err(got.r.o, ref.r.o, nq), rel_err(got.r.lse, ref.r.lse, nl),
+                               rel_err(got.r.dq, ref.r.dq, nq), rel_err(got.r.dk, ref.r.dk, nk),
+                               rel_err(got.r.dv, ref.r.dv, nk)};
+          bool ok = e[1] < 1e-3; /* lse: fp32 from 16-bit inputs */
+          for (int y = 0; y < 5; y++) ok &= y == 1 || e[y] < 2e-2;
+          if (th_check(ok, "%s cuda-mma %s%s against cpu-ref: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e", c->name,
+                       flashc_dtype_name(dt), x / 2 ? " deterministic" : "", e[0], e[1], e[2], e[3], e[4]))
+            printf("PASS %s: cuda-mma %s%s = cpu-ref (o %.1e dq %.1e dk %.1e dv %.1e)\n", c->name,
+                   flashc_dtype_name(dt), x / 2 ? " deterministic" : "", e[0], e[2], e[3], e[4]);
+          th_check(memcmp(got.mask, ref.mask, (size_t)nmask) == 0, "%s cuda-mma %s: its mask differs from cpu-ref's",
+                   c->name, flashc_dtype_name(dt));
+          run_free(&got);
+        }
+        run_free(&ref);
+      }
+      inputs_free(&in);
+    }
+    th_backend_close(&be);
+    return;
+  }
+#else
+  (void)rng;
+#endif
+  printf("SKIP cuda-mma's dropout against cpu-ref: no CUDA device (or not a GPU it runs on)\n");
+}
+
 int main(void) {
   th_begin("test_dropout");
   th_rng rng;
@@ -574,5 +699,6 @@ int main(void) {
     if (!th_quick() || c < 2) test_case(&cases[c], &rng);
   test_determinism(&rng);
   test_refusals();
+  test_cuda_mma(&rng);
   return th_end();
 }

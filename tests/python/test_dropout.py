@@ -3,8 +3,9 @@
 The returned mask is checked against flashc.h's definition, recomputed here with an independent numpy Philox4x32-10
 (checked against Random123's known-answer vectors); cpu-ref (f64) against this file's own numpy fp64 attention given
 that mask (`oracle`), forward and backward, and cpu (f32) against cpu-ref; the torch entry point against plain torch
-fp64 autograd given the mask, its determinism under torch.manual_seed, and the operators under opcheck. CUDA
-backends must refuse dropout; they skip with "no CUDA device" where there is none.
+fp64 autograd given the mask, its determinism under torch.manual_seed, and the operators under opcheck. cuda-mma
+(bf16, f16) against cpu-ref given the same seed and offset, its mask bit for bit; the other CUDA backends must refuse
+dropout. The CUDA tests skip with "no CUDA device" where there is none.
 """
 
 import numpy as np
@@ -14,6 +15,7 @@ from conftest import BACKENDS, need_torch_ops
 import flashc
 
 CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usable]
+REFUSING = [n for n in CUDA_BACKENDS if n != "cuda-mma"]  # cuda-mma runs dropout
 
 
 # ---- an independent Philox4x32-10 and the mask's definition ----------------------------------------------
@@ -170,12 +172,35 @@ def test_numpy_refusals(rng):
         flashc.attention(q, k, v, dropout_p=0.1, seed=1.5)
 
 
-@pytest.mark.parametrize("name", CUDA_BACKENDS or [pytest.param("cuda", marks=pytest.mark.skip("no CUDA device"))])
+@pytest.mark.parametrize("name", REFUSING or [pytest.param("cuda", marks=pytest.mark.skip("no CUDA device"))])
 def test_cuda_backends_refuse(name):
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 8, 1, 16, device="cuda")
     with pytest.raises(NotImplementedError, match="dropout"):
         flashc.attention(q, q, q, backend=name, dropout_p=0.1, seed=1)
+
+
+@pytest.mark.skipif("cuda-mma" not in CUDA_BACKENDS, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "B,Sq,Sk,H,Hk,D,causal,p",
+    [(2, 130, 203, 4, 2, 64, True, 0.1), (1, 77, 301, 2, 2, 128, False, 0.5), (1, 3, 1500, 2, 1, 32, False, 0.5)],
+)
+def test_cuda_mma_against_cpu_ref(rng, dtype, B, Sq, Sk, H, Hk, D, causal, p):
+    torch = pytest.importorskip("torch")
+    q, k, v, dout = inputs(rng, B, Sq, Sk, H, Hk, D)
+    tq, tk, tv, tdo = (torch.tensor(x, dtype=getattr(torch, dtype), device="cuda") for x in (q, k, v, dout))
+    q, k, v, dout = (x.float().cpu().double().numpy() for x in (tq, tk, tv, tdo))  # the 16-bit values, exactly
+    seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 2**40))
+    kw = dict(causal=causal, dropout_p=p, seed=seed, offset=offset)
+    o, lse, mask = flashc.attention(q, k, v, backend="cpu-ref", return_lse=True, return_dropout_mask=True, **kw)
+    grads = flashc.attention_backward(dout, q, k, v, o, lse, backend="cpu-ref", **kw)
+    go, glse, gmask = flashc.attention(tq, tk, tv, backend="cuda-mma", return_lse=True, return_dropout_mask=True, **kw)
+    assert np.array_equal(gmask.cpu().numpy().astype(bool), mask)
+    ggrads = flashc.attention_backward(tdo, tq, tk, tv, go, glse, backend="cuda-mma", **kw)
+    assert rel(glse.cpu().double().numpy(), lse) < 1e-3
+    for got, ref in zip((go, *ggrads), (o, *grads)):
+        assert rel(got.cpu().double().numpy(), ref) < 2e-2
 
 
 # ---- torch -------------------------------------------------------------------------------------------------

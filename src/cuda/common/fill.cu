@@ -1,8 +1,9 @@
 /* common/fill.cu — the results that api.c writes in device memory: those of an empty problem (write_empty_results:
  * zeros in a strided view, −inf in lse; no backend kernel runs for such a problem, so these are the only writes it
  * makes) and those of the rows past seqused (write_unused_rows), and the sequences' ends under seqused that the
- * kernels read (mma/host.cuh). */
+ * kernels read (mma/host.cuh), and the debug dropout mask (write_dropout_mask). */
 #include "common/common.cuh"
+#include "../../philox.h"
 
 #include <math.h>
 #include <string.h>
@@ -172,5 +173,38 @@ extern "C" flashc_status fc_device_unused_rows(const fc_problem *p) {
   default: return fc_error(FLASHC_ERR_INTERNAL, "fc_device_unused_rows: element size %zu", flashc_dtype_size(p->dtype));
   }
   FC_LAUNCH_CHECK("fc_unused_rows_kernel");
+  return FLASHC_OK;
+}
+
+/* ---- the dropout mask (debug) ------------------------------------------------------------------------------- */
+/* keep_ij of sequence s's planes (heads_q of them, each SQ × SK, the sequence's sq × sk corner used), one thread per
+ * block of four elements: philox.h's rule, as api.c's host loop writes it. */
+__global__ void fc_dropout_mask_kernel(uint8_t *mask, int64_t heads, int64_t sq, int64_t sk, int64_t SQ, int64_t SK,
+                                       uint64_t bh0, uint64_t seed, uint64_t offset, uint32_t threshold) {
+  const int64_t per = (sq * sk + 3) / 4, total = heads * per;
+  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t h = x / per, n = x % per;
+    const fc_philox4 u = fc_dropout_block(seed, offset, bh0 + (uint64_t)h, (uint64_t)n);
+    uint8_t *plane = mask + h * SQ * SK;
+    for (int64_t e = 4 * n; e < 4 * n + 4 && e < sq * sk; e++)
+      plane[e / sk * SK + e % sk] = u.w[e - 4 * n] >= threshold;
+  }
+}
+
+extern "C" flashc_status fc_device_dropout_mask(const fc_problem *p) {
+  const int64_t SQ = p->seqlen_q, SK = p->seqlen_k;
+  /* 0 past each sequence's lengths (varlen): the whole mask first, then each sequence's corner */
+  FC_CUDA_CHECK(cudaMemsetAsync(p->dropout_mask, 0, (size_t)(p->batch * p->heads_q * SQ * SK), fc_stream(p)));
+  for (int64_t s = 0; s < p->batch; s++) {
+    int64_t start, sq, sk;
+    fc_seq_q(p, s, &start, &sq);
+    fc_seq_k(p, s, &start, &sk);
+    if (sq <= 0 || sk <= 0) continue;
+    const int64_t n = p->heads_q * ((sq * sk + 3) / 4);
+    fc_dropout_mask_kernel<<<fc_fill_blocks(n), 256, 0, fc_stream(p)>>>(
+        p->dropout_mask + s * p->heads_q * SQ * SK, p->heads_q, sq, sk, SQ, SK, (uint64_t)(s * p->heads_q),
+        p->dropout_seed, p->dropout_offset, p->dropout_threshold);
+    FC_LAUNCH_CHECK("fc_dropout_mask_kernel");
+  }
   return FLASHC_OK;
 }

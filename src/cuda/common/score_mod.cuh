@@ -24,15 +24,27 @@ typedef struct fc_score_mod {
   int64_t alibi_sb;
   float k_in;  /* softcap: scale / cap (x = cap·tanh(S·k_in)); else scale (x = scale·S) */
   float k_out; /* softcap: cap; 0: no softcap */
+  /* Dropout (flashc.h, "Dropout"; cuda-mma only: the SCORE_MOD kernels carry it as a third run-time branch, so the
+   * name SCORE_MOD now covers more than the score). drop_on: dropout_p > 0; keep iff the Philox word ≥ drop_t; a kept
+   * weight is scaled by drop_rp = 1/(1 − p), computed as the CPU backends do. */
+  int drop_on;
+  uint32_t drop_t;
+  float drop_rp;
+  uint64_t drop_seed, drop_offset;
 } fc_score_mod;
 
-/* The modifiers of problem p (zeros, NULL: the plain call), and whether it has any. */
+/* The modifiers of problem p (zeros, NULL: the plain call), and whether it has any (dropout counts: the backends
+ * without it refuse it in validate.c before this runs). */
 static inline bool fc_score_mod_of(const fc_problem *p, fc_score_mod *m) {
   m->alibi = p->alibi_slopes;
   m->alibi_sb = p->alibi_stride_batch;
   m->k_out = p->softcap > 0.0f ? p->softcap : 0.0f;
   m->k_in = p->softcap > 0.0f ? p->scale / p->softcap : p->scale;
-  return p->softcap > 0.0f || p->alibi_slopes != NULL;
+  m->drop_on = p->dropout_p > 0.0f;
+  m->drop_t = p->dropout_threshold;
+  m->drop_rp = m->drop_on ? (float)(1.0 / (1.0 - (double)p->dropout_p)) : 1.0f;
+  m->drop_seed = p->dropout_seed, m->drop_offset = p->dropout_offset;
+  return p->softcap > 0.0f || p->alibi_slopes != NULL || m->drop_on;
 }
 
 /* What the CUDA kernels cannot represent: |scale| / softcap past fp32's range (a cap below ~1e-38·|scale|), which

@@ -53,8 +53,8 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
   const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
   const bool bulk = pl->kernel == FC_MMA_BWD_FA2PB;
   size_t bytes = fc_bwd_fa2_smem(d, t.br, t.bc, fc_mma_bwd_fa2_qstages(d, t.br, t.bc, bulk), bulk);
-  /* Softcap and ALiBi: the fa2 family and the dQ pass only (SCORE_MOD, mma/score_mod.cuh); base has no modifiers. */
-  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL;
+  /* Softcap, ALiBi and dropout: the fa2 family and the dQ pass only (SCORE_MOD, mma/score_mod.cuh); base has none. */
+  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f;
   if (bytes > props.smem_per_block_optin && fc_mma_bwd_base_tiles[pl->dim].br > 0 &&
       fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_BASE) && !mod) {
     pl->kernel = FC_MMA_BWD_BASE;
@@ -69,7 +69,7 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
                     "flashc_backward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s%s; "
                     "device %d (sm_%d) allows %zu",
                     d, bytes, pl->det_dq ? " (with the deterministic dQ pass)" : "",
-                    mod ? " (with softcap or ALiBi)" : "", props.device, props.sm, props.smem_per_block_optin);
+                    mod ? " (with softcap, ALiBi or dropout)" : "", props.device, props.sm, props.smem_per_block_optin);
   pl->dq_tile_w = pl->kernel == FC_MMA_BWD_FA2PB ? FC_MMA_DQ_TILE_W : 0;
   return FLASHC_OK;
 }
@@ -146,7 +146,7 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                        fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&dk) &&
                        fc_mma_view_aligned(&dv);
-  /* Softcap or ALiBi: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
+  /* Softcap, ALiBi or dropout: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
   if (fc_mma_score_mod_of(p, &a.mod)) {
     FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl));
   } else if (p->dtype == FLASHC_F16) {

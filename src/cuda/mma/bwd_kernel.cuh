@@ -175,6 +175,50 @@ fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4], const fl
   }
 }
 
+/* Dropout in Sᵀ's layout (sT[m][x][e]: key k_first + g + 16m + 8·(e >> 1), query q_first + 8x + (e & 1); k_first =
+ * k0 + ks·MS, q_first = q0 + ns·NS + 2t): the keep bits of the thread's elements, element (m, x, e) at bit
+ * fc_drop_bit_t<MT_S>(m, x, e) of km. A query's MS keys lie in the 8 lanes of one t (g = 0..7, and m, e >> 1): one
+ * fc_drop_run_bits<8, MS> per query the thread holds. Every lane must call it (a uniform branch). */
+template <int MT_S> static __device__ __forceinline__ constexpr int fc_drop_bit_t(int m, int x, int e) {
+  return ((x * 2 + (e & 1)) * MT_S + m) * 2 + (e >> 1);
+}
+template <int MT_S, int NSX>
+static __device__ __forceinline__ void fc_mma_drop_bits_t(uint32_t (&km)[(MT_S * NSX * 4 + 31) / 32],
+                                                          const fc_score_mod &md, uint64_t bh, int64_t q_first,
+                                                          int64_t k_first, int64_t sk, int g) {
+  constexpr int MS = 16 * MT_S, W = fc_drop_run<8, MS>::W;
+#pragma unroll
+  for (int k = 0; k < (MT_S * NSX * 4 + 31) / 32; k++) km[k] = 0u;
+#pragma unroll
+  for (int x = 0; x < NSX; x++)
+#pragma unroll
+    for (int e1 = 0; e1 < 2; e1++) {
+      uint32_t v[W];
+      fc_drop_run_bits<8, MS>(v, md, bh, (uint64_t)((q_first + 8 * x + e1) * sk + k_first), g, g);
+#pragma unroll
+      for (int m = 0; m < MT_S; m++)
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+          const int c = 16 * m + 8 * rh, i = fc_drop_bit_t<MT_S>(m, x, 2 * rh + e1);
+          km[i / 32] |= ((v[c / 32] >> (c % 32)) & 1u) << (i % 32);
+        }
+    }
+}
+/* y ← keep ? y·mul : 0 over Sᵀ's layout, keep from fc_mma_drop_bits_t. */
+template <int MT_S, int NSX>
+static __device__ __forceinline__ void
+fc_mma_drop_apply_t(float (&y)[MT_S][NSX][4], const uint32_t (&km)[(MT_S * NSX * 4 + 31) / 32], float mul) {
+#pragma unroll
+  for (int x = 0; x < NSX; x++)
+#pragma unroll
+    for (int m = 0; m < MT_S; m++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int i = fc_drop_bit_t<MT_S>(m, x, e);
+        y[m][x][e] = (km[i / 32] >> (i % 32)) & 1u ? y[m][x][e] * mul : 0.0f;
+      }
+}
+
 #if FC_BULK_ARCH
 /* BULK_DQ: this thread's byte addresses in sdQ (the blocked layout with w = 32: fc_bwd_dq_blocked_offset) of
  * row 16·R0 + g, column c0 + 8v + 2t for v = 0..3, where the warp's dQ tile starts at row 16·R0 (R0 a multiple
@@ -302,7 +346,8 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
  * sum. Compiled for an older architecture (a JIT of the sm_80 PTX), the same kernel adds with red.global.add.v4
  * into the same blocked layout, so that the sum's layout never depends on the pass that ran.
  * SCORE_MOD: softcap and ALiBi (fc_bwd_fa2_p_mod), Sᵀ and dPᵀ as fa2 computes them (the modifiers act on the raw
- * score, so PDP's start at −lse2/c does not apply), with the dQ of the kernel the plan picked (PDP, BULK_DQ). */
+ * score, so PDP's start at −lse2/c does not apply), with the dQ of the kernel the plan picked (PDP, BULK_DQ); and
+ * dropout, a third run-time branch of the same variant (fc_mma_drop_bits_t). */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
           bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
@@ -425,6 +470,14 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warp's MS keys × NS queries. PDP starts the accumulators
      * at −lse2/c and −D instead of 0, so that they end as Sᵀ − lse2/c and dPᵀ − D: lse2 and D are not needed
      * (nor held in registers) during the MMAs, and P = 2^(c·acc) is one multiply and one exponential. */
+    /* SCORE_MOD with dropout: this block's keep bits, before Sᵀ and dPᵀ exist: the Philox rounds then need no
+     * registers beside theirs (computed after the MMAs, they made these kernels spill) */
+    [[maybe_unused]] uint32_t km[(MT_S * NSX * 4 + 31) / 32];
+    if constexpr (SCORE_MOD) {
+      if (a.mod.drop_on)
+        fc_mma_drop_bits_t<MT_S, NSX>(km, a.mod, (uint64_t)(b * a.heads_q + hh), (int64_t)q0 + ns * NS + 2 * t,
+                                      (int64_t)k0 + ks * MS, s.sk, g);
+    }
     float sT[MT_S][NSX][4], dpT[MT_S][NSX][4];
 #pragma unroll
     for (int x = 0; x < NSX; x++) {
@@ -472,10 +525,13 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
         const int kt = ks * MS + g, qt = ns * NS + 2 * t;
         const float slope = fc_score_mod_slope(a.mod, b, hh);
         const float w = (float)((int64_t)q0 + qt + s.sk - s.sq - k0 - kt);
+        /* Dropout (flash_bwd.c's form): dSᵀ = Pᵀ∘g∘(Z∘dPᵀ − D) and Pᵀ∘Z for dV, Z = keep/(1 − p) */
+        if (a.mod.drop_on) fc_mma_drop_apply_t<MT_S, NSX>(dpT, km, a.mod.drop_rp);
         if (a.mod.k_out > 0.0f)
           fc_bwd_fa2_p_mod<MT_S, NSX, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt);
         else
           fc_bwd_fa2_p_mod<MT_S, NSX, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt);
+        if (a.mod.drop_on) fc_mma_drop_apply_t<MT_S, NSX>(sT, km, a.mod.drop_rp);
       }
       /* Pᵀ = 2^(Sᵀ·c − lse2) */
 #pragma unroll

@@ -279,8 +279,8 @@ static __device__ __forceinline__ void fc_bwd_dq_p_mod(float (&sc)[NS][4], const
 }
 
 /* The forward's structure with dS in place of P: Br = 128 queries (8 warps × 16
- * rows), K_j/V_j ring. SCORE_MOD: softcap and ALiBi (mma/score_mod.cuh), P of the modified score and dS = P∘g∘(dP − D)
- * as the fa2 kernels make them. */
+ * rows), K_j/V_j ring. SCORE_MOD: softcap, ALiBi and dropout (mma/score_mod.cuh), P of the modified score and
+ * dS = P∘g∘(Z∘dP − D) as the fa2 kernels make them. */
 template <typename T, int D, int BC, int STAGES, bool ALIGNED, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(const fc_mma_bwd_args a) {
   constexpr int BR = FC_BWD_DQ_BR, NT = FC_BWD_DQ_THREADS, DS = fc_tile_stride(D), NS = BC / 8, NO = D / 8;
@@ -366,6 +366,13 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     }
     const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS), Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
 
+    /* SCORE_MOD with dropout: this block's keep bits, before S and dP exist (fc_mma_drop_bits) */
+    [[maybe_unused]] uint32_t km[(NS * 4 + 31) / 32];
+    if constexpr (SCORE_MOD) {
+      if (a.mod.drop_on)
+        fc_mma_drop_bits<1, NS>(km, a.mod, (uint64_t)(b * a.heads_q + h), i0 + warp * 16 + g, s.sk, j * BC, t);
+    }
+
     /* S = Q_i·K_jᵀ, dP = dO_i·V_jᵀ */
     float sc[NS][4], dp[NS][4];
 #pragma unroll
@@ -392,6 +399,8 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     }
     /* dS = P∘(dP − D) with P = 2^(S·c − lse2) (SCORE_MOD: dS = P∘g∘(dP − D), P = 2^(x·log2 e − lse2)) */
     if constexpr (SCORE_MOD) {
+      /* Dropout: dS = P∘g∘(Z∘dP − D), Z = keep/(1 − p) (flash_bwd.c's form) */
+      if (a.mod.drop_on) fc_mma_drop_apply<1, NS>(&dp, km, a.mod.drop_rp);
       if (a.mod.k_out > 0.0f)
         fc_bwd_dq_p_mod<NS, true>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t);
       else

@@ -136,7 +136,8 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
 /* The kernel: mma/fwd.cu's fc_mma_fwd_kernel (same template arguments, same
  * shared-memory layout and launch) with the changes listed at the top. SCORE_MOD: softcap and ALiBi
  * (mma/score_mod.cuh), S turned into the modified score before the mask; the host passes scale 1 and
- * scale_log2 = log2 e, so that the softmax and the end below are the plain kernel's. */
+ * scale_log2 = log2 e, so that the softmax and the end below are the plain kernel's. Dropout is a third run-time
+ * branch of the same variant: P∘keep multiplies V, O gains 1/(1 − p) at the end. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
           bool SPLIT = false, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
@@ -269,6 +270,13 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
 #pragma unroll
     for (int i = 0; i < 4; i++) kj[i] = kx[i] + stage * TILE, vj[i] = vx[i] + stage * TILE;
 
+    /* SCORE_MOD with dropout: this block's keep bits, before S exists (fc_mma_drop_bits) */
+    [[maybe_unused]] uint32_t km[(MT * NS * 4 + 31) / 32];
+    if constexpr (SCORE_MOD) {
+      if (a.mod.drop_on)
+        fc_mma_drop_bits<MT, NS>(km, a.mod, (uint64_t)(b * a.heads_q + h), i0 + wrow + g, sk, j * BC, t);
+    }
+
     /* S = Q_i·K_jᵀ, raw dot products: the scale is folded into the exponent
      * below. */
     float s[MT][NS][4];
@@ -285,6 +293,10 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     float base[MT][2];
     fc_fwd_bases<MT>(m, a.scale_log2, base);
     fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
+    /* SCORE_MOD with dropout: l has summed the whole P (lse does not change); P∘keep multiplies V. */
+    if constexpr (SCORE_MOD) {
+      if (a.mod.drop_on) fc_mma_drop_apply<MT, NS>(s, km, 1.0f);
+    }
 
     /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
 #pragma unroll
@@ -299,6 +311,18 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
       fc_lean_pv_step<T, DS, D, MT, NO>(o, pk, kb, vj);
     }
     stage = stage == STAGES - 1 ? 0 : stage + 1;
+  }
+
+  /* Dropout: O = Σ P∘keep·V / (l·(1 − p)), the 1/(1 − p) here (flash.c's order). */
+  if constexpr (SCORE_MOD) {
+    if (a.mod.drop_on) {
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < NO; x++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) o[mt][x][e] *= a.mod.drop_rp;
+    }
   }
 
   /* A compile-time switch: the split's end, beside the other, made ptxas spill more in the d128 Bc = 64 loop. */
