@@ -277,6 +277,68 @@ def test_cuda_score_mods(name, shape, opts, dtype, backend, rng):
     check_against(got, want, 4e-2, f"{name} {backend} {dtype}")
 
 
+# FlashAttention's rule, with PyTorch as the peer: the same maths done plainly in the inputs' 16-bit type (scores,
+# tanh, bias and softmax rounded to it as torch's bf16/f16 ops round them) has some error against the fp64 oracle;
+# flashc's may be at most 2x that forward and 3x backward (+ a floor for the elements that are exact in both).
+RULE_CASES = [
+    ("softcap-30-causal-d128", (2, 512, 512, 4, 4, 128), dict(softcap=30.0, causal=True)),
+    ("softcap-5-gqa-d64", (1, 300, 700, 4, 1, 64), dict(softcap=5.0)),
+    ("alibi-causal-d128", (2, 512, 512, 4, 2, 128), dict(alibi="head", causal=True)),
+]
+
+
+def plain_torch(q, k, v, dout, *, causal=False, softcap=0.0, slopes=None):
+    """(o, dq, dk, dv) of attention in the dtype of q (no fp32 upcast), as flash_attn's tests' attention_ref."""
+    torch = pytest.importorskip("torch")
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    ke, ve = (x.repeat_interleave(hq // hkv, dim=2) for x in (k, v))
+    s = torch.einsum("bihd,bjhd->bhij", q * (1.0 / d**0.5), ke)
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    if slopes is not None:
+        bias = torch.as_tensor(slopes, device=q.device)[:, None, None] * (i + sk - sq - j).abs()  # fp32
+        s = (s.float() - bias).to(q.dtype)
+    if causal:
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    o = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1), ve)
+    o.backward(dout)
+    return tuple(x.detach().double().cpu().numpy() for x in (o, q.grad, k.grad, v.grad))
+
+
+@pytest.mark.parametrize("backend", SCORE_MOD_BACKENDS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name,shape,opts", RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_cuda_score_mods_rule(name, shape, opts, dtype, backend, rng):
+    """Softcap and ALiBi on the GPU within 2x (forward) / 3x (backward) of plain 16-bit maths' error."""
+    if backend not in CUDA_BACKENDS:
+        pytest.skip(f"no CUDA device (or {backend} is not usable on it)")
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    b, sq, sk, hq, hkv, d = shape
+    opts = dict(opts)
+    slopes = slopes_for(opts.pop("alibi"), b, hq) if "alibi" in opts else None
+    tdt = getattr(torch, dtype)
+    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
+    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, d), (b, sq, hq, d)))
+    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), slopes=slopes, **opts)
+    plain = plain_torch(q, k, v, dout, slopes=slopes, **opts)
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    o = ft.attention(qg, kg, vg, alibi_slopes=None if slopes is None else torch.tensor(slopes, device="cuda"),
+                     backend=backend, **opts)  # fmt: skip
+    o.backward(dout)
+    got = tuple(x.detach().double().cpu().numpy() for x in (o, qg.grad, kg.grad, vg.grad))
+    for name_, g, p, w, times in zip(("o", "dq", "dk", "dv"), got, plain, (want[0],) + want[2:], (2, 3, 3, 3)):
+        err, err_plain = np.abs(g - w).max(), np.abs(p - w).max()
+        assert err <= times * err_plain + 1e-5, (
+            f"{name} {backend} {dtype}: {name_} error {err:.3g} > {times} x {err_plain:.3g}"
+        )
+
+
 MMA_SEQUSED_CASES = [
     ("seqused-d64", 2, 2, 64, dict(seqused_q=USED_Q, seqused_k=USED_K)),
     ("seqused-causal-gqa-d128", 4, 1, 128, dict(seqused_q=USED_Q, seqused_k=USED_K, causal=True)),

@@ -58,40 +58,16 @@ static inline flashc_status fc_score_mod_check(const fc_problem *p, const char *
   return FLASHC_OK;
 }
 
-/* min(a, b), NaN when either is NaN (fc_fmax_nan's twin): a NaN score must stay NaN through the clamp below. */
-static __device__ __forceinline__ float fc_fmin_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return a != a || b != b ? __int_as_float(0x7fffffff) : fminf(a, b);
-#endif
-}
-
-/* tanh(x) to 3.2e-7 relative (2.6 ulp; measured in fp32 over 1e-30 .. 20 against double tanh, plus rcp.approx's
- * ulp): Eigen's rational minimax p(x)/q(x) of degrees 13/6 on x clamped to ±7.905 (where it reaches 1 in fp32), one
- * reciprocal on the special-function unit and 12 FMA-pipe operations. Not tanh.approx.f32: its documented bound is
- * ~2^-11, which puts an error of up to cap·2^-11 on the capped score, as large as fp16's own rounding of the score
- * (2^-11 relative) and far above it where a huge cap leaves small scores nearly linear; the rule (error ≤ 2x that of
- * the same maths done plainly in 16 bits) could not be shown for it without a GPU to measure. libdevice's tanhf
- * costs two special-function operations (ex2, rcp) where this costs one, and the softmax's exponentials already
- * queue on that unit (16 a clock per SM); the FMA pipe (128 a clock) has room. The backward's recomputed P uses the
- * same function, so that P matches the forward's lse. NaN stays NaN (the clamps propagate it), ±inf gives ±1. */
+/* tanh(x) as the special-function unit's tanh.approx.f32 (sm_75+): one operation, and nothing on the FMA pipe,
+ * which the softmax around it already keeps busy (at D = 128 the forward spends more FMA-pipe cycles per score than
+ * tensor-core ones once a twelve-operation tanh is added). Its relative error (~2^-11) puts up to cap·2^-11 on a
+ * capped score, below the 16-bit rounding of that score in plain maths (bf16 2^-9, f16 2^-11 relative): the rule's
+ * tests (tests/python/test_features.py, test_cuda_score_mods_rule) compare against exactly that. The backward's
+ * recomputed P uses the same function, so P matches the forward's lse. NaN stays NaN, ±inf gives ±1. */
 static __device__ __forceinline__ float fc_tanh(float x) {
-  x = fc_fmin_nan(fc_fmax_nan(x, -7.90531110763549805f), 7.90531110763549805f);
-  const float x2 = x * x;
-  float p = fmaf(x2, -2.76076847742355e-16f, 2.00018790482477e-13f);
-  p = fmaf(x2, p, -8.60467152213735e-11f);
-  p = fmaf(x2, p, 5.12229709037114e-08f);
-  p = fmaf(x2, p, 1.48572235717979e-05f);
-  p = fmaf(x2, p, 6.37261928875436e-04f);
-  p = fmaf(x2, p, 4.89352455891786e-03f);
-  p *= x;
-  float q = fmaf(x2, 1.19825839466702e-06f, 1.18534705686654e-04f);
-  q = fmaf(x2, q, 2.26843463243900e-03f);
-  q = fmaf(x2, q, 4.89352518554385e-03f);
-  return __fdividef(p, q);
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 /* This thread's ALiBi slope for sequence b, query head h (0 without ALiBi). */
