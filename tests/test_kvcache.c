@@ -14,11 +14,12 @@
  * On a GPU, cuda-mma and cuda-hopper (and auto) run GPU cases with device copies of the same buffers: o and lse
  * against the reference with FlashAttention's rule (≤ 2× the error of the same maths done plainly in bf16/f16,
  * th_naive_forward), the caches afterwards, guard regions around every device buffer; paged with permuted tables,
- * pages of 5, 16 and 256, appends across a page boundary, GQA 32/8 and MQA, seqlen_new 1..4, causal and windows,
- * empty caches, 1, 2, many and the plan's splits, head dims 59 to 256; and device tables the host cannot check (a
- * block index out of range, a length past the capacity, negative ones): that sequence's outputs NaN, nothing
- * appended for it, the other sequence right. The other CUDA backends refuse the call (FLASHC_ERR_UNSUPPORTED);
- * without a GPU the CUDA part is skipped with "no CUDA device".
+ * pages of 5, 16, 48 and 256 (a split walking many key blocks, blocks over several pages), appends across a page
+ * boundary, GQA 32/8 and MQA, seqlen_new 1..4, causal and windows, empty caches, 1, 2, many and the plan's splits,
+ * head dims 59 to 256; and device tables the host cannot check (a block index out of range, a length past the
+ * capacity, negative ones): that sequence's outputs NaN, nothing appended for it, the other sequence right. The
+ * other CUDA backends refuse the call (FLASHC_ERR_UNSUPPORTED); without a GPU the CUDA part is skipped with "no CUDA
+ * device".
  */
 #include "harness.h"
 
@@ -713,6 +714,15 @@ static const kcase gpu_cases[] = {
     {"gpu head dim 256", FLASHC_BF16, 1, 1, 1, 8, 2, 256, 0, 600, 1, -1, -1, {555}, 0, 0},
     {"gpu bhsd cache", FLASHC_F16, 2, 1, 1, 8, 2, 128, 0, 257, 1, -1, -1, {R, 256}, 0, 1},
     {"gpu not causal, odd pages", FLASHC_BF16, 3, 3, 2, 6, 3, 40, 5, 45, 0, -1, -1, {R, 4, 9}, 0, 0},
+    /* Paged key blocks of 64 rows looked up a block ahead through a ring of row buffers: one split walking many
+     * blocks (the ring wraps), pages that do not divide 64 (a block over 2 or 3 pages, a page boundary between a
+     * thread's rows), splits that start inside a page, d 256 (2 stages) and d 64, unaligned rows. */
+    {"gpu paged 48 one split", FLASHC_BF16, 2, 1, 1, 32, 8, 128, 48, 1440, 1, -1, -1, {R, 1300}, 1, 0},
+    {"gpu paged 48 d 64 splits 3", FLASHC_F16, 3, 2, 1, 4, 2, 64, 48, 480, 1, -1, -1, {R, 47, 300}, 3, 0},
+    {"gpu paged 256 one split", FLASHC_BF16, 1, 4, 4, 16, 2, 128, 256, 2048, 1, -1, -1, {1900}, 1, 0},
+    {"gpu paged 16 d 256 splits 2", FLASHC_BF16, 2, 2, 1, 8, 2, 256, 16, 640, 1, -1, -1, {R, 600}, 2, 0},
+    {"gpu paged 48 d 59 one split", FLASHC_BF16, 2, 1, 1, 4, 2, 59, 48, 480, 1, -1, -1, {R, 450}, 1, 0},
+    {"gpu paged 48 window", FLASHC_BF16, 2, 3, 1, 8, 2, 128, 48, 960, 1, 200, -1, {R, 900}, 1, 0},
 };
 /* The broken cases: sequence 1 reads entries 0..2 of its row (33 + 2 keys, pages of 16). */
 static const kcase gpu_bad_base = {"gpu bad", FLASHC_BF16, 2, 2, 2, 8, 2, 64, 16, 64, 1, -1, -1, {20, 33}, 0, 0};

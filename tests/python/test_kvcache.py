@@ -385,6 +385,9 @@ CUDA_LAYOUTS = [
     pytest.param(None, 3000, [2999, 1500], 0, 8, 2, 128, False, None, 1, id="splits-1"),
     pytest.param(None, 3000, [2999, 1500], 0, 8, 2, 128, False, None, 2, id="splits-2"),
     pytest.param(256, 4096, [4000], 4, 16, 2, 128, True, None, 64, id="splits-64"),
+    # a split walking many key blocks of 64 over pages that do not divide them (2 or 3 pages a block)
+    pytest.param(48, 1440, [1300, 700], 1, 32, 8, 128, True, None, 1, id="page48-one-split"),
+    pytest.param(48, 480, [47, 300], 1, 4, 2, 256, True, None, 3, id="page48-d256-splits-3"),
 ]
 
 

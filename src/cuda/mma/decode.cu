@@ -17,7 +17,8 @@
  *     their (m, l, O) through shared memory at the end: few rows need no row split, and each warp still does whole
  *     m16n8k16 steps;
  *   - K/V tiles come in by cp.async, STAGES blocks in a ring (3 where shared memory allows: two blocks in flight
- *     while one is computed; fc_dec_smem), each 16-byte chunk from wherever its row lives (dense slot or page).
+ *     while one is computed; fc_dec_smem), each 16-byte chunk from wherever its row lives (dense slot or page; a
+ *     paged block's rows are looked up once, a block ahead, by one thread per row: fc_dec_page_of).
  * Per warp and key block j (the steps of mma/fwd_steps.cuh, with one M-tile):
  *     S = Q·K_wᵀ (16 × 16);  m' = max(m, rowmax S);  P = 2^(c·S − c·m');  l = 2^(c·(m − m'))·l + rowsum P;
  *     O = 2^(c·(m − m'))·O + P·V_w                                                        (c = |scale|·log2 e)
@@ -53,12 +54,14 @@ enum {
   DEC_MERGE_THREADS = 128,  /* the merge kernel's CTA: a warp per row */
 };
 
-/* Shared memory of a CTA: Q's 16 rows and a ring of STAGES blocks of K and V, rows of fc_tile_stride(D) elements.
- * STAGES = 3 where it fits (d 64 and 128: 100 KB at d 128, two CTAs per H100 SM, so that each has two blocks in
- * flight while it computes a third: the bytes in flight an SM needs to stream at HBM bandwidth), else 2 (d 128 on
- * GPUs that give a block 99 KB, d 256: 136 KB, within an A100's 163 KB). */
-static constexpr __host__ __device__ size_t fc_dec_smem(int D, int stages) {
-  return (size_t)(DEC_BR + 2 * stages * DEC_BC) * fc_tile_stride(D) * sizeof(uint16_t);
+/* Shared memory of a CTA: Q's 16 rows and a ring of STAGES blocks of K and V, rows of fc_tile_stride(D) elements,
+ * and for a paged cache STAGES buffers of the blocks' row offsets (fc_dec_page_of: 1 KB each). STAGES = 3 where it
+ * fits (d 64 and 128: 100 KB at d 128 (103 KB paged), two CTAs per H100 SM, so that each has two blocks in flight
+ * while it computes a third: the bytes in flight an SM needs to stream at HBM bandwidth), else 2 (d 128 on GPUs that
+ * give a block 99 KB, d 256: 136 KB (138 KB paged), within an A100's 163 KB). */
+static constexpr __host__ __device__ size_t fc_dec_smem(int D, int stages, bool paged) {
+  return (size_t)(DEC_BR + 2 * stages * DEC_BC) * fc_tile_stride(D) * sizeof(uint16_t) +
+         (paged ? (size_t)stages * DEC_BC * 2 * sizeof(int64_t) : 0);
 }
 
 typedef struct fc_dec_args {
@@ -93,22 +96,29 @@ static __device__ __forceinline__ bool fc_dec_length(const fc_dec_args &a, int64
   return cached >= 0 && n <= a.capacity;
 }
 
-/* Do the block-table entries of keys [k0, k1) of sequence b (k1 ≤ capacity: within the row) all name blocks of the
- * pool? Every thread of the CTA must call it: it ends in a barrier. Dense caches: true. */
-static __device__ __forceinline__ bool fc_dec_pages_ok(const fc_dec_args &a, int64_t b, int k0, int k1) {
+/* Does one of this thread's share of the block-table entries of keys [k0, k1) of sequence b (k1 ≤ capacity: within
+ * the row) name a block outside the pool? The threads of the CTA share the entries out, so the answer for all of
+ * them is __syncthreads_or of every thread's (which the caller takes, one barrier for all its ranges). Dense: no. */
+static __device__ __forceinline__ int fc_dec_pages_bad(const fc_dec_args &a, int64_t b, int k0, int k1) {
   int bad = 0;
   if (a.page_size && k0 < k1) {
     const int32_t *row = a.table + b * a.table_stride;
-    for (int e = k0 / a.page_size + (int)threadIdx.x; e <= (k1 - 1) / a.page_size; e += (int)blockDim.x) {
-      const int32_t blk = row[e];
-      bad |= blk < 0 || blk >= a.num_blocks;
+    const int last = (k1 - 1) / a.page_size, step = (int)blockDim.x;
+    /* Four entries per round, all loaded before any is compared: four loads in flight rather than one after the
+     * other (the row of a long cache has thousands of entries, and nothing is copied before the check ends). */
+    for (int e = k0 / a.page_size + (int)threadIdx.x; e <= last; e += 4 * step) {
+      int32_t blk[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) blk[u] = u * step <= last - e ? row[e + u * step] : 0;
+#pragma unroll
+      for (int u = 0; u < 4; u++) bad |= blk[u] < 0 || blk[u] >= a.num_blocks;
     }
   }
-  return !__syncthreads_or(bad);
+  return bad;
 }
 
 /* Element offset of key j of sequence b in a cache of strides (sb, ss), head 0: the dense slot, or the page that
- * the block table names (checked by fc_dec_pages_ok before). */
+ * the block table names (checked by fc_dec_pages_bad before). */
 static __device__ __forceinline__ int64_t fc_dec_key_at(const fc_dec_args &a, int64_t b, int j, int64_t sb,
                                                         int64_t ss) {
   if (!a.page_size) return b * sb + (int64_t)j * ss;
@@ -155,12 +165,41 @@ static __device__ __forceinline__ void fc_dec_load_q(uint16_t *sQ, const fc_dec_
   }
 }
 
+/* Paged caches: the rows of a key block are looked up once per block, not once per 16-byte chunk. The per-chunk
+ * lookup put a load of the table entry and an integer division in front of each chunk's cp.async, for K and for V
+ * (two dependent loads per chunk, issued one after the other), and held paged decoding to half the dense
+ * bandwidth. Here thread t = 64·m + r looks up key row r of a block in K (m = 0) or V (m = 1): one entry, one
+ * division per block; it writes the row's element offset (head hk) into rows[r][m] of one of STAGES buffers in
+ * shared memory, where the block's chunks read it (fc_dec_load_kv). The kernel looks block j + STAGES up while it
+ * computes block j, so that the entry's load waits behind the block's mma's, not in front of a copy. */
+typedef struct fc_dec_page {
+  int32_t blk; /* the block the table names; −1: no key (past len, or a block this CTA does not read) */
+  int row;     /* the key's row in it */
+} fc_dec_page;
+
+/* This thread's key row of key block j (read only when j < j_end: blocks past them are never copied). */
+static __device__ __forceinline__ fc_dec_page fc_dec_page_of(const fc_dec_args &a, const int32_t *table_row, int j,
+                                                             int j_end, int len) {
+  if (j >= j_end) return {-1, 0};
+  const int key = j * DEC_BC + (int)threadIdx.x % DEC_BC;
+  if (key >= len) return {-1, 0};
+  const int page = key / a.page_size; /* 32-bit: key < capacity ≤ 2^31 − 1 */
+  return {table_row[page], key - page * a.page_size};
+}
+
+/* The offset of page row p into its place in a buffer of row offsets; (sb, ss, head): this thread's cache's block
+ * and row strides and head hk's offset. */
+static __device__ __forceinline__ void fc_dec_page_put(int64_t *rows, fc_dec_page p, int64_t sb, int64_t ss,
+                                                       int64_t head) {
+  rows[2 * (threadIdx.x % DEC_BC) + threadIdx.x / DEC_BC] = (int64_t)p.blk * sb + (int64_t)p.row * ss + head;
+}
+
 /* K and V of key block j (keys 64j..64j + 63; those ≥ len as zeros) of sequence b, KV head hk, into one stage of
- * the ring. Each chunk finds its row itself (its page through the block table, an L1 hit for the threads of a row
- * after the first). */
-template <int D, bool ALIGNED>
+ * the ring. A dense chunk computes its row's address; a paged one reads it from `rows` (fc_dec_page_put: [r][K, V]
+ * element offsets, head hk's included). */
+template <int D, bool ALIGNED, bool PAGED>
 static __device__ __forceinline__ void fc_dec_load_kv(uint16_t *sK, uint16_t *sV, const fc_dec_args &a, int64_t b,
-                                                      int hk, int j, int len) {
+                                                      int hk, int j, int len, const int64_t *rows) {
   constexpr int DS = fc_tile_stride(D), CH = D / 8, TOTAL = DEC_BC * CH;
   static_assert(TOTAL % DEC_NT == 0, "every thread copies the same number of chunks");
   const uint16_t *K = a.kc + (int64_t)hk * a.k_sh, *V = a.vc + (int64_t)hk * a.v_sh;
@@ -170,8 +209,14 @@ static __device__ __forceinline__ void fc_dec_load_kv(uint16_t *sK, uint16_t *sV
     const int cols = key < len ? min(max(a.head_dim - 8 * c, 0), 8) : 0;
     const uint16_t *kf = a.q, *vf = a.q; /* readable, never read (cols = 0) */
     if (cols > 0) {
-      kf = K + fc_dec_key_at(a, b, key, a.k_sb, a.k_ss) + 8 * c;
-      vf = V + fc_dec_key_at(a, b, key, a.v_sb, a.v_ss) + 8 * c;
+      if constexpr (PAGED) {
+        const longlong2 at = *(const longlong2 *)(rows + 2 * r); /* K's and V's offsets in one 16-byte load */
+        kf = a.kc + at.x + 8 * c;
+        vf = a.vc + at.y + 8 * c;
+      } else {
+        kf = K + (b * a.k_sb + (int64_t)key * a.k_ss) + 8 * c;
+        vf = V + (b * a.v_sb + (int64_t)key * a.v_ss) + 8 * c;
+      }
     }
     fc_dec_chunk<ALIGNED>(sK + fc_tile_off<DS>(r, c), kf, cols);
     fc_dec_chunk<ALIGNED>(sV + fc_tile_off<DS>(r, c), vf, cols);
@@ -185,7 +230,7 @@ __global__ void __launch_bounds__(DEC_APPEND_THREADS) fc_dec_append_kernel(const
   const int64_t b = blockIdx.x;
   int len;
   const bool length_ok = fc_dec_length(a, b, &len);
-  const bool pages_ok = fc_dec_pages_ok(a, b, 0, len); /* every thread: a barrier */
+  const bool pages_ok = !__syncthreads_or(fc_dec_pages_bad(a, b, 0, len)); /* every thread: a barrier */
   if (!length_ok || !pages_ok) return;
   const int cached = len - a.seqlen_new, d = a.head_dim;
   const int64_t per_row = (int64_t)a.heads_kv * d, n = a.seqlen_new * per_row;
@@ -200,14 +245,16 @@ __global__ void __launch_bounds__(DEC_APPEND_THREADS) fc_dec_append_kernel(const
 
 /* The attention: CTA x = ((b·heads_kv + hk)·n_splits + split)·row_blocks + rb computes rows 16·rb.. of KV head hk
  * of sequence b against its split of the key blocks (the row blocks of one split are neighbours: they read the
- * same K/V at about the same time, from L2 after the first). */
-template <typename T, int D, int STAGES, bool ALIGNED>
+ * same K/V at about the same time, from L2 after the first). PAGED: a block table (a.page_size > 0). */
+template <typename T, int D, int STAGES, bool ALIGNED, bool PAGED>
 __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) {
   constexpr int DS = fc_tile_stride(D), KD = D / 16, NO = D / 8;
   constexpr bool Q_IN_REGS = D <= 128; /* at d 256, Q's 64 registers beside O's 128 would spill */
   constexpr int QKD = Q_IN_REGS ? KD : 1;
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t *sQ = smem, *sK = sQ + DEC_BR * DS, *sV = sK + STAGES * DEC_BC * DS;
+  int64_t *sRows = (int64_t *)(sV + STAGES * DEC_BC * DS); /* PAGED: [STAGES][DEC_BC][K, V] row offsets */
+  static_assert(DEC_NT == 2 * DEC_BC, "a thread per key row of a block, in K and in V (fc_dec_page_of)");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
   int64_t x = blockIdx.x;
@@ -233,16 +280,35 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
   fc_row_keys((min(r0 + DEC_BR, a.rows) - 1) / a.group, shift, a.window_left, a.window_right, len, &lo_last, &hi_last);
   int j_begin = lo_first / DEC_BC, j_end = lo_first < hi_last ? (hi_last + DEC_BC - 1) / DEC_BC : j_begin;
   fc_fwd_split_range(a.n_splits, split, &j_begin, &j_end);
-  /* The pages it reads, and its share of all the sequence's pages (the splits of a tile together cover them). */
-  int c_begin = 0, c_end = (len + DEC_BC - 1) / DEC_BC;
-  fc_fwd_split_range(a.n_splits, split, &c_begin, &c_end);
-  const bool read_ok = fc_dec_pages_ok(a, b, j_begin * DEC_BC, min(j_end * DEC_BC, len));
-  const bool share_ok = fc_dec_pages_ok(a, b, c_begin * DEC_BC, min(c_end * DEC_BC, len));
-  const bool ok = length_ok && read_ok && share_ok;
+
+  /* Paged: the rows of block j_begin + n go to buffer n % STAGES (fc_dec_page_of), those of the first STAGES blocks
+   * here; and the check of the pages it reads, and of its share of all the sequence's pages (the splits of a tile
+   * together cover them). One barrier serves both: the rows' loads and the check's are in flight together. The
+   * rows are looked up before the check's answer is known, but only for keys < len ≤ capacity: entries within the
+   * table's row, whatever they hold; a bad entry's offset is never used (no block is read then). */
+  const int32_t *table_row = PAGED ? a.table + b * a.table_stride : NULL;
+  const bool page_v = tid >= DEC_BC; /* this thread looks up rows of V (else K): warps 2 and 3 */
+  const int64_t page_sb = page_v ? a.v_sb : a.k_sb, page_ss = page_v ? a.v_ss : a.k_ss;
+  const int64_t page_head = (int64_t)hk * (page_v ? a.v_sh : a.k_sh);
+  bool pages_ok = true;
+  if constexpr (PAGED) {
+    int c_begin = 0, c_end = (len + DEC_BC - 1) / DEC_BC;
+    fc_fwd_split_range(a.n_splits, split, &c_begin, &c_end);
+    int bad = fc_dec_pages_bad(a, b, j_begin * DEC_BC, min(j_end * DEC_BC, len));
+    if (c_begin != j_begin || c_end != j_end) /* else the same entries: rows that see every key (plain decoding) */
+      bad |= fc_dec_pages_bad(a, b, c_begin * DEC_BC, min(c_end * DEC_BC, len));
+#pragma unroll
+    for (int s = 0; s < STAGES; s++)
+      fc_dec_page_put(sRows + s * DEC_BC * 2, fc_dec_page_of(a, table_row, j_begin + s, j_end, len), page_sb, page_ss,
+                      page_head);
+    pages_ok = !__syncthreads_or(bad); /* every thread: the rows are visible to all after it */
+  }
+  const bool ok = length_ok && pages_ok;
   if (!ok) j_end = j_begin; /* read nothing: the rows come out NaN */
 
   auto load_kv = [&](int j, int stage) {
-    fc_dec_load_kv<D, ALIGNED>(sK + stage * DEC_BC * DS, sV + stage * DEC_BC * DS, a, b, hk, j, len);
+    fc_dec_load_kv<D, ALIGNED, PAGED>(sK + stage * DEC_BC * DS, sV + stage * DEC_BC * DS, a, b, hk, j, len,
+                                      sRows + stage * DEC_BC * 2);
   };
   fc_dec_load_q<D, ALIGNED>(sQ, a, b, hk, r0);
   fc_cp_async_commit();
@@ -281,6 +347,10 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
       if (jp < j_end) load_kv(jp, (n + STAGES - 1) % STAGES);
       fc_cp_async_commit();
     }
+    /* Paged: block j + STAGES's row, its table entry loading while this block computes; written at the end of the
+     * step into buffer n % STAGES, whose rows (block j's) were last read by block j's copies, STAGES − 1 steps ago. */
+    fc_dec_page next = {-1, 0};
+    if constexpr (PAGED) next = fc_dec_page_of(a, table_row, j + STAGES, j_end, len);
     /* This warp's 16 keys: rows 16·warp.. of the stage (a multiple of 8 rows: the swizzle is unchanged). */
     const int stage = n % STAGES, k0 = j * DEC_BC + 16 * warp;
     const uint32_t Kw = fc_smem_u32(sK + (stage * DEC_BC + 16 * warp) * DS);
@@ -308,6 +378,8 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
     uint32_t pa[1][1][4];
     fc_fwd_pack<T, 1, 2>(s, pa, 0, 2);
     fc_fwd_pv_step<T, DS, D, 1, NO>(o, pa[0], 0, Vw, v_lane);
+    /* Read by block j + STAGES's copies, after the next step's barrier. */
+    if constexpr (PAGED) fc_dec_page_put(sRows + stage * DEC_BC * 2, next, page_sb, page_ss, page_head);
   }
 
   /* The warps' partials merged through shared memory (the ring is free once every copy has landed and every warp
@@ -439,8 +511,11 @@ static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t slots, int req
 template <typename T, int D, int STAGES>
 static flashc_status fc_dec_launch(const fc_kv_problem *kp, fc_dec_args *a, bool aligned) {
   const fc_problem *p = &kp->base;
-  void (*kernel)(const fc_dec_args) = aligned ? fc_dec_kernel<T, D, STAGES, true> : fc_dec_kernel<T, D, STAGES, false>;
-  const size_t smem = fc_dec_smem(D, STAGES);
+  const bool paged = a->page_size > 0;
+  void (*kernel)(const fc_dec_args) =
+      paged ? (aligned ? fc_dec_kernel<T, D, STAGES, true, true> : fc_dec_kernel<T, D, STAGES, false, true>)
+            : (aligned ? fc_dec_kernel<T, D, STAGES, true, false> : fc_dec_kernel<T, D, STAGES, false, false>);
+  const size_t smem = fc_dec_smem(D, STAGES, paged);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward_kvcache: the CUDA decode kernel"));
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
@@ -476,8 +551,9 @@ template <typename T> static flashc_status fc_dec_dispatch(const fc_kv_problem *
   switch (fc_dec_dim(kp->base.head_dim)) {
   case 64: return fc_dec_launch<T, 64, 3>(kp, a, aligned);
   case 128:
-    return fc_dec_smem(128, 3) <= props.smem_per_block_optin ? fc_dec_launch<T, 128, 3>(kp, a, aligned)
-                                                             : fc_dec_launch<T, 128, 2>(kp, a, aligned);
+    return fc_dec_smem(128, 3, a->page_size > 0) <= props.smem_per_block_optin
+               ? fc_dec_launch<T, 128, 3>(kp, a, aligned)
+               : fc_dec_launch<T, 128, 2>(kp, a, aligned);
   default: return fc_dec_launch<T, 256, 2>(kp, a, aligned);
   }
 }
