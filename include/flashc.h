@@ -18,6 +18,8 @@
  * Variable length (as FlashAttention's cu_seqlens): set params.cu_seqlens_q/k to host arrays of num_seqs + 1
  * non-decreasing offsets starting at 0. Then every tensor has batch = 1 and seqlen = the total number of
  * tokens, sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]) of it, and lse is [heads_q, total_q].
+ * The offsets may instead live in device memory, as flash_attn_varlen_func takes them (params.cu_seqlens_device,
+ * with max_seqlen_q/k): see flashc_params.
  *
  * Rows of the score matrix that see no key (a causal mask with seqlen_q > seqlen_k, or a window) give
  * output 0, lse −inf and zero gradients: never NaN.
@@ -195,8 +197,8 @@ typedef struct flashc_params {
   flashc_causal_align align;   /* where the diagonal sits when seqlen_q ≠ seqlen_k */
   int64_t window_left;         /* −1: unbounded */
   int64_t window_right;        /* −1: unbounded */
-  const int32_t *cu_seqlens_q; /* NULL, or host array of num_seqs + 1 offsets (varlen) */
-  const int32_t *cu_seqlens_k; /* NULL, or host array of num_seqs + 1 offsets (varlen) */
+  const int32_t *cu_seqlens_q; /* NULL, or array of num_seqs + 1 offsets (varlen); host unless cu_seqlens_device */
+  const int32_t *cu_seqlens_k; /* NULL, or array of num_seqs + 1 offsets (varlen); host unless cu_seqlens_device */
   int64_t num_seqs;            /* with cu_seqlens */
   int deterministic;           /* backward: bit-identical gradients run to run (may be slower) */
   /* Score modifiers and varlen extents (cpu-ref and cpu implement them all, cuda-hopper softcap and ALiBi, cuda-mma
@@ -222,6 +224,21 @@ typedef struct flashc_params {
    * parts (one per key block, 64 at most). Negative is refused. Only cuda-mma splits (rows on 16 bytes); the other
    * backends ignore it, and under `auto` a call that cuda-mma would split 4 ways or more runs there. */
   int num_splits;
+  /* Varlen offsets in device memory (cuda-mma and cuda-hopper, forward and backward; every other backend refuses
+   * them with FLASHC_ERR_UNSUPPORTED), as flash_attn_varlen_func takes them. cu_seqlens_device 1: cu_seqlens_q/k
+   * point to device memory, on the tensors' device, which flashc never reads on the host: a call waits for
+   * nothing, and after one call of its shape outside a capture (the handle's workspace grows then) it can be
+   * captured in a CUDA graph, whose replays read the offsets as they are then. The caller
+   * gives the longest sequence of each side in max_seqlen_q/k (0 ≤ max_seqlen ≤ the packed tensor's rows; 0 only
+   * when it has none), and promises what the host would otherwise check: cu_seqlens[0] = 0, non-decreasing,
+   * cu_seqlens[num_seqs] = the packed rows. A sequence longer than max_seqlen is cut to its first max_seqlen
+   * rows (queries) or keys, so that nothing outside the tensors is read or written: o and lse of its rows past
+   * the cut are left unwritten, and the gradients of the rows past the cut (dq; dk, dv) are unspecified.
+   * seqused_q/k and dropout_mask are refused with device offsets. cu_seqlens_device 0 (the default): host
+   * offsets, and max_seqlen_q/k are ignored. */
+  int cu_seqlens_device;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
 } flashc_params;
 
 /* The struct grows at its end as flashc gains features. flashc_params_default is compiled into the caller, so
@@ -255,6 +272,9 @@ static inline flashc_params flashc_params_default(void) {
   p.dropout_offset = 0;
   p.dropout_mask = NULL;
   p.num_splits = 0;
+  p.cu_seqlens_device = 0;
+  p.max_seqlen_q = 0;
+  p.max_seqlen_k = 0;
   return p;
 }
 

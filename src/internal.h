@@ -83,7 +83,10 @@ typedef struct fc_problem {
   int64_t window_left, window_right;
   int bottom_right;    /* 1: shift = sk − sq (+ mask_offset); 0: shift = mask_offset */
   int64_t mask_offset; /* extra diagonal shift (ring attention: a block's position); 0 from the public API */
-  const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL when dense; host arrays of batch + 1 */
+  const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL when dense; arrays of batch + 1 */
+  /* 1: cu_seqlens_q/k are device memory that the host never reads (flashc.h, cu_seqlens_device): seqlen_q/k are
+   * the caller's max_seqlen_q/k, and fc_seq_q/k, which read the offsets on the host, must not be called. */
+  int cu_seqlens_device;
   int deterministic;
   int num_splits; /* flashc_params.num_splits (≥ 0): 0 the backend's choice, 1 none, n > 1 at most n parts */
 
@@ -105,7 +108,7 @@ typedef struct fc_problem {
 static inline bool fc_problem_is_empty(const fc_problem *p) { return p->total_q == 0 || p->total_k == 0; }
 
 /* Rows of sequence s: [*start, *start + *len) of the packed tensor (varlen, the used rows of its slot), or
- * [0, seqlen) of batch s. */
+ * [0, seqlen) of batch s. Host offsets only (not p->cu_seqlens_device). */
 static inline void fc_seq_q(const fc_problem *p, int64_t s, int64_t *start, int64_t *len) {
   if (p->cu_seqlens_q) {
     *start = p->cu_seqlens_q[s];
@@ -256,8 +259,9 @@ enum {
   FC_FEATURE_ALIBI = 1u << 1,
   FC_FEATURE_HEAD_DIM_V = 1u << 2, /* V's head dim ≠ Q/K's */
   FC_FEATURE_SEQUSED = 1u << 3,
-  FC_FEATURE_ATTN_MASK = 1u << 4, /* attn_mask (and its gradient dbias) */
-  FC_FEATURE_DROPOUT = 1u << 5,   /* dropout_p > 0, or its debug mask */
+  FC_FEATURE_ATTN_MASK = 1u << 4,         /* attn_mask (and its gradient dbias) */
+  FC_FEATURE_DROPOUT = 1u << 5,           /* dropout_p > 0, or its debug mask */
+  FC_FEATURE_CU_SEQLENS_DEVICE = 1u << 6, /* varlen offsets in device memory (params.cu_seqlens_device) */
 };
 
 struct fc_kv_problem; /* kvcache.h */

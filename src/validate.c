@@ -2,8 +2,9 @@
  * validate.c — every check of the caller's input, before any data is touched, and the choice of backend.
  *
  * fc_prepare turns the public arguments of flashc_forward/flashc_backward into an fc_problem and picks the
- * backend that will run it. It reads only shapes, strides, params and the host cu_seqlens arrays; it never
- * dereferences a tensor's data. Every failure names the operation and the offending value.
+ * backend that will run it. It reads only shapes, strides, params and the host cu_seqlens arrays (device ones are
+ * not read: flashc.h, cu_seqlens_device); it never dereferences a tensor's data. Every failure names the operation and
+ * the offending value.
  */
 #include "internal.h"
 #include "philox.h"
@@ -197,11 +198,50 @@ static flashc_status check_seqused(const char *op, const char *name, const int32
   return FLASHC_OK;
 }
 
+/* Host offsets are read here: a device pointer given as host memory would crash the read (a build without CUDA
+ * cannot tell, and reads on). */
+static flashc_status check_host_pointer(const char *op, const char *name, const int32_t *cu) {
+  if (fc_pointer_is_device(cu) == 1)
+    return INVALID("%s: %s is device memory but params.cu_seqlens_device is 0; set it to 1 and give max_seqlen_q/k", op,
+                   name);
+  return FLASHC_OK;
+}
+
+/* Device offsets (flashc.h, cu_seqlens_device): their values are never read here. What can be checked without them
+ * is: the caller's longest sequences fit the packed tensors, the offsets fit int32, and no option that needs the
+ * offsets on the host (seqused, the debug dropout mask) is asked for. The caller promises the rest. */
+static flashc_status check_device_cu_seqlens(const char *op, const flashc_params *pa, fc_problem *p, int is_backward) {
+  const int64_t max[2] = {pa->max_seqlen_q, pa->max_seqlen_k}, total[2] = {p->total_q, p->total_k};
+  const char *side[2] = {"q", "k"};
+  for (int x = 0; x < 2; x++) {
+    if (total[x] > INT32_MAX)
+      return INVALID("%s: the packed %s has %lld rows; int32 cu_seqlens_%s address at most 2^31-1", op, side[x],
+                     (long long)total[x], side[x]);
+    if (max[x] < (total[x] > 0) || max[x] > total[x])
+      return INVALID("%s: params.max_seqlen_%s is %lld; with device cu_seqlens it must be the longest sequence, in "
+                     "[%d, %lld] (the packed %s has %lld rows)",
+                     op, side[x], (long long)max[x], total[x] > 0, (long long)total[x], side[x], (long long)total[x]);
+  }
+  if (pa->seqused_q || pa->seqused_k)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "%s: params.seqused_%s with device cu_seqlens (params.cu_seqlens_device 1) is not supported", op,
+                    pa->seqused_q ? "q" : "k");
+  if (pa->dropout_mask && !is_backward)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "%s: params.dropout_mask (the debug mask) with device cu_seqlens (params.cu_seqlens_device 1) is "
+                    "not supported",
+                    op);
+  p->seqlen_q = max[0], p->seqlen_k = max[1];
+  p->cu_seqlens_device = 1;
+  return FLASHC_OK;
+}
+
 unsigned fc_problem_features(const fc_problem *p) {
   return (p->softcap != 0.0f ? FC_FEATURE_SOFTCAP : 0u) | (p->alibi_slopes ? FC_FEATURE_ALIBI : 0u) |
          (p->head_dim_v != p->head_dim ? FC_FEATURE_HEAD_DIM_V : 0u) |
          (p->seqused_q || p->seqused_k ? FC_FEATURE_SEQUSED : 0u) | (p->attn_mask ? FC_FEATURE_ATTN_MASK : 0u) |
-         (p->dropout_p > 0.0f || p->dropout_mask ? FC_FEATURE_DROPOUT : 0u);
+         (p->dropout_p > 0.0f || p->dropout_mask ? FC_FEATURE_DROPOUT : 0u) |
+         (p->cu_seqlens_device ? FC_FEATURE_CU_SEQLENS_DEVICE : 0u);
 }
 
 flashc_status fc_check_features(const char *op, const char *who, unsigned have, const fc_problem *p) {
@@ -215,6 +255,7 @@ flashc_status fc_check_features(const char *op, const char *who, unsigned have, 
       {FC_FEATURE_SEQUSED, "seqused_q/seqused_k"},
       {FC_FEATURE_ATTN_MASK, "attn_mask (a bias or boolean mask)"},
       {FC_FEATURE_DROPOUT, "dropout (dropout_p, dropout_mask)"},
+      {FC_FEATURE_CU_SEQLENS_DEVICE, "device cu_seqlens (params.cu_seqlens_device)"},
   };
   const unsigned missing = fc_problem_features(p) & ~have;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -497,6 +538,11 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
     return INVALID("%s: params.deterministic is %d; use 0 or 1", op, pa->deterministic);
 
   bool varlen = pa->cu_seqlens_q || pa->cu_seqlens_k;
+  if (pa->cu_seqlens_device != 0 && pa->cu_seqlens_device != 1)
+    return INVALID("%s: params.cu_seqlens_device is %d; use 0 (host offsets) or 1 (device offsets)", op,
+                   pa->cu_seqlens_device);
+  if (pa->cu_seqlens_device && !varlen)
+    return INVALID("%s: params.cu_seqlens_device is 1 but cu_seqlens_q/k are NULL; it describes varlen offsets", op);
   p->dtype = q->dtype;
   p->heads_q = hq;
   p->heads_kv = hkv;
@@ -516,14 +562,20 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
     p->batch = pa->num_seqs;
     p->total_q = q->size[1];
     p->total_k = k->size[1];
-    FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_q", pa->cu_seqlens_q, pa->num_seqs, p->total_q, &p->seqlen_q));
-    FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_k", pa->cu_seqlens_k, pa->num_seqs, p->total_k, &p->seqlen_k));
     p->cu_seqlens_q = pa->cu_seqlens_q;
     p->cu_seqlens_k = pa->cu_seqlens_k;
-    FC_CHECK(check_seqused(op, "params.seqused_q", pa->seqused_q, pa->cu_seqlens_q, pa->num_seqs));
-    FC_CHECK(check_seqused(op, "params.seqused_k", pa->seqused_k, pa->cu_seqlens_k, pa->num_seqs));
-    p->seqused_q = pa->seqused_q;
-    p->seqused_k = pa->seqused_k;
+    if (pa->cu_seqlens_device) {
+      FC_CHECK(check_device_cu_seqlens(op, pa, p, is_backward));
+    } else {
+      FC_CHECK(check_host_pointer(op, "params.cu_seqlens_q", pa->cu_seqlens_q));
+      FC_CHECK(check_host_pointer(op, "params.cu_seqlens_k", pa->cu_seqlens_k));
+      FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_q", pa->cu_seqlens_q, pa->num_seqs, p->total_q, &p->seqlen_q));
+      FC_CHECK(check_cu_seqlens(op, "params.cu_seqlens_k", pa->cu_seqlens_k, pa->num_seqs, p->total_k, &p->seqlen_k));
+      FC_CHECK(check_seqused(op, "params.seqused_q", pa->seqused_q, pa->cu_seqlens_q, pa->num_seqs));
+      FC_CHECK(check_seqused(op, "params.seqused_k", pa->seqused_k, pa->cu_seqlens_k, pa->num_seqs));
+      p->seqused_q = pa->seqused_q;
+      p->seqused_k = pa->seqused_k;
+    }
   } else {
     p->batch = q->size[0];
     p->seqlen_q = q->size[1];
@@ -625,8 +677,8 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   }
 
   /* Where the data lives decides which backends can touch it. */
-  const void *ptrs[13];
-  const char *pnames[13];
+  const void *ptrs[15];
+  const char *pnames[15];
   int np = 0;
   for (int i = 0; i < nt; i++) {
     ptrs[np] = ts[i]->data;
@@ -642,6 +694,12 @@ flashc_status fc_prepare(const char *op, flashc_handle h, const flashc_params *p
   pnames[np++] = "params.dbias";
   ptrs[np] = p->dropout_mask;
   pnames[np++] = "params.dropout_mask";
+  if (p->cu_seqlens_device) { /* where the tensors live, as the other device pointers */
+    ptrs[np] = p->cu_seqlens_q;
+    pnames[np++] = "params.cu_seqlens_q";
+    ptrs[np] = p->cu_seqlens_k;
+    pnames[np++] = "params.cu_seqlens_k";
+  }
   int on_device;
   FC_CHECK(locate(op, ptrs, pnames, np, &on_device));
 

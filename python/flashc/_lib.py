@@ -64,6 +64,9 @@ class Params(ctypes.Structure):
         ("dropout_offset", ctypes.c_uint64),
         ("dropout_mask", ctypes.c_void_p),
         ("num_splits", ctypes.c_int),
+        ("cu_seqlens_device", ctypes.c_int),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int64),
     ]
 
 

@@ -21,9 +21,12 @@ Options as the operators take them, already checked by flashc.torch: scale None 
 sides -1 = unbounded; top_left False = FlashAttention's bottom-right causal diagonal; threads -1 = torch's
 torch.get_num_threads() at the time of the call, 0 = every processor; backend "auto" or a backend name.
 cu_seqlens_q/k (None for dense [b, s, h, d] tensors; int32 offsets for packed [total, h, d] ones): the C API
-reads them on the host, so host (CPU) tensors are used in place and device ones are copied to the host,
-which synchronises the stream and so cannot be captured in a CUDA graph. seqused_q/k (None, or int32
-[num_seqs], varlen only) are read on the host alike. out takes v's head dim, which may differ from q's.
+reads host (CPU) offsets in place; CUDA offsets beside CUDA tensors go to the kernels as they are
+(flashc_params.cu_seqlens_device: no copy, no synchronisation, so a CUDA graph can capture the call), with
+max_seqlen_q/k, the longest sequences (flash_attn_varlen_func's arguments; 0: not known, and then the packed
+rows, a bound that is always right but sizes the grids for one sequence as long as the whole batch). CUDA
+offsets beside CPU tensors are copied to the host. seqused_q/k (None, or int32 [num_seqs], varlen only) are read
+on the host (refused with device offsets). out takes v's head dim, which may differ from q's.
 attn_mask (None, or bool / float, broadcastable to [batch, heads_q, seqlen_q, seqlen_k] as for SDPA; dense only)
 is passed through strides, 0 where it broadcasts (a float mask of another dtype than q's is converted).
 dropout_p 0.0 = none; dropout_seed and dropout_offset key its mask (flashc.h; the seed as a signed int64, taken mod
@@ -85,6 +88,9 @@ _PARAM_FIELDS = (("scale", "f"), ("causal", "i"), ("align", "i"), ("window_left"
 _PARAMS = struct.Struct("@" + "".join(code for _, code in _PARAM_FIELDS))
 _P_AT = _lib.Params.scale.offset  # where the run starts inside flashc_params
 _NUM_SPLITS, _NUM_SPLITS_AT = struct.Struct("@i"), _lib.Params.num_splits.offset  # set apart from the run, every call
+# cu_seqlens_device, max_seqlen_q, max_seqlen_k: likewise set on every call (0, 0, 0 for host offsets)
+_DEVICE_CU, _DEVICE_CU_AT = struct.Struct("@i"), _lib.Params.cu_seqlens_device.offset
+_MAX_SEQLEN, _MAX_SEQLEN_AT = struct.Struct("@qq"), _lib.Params.max_seqlen_q.offset
 _TENSOR = struct.Struct("@Pi4q4q")
 
 
@@ -95,6 +101,8 @@ def _check_layouts() -> None:
         if getattr(_lib.Params, name).offset - _P_AT != at:
             raise ImportError(f"flashc.torch: flashc_params.{name} is not where _ops.py packs it; update _PARAM_FIELDS")
         prefix += code
+    if _lib.Params.max_seqlen_k.offset - _MAX_SEQLEN_AT != 8:
+        raise ImportError("flashc.torch: flashc_params.max_seqlen_q/k are not where _ops.py packs them")
     if _TENSOR.size != ctypes.sizeof(_lib.Tensor) or _lib.Tensor.stride.offset != 48:
         raise ImportError("flashc.torch: flashc_tensor is not the layout _ops.py packs; update _TENSOR")
 
@@ -190,6 +198,24 @@ def _host_offsets(name: str, cu: torch.Tensor) -> torch.Tensor:
     return cu.contiguous()
 
 
+def _offsets_of(q, cu_q, cu_k, max_q: int, max_k: int, host_only: bool):
+    """(cu_q, cu_k, cu_seqlens_device, max_seqlen_q, max_seqlen_k) for _run: CUDA offsets beside CUDA tensors as
+    they are (the kernels read them on the device: nothing here may look at their values, which would wait for
+    the stream), any others on the host, and all on the host for host_only (seqused, which the C API takes only
+    with host offsets)."""
+    if q.is_cuda and cu_q.is_cuda and cu_k.is_cuda and not host_only:
+        for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+            if cu.dtype != torch.int32 or cu.dim() != 1:
+                raise TypeError(f"flashc: {name} must be a 1-d int32 tensor, not {cu.dtype} of shape {tuple(cu.shape)}")
+            if cu.device != q.device:
+                raise ValueError(f"flashc: {name} is on {cu.device} but the tensors on {q.device}")
+        for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+            if m < 0:
+                raise ValueError(f"flashc: {name} is {m}; it must be the longest sequence (0: not known)")
+        return cu_q.contiguous(), cu_k.contiguous(), 1, max_q or q.shape[0], max_k  # _run bounds max_k (k's rows)
+    return _host_offsets("cu_seqlens_q", cu_q), _host_offsets("cu_seqlens_k", cu_k), 0, 0, 0
+
+
 def _extras(q, cu_q, su_q, su_k, alibi) -> tuple:
     """(alibi pointer, alibi_stride_batch, seqused_q pointer, seqused_k pointer, tensors to keep alive) for _run:
     the slopes as float32 on q's device, the used lengths as host int32 of num_seqs."""
@@ -238,7 +264,8 @@ def _mask_fields(q, k, packed: bool, mask, dbias4) -> tuple:
 
 
 def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap, su_q,
-         su_k, alibi, mask=None, dbias4=None, dropout=(0.0, 0, 0), num_splits=0) -> None:  # fmt: skip
+         su_k, alibi, mask=None, dbias4=None, dropout=(0.0, 0, 0), num_splits=0,
+         max_seqlen=(0, 0)) -> None:  # fmt: skip
     """Describe the tensors `ts` ((q, k, v, o) or (q, k, v, o, dout, dq, dk, dv)) and call the C function."""
     q = ts[0]
     on_cuda = q.is_cuda
@@ -246,8 +273,11 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
         raise ValueError(f"flashc: tensors on device '{q.device}' are not supported (only cpu and cuda)")
     _check_backend(backend, on_cuda)
     buf, base = _tls.buf, _tls.base
+    on_device = (0, 0, 0)
     if cu_q is not None and cu_k is not None:
-        cu_q, cu_k = _host_offsets("cu_seqlens_q", cu_q), _host_offsets("cu_seqlens_k", cu_k)
+        cu_q, cu_k, *on_device = _offsets_of(q, cu_q, cu_k, *max_seqlen, su_q is not None or su_k is not None)
+        if on_device[0]:
+            on_device[2] = on_device[2] or ts[1].shape[0]  # not known: the packed key rows
     extras = (0.0, 0, 0, 0, 0)
     if softcap or alibi is not None or su_q is not None or su_k is not None:
         al, al_stride, p_su_q, p_su_k, keep = _extras(q, cu_q, su_q, su_k, alibi)  # keep: alive until the call ends
@@ -285,6 +315,8 @@ def _run(backward: bool, ts, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, b
         _PARAMS.pack_into(buf, _P_AT, scale or 0.0, causal, top_left, wl, wr, 0, 0, 0, det, *extras)
         packed = False
     _NUM_SPLITS.pack_into(buf, _NUM_SPLITS_AT, num_splits)
+    _DEVICE_CU.pack_into(buf, _DEVICE_CU_AT, on_device[0])
+    _MAX_SEQLEN.pack_into(buf, _MAX_SEQLEN_AT, on_device[1], on_device[2])
     off = _P_BYTES
     dtypes = _DTYPES
     index = q.get_device()  # -1 on the CPU
@@ -335,21 +367,23 @@ def _out_shape(q: torch.Tensor, v: torch.Tensor):
 
 def fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left, backend,
              threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None, alibi_slopes=None,
-             attn_mask=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0, num_splits=0):  # fmt: skip
+             attn_mask=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0, num_splits=0, max_seqlen_q=0,
+             max_seqlen_k=0):  # fmt: skip
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
     out = q.new_empty(_out_shape(q, v))  # contiguous
     lse = torch.empty(_lse_shape(q, nd == 3), dtype=torch.float32, device=q.device)
     _run(False, (q, k, v, out), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
          top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes,
-         mask=attn_mask, dropout=(dropout_p, dropout_seed, dropout_offset), num_splits=num_splits)  # fmt: skip
+         mask=attn_mask, dropout=(dropout_p, dropout_seed, dropout_offset), num_splits=num_splits,
+         max_seqlen=(max_seqlen_q, max_seqlen_k))  # fmt: skip
     return out, lse
 
 
 def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
              top_left, backend, threads, deterministic, softcap=0.0, seqused_q=None, seqused_k=None,
              alibi_slopes=None, attn_mask=None, want_dbias=False, dropout_p=0.0, dropout_seed=0,
-             dropout_offset=0):  # fmt: skip
+             dropout_offset=0, max_seqlen_q=0, max_seqlen_k=0):  # fmt: skip
     """(dq, dk, dv), and dbias (the float attn_mask's gradient, in its shape and dtype) when want_dbias."""
     nd = 4 if cu_seqlens_q is None else 3
     q, k, v = _readable("q", q, nd), _readable("k", k, nd), _readable("v", v, nd)
@@ -369,7 +403,8 @@ def bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal,
         dbias4 = q.new_empty(_dbias4_shape(attn_mask))
     _run(True, (q, k, v, out, dout, dq, dk, dv), lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
          window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-         alibi_slopes, mask=attn_mask, dbias4=dbias4, dropout=(dropout_p, dropout_seed, dropout_offset))  # fmt: skip
+         alibi_slopes, mask=attn_mask, dbias4=dbias4, dropout=(dropout_p, dropout_seed, dropout_offset),
+         max_seqlen=(max_seqlen_q, max_seqlen_k))  # fmt: skip
     if want_dbias:
         return dq, dk, dv, dbias4.view(attn_mask.shape).to(attn_mask.dtype)
     return dq, dk, dv
@@ -431,10 +466,13 @@ if HAVE_OPS:
         dropout_seed: int = 0,
         dropout_offset: int = 0,
         num_splits: int = 0,
+        max_seqlen_q: int = 0,
+        max_seqlen_k: int = 0,
     ) -> tuple[Tensor, Tensor]:
         return fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, top_left,
                         backend, threads, deterministic, softcap, seqused_q, seqused_k, alibi_slopes,
-                        attn_mask, dropout_p, dropout_seed, dropout_offset, num_splits)  # fmt: skip
+                        attn_mask, dropout_p, dropout_seed, dropout_offset, num_splits, max_seqlen_q,
+                        max_seqlen_k)  # fmt: skip
 
     @fwd.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, *_opts):
@@ -471,10 +509,13 @@ if HAVE_OPS:
         dropout_p: float = 0.0,
         dropout_seed: int = 0,
         dropout_offset: int = 0,
+        max_seqlen_q: int = 0,
+        max_seqlen_k: int = 0,
     ) -> tuple[Tensor, Tensor, Tensor]:
         return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
                         window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-                        alibi_slopes, attn_mask, False, dropout_p, dropout_seed, dropout_offset)  # fmt: skip
+                        alibi_slopes, attn_mask, False, dropout_p, dropout_seed, dropout_offset, max_seqlen_q,
+                        max_seqlen_k)  # fmt: skip
 
     @bwd.register_fake
     def _(dout, q, k, v, out, lse, *_opts):
@@ -507,10 +548,13 @@ if HAVE_OPS:
         dropout_p: float = 0.0,
         dropout_seed: int = 0,
         dropout_offset: int = 0,
+        max_seqlen_q: int = 0,
+        max_seqlen_k: int = 0,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left,
                         window_right, top_left, backend, threads, deterministic, softcap, seqused_q, seqused_k,
-                        alibi_slopes, attn_mask, True, dropout_p, dropout_seed, dropout_offset)  # fmt: skip
+                        alibi_slopes, attn_mask, True, dropout_p, dropout_seed, dropout_offset, max_seqlen_q,
+                        max_seqlen_k)  # fmt: skip
 
     @bwd_dbias.register_fake
     def _(dout, q, k, v, out, lse, *opts):
@@ -518,19 +562,20 @@ if HAVE_OPS:
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), mask.new_empty(mask.shape)
 
     # scale ... deterministic; then softcap, seqused_q, seqused_k, alibi_slopes, attn_mask, dropout_p, dropout_seed,
-    # dropout_offset, num_splits (defaults)
+    # dropout_offset, num_splits, max_seqlen_q, max_seqlen_k (defaults)
     _N_OPTS = 8
-    _EXTRA_DEFAULTS = (0.0, None, None, None, None, 0.0, 0, 0, 0)  # ... dropout's three, num_splits
+    _EXTRA_DEFAULTS = (0.0, None, None, None, None, 0.0, 0, 0, 0, 0, 0)  # ... dropout's three, num_splits, max_seqlen
     _MASK_AT = 5 + _N_OPTS + 4  # attn_mask's index among fwd's inputs
 
     def _setup_context(ctx, inputs, output):
         q, k, v, cu_q, cu_k, *rest = inputs
         opts, extra = tuple(rest[:_N_OPTS]), tuple(rest[_N_OPTS:])
-        softcap, su_q, su_k, alibi, mask, *dropout, _num_splits = extra + _EXTRA_DEFAULTS[len(extra) :]
+        softcap, su_q, su_k, alibi, mask, *dropout, _num_splits, max_q, max_k = extra + _EXTRA_DEFAULTS[len(extra) :]
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask)
         ctx.opts = opts + (softcap,)
         ctx.dropout = tuple(dropout)  # the same mask again in the backward
+        ctx.max_seqlen = (max_q, max_k) if max_q or max_k else ()  # given: the backward takes them too
         ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(lse)
 
@@ -539,7 +584,8 @@ if HAVE_OPS:
         q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask = ctx.saved_tensors
         if dout is None:  # only lse was used: it is not differentiable, so nothing flows
             return (None,) * ctx.n_inputs
-        drop = ctx.dropout if ctx.dropout[0] else ()  # without dropout, the schema as before it existed
+        # without dropout (and max_seqlen), the schema as before they existed
+        drop = ctx.dropout + ctx.max_seqlen if ctx.dropout[0] or ctx.max_seqlen else ()
         if mask is not None and ctx.n_inputs > _MASK_AT and ctx.needs_input_grad[_MASK_AT]:
             dq, dk, dv, dbias = bwd_dbias(
                 dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, *drop

@@ -22,9 +22,12 @@ Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet
 - A second derivative (backward with create_graph=True, e.g. a gradient penalty) raises RuntimeError: the
   backward is a kernel with no derivative of its own.
 - CPU threads: torch.get_num_threads() at the time of each call, unless threads= is given (0: every processor).
-- cu_seqlens: int32 offsets. The C API reads them on the host: CPU tensors (or lists) are used as they are;
-  CUDA ones are copied to the host on every call, which synchronises the stream and cannot be captured in a
-  CUDA graph. Pass host offsets where that matters.
+- cu_seqlens: int32 offsets. CPU tensors (or lists) are read on the host; CUDA ones beside CUDA tensors go to the
+  kernels as they are, as flash_attn_varlen_func takes them: no copy and no synchronisation, so a CUDA graph can
+  capture the call. Give max_seqlen_q/max_seqlen_k (the longest sequences, as flash_attn_varlen_func's) with them:
+  without, flashc cannot know them without reading the offsets, and sizes its grids for the packed rows (right,
+  but slower with many sequences). A sequence longer than the max_seqlen given is cut to its first max_seqlen rows
+  (flashc.h, cu_seqlens_device).
 - CUDA graphs (torch.cuda.graph, torch.compile(mode="reduce-overhead")): flashc keeps one handle, with its
   device workspace, per thread, device and stream, allocated by its first call. So run the function once
   on the capture stream before capturing (a first call inside a capture raises RuntimeError), and capture
@@ -163,6 +166,15 @@ def _offsets(name: str, cu):
     return torch.from_numpy(_arrays.as_cu_seqlens(name, cu))
 
 
+def _max_seqlen(name: str, m) -> int:
+    """max_seqlen_q/k as the operators take them: a non-negative int, 0 (None) when not given."""
+    if m is None:
+        return 0
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise ValueError(f"flashc: {name} is {m!r}; it must be an int >= 0, the longest sequence (None: not known)")
+    return m
+
+
 def _slopes(alibi_slopes):
     """ALiBi slopes as a tensor (a list or numpy array converted); the operators move it to q's device."""
     if alibi_slopes is None or isinstance(alibi_slopes, torch.Tensor):
@@ -217,7 +229,8 @@ def _plain_eager(q, k, v) -> bool:
     )
 
 
-def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=None, drop=(0.0, 0, 0), splits=0):
+def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=None, drop=(0.0, 0, 0), splits=0,
+             max_seqlen=(0, 0)):  # fmt: skip
     if not _ops.HAVE_OPS or _plain_eager(q, k, v):
         if torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
@@ -228,13 +241,15 @@ def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=N
                 and alibi is None
                 and su_q is None
                 and su_k is None
-                and not (drop[0] or splits)
+                and not (drop[0] or splits or max_seqlen[0] or max_seqlen[1])
             ):  # the leaner autograd.Function of the extension's path
                 return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts, _kernels.options_id(opts), True)
-            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *drop, splits, *opts)
-        return _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
+            return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen, *opts)
+        return _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
         _refuse_func_transforms()
+    if max_seqlen[0] or max_seqlen[1]:
+        return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen)
     if splits:
         return _ops.fwd(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
     if drop[0]:
@@ -283,12 +298,14 @@ class _Function(torch.autograd.Function):
     """The eager path's autograd: flashc::fwd's formula (lse not differentiable, no double backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, drop_p, drop_seed, drop_offset, splits, *opts):
+    def forward(ctx, q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, drop_p, drop_seed, drop_offset, splits, max_q, max_k,
+                *opts):  # fmt: skip
         drop = (drop_p, drop_seed, drop_offset)
-        out, lse = _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits)
+        out, lse = _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits, max_q, max_k)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask)
         ctx.opts = opts
         ctx.drop = drop  # the backward regenerates the same dropout mask
+        ctx.max_seqlen = (max_q, max_k)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -297,11 +314,12 @@ class _Function(torch.autograd.Function):
         _ops.check_double_backward()
         q, k, v, out, lse, cu_q, cu_k, su_q, su_k, alibi, mask = ctx.saved_tensors
         want_dbias = mask is not None and ctx.needs_input_grad[8]
+        more = (*ctx.drop, *ctx.max_seqlen)  # dropout_p, seed and offset, then max_seqlen_q/k
         grads = _kernels.bwd_impl(
-            dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, want_dbias, *ctx.drop
+            dout, q, k, v, out, lse, cu_q, cu_k, *ctx.opts, su_q, su_k, alibi, mask, want_dbias, *more
         )
         dbias = grads[3] if want_dbias else None
-        return grads[:3] + (None,) * 5 + (dbias,) + (None,) * (4 + len(ctx.opts))
+        return grads[:3] + (None,) * 5 + (dbias,) + (None,) * (6 + len(ctx.opts))
 
 
 def attention(
@@ -405,10 +423,14 @@ def attention_varlen(
     seed=None,
     offset=0,
     num_splits=0,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
 ):
-    """flashc.attention_varlen with autograd: packed [total, heads, head_dim] tensors, int32 cu_seqlens
-    (host tensors avoid a synchronising copy; see the module's docstring). seqused_q/k: None, or one used
-    length per sequence (flashc.attention_varlen). dropout_p, seed, offset, num_splits: as attention()."""
+    """flashc.attention_varlen with autograd: packed [total, heads, head_dim] tensors, int32 cu_seqlens on
+    the host or, beside CUDA tensors, on the device, with max_seqlen_q/k the longest sequences (as
+    flash_attn_varlen_func; see the module's docstring: no host synchronisation, CUDA graphs). seqused_q/k: None,
+    or one used length per sequence (flashc.attention_varlen; host offsets only). dropout_p, seed, offset,
+    num_splits: as attention()."""
     _api.require_cu_seqlens("flashc.torch.attention_varlen", cu_seqlens_q, cu_seqlens_k)
     _not_tensor(q, k, v)
     opts = _options(causal, window, scale, backend, causal_align, threads, deterministic, softcap)
@@ -418,7 +440,10 @@ def attention_varlen(
     # a sequence's counters are bounded by the packed totals' product
     drop = _dropout(dropout_p, seed, offset, q, q.shape[0], k.shape[0]) if dropout_p else (0.0, 0, 0)
     splits = _api.check_num_splits(num_splits) if num_splits else 0
-    out, lse = _forward(q, k, v, cu_q, cu_k, opts, su_q, su_k, _slopes(alibi_slopes), drop=drop, splits=splits)
+    longest = (_max_seqlen("max_seqlen_q", max_seqlen_q), _max_seqlen("max_seqlen_k", max_seqlen_k))
+    out, lse = _forward(
+        q, k, v, cu_q, cu_k, opts, su_q, su_k, _slopes(alibi_slopes), drop=drop, splits=splits, max_seqlen=longest
+    )
     return (out, lse) if return_lse else out
 
 

@@ -66,7 +66,8 @@ int main(void) {
   F(flashc_params, attn_mask_is_bool); F(flashc_params, attn_mask_stride); F(flashc_params, dbias);
   F(flashc_params, dbias_stride);
   F(flashc_params, dropout_p); F(flashc_params, dropout_seed); F(flashc_params, dropout_offset);
-  F(flashc_params, dropout_mask); F(flashc_params, num_splits);
+  F(flashc_params, dropout_mask); F(flashc_params, num_splits); F(flashc_params, cu_seqlens_device);
+  F(flashc_params, max_seqlen_q); F(flashc_params, max_seqlen_k);
   F(flashc_backend_info, struct_size); F(flashc_backend_info, name); F(flashc_backend_info, summary); F(flashc_backend_info, device);
   F(flashc_backend_info, has_backward); F(flashc_backend_info, dtypes); F(flashc_backend_info, min_head_dim);
   F(flashc_backend_info, max_head_dim); F(flashc_backend_info, usable); F(flashc_backend_info, why_unusable);

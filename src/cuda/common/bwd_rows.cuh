@@ -217,17 +217,33 @@ __global__ void __launch_bounds__(FC_BWD_ROWS_THREADS) fc_bwd_rows_convert_block
   }
 }
 
+/* The first padded row of sequence b under device offsets (flashc.h, cu_seqlens_device), from its first row cu alone,
+ * with no sum over the sequences before it (which the host cannot read): roundup(cu, P) + b·P, P = FC_BWD_ROWS_PAD.
+ * Sequence b, of l rows (cu' = cu + l the next one's first row), takes roundup(l, P) padded rows, and they end before
+ * the next sequence's first: roundup(cu, P) + roundup(l, P) < cu + l + 2P ≤ roundup(cu', P) + 2P, and both ends are
+ * multiples of P, so roundup(cu, P) + roundup(l, P) ≤ roundup(cu', P) + P, i.e. pad(b) + roundup(l, P) ≤ pad(b + 1).
+ * A sequence's used rows (cut to max_seqlen) are at most l, so no two sequences share a padded row; pad(batch), from
+ * cu = total_q, is every row's bound, and every pad is a multiple of P, as the blocked dQ sum needs. */
+static __host__ __device__ __forceinline__ int64_t fc_bwd_pad_offset(int64_t cu, int64_t b) {
+  return (cu + FC_BWD_ROWS_PAD - 1) / FC_BWD_ROWS_PAD * FC_BWD_ROWS_PAD + b * FC_BWD_ROWS_PAD;
+}
+
 /* Launches prep over every padded row of every (head, sequence). */
 /* The padded row buffers' rows (lse2, D, the blocked dQ sum): each sequence's query rows rounded up to
  * FC_BWD_ROWS_PAD. Varlen: *cu_pad_host = the padded offsets, batch + 1 of them in the handle's host workspace (the
  * caller copies them to the device), and *sq_pad = 0; dense: *cu_pad_host = NULL and *sq_pad = the padded seqlen_q.
- * *total_pad: the padded rows of every sequence. */
+ * Device offsets: *cu_pad_host = NULL and *sq_pad = 0, the offsets being fc_bwd_pad_offset's, which the caller has
+ * written on the device (mma/host.cuh, fc_mma_upload_cu_seqlens). *total_pad: the padded rows of every sequence. */
 static inline flashc_status fc_bwd_rows_pad(const fc_problem *p, int64_t **cu_pad_host, int64_t *sq_pad,
                                             int64_t *total_pad) {
   *cu_pad_host = NULL, *sq_pad = 0;
   if (!p->cu_seqlens_q) {
     *sq_pad = fc_cdiv(p->seqlen_q, FC_BWD_ROWS_PAD) * FC_BWD_ROWS_PAD;
     *total_pad = p->batch * *sq_pad;
+    return FLASHC_OK;
+  }
+  if (p->cu_seqlens_device) {
+    *total_pad = fc_bwd_pad_offset(p->total_q, p->batch);
     return FLASHC_OK;
   }
   void *h;

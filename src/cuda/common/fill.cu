@@ -1,7 +1,8 @@
 /* common/fill.cu — the results that api.c writes in device memory: those of an empty problem (write_empty_results:
  * zeros in a strided view, −inf in lse; no backend kernel runs for such a problem, so these are the only writes it
- * makes) and those of the rows past seqused (write_unused_rows), and the sequences' ends under seqused that the
- * kernels read (mma/host.cuh), and the debug dropout mask (write_dropout_mask). */
+ * makes) and those of the rows past seqused (write_unused_rows), and the sequences' ends under seqused or under device
+ * offsets that the kernels read (mma/host.cuh), and the debug dropout mask (write_dropout_mask). */
+#include "common/bwd_rows.cuh" /* fc_bwd_pad_offset */
 #include "common/common.cuh"
 #include "../../philox.h"
 
@@ -92,6 +93,27 @@ extern "C" flashc_status fc_device_seq_ends(const fc_problem *p, int32_t *end_q,
   if (n == 0) return FLASHC_OK;
   fc_seq_ends_kernel<<<fc_fill_blocks(n), 256, 0, fc_stream(p)>>>(end_q, cu_q, end_k, cu_k, p->batch);
   FC_LAUNCH_CHECK("fc_seq_ends_kernel");
+  return FLASHC_OK;
+}
+
+/* Device offsets (flashc.h, cu_seqlens_device; mma/host.cuh, fc_mma_upload_cu_seqlens): the ends of the sequences cut
+ * to max_seqlen (a length below 0, an offset the caller promised would not decrease, counts as 0), and with pad the
+ * backward's padded row offsets (common/bwd_rows.cuh, fc_bwd_pad_offset), b ≤ n. */
+__global__ void fc_seq_clamp_kernel(const int32_t *cu_q, const int32_t *cu_k, int32_t *end_q, int32_t *end_k,
+                                    int64_t *pad, int64_t n, int max_q, int max_k) {
+  for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b <= n; b += (int64_t)gridDim.x * blockDim.x) {
+    if (b < n) {
+      end_q[b] = cu_q[b] + min(max(cu_q[b + 1] - cu_q[b], 0), max_q);
+      end_k[b] = cu_k[b] + min(max(cu_k[b + 1] - cu_k[b], 0), max_k);
+    }
+    if (pad) pad[b] = fc_bwd_pad_offset(cu_q[b], b);
+  }
+}
+
+extern "C" flashc_status fc_device_seq_clamp(const fc_problem *p, int32_t *end_q, int32_t *end_k, int64_t *pad) {
+  fc_seq_clamp_kernel<<<fc_fill_blocks(p->batch + 1), 256, 0, fc_stream(p)>>>(
+      p->cu_seqlens_q, p->cu_seqlens_k, end_q, end_k, pad, p->batch, (int)p->seqlen_q, (int)p->seqlen_k);
+  FC_LAUNCH_CHECK("fc_seq_clamp_kernel");
   return FLASHC_OK;
 }
 

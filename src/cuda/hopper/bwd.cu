@@ -923,7 +923,8 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const int D = fc_hp_d_tile(p->head_dim);
   const int dq_tile_w = plan.dq_tile_w;
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
-  const size_t pad_bytes = cu_pad_host ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
+  /* the padded offsets: copied from the host's, or written on the device (device cu_seqlens) */
+  const size_t pad_bytes = p->cu_seqlens_q ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
   /* The dQ sum: [total_q][hq][D] (deterministic), or blocked over the padded rows (bulk adds) */
   const int64_t dq_rows = dq_tile_w > 0 ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
@@ -936,8 +937,9 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
   const cudaStream_t stream = fc_stream(p);
   fc_mma_seqs seqs;
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
-  const int64_t *cu_pad = NULL;
+  int64_t *pad_on_device = p->cu_seqlens_device ? (int64_t *)(ws + cu_bytes) : NULL;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, pad_on_device, &seqs));
+  const int64_t *cu_pad = pad_on_device;
   if (cu_pad_host) {
     FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
                                   cudaMemcpyHostToDevice, stream));

@@ -940,7 +940,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   fc_hopper_fwd_args a;
   memset(&a, 0, sizeof a);
   fc_mma_seqs seqs;
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, NULL, &seqs));
   a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
   a.o = (uint16_t *)p->o.data;
   a.lse = p->lse;
@@ -994,7 +994,8 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI, /* features (common/score_mod.cuh); validate.c refuses the others */
-    0,                                     /* max_head_dim_v */
-    fc_cuda_forward_kvcache,               /* forward_kvcache: mma/decode.cu */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI |
+        FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh); validate.c refuses the others */
+    0,                                /* max_head_dim_v */
+    fc_cuda_forward_kvcache,          /* forward_kvcache: mma/decode.cu */
 };

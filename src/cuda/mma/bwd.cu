@@ -92,7 +92,8 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   int64_t *cu_pad_host;
   FC_CHECK(fc_bwd_rows_pad(p, &cu_pad_host, &a.sq_pad, &a.total_pad));
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
-  const size_t pad_bytes = cu_pad_host ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
+  /* the padded offsets: copied from the host's, or written on the device (device cu_seqlens) */
+  const size_t pad_bytes = p->cu_seqlens_q ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));
   a.dq_ld = fc_mma_compiled_dim(p->head_dim);
   a.dq_tile_w = pl.dq_tile_w;
@@ -108,8 +109,10 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
   const cudaStream_t stream = fc_stream(p);
   fc_mma_seqs seqs;
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
+  int64_t *pad_on_device = p->cu_seqlens_device ? (int64_t *)(ws + cu_bytes) : NULL;
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, pad_on_device, &seqs));
   a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
+  a.cu_pad = pad_on_device;
   if (cu_pad_host) {
     FC_CUDA_CHECK(cudaMemcpyAsync(ws + cu_bytes, cu_pad_host, (size_t)(p->batch + 1) * sizeof(int64_t),
                                   cudaMemcpyHostToDevice, stream));

@@ -390,7 +390,7 @@ static flashc_status mma_forward(const fc_problem *p) {
   fc_mma_fwd_args a;
   memset(&a, 0, sizeof a);
   fc_mma_seqs seqs;
-  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, &seqs));
+  FC_CHECK(fc_mma_upload_cu_seqlens(p, (int32_t *)ws, NULL, &seqs));
   a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
   a.n_splits = splits;
   if (splits > 1) {
@@ -449,8 +449,8 @@ extern "C" const fc_backend fc_backend_cuda_mma = {
     mma_supports,
     mma_forward,
     fc_mma_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_SEQUSED |
-        FC_FEATURE_DROPOUT,  /* features; validate.c refuses the others */
-    0,                       /* max_head_dim_v */
-    fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_SEQUSED | FC_FEATURE_DROPOUT |
+        FC_FEATURE_CU_SEQLENS_DEVICE, /* features; validate.c refuses the others */
+    0,                                /* max_head_dim_v */
+    fc_cuda_forward_kvcache,          /* forward_kvcache: mma/decode.cu */
 };

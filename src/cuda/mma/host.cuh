@@ -30,10 +30,11 @@ typedef struct fc_mma_seqs {
   const int32_t *cu_q, *cu_k, *end_q, *end_k;
 } fc_mma_seqs;
 
-/* Bytes of the varlen offsets in the workspace (cu_q, cu_k, then end_q, end_k where seqused asks for them),
- * rounded to 256 so that what follows stays aligned. */
+/* Bytes of the varlen offsets in the workspace (cu_q, cu_k, then end_q, end_k where seqused asks for them; device
+ * offsets: end_q and end_k only), rounded to 256 so that what follows stays aligned. */
 static inline size_t fc_mma_cu_seqlens_bytes(const fc_problem *p) {
   if (!p->cu_seqlens_q) return 0;
+  if (p->cu_seqlens_device) return ((size_t)p->batch * 2 * sizeof(int32_t) + 255) / 256 * 256;
   const size_t ends = (p->seqused_q ? (size_t)p->batch : 0) + (p->seqused_k ? (size_t)p->batch : 0);
   return (((size_t)(p->batch + 1) * 2 + ends) * sizeof(int32_t) + 255) / 256 * 256;
 }
@@ -43,12 +44,24 @@ static inline size_t fc_mma_cu_seqlens_bytes(const fc_problem *p) {
 extern "C" flashc_status fc_device_seq_ends(const fc_problem *p, int32_t *end_q, const int32_t *cu_q, int32_t *end_k,
                                             const int32_t *cu_k);
 
+/* Device offsets (flashc.h, cu_seqlens_device), one launch (common/fill.cu): end[b] = cu[b] + min(cu[b + 1] − cu[b],
+ * max_seqlen) for q and k, so that every kernel sees a sequence cut to the caller's max_seqlen (its grid covers no
+ * more); and, with pad (the backward's row passes), pad[b] = fc_bwd_pad_offset(cu_q[b], b) for b ≤ batch. */
+extern "C" flashc_status fc_device_seq_clamp(const fc_problem *p, int32_t *end_q, int32_t *end_k, int64_t *pad);
+
 /* Copies the caller's host arrays (cu_seqlens, seqused) into `ws` (fc_mma_cu_seqlens_bytes of it) on the stream and
- * points *s at them; the ends are summed there, not on the host, so that no host buffer has to outlive the copies. */
-static inline flashc_status fc_mma_upload_cu_seqlens(const fc_problem *p, int32_t *ws, fc_mma_seqs *s) {
+ * points *s at them; the ends are summed there, not on the host, so that no host buffer has to outlive the copies.
+ * Device offsets are used where they are, and only their clamped ends are written into `ws` (and the backward's
+ * padded row offsets into pad, when not NULL: common/bwd_rows.cuh, fc_bwd_rows_pad). */
+static inline flashc_status fc_mma_upload_cu_seqlens(const fc_problem *p, int32_t *ws, int64_t *pad, fc_mma_seqs *s) {
   s->cu_q = s->cu_k = s->end_q = s->end_k = NULL;
   if (!p->cu_seqlens_q) return FLASHC_OK;
   const int64_t n = p->batch;
+  if (p->cu_seqlens_device) {
+    s->cu_q = p->cu_seqlens_q, s->cu_k = p->cu_seqlens_k;
+    s->end_q = ws, s->end_k = ws + n;
+    return fc_device_seq_clamp(p, ws, ws + n, pad);
+  }
   const cudaStream_t stream = fc_stream(p);
   int32_t *cu_q = ws, *cu_k = ws + n + 1, *end = ws + 2 * (n + 1);
   FC_CUDA_CHECK(
