@@ -252,6 +252,19 @@ SCORE_MOD_CASES = [
 ]
 
 
+def score_mod_inputs(torch, shape, opts, dtype):
+    """(q, k, v, dout, slopes, opts without "alibi", the fp64 oracle's (o, lse, dq, dk, dv)) of a GPU score-mod case:
+    random 16-bit tensors on the device, the oracle run on exactly those (rounded) values."""
+    b, sq, sk, hq, hkv, d = shape
+    opts = dict(opts)
+    slopes = slopes_for(opts.pop("alibi"), b, hq) if "alibi" in opts else None
+    tdt = getattr(torch, dtype)
+    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
+    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, d), (b, sq, hq, d)))
+    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), slopes=slopes, **opts)
+    return q, k, v, dout, slopes, opts, want
+
+
 @pytest.mark.parametrize("backend", SCORE_MOD_BACKENDS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name,shape,opts", SCORE_MOD_CASES, ids=[c[0] for c in SCORE_MOD_CASES])
@@ -262,13 +275,7 @@ def test_cuda_score_mods(name, shape, opts, dtype, backend, rng):
     torch = pytest.importorskip("torch")
     import flashc.torch as ft
 
-    b, sq, sk, hq, hkv, d = shape
-    opts = dict(opts)
-    slopes = slopes_for(opts.pop("alibi"), b, hq) if "alibi" in opts else None
-    tdt = getattr(torch, dtype)
-    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
-    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, d), (b, sq, hq, d)))
-    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), slopes=slopes, **opts)
+    q, k, v, dout, slopes, opts, want = score_mod_inputs(torch, shape, opts, dtype)
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     o, lse = ft.attention(q, k, v, alibi_slopes=None if slopes is None else torch.tensor(slopes, device="cuda"),
                           backend=backend, return_lse=True, **opts)  # fmt: skip
@@ -319,13 +326,7 @@ def test_cuda_score_mods_rule(name, shape, opts, dtype, backend, rng):
     torch = pytest.importorskip("torch")
     import flashc.torch as ft
 
-    b, sq, sk, hq, hkv, d = shape
-    opts = dict(opts)
-    slopes = slopes_for(opts.pop("alibi"), b, hq) if "alibi" in opts else None
-    tdt = getattr(torch, dtype)
-    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
-    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, d), (b, sq, hq, d)))
-    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), slopes=slopes, **opts)
+    q, k, v, dout, slopes, opts, want = score_mod_inputs(torch, shape, opts, dtype)
     plain = plain_torch(q, k, v, dout, slopes=slopes, **opts)
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
     o = ft.attention(qg, kg, vg, alibi_slopes=None if slopes is None else torch.tensor(slopes, device="cuda"),
