@@ -69,7 +69,7 @@ static const cli_option options[] = {
     {"softcap", "X", OPT_FLOAT, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(softcap), 0, 0, 0,
      "scores s <- X·tanh(s/X) before the mask (Gemma-2); 0 = off"},
     {"dropout", "P", OPT_FLOAT, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(dropout), 0, 0, 0,
-     "attention dropout: each weight dropped with probability P (0 <= P < 1), its mask keyed by --seed; 0 = off"},
+     "attention dropout: weights dropped with probability P (0 = off; else 2^-17 <= P < 1 - 2^-17), keyed by --seed"},
     {"attn-mask", "M", OPT_STRING, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(attn_mask), 0, 0, 0,
      "attention mask as SDPA's attn_mask: PATH.npy (bool or float bias), random-bool or padding (see below)"},
     {"alibi", NULL, OPT_SWITCH, CLI_RUN | CLI_CHECK | CLI_BENCH, OFF(alibi), 0, 0, 0,

@@ -178,14 +178,21 @@ typedef enum flashc_causal_align {
  * dS_ij = P_ij (Z_ij do_i·v_j − D_i) with D_i = do_i·o_i. keep_ij is exactly this, on every backend:
  *   generator : Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the generator
  *               of cuRAND and of PyTorch's CUDA dropout), key (k0, k1) = (seed mod 2^32, seed >> 32)
- *   element   : e = i·sk + j, its index within its (sequence, head), sk = the sequence's key count (varlen: of
- *               sequence b, i and j counted within it; under seqused_k the used count)
- *   counter   : (c0, c1, c2, c3) with c0 + 2^32·c1 = (offset + ⌊e / 4⌋) mod 2^64 and c2 + 2^32·c3 = b·heads_q + h
- *   u         : word e mod 4 of Philox4x32-10(counter, key) (words numbered as Random123 returns them): one call
- *               serves the four elements 4n .. 4n + 3
- *   keep_ij   : u ≥ t, t = ⌊p·2^32 + 1/2⌋ (p·2^32 is exact in double): a weight is dropped with probability t / 2^32
- * Elements the mask hides have a keep_ij too, unused. A call consumes the counters offset .. offset + ⌈sk·sq / 4⌉ − 1
- * of each (b, h): the next call should start past them (or take another seed), else its mask repeats this one's.
+ *   element   : (b, h, i, j), i and j counted within sequence b (varlen: the sequence's index, its own rows and
+ *               keys), sk = the sequence's key count (under seqused_k the used count)
+ *   counter   : (c0, c1, c2, c3) with c0 + 2^32·c1 = (offset + i·⌈sk / 8⌉ + ⌊j / 8⌋) mod 2^64 and
+ *               c2 + 2^32·c3 = b·heads_q + h: one block per 8 consecutive keys of a row, rows block-aligned (a
+ *               block never holds keys of two rows)
+ *   u         : half j mod 8 of the block's 128 bits read as eight 16-bit halves, half k = (word ⌊k/2⌋ >> 16·(k mod
+ *               2)) & 0xffff (words numbered as Random123 returns them): one call serves 8 keys
+ *   keep_ij   : u ≥ t16, t16 = ⌊p·2^16 + 1/2⌋ (p·2^16 is exact in double): a weight is dropped with probability
+ *               t16 / 2^16, p quantised to a multiple of 2^−16 (FlashAttention-2 quantises it to 2^−8), while kept
+ *               weights are scaled by 1/(1 − p) of p itself. p < 2^−17 or p ≥ 1 − 2^−17 (t16 0 or 2^16) is refused.
+ * Why this rule: a GPU kernel holds a row's keys in runs of 8·n starting at multiples of 8, which are exactly n blocks
+ * (no run straddles a block or a row), and 16-bit draws halve the Philox calls of 32-bit ones: dropout costs a
+ * fraction of the attention it rides on. Elements the mask hides have a keep_ij too, unused. A call consumes the
+ * counters offset .. offset + seqlen_q·⌈seqlen_k / 8⌉ − 1 of each (b, h) (varlen: each sequence its own lengths):
+ * the next call should start past them (or take another seed), else its mask repeats this one's.
  * dropout_mask (forward only, a debug output; NULL: not wanted): keep_ij of every element, hidden or not, as uint8
  * [batch, heads_q, seqlen_q, seqlen_k], contiguous (varlen: [num_seqs, heads_q, longest seqlen_q, longest
  * seqlen_k], 0 past each sequence's lengths), in the memory the tensors live in; at most 2^28 elements. It is an
@@ -215,9 +222,9 @@ typedef struct flashc_params {
   void *dbias;                 /* backward: NULL, or the bias's gradient (an output), as attn_mask lives */
   int64_t dbias_stride[4];     /* batch, head, query, key; in elements, ≥ 0; 0: summed over that dimension */
   /* Attention dropout (see "Dropout" above; cpu-ref, cpu and cuda-mma implement it). */
-  float dropout_p;         /* 0: off; else 0 < p < 1, the probability that a weight is dropped */
+  float dropout_p;         /* 0: off; else 2^−17 ≤ p < 1 − 2^−17, the probability that a weight is dropped */
   uint64_t dropout_seed;   /* Philox key */
-  uint64_t dropout_offset; /* Philox counter base, in blocks of 4 elements */
+  uint64_t dropout_offset; /* Philox counter base, in blocks (8 keys of a row each) */
   uint8_t *dropout_mask;   /* forward, debug: NULL, or [batch, heads_q, seqlen_q, seqlen_k] uint8 (1 = kept) out */
   /* Forward: the parts each query tile's keys are split into, one CTA each, merged after (split-KV, for grids too
    * small to fill the GPU, such as decoding). 0: the backend chooses (the default); 1: no split; n > 1: at most n

@@ -261,11 +261,15 @@ static flashc_status write_dropout_mask(const fc_problem *p, const fc_backend *b
       uint8_t *plane = p->dropout_mask + (s * p->heads_q + h) * SQ * SK;
       const uint64_t bh = (uint64_t)(s * p->heads_q + h);
       memset(plane, 0, (size_t)(SQ * SK));
-      for (int64_t e0 = 0; e0 < sq * sk; e0 += 4) { /* one Philox call per four elements */
-        const fc_philox4 u = fc_dropout_block(p->dropout_seed, p->dropout_offset, bh, (uint64_t)e0 / 4);
-        for (int64_t e = e0; e < e0 + 4 && e < sq * sk; e++)
-          plane[e / sk * SK + e % sk] = u.w[e - e0] >= p->dropout_threshold;
-      }
+      const uint64_t nb = fc_dropout_row_blocks(sk);
+      for (int64_t i = 0; i < sq; i++)
+        for (int64_t x = 0; x < (int64_t)nb; x++) { /* one Philox call per 8 keys of a row */
+          const uint32_t bits = fc_dropout_block_bits(
+              fc_dropout_block(p->dropout_seed, p->dropout_offset, bh, (uint64_t)i * nb + (uint64_t)x),
+              p->dropout_threshold);
+          for (int64_t j = x * FC_DROPOUT_KEYS; j < (x + 1) * FC_DROPOUT_KEYS && j < sk; j++)
+            plane[i * SK + j] = (uint8_t)(bits >> (j % FC_DROPOUT_KEYS) & 1u);
+        }
     }
   }
   return FLASHC_OK;

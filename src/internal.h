@@ -74,7 +74,7 @@ typedef struct fc_problem {
   /* Dropout (flashc.h; 0: off): weight (s, h, i, j) is kept iff fc_dropout_keep (philox.h) says so, and kept ones are
    * scaled by 1/(1 − dropout_p). dropout_mask (forward, NULL: not wanted) is written by api.c, not the backends. */
   float dropout_p;
-  uint32_t dropout_threshold; /* fc_dropout_threshold(dropout_p) */
+  uint32_t dropout_threshold; /* fc_dropout_threshold(dropout_p): t16, 1 … 2^16 − 1 */
   uint64_t dropout_seed, dropout_offset;
   uint8_t *dropout_mask;
   /* Mask, per sequence: key j is visible to query i iff

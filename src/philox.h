@@ -38,22 +38,44 @@ FC_PHILOX_FN fc_philox4 fc_philox4x32_10(fc_philox4 c, uint32_t k0, uint32_t k1)
   return c;
 }
 
-/* t = ⌊p·2^32 + 1/2⌋: a word u < t drops its weight. p·2^32 is exact in double (p is a float), and t ≤ 2^32 − 256
- * for p < 1, so it fits. */
-FC_PHILOX_FN uint32_t fc_dropout_threshold(float p) {
-  return p > 0.0f ? (uint32_t)((double)p * 4294967296.0 + 0.5) : 0u;
+/* The dropout rule (flashc.h, "Dropout"). Keys j of a row i of (sequence, head) bh go in groups of 8, each group
+ * one Philox block: counter (offset + i·⌈sk/8⌉ + ⌊j/8⌋, bh), key seed, its 128 bits read as eight 16-bit halves
+ * (half k: bits 16·(k mod 2) of word ⌊k/2⌋), key j taking half j mod 8. A block never straddles two rows, so a
+ * kernel's run of keys that starts at a multiple of 8 is whole blocks, and a 16-bit draw per key makes one Philox
+ * call serve 8 keys instead of 4. */
+enum { FC_DROPOUT_KEYS = 8 }; /* keys per Philox block */
+
+/* t16 = ⌊p·2^16 + 1/2⌋: a half h < t16 drops its weight, so p is quantised to a multiple of 2^−16. p·2^16 is exact
+ * in double (p is a float). validate.c refuses the p whose t16 would be 0 or 2^16 (p < 2^−17, p ≥ 1 − 2^−17): no
+ * weight, or every weight, would be dropped, while the kept ones are still scaled by 1/(1 − p). */
+FC_PHILOX_FN uint32_t fc_dropout_threshold(float p) { return p > 0.0f ? (uint32_t)((double)p * 65536.0 + 0.5) : 0u; }
+
+/* ⌈sk/8⌉: the blocks of one row of sk keys; a call uses sq·⌈sk/8⌉ counters per (sequence, head). */
+FC_PHILOX_FN uint64_t fc_dropout_row_blocks(int64_t sk) {
+  return (uint64_t)(sk + FC_DROPOUT_KEYS - 1) / FC_DROPOUT_KEYS;
 }
 
-/* The words of elements 4n .. 4n + 3 of (sequence, head) bh = b·heads_q + h: counter (offset + n, bh), key seed. */
+/* Block n of (sequence, head) bh = b·heads_q + h: Philox4x32-10 of counter (offset + n mod 2^64, bh), key seed. */
 FC_PHILOX_FN fc_philox4 fc_dropout_block(uint64_t seed, uint64_t offset, uint64_t bh, uint64_t n) {
   const uint64_t c = offset + n; /* mod 2^64 */
   const fc_philox4 ctr = {{(uint32_t)c, (uint32_t)(c >> 32), (uint32_t)bh, (uint32_t)(bh >> 32)}};
   return fc_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32));
 }
 
-/* keep of element e = i·sk + j of bh: 1 kept, 0 dropped. */
-FC_PHILOX_FN int fc_dropout_keep(uint64_t seed, uint64_t offset, uint32_t threshold, uint64_t bh, uint64_t e) {
-  return fc_dropout_block(seed, offset, bh, e / 4).w[e % 4] >= threshold;
+/* The keep bits of a block's 8 keys: bit k = (half k ≥ t16). Both halves of a word compare as 32-bit numbers
+ * against t16·2^16 (hi ≥ t16 ⇔ w ≥ t16·2^16; lo ≥ t16 ⇔ (w << 16) ≥ t16·2^16): no half is extracted. */
+FC_PHILOX_FN uint32_t fc_dropout_block_bits(fc_philox4 u, uint32_t t16) {
+  const uint32_t T = t16 << 16;
+  uint32_t bits = 0u;
+  for (int w = 0; w < 4; w++) bits |= (uint32_t)(u.w[w] << 16 >= T) << (2 * w) | (uint32_t)(u.w[w] >= T) << (2 * w + 1);
+  return bits;
+}
+
+/* keep of element (i, j) of bh in a row of sk keys: 1 kept, 0 dropped. The definition, one block per element. */
+FC_PHILOX_FN int fc_dropout_keep(uint64_t seed, uint64_t offset, uint32_t t16, uint64_t bh, int64_t sk, int64_t i,
+                                 int64_t j) {
+  const uint64_t n = (uint64_t)i * fc_dropout_row_blocks(sk) + (uint64_t)j / FC_DROPOUT_KEYS;
+  return (int)(fc_dropout_block_bits(fc_dropout_block(seed, offset, bh, n), t16) >> (j % FC_DROPOUT_KEYS) & 1u);
 }
 
 #endif /* FLASHC_PHILOX_H */

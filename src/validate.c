@@ -442,14 +442,22 @@ static flashc_status check_attn_mask(const char *op, const flashc_params *pa, fc
   return FLASHC_OK;
 }
 
-/* Dropout: 0 ≤ p < 1; the debug mask (forward only) within its size limit and apart from every other argument. */
+/* Dropout: p = 0 or 2^−17 ≤ p < 1 − 2^−17; the debug mask (forward only) within its size limit and apart from every
+ * other argument. */
 static flashc_status check_dropout(const char *op, const flashc_params *pa, fc_problem *p,
                                    const flashc_tensor *const *ts, const char *const *names, const int64_t *span,
                                    int nt, const float *lse, int64_t lse_elems) {
   if (!(pa->dropout_p >= 0.0f && pa->dropout_p < 1.0f))
     return INVALID("%s: params.dropout_p is %g; it must be 0 (off) or in (0, 1)", op, (double)pa->dropout_p);
+  /* The rule draws 16 bits per weight (philox.h): a p whose t16 rounds to 0 or 2^16 would drop no weight, or
+   * all of them, yet scale the kept ones by 1/(1 − p); refused rather than run as another p. */
+  const uint32_t t16 = fc_dropout_threshold(pa->dropout_p);
+  if (pa->dropout_p > 0.0f && (t16 == 0u || t16 >= 65536u))
+    return INVALID("%s: params.dropout_p is %.9g; dropout draws 16 bits per weight, so a nonzero p must be in "
+                   "[2^-17, 1 - 2^-17) (it is quantised to a multiple of 2^-16)",
+                   op, (double)pa->dropout_p);
   p->dropout_p = pa->dropout_p;
-  p->dropout_threshold = fc_dropout_threshold(pa->dropout_p);
+  p->dropout_threshold = t16;
   p->dropout_seed = pa->dropout_seed;
   p->dropout_offset = pa->dropout_offset;
   if (p->is_backward || !pa->dropout_mask) return FLASHC_OK; /* the backward ignores it: one params serves both */

@@ -5,17 +5,19 @@
  *   1. Philox4x32-10 against Random123's known-answer vectors, and the `cpu` backend's lane-parallel generator
  *      (fc_dropout_keep_row) against the scalar definition (philox.h), across a 2^32 carry of the counter.
  *   2. The returned mask against flashc.h's definition, recomputed here from the Philox function alone (counter
- *      words, key halves, word e mod 4, the threshold), with varlen's padded layout.
- *   3. Statistics of the mask: the keep rate within 5 sigma of 1 − t/2^32 for p = 0.1, 0.5, 0.9, per Philox word
- *      too; per-row and per-key keep counts whose chi-square stays within 5 sigma of its mean (no row or column
- *      pattern).
+ *      words offset + i·⌈sk/8⌉ + ⌊j/8⌋, key halves, 16-bit half j mod 8, the threshold t16), with varlen's padded
+ *      layout.
+ *   3. Statistics of the mask: the keep rate within 5 sigma of 1 − t16/2^16 for p = 0.1, 0.5, 0.9, per 16-bit half
+ *      of the block too; per-row and per-key keep counts whose chi-square stays within 5 sigma of its mean (no row
+ *      or column pattern).
  *   4. cpu-ref (f64) against this file's own fp64 attention given the returned mask (`oracle`), to 1e-12: o, lse,
  *      dq, dk, dv; causal, windows, GQA, softcap, varlen. cpu (f32, bf16) against cpu-ref, also with ALiBi and a
  *      boolean attn_mask; cpu bit-identical at 1 and 3 threads; the same seed gives the same bits, another offset
  *      or seed another mask; p = 0 is bit-identical to no dropout.
- *   5. Refusals: p outside [0, 1) (and NaN), a mask over 2^28 elements or overlapping o, an older struct_size
- *      gives the defaults (no dropout); every CUDA backend but cuda-mma lacks FC_FEATURE_DROPOUT and refuses (a call
- *      on the GPU where there is one), and so does ring attention.
+ *   5. Refusals: p outside [0, 1) (and NaN), p whose 16-bit threshold would be 0 or 2^16 (the edges run), a mask
+ *      over 2^28 elements or overlapping o, an older struct_size gives the defaults (no dropout); every CUDA backend
+ *      but cuda-mma lacks FC_FEATURE_DROPOUT and refuses (a call on the GPU where there is one), and so does ring
+ *      attention.
  *   6. cuda-mma (bf16, f16) against cpu-ref (f64) given the same seed and offset: o, lse, dq, dk, dv, each backward
  *      plan (fa2 family, and the deterministic dQ pass), its device-written mask bit for bit against cpu-ref's;
  *      causal, windows, softcap, GQA, varlen, odd lengths, several key blocks, p = 0.1 and 0.5. Skipped without a GPU
@@ -54,7 +56,8 @@ static void test_kat(void) {
 }
 
 /* fc_dropout_keep_row (cpu) against fc_dropout_keep (the definition), rows of odd lengths at odd starts, an offset
- * whose low word carries into the high one, and a bh beyond 32 bits. */
+ * whose low word carries into the high one, and a bh beyond 32 bits; fc_dropout_block_bits against the halves read
+ * one by one; the threshold's rounding. */
 static void test_row_generator(void) {
   fc_problem p;
   memset(&p, 0, sizeof p);
@@ -74,12 +77,30 @@ static void test_row_generator(void) {
           fc_dropout_keep_row(&p, s, h, sk, i, j0, n, keep);
           for (int64_t c = 0; c < n; c++)
             bad += keep[c] != fc_dropout_keep(p.dropout_seed, p.dropout_offset, p.dropout_threshold,
-                                              (uint64_t)(s * p.heads_q + h), (uint64_t)(i * sk + j0 + c));
+                                              (uint64_t)(s * p.heads_q + h), sk, i, j0 + c);
         }
   th_check(bad == 0, "fc_dropout_keep_row differs from fc_dropout_keep in %lld elements", (long long)bad);
-  th_check(fc_dropout_threshold(0.5f) == 0x80000000u && fc_dropout_threshold(0.0f) == 0 &&
-               fc_dropout_threshold(0x1.fffffep-1f) == 0xffffff00u,
-           "fc_dropout_threshold: 0.5 -> %08x, 0 -> %08x", fc_dropout_threshold(0.5f), fc_dropout_threshold(0.0f));
+  /* The bits of a block: half k is bits 16·(k mod 2) of word ⌊k/2⌋, compared as a 16-bit number; words with
+   * halves just below, at and above the threshold, and 0 and 0xffff. */
+  int64_t bad_bits = 0;
+  const uint32_t ts[4] = {1, 0x8000, 0xfffe, 0xffff};
+  for (int a = 0; a < 4; a++)
+    for (uint32_t x = 0; x < 4096; x++) {
+      const uint32_t t = ts[a], near[5] = {t - 1, t, (t + 1) & 0xffffu, 0, 0xffff};
+      fc_philox4 u = {{0, 0, 0, 0}};
+      for (int k = 0; k < 8; k++) u.w[k / 2] |= near[(x * 7 + 3 * (uint32_t)k + (x >> k)) % 5] << (16 * (k % 2));
+      const uint32_t bits = fc_dropout_block_bits(u, t);
+      for (int k = 0; k < 8; k++) bad_bits += (bits >> k & 1u) != (((u.w[k / 2] >> (16 * (k % 2))) & 0xffffu) >= t);
+      bad_bits += bits >> 8 != 0;
+    }
+  th_check(bad_bits == 0, "fc_dropout_block_bits differs from the halves read one by one in %lld bits",
+           (long long)bad_bits);
+  th_check(fc_dropout_threshold(0.5f) == 0x8000u && fc_dropout_threshold(0.0f) == 0 &&
+               fc_dropout_threshold(0x1p-17f) == 1u && fc_dropout_threshold(0x1.fffffep-18f) == 0u &&
+               fc_dropout_threshold(0x1.ffffp-1f) == 0x10000u && fc_dropout_threshold(0x1.fffefep-1f) == 0xffffu &&
+               fc_dropout_threshold(0.1f) == 6554u,
+           "fc_dropout_threshold: 0.5 -> %x, 0.1 -> %u, 2^-17 -> %u, 1 - 2^-17 -> %x", fc_dropout_threshold(0.5f),
+           fc_dropout_threshold(0.1f), fc_dropout_threshold(0x1p-17f), fc_dropout_threshold(0x1.ffffp-1f));
 }
 
 /* ---- cases ------------------------------------------------------------------------------------------------ */
@@ -210,7 +231,7 @@ static bool run_case(const dcase *c, inputs *in, const char *name, flashc_dtype 
 /* ---- 2. the mask against the definition ------------------------------------------------------------------- */
 static int64_t check_mask_definition(const dcase *c, const uint8_t *mask, uint64_t seed, uint64_t offset,
                                      const char *what) {
-  const uint32_t t = (uint32_t)floor((double)c->p * 4294967296.0 + 0.5);
+  const uint32_t t = (uint32_t)floor((double)c->p * 65536.0 + 0.5);
   int64_t bad = 0;
   for (int64_t s = 0; s < c->batch; s++) {
     int64_t q0, sq, k0, sk;
@@ -220,9 +241,10 @@ static int64_t check_mask_definition(const dcase *c, const uint8_t *mask, uint64
         for (int64_t j = 0; j < c->sk; j++) {
           uint8_t want = 0;
           if (i < sq && j < sk) {
-            const uint64_t e = (uint64_t)(i * sk + j), n = offset + e / 4, bh = (uint64_t)(s * c->hq + h);
+            const uint64_t n = offset + (uint64_t)(i * ((sk + 7) / 8) + j / 8), bh = (uint64_t)(s * c->hq + h);
             const fc_philox4 ctr = {{(uint32_t)n, (uint32_t)(n >> 32), (uint32_t)bh, (uint32_t)(bh >> 32)}};
-            want = fc_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32)).w[e % 4] >= t;
+            const uint32_t w = fc_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32)).w[j % 8 / 2];
+            want = ((w >> (16 * (j % 2))) & 0xffffu) >= t;
           }
           bad += mask[((s * c->hq + h) * c->sq + i) * c->sk + j] != want;
         }
@@ -439,19 +461,19 @@ static void test_statistics(void) {
     p.dropout_offset = 99;
     for (int64_t bh = 0; bh < BH; bh++)
       for (int64_t i = 0; i < SQ; i++) fc_dropout_keep_row(&p, bh / 4, bh % 4, SK, i, 0, SK, mask + (bh * SQ + i) * SK);
-    const double keep = 1.0 - p.dropout_threshold / 4294967296.0, n = (double)BH * SQ * SK;
-    int64_t kept = 0, lane[4] = {0}, lane_n[4] = {0};
+    const double keep = 1.0 - p.dropout_threshold / 65536.0, n = (double)BH * SQ * SK;
+    int64_t kept = 0, lane[8] = {0}, lane_n[8] = {0};
     for (int64_t e = 0; e < (int64_t)BH * SQ * SK; e++) {
       kept += mask[e];
-      const int64_t w = (e % ((int64_t)SQ * SK)) % 4; /* the Philox word of the element */
+      const int64_t w = e % SK % 8; /* the 16-bit half of the element's block */
       lane[w] += mask[e], lane_n[w]++;
     }
     const double sigma = sqrt(n * keep * (1.0 - keep));
     th_check(fabs((double)kept - n * keep) < 5.0 * sigma, "p %.1f: kept %lld of %.0f, expected %.0f +- %.0f", ps[x],
              (long long)kept, n, n * keep, sigma);
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < 8; w++) {
       const double sw = sqrt(lane_n[w] * keep * (1.0 - keep));
-      th_check(fabs((double)lane[w] - lane_n[w] * keep) < 5.0 * sw, "p %.1f: Philox word %d keeps %lld of %lld", ps[x],
+      th_check(fabs((double)lane[w] - lane_n[w] * keep) < 5.0 * sw, "p %.1f: 16-bit half %d keeps %lld of %lld", ps[x],
                w, (long long)lane[w], (long long)lane_n[w]);
     }
     /* Per-row and per-key keep counts: Σ (count − mean)² / variance is chi-square with as many degrees of freedom
@@ -488,8 +510,9 @@ static void test_refusals(void) {
                 v = flashc_tensor_bshd(buf + 2 * S * H * D, FLASHC_F32, 1, S, H, D),
                 o = flashc_tensor_bshd(buf + 3 * S * H * D, FLASHC_F32, 1, S, H, D);
   for (int x = 0; x < 3 * S * H * D; x++) buf[x] = (float)(x % 7) * 0.1f;
-  const float bad_p[5] = {-0.1f, 1.0f, 1.5f, NAN, INFINITY};
-  for (int x = 0; x < 5; x++) {
+  /* 0x1.fffffep-18 < 2^-17 and 1 - 2^-17 (0x1.ffffp-1): 16-bit thresholds 0 and 2^16 */
+  const float bad_p[7] = {-0.1f, 1.0f, 1.5f, NAN, INFINITY, 0x1.fffffep-18f, 0x1.ffffp-1f};
+  for (int x = 0; x < 7; x++) {
     flashc_params p = flashc_params_default();
     p.dropout_p = bad_p[x];
     memset(buf + 3 * S * H * D, 0xFF, S * H * D * sizeof(float));
@@ -499,6 +522,14 @@ static void test_refusals(void) {
     uint32_t first;
     memcpy(&first, buf + 3 * S * H * D, 4);
     th_check(first == 0xFFFFFFFFu, "dropout_p %g: o written by a refused call", (double)bad_p[x]);
+  }
+  /* The edges of the range run: 2^-17 (t16 = 1) and the float just below 1 - 2^-17 (t16 = 2^16 - 1) */
+  const float edge_p[2] = {0x1p-17f, 0x1.fffefep-1f};
+  for (int x = 0; x < 2; x++) {
+    flashc_params p = flashc_params_default();
+    p.dropout_p = edge_p[x];
+    th_check(flashc_forward(be.handle, &p, &q, &k, &v, &o, NULL) == FLASHC_OK, "dropout_p %.9g: %s", (double)edge_p[x],
+             flashc_last_error());
   }
   /* The mask: overlapping o; over 2^28 elements (65537 x 4096 rows; never touched) */
   flashc_params p = flashc_params_default();
@@ -573,7 +604,7 @@ static void test_refusals(void) {
 
 /* ---- 6. cuda-mma against cpu-ref ------------------------------------------------------------------------- */
 /* Shapes that reach cuda-mma's tiles: several key blocks (64 or 128 keys) and query blocks (128 forward, 64 or 128
- * backward), rows past a block's end, odd sk (a row's elements start at any word of a Philox block), head dims 32 to
+ * backward), rows past a block's end, odd sk (a row's last Philox block is partly past its keys), head dims 32 to
  * 256 (40: rows not 16-byte aligned), GQA, varlen, windows and softcap with dropout. No ALiBi or attn_mask here (their
  * inputs would need device copies; ALiBi's kernels are the ones these run). */
 #ifdef FLASHC_TEST_CUDA

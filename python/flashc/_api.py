@@ -119,9 +119,10 @@ def check_num_splits(num_splits) -> int:
 
 
 def check_dropout(dropout_p, seed, offset) -> tuple:
-    """Dropout as the C API takes it: (p, seed, offset) with 0 <= p < 1 and seed, offset as unsigned 64-bit integers
-    (a negative int, such as a torch seed, is taken mod 2^64). seed is required when p > 0: the backward regenerates
-    the mask from it, so the caller must hold it (there is no hidden generator state to draw it from)."""
+    """Dropout as the C API takes it: (p, seed, offset) with p = 0 or 2^-17 <= p < 1 - 2^-17 and seed, offset as
+    unsigned 64-bit integers (a negative int, such as a torch seed, is taken mod 2^64). seed is required when p > 0:
+    the backward regenerates the mask from it, so the caller must hold it (there is no hidden generator state to draw
+    it from)."""
     if dropout_p is None:
         dropout_p = 0.0
     if isinstance(dropout_p, (bool, str, bytes)) or not hasattr(dropout_p, "__float__"):
@@ -131,6 +132,14 @@ def check_dropout(dropout_p, seed, offset) -> tuple:
         raise ValueError(f"flashc: dropout_p is {p}; it must be in [0, 1) (0: no dropout)")
     if p >= 1.0 - 2.0**-25:  # rounds to 1 in float32, which the C API takes (halfway to 1 - 2^-24 rounds up)
         raise ValueError(f"flashc: dropout_p {p} rounds to 1.0 in float32; it must be below 1")
+    # flashc.h draws 16 bits per weight: t16 = floor(p·2^16 + 1/2) of the float32 p must be neither 0 nor 2^16, i.e.
+    # float32(p) in [2^-17, 1 - 2^-17); the bounds below are where float32 rounding crosses those (plain floats, so
+    # that torch.compile traces it)
+    if p > 0.0 and not 2.0**-17 - 2.0**-42 <= p < 1.0 - 2.0**-17 - 2.0**-25:
+        raise ValueError(
+            f"flashc: dropout_p is {p}; dropout draws 16 bits per weight, so a nonzero p must be in "
+            "[2^-17, 1 - 2^-17) (it is quantised to a multiple of 2^-16)"
+        )
     words = []
     for name, x in (("seed", seed), ("offset", offset)):
         if x is None:
@@ -534,11 +543,13 @@ def attention(
       seqlen_q, seqlen_k] (2 to 4 dims, e.g. [seqlen_q, seqlen_k] or a [batch, 1, 1, seqlen_k] padding mask):
       bool (True = attend) or float (a bias added to the scores after softcap and ALiBi, converted to q's dtype;
       -inf hides a key). Rows whose keys are all removed give out = 0 and lse = -inf. Not with varlen.
-    dropout_p: 0.0 (none) or p in (0, 1): each attention weight is dropped with probability p and the kept ones
-      are scaled by 1/(1 - p) (flash_attn's dropout_p); lse stays the undropped softmax's. seed (an int, required
-      when dropout_p > 0) and offset (default 0) key the mask (Philox4x32-10, flashc.h): the same seed and offset
-      give the same mask on every backend, and attention_backward needs them again. A next call should take
-      another seed, or offset + ceil(seqlen_q·seqlen_k / 4), so that its mask differs.
+    dropout_p: 0.0 (none) or p in [2^-17, 1 - 2^-17): each attention weight is dropped with probability p (drawn
+      with 16 bits: p rounded to a multiple of 2^-16) and the kept ones are scaled by 1/(1 - p) (flash_attn's
+      dropout_p); lse stays the undropped softmax's. seed (an int, required when dropout_p > 0) and offset
+      (default 0, in Philox blocks) key the mask (Philox4x32-10, flashc.h): the same seed and offset give the same
+      mask on every backend, and attention_backward needs them again. A call uses the offsets offset ..
+      offset + seqlen_q·ceil(seqlen_k / 8) - 1: a next call should take another seed, or an offset past those, so
+      that its mask differs.
     return_dropout_mask: also return the mask, bool [batch, heads_q, seqlen_q, seqlen_k] (True = kept; for every
       element, hidden or not), last in the returned tuple. A debug output for small calls (2^28 elements at most).
     num_splits: the parts each query tile's keys are split into on the GPU (flash_attn's num_splits; decoding):

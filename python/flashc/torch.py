@@ -262,9 +262,10 @@ def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=N
 def _dropout(dropout_p, seed, offset, q, seqlen_q: int, seqlen_k: int) -> tuple:
     """(p, seed, offset) for the operators, as signed int64s (their schema's int). Unless the caller pins them, seed
     and offset come from torch's default generator of q's device, as SDPA's do: a CUDA generator gives its seed and
-    Philox offset and moves the offset past the counters this call uses (ceil(seqlen_q·seqlen_k / 4), rounded up to
-    4 as PyTorch's Philox users do); the CPU generator draws a fresh 64-bit seed (offset 0). Either way
-    torch.manual_seed makes the masks repeat, and each call gets a mask of its own."""
+    Philox offset and moves the offset past the counters this call uses (flashc.h: seqlen_q·ceil(seqlen_k / 8) per
+    sequence and head; varlen passes the packed totals, a bound on every sequence's), rounded up to 4 as PyTorch's
+    Philox users do; the CPU generator draws a fresh 64-bit seed (offset 0). Either way torch.manual_seed makes the
+    masks repeat, and each call gets a mask of its own."""
     p, seed_u, offset_u = _api.check_dropout(dropout_p, 0 if seed is None else seed, offset)
     if p == 0.0:
         return (0.0, 0, 0)
@@ -273,7 +274,7 @@ def _dropout(dropout_p, seed, offset, q, seqlen_q: int, seqlen_k: int) -> tuple:
             gen = torch.cuda.default_generators[q.device.index if q.device.index is not None else 0]
             seed_u = gen.initial_seed() % 2**64
             base = gen.get_offset()
-            gen.set_offset(base + ((seqlen_q * seqlen_k + 3) // 4 + 3) // 4 * 4)
+            gen.set_offset(base + (seqlen_q * ((seqlen_k + 7) // 8) + 3) // 4 * 4)
             offset_u = (base + offset_u) % 2**64
         else:
             seed_u = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)) % 2**64

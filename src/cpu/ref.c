@@ -59,7 +59,7 @@ typedef struct {
   int is_bool;
   flashc_dtype dtype; /* of a bias */
   int64_t base, st_i, st_j;
-  /* dropout (drop 0: off): Z_ij = keep_ij · rp, keep_ij from (seed, offset, threshold) for element i·sk + j of bh */
+  /* dropout (drop 0: off): Z_ij = keep_ij · rp, keep_ij from (seed, offset, threshold) for element (i, j) of bh */
   int drop;
   double rp;
   uint64_t seed, offset, bh;
@@ -90,7 +90,7 @@ static score_fn score_of(const fc_problem *p, int64_t s, int64_t h, int64_t sq, 
 /* Dropout's Z_ij: 1 without dropout, else 1/(1 − p) where weight (i, j) is kept and 0 where it is dropped. */
 static double dropout_z(const score_fn *f, int64_t i, int64_t j) {
   if (!f->drop) return 1.0;
-  return fc_dropout_keep(f->seed, f->offset, f->threshold, f->bh, (uint64_t)(i * f->sk + j)) ? f->rp : 0.0;
+  return fc_dropout_keep(f->seed, f->offset, f->threshold, f->bh, f->sk, i, j) ? f->rp : 0.0;
 }
 
 /* Key j takes part in row i: the causal/window mask lets it through (fc_visible) and a boolean attn_mask does not

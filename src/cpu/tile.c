@@ -161,14 +161,15 @@ void fc_dropout_keep_row(const fc_problem *p, int64_t s, int64_t h, int64_t sk, 
                          uint8_t *keep) {
   /* Philox4x32-10 (philox.h) on up to LANES blocks side by side, one array per counter word, so that each round is
    * a loop over independent lanes the compiler vectorises (32 × 32 → 64-bit products); the same bits as
-   * fc_philox4x32_10 (tests/test_dropout.c compares them). */
+   * fc_philox4x32_10 (tests/test_dropout.c compares them). Block x of the row serves keys 8x .. 8x + 7. */
   enum { LANES = 16 };
-  const uint64_t bh = (uint64_t)(s * p->heads_q + h), e_first = (uint64_t)(i * sk + j0), e_end = e_first + (uint64_t)n;
-  const uint32_t t = p->dropout_threshold;
-  for (uint64_t n0 = e_first / 4; n0 * 4 < e_end; n0 += LANES) {
+  const uint64_t bh = (uint64_t)(s * p->heads_q + h), row = (uint64_t)i * fc_dropout_row_blocks(sk);
+  const uint32_t T = p->dropout_threshold << 16; /* fc_dropout_block_bits' comparison */
+  const int64_t j_end = j0 + n;
+  for (int64_t x0 = j0 / FC_DROPOUT_KEYS; x0 * FC_DROPOUT_KEYS < j_end; x0 += LANES) {
     uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
     for (int b = 0; b < LANES; b++) {
-      const uint64_t c = p->dropout_offset + n0 + (uint64_t)b;
+      const uint64_t c = p->dropout_offset + row + (uint64_t)(x0 + b);
       c0[b] = (uint32_t)c, c1[b] = (uint32_t)(c >> 32), c2[b] = (uint32_t)bh, c3[b] = (uint32_t)(bh >> 32);
     }
     uint32_t k0 = (uint32_t)p->dropout_seed, k1 = (uint32_t)(p->dropout_seed >> 32);
@@ -182,9 +183,9 @@ void fc_dropout_keep_row(const fc_problem *p, int64_t s, int64_t h, int64_t sk, 
     }
     for (int b = 0; b < LANES; b++) {
       const uint32_t u[4] = {c0[b], c1[b], c2[b], c3[b]};
-      for (uint64_t w = 0; w < 4; w++) {
-        const uint64_t e = (n0 + (uint64_t)b) * 4 + w;
-        if (e >= e_first && e < e_end) keep[e - e_first] = u[w] >= t;
+      for (int k = 0; k < FC_DROPOUT_KEYS; k++) { /* half k: word k/2, low half first */
+        const int64_t j = (x0 + b) * FC_DROPOUT_KEYS + k;
+        if (j >= j0 && j < j_end) keep[j - j0] = (k & 1 ? u[k / 2] : u[k / 2] << 16) >= T;
       }
     }
   }

@@ -106,8 +106,8 @@ def test_reference_features_match_a_plain_loop(rng, softcap, alibi, dv):
 @pytest.mark.parametrize("seed,offset", [(impls.DROPOUT_SEED, 0), (2**40 + 7, 2**64 - 3)])
 def test_dropout_keep_is_the_librarys_mask(rng, cpu_ref, seed, offset):
     """reference.Dropout.keep, for the whole call and for a part of it (a sampled slice's sequence and heads), is
-    the mask libflashc returns (return_dropout_mask) for the same p, seed and offset: an odd sq·sk (the last Philox
-    block half used), a seed above 2^32, an offset whose blocks wrap past 2^64. (tests/test_dropout.c checks the
+    the mask libflashc returns (return_dropout_mask) for the same p, seed and offset: sk = 9 (a row's last Philox
+    block one key used), a seed above 2^32, an offset whose blocks wrap past 2^64. (tests/test_dropout.c checks the
     library's Philox against Random123's known answers.)"""
     q, k, v = randn(rng, (3, 7, 4, 8)), randn(rng, (3, 9, 2, 8)), randn(rng, (3, 9, 2, 8))
     _, lib = flashc.attention(q, k, v, dropout_p=0.3, seed=seed, offset=offset, return_dropout_mask=True,

@@ -49,20 +49,39 @@ def test_philox_known_answers():
 
 
 def keep_mask(p, seed, offset, batch, heads, sq, sk):
-    """keep [batch, heads, sq, sk] by flashc.h's rule (dense calls; lengths sq, sk)."""
-    t = int(np.floor(float(np.float32(p)) * 2.0**32 + 0.5))
-    e = np.arange(sq * sk, dtype=np.uint64)
+    """keep [batch, heads, sq, sk] by flashc.h's rule (dense calls; lengths sq, sk): element (i, j) takes 16-bit half
+    j % 8 of block offset + i·ceil(sk / 8) + j // 8, kept when it is >= t16 = floor(p·2^16 + 1/2)."""
+    t16 = int(np.floor(float(np.float32(p)) * 2.0**16 + 0.5))
+    i, j = np.meshgrid(np.arange(sq, dtype=np.uint64), np.arange(sk, dtype=np.uint64), indexing="ij")
+    i, j = i.reshape(-1), j.reshape(-1)
+    nb = np.uint64((sk + 7) // 8)
     out = np.empty((batch, heads, sq, sk), bool)
     for b in range(batch):
         for h in range(heads):
-            n = (np.uint64(offset) + e // np.uint64(4)) & np.uint64(2**64 - 1)
+            n = np.uint64(offset) + i * nb + j // np.uint64(8)  # uint64 arithmetic wraps mod 2^64
             bh = np.full_like(n, b * heads + h)
             lo, hi = np.uint64(0xFFFFFFFF), np.uint64(32)
             words = philox([n & lo, n >> hi, bh & lo, bh >> hi],
                            [np.full_like(n, seed & 0xFFFFFFFF), np.full_like(n, seed >> 32)])  # fmt: skip
-            u = words[(e % np.uint64(4)).astype(np.int64), np.arange(e.size)]
-            out[b, h] = (u >= t).reshape(sq, sk)
+            half = j % np.uint64(8)  # bits 16·(half % 2) of word half // 2
+            word = words[(half // np.uint64(2)).astype(np.int64), np.arange(n.size)]
+            u = (word >> (np.uint64(16) * (half % np.uint64(2)))) & np.uint64(0xFFFF)
+            out[b, h] = (u >= t16).reshape(sq, sk)
     return out
+
+
+def test_keep_rate():
+    """The keep rate of 2·4·96·203 elements within 5 sigma of 1 − t16/2^16, overall and per 16-bit half of the block
+    (j % 8), and the definition's offset arithmetic: a row's blocks follow the previous row's, offsets wrap mod 2^64."""
+    for p in (0.1, 0.5, 0.9):
+        mask = keep_mask(p, 0x9E3779B97F4A7C15, 2**64 - 5, 2, 4, 96, 203)
+        keep = 1.0 - np.floor(float(np.float32(p)) * 65536 + 0.5) / 65536
+        for m in [mask] + [mask[..., h::8] for h in range(8)]:
+            n = m.size
+            assert abs(m.sum() - n * keep) < 5 * np.sqrt(n * keep * (1 - keep)), (p, m.sum(), n * keep)
+    # row 1 of sk = 9 keys starts at block 2 (ceil(9 / 8)): the same bits as offset + 2 with row 0
+    a, b = keep_mask(0.5, 3, 10, 1, 1, 2, 9), keep_mask(0.5, 3, 12, 1, 1, 1, 9)
+    assert np.array_equal(a[0, 0, 1], b[0, 0, 0])
 
 
 # ---- the oracle --------------------------------------------------------------------------------------------
@@ -163,9 +182,12 @@ def test_numpy_refusals(rng):
     q, k, v, _ = inputs(rng, 1, 8, 8, 1, 1, 8, np.float32)
     with pytest.raises(ValueError, match="seed"):
         flashc.attention(q, k, v, dropout_p=0.1)
-    for p in (-0.1, 1.0, 1.5, float("nan")):
+    # 1e-6 and 1 - 2^-17: 16-bit thresholds 0 and 2^16 (flashc.h)
+    for p in (-0.1, 1.0, 1.5, float("nan"), 1e-6, 1 - 2**-17):
         with pytest.raises(ValueError, match="dropout_p"):
             flashc.attention(q, k, v, dropout_p=p, seed=1)
+    for p in (2**-17, 1 - 2**-16):  # the range's edges: thresholds 1 and 2^16 - 1
+        flashc.attention(q, k, v, dropout_p=p, seed=1)
     with pytest.raises(TypeError):
         flashc.attention(q, k, v, dropout_p="0.1", seed=1)
     with pytest.raises(TypeError):
@@ -201,6 +223,27 @@ def test_cuda_mma_against_cpu_ref(rng, dtype, B, Sq, Sk, H, Hk, D, causal, p):
     assert rel(glse.cpu().double().numpy(), lse) < 1e-3
     for got, ref in zip((go, *ggrads), (o, *grads)):
         assert rel(got.cpu().double().numpy(), ref) < 2e-2
+
+
+@pytest.mark.skipif("cuda-mma" not in CUDA_BACKENDS, reason="no CUDA device")
+def test_torch_cuda_generator_reserves_the_counters():
+    """flashc.torch draws seed and offset from the CUDA generator and moves it past the call's counters,
+    seqlen_q·ceil(seqlen_k / 8) blocks rounded up to 4: the next call's mask is the one at that offset."""
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    q = torch.randn(1, 37, 2, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 45, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    gen = torch.cuda.default_generators[q.device.index or 0]
+    torch.manual_seed(5)
+    base, seed = gen.get_offset(), gen.initial_seed()
+    a = ft.attention(q, k, v, dropout_p=0.25, backend="cuda-mma")
+    step = (37 * ((45 + 7) // 8) + 3) // 4 * 4
+    assert gen.get_offset() - base == step
+    b = ft.attention(q, k, v, dropout_p=0.25, backend="cuda-mma")
+    for got, offset in ((a, base), (b, base + step)):
+        want = flashc.attention(q, k, v, dropout_p=0.25, seed=seed, offset=offset, backend="cuda-mma")
+        assert torch.equal(got, want)
 
 
 # ---- torch -------------------------------------------------------------------------------------------------

@@ -17,10 +17,11 @@ kernel's output is compared on those slices only (Reference.slices says which); 
 slice's query heads.
 
 Dropout: the keep mask is flashc.h's, bit for bit: Philox4x32-10 keyed by the seed, its counter made of the offset,
-the element's index and the (sequence, query head) pair of the whole call. cpu-ref draws it itself from the seed
-and offset when it computes the whole call; the numpy and torch-fp64 engines, and cpu-ref on a sampled slice (a
-slice's own call would number its sequence and heads from 0), get it from `Dropout.keep`, this file's numpy
-Philox (tests/python/test_bench_grids.py checks it against the mask libflashc returns).
+the element's row and group of 8 keys (one block, eight 16-bit halves, per 8 keys of a row) and the (sequence, query
+head) pair of the whole call. cpu-ref draws it itself from the seed and offset when it computes the whole call; the
+numpy and torch-fp64 engines, and cpu-ref on a sampled slice (a slice's own call would number its sequence and heads
+from 0), get it from `Dropout.keep`, this file's numpy Philox (tests/python/test_bench_grids.py checks it against the
+mask libflashc returns).
 """
 
 from __future__ import annotations
@@ -95,19 +96,26 @@ class Dropout:
         """The same call seen from sequence b0 and query head h0 of this part."""
         return dataclasses.replace(self, b0=self.b0 + b0, h0=self.h0 + h0, whole=False)
 
+    @property
+    def t16(self) -> int:
+        """The 16-bit threshold ⌊p·2^16 + 1/2⌋ of the float32 p: a half below it drops its weight."""
+        return int(np.floor(self.p32 * 65536.0 + 0.5))
+
     def keep(self, batch: int, heads: int, sq: int, sk: int) -> np.ndarray:
-        """bool [batch, heads, sq, sk] of this part: element e = i·sk + j of (sequence b, query head h) takes word
-        e mod 4 of Philox4x32-10(counter (offset + ⌊e / 4⌋ mod 2^64, b·heads_q + h), key (seed mod 2^32, seed >>
-        32)) and is kept when that word is ≥ ⌊p·2^32 + 1/2⌋."""
-        t = np.uint64(int(np.floor(self.p32 * 2.0**32 + 0.5)))
-        n = np.uint64(self.offset % 2**64) + np.arange((sq * sk + 3) // 4, dtype=np.uint64)  # wraps mod 2^64
+        """bool [batch, heads, sq, sk] of this part: element (i, j) of (sequence b, query head h) takes 16-bit half
+        j mod 8 (half k: bits 16·(k mod 2) of word ⌊k/2⌋) of Philox4x32-10(counter (offset + i·⌈sk/8⌉ + ⌊j/8⌋ mod
+        2^64, b·heads_q + h), key (seed mod 2^32, seed >> 32)) and is kept when that half is ≥ t16."""
+        nb = (sk + 7) // 8
+        n = np.uint64(self.offset % 2**64) + np.arange(sq * nb, dtype=np.uint64)  # wraps mod 2^64; row i: i·nb + x
         seed = self.seed % 2**64
+        t = np.uint64(self.t16)
         out = np.empty((batch, heads, sq, sk), dtype=bool)
         for b in range(batch):
             for h in range(heads):
                 bh = (self.b0 + b) * self.heads_q + self.h0 + h
                 words = philox4x32_10(n, n >> np.uint64(32), bh % 2**32, bh >> 32, seed % 2**32, seed >> 32)
-                out[b, h] = (words.T.reshape(-1)[: sq * sk] >= t).reshape(sq, sk)
+                halves = np.stack([words[k // 2] >> np.uint64(16 * (k % 2)) & np.uint64(0xFFFF) for k in range(8)])
+                out[b, h] = halves.T.reshape(sq, nb * 8)[:, :sk] >= t
         return out
 
 

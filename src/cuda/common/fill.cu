@@ -200,16 +200,16 @@ extern "C" flashc_status fc_device_unused_rows(const fc_problem *p) {
 
 /* ---- the dropout mask (debug) ------------------------------------------------------------------------------- */
 /* keep_ij of sequence s's planes (heads_q of them, each SQ × SK, the sequence's sq × sk corner used), one thread per
- * block of four elements: philox.h's rule, as api.c's host loop writes it. */
+ * Philox block (8 keys of a row): philox.h's rule, as api.c's host loop writes it. */
 __global__ void fc_dropout_mask_kernel(uint8_t *mask, int64_t heads, int64_t sq, int64_t sk, int64_t SQ, int64_t SK,
                                        uint64_t bh0, uint64_t seed, uint64_t offset, uint32_t threshold) {
-  const int64_t per = (sq * sk + 3) / 4, total = heads * per;
+  const int64_t nb = (int64_t)fc_dropout_row_blocks(sk), per = sq * nb, total = heads * per;
   for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t h = x / per, n = x % per;
-    const fc_philox4 u = fc_dropout_block(seed, offset, bh0 + (uint64_t)h, (uint64_t)n);
-    uint8_t *plane = mask + h * SQ * SK;
-    for (int64_t e = 4 * n; e < 4 * n + 4 && e < sq * sk; e++)
-      plane[e / sk * SK + e % sk] = u.w[e - 4 * n] >= threshold;
+    const int64_t h = x / per, n = x % per, i = n / nb, j0 = n % nb * FC_DROPOUT_KEYS;
+    const uint32_t bits =
+        fc_dropout_block_bits(fc_dropout_block(seed, offset, bh0 + (uint64_t)h, (uint64_t)n), threshold);
+    uint8_t *row = mask + h * SQ * SK + i * SK;
+    for (int64_t j = j0; j < j0 + FC_DROPOUT_KEYS && j < sk; j++) row[j] = (uint8_t)(bits >> (j - j0) & 1u);
   }
 }
 
@@ -222,7 +222,7 @@ extern "C" flashc_status fc_device_dropout_mask(const fc_problem *p) {
     fc_seq_q(p, s, &start, &sq);
     fc_seq_k(p, s, &start, &sk);
     if (sq <= 0 || sk <= 0) continue;
-    const int64_t n = p->heads_q * ((sq * sk + 3) / 4);
+    const int64_t n = p->heads_q * sq * (int64_t)fc_dropout_row_blocks(sk);
     fc_dropout_mask_kernel<<<fc_fill_blocks(n), 256, 0, fc_stream(p)>>>(
         p->dropout_mask + s * p->heads_q * SQ * SK, p->heads_q, sq, sk, SQ, SK, (uint64_t)(s * p->heads_q),
         p->dropout_seed, p->dropout_offset, p->dropout_threshold);

@@ -176,9 +176,11 @@ fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4], const fl
 }
 
 /* Dropout in Sᵀ's layout (sT[m][x][e]: key k_first + g + 16m + 8·(e >> 1), query q_first + 8x + (e & 1); k_first =
- * k0 + ks·MS, q_first = q0 + ns·NS + 2t): the keep bits of the thread's elements, element (m, x, e) at bit
- * fc_drop_bit_t<MT_S>(m, x, e) of km. A query's MS keys lie in the 8 lanes of one t (g = 0..7, and m, e >> 1): one
- * fc_drop_run_bits<8, MS> per query the thread holds. Every lane must call it (a uniform branch). */
+ * k0 + ks·MS, a multiple of 8, q_first = q0 + ns·NS + 2t): the keep bits of the thread's elements, element (m, x, e)
+ * at bit fc_drop_bit_t<MT_S>(m, x, e) of km. The 8 lanes of one t (g = 0..7) hold the same 2·NSX queries, and each
+ * query's MS keys are MS/8 whole Philox blocks, key g + 8c being half g of block c = 2m + (e >> 1): the group's
+ * blocks q = (2x + (e & 1))·2·MT_S + c, bit q of this lane's half g (fc_drop_group_bits, mma/score_mod.cuh). Every
+ * lane must call it (a uniform branch). */
 template <int MT_S> static __device__ __forceinline__ constexpr int fc_drop_bit_t(int m, int x, int e) {
   return ((x * 2 + (e & 1)) * MT_S + m) * 2 + (e >> 1);
 }
@@ -186,23 +188,8 @@ template <int MT_S, int NSX>
 static __device__ __forceinline__ void fc_mma_drop_bits_t(uint32_t (&km)[(MT_S * NSX * 4 + 31) / 32],
                                                           const fc_score_mod &md, uint64_t bh, int64_t q_first,
                                                           int64_t k_first, int64_t sk, int g) {
-  constexpr int MS = 16 * MT_S, W = fc_drop_run<8, MS>::W;
-#pragma unroll
-  for (int k = 0; k < (MT_S * NSX * 4 + 31) / 32; k++) km[k] = 0u;
-#pragma unroll
-  for (int x = 0; x < NSX; x++)
-#pragma unroll
-    for (int e1 = 0; e1 < 2; e1++) {
-      uint32_t v[W];
-      fc_drop_run_bits<8, MS>(v, md, bh, (uint64_t)((q_first + 8 * x + e1) * sk + k_first), g, g);
-#pragma unroll
-      for (int m = 0; m < MT_S; m++)
-#pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-          const int c = 16 * m + 8 * rh, i = fc_drop_bit_t<MT_S>(m, x, 2 * rh + e1);
-          km[i / 32] |= ((v[c / 32] >> (c % 32)) & 1u) << (i % 32);
-        }
-    }
+  static_assert(fc_drop_group<8, 2 * NSX, 2 * MT_S>::W == (MT_S * NSX * 4 + 31) / 32, "one bit per element");
+  fc_drop_group_bits<8, 2 * NSX, 2 * MT_S>(km, md, bh, q_first, 8, 1, sk, k_first / 8, g);
 }
 /* y ← keep ? y·mul : 0 over Sᵀ's layout, keep from fc_mma_drop_bits_t. */
 template <int MT_S, int NSX>

@@ -56,74 +56,76 @@ static __device__ __forceinline__ void fc_mma_mod_scores(float (*s)[NS][4], cons
 }
 
 /* ---- dropout (flashc.h, "Dropout"; philox.h's rule, bit for bit) ------------------------------------------------
- * keep of element (b, h, i, j) is word e mod 4 of Philox block ⌊e / 4⌋, e = i·sk + j: one block serves four keys of
- * a row, and a row's keys are spread over the lanes of a group (the forward and the dQ pass: the 4 lanes of a quad,
- * keys 8x + 2t, 8x + 2t + 1; the fa2 kernels' Sᵀ: the 8 lanes of a t, keys g + 8·(...)). So the group computes each
- * block of its run of L keys once: lane lg of the group takes blocks lg, lg + G, ..., turns each into 4 keep bits,
- * and G − 1 shuffles later every lane holds the run's bits in order (block q's bits at 4q), ⌈(L/4 + 1)/G⌉ Philox calls
- * a lane per run instead of one or two per pair of keys. */
-template <int G, int L> struct fc_drop_run {
-  static constexpr int R = (L / 4 + 1 + G - 1) / G; /* blocks a lane computes: the run spans ≤ L/4 + 1 blocks */
-  static constexpr int W = (4 * G * R + 31) / 32;   /* 32-bit words of the run's bits */
+ * keep of element (b, h, i, j) is half j mod 8 of Philox block i·⌈sk/8⌉ + ⌊j/8⌋: the keys 8c .. 8c + 7 of a row share
+ * one block. A warp's keys start at a multiple of 8, so its run of 8·C keys of a row is exactly C blocks, and the
+ * lanes that hold the row's keys form a group that holds the whole run: the forward's and the dQ pass's quad (G = 4
+ * lanes t, keys 8x + 2t and 8x + 2t + 1: halves 2t, 2t + 1 of block x), the fa2 kernels' Sᵀ (G = 8 lanes g, keys
+ * g + 8c: half g of block c). The group's R runs × C blocks, q = r·C + c, are each computed once: lane lg of the
+ * group takes blocks lg, lg + G, ... (R·C/G Philox calls), each into a byte of 8 keep bits (fc_dropout_block_bits,
+ * byte k for block G·k + lg), and a transpose across the group (log2 G shuffle steps; each swaps one bit of the lane
+ * index with one bit of the half index, trading half of every word with one partner) leaves lane lg the bits of its
+ * own halves of every block: bit (8/G)·q + e is its e-th half of block q. */
+template <int G, int R, int C> struct fc_drop_group {
+  static_assert(G == 4 || G == 8, "a group is a quad's 4 lanes or a t's 8");
+  static_assert((C % G == 0 || G % C == 0) && R * C % G == 0, "whole blocks per lane, powers of 2");
+  static constexpr int Q = R * C;                 /* blocks */
+  static constexpr int W = (8 * Q / G + 31) / 32; /* 32-bit words of a lane's bits */
 };
 
-/* The keep bits of the run of L keys from element e0 = i·sk + j0 of (sequence, head) bh, which the G lanes of this
- * lane's group call together (lg: the lane's index in it; G = 4: lanes that differ in bits 0–1, G = 8: in bits 2–4),
- * shifted right by off (< 29): bit c of v is the keep of key j0 + off + c. Every lane of the warp must call it (the
- * shuffles): a uniform branch only. */
-template <int G, int L>
-static __device__ __forceinline__ void fc_drop_run_bits(uint32_t (&v)[fc_drop_run<G, L>::W], const fc_score_mod &md,
-                                                        uint64_t bh, uint64_t e0, int lg, int off) {
-  static_assert(G == 4 || G == 8, "a group is a quad's 4 lanes or a t's 8");
-  constexpr int R = fc_drop_run<G, L>::R, W = fc_drop_run<G, L>::W;
-  uint32_t w[W + 1];
+/* The keep bits of the group's R runs of C blocks: run r is row row0 + hi·⌊r/2⌋ + lo·(r mod 2) of a sequence with sk
+ * keys (the forward's rows 16·mt + 8·rh: hi 16, lo 8; Sᵀ's queries 8x + e1: hi 8, lo 1), keys 8·kb .. 8·(kb + C) − 1;
+ * lg: the lane's index in its group (G = 4: lanes that differ in bits 0–1, G = 8: in bits 2–4). Every lane of the
+ * warp must call it (the shuffles): a uniform branch only. */
+template <int G, int R, int C>
+static __device__ __forceinline__ void fc_drop_group_bits(uint32_t (&km)[fc_drop_group<G, R, C>::W],
+                                                          const fc_score_mod &md, uint64_t bh, int64_t row0, int hi,
+                                                          int lo, int64_t sk, int64_t kb, int lg) {
+  constexpr int Q = fc_drop_group<G, R, C>::Q, W = fc_drop_group<G, R, C>::W, EW = 8 / G;
+  const uint64_t nb = fc_dropout_row_blocks(sk);
+  /* Lane lg's blocks q = G·k + lg: run G·k/C + r0, block G·k mod C + c0 (C | G or G | C; where C < G, G·k/C is
+   * even, so the row offsets of the two parts add). */
+  const int r0 = lg / C, c0 = lg % C;
+  const uint64_t base =
+      md.drop_offset + (uint64_t)(row0 + hi * (r0 >> 1) + lo * (r0 & 1)) * nb + (uint64_t)(kb + c0); /* mod 2^64 */
 #pragma unroll
-  for (int k = 0; k <= W; k++) w[k] = 0u;
-  const uint64_t n0 = e0 >> 2;
+  for (int w = 0; w < W; w++) km[w] = 0u;
 #pragma unroll
-  for (int r = 0; r < R; r++) {
-    const fc_philox4 u = fc_dropout_block(md.drop_seed, md.drop_offset, bh, n0 + (uint64_t)(lg + G * r));
-    const uint32_t nib = (uint32_t)(u.w[0] >= md.drop_t) | (uint32_t)(u.w[1] >= md.drop_t) << 1 |
-                         (uint32_t)(u.w[2] >= md.drop_t) << 2 | (uint32_t)(u.w[3] >= md.drop_t) << 3;
-    w[G * r / 8] |= nib << (4 * (lg + G * r % 8)); /* block lg + G·r at bit 4·(lg + G·r) */
+  for (int k = 0; k < Q / G; k++) {
+    const int a = G * k / C, c = G * k % C;
+    const fc_philox4 u =
+        fc_dropout_block(md.drop_seed, base, bh, (uint64_t)(hi * (a >> 1) + lo * (a & 1)) * nb + (uint64_t)c);
+    km[k / 4] |= fc_dropout_block_bits(u, md.drop_t) << (8 * (k % 4));
   }
+  /* The transpose: step d exchanges, with the lane whose index differs in bit d, the entries (EW bits each) whose half
+   * index differs from this lane's in bit d; afterwards bit d of an entry's place names its source lane. */
 #pragma unroll
-  for (int k = 0; k < W; k++)
+  for (int d = G / 2; d >= 1; d >>= 1) {
+    const int sh = d * EW;
+    const uint32_t low = sh == 4 ? 0x0f0f0f0fu : sh == 2 ? 0x33333333u : 0x55555555u; /* entries whose bit d is 0 */
+    const bool up = (lg & d) != 0;
 #pragma unroll
-    for (int x = G == 4 ? 1 : 4; x < (G == 4 ? 4 : 32); x <<= 1) w[k] |= __shfl_xor_sync(0xffffffffu, w[k], x);
-  const int sh = (int)(e0 & 3u) + off; /* element e0 is bit e0 mod 4 of block n0 */
-#pragma unroll
-  for (int k = 0; k < W; k++) v[k] = __funnelshift_r(w[k], w[k + 1], (uint32_t)sh);
+    for (int w = 0; w < W; w++) {
+      const uint32_t send = up ? (km[w] & low) << sh : (km[w] >> sh) & low;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, send, G == 4 ? d : 4 * d);
+      km[w] = (km[w] & (up ? ~low : low)) | got;
+    }
+  }
 }
 
 /* The keep bits of this thread's elements of the forward's layout (s[mt][x][e]: row row0 + 16·mt + 8·(e >> 1), key
- * k0 + 8x + 2t + (e & 1), rows of a sequence with sk keys), one run per row, kept compact: element (mt, x, e) at bit
- * fc_mma_drop_bit<NS>(mt, x, e) of km. The forward and the dQ pass call it before S = Q·Kᵀ, so that the Philox rounds
- * need no registers beside S's (applied after the exponentials, they made the SCORE_MOD kernels spill). Rows and keys
- * past the sequence get bits too, never used (their P is 0). */
+ * k0 + 8x + 2t + (e & 1), rows of a sequence with sk keys; k0 a multiple of 8), element (mt, x, e) at bit
+ * fc_mma_drop_bit<NS>(mt, x, e) of km: the quad's 2·MT rows × NS blocks, q = (2·mt + rh)·NS + x, whose bits 2q, 2q + 1
+ * are this lane's halves 2t, 2t + 1 (fc_drop_group_bits). The forward and the dQ pass call it before S = Q·Kᵀ, so
+ * that the Philox rounds need no registers beside S's (applied after the exponentials, they made the SCORE_MOD
+ * kernels spill). Rows and keys past the sequence get bits too, never used (their P is 0). */
 template <int NS> static __device__ __forceinline__ constexpr int fc_mma_drop_bit(int mt, int x, int e) {
   return ((mt * 2 + (e >> 1)) * NS + x) * 2 + (e & 1);
 }
 template <int MT, int NS>
 static __device__ __forceinline__ void fc_mma_drop_bits(uint32_t (&km)[(MT * NS * 4 + 31) / 32], const fc_score_mod &md,
                                                         uint64_t bh, int64_t row0, int64_t sk, int k0, int t) {
-  constexpr int L = 8 * NS, W = fc_drop_run<4, L>::W;
-#pragma unroll
-  for (int k = 0; k < (MT * NS * 4 + 31) / 32; k++) km[k] = 0u;
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      uint32_t v[W];
-      fc_drop_run_bits<4, L>(v, md, bh, (uint64_t)((row0 + 16 * mt + 8 * rh) * sk + k0), t, 2 * t);
-#pragma unroll
-      for (int x = 0; x < NS; x++)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; e1++) {
-          const int c = 8 * x + e1, i = fc_mma_drop_bit<NS>(mt, x, 2 * rh + e1);
-          km[i / 32] |= ((v[c / 32] >> (c % 32)) & 1u) << (i % 32);
-        }
-    }
+  static_assert(fc_drop_group<4, 2 * MT, NS>::W == (MT * NS * 4 + 31) / 32, "one bit per element");
+  fc_drop_group_bits<4, 2 * MT, NS>(km, md, bh, row0, 16, 8, sk, k0 / 8, t);
 }
 /* y ← keep ? y·mul : 0 over the forward's layout, keep from fc_mma_drop_bits: the forward's P (mul 1; 1/(1 − p) is
  * applied to O at the end) and the dQ pass's dP (mul 1/(1 − p): Z∘dP). */
