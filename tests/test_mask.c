@@ -1,6 +1,7 @@
 /*
  * test_mask.c — attn_mask (an additive bias or a boolean mask, broadcast through strides) and its gradient dbias,
- * forward and backward, on the backends that implement them (cpu-ref, cpu), and their refusal everywhere else.
+ * forward and backward, on the backends that implement them (cpu-ref, cpu, cuda-mma), and their refusal everywhere
+ * else.
  *
  *   1. cpu-ref (f64) against this file's own fp64 attention (`oracle`, written from flashc.h's definitions), to
  *      1e-12 of the largest value: o, lse, dq, dk, dv and dbias, for every broadcast pattern of the mask and of
@@ -14,6 +15,9 @@
  *      without a mask, negative strides, a bad attn_mask_is_bool, dbias overlapping itself or another tensor; an
  *      older caller's struct_size gives the new fields their defaults; every other backend (ring attention and
  *      the KV-cache call too) refuses attn_mask with FLASHC_ERR_UNSUPPORTED.
+ *   5. cuda-mma (bf16, f16) against cpu-ref in f64 where a GPU runs it (else SKIP "no CUDA device"): every case,
+ *      with the mask's views as above (one element at a time), dense (two keys of a row at once), and
+ *      deterministic (dbias's sums in a fixed order: the same bits on a second run); dead rows as in 3.
  */
 #include "harness.h"
 #include "internal.h"
@@ -23,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef FLASHC_TEST_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 /* Broadcast patterns: which of [batch, heads_q, seqlen_q, seqlen_k] the mask (or dbias) has; the others have
  * stride 0. */
@@ -58,27 +65,33 @@ static const mcase cases[] = {
     {"bool [b,1,1,sk] padding gqa", 3, 50, 61, 4, 1, 32, 1, B | K, -1, 0, BR, -1, -1, 0.0f, 0},
     {"bool [1,1,sq,sk] causal", 1, 113, 203, 2, 2, 59, 1, Q | K, -1, 1, BR, -1, -1, 0.0f, 1},
     {"bool prefix-lm softcap sk>256", 1, 97, 520, 2, 2, 16, 1, FULL, -1, 0, BR, -1, -1, 2.0f, 1},
+    /* several of cuda-mma's key and query blocks (64-128 keys, 64-128 queries) */
+    {"bias [1,1,sq,sk] causal gqa d128 dead rows", 2, 300, 512, 4, 2, 128, 0, Q | K, Q | K, 1, BR, -1, -1, 0.0f, 1},
+    {"bool [b,1,sq,sk] causal-tl d64 dead rows", 2, 257, 384, 2, 1, 64, 1, B | Q | K, -1, 1, TL, -1, -1, 0.0f, 1},
+    {"bias [1,h,sq,sk] softcap d96 dbias over batch", 2, 200, 256, 2, 2, 96, 0, H | Q | K, H | Q | K, 0, BR, -1, -1,
+     5.0f, 0},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
 /* ---- the mask and dbias in memory ---------------------------------------------------------------------- */
 /* A 4-d [batch, heads_q, sq, sk] view with stride 0 on the dims `dims` lacks, over a padded allocation: every
  * kept dim's stride leaves a gap (so that nothing written outside the elements goes unnoticed) and the key
- * stride is 2 when `gap` (an element between keys). */
+ * stride is 2 when `gap` (an element between keys). dense: no gaps and the data 8 bytes into the allocation
+ * (contiguous rows on even element boundaries: cuda-mma then loads two keys of a row at once). */
 typedef struct mview {
   void *data, *alloc;
   int64_t n[4], stride[4], alloc_elems, offset;
   size_t es;
 } mview;
 
-static mview mview_new(const int64_t n[4], int dims, size_t es, bool gap) {
-  mview m = {.es = es, .offset = 3};
-  int64_t st = gap ? 2 : 1;
+static mview mview_new(const int64_t n[4], int dims, size_t es, bool gap, bool dense) {
+  mview m = {.es = es, .offset = dense ? (int64_t)(8 / es) : 3};
+  int64_t st = gap && !dense ? 2 : 1;
   for (int d = 3; d >= 0; d--) {
     m.n[d] = n[d];
     const bool kept = dims & (1 << d);
     m.stride[d] = kept ? st : 0;
-    if (kept) st = st * n[d] + 5; /* a gap of 5 elements after each row of this dim */
+    if (kept) st = st * n[d] + (dense ? 0 : 5); /* a gap of 5 elements after each row of this dim */
   }
   m.alloc_elems = m.offset + st + 8;
   m.alloc = malloc((size_t)m.alloc_elems * es);
@@ -281,8 +294,55 @@ static flashc_params case_params(const mcase *c) {
   return p;
 }
 
-/* Forward and backward of case c on backend `name` in dtype dt. false when a call failed (recorded). */
-static bool run_case(const mcase *c, const inputs *in, const char *name, flashc_dtype dt, run_out *out) {
+/* th_forward_backward on a CUDA backend: the mask and dbias allocations copied to device memory (p's pointers moved
+ * there), dbias's copied back into its host allocation after the backward. */
+static bool run_on_device(const th_backend *be, flashc_params *p, const mview *mask, mview *dbias, const th_tensor *q,
+                          const th_tensor *k, const th_tensor *v, th_tensor *o, float *lse, int64_t nlse,
+                          const th_tensor *dout, th_tensor *dq, th_tensor *dk, th_tensor *dv, const char *what,
+                          th_results *r) {
+#ifdef FLASHC_TEST_CUDA
+  char *dmask = NULL, *ddbias = NULL;
+  const size_t mask_bytes = (size_t)mask->alloc_elems * mask->es;
+  const size_t dbias_bytes = dbias->alloc ? (size_t)dbias->alloc_elems * dbias->es : 0;
+  bool ok = th_check(
+      cudaMalloc((void **)&dmask, mask_bytes) == cudaSuccess &&
+          cudaMemcpy(dmask, mask->alloc, mask_bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+          (!dbias_bytes || (cudaMalloc((void **)&ddbias, dbias_bytes) == cudaSuccess &&
+                            cudaMemcpy(ddbias, dbias->alloc, dbias_bytes, cudaMemcpyHostToDevice) == cudaSuccess)),
+      "%s: the mask's and dbias's device memory", what);
+  if (ok) {
+    p->attn_mask = dmask + mask->offset * (int64_t)mask->es;
+    if (dbias_bytes) p->dbias = ddbias + dbias->offset * (int64_t)dbias->es;
+    flashc_status s = th_forward(be, p, q, k, v, o, lse, nlse);
+    ok = th_check(s == FLASHC_OK, "%s forward: %s", what, flashc_last_error());
+    if (ok) {
+      s = th_backward(be, p, q, k, v, o, lse, nlse, dout, dq, dk, dv);
+      ok = th_check(s == FLASHC_OK, "%s backward: %s", what, flashc_last_error());
+    }
+    if (ok && dbias_bytes)
+      ok = th_check(cudaMemcpy(dbias->alloc, ddbias, dbias_bytes, cudaMemcpyDeviceToHost) == cudaSuccess,
+                    "%s: dbias's copy back", what);
+  }
+  if (ok) {
+    th_check_output(o, what), th_check_output(dq, what), th_check_output(dk, what), th_check_output(dv, what);
+    r->o = th_dense(o), r->dq = th_dense(dq), r->dk = th_dense(dk), r->dv = th_dense(dv);
+    r->lse = malloc((size_t)nlse * sizeof(double));
+    for (int64_t x = 0; x < nlse; x++) r->lse[x] = lse[x];
+  }
+  cudaFree(dmask), cudaFree(ddbias);
+  return ok;
+#else
+  (void)be, (void)p, (void)mask, (void)dbias, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)nlse, (void)dout;
+  (void)dq, (void)dk, (void)dv, (void)r;
+  return th_check(false, "%s: a CUDA backend in a build without CUDA", what);
+#endif
+}
+
+/* Forward and backward of case c on backend `name` in dtype dt, the mask and dbias in views as mview_new makes
+ * them (dense or not), deterministic or not. On a CUDA backend the mask and dbias (its whole allocation, poison
+ * included) are copied to the device and dbias back. false when a call failed (recorded). */
+static bool run_case(const mcase *c, const inputs *in, const char *name, flashc_dtype dt, bool dense, int deterministic,
+                     run_out *out) {
   th_backend be;
   if (!th_backend_open(&be, name)) return false;
   th_tensor q = th_tensor_from_dense(dt, in->q, c->batch, c->sq, c->hq, c->d),
@@ -294,7 +354,7 @@ static bool run_case(const mcase *c, const inputs *in, const char *name, flashc_
             dk = th_tensor_new(dt, TH_BSHD, c->batch, c->sk, c->hkv, c->d),
             dv = th_tensor_new(dt, TH_BSHD, c->batch, c->sk, c->hkv, c->d);
   const int64_t n[4] = {c->batch, c->hq, c->sq, c->sk}, nlse = c->batch * c->hq * c->sq;
-  mview mask = mview_new(n, c->mask_dims, c->is_bool ? 1 : flashc_dtype_size(dt), c->mask_dims == (B | K));
+  mview mask = mview_new(n, c->mask_dims, c->is_bool ? 1 : flashc_dtype_size(dt), c->mask_dims == (B | K), dense);
   for (int64_t b = 0; b < (c->mask_dims & B ? n[0] : 1); b++)
     for (int64_t h = 0; h < (c->mask_dims & H ? n[1] : 1); h++)
       for (int64_t i = 0; i < (c->mask_dims & Q ? n[2] : 1); i++)
@@ -307,20 +367,27 @@ static bool run_case(const mcase *c, const inputs *in, const char *name, flashc_
         }
   mview dbias = {0};
   flashc_params p = case_params(c);
+  p.deterministic = deterministic;
   p.attn_mask = mask.data;
   p.attn_mask_is_bool = c->is_bool;
   memcpy(p.attn_mask_stride, mask.stride, sizeof p.attn_mask_stride);
   if (c->dbias_dims >= 0) {
-    dbias = mview_new(n, c->dbias_dims, flashc_dtype_size(dt), false);
+    dbias = mview_new(n, c->dbias_dims, flashc_dtype_size(dt), false, dense);
     p.dbias = dbias.data;
     memcpy(p.dbias_stride, dbias.stride, sizeof p.dbias_stride);
   }
   float *lse = malloc((size_t)nlse * sizeof *lse);
   memset(lse, TH_POISON_BYTE, (size_t)nlse * sizeof *lse);
   th_poison(&o), th_poison(&dq), th_poison(&dk), th_poison(&dv);
-  char what[160];
-  snprintf(what, sizeof what, "%s on %s %s", c->name, name, flashc_dtype_name(dt));
-  const bool ok = th_forward_backward(&be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv, what, &out->r);
+  char what[200];
+  snprintf(what, sizeof what, "%s on %s %s%s%s", c->name, name, flashc_dtype_name(dt), dense ? " dense" : "",
+           deterministic ? " deterministic" : "");
+  bool ok;
+  if (be.info.device == FLASHC_DEVICE_CUDA) {
+    ok = run_on_device(&be, &p, &mask, &dbias, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv, what, &out->r);
+  } else {
+    ok = th_forward_backward(&be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv, what, &out->r);
+  }
   if (ok) {
     if (c->dbias_dims >= 0) {
       out->dbias = read_dbias(&dbias, dt, c->dbias_dims, what);
@@ -360,6 +427,56 @@ static void check_dead_rows(const mcase *c, const inputs *in, const run_out *r, 
            (long long)bad);
 }
 
+/* ---- 5. cuda-mma against cpu-ref --------------------------------------------------------------------------- */
+/* Whether cuda-mma runs here: built in, and a GPU it runs on. */
+static bool cuda_mma_usable(void) {
+  flashc_backend_info info;
+  for (int i = 0; i < flashc_backend_count(); i++)
+    if (flashc_backend_get(i, &info) == FLASHC_OK && !strcmp(info.name, "cuda-mma")) return info.usable;
+  return false;
+}
+
+/* Case c on cuda-mma against cpu-ref's results (ref; dbias of nb elements): bf16 with the views' gaps (the mask read
+ * one element at a time), f16 dense (two keys at once where seqlen_k is even), bf16 dense and deterministic (dbias's
+ * sums in a fixed order, the bits the same on a second run). */
+static void test_cuda_mma(const mcase *c, const inputs *in, const run_out *ref, int64_t nb, double dS_top) {
+  if (!cuda_mma_usable()) return; /* reported once, in main */
+  const int64_t nq = c->batch * c->sq * c->hq * c->d, nk = c->batch * c->sk * c->hkv * c->d,
+                nlse = c->batch * c->hq * c->sq;
+  const struct {
+    flashc_dtype dt;
+    bool dense;
+    int det;
+  } runs[3] = {{FLASHC_BF16, false, 0}, {FLASHC_F16, true, 0}, {FLASHC_BF16, true, 1}};
+  for (int x = 0; x < 3; x++) {
+    run_out got = {0};
+    char what[200];
+    snprintf(what, sizeof what, "%s cuda-mma %s%s%s", c->name, flashc_dtype_name(runs[x].dt),
+             runs[x].dense ? " dense" : "", runs[x].det ? " deterministic" : "");
+    if (!run_case(c, in, "cuda-mma", runs[x].dt, runs[x].dense, runs[x].det, &got)) continue;
+    const double e[6] = {
+        rel_err(got.r.o, ref->r.o, nq),   rel_err(got.r.lse, ref->r.lse, nlse),
+        rel_err(got.r.dq, ref->r.dq, nq), rel_err(got.r.dk, ref->r.dk, nk),
+        rel_err(got.r.dv, ref->r.dv, nk), got.dbias ? rel_err_floor(got.dbias, ref->dbias, nb, dS_top) : 0.0};
+    bool ok = true;
+    for (int y = 0; y < 6; y++) ok &= e[y] < (y == 1 ? 1e-4 : 2e-2); /* lse: fp32 sums of 16-bit inputs */
+    if (th_check(ok, "%s against cpu-ref: o %.1e lse %.1e dq %.1e dk %.1e dv %.1e dbias %.1e", what, e[0], e[1], e[2],
+                 e[3], e[4], e[5]))
+      printf("PASS %s = cpu-ref (max rel err o %.1e dq %.1e dk %.1e dbias %.1e)\n", what, e[0], e[2], e[3], e[5]);
+    check_dead_rows(c, in, &got, what);
+    if (runs[x].det && got.dbias) { /* deterministic: the same dbias bits again */
+      run_out again = {0};
+      if (run_case(c, in, "cuda-mma", runs[x].dt, true, 1, &again) &&
+          th_check(memcmp(again.dbias, got.dbias, (size_t)nb * sizeof(double)) == 0 &&
+                       memcmp(again.r.dq, got.r.dq, (size_t)nq * sizeof(double)) == 0,
+                   "%s: dbias or dq differs on a second run", what))
+        printf("PASS %s: dbias and dq bit-identical on a second run\n", what);
+      run_free(&again);
+    }
+    run_free(&got);
+  }
+}
+
 static void test_case(const mcase *c, th_rng *rng) {
   inputs in;
   inputs_new(&in, c, rng);
@@ -379,7 +496,7 @@ static void test_case(const mcase *c, th_rng *rng) {
   run_out ref = {0};
   char what[160];
   snprintf(what, sizeof what, "%s cpu-ref f64", c->name);
-  if (run_case(c, &in, "cpu-ref", FLASHC_F64, &ref)) {
+  if (run_case(c, &in, "cpu-ref", FLASHC_F64, false, 0, &ref)) {
     const double e[6] = {rel_err(ref.r.o, o, nq),   rel_err(ref.r.lse, lse, nlse),
                          rel_err(ref.r.dq, dq, nq), rel_err(ref.r.dk, dk, nk),
                          rel_err(ref.r.dv, dv, nk), dbias ? rel_err_floor(ref.dbias, dbias, nb, dS_top) : 0.0};
@@ -395,7 +512,7 @@ static void test_case(const mcase *c, th_rng *rng) {
   for (int t = 0; t < 2 && ref.r.o; t++) {
     run_out got = {0};
     snprintf(what, sizeof what, "%s cpu %s", c->name, flashc_dtype_name(dts[t]));
-    if (!run_case(c, &in, "cpu", dts[t], &got)) continue;
+    if (!run_case(c, &in, "cpu", dts[t], false, 0, &got)) continue;
     const double tol = dts[t] == FLASHC_F32 ? 2e-5 : 2e-2;
     const double e[6] = {
         rel_err(got.r.o, ref.r.o, nq),   rel_err(got.r.lse, ref.r.lse, nlse),
@@ -409,6 +526,8 @@ static void test_case(const mcase *c, th_rng *rng) {
     check_dead_rows(c, &in, &got, what);
     run_free(&got);
   }
+  /* 5. cuda-mma in bf16 and f16 against cpu-ref in f64, where a GPU runs it. */
+  if (ref.r.o) test_cuda_mma(c, &in, &ref, nb, dS_top);
   run_free(&ref);
   free(o), free(dq), free(dk), free(dv), free(lse), free(dS), free(dbias);
   inputs_free(&in);
@@ -555,8 +674,8 @@ static void test_refusals(void) {
       const fc_backend *bk = fc_backends[i];
       if (!bk) continue;
       const bool has = (bk->features & FC_FEATURE_ATTN_MASK) != 0;
-      th_check(has == (!strcmp(bk->name, "cpu") || !strcmp(bk->name, "cpu-ref")), "backend %s: attn_mask feature %d",
-               bk->name, (int)has);
+      th_check(has == (!strcmp(bk->name, "cpu") || !strcmp(bk->name, "cpu-ref") || !strcmp(bk->name, "cuda-mma")),
+               "backend %s: attn_mask feature %d", bk->name, (int)has);
       if (has) continue;
       others++;
       const flashc_status s = fc_check_features("flashc_forward", bk->name, bk->features, &pr);
@@ -596,6 +715,7 @@ int main(void) {
   th_rng_init(&rng, th_seed());
   for (int c = 0; c < NCASES; c++)
     if (!th_quick() || c % 4 == 0) test_case(&cases[c], &rng);
+  if (!cuda_mma_usable()) printf("SKIP cuda-mma against cpu-ref: no CUDA device (or not a GPU it runs on)\n");
   test_refusals();
   return th_end();
 }

@@ -4,8 +4,9 @@ gradient of a float bias, through the numpy and torch entry points and the torch
 cpu-ref (f64) is checked against this file's own numpy fp64 attention (`oracle`), and cpu (f32) against cpu-ref;
 the torch entry points against torch.nn.functional.scaled_dot_product_attention on the CPU (fp64 and fp32) for
 bool and float masks, broadcast shapes, a padding mask, rows whose keys are all masked, GQA, causal + mask, and the
-mask's gradient (gradcheck). Outputs given to the library are poisoned (NaN) first. CUDA backends must refuse
-attn_mask; they skip with "no CUDA device" where there is none.
+mask's gradient (gradcheck). Outputs given to the library are poisoned (NaN) first. cuda-mma (bf16, f16) is
+checked against cpu-ref on the same rounded inputs; the other CUDA backends must refuse attn_mask; both skip with
+"no CUDA device" where there is none.
 """
 
 import numpy as np
@@ -15,6 +16,7 @@ from conftest import BACKENDS, need_torch_ops
 import flashc
 
 CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usable]
+REFUSING = [n for n in CUDA_BACKENDS if n != "cuda-mma"]  # cuda-mma implements attn_mask
 
 
 # ---- the independent oracle ------------------------------------------------------------------------------
@@ -135,8 +137,8 @@ def test_numpy_dead_rows_and_refusals(rng):
         flashc.attention(q, k, v, attn_mask=np.ones((Sq, Sk), np.int32))
 
 
-@pytest.mark.skipif(not CUDA_BACKENDS, reason="no CUDA device")
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.skipif(not REFUSING, reason="no CUDA device")
+@pytest.mark.parametrize("backend", REFUSING)
 def test_cuda_backends_refuse(backend):
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.float16)
@@ -235,3 +237,59 @@ def test_torch_operators():
 
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     assert torch.allclose(compiled(q, m), f(q, m))
+
+
+# ---- cuda-mma against cpu-ref ----------------------------------------------------------------------------
+# Several of cuda-mma's key and query blocks; (B, Sq, Sk, H, Hk, D, mask shape, causal). Even Sk with a contiguous
+# mask: two keys of a row per load; odd Sk and a sliced mask (key stride 2): one element at a time.
+MMA_SHAPES = [
+    pytest.param(2, 200, 256, 2, 2, 64, lambda B, H, Sq, Sk: (B, H, Sq, Sk), False, id="full"),
+    pytest.param(2, 130, 300, 4, 2, 128, lambda B, H, Sq, Sk: (B, 1, 1, Sk), False, id="padding-gqa"),
+    pytest.param(1, 257, 384, 2, 1, 64, lambda B, H, Sq, Sk: (Sq, Sk), True, id="2d-causal-mqa"),
+    pytest.param(2, 150, 203, 2, 2, 96, lambda B, H, Sq, Sk: (1, H, Sq, Sk), False, id="heads-odd-sk"),
+    pytest.param(2, 97, 160, 2, 2, 32, lambda B, H, Sq, Sk: (B, 1, Sq, Sk), True, id="batch-causal"),
+]
+
+
+@pytest.mark.skipif("cuda-mma" not in CUDA_BACKENDS, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("B,Sq,Sk,H,Hk,D,shape,causal", MMA_SHAPES)
+def test_cuda_mma_against_cpu_ref(dtype, kind, B, Sq, Sk, H, Hk, D, shape, causal):
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(B * 1000 + Sq * 10 + Sk)
+    q, dout = (torch.randn(B, Sq, H, D, generator=g).to(dt) for _ in range(2))
+    k, v = (torch.randn(B, Sk, Hk, D, generator=g).to(dt) for _ in range(2))
+    mshape = shape(B, H, Sq, Sk)
+    if kind == "bool":
+        mask = torch.rand(mshape, generator=g) > 0.3
+    else:
+        mask = torch.randn(mshape, generator=g).to(dt)
+        mask[torch.rand(mshape, generator=g) < 0.05] = float("-inf")
+    if mshape[-2] > 1:  # a row whose keys are all removed: o = 0, lse = -inf, no NaN
+        mask[..., 3, :] = False if kind == "bool" else float("-inf")
+
+    def run(device, backend, cast):
+        xs = [x.to(device=device, dtype=cast).requires_grad_() for x in (q, k, v)]
+        m = mask.to(device=device, dtype=mask.dtype if kind == "bool" else cast)
+        if Sk % 2:  # a sliced mask: key stride 2
+            wide = torch.zeros(mshape[:-1] + (2 * Sk,), dtype=m.dtype, device=device)
+            wide[..., ::2] = m
+            m = wide[..., ::2]
+        if kind == "float":
+            m.requires_grad_()
+        o, lse = ft.attention(*xs, causal=causal, scale=0.25, backend=backend, attn_mask=m, return_lse=True)
+        grads = torch.autograd.grad(o, xs + ([m] if kind == "float" else []), dout.to(device=device, dtype=cast))
+        return [x.detach().double().cpu() for x in (o, lse, *grads)]
+
+    got = run("cuda", "cuda-mma", dt)
+    want = run("cpu", "cpu-ref", torch.float64)
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv", "dbias"), got, want):
+        assert a.shape == b.shape, name
+        fin = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), fin) and torch.equal(a[~fin], b[~fin]), name  # -inf lse where dead
+        err = (a[fin] - b[fin]).abs().max().item() / max(b[fin].abs().max().item(), 1e-30)
+        assert err < (1e-4 if name == "lse" else 2e-2), (name, err)

@@ -31,10 +31,22 @@ typedef struct fc_score_mod {
   uint32_t drop_t;
   float drop_rp;
   uint64_t drop_seed, drop_offset;
+  /* attn_mask (flashc.h; cuda-mma only, a fourth run-time branch of the SCORE_MOD kernels: mma/score_mod.cuh). bias
+   * NULL: none; else element (b, h, i, j) at bias + b·bias_st[0] + h·bias_st[1] + i·bias_st[2] + j·bias_st[3]: a
+   * 16-bit bias of the call's dtype (bias_bool 0) or uint8, 0 removing the key (1). bias_pair: keys j, j + 1 (j even)
+   * of a row are one aligned 4-byte (bool: 2-byte) word, so that the forward's layout loads each pair at once. */
+  const void *bias;
+  int bias_bool, bias_pair;
+  int64_t bias_st[4];
+  /* dbias (backward; set by mma/bwd_score_mod.cu): NULL: not wanted; else dS of element (b, h, i, j) goes to dbias +
+   * b·dbias_st[0] + … + j·dbias_st[3], stored in the call's dtype (dbias_f32 0) or added to an fp32 buffer (1). */
+  void *dbias;
+  int dbias_f32;
+  int64_t dbias_st[4];
 } fc_score_mod;
 
-/* The modifiers of problem p (zeros, NULL: the plain call), and whether it has any (dropout counts: the backends
- * without it refuse it in validate.c before this runs). */
+/* The modifiers of problem p (zeros, NULL: the plain call), and whether it has any (dropout and attn_mask count: the
+ * backends without them refuse them in validate.c before this runs). */
 static inline bool fc_score_mod_of(const fc_problem *p, fc_score_mod *m) {
   m->alibi = p->alibi_slopes;
   m->alibi_sb = p->alibi_stride_batch;
@@ -44,7 +56,13 @@ static inline bool fc_score_mod_of(const fc_problem *p, fc_score_mod *m) {
   m->drop_t = p->dropout_threshold;
   m->drop_rp = m->drop_on ? (float)(1.0 / (1.0 - (double)p->dropout_p)) : 1.0f;
   m->drop_seed = p->dropout_seed, m->drop_offset = p->dropout_offset;
-  return p->softcap > 0.0f || p->alibi_slopes != NULL || m->drop_on;
+  m->bias = p->attn_mask;
+  m->bias_bool = p->attn_mask_is_bool;
+  m->bias_pair = 0;
+  for (int d = 0; d < 4; d++) m->bias_st[d] = p->attn_mask_stride[d], m->dbias_st[d] = 0;
+  m->dbias = NULL;
+  m->dbias_f32 = 0;
+  return p->softcap > 0.0f || p->alibi_slopes != NULL || m->drop_on || m->bias != NULL;
 }
 
 /* What the CUDA kernels cannot represent: |scale| / softcap past fp32's range (a cap below ~1e-38·|scale|), which

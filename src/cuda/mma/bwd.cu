@@ -53,8 +53,9 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
   const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
   const bool bulk = pl->kernel == FC_MMA_BWD_FA2PB;
   size_t bytes = fc_bwd_fa2_smem(d, t.br, t.bc, fc_mma_bwd_fa2_qstages(d, t.br, t.bc, bulk), bulk);
-  /* Softcap, ALiBi and dropout: the fa2 family and the dQ pass only (SCORE_MOD, mma/score_mod.cuh); base has none. */
-  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f;
+  /* Softcap, ALiBi, dropout and attn_mask: the fa2 family and the dQ pass only (SCORE_MOD, mma/score_mod.cuh); base
+   * has none. */
+  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f || p->attn_mask != NULL;
   if (bytes > props.smem_per_block_optin && fc_mma_bwd_base_tiles[pl->dim].br > 0 &&
       fc_mma_bwd_in_image(props.code_sm, FC_MMA_BWD_BASE) && !mod) {
     pl->kernel = FC_MMA_BWD_BASE;
@@ -69,7 +70,8 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
                     "flashc_backward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s%s; "
                     "device %d (sm_%d) allows %zu",
                     d, bytes, pl->det_dq ? " (with the deterministic dQ pass)" : "",
-                    mod ? " (with softcap, ALiBi or dropout)" : "", props.device, props.sm, props.smem_per_block_optin);
+                    mod ? " (with softcap, ALiBi, dropout or attn_mask)" : "", props.device, props.sm,
+                    props.smem_per_block_optin);
   pl->dq_tile_w = pl->kernel == FC_MMA_BWD_FA2PB ? FC_MMA_DQ_TILE_W : 0;
   return FLASHC_OK;
 }
@@ -102,9 +104,11 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const size_t dq_bytes = pl.det_dq ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
   /* GQA: the group split (common/gqa.cu), sized for 64-key blocks and two CTAs per SM */
   const int split = fc_gqa_split(p, fc_cdiv(p->seqlen_k, 64), 2, 0);
+  /* dbias's fp32 sums where it sums a dim (mma/bwd_score_mod.cu), after the GQA parts */
   const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + fc_round256(dq_bytes);
+  const size_t dbias_at = gqa_at + fc_round256(fc_gqa_workspace_bytes(p, split)), dbias_bytes = fc_mma_dbias_bytes(p);
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, dbias_at + dbias_bytes, (void **)&ws));
   fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
   if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
   const cudaStream_t stream = fc_stream(p);
@@ -149,9 +153,9 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                        fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&dk) &&
                        fc_mma_view_aligned(&dv);
-  /* Softcap, ALiBi or dropout: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
+  /* Softcap, ALiBi, dropout or attn_mask: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
   if (fc_mma_score_mod_of(p, &a.mod)) {
-    FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl));
+    FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl, dbias_bytes ? ws + dbias_at : NULL));
   } else if (p->dtype == FLASHC_F16) {
     FC_CHECK((fc_mma_bwd_dispatch<__half, false>(p, &a, aligned, &pl)));
   } else {

@@ -146,13 +146,16 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4]
 
 /* SCORE_MOD (mma/score_mod.cuh): Pᵀ = 2^(x·log2 e − lse2) of the modified score x of Sᵀ (recomputed with the
  * forward's fc_tanh), masked as the plain pass (mk, where the block is not full), and dSᵀ = Pᵀ∘g∘(dPᵀ − D) in place of
- * dPᵀ, g = 1 − tanh² (CAP; 1 without softcap). kt, qt: the thread's first key and query in the block (ks·MS + g,
- * ns·NS + 2t); w = i + sk − sq − j of that pair, so that key kt + kc and query qt + qc are |w + qc − kc| apart (ALiBi;
- * exact in fp32 below 2^24). L, Dr: lse2 and D of the block's queries. */
-template <int MT_S, int NSX, bool CAP>
-static __device__ __forceinline__ void
-fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4], const float *L, const float *Dr,
-                 const fc_score_mod &md, float slope, float w, const fc_bwd_pmask &mk, bool full, int kt, int qt) {
+ * dPᵀ, g = 1 − tanh² (CAP; 1 without softcap). BIAS (attn_mask): x gains the bias of bias_plane (or P = 0 where a
+ * boolean mask removes the pair), and with dbias, Pᵀ∘(dPᵀ − D) of every pair inside the sequence goes to
+ * dbias_plane (the only CTA that computes the pair writes it). kt, qt: the thread's first key and query in the block
+ * (ks·MS + g, ns·NS + 2t); w = i + sk − sq − j of that pair, so that key kt + kc and query qt + qc are |w + qc − kc|
+ * apart (ALiBi; exact in fp32 below 2^24). L, Dr: lse2 and D of the block's queries. */
+template <typename T, int MT_S, int NSX, bool CAP, bool BIAS>
+static __device__ __forceinline__ void fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4],
+                                                        const float *L, const float *Dr, const fc_score_mod &md,
+                                                        float slope, float w, const fc_bwd_pmask &mk, bool full, int kt,
+                                                        int qt, const void *bias_plane, void *dbias_plane) {
 #pragma unroll
   for (int x = 0; x < NSX; x++) {
     const int qc = qt + 8 * x; /* this lane's two query columns: qc, qc + 1 */
@@ -163,14 +166,33 @@ fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4], const fl
       for (int e = 0; e < 4; e++) {
         const int qi = qc + (e & 1), kj = kt + 16 * m + 8 * (e >> 1);
         float g;
-        const float xs =
+        float xs =
             fc_mod_score<CAP>(sT[m][x][e], md, slope, fabsf(w + (float)(8 * x + (e & 1) - 16 * m - 8 * (e >> 1))), &g);
+        /* BIAS: the pair's element of attn_mask (its offset in the plane: in = inside the sequence) */
+        [[maybe_unused]] bool keep = true, in = true;
+        [[maybe_unused]] int64_t at_i = 0, at_j = 0;
+        if constexpr (BIAS) {
+          in = mk.k0 + kj < mk.sk && mk.q0 + qi < mk.sq;
+          at_i = (int64_t)(mk.q0 + qi), at_j = (int64_t)(mk.k0 + kj);
+          float add = 0.0f;
+          if (in) keep = fc_bias_one<T>(md, bias_plane, at_i * md.bias_st[2] + at_j * md.bias_st[3], &add);
+          xs += add;
+        }
         float p = fc_exp2(fmaf(xs, 1.4426950408889634f, -(e & 1 ? l2.y : l2.x)));
         if (!full && !(mk.k0 + kj < mk.sk && mk.q0 + qi < mk.sq &&
                        fc_bwd_visible(mk.q0 + qi, mk.k0 + kj, mk.shift, mk.wl, mk.wr)))
           p = 0.0f;
-        sT[m][x][e] = p;
-        dpT[m][x][e] = p * g * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
+        if constexpr (BIAS) {
+          if (!keep) p = 0.0f;
+          /* dbias = dS before softcap's factor g (cpu-ref's definition): the bias is added after the modifiers */
+          const float ds = p * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
+          if (md.dbias && in) fc_dbias_put<T>(md, dbias_plane, at_i * md.dbias_st[2] + at_j * md.dbias_st[3], ds);
+          sT[m][x][e] = p;
+          dpT[m][x][e] = ds * g;
+        } else {
+          sT[m][x][e] = p;
+          dpT[m][x][e] = p * g * (dpT[m][x][e] - (e & 1 ? dr.y : dr.x));
+        }
       }
   }
 }
@@ -334,7 +356,7 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
  * into the same blocked layout, so that the sum's layout never depends on the pass that ran.
  * SCORE_MOD: softcap and ALiBi (fc_bwd_fa2_p_mod), Sᵀ and dPᵀ as fa2 computes them (the modifiers act on the raw
  * score, so PDP's start at −lse2/c does not apply), with the dQ of the kernel the plan picked (PDP, BULK_DQ); and
- * dropout, a third run-time branch of the same variant (fc_mma_drop_bits_t). */
+ * dropout, a third run-time branch of the same variant (fc_mma_drop_bits_t), attn_mask and dbias a fourth. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
           bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
@@ -514,10 +536,20 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
         const float w = (float)((int64_t)q0 + qt + s.sk - s.sq - k0 - kt);
         /* Dropout (flash_bwd.c's form): dSᵀ = Pᵀ∘g∘(Z∘dPᵀ − D) and Pᵀ∘Z for dV, Z = keep/(1 − p) */
         if (a.mod.drop_on) fc_mma_drop_apply_t<MT_S, NSX>(dpT, km, a.mod.drop_rp);
-        if (a.mod.k_out > 0.0f)
-          fc_bwd_fa2_p_mod<MT_S, NSX, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt);
-        else
-          fc_bwd_fa2_p_mod<MT_S, NSX, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt);
+        if (a.mod.bias) { /* attn_mask: the planes of query head hh */
+          const void *bp = fc_bias_plane(a.mod, b, hh);
+          void *dbp = a.mod.dbias ? fc_dbias_plane(a.mod, b, hh) : nullptr;
+          if (a.mod.k_out > 0.0f)
+            fc_bwd_fa2_p_mod<T, MT_S, NSX, true, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, bp, dbp);
+          else
+            fc_bwd_fa2_p_mod<T, MT_S, NSX, false, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, bp, dbp);
+        } else if (a.mod.k_out > 0.0f) {
+          fc_bwd_fa2_p_mod<T, MT_S, NSX, true, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, nullptr,
+                                                      nullptr);
+        } else {
+          fc_bwd_fa2_p_mod<T, MT_S, NSX, false, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, nullptr,
+                                                       nullptr);
+        }
         if (a.mod.drop_on) fc_mma_drop_apply_t<MT_S, NSX>(sT, km, a.mod.drop_rp);
       }
       /* Pᵀ = 2^(Sᵀ·c − lse2) */

@@ -258,12 +258,13 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
 /* ---- 3. dq (deterministic mode) ------------------------------------------------------------------------ */
 /* SCORE_MOD: dS = P∘g∘(dP − D) in place of S (sc) for one block of keys from k0, P = 2^(x·log2 e − lse2) of the
  * modified score x (fc_bwd_fa2_p_mod's maths in the forward's layout: row g + 8·(e >> 1), key k0 + 8x + 2t + (e & 1)),
- * keys outside the row's [lo, hi) P = 0. dist0[rh]: i + sk − sq − 2t of the row (ALiBi). */
-template <int NS, bool CAP>
-static __device__ __forceinline__ void fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4],
-                                                       const fc_score_mod &md, float slope, const float (&dist0)[2],
-                                                       int k0, const int (&lo)[2], const int (&hi)[2],
-                                                       const float (&l2)[2], const float (&dr)[2], int t) {
+ * keys outside the row's [lo, hi) P = 0. dist0[rh]: i + sk − sq − 2t of the row (ALiBi). BIAS: x gains attn_mask's
+ * element (row[rh], key) of bias_plane (P = 0 where a boolean mask removes it); dbias is the dK/dV kernel's. */
+template <typename T, int NS, bool CAP, bool BIAS>
+static __device__ __forceinline__ void
+fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4], const fc_score_mod &md, float slope,
+                const float (&dist0)[2], int k0, const int (&lo)[2], const int (&hi)[2], const float (&l2)[2],
+                const float (&dr)[2], int t, const void *bias_plane, const int (&row)[2], int sq, int sk) {
   const float v[2] = {dist0[0] - (float)k0, dist0[1] - (float)k0};
 #pragma unroll
   for (int x = 0; x < NS; x++)
@@ -271,9 +272,16 @@ static __device__ __forceinline__ void fc_bwd_dq_p_mod(float (&sc)[NS][4], const
     for (int e = 0; e < 4; e++) {
       const int key = k0 + 8 * x + 2 * t + (e & 1), rh = e >> 1;
       float g;
-      const float xs = fc_mod_score<CAP>(sc[x][e], md, slope, fabsf(v[rh] - (float)(8 * x + (e & 1))), &g);
+      float xs = fc_mod_score<CAP>(sc[x][e], md, slope, fabsf(v[rh] - (float)(8 * x + (e & 1))), &g);
+      [[maybe_unused]] bool keep = true;
+      if constexpr (BIAS) { /* attn_mask (fc_bwd_fa2_p_mod's): elements inside the sequence only */
+        float add = 0.0f;
+        if (key < sk && row[rh] < sq)
+          keep = fc_bias_one<T>(md, bias_plane, (int64_t)row[rh] * md.bias_st[2] + (int64_t)key * md.bias_st[3], &add);
+        xs += add;
+      }
       float p = fc_exp2(fmaf(xs, 1.4426950408889634f, -l2[rh]));
-      if (key < lo[rh] || key >= hi[rh]) p = 0.0f;
+      if (key < lo[rh] || key >= hi[rh] || !keep) p = 0.0f;
       sc[x][e] = p * g * (dp[x][e] - dr[rh]);
     }
 }
@@ -322,6 +330,12 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   if constexpr (SCORE_MOD) {
     slope = fc_score_mod_slope(a.mod, b, h);
     for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(i0 + warp * 16 + g + 8 * rh + s.sk - s.sq - 2 * t);
+  }
+  /* SCORE_MOD with attn_mask: this (sequence, head)'s plane of it, and the thread's two rows */
+  [[maybe_unused]] const void *bias_plane = nullptr;
+  [[maybe_unused]] int brow[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+  if constexpr (SCORE_MOD) {
+    if (a.mod.bias) bias_plane = fc_bias_plane(a.mod, b, h);
   }
 
   fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, s.sq - i0, a.head_dim, tid, Q);
@@ -401,10 +415,20 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     if constexpr (SCORE_MOD) {
       /* Dropout: dS = P∘g∘(Z∘dP − D), Z = keep/(1 − p) (flash_bwd.c's form) */
       if (a.mod.drop_on) fc_mma_drop_apply<1, NS>(&dp, km, a.mod.drop_rp);
-      if (a.mod.k_out > 0.0f)
-        fc_bwd_dq_p_mod<NS, true>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t);
-      else
-        fc_bwd_dq_p_mod<NS, false>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t);
+#define FC_DQ_P_MOD(CAP, BIAS)                                                                                         \
+  fc_bwd_dq_p_mod<T, NS, CAP, BIAS>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t, bias_plane, brow,  \
+                                    s.sq, s.sk)
+      if (a.mod.bias) {
+        if (a.mod.k_out > 0.0f)
+          FC_DQ_P_MOD(true, true);
+        else
+          FC_DQ_P_MOD(false, true);
+      } else if (a.mod.k_out > 0.0f) {
+        FC_DQ_P_MOD(true, false);
+      } else {
+        FC_DQ_P_MOD(false, false);
+      }
+#undef FC_DQ_P_MOD
     }
 #pragma unroll
     for (int x = 0; x < NS && !SCORE_MOD; x++)
@@ -679,8 +703,8 @@ static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_
   }
 }
 
-/* 1, 2 (the plan's kernel), then 3 or 3' and 4. SCORE_MOD: the kernels built with softcap and ALiBi (no base kernel:
- * fc_mma_bwd_plan_of never picks it for them). */
+/* 1, 2 (the plan's kernel), then 3 or 3' and 4. SCORE_MOD: the kernels built with softcap, ALiBi, dropout and
+ * attn_mask (no base kernel: fc_mma_bwd_plan_of never picks it for them). */
 template <typename T, bool SCORE_MOD>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                          const fc_mma_bwd_plan *pl) {
@@ -699,8 +723,10 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
   return fc_mma_bwd_finish_at<T, SCORE_MOD>(p, a, aligned, pl);
 }
 
-/* The SCORE_MOD half (mma/bwd_score_mod.cu): fc_mma_bwd_dispatch<T, true> for the call's dtype. */
+/* The SCORE_MOD half (mma/bwd_score_mod.cu): fc_mma_bwd_dispatch<T, true> for the call's dtype, with dbias's passes
+ * around it; dbias_ws: fc_mma_dbias_bytes(p) of device workspace (dbias's fp32 sums), or NULL where that is 0. */
 flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                   const fc_mma_bwd_plan *pl);
+                                   const fc_mma_bwd_plan *pl, void *dbias_ws);
+size_t fc_mma_dbias_bytes(const fc_problem *p);
 
 #endif /* FLASHC_CUDA_MMA_BWD_LAUNCH_CUH */

@@ -261,8 +261,9 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
   /* mma/fwd_kernel.cuh's kernel (fewer instructions per key block), its shapes by the call's mask; this file's kernel
    * with the same shapes (`mt2`) read d128 0.88–0.95× flash where lean read 0.93–1.06×, d256 0.79–1.06× (0.84–1.15×)
    * (configs/mma-fwd-lean.txt). Where the device's shared memory is too small for them: SMALL. */
-  /* Softcap, ALiBi and dropout: the lean kernel only (SCORE_MOD, mma/score_mod.cuh); the SMALL kernel has none. */
-  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f;
+  /* Softcap, ALiBi, dropout and attn_mask: the lean kernel only (SCORE_MOD, mma/score_mod.cuh); the SMALL kernel has
+   * none. */
+  const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f || p->attn_mask != NULL;
   pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
   if (fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d) > props.smem_per_block_optin &&
       fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0 && fc_mma_fwd_small_in_image(props.code_sm) && !mod)
@@ -273,7 +274,7 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "flashc_forward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s; "
                     "device %d (sm_%d) allows %zu",
-                    d, bytes, mod ? " (with softcap, ALiBi or dropout)" : "", props.device, props.sm,
+                    d, bytes, mod ? " (with softcap, ALiBi, dropout or attn_mask)" : "", props.device, props.sm,
                     props.smem_per_block_optin);
   pl->aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
                 fc_mma_view_aligned(&p->o);
@@ -421,8 +422,8 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
   a.aligned = pl.aligned;
-  /* Softcap, ALiBi or dropout: the plan's kernel built with SCORE_MOD (mma/score_mod.cuh), which turns S into the
-   * modified score x: the exponent's factor is log2 e alone and lse = m + ln l (scale 1). */
+  /* Softcap, ALiBi, dropout or attn_mask: the plan's kernel built with SCORE_MOD (mma/score_mod.cuh), which turns S
+   * into the modified score x: the exponent's factor is log2 e alone and lse = m + ln l (scale 1). */
   if (fc_mma_score_mod_of(p, &a.mod)) {
     a.scale = 1.0f;
     a.scale_log2 = 1.4426950408889634f;
@@ -449,7 +450,7 @@ extern "C" const fc_backend fc_backend_cuda_mma = {
     mma_supports,
     mma_forward,
     fc_mma_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_SEQUSED | FC_FEATURE_DROPOUT |
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_SEQUSED | FC_FEATURE_DROPOUT | FC_FEATURE_ATTN_MASK |
         FC_FEATURE_CU_SEQLENS_DEVICE, /* features; validate.c refuses the others */
     0,                                /* max_head_dim_v */
     fc_cuda_forward_kvcache,          /* forward_kvcache: mma/decode.cu */

@@ -137,7 +137,9 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
  * shared-memory layout and launch) with the changes listed at the top. SCORE_MOD: softcap and ALiBi
  * (mma/score_mod.cuh), S turned into the modified score before the mask; the host passes scale 1 and
  * scale_log2 = log2 e, so that the softmax and the end below are the plain kernel's. Dropout is a third run-time
- * branch of the same variant: P∘keep multiplies V, O gains 1/(1 − p) at the end. */
+ * branch of the same variant: P∘keep multiplies V, O gains 1/(1 − p) at the end; attn_mask a fourth: the bias added
+ * to the modified score (or −inf where a boolean mask removes the key), in every block (no block is plain for it). A
+ * row whose keys are all removed keeps m = −inf: O = 0, lse = −inf, as a row that sees no key. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
           bool SPLIT = false, bool SCORE_MOD = false>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
@@ -193,6 +195,11 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) dist0[mt][rh] = (float)(i0 + wrow + 16 * mt + g + 8 * rh + sk - sq - 2 * t);
+  }
+  /* SCORE_MOD with attn_mask: this (sequence, head)'s plane of it */
+  [[maybe_unused]] const void *bias_plane = nullptr;
+  if constexpr (SCORE_MOD) {
+    if (a.mod.bias) bias_plane = fc_bias_plane(a.mod, b, h);
   }
   auto load_k = [&](int j, int stage) {
     fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
@@ -283,7 +290,10 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     fc_fwd_zero<MT, NS>(s);
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) fc_lean_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, qx, kj);
-    if constexpr (SCORE_MOD) fc_mma_mod_scores<MT, NS>(s, a.mod, slope, dist0, j * BC);
+    if constexpr (SCORE_MOD) {
+      fc_mma_mod_scores<MT, NS>(s, a.mod, slope, dist0, j * BC);
+      if (a.mod.bias) fc_mma_bias_scores<T, MT, NS>(s, a.mod, bias_plane, i0 + wrow + g, sq, sk, j * BC, t);
+    }
     if (j < j_plain0 || j >= j_plain1)
       fc_lean_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
 

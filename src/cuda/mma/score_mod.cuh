@@ -6,6 +6,7 @@
 #define FLASHC_CUDA_MMA_SCORE_MOD_CUH
 
 #include "common/score_mod.cuh"
+#include "mma/ptx.cuh"
 #include "../../philox.h"
 
 #include <math.h>
@@ -14,6 +15,12 @@
 static inline bool fc_mma_score_mod_of(const fc_problem *p, fc_score_mod *m) {
   const bool on = fc_score_mod_of(p, m);
   m->k_in = fabsf(m->k_in);
+  /* attn_mask: keys 2t, 2t + 1 of the forward's layout as one word where every such pair is whole and aligned */
+  if (m->bias) {
+    const int64_t es = m->bias_bool ? 1 : 2, *st = m->bias_st;
+    m->bias_pair = st[3] == 1 && p->seqlen_k % 2 == 0 && st[0] % 2 == 0 && st[1] % 2 == 0 && st[2] % 2 == 0 &&
+                   (uintptr_t)m->bias % (uintptr_t)(2 * es) == 0;
+  }
   return on;
 }
 
@@ -53,6 +60,91 @@ static __device__ __forceinline__ void fc_mma_mod_scores(float (*s)[NS][4], cons
             s[mt][x][e] = fmaf(-slope, fabsf(v - (float)(8 * x + (e & 1))), s[mt][x][e]);
       }
   }
+}
+
+/* ---- attn_mask (flashc.h: after softcap and ALiBi, s ← s + bias, or the key removed where a boolean mask is 0) ----
+ * Each thread reads the elements it holds from global memory, where the mask lives (no staging through shared
+ * memory): in the forward's layout the 4 lanes of a quad hold keys 2t, 2t + 1 of 8 consecutive keys of a row, one
+ * word each (bias_pair), so that a warp's load reads 16 bytes (bool: 8) of each of 8 rows; in the backward's Sᵀ
+ * layout a lane's two elements of an n-block are one key of two queries, loaded one at a time (the 8 lanes of a t:
+ * 8 consecutive keys of one row). */
+
+/* The plane of (sequence b, query head h) in the mask, and in dbias. */
+static __device__ __forceinline__ const void *fc_bias_plane(const fc_score_mod &md, int64_t b, int h) {
+  return (const uint8_t *)md.bias + (b * md.bias_st[0] + h * md.bias_st[1]) * (md.bias_bool ? 1 : 2);
+}
+static __device__ __forceinline__ void *fc_dbias_plane(const fc_score_mod &md, int64_t b, int h) {
+  return (uint8_t *)md.dbias + (b * md.dbias_st[0] + h * md.dbias_st[1]) * (md.dbias_f32 ? 4 : 2);
+}
+
+/* Element off of a plane of the mask: *add, a bias's value (0 for a boolean mask), and whether the key stays. */
+template <typename T>
+static __device__ __forceinline__ bool fc_bias_one(const fc_score_mod &md, const void *plane, int64_t off, float *add) {
+  if (md.bias_bool) {
+    *add = 0.0f;
+    return __ldg((const unsigned char *)plane + off) != 0;
+  }
+  *add = fc_to_float<T>(__ldg((const unsigned short *)plane + off));
+  return true;
+}
+
+/* dbias element off of its plane gets dS: stored in the call's dtype, or added to the fp32 buffer. */
+template <typename T>
+static __device__ __forceinline__ void fc_dbias_put(const fc_score_mod &md, void *plane, int64_t off, float ds) {
+  if (md.dbias_f32)
+    atomicAdd((float *)plane + off, ds);
+  else
+    ((uint16_t *)plane)[off] = fc_from_float<T>(ds);
+}
+
+/* The forward's S (fc_mma_mod_scores' layout; rows row0 + 16·mt + 8·rh, keys k0 + 8x + 2t + (e & 1)) → s + bias, or
+ * −inf where a boolean mask removes the key. Rows past sq (never stored) and keys past sk (the mask hides them after)
+ * are left as they are, unread. MODE 0: pairs of a bias, 1: pairs of a boolean mask (bias_pair), 2: one element at a
+ * time (any strides); one uniform branch picks it for the whole block. */
+template <typename T, int MODE, int MT, int NS>
+static __device__ __forceinline__ void fc_mma_bias_block(float (*s)[NS][4], const fc_score_mod &md, const void *plane,
+                                                         int row0, int sq, int sk, int k0, int t) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int row = row0 + 16 * mt + 8 * rh;
+      if (row >= sq) continue;
+      const int64_t ro = (int64_t)row * md.bias_st[2];
+#pragma unroll
+      for (int x = 0; x < NS; x++) {
+        const int key = k0 + 8 * x + 2 * t;
+        float add[2] = {0.0f, 0.0f};
+        bool keep[2] = {true, true};
+        if constexpr (MODE == 0) {
+          if (key < sk) { /* sk is even: key + 1 < sk too */
+            const uint32_t w = __ldg((const unsigned int *)((const uint16_t *)plane + ro + key));
+            add[0] = fc_to_float<T>((uint16_t)(w & 0xffffu)), add[1] = fc_to_float<T>((uint16_t)(w >> 16));
+          }
+        } else if constexpr (MODE == 1) {
+          if (key < sk) {
+            const uint32_t w = __ldg((const unsigned short *)((const uint8_t *)plane + ro + key));
+            keep[0] = (w & 0xffu) != 0, keep[1] = (w >> 8) != 0;
+          }
+        } else {
+#pragma unroll
+          for (int e1 = 0; e1 < 2; e1++)
+            if (key + e1 < sk) keep[e1] = fc_bias_one<T>(md, plane, ro + (int64_t)(key + e1) * md.bias_st[3], &add[e1]);
+        }
+#pragma unroll
+        for (int e1 = 0; e1 < 2; e1++) s[mt][x][2 * rh + e1] = keep[e1] ? s[mt][x][2 * rh + e1] + add[e1] : -INFINITY;
+      }
+    }
+}
+template <typename T, int MT, int NS>
+static __device__ __forceinline__ void fc_mma_bias_scores(float (*s)[NS][4], const fc_score_mod &md, const void *plane,
+                                                          int row0, int sq, int sk, int k0, int t) {
+  if (md.bias_pair && !md.bias_bool)
+    fc_mma_bias_block<T, 0, MT, NS>(s, md, plane, row0, sq, sk, k0, t);
+  else if (md.bias_pair)
+    fc_mma_bias_block<T, 1, MT, NS>(s, md, plane, row0, sq, sk, k0, t);
+  else
+    fc_mma_bias_block<T, 2, MT, NS>(s, md, plane, row0, sq, sk, k0, t);
 }
 
 /* ---- dropout (flashc.h, "Dropout"; philox.h's rule, bit for bit) ------------------------------------------------
