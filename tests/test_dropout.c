@@ -196,18 +196,34 @@ static void run_free(run_out *r) {
   r->mask = NULL;
 }
 
+/* A case's tensors in dtype dt: q, k, v, dout from its inputs, o and the gradients new (batch 1 and the packed rows
+ * for varlen). */
+typedef struct case_tensors {
+  th_tensor q, k, v, dout, o, dq, dk, dv;
+} case_tensors;
+
+static void case_tensors_new(case_tensors *t, const dcase *c, const inputs *in, flashc_dtype dt) {
+  const int64_t B = c->lens_q ? 1 : c->batch, SQ = c->lens_q ? rows_q(c) : c->sq, SK = c->lens_q ? rows_k(c) : c->sk;
+  t->q = th_tensor_from_dense(dt, in->q, B, SQ, c->hq, c->d),
+  t->k = th_tensor_from_dense(dt, in->k, B, SK, c->hkv, c->d);
+  t->v = th_tensor_from_dense(dt, in->v, B, SK, c->hkv, c->d);
+  t->dout = th_tensor_from_dense(dt, in->dout, B, SQ, c->hq, c->d);
+  t->o = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d), t->dq = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d);
+  t->dk = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d), t->dv = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d);
+}
+
+static void case_tensors_free(case_tensors *t) {
+  th_tensor *all[8] = {&t->q, &t->k, &t->v, &t->dout, &t->o, &t->dq, &t->dk, &t->dv};
+  for (int i = 0; i < 8; i++) th_tensor_free(all[i]);
+}
+
 static bool run_case(const dcase *c, inputs *in, const char *name, flashc_dtype dt, int threads, uint64_t seed,
                      uint64_t offset, run_out *out) {
   th_backend be;
   if (!th_backend_open(&be, name)) return false;
   flashc_set_threads(be.handle, threads);
-  const int64_t B = c->lens_q ? 1 : c->batch, SQ = c->lens_q ? rows_q(c) : c->sq, SK = c->lens_q ? rows_k(c) : c->sk;
-  th_tensor q = th_tensor_from_dense(dt, in->q, B, SQ, c->hq, c->d),
-            k = th_tensor_from_dense(dt, in->k, B, SK, c->hkv, c->d),
-            v = th_tensor_from_dense(dt, in->v, B, SK, c->hkv, c->d),
-            dout = th_tensor_from_dense(dt, in->dout, B, SQ, c->hq, c->d),
-            o = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d), dq = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d),
-            dk = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d), dv = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d);
+  case_tensors ct;
+  case_tensors_new(&ct, c, in, dt);
   const int64_t nlse = rows_q(c) * c->hq, nmask = c->batch * c->hq * c->sq * c->sk;
   flashc_params p = case_params(c, in, seed, offset);
   uint8_t *mask = malloc((size_t)nmask);
@@ -216,14 +232,14 @@ static bool run_case(const dcase *c, inputs *in, const char *name, flashc_dtype 
   float *lse = malloc((size_t)nlse * sizeof *lse);
   char what[160];
   snprintf(what, sizeof what, "%s on %s %s (%d threads)", c->name, name, flashc_dtype_name(dt), threads);
-  const bool ok = th_forward_backward(&be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv, what, &out->r);
+  const bool ok = th_forward_backward(&be, &p, &ct.q, &ct.k, &ct.v, &ct.o, lse, nlse, &ct.dout, &ct.dq, &ct.dk, &ct.dv,
+                                      what, &out->r);
   if (ok) {
     out->mask = mask;
     mask = NULL;
   }
   free(mask), free(lse);
-  th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&dout), th_tensor_free(&o);
-  th_tensor_free(&dq), th_tensor_free(&dk), th_tensor_free(&dv);
+  case_tensors_free(&ct);
   th_backend_close(&be);
   return ok;
 }
@@ -626,13 +642,8 @@ static const dcase gpu_cases[] = {
 /* One forward + backward on a CUDA backend (tensors copied by the harness; the mask in device memory here). */
 static bool run_case_gpu(const dcase *c, inputs *in, const th_backend *be, flashc_dtype dt, int deterministic,
                          uint64_t seed, uint64_t offset, run_out *out) {
-  const int64_t B = c->lens_q ? 1 : c->batch, SQ = c->lens_q ? rows_q(c) : c->sq, SK = c->lens_q ? rows_k(c) : c->sk;
-  th_tensor q = th_tensor_from_dense(dt, in->q, B, SQ, c->hq, c->d),
-            k = th_tensor_from_dense(dt, in->k, B, SK, c->hkv, c->d),
-            v = th_tensor_from_dense(dt, in->v, B, SK, c->hkv, c->d),
-            dout = th_tensor_from_dense(dt, in->dout, B, SQ, c->hq, c->d),
-            o = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d), dq = th_tensor_new(dt, TH_BSHD, B, SQ, c->hq, c->d),
-            dk = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d), dv = th_tensor_new(dt, TH_BSHD, B, SK, c->hkv, c->d);
+  case_tensors ct;
+  case_tensors_new(&ct, c, in, dt);
   const int64_t nlse = rows_q(c) * c->hq, nmask = c->batch * c->hq * c->sq * c->sk;
   flashc_params p = case_params(c, in, seed, offset);
   p.deterministic = deterministic;
@@ -646,17 +657,20 @@ static bool run_case_gpu(const dcase *c, inputs *in, const th_backend *be, flash
                      "%s: the mask's device memory", what);
   if (ok) {
     p.dropout_mask = dmask;
-    flashc_status st = th_forward(be, &p, &q, &k, &v, &o, lse, nlse);
+    flashc_status st = th_forward(be, &p, &ct.q, &ct.k, &ct.v, &ct.o, lse, nlse);
     ok = th_check(st == FLASHC_OK, "%s forward: %s", what, flashc_last_error()) &&
          th_check(cudaMemcpy(mask, dmask, (size_t)nmask, cudaMemcpyDeviceToHost) == cudaSuccess, "%s: mask copy", what);
   }
   if (ok) {
-    const flashc_status st = th_backward(be, &p, &q, &k, &v, &o, lse, nlse, &dout, &dq, &dk, &dv);
+    const flashc_status st =
+        th_backward(be, &p, &ct.q, &ct.k, &ct.v, &ct.o, lse, nlse, &ct.dout, &ct.dq, &ct.dk, &ct.dv);
     ok = th_check(st == FLASHC_OK, "%s backward: %s", what, flashc_last_error());
   }
   if (ok) {
-    th_check_output(&o, what), th_check_output(&dq, what), th_check_output(&dk, what), th_check_output(&dv, what);
-    out->r.o = th_dense(&o), out->r.dq = th_dense(&dq), out->r.dk = th_dense(&dk), out->r.dv = th_dense(&dv);
+    th_check_output(&ct.o, what), th_check_output(&ct.dq, what), th_check_output(&ct.dk, what),
+        th_check_output(&ct.dv, what);
+    out->r.o = th_dense(&ct.o), out->r.dq = th_dense(&ct.dq), out->r.dk = th_dense(&ct.dk),
+    out->r.dv = th_dense(&ct.dv);
     out->r.lse = malloc((size_t)nlse * sizeof(double));
     for (int64_t x = 0; x < nlse; x++) out->r.lse[x] = lse[x];
     out->mask = mask;
@@ -664,8 +678,7 @@ static bool run_case_gpu(const dcase *c, inputs *in, const th_backend *be, flash
   }
   if (dmask) cudaFree(dmask);
   free(mask), free(lse);
-  th_tensor_free(&q), th_tensor_free(&k), th_tensor_free(&v), th_tensor_free(&dout), th_tensor_free(&o);
-  th_tensor_free(&dq), th_tensor_free(&dk), th_tensor_free(&dv);
+  case_tensors_free(&ct);
   return ok;
 }
 #endif
