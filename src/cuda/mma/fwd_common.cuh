@@ -141,4 +141,34 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
   }
 }
 
+/* K and V of key block j into stage `stage` of the ring (keys past sk as zeros): the copy both forward kernels issue
+ * for a block. */
+template <int BC, int D, int NT, bool ALIGNED>
+static __device__ __forceinline__ void fc_fwd_load_kv(uint16_t *sK, uint16_t *sV, const uint16_t *K, const uint16_t *V,
+                                                      const fc_mma_fwd_args &a, int sk, int tid, int j, int stage) {
+  constexpr int DS = fc_tile_stride(D);
+  fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
+                                       a.head_dim, tid, K);
+  fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
+                                       a.head_dim, tid, V);
+}
+
+/* Q_i (rows i0.., those past sq as zeros), then the first STAGES − 1 key blocks from j_begin, one commit group each
+ * (empty groups keep the count); on return every thread's part of Q_i has landed (Q's group is the oldest). */
+template <int BR, int BC, int D, int NT, int STAGES, bool ALIGNED>
+static __device__ __forceinline__ void fc_fwd_prologue(uint16_t *sQ, uint16_t *sK, uint16_t *sV, const uint16_t *Q,
+                                                       const uint16_t *K, const uint16_t *V, const fc_mma_fwd_args &a,
+                                                       int i0, int sq, int sk, int j_begin, int j_end, int tid) {
+  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
+  fc_cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    const int j = j_begin + s;
+    if (j < j_end) fc_fwd_load_kv<BC, D, NT, ALIGNED>(sK, sV, K, V, a, sk, tid, j, s);
+    fc_cp_async_commit();
+  }
+  fc_cp_async_wait<STAGES - 1>();
+  __syncthreads();
+}
+
 #endif /* FLASHC_CUDA_MMA_FWD_COMMON_CUH */

@@ -201,27 +201,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   if constexpr (SCORE_MOD) {
     if (a.mod.bias) bias_plane = fc_bias_plane(a.mod, b, h);
   }
-  auto load_k = [&](int j, int stage) {
-    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
-                                         a.head_dim, tid, K);
-  };
-  auto load_v = [&](int j, int stage) {
-    fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
-                                         a.head_dim, tid, V);
-  };
-
-  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
-  fc_cp_async_commit();
-  /* Prologue: the first STAGES − 1 key blocks, one commit group each (empty
-   * groups keep the count). */
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
-    const int j = j_begin + s;
-    if (j < j_end) load_k(j, s), load_v(j, s);
-    fc_cp_async_commit();
-  }
-  fc_cp_async_wait<STAGES - 1>(); /* Q's group is the oldest */
-  __syncthreads();                /* every thread's part of Q_i has landed */
+  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT, ALIGNED>(sK, sV, K, V, a, sk, tid, j, stage); };
+  fc_fwd_prologue<BR, BC, D, NT, STAGES, ALIGNED>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
   if (a.negate_q) {
     /* A negative scale: S = (−Q_i)·K_jᵀ with |scale|, the sign flipped once
      * here. */
@@ -269,7 +250,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
             fc_lean_load_whole<BC, D, NT>(fc_smem_u32(sV) + sp * TILE, V + (int64_t)(jp * BC) * a.v_ss, a.v_ss, tid);
           }
         }
-        if (!whole) load_k(jp, sp), load_v(jp, sp);
+        if (!whole) load_kv(jp, sp);
       }
       fc_cp_async_commit();
     }
