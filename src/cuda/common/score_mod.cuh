@@ -15,8 +15,10 @@
 #define FLASHC_CUDA_COMMON_SCORE_MOD_CUH
 
 #include "common/common.cuh"
+#include "common/mask_tiles.cuh"
 
 #include <stdint.h>
+#include <string.h>
 
 /* The call's modifiers as both directions' kernel arguments carry them (filled by fc_score_mod_of). */
 typedef struct fc_score_mod {
@@ -38,6 +40,9 @@ typedef struct fc_score_mod {
   const void *bias;
   int bias_bool, bias_pair;
   int64_t bias_st[4];
+  /* A boolean mask's blocks at the kernel's block shape (common/mask_tiles.cuh), built by the backend before its
+   * kernels: tiles.cls NULL where none was built (a float bias, or no mask), and every block then reads the mask. */
+  fc_mask_tiles tiles;
   /* dbias (backward; set by mma/bwd_score_mod.cu): NULL: not wanted; else dS of element (b, h, i, j) goes to dbias +
    * b·dbias_st[0] + … + j·dbias_st[3], stored in the call's dtype (dbias_f32 0) or added to an fp32 buffer (1). */
   void *dbias;
@@ -59,6 +64,7 @@ static inline bool fc_score_mod_of(const fc_problem *p, fc_score_mod *m) {
   m->bias = p->attn_mask;
   m->bias_bool = p->attn_mask_is_bool;
   m->bias_pair = 0;
+  memset(&m->tiles, 0, sizeof m->tiles);
   for (int d = 0; d < 4; d++) m->bias_st[d] = p->attn_mask_stride[d], m->dbias_st[d] = 0;
   m->dbias = NULL;
   m->dbias_f32 = 0;
