@@ -20,11 +20,12 @@ Grids (--grid):
                bf16; peers torch:flash and torch:cudnn (enable_gqa, or K/V expanded where a backend lacks it).
   cpu          docs/targets.md's CPU table: 1/8/2048/64 and 1/8/4096/128, full and causal, fp32; peer torch:cpu.
   features     issue #48 side by side: plain, softcap 30, ALiBi (slopes 2^(−8(h+1)/H)), dropout 0.1 (a fixed
-               seed; the reference draws the same Philox mask) at d 128, and Q/K 192 with V 128, seqlen 4k and 8k,
-               16 heads, batch = 16k tokens / seqlen, causal, bf16; peers torch:flash, cudnn and efficient where
-               they take the case (ALiBi as a float attn_mask; no SDPA softcap, and SDPA's dropout draws another
-               mask: skipped). A backend that refuses a feature gives a skipped row saying so. The CSV adds
-               head_dim_v, softcap, alibi and dropout columns.
+               seed; the reference draws the same Philox mask), a padded batch's boolean attn_mask (padmask:
+               configs.padding_mask, the causal mask folded in, the same [b, 1, s, s] tensor for flashc and SDPA)
+               at d 128, and Q/K 192 with V 128, seqlen 4k and 8k, 16 heads, batch = 16k tokens / seqlen, causal,
+               bf16; peers torch:flash, cudnn and efficient where they take the case (ALiBi as a float attn_mask;
+               no SDPA softcap, and SDPA's dropout draws another mask: skipped). A backend that refuses a feature
+               gives a skipped row saying so. The CSV adds head_dim_v, softcap, alibi and dropout columns.
   decode       issue #49: flashc.attention_with_kvcache over a dense and a paged (16, 256) cache, seqlen_new 1 and
                4, batch 1/8/64, cache length 1k…128k, heads 32/8, 64/8, 32/32, d 128, bf16, causal; peers
                torch:flash and cudnn on the same cache as dense tensors; a `copy` row with the copy bandwidth of

@@ -162,14 +162,26 @@ def test_flops_and_bytes_count_the_v_head_dim():
 
 def test_features_grid_shapes():
     rows = configs.features_grid()
-    assert len(rows) == 10 and {c.seqlen for c, _ in rows} == {4096, 8192}
+    assert len(rows) == 12 and {c.seqlen for c, _ in rows} == {4096, 8192}
     for cfg, features in rows:
         assert cfg.batch * cfg.seqlen == 16384 and cfg.heads == 16
         assert (cfg.head_dim, cfg.dv) == ((192, 128) if cfg.name.startswith("dv") else (128, 128))
         impls.Case(cfg=cfg, dtype="bf16", causal=True, **features)  # every feature is a Case field
     names = [cfg.name.split("-")[0] for cfg, _ in rows]
-    assert names == ["plain", "softcap30", "alibi", "dropout0.1", "dv"] * 2
-    assert [f for _, f in rows[:5]] == [{}, {"softcap": 30.0}, {"alibi": True}, {"dropout": 0.1}, {}]
+    assert names == ["plain", "softcap30", "alibi", "dropout0.1", "padmask", "dv"] * 2
+    assert [f for _, f in rows[:6]] == [{}, {"softcap": 30.0}, {"alibi": True}, {"dropout": 0.1}, {"padding": True}, {}]
+
+
+def test_padding_mask():
+    """Sequence b keeps its first sk − ((b mod 15) + 1)·sk/16 keys (at least one), and causal folds in bottom-right."""
+    m = configs.padding_mask(3, 5, 32, causal=False)
+    assert m.shape == (3, 1, 5, 32) and m.dtype == bool
+    assert [int(m[b, 0, 0].sum()) for b in range(3)] == [30, 28, 26] and m[:, :, :, :26].all()
+    c = configs.padding_mask(2, 6, 8, causal=True)
+    for b, keep in enumerate((8, 7)):
+        for i in range(6):
+            assert list(np.flatnonzero(c[b, 0, i])) == list(range(min(keep, i + 2 + 1))), (b, i)
+    assert configs.padding_mask(1, 1, 1, causal=True).all()  # never every key of a sequence
 
 
 # ---- the framework's rows ----------------------------------------------------------------------------------------
@@ -193,6 +205,30 @@ def test_features_through_the_engine(cpu_ref):
                 assert r["status"] == ("peer" if alibi else "skipped"), r
                 if alibi:
                     assert r["max_abs_err"] < 1e-4, r
+
+
+def test_padding_mask_through_the_engine(cpu_ref):
+    """A padding case: flashc (cpu-ref, cpu) and SDPA (torch:cpu) get the same boolean mask, causal folded in, and
+    pass against the reference forward and backward; the reference moves with the mask (the check is not vacuous)."""
+    impl = impls.flashc_impls("cpu", CPU_BACKENDS) + [impls.TorchSDPA("cpu")]
+    cfg = configs.Config("t", 3, 4, 40, 16, heads_kv=2)
+    case = impls.Case(cfg=cfg, dtype="f32", causal=True, padding=True)
+    assert case.attn_mask().shape == (3, 1, 40, 40) and not case.mask_causal
+    rows = engine.run_case(case, impl, ["fwd", "bwd"], engine.Options(repeats=3, warmup=1, ref_engine="numpy"))
+    assert len(rows) == 2 * len(impl)
+    for r in rows:
+        assert r["causal"] == 1, r
+        if r["impl"].startswith("flashc:"):
+            assert r["status"] == "pass" and r["max_abs_err"] < 1e-5, r
+        elif impls.torch_or_none() is None:
+            assert r["status"] == "skipped", r
+        else:
+            assert r["status"] == "peer" and r["max_abs_err"] < 1e-4, r
+    q, k, v, _ = impls.Inputs(case, 0).numpy()
+    plain = reference.Reference(q, k, v, None, True, None, None, "bottom-right", engine="numpy").forward()[0][0]
+    masked = reference.Reference(q, k, v, None, True, None, None, "bottom-right", engine="numpy",
+                                 attn_mask=case.attn_mask()).forward()[0][0]  # fmt: skip
+    assert np.abs(plain - masked).max() > 1e-2
 
 
 def test_dropout_through_the_engine(rng, cpu_ref):
@@ -287,7 +323,7 @@ def test_compare_features_grid_quick(tmp_path):
     assert columns[: len(engine.SCHEMA)] == engine.SCHEMA
     assert columns[-4:] == ["head_dim_v", "softcap", "alibi", "dropout"]
     ours = [r for r in rows if r["impl"].startswith("flashc:")]
-    assert len(ours) == 2 * 5 * 2 * len(CPU_BACKENDS)  # seqlens x features x passes x backends
+    assert len(ours) == 2 * 6 * 2 * len(CPU_BACKENDS)  # seqlens x features x passes x backends
     for r in ours:  # the CPU backends implement every feature: dropout0.1 rows pass against the same mask too
         assert r["status"] == "pass" and r["dtype"] == "bf16" and r["causal"] == "1", r
         assert float(r["max_abs_err"]) < 0.05 and float(r["ms"]) > 0, r
@@ -299,8 +335,9 @@ def test_compare_features_grid_quick(tmp_path):
         ("0.0", "0", "0.0", "48", "32"),
     }
     assert {r["config"].split("-")[0] for r in ours if r["dropout"] == "0.1"} == {"dropout0.1"}
+    assert sum(r["config"].startswith("padmask-") for r in ours) == 2 * 2 * len(CPU_BACKENDS)
     peers = [r for r in rows if r["impl"] == "torch:cpu"]
-    assert len(peers) == 2 * 5 * 2
+    assert len(peers) == 2 * 6 * 2
     for r in peers:
         if r["dropout"] != "0.0":
             assert r["status"] == "skipped" and ("dropout" in r["note"] or not impls.torch_or_none()), r

@@ -91,6 +91,7 @@ FEATURES = (
     ("softcap30", {"softcap": 30.0}, False),
     ("alibi", {"alibi": True}, False),
     ("dropout0.1", {"dropout": 0.1}, False),
+    ("padmask", {"padding": True}, False),
     ("dv", {}, True),
 )
 
@@ -106,6 +107,18 @@ def features_grid(tokens=16384, heads=16, head_dim=128, seqlens=(4096, 8192), dv
             label = f"{name}-d{d}:{dv}-s{s}" if own_dv else f"{name}-d{d}-s{s}"
             out.append((Config(label, max(1, tokens // s), heads, s, d, head_dim_v=dv), dict(features)))
     return out
+
+
+def padding_mask(batch: int, sq: int, sk: int, causal: bool) -> np.ndarray:
+    """A padded batch's boolean mask [batch, 1, sq, sk] (True: attend) as transformers hands it to SDPA: sequence
+    b's last ((b mod 15) + 1)·sk/16 keys are padding (never all of them), and with `causal` the bottom-right causal
+    mask is folded in (SDPA takes attn_mask or is_causal, not both, so the mask carries both)."""
+    keep = np.ones((batch, 1, sq, sk), dtype=bool)
+    for b in range(batch):
+        keep[b, :, :, max(1, sk - ((b % 15) + 1) * sk // 16) :] = False
+    if causal:
+        keep &= np.tri(sq, sk, sk - sq, dtype=bool)[None, None]
+    return keep
 
 
 def alibi_slopes(heads: int) -> np.ndarray:

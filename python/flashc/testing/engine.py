@@ -162,6 +162,7 @@ def run_case(case: Case, impls: list, passes: list, opts: Options, on_row=None) 
         alibi_slopes=case.alibi_slopes,
         dropout_p=case.dropout,
         dropout_seed=case.dropout_seed,
+        attn_mask=case.attn_mask(),
     )
     tol = opts.tolerance if opts.tolerance is not None else metrics.DEFAULT_TOLERANCE[case.dtype]
     rows = []

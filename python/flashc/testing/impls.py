@@ -62,6 +62,22 @@ class Case:
     alibi: bool = False  # ALiBi with the paper's slopes for cfg.heads (configs.alibi_slopes)
     dropout: float = 0.0  # 0: none; else p, the mask keyed by dropout_seed (offset 0)
     dropout_seed: int = DROPOUT_SEED
+    # A padded batch's boolean attn_mask with the causal mask folded in (configs.padding_mask), given to flashc and
+    # SDPA alike as attn_mask [b, 1, sq, sk] with causal off: the same mask for both, as transformers passes it.
+    padding: bool = False
+
+    def attn_mask(self):
+        """The boolean mask of a padding case (numpy [b, 1, sq, sk]), or None; built once per case."""
+        if not self.padding:
+            return None
+        if getattr(self, "_mask", None) is None:
+            self._mask = configs.padding_mask(self.cfg.batch, self.cfg.seqlen, self.cfg.sk, bool(self.causal))
+        return self._mask
+
+    @property
+    def mask_causal(self) -> bool:
+        """The causal flag of the calls: off where the padding mask carries it."""
+        return bool(self.causal) and not self.padding
 
     @property
     def alibi_slopes(self):
@@ -177,27 +193,33 @@ class FlashcImpl(Impl):
     def _arrays(self, inp: Inputs):
         return inp.numpy() if self.device == "cpu" else inp.torch("cuda")
 
-    def _opts(self, case):
+    def _opts(self, case, mask):
         return dict(
-            causal=case.causal,
+            causal=case.mask_causal,
             window=case.window,
             scale=case.scale,
             backend=self.info.name,
             causal_align=case.align,
             threads=case.threads or None,
             **case.features(),
+            **({} if mask is None else {"attn_mask": mask}),
         )
 
     def prepare(self, inputs, case, pass_):
         calls = []
+        mask = case.attn_mask()
+        if mask is not None and self.device != "cpu":  # where the tensors live, once
+            import torch
+
+            mask = torch.from_numpy(mask).to(self.device)
         for inp in inputs:
             q, k, v, dout = self._arrays(inp)
-            fwd = flashc.prepare_forward(q, k, v, **self._opts(case))
+            fwd = flashc.prepare_forward(q, k, v, **self._opts(case, mask))
             if pass_ == "fwd":
                 calls.append(fwd)
             else:
                 o, lse = fwd()  # this backend's own forward gives the backward its o and lse
-                calls.append(flashc.prepare_backward(dout, q, k, v, o, lse, **self._opts(case)))
+                calls.append(flashc.prepare_backward(dout, q, k, v, o, lse, **self._opts(case, mask)))
         first = calls[0]
 
         def poison():
@@ -241,7 +263,7 @@ class TorchSDPA(Impl):
             return "SDPA has no softcap (cap·tanh(s / cap) changes the scores; an additive attn_mask cannot express it)"
         if case.dropout:
             return "SDPA's dropout draws its mask from torch's generator, not flashc's Philox stream: nothing to check"
-        if case.causal and case.cfg.seqlen != case.cfg.sk and case.align != "top-left" and not case.alibi:
+        if case.mask_causal and case.cfg.seqlen != case.cfg.sk and case.align != "top-left" and not case.alibi:
             return "SDPA's is_causal is top-left aligned; this case is bottom-right"
         return None
 
@@ -300,6 +322,9 @@ class TorchSDPA(Impl):
         kwargs = dict(is_causal=bool(case.causal), scale=case.scale)
         if case.alibi:
             kwargs = dict(is_causal=False, scale=case.scale, attn_mask=self._alibi_mask(case, inputs[0]))
+        if case.padding:  # the same boolean mask flashc gets, on this device
+            mask = torch.from_numpy(case.attn_mask()).to(self.device)
+            kwargs = dict(is_causal=False, scale=case.scale, attn_mask=mask)
         # GQA: enable_gqa where the backend takes it, else K/V expanded to the query heads before the timed calls
         # (their backward's dK/dV then come per query head and are summed per group outside them).
         expand = rep > 1 and not self._takes_gqa(kwargs, inputs[0].torch(self.device)[0])

@@ -149,18 +149,34 @@ def _scores(q, k, scale, mask, softcap=0.0, alibi_slopes=None):
         s = softcap * t
     if alibi_slopes is not None:
         s = s + alibi_bias(alibi_slopes, q.shape[1], k.shape[1])
-    return np.where(mask[None, None], s, -np.inf), kk, t
+    return np.where(mask if mask.ndim == 4 else mask[None, None], s, -np.inf), kk, t
+
+
+def _visible(sq: int, sk: int, causal, window, align, attn_mask):
+    """visible(), and a boolean attn_mask ([b|1, h|1, sq, sk], True: attend) on top of it where one is given."""
+    mask = visible(sq, sk, causal, window, align)
+    return mask if attn_mask is None else mask[None, None] & np.asarray(attn_mask, dtype=bool)
 
 
 def numpy_forward(
-    q, k, v, causal=False, window=None, scale=None, align="bottom-right", softcap=0.0, alibi_slopes=None, dropout=None
+    q,
+    k,
+    v,
+    causal=False,
+    window=None,
+    scale=None,
+    align="bottom-right",
+    softcap=0.0,
+    alibi_slopes=None,
+    dropout=None,
+    attn_mask=None,
 ):
     """(o, lse) in float64 for [b, s, h, d] arrays (v and o may have their own head dim); rows that see no key
     give o = 0, lse = −inf. dropout (a Dropout for these sequences and heads): o = (P ∘ Z)·V with Z = keep / (1 − p);
-    lse stays the undropped softmax's."""
+    lse stays the undropped softmax's. attn_mask: a boolean mask [b|1, h|1, sq, sk] (True: attend), or None."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     scale = effective_scale(scale, q.shape[3])
-    mask = visible(q.shape[1], k.shape[1], causal, window, align)
+    mask = _visible(q.shape[1], k.shape[1], causal, window, align, attn_mask)
     s, _, _ = _scores(q, k, scale, mask, softcap, alibi_slopes)
     m = s.max(axis=3, keepdims=True)
     empty = np.isneginf(m)
@@ -187,6 +203,7 @@ def numpy_backward(
     softcap=0.0,
     alibi_slopes=None,
     dropout=None,
+    attn_mask=None,
 ):
     """(dq, dk, dv) in float64: dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) (times 1 − tanh²(S / cap) with
     softcap: the derivative of cap·tanh(x / cap); ALiBi's bias is a constant), dQ = scale·dS·K,
@@ -195,7 +212,7 @@ def numpy_backward(
     dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
     scale = effective_scale(scale, q.shape[3])
     g = q.shape[2] // k.shape[2]
-    mask = visible(q.shape[1], k.shape[1], causal, window, align)
+    mask = _visible(q.shape[1], k.shape[1], causal, window, align, attn_mask)
     s, kk, t = _scores(q, k, scale, mask, softcap, alibi_slopes)
     m = s.max(axis=3, keepdims=True)
     empty = np.isneginf(m)
@@ -238,6 +255,12 @@ class Slice:
 
     def lse(self, x):  # [b, hq, s] → [1, G, s]
         return x[self.b : self.b + 1, self.g * self.group : (self.g + 1) * self.group]
+
+    def mask(self, x):  # attn_mask [b|1, hq|1, sq, sk] → [1, G|1, sq, sk]; None stays None
+        if x is None:
+            return None
+        x = x[self.b : self.b + 1] if x.shape[0] > 1 else x
+        return x[:, self.g * self.group : (self.g + 1) * self.group] if x.shape[1] > 1 else x
 
     def slopes(self, x):  # ALiBi [hq] → [G], [b, hq] → [1, G]; None stays None
         if x is None:
@@ -286,8 +309,10 @@ class Reference:
         dropout_p=0.0,
         dropout_seed=0,
         dropout_offset=0,
+        attn_mask=None,
     ):
         self.q, self.k, self.v, self.dout = q, k, v, dout
+        self.attn_mask = attn_mask  # boolean [b|1, hq|1, sq, sk], or None
         self.opts = dict(causal=causal, window=window, scale=scale, align=align, softcap=softcap)
         self.alibi_slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float32)
         b, _, hq, _ = q.shape
@@ -320,7 +345,7 @@ class Reference:
     def _cut(part, x, kind):
         if part is None:
             return x
-        return {"q": part.q, "kv": part.kv, "lse": part.lse, "slopes": part.slopes}[kind](x)
+        return {"q": part.q, "kv": part.kv, "lse": part.lse, "slopes": part.slopes, "mask": part.mask}[kind](x)
 
     def _dropout(self, part):
         """The call's dropout seen from a part (None: whole tensors), or None without dropout."""
@@ -334,8 +359,11 @@ class Reference:
             for part in self._parts():
                 q, k, v = self._cut(part, self.q, "q"), self._cut(part, self.k, "kv"), self._cut(part, self.v, "kv")
                 a = self._cut(part, self.alibi_slopes, "slopes")
+                m = self._cut(part, self.attn_mask, "mask")
                 out.append(
-                    _ENGINES[self.engine].forward(q, k, v, **self.opts, alibi_slopes=a, dropout=self._dropout(part))
+                    _ENGINES[self.engine].forward(
+                        q, k, v, **self.opts, alibi_slopes=a, dropout=self._dropout(part), attn_mask=m
+                    )
                 )
             self._fwd = out
         return self._fwd
@@ -348,8 +376,11 @@ class Reference:
                 dout = self._cut(part, self.dout, "q")
                 a = self._cut(part, self.alibi_slopes, "slopes")
                 drop = self._dropout(part)
+                m = self._cut(part, self.attn_mask, "mask")
                 out.append(
-                    _ENGINES[self.engine].backward(dout, q, k, v, o, lse, **self.opts, alibi_slopes=a, dropout=drop)
+                    _ENGINES[self.engine].backward(
+                        dout, q, k, v, o, lse, **self.opts, alibi_slopes=a, dropout=drop, attn_mask=m
+                    )
                 )
             self._bwd = out
         return self._bwd
@@ -372,12 +403,15 @@ class Reference:
 # ---- engines -------------------------------------------------------------------------------------------
 class _Numpy:
     @staticmethod
-    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
-        return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
+    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None, attn_mask=None):
+        return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout, attn_mask)
 
     @staticmethod
-    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
-        return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
+    def backward(
+        dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None,
+        attn_mask=None,
+    ):  # fmt: skip
+        return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout, attn_mask)
 
 
 class _CpuRef:
@@ -385,33 +419,40 @@ class _CpuRef:
     it instead: cpu-ref would number the slice's sequence and heads from 0 and draw another mask."""
 
     @staticmethod
-    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
+    def forward(q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None, attn_mask=None):
         import flashc
 
         if dropout is not None and not dropout.whole:
-            return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
+            return numpy_forward(q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout, attn_mask)
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
         return flashc.attention(
             q, k, v, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref", return_lse=True,
-            **_features(softcap, alibi_slopes, dropout),
+            **_features(softcap, alibi_slopes, dropout, attn_mask),
         )  # fmt: skip
 
     @staticmethod
-    def backward(dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
+    def backward(
+        dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None,
+        attn_mask=None,
+    ):  # fmt: skip
         import flashc
 
         if dropout is not None and not dropout.whole:
-            return numpy_backward(dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout)
+            return numpy_backward(
+                dout, q, k, v, causal, window, scale, align, softcap, alibi_slopes, dropout, attn_mask
+            )  # fmt: skip
         dout, q, k, v = (np.asarray(x, dtype=np.float64) for x in (dout, q, k, v))
         return flashc.attention_backward(
             dout, q, k, v, o, lse, causal=causal, window=window, scale=scale, causal_align=align, backend="cpu-ref",
-            **_features(softcap, alibi_slopes, dropout),
+            **_features(softcap, alibi_slopes, dropout, attn_mask),
         )  # fmt: skip
 
 
-def _features(softcap, alibi_slopes, dropout=None) -> dict:
+def _features(softcap, alibi_slopes, dropout=None, attn_mask=None) -> dict:
     """The feature keywords of a call, only where set: a libflashc without them still runs the plain cases."""
     out = {}
+    if attn_mask is not None:
+        out["attn_mask"] = np.asarray(attn_mask, dtype=bool)
     if softcap:
         out["softcap"] = softcap
     if alibi_slopes is not None:
@@ -426,7 +467,9 @@ class _TorchFp64:
     time, so that memory stays at one slice's scores (16k × 16k × 8 bytes per query head at most)."""
 
     @staticmethod
-    def _one(q, k, v, causal, window, scale, align, dout=None, softcap=0.0, alibi_slopes=None, dropout=None):
+    def _one(
+        q, k, v, causal, window, scale, align, dout=None, softcap=0.0, alibi_slopes=None, dropout=None, attn_mask=None
+    ):
         import torch
 
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -436,7 +479,7 @@ class _TorchFp64:
         q_, k_, v_ = t
         g = q_.shape[2] // k_.shape[2]
         sc = effective_scale(scale, q_.shape[3])
-        mask = torch.from_numpy(visible(q_.shape[1], k_.shape[1], causal, window, align)).to(dev)
+        mask = torch.from_numpy(_visible(q_.shape[1], k_.shape[1], causal, window, align, attn_mask)).to(dev)
         kk, vv = k_.repeat_interleave(g, dim=2), v_.repeat_interleave(g, dim=2)
         s = torch.einsum("bihd,bjhd->bhij", q_, kk) * sc
         if softcap:
@@ -471,25 +514,28 @@ class _TorchFp64:
         return None if dropout is None else dropout.part(sl.b, sl.g * sl.group)
 
     @classmethod
-    def forward(cls, q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None):
+    def forward(
+        cls, q, k, v, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None, attn_mask=None
+    ):
         o = np.empty((*q.shape[:3], v.shape[3]), dtype=np.float64)
         lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float64)
         for sl in cls._each_slice(q, k):
             sl.q(o)[...], sl.lse(lse)[...] = cls._one(
                 sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, None, softcap, sl.slopes(alibi_slopes),
-                cls._slice_dropout(dropout, sl),
+                cls._slice_dropout(dropout, sl), sl.mask(attn_mask),
             )  # fmt: skip
         return o, lse
 
     @classmethod
     def backward(
-        cls, dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None
-    ):
+        cls, dout, q, k, v, o, lse, causal, window, scale, align, softcap=0.0, alibi_slopes=None, dropout=None,
+        attn_mask=None,
+    ):  # fmt: skip
         dq, dk, dv = (np.empty(x.shape, dtype=np.float64) for x in (q, k, v))
         for sl in cls._each_slice(q, k):
             sl.q(dq)[...], sl.kv(dk)[...], sl.kv(dv)[...] = cls._one(
                 sl.q(q), sl.kv(k), sl.kv(v), causal, window, scale, align, sl.q(dout), softcap, sl.slopes(alibi_slopes),
-                cls._slice_dropout(dropout, sl),
+                cls._slice_dropout(dropout, sl), sl.mask(attn_mask),
             )  # fmt: skip
         return dq, dk, dv
 
