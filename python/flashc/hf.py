@@ -15,17 +15,17 @@ attention is plainly causal or full) and remembers, on that mask, the 2-D key pa
 attention function then
 - without a mask: runs flashc on the [batch, seqlen, heads, head_dim] views of q, k, v, causal as the module
   says (FlashAttention's bottom-right diagonal, right for a KV cache), with the module's sliding window;
-- with a mask that carries its padding: removes the padded tokens (the queries are the last q_len
+- with a mask that carries its padding, in eager mode: removes the padded tokens (the queries are the last q_len
   positions of the keys, as in self-attention with or without a cache), checks that the mask is exactly the
-  causal / sliding-window pattern over the remaining tokens, and runs flashc's varlen path; padded query
-  rows get output 0;
-- with any other mask (a 4-D mask of the caller's, prefix-LM or bidirectional image-token overlays, packed
-  sequences): raises ValueError. flashc has no arbitrary mask, and silently dropping one would give wrong
-  results.
-The check costs one comparison of the mask per mask object (layers that share a mask share the check).
-Without padding a model compiles with fullgraph=True; with padding the check and the unpadding read the
-mask on the host, which breaks a compiled graph there.
-Dropout, softcapping, attention sinks and position biases are refused.
+  causal / sliding-window pattern over the remaining tokens, and runs flashc's varlen path (no work on padding);
+  padded query rows get output 0. The check costs one comparison of the mask per mask object (layers that share
+  a mask share the check); it and the unpadding read the mask on the host;
+- with any other mask (a 4-D mask of the caller's, boolean or additive; prefix-LM or bidirectional image-token
+  overlays; packed sequences; a padding mask that fails the check), and with every mask while torch.compile
+  traces: passes it as flashc's attn_mask, as SDPA takes it, so nothing is read on the host and a model with
+  padding compiles in one graph too.
+Attention dropout (dropout_p, drawn from torch's generator as SDPA's is) and Gemma-2's logit softcapping are passed
+to flashc; attention sinks (s_aux) and position biases are refused.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mas
         batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
         attention_mask=attention_mask, **kwargs,
     )  # fmt: skip
-    if m is not None:
+    if m is not None and not torch.compiler.is_compiling():  # traced: the attention takes it as attn_mask
         device = kwargs.get("device", m.device)
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         if padding is None:
@@ -87,14 +87,27 @@ def _window(sliding_window):
     return None if sliding_window is None else (sliding_window - 1, sliding_window - 1)
 
 
-def _refuse(kwargs, dropout, position_bias=None):
-    if dropout:
-        raise ValueError(f"flashc: attention dropout ({dropout}) is not supported; set attention_dropout=0")
-    for key in ("softcap", "s_aux"):
-        if kwargs.get(key) is not None:
-            raise ValueError(f"flashc: {key} is not supported by the flashc attention implementation")
+def _refuse(kwargs, position_bias=None):
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("flashc: s_aux (attention sinks) is not supported by the flashc attention implementation")
     if position_bias is not None:
         raise ValueError("flashc: position_bias is not supported by the flashc attention implementation")
+
+
+def _features(dropout, softcap) -> dict:
+    """flashc's keywords for the module's dropout and softcap, only where set."""
+    out = {}
+    if dropout:
+        out["dropout_p"] = float(dropout)
+    if softcap:
+        out["softcap"] = float(softcap)
+    return out
+
+
+def _masked(q, k, v, mask, scaling, feats):
+    """The mask as flashc's attn_mask, as SDPA takes it: boolean (True: attend) or additive (in q's dtype)."""
+    m = mask if mask.dtype == torch.bool else mask.to(q.dtype)
+    return ft.attention(q, k, v, attn_mask=m, scale=scaling, **feats)
 
 
 def attention_forward(
@@ -108,48 +121,46 @@ def attention_forward(
     sliding_window: int | None = None,
     is_causal: bool | None = None,
     position_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
     **kwargs,
 ):
     """transformers' attention interface: query [b, heads_q, q_len, d], key/value [b, heads_kv, kv_len, d]
     (GQA through heads_kv); returns (attn_output [b, q_len, heads_q, d], None)."""
-    _refuse(kwargs, dropout, position_bias)
+    _refuse(kwargs, position_bias)
+    feats = _features(dropout, softcap)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = _window(sliding_window)
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [b, s, h, d] views, no copy
     if attention_mask is None:
-        return ft.attention(q, k, v, causal=causal, window=window, scale=scaling), None
+        return ft.attention(q, k, v, causal=causal, window=window, scale=scaling, **feats), None
     if getattr(attention_mask, "_flashc_causal", False):
-        return ft.attention(q, k, v, causal=True, window=window, scale=scaling), None
+        return ft.attention(q, k, v, causal=True, window=window, scale=scaling, **feats), None
     keys = getattr(attention_mask, "_flashc_keys", None)
-    if keys is None:
-        raise ValueError(
-            "flashc: this attention mask was not built by flashc's mask function (a 4-D mask of the caller's, "
-            f"{tuple(attention_mask.shape)} {attention_mask.dtype}); flashc supports causal, sliding-window and "
-            "padding masks only. Pass a 2-D padding mask (attention_mask=[batch, seqlen]), or use "
-            'attn_implementation="sdpa"'
-        )
+    if keys is None or torch.compiler.is_compiling():
+        return _masked(q, k, v, attention_mask, scaling, feats), None
     b, q_len, kv_len = q.shape[0], q.shape[1], k.shape[1]
     queries = keys[:, -q_len:]
-    _check_mask(attention_mask, keys, queries, causal, sliding_window)
+    if not _padding_only(attention_mask, keys, queries, causal, sliding_window):
+        return _masked(q, k, v, attention_mask, scaling, feats), None
     if bool(keys.all()):  # a mask over no padding (a window, or a cache): the dense path computes it
-        return ft.attention(q, k, v, causal=causal, window=window, scale=scaling), None
+        return ft.attention(q, k, v, causal=causal, window=window, scale=scaling, **feats), None
     idx_q, idx_k = queries.reshape(-1).nonzero().squeeze(1), keys.reshape(-1).nonzero().squeeze(1)
     zero = torch.zeros(1, dtype=torch.int32)
     cu_q = torch.cat([zero, queries.sum(1).cumsum(0).to("cpu", torch.int32)])  # host offsets
     cu_k = torch.cat([zero, keys.sum(1).cumsum(0).to("cpu", torch.int32)])
     packed = [x.reshape(b * n, *x.shape[2:]).index_select(0, i) for x, n, i in ((q, q_len, idx_q), (k, kv_len, idx_k),
                                                                                 (v, kv_len, idx_k))]  # fmt: skip
-    out = ft.attention_varlen(*packed, cu_q, cu_k, causal=causal, window=window, scale=scaling)
+    out = ft.attention_varlen(*packed, cu_q, cu_k, causal=causal, window=window, scale=scaling, **feats)
     full = out.new_zeros(b * q_len, *out.shape[1:]).index_copy(0, idx_q, out)
     return full.view(b, q_len, *out.shape[1:]), None
 
 
-def _check_mask(m, keys, queries, causal, sliding_window) -> None:
-    """The mask must be what flashc computes: per sequence, over its tokens only, the causal diagonal at the
-    bottom right and the sliding window, counted in tokens. Checked once per mask object and pattern."""
+def _padding_only(m, keys, queries, causal, sliding_window) -> bool:
+    """Whether the mask is what the varlen path computes: per sequence, over its tokens only, the causal diagonal
+    at the bottom right and the sliding window, counted in tokens. Checked once per mask object and pattern."""
     pattern = (causal, sliding_window, queries.shape[1])
-    if m._flashc_checked.get(pattern):
-        return
+    if pattern in m._flashc_checked:
+        return m._flashc_checked[pattern]
     kpos = keys.long().cumsum(1) - 1  # [b, kv]: a key's index among its sequence's tokens
     qpos = queries.long().cumsum(1) - 1
     shift = (keys.sum(1) - queries.sum(1))[:, None, None]  # bottom-right: the last query sees the last key
@@ -162,13 +173,7 @@ def _check_mask(m, keys, queries, causal, sliding_window) -> None:
         if not causal:
             want = want & (kpos[:, None, :] < diag + sliding_window)
     got = m.to(torch.bool)
-    if got.dim() != 4 or got.shape[1] != 1:
-        raise ValueError(f"flashc: attention mask of shape {tuple(m.shape)}; expected [batch, 1, q_len, kv_len]")
     rows = queries[:, :, None]  # padded queries' rows are not compared: their output is 0
-    if not bool(((got[:, 0] == want) | ~rows).all()):
-        raise ValueError(
-            "flashc: the attention mask is not a padding mask over causal or sliding-window attention (packed "
-            "sequences, a prefix or bidirectional overlay, or padding inside a window); flashc cannot represent "
-            'it yet. Use attn_implementation="sdpa" for this model or batch'
-        )
-    m._flashc_checked[pattern] = True
+    ok = got.dim() == 4 and got.shape[1] == 1 and bool(((got[:, 0] == want) | ~rows).all())
+    m._flashc_checked[pattern] = ok
+    return ok

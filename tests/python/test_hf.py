@@ -102,15 +102,77 @@ def test_sliding_window_model_matches_sdpa(left_pad):
     assert_logits_close(got, want, mask)
 
 
-def test_masks_flashc_cannot_represent_are_refused():
-    _, fc = pair(transformers.LlamaConfig)
+def test_caller_masks_run_as_attn_mask():
+    """A 4-D mask of the caller's, boolean or additive, that is no padding mask runs as flashc's attn_mask and
+    matches SDPA given the same mask."""
+    ref, fc = pair(transformers.LlamaConfig)
     ids, _ = batch()
     custom = torch.ones(2, 1, 14, 14, dtype=torch.bool).tril()
     custom[:, :, 7:, :7] = False  # two blocks: not a padding mask
-    with pytest.raises(ValueError, match="not built by flashc's mask function"):
-        fc(ids, attention_mask=custom)
-    with pytest.raises(ValueError, match="dropout"):
-        flashc.hf.attention_forward(fc.model.layers[0].self_attn, *(torch.randn(1, 4, 3, 8),) * 3, None, dropout=0.1)
+    additive = torch.zeros(2, 1, 14, 14).masked_fill(~custom, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        plain = fc(ids).logits
+        for m in (custom, additive):
+            got = fc(ids, attention_mask=m).logits
+            assert_logits_close(got, ref(ids, attention_mask=m).logits, torch.ones(2, 14))
+            assert (got - plain).abs().max() > 1e-3  # the mask is not dropped
+
+
+def test_refusals():
+    _, fc = pair(transformers.LlamaConfig)
+    x = torch.randn(1, 4, 3, 8)
+    with pytest.raises(ValueError, match="s_aux"):
+        flashc.hf.attention_forward(fc.model.layers[0].self_attn, x, x, x, None, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match="position_bias"):
+        flashc.hf.attention_forward(fc.model.layers[0].self_attn, x, x, x, None, position_bias=torch.zeros(1))
+
+
+def test_attention_dropout_in_training():
+    """attention_dropout reaches flashc in training (drawn from torch's generator: the same seed, the same
+    result) and not in evaluation, where the model matches SDPA."""
+    ref, fc = pair(transformers.LlamaConfig, attention_dropout=0.5)
+    ids, _ = batch()
+    fc.train()
+    out = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        out.append(fc(ids).logits.detach())
+    assert torch.equal(out[0], out[1]) and (out[0] - out[2]).abs().max() > 1e-3
+    fc.eval()
+    with torch.no_grad():
+        assert (out[0] - fc(ids).logits).abs().max() > 1e-3
+        assert_logits_close(fc(ids).logits, ref(ids).logits, torch.ones(2, 14))
+
+
+def test_gemma2_softcap_matches_eager():
+    """Gemma-2's attention logit softcapping reaches flashc (transformers' eager attention applies it; its SDPA
+    path does not)."""
+    name = flashc.hf.register()
+    cfg = dict(SMALL, head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=1.5, sliding_window=6)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(transformers.Gemma2Config(**cfg), attn_implementation="eager")
+    fc = transformers.AutoModelForCausalLM.from_config(transformers.Gemma2Config(**cfg), attn_implementation=name)
+    fc.load_state_dict(ref.state_dict())
+    ids, mask = batch(left_pad=3)
+    with torch.no_grad():
+        want = ref.eval()(ids, attention_mask=mask).logits
+        got = fc.eval()(ids, attention_mask=mask).logits
+        fc.config.attn_logit_softcapping = None
+        for layer in fc.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+        uncapped = fc(ids, attention_mask=mask).logits
+    assert_logits_close(got, want, mask)
+    assert ((got - uncapped).abs()[mask.bool()]).max() > 1e-3  # the cap is not dropped
+
+
+def test_llama_with_padding_compiles_in_one_graph():
+    """With padding, torch.compile traces the mask into flashc's attn_mask: no graph break, the eager result."""
+    _, fc = pair(transformers.LlamaConfig)
+    ids, mask = batch(left_pad=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(fc, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert_logits_close(compiled(ids, attention_mask=mask).logits, fc(ids, attention_mask=mask).logits, mask)
 
 
 def test_llama_compiles_in_one_graph():
