@@ -2,8 +2,9 @@
 // flashc_ext::kvcache, on PyTorch's stable ABI: the C++ half of the eager hot paths of flashc.torch and of
 // flashc.attention_with_kvcache on torch tensors (python/flashc/_torch_fast.py loads it).
 //
-//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, options) -> (out, lse)
-//   flashc_ext::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, options) -> (dq, dk, dv)
+//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, options, max_seqlen_q=0, max_seqlen_k=0) -> (out, lse)
+//   flashc_ext::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, options, max_seqlen_q=0,
+//                   max_seqlen_k=0) -> (dq, dk, dv)
 //   flashc_ext::kvcache(q, k_cache!, v_cache!, k?, v?, cache_seqlens?, block_table?, out!?, options, num_splits,
 //                       want_lse) -> (out?, lse?)
 //
@@ -78,6 +79,9 @@ Api api; // written once by flashc_torch_bind, before any operator runs
 // The fields of flashc_params these kernels set end at softcap: describing only them (struct_size) lets this
 // library drive a libflashc built from an older or newer flashc.h, which gives the later fields their defaults.
 constexpr size_t PARAMS_SIZE = offsetof(flashc_params, alibi_slopes);
+// A call with varlen offsets in device memory (flash_attn_varlen_func's form) describes the fields up to
+// max_seqlen_k too: a libflashc older than them refuses the call, which then takes flashc.torch's Python path.
+constexpr size_t PARAMS_SIZE_DEVICE_OFFSETS = offsetof(flashc_params, max_seqlen_k) + sizeof(int64_t);
 // The same for flashc_kvcache, whose fields this file sets up to num_splits.
 constexpr size_t KVCACHE_SIZE = offsetof(flashc_kvcache, num_splits) + sizeof(int);
 
@@ -283,18 +287,33 @@ Sizes sizes_of(const Tensor &x) {
   return s;
 }
 
-// The parameters of one call: the options' with cu_q/cu_k (host int32 offsets, kept alive by the caller).
-flashc_params params_of(const Options &o, const std::optional<Tensor> &cu_q, const std::optional<Tensor> &cu_k) {
+// The parameters of one call: the options' with cu_q/cu_k (int32 offsets, kept alive by the caller): on the host,
+// or beside CUDA tensors on their device with the longest sequences max_q/max_k, 0 where not known: then the packed
+// rows of q / k bound them, as flashc.torch's Python path does (flashc_params.cu_seqlens_device: nothing is read on
+// the host, so the call waits for nothing and can be captured in a CUDA graph).
+flashc_params params_of(const Options &o, const Place &where, const std::optional<Tensor> &cu_q,
+                        const std::optional<Tensor> &cu_k, int64_t max_q, int64_t max_k, const Tensor &q,
+                        const Tensor &k) {
   flashc_params p = o.params;
   if (cu_q.has_value() != cu_k.has_value()) fail("varlen needs both cu_seqlens");
   if (cu_q) {
-    for (const Tensor *cu : {&*cu_q, &*cu_k})
-      if (!cu->is_cpu() || cu->scalar_type() != ScalarType::Int || cu->dim() != 1 || cu->stride(0) != 1)
-        fail("cu_seqlens that are not host int32 vectors");
+    const bool device = where.cuda && !cu_q->is_cpu();
+    for (const Tensor *cu : {&*cu_q, &*cu_k}) {
+      const Place at = place_of(*cu);
+      const bool placed = device ? at.cuda && at.device == where.device : cu->is_cpu();
+      if (!placed || cu->scalar_type() != ScalarType::Int || cu->dim() != 1 || cu->stride(0) != 1)
+        fail("cu_seqlens that are not int32 vectors on the host or on the tensors' device");
+    }
     if (cu_q->numel() != cu_k->numel() || cu_q->numel() < 2) fail("cu_seqlens of different lengths");
     p.cu_seqlens_q = static_cast<const int32_t *>(cu_q->data_ptr());
     p.cu_seqlens_k = static_cast<const int32_t *>(cu_k->data_ptr());
     p.num_seqs = cu_q->numel() - 1;
+    if (device) {
+      p.struct_size = PARAMS_SIZE_DEVICE_OFFSETS;
+      p.cu_seqlens_device = 1;
+      p.max_seqlen_q = max_q > 0 ? max_q : q.sizes()[0];
+      p.max_seqlen_k = max_k > 0 ? max_k : k.sizes()[0];
+    }
   }
   return p;
 }
@@ -322,7 +341,7 @@ template <class Fn> void run(const Place &where, const Options &o, Fn fn) {
 
 // ---- the operators -----------------------------------------------------------------------------------------
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
-                               int64_t options) {
+                               int64_t options, int64_t max_q, int64_t max_k) {
   // q: [b, s_q, h_q, d] (packed: [total_q, h_q, d]); k: [b, s_k, h_k, d]; v: [b, s_k, h_k, d_v]
   const bool packed = cu_q.has_value();
   const int64_t nd = packed ? 3 : 4;
@@ -331,7 +350,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tenso
   v = readable(v, nd);
   const Options &o = options_of(options);
   const Place where = place_of(q);
-  flashc_params p = params_of(o, cu_q, cu_k);
+  flashc_params p = params_of(o, where, cu_q, cu_k, max_q, max_k, q, k);
   Sizes osize = sizes_of(q);
   osize.v[nd - 1] = v.sizes()[nd - 1]; // o takes V's head dim
   Tensor out = empty(osize, torch_dtype(q), where);
@@ -343,7 +362,8 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tenso
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                                       std::optional<Tensor> cu_q, std::optional<Tensor> cu_k, int64_t options) {
+                                       std::optional<Tensor> cu_q, std::optional<Tensor> cu_k, int64_t options,
+                                       int64_t max_q, int64_t max_k) {
   const bool packed = cu_q.has_value();
   const int64_t nd = packed ? 3 : 4;
   q = readable(q, nd);
@@ -362,7 +382,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
   for (int64_t d = 0; d < want.n; d++)
     if (lse_size[d] != want.v[d]) fail("an lse that is not the forward's");
   if (!lse.is_contiguous()) lse = torch::stable::contiguous(lse);
-  flashc_params p = params_of(o, cu_q, cu_k);
+  flashc_params p = params_of(o, where, cu_q, cu_k, max_q, max_k, q, k);
   const int32_t dtype = torch_dtype(q); // libflashc checks that k, v, out and dout share it
   Tensor dq = empty(sizes_of(q), dtype, where), dk = empty(sizes_of(k), dtype, where),
          dv = empty(sizes_of(v), dtype, where);
@@ -434,10 +454,10 @@ kvcache(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k_new, s
 
 // ---- registration ------------------------------------------------------------------------------------------
 STABLE_TORCH_LIBRARY(flashc_ext, m) {
-  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int options) -> (Tensor, "
-        "Tensor)");
+  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int options, "
+        "int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor, Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
-        "Tensor? cu_seqlens_k, int options) -> (Tensor, Tensor, Tensor)");
+        "Tensor? cu_seqlens_k, int options, int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor, Tensor, Tensor)");
   m.def("kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
         "Tensor? block_table, Tensor(c!)? out, int options, int num_splits, bool want_lse) -> (Tensor?, Tensor?)");
 }

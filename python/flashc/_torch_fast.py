@@ -1,7 +1,8 @@
 """flashc.torch's eager kernels through the C++ extension libflashc_torch.so, where it is built.
 
 fwd_impl and bwd_impl take the arguments of flashc._ops.fwd_impl / bwd_impl and return what they return. A call
-that needs nothing but q, k, v (and host cu_seqlens), the options and softcap runs the operators
+that needs nothing but q, k, v (and cu_seqlens: on the host, or beside CUDA tensors on the device with
+max_seqlen_q/k), the options and softcap runs the operators
 flashc_ext::fwd / flashc_ext::bwd of the extension (python/flashc/_torch_ext.cpp): at::Tensor to flashc_tensor
 in C++, one cached flashc handle per thread, backend, device and stream, the current CUDA stream. The options
 (flashc.torch's checked tuple, scale ... softcap) reach the operators as one int, options_id(opts), made once
@@ -113,25 +114,26 @@ if AVAILABLE:
         at = cell.value
         _local.last_backend = _names.get(at) or _name(at)
 
-    def forward(q, k, v, cu_q, cu_k, opts: tuple, oid: int):
-        """(out, lse) of a call with nothing but the options (oid = options_id(opts)): through the extension,
-        else (it refused the call, or oid is -1) through _ops, which raises the error flashc.torch raises."""
+    def forward(q, k, v, cu_q, cu_k, opts: tuple, oid: int, max_q: int = 0, max_k: int = 0):
+        """(out, lse) of a call with nothing but the options (oid = options_id(opts)) and, with device offsets, the
+        longest sequences: through the extension, else (it refused the call, or oid is -1) through _ops, which
+        raises the error flashc.torch raises."""
         cell = _slot.cell  # before the call: a thread's first access registers its cell
         try:
-            out, lse = _fwd(q, k, v, cu_q, cu_k, oid)
+            out, lse = _fwd(q, k, v, cu_q, cu_k, oid, max_q, max_k)
         except Exception:
-            return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts)
+            return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, max_seqlen_q=max_q, max_seqlen_k=max_k)
         # flashc.last_backend(), as _note_backend sets it, inline: this runs on every call
         _local.last_backend = opts[5] if opts[5] != "auto" else (_names.get(cell.value) or _name(cell.value))
         return out, lse
 
-    def backward(dout, q, k, v, out, lse, cu_q, cu_k, opts: tuple, oid: int):
+    def backward(dout, q, k, v, out, lse, cu_q, cu_k, opts: tuple, oid: int, max_q: int = 0, max_k: int = 0):
         """(dq, dk, dv) of forward()'s call, as forward() runs it."""
         cell = _slot.cell
         try:
-            grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid)
+            grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid, max_q, max_k)
         except Exception:
-            return _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *opts)
+            return _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *opts, max_seqlen_q=max_q, max_seqlen_k=max_k)
         _local.last_backend = opts[5] if opts[5] != "auto" else (_names.get(cell.value) or _name(cell.value))
         return grads
 
@@ -142,16 +144,30 @@ if AVAILABLE:
         fn.argtypes, fn.restype = [ctypes.c_char_p], ctypes.c_int
         return fn(backend.encode())
 
-    def _plain(more, kw) -> bool:
-        """True when the arguments past attn_mask (dropout's, num_splits, any added to _ops.fwd_impl later) keep
-        their defaults (None, False or 0), which the extension's operators assume."""
-        for x in more:
-            if not (x is None or x is False or (type(x) in (int, float) and x == 0)):
-                return False
-        for x in kw.values() if kw else ():
-            if not (x is None or x is False or (type(x) in (int, float) and x == 0)):
-                return False
-        return True
+    def _default(x) -> bool:
+        return x is None or x is False or (type(x) in (int, float) and x == 0)
+
+    def _plain(more, kw, at: int):
+        """(max_seqlen_q, max_seqlen_k) when the arguments past attn_mask (want_dbias's) keep their defaults (None,
+        False or 0), which the extension's operators assume, but for max_seqlen_q/k (positions at, at + 1 of more,
+        or keywords), which they take; else None. Any argument added to _ops.fwd_impl later keeps this path only at
+        its default."""
+        lens = [0, 0]
+        for i, x in enumerate(more):
+            if at <= i <= at + 1 and type(x) is int:
+                lens[i - at] = x
+            elif not _default(x):
+                return None
+        for name, x in kw.items() if kw else ():
+            if name in ("max_seqlen_q", "max_seqlen_k") and type(x) is int:
+                lens[name == "max_seqlen_k"] = x
+            elif not _default(x):
+                return None
+        return lens
+
+    def _offsets_fit(q, cu_q, cu_k) -> bool:
+        """Dense, host offsets, or offsets on the device beside CUDA tensors (the extension checks the device)."""
+        return cu_q is None or (cu_k is not None and ((cu_q.is_cpu and cu_k.is_cpu) or q.is_cuda))
 
     def fwd_impl(q, k, v, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det, softcap=0.0,
                  su_q=None, su_k=None, alibi=None, mask=None, *more, **kw):  # fmt: skip
@@ -160,13 +176,13 @@ if AVAILABLE:
             and su_k is None
             and alibi is None
             and mask is None
-            and (cu_q is None or (cu_q.is_cpu and cu_k is not None and cu_k.is_cpu))
-            and _plain(more, kw)
+            and _offsets_fit(q, cu_q, cu_k)
+            and (lens := _plain(more, kw, 4)) is not None  # after dropout_p, seed, offset, num_splits
         ):
             cell = _slot.cell  # before the call: a thread's first access registers its cell
             try:
                 oid = options_id((scale, causal, wl, wr, top_left, backend, threads, det, softcap))
-                out, lse = _fwd(q, k, v, cu_q, cu_k, oid)
+                out, lse = _fwd(q, k, v, cu_q, cu_k, oid, *lens)
             except Exception:  # the Python path below raises the error flashc.torch raises without the extension
                 pass
             else:
@@ -183,13 +199,13 @@ if AVAILABLE:
             and alibi is None
             and mask is None
             and not want_dbias
-            and (cu_q is None or (cu_q.is_cpu and cu_k is not None and cu_k.is_cpu))
-            and _plain(more, kw)
+            and _offsets_fit(q, cu_q, cu_k)
+            and (lens := _plain(more, kw, 3)) is not None  # after dropout_p, seed, offset
         ):
             cell = _slot.cell
             try:
                 oid = options_id((scale, causal, wl, wr, top_left, backend, threads, det, softcap))
-                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid)
+                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid, *lens)
             except Exception:
                 pass
             else:
@@ -200,7 +216,8 @@ if AVAILABLE:
 
     class Attention(torch.autograd.Function):
         """flashc.torch's autograd for a call with nothing but q, k, v, cu_seqlens and the options:
-        apply(q, k, v, cu_q, cu_k, opts, options_id(opts), want_lse) -> out, or (out, lse) with want_lse.
+        apply(q, k, v, cu_q, cu_k, opts, options_id(opts), want_lse, max_q, max_k) -> out, or (out, lse) with
+        want_lse; max_q, max_k: the longest sequences, with cu_seqlens on the device (else 0).
         flashc.torch's _Function covers every feature; this one does only what such a call needs, which is what
         a forward + backward costs above the kernels: the old-style forward(ctx, ...) (a setup_context would be
         a second Python call), lse an output only when asked for (else a saved intermediate: autograd then
@@ -208,11 +225,12 @@ if AVAILABLE:
         dout is None when out is unused). Same formula: lse not differentiable, no double backward."""
 
         @staticmethod
-        def forward(ctx, q, k, v, cu_q, cu_k, opts, oid, want_lse):
-            out, lse = forward(q, k, v, cu_q, cu_k, opts, oid)
+        def forward(ctx, q, k, v, cu_q, cu_k, opts, oid, want_lse, max_q=0, max_k=0):
+            out, lse = forward(q, k, v, cu_q, cu_k, opts, oid, max_q, max_k)
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
             ctx.opts = opts
             ctx.oid = oid
+            ctx.lens = (max_q, max_k)
             ctx.set_materialize_grads(False)
             if want_lse:
                 ctx.mark_non_differentiable(lse)
@@ -224,10 +242,10 @@ if AVAILABLE:
             if torch.is_grad_enabled():
                 _ops.check_double_backward()
             if dout is None:  # only lse was used: it is not differentiable, so nothing flows
-                return None, None, None, None, None, None, None, None
+                return None, None, None, None, None, None, None, None, None, None
             q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, ctx.opts, ctx.oid)
-            return dq, dk, dv, None, None, None, None, None
+            dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, ctx.opts, ctx.oid, *ctx.lens)
+            return dq, dk, dv, None, None, None, None, None, None, None
 
     def _bwd_kernel(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det,
                     softcap=0.0, su_q=None, su_k=None, alibi=None, mask=None, *more):  # fmt: skip

@@ -241,9 +241,9 @@ def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=N
                 and alibi is None
                 and su_q is None
                 and su_k is None
-                and not (drop[0] or splits or max_seqlen[0] or max_seqlen[1])
+                and not (drop[0] or splits)
             ):  # the leaner autograd.Function of the extension's path
-                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts, _kernels.options_id(opts), True)
+                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts, _kernels.options_id(opts), True, *max_seqlen)
             return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen, *opts)
         return _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek

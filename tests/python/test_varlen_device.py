@@ -105,6 +105,27 @@ def test_device_offsets_match_host_offsets(gen, backend):
     torch.testing.assert_close(o3, o, atol=2e-2, rtol=2e-2)
 
 
+def test_device_offsets_take_the_extension(gen, monkeypatch):
+    """With the C++ extension loaded, a varlen call with device offsets runs through flashc_ext::fwd and bwd (no
+    Python marshalling of the call), given max_seqlen_q/k; the operators ran (a refusal there would fall back)."""
+    _cuda_backends()
+    from flashc import _torch_fast
+
+    if not _torch_fast.AVAILABLE:
+        pytest.skip(f"the C++ extension is not loaded: {_torch_fast.WHY}")
+    ran = []
+    for name in ("_fwd", "_bwd"):
+        real = getattr(_torch_fast, name)
+        monkeypatch.setattr(
+            _torch_fast, name, lambda *a, real=real, name=name: (real(*a), ran.append((name, a[-2:])))[0]
+        )
+    q, k, v = packed(gen, LENS_Q, LENS_K, dtype=torch.bfloat16, device="cuda", grad=True)
+    cq, ck = offsets(LENS_Q, "cuda"), offsets(LENS_K, "cuda")
+    o = ft.attention_varlen(q, k, v, cq, ck, causal=True, max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K))
+    o.float().square().sum().backward()
+    assert ran == [("_fwd", (130, 130)), ("_bwd", (130, 130))]
+
+
 def test_cuda_graph_captures_varlen_forward_and_backward(gen):
     """Forward + backward through flashc.torch with device offsets, captured once, replayed with new q, k, v, dout
     and new offsets (the same totals, sequences no longer than max_seqlen): the replay gives what an eager call on
