@@ -1,7 +1,7 @@
 /*
  * test_mask.c — attn_mask (an additive bias or a boolean mask, broadcast through strides) and its gradient dbias,
- * forward and backward, on the backends that implement them (cpu-ref, cpu, cuda-mma), and their refusal everywhere
- * else.
+ * forward and backward, on the backends that implement them (cpu-ref, cpu, cuda-mma; cuda-hopper's forward:
+ * tests/python/test_mask_hopper.py), and their refusal everywhere else.
  *
  *   1. cpu-ref (f64) against this file's own fp64 attention (`oracle`, written from flashc.h's definitions), to
  *      1e-12 of the largest value: o, lse, dq, dk, dv and dbias, for every broadcast pattern of the mask and of
@@ -674,7 +674,8 @@ static void test_refusals(void) {
       const fc_backend *bk = fc_backends[i];
       if (!bk) continue;
       const bool has = (bk->features & FC_FEATURE_ATTN_MASK) != 0;
-      th_check(has == (!strcmp(bk->name, "cpu") || !strcmp(bk->name, "cpu-ref") || !strcmp(bk->name, "cuda-mma")),
+      th_check(has == (!strcmp(bk->name, "cpu") || !strcmp(bk->name, "cpu-ref") || !strcmp(bk->name, "cuda-mma") ||
+                       !strcmp(bk->name, "cuda-hopper")),
                "backend %s: attn_mask feature %d", bk->name, (int)has);
       if (has) continue;
       others++;

@@ -5,8 +5,8 @@ cpu-ref (f64) is checked against this file's own numpy fp64 attention (`oracle`)
 the torch entry points against torch.nn.functional.scaled_dot_product_attention on the CPU (fp64 and fp32) for
 bool and float masks, broadcast shapes, a padding mask, rows whose keys are all masked, GQA, causal + mask, and the
 mask's gradient (gradcheck). Outputs given to the library are poisoned (NaN) first. cuda-mma (bf16, f16) is
-checked against cpu-ref on the same rounded inputs; the other CUDA backends must refuse attn_mask; both skip with
-"no CUDA device" where there is none.
+checked against cpu-ref on the same rounded inputs (cuda-hopper's forward: test_mask_hopper.py); the other CUDA
+backends must refuse attn_mask; both skip with "no CUDA device" where there is none.
 """
 
 import numpy as np
@@ -16,7 +16,8 @@ from conftest import BACKENDS, need_torch_ops
 import flashc
 
 CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usable]
-REFUSING = [n for n in CUDA_BACKENDS if n != "cuda-mma"]  # cuda-mma implements attn_mask
+# cuda-mma implements attn_mask, cuda-hopper in its forward (tests/python/test_mask_hopper.py)
+REFUSING = [n for n in CUDA_BACKENDS if n not in ("cuda-mma", "cuda-hopper")]
 
 
 # ---- the independent oracle ------------------------------------------------------------------------------

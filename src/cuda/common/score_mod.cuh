@@ -33,7 +33,7 @@ typedef struct fc_score_mod {
   uint32_t drop_t;
   float drop_rp;
   uint64_t drop_seed, drop_offset;
-  /* attn_mask (flashc.h; cuda-mma only, a fourth run-time branch of the SCORE_MOD kernels: mma/score_mod.cuh). bias
+  /* attn_mask (flashc.h; a run-time branch of the SCORE_MOD kernels: mma/score_mod.cuh, hopper/score_mod.cuh). bias
    * NULL: none; else element (b, h, i, j) at bias + b·bias_st[0] + h·bias_st[1] + i·bias_st[2] + j·bias_st[3]: a
    * 16-bit bias of the call's dtype (bias_bool 0) or uint8, 0 removing the key (1). bias_pair: keys j, j + 1 (j even)
    * of a row are one aligned 4-byte (bool: 2-byte) word, so that the forward's layout loads each pair at once. */

@@ -163,8 +163,11 @@ struct fc_hpb_tile {
 };
 
 /* Tile (jb, bh = b·heads_kv + hk) of key blocks of BC keys. False: k0 ≥ sk (a key block past a shorter sequence of a
- * varlen batch: nothing to do). */
-template <int BR, int BC = FC_HPB_BC>
+ * varlen batch: nothing to do). NARROW (the SCORE_MOD kernels but the deterministic one, whose dQ turns need the key
+ * blocks that see a query block to be consecutive): with a boolean attn_mask's tiles, the query blocks are cut to the
+ * column's range that keeps any pair (common/mask_tiles.cuh; the union over the part's query heads), so that key
+ * blocks a padding mask removes whole walk none. The producer and the consumers take the same tile from here. */
+template <int BR, int BC = FC_HPB_BC, bool NARROW = false>
 static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args &a, int jb, int64_t bh,
                                                         fc_hpb_tile *ti) {
   ti->jb = jb;
@@ -188,18 +191,30 @@ static __device__ __forceinline__ bool fc_hpb_tile_from(const fc_hopper_bwd_args
   ti->bt = a.cu_q ? 0 : (int)ti->b; /* batch coordinate of the tensor maps */
   ti->shift = (a.bottom_right ? (int64_t)ti->sk - ti->sq : 0) + a.mask_offset;
   fc_hpb_query_blocks<BR, BC>(ti->k0, ti->sq, ti->sk, ti->shift, a.window_left, a.window_right, &ti->i_begin, &ti->n_i);
+  if constexpr (NARROW) {
+    const fc_mask_tiles &mt = a.mod.tiles;
+    if (mt.cls && ti->n_i > 0) {
+      int lo = ti->i_begin + ti->n_i, hi = ti->i_begin; /* the union of the heads' ranges, within the mask's */
+      for (int h = ti->h0; h < ti->h0 + (mt.per_h ? ti->nh : 1); h++) {
+        const int2 r = fc_mask_col_range(mt, ti->b, h, jb);
+        if (r.x < r.y) lo = min(lo, r.x), hi = max(hi, r.y);
+      }
+      lo = max(lo, ti->i_begin), hi = min(hi, ti->i_begin + ti->n_i);
+      ti->i_begin = lo, ti->n_i = max(hi - lo, 0);
+    }
+  }
   ti->n_iter = ti->nh * ti->n_i; /* (query head, query block) pairs, head-major */
   return true;
 }
 
 /* The tile of this CTA in the single-tile kernels (common/tail_order.cuh: the grid's last pairs key block by key
  * block where a right mask edge makes the tiles unequal). */
-template <int BR, int BC = FC_HPB_BC>
+template <int BR, int BC = FC_HPB_BC, bool NARROW = false>
 static __device__ __forceinline__ bool fc_hpb_tile_of_cta(const fc_hopper_bwd_args &a, fc_hpb_tile *ti) {
   int jb;
   int64_t bh;
   fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
-  return fc_hpb_tile_from<BR, BC>(a, jb, bh, ti);
+  return fc_hpb_tile_from<BR, BC, NARROW>(a, jb, bh, ti);
 }
 
 /* The tile's first key row of dk or dv (g, with that view's strides): where its dK_j or dV_j goes. */
@@ -332,13 +347,28 @@ fc_hpb_p_from_s(float (&st)[BR / 2], float (&dpt)[BR / 2], uint32_t sL, uint32_t
  *                    hopper/bwd_kernel.cuh, where the fp32 Pᵀ∘g beside Sᵀ's and dPᵀ's accumulators spilled 864 bytes at
  *                    D = 64; the D = 256 kernel rounds Pᵀ to 16 bits before dSᵀ likewise)
  *   FC_HPB_MOD_TWO   st ← Pᵀ, y ← Pᵀ∘g (hopper/bwd_d256.cuh: Pᵀ for dV, Pᵀ∘g for the other warpgroup's dSᵀ)
- * The exponentials all run on the special-function unit (no fc_exp2_poly: softcap's tanh fills the FMA pipe). */
+ * The exponentials all run on the special-function unit (no fc_exp2_poly: softcap's tanh fills the FMA pipe).
+ * attn_mask (flashc.h: after softcap and ALiBi x ← x + bias, or P = 0 where a boolean mask removes the pair, as
+ * cpu-ref and cuda-mma's fc_bwd_fa2_p_mod, so that Pᵀ is the forward's P for its lse) acts in the MASKED pass only:
+ * element 4x + e stays only where bit 4x + e of mb.keep is set (fc_hpb_mask_block), and a float bias (`bias` not
+ * NULL: this thread's first element, query q0 + 2t and key key0) is read there, one element at a time (the 8 lanes of
+ * a t: 8 consecutive keys of one row) and only for pairs inside the sequence (the mask has no others). The keep bits
+ * are run-time data of the one MASKED pass, not a pass of their own: each further variant of the pass (a block
+ * removed whole skipping the exponentials; the mask's elements loaded in a pass of their own) made every SCORE_MOD
+ * kernel spill, 500-1600 bytes at D = 64 and D = 128 (ptxas, nvcc 13.0, sm_90a). The float bias's loads spill too
+ * (100-600 bytes), so the kernels that read one are instantiations of their own (ADD: fc_hpb_kernel), and softcap,
+ * ALiBi and boolean masks keep the SCORE_MOD kernels' registers. */
 enum { FC_HPB_MOD_DS = 0, FC_HPB_MOD_PACK = 1, FC_HPB_MOD_TWO = 2 };
+/* A block's attn_mask as the MASKED pass applies it (fc_hpb_mask_block): keep bit 4x + e of word (4x + e) / 32 for
+ * query q0 + 8x + 2t + (e & 1) and key key0 + 8·(e >> 1), the layout of fc_hpb_p_pass_mod; all set without a boolean
+ * mask. */
+template <int BR> struct fc_hpb_mblock { uint32_t keep[BR / 64]; };
 template <typename T, int BR, bool MASKED, bool CAP, int MODE>
 static __device__ __forceinline__ void
 fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
                   uint32_t sL, uint32_t sD, int t, int q0, int key0, int sq, int sk, int64_t shift, int64_t wl,
-                  int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre) {
+                  int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre, const fc_hpb_mblock<BR> &mb,
+                  const unsigned short *bias) {
   /* ALiBi: key key0 + 8·rh and query q0 + 8x + 2t + e % 2 are |w[rh] + 8x + e % 2| apart */
   const float w[2] = {(float)(q0 + 2 * t + sk - sq - key0), (float)(q0 + 2 * t + sk - sq - key0 - 8)};
 #pragma unroll
@@ -350,11 +380,20 @@ fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 1
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       float g;
-      const float xs = fc_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
-      float p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
+      float xs = fc_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
+      [[maybe_unused]] bool keep = true;
       if constexpr (MASKED) {
         const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
-        if (!(key < sk && q0 + qc < sq && fc_hpb_visible(q0 + qc, key, shift, wl, wr))) p = 0.0f;
+        const bool in = key < sk && q0 + qc < sq;
+        if (bias && in)
+          xs += fc_to_float<T>(
+              __ldg(bias + (int64_t)(8 * x + (e & 1)) * md.bias_st[2] + (int64_t)(8 * (e >> 1)) * md.bias_st[3]));
+        keep =
+            in && fc_hpb_visible(q0 + qc, key, shift, wl, wr) && (mb.keep[(4 * x + e) / 32] >> ((4 * x + e) % 32) & 1u);
+      }
+      float p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
+      if constexpr (MASKED) {
+        if (!keep) p = 0.0f;
       }
       pv[e] = p;
       if constexpr (MODE == FC_HPB_MOD_DS) {
@@ -376,29 +415,84 @@ fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 1
   }
 }
 
-/* fc_hpb_p_pass_mod over the block of keys k0 .. k0 + BC − 1 and queries q0 .. q0 + BR − 1 of query head hh: masked
- * only where the block is cut (fc_hpb_p_from_s), softcap chosen once per block (uniform). */
-template <typename T, int BR, int MODE, int BC = FC_HPB_BC>
+/* The block of keys k0 .. k0 + BC − 1 (this thread's key0, key0 + 8) and queries q0 .. q0 + BR − 1 of plane (b, h) of
+ * attn_mask: its class (common/mask_tiles.cuh; ALL without a mask, SOME for a float bias), and *mb. A boolean mask's
+ * FC_MT_SOME block reads this thread's elements here (pairs outside the sequence are not read: the MASKED pass removes
+ * them anyway), a NONE block clears every bit. Called at the block's start, before its wgmmas, where the accumulators
+ * of Sᵀ and dPᵀ are not live yet. A mask whose query stride is 0 (a padding mask [b, 1, 1, sk]) has two elements per
+ * thread, its keys'; else the rows are read 8 elements per trip of a loop that is not unrolled: with all BR/2 loads
+ * unrolled (their 64-bit addresses computed ahead) the D = 64 kernel spilled 170 more bytes. */
+template <int BR, int BC>
+static __device__ __forceinline__ int fc_hpb_mask_block(const fc_score_mod &md, int64_t b, int h, int q0, int k0,
+                                                        int key0, int t, int sq, int sk, fc_hpb_mblock<BR> *mb) {
+#pragma unroll
+  for (int w = 0; w < BR / 64; w++) mb->keep[w] = ~0u;
+  if (!md.bias) return FC_MT_ALL;
+  if (!md.bias_bool || !md.tiles.cls) return FC_MT_SOME;
+  const int cls = fc_mask_tile(md.tiles, b, h, q0 / BR, k0 / BC);
+  if (cls == FC_MT_SOME) {
+    const int64_t *ms = md.bias_st;
+    const unsigned char *m = (const unsigned char *)md.bias + b * ms[0] + (int64_t)h * ms[1] +
+                             (int64_t)(q0 + 2 * t) * ms[2] + (int64_t)key0 * ms[3];
+    const bool k_in = key0 < sk, k8_in = key0 + 8 < sk;
+    if (ms[2] == 0) { /* bits 4x, 4x + 1: key key0; 4x + 2, 4x + 3: key key0 + 8 */
+      const uint32_t w = (k_in && __ldg(m) ? 0x33333333u : 0u) | (k8_in && __ldg(m + 8 * ms[3]) ? 0xccccccccu : 0u);
+#pragma unroll
+      for (int i = 0; i < BR / 64; i++) mb->keep[i] = w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < BR / 64; i++) { /* word i: x = 8i .. 8i + 7 */
+        uint32_t w = 0u;
+#pragma unroll 2
+        for (int xi = 0; xi < 8; xi++) {
+          const int q = q0 + 2 * t + 8 * (8 * i + xi);
+          const unsigned char *r = m + (int64_t)(8 * (8 * i + xi)) * ms[2];
+          const uint32_t nib = (q < sq && k_in && __ldg(r) ? 1u : 0u) |
+                               (q + 1 < sq && k_in && __ldg(r + ms[2]) ? 2u : 0u) |
+                               (q < sq && k8_in && __ldg(r + 8 * ms[3]) ? 4u : 0u) |
+                               (q + 1 < sq && k8_in && __ldg(r + ms[2] + 8 * ms[3]) ? 8u : 0u);
+          w |= nib << (4 * xi);
+        }
+        mb->keep[i] = w;
+      }
+    }
+  } else if (cls == FC_MT_NONE) {
+#pragma unroll
+    for (int w = 0; w < BR / 64; w++) mb->keep[w] = 0u;
+  }
+  return cls;
+}
+
+/* fc_hpb_p_pass_mod over the block of keys k0 .. k0 + BC − 1 and queries q0 .. q0 + BR − 1 of query head hh of
+ * sequence b: masked only where the block is cut (fc_hpb_p_from_s) or attn_mask's class mcls is not FC_MT_ALL
+ * (fc_hpb_mask_block: mb), softcap chosen once per block (uniform). */
+template <typename T, int BR, int MODE, int BC = FC_HPB_BC, bool ADD = false>
 static __device__ __forceinline__ void
 fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
                     uint32_t sL, uint32_t sD, int t, int q0, int k0, int key0, int sq, int sk, int64_t shift,
-                    int64_t wl, int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre = nullptr) {
-  const bool whole = k0 + BC <= sk && q0 + BR <= sq && (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) &&
-                     (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+                    int64_t wl, int64_t wr, const fc_score_mod &md, float slope, int64_t b, int hh, int mcls,
+                    const fc_hpb_mblock<BR> &mb, const float2 *l2_pre = nullptr) {
+  const bool whole = mcls == FC_MT_ALL && k0 + BC <= sk && q0 + BR <= sq &&
+                     (wr < 0 || k0 + BC - 1 <= q0 + shift + wr) && (wl < 0 || k0 >= q0 + BR - 1 + shift - wl);
+  /* a float bias: this thread's first element (query q0 + 2t, key key0) of plane (b, hh) */
+  const int64_t *ms = md.bias_st;
+  const unsigned short *bias = ADD ? (const unsigned short *)md.bias + b * ms[0] + (int64_t)hh * ms[1] +
+                                         (int64_t)(q0 + 2 * t) * ms[2] + (int64_t)key0 * ms[3]
+                                   : nullptr;
   if (md.k_out > 0.0f) {
     if (whole)
       fc_hpb_p_pass_mod<T, BR, false, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
-                                                  l2_pre);
+                                                  l2_pre, mb, bias);
     else
       fc_hpb_p_pass_mod<T, BR, true, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
-                                                 l2_pre);
+                                                 l2_pre, mb, bias);
   } else {
     if (whole)
       fc_hpb_p_pass_mod<T, BR, false, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
-                                                   l2_pre);
+                                                   l2_pre, mb, bias);
     else
       fc_hpb_p_pass_mod<T, BR, true, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
-                                                  l2_pre);
+                                                  l2_pre, mb, bias);
   }
 }
 
@@ -603,7 +697,7 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
  * the split ran 1.20-1.31x each warpgroup adding its own keys' share at D = 128, seqlen ≥ 1k,
  * bench/results/configs/hopper-bwd-dq-split-h100.txt). The price: both warpgroups meet at a barrier before and after
  * writing dSᵀ. The adds are red.global.add in a fixed order (the tickets above), into the [total_q][hq][D] sum. */
-template <typename T, int D, int STAGES, bool SCORE_MOD = false>
+template <typename T, int D, int STAGES, bool SCORE_MOD = false, bool ADD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -672,6 +766,10 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       const uint32_t q_tile = sQ + s * Q_BYTES, do_tile = sdO + s * Q_BYTES;
       const uint32_t sL = sLD + s * 2 * ROWS_BYTES, sD = sL + ROWS_BYTES;
       int *ticket = NULL;
+      /* SCORE_MOD: the block's attn_mask, loaded before the wgmmas (fc_hpb_mask_block) */
+      [[maybe_unused]] fc_hpb_mblock<BR> mb;
+      [[maybe_unused]] const int mcls =
+          SCORE_MOD ? fc_hpb_mask_block<BR, FC_HPB_BC>(a.mod, ti.b, hh, q0, k0, key0, t, sq, sk, &mb) : (int)FC_MT_ALL;
       /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ */
       fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
       fc_fence_regs(dk);
@@ -687,9 +785,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
        * scores, dSᵀ through tanh). */
       if constexpr (SCORE_MOD) {
         uint32_t unused[BR / 16][4];
-        fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_DS>(st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift,
-                                                  a.window_left, a.window_right, a.mod,
-                                                  fc_score_mod_slope(a.mod, ti.b, hh));
+        fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_DS, FC_HPB_BC, ADD>(
+            st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right, a.mod,
+            fc_score_mod_slope(a.mod, ti.b, hh), ti.b, hh, mcls, mb);
       } else {
         fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
       }
@@ -865,14 +963,14 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
   return pl;
 }
 
-/* SCORE_MOD: the same kernel built with softcap and ALiBi (hopper/score_mod.cuh). */
-template <typename T, bool SCORE_MOD> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
+/* SCORE_MOD: the same kernel built with softcap, ALiBi and attn_mask (hopper/score_mod.cuh). */
+template <typename T, bool SCORE_MOD, bool ADD = false> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
   switch (id) {
-  case FC_HPB_D64: return fc_hopper_bwd_kernel<T, 64, SCORE_MOD>;
-  case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, SCORE_MOD>;
-  case FC_HPB_DET_D64: return fc_hopper_bwd_det_kernel<T, 64, 3, SCORE_MOD>;
-  case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, SCORE_MOD>;
-  default: return fc_hopper_bwd_d256_kernel<T, SCORE_MOD>;
+  case FC_HPB_D64: return fc_hopper_bwd_kernel<T, 64, SCORE_MOD, ADD>;
+  case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, SCORE_MOD, ADD>;
+  case FC_HPB_DET_D64: return fc_hopper_bwd_det_kernel<T, 64, 3, SCORE_MOD, ADD>;
+  case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, SCORE_MOD, ADD>;
+  default: return fc_hopper_bwd_d256_kernel<T, SCORE_MOD, ADD>;
   }
 }
 
@@ -881,8 +979,10 @@ template <typename T>
 static flashc_status fc_hpb_run(const fc_problem *p, const fc_hpb_plan_t *pl, const CUtensorMap maps[4],
                                 const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
-  const fc_hpb_kernel_fn kernel =
-      a->mod.alibi || a->mod.k_out > 0.0f ? fc_hpb_kernel<T, true>(pl->kernel) : fc_hpb_kernel<T, false>(pl->kernel);
+  const bool mod = a->mod.alibi || a->mod.k_out > 0.0f || a->mod.bias, add = a->mod.bias && !a->mod.bias_bool;
+  const fc_hpb_kernel_fn kernel = add   ? fc_hpb_kernel<T, true, true>(pl->kernel)
+                                  : mod ? fc_hpb_kernel<T, true>(pl->kernel)
+                                        : fc_hpb_kernel<T, false>(pl->kernel);
   FC_CHECK(fc_mma_smem((const void *)kernel, pl->smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, pl->smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   const cudaError_t e = cudaGetLastError(); /* FC_LAUNCH_CHECK with the plan's kernel name */
@@ -908,6 +1008,10 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "deterministic backward at head_dim %lld (> 128) is not built on backend cuda-hopper",
                     (long long)p->head_dim);
+  if (p->dbias) /* attn_mask's gradient is not built here: `auto` runs such a call on cuda-mma */
+    return fc_error(
+        FLASHC_ERR_UNSUPPORTED,
+        "flashc_backward: dbias (the gradient of a float attn_mask) is not supported on backend cuda-hopper");
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim)), p->heads_kv, p->batch, &grid));
   FC_CHECK(fc_hp_check_view(p, &p->dout, true, "dout"));
@@ -933,8 +1037,11 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const int n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim));
   const int split = fc_gqa_split(p, n_blocks, 1, 4); /* one dK/dV CTA per SM (its shared memory) */
   const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + fc_hpb_round256(ticket_bytes);
+  /* A boolean attn_mask's tiles at the dK/dV kernel's blocks (Br queries × Bc keys), after the GQA parts */
+  const size_t tiles_at = gqa_at + fc_hpb_round256(fc_gqa_workspace_bytes(p, split));
+  const size_t tiles_bytes = fc_mask_tiles_bytes(p, plan.br, fc_hpb_bc(p->head_dim));
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, gqa_at + fc_gqa_workspace_bytes(p, split), (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, (void **)&ws));
   const cudaStream_t stream = fc_stream(p);
   fc_mma_seqs seqs;
   int64_t *pad_on_device = p->cu_seqlens_device ? (int64_t *)(ws + cu_bytes) : NULL;
@@ -989,6 +1096,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.bottom_right = p->bottom_right;
   a.dk_vec = fc_hpb_vec16(&dk), a.dv_vec = fc_hpb_vec16(&dv);
   fc_score_mod_of(p, &a.mod);
+  if (tiles_bytes) FC_CHECK(fc_mask_tiles_build(p, plan.br, fc_hpb_bc(p->head_dim), ws + tiles_at, &a.mod.tiles));
 
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));

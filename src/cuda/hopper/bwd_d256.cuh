@@ -256,7 +256,7 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
 
 /* The D = 256 dK/dV kernel (the header above): each consumer warpgroup one whole product at N = 64 (Sᵀ or dPᵀ),
  * dV issued before barrier B, the next block's product issued behind dQ_1 and dK. */
-template <typename T, bool SCORE_MOD = false>
+template <typename T, bool SCORE_MOD = false, bool ADD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -277,9 +277,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
 #define Q_FULL(s)  (bars + 8u * (1 + (s)))
 #define Q_EMPTY(s) (bars + 8u * (3 + (s)))
 
-  /* Which tile (fc_hpb_tile_of_cta, as fc_hopper_bwd_det_kernel, with Bc = 64). */
+  /* Which tile (fc_hpb_tile_of_cta, as fc_hopper_bwd_det_kernel, with Bc = 64; SCORE_MOD: cut to a boolean
+   * attn_mask's query blocks). */
   fc_hpb_tile ti;
-  if (!fc_hpb_tile_of_cta<FC_HPB256_BR, FC_HPB256_BC>(a, &ti)) return; /* the whole CTA, before any barrier */
+  if (!fc_hpb_tile_of_cta<FC_HPB256_BR, FC_HPB256_BC, SCORE_MOD>(a, &ti))
+    return; /* the whole CTA, before any barrier */
   const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
@@ -338,6 +340,12 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     if (ct == 0) FC_HPB_MARK_AT(1 + cw, it, k);                                                                        \
   } while (0)
       MARK(1);
+      /* SCORE_MOD: warpgroup 0's attn_mask of this block (fc_hpb_mask_block), loaded before the wait */
+      [[maybe_unused]] fc_hpb_mblock<XN> mb;
+      [[maybe_unused]] const int mcls =
+          SCORE_MOD && cw == 0
+              ? fc_hpb_mask_block<FC_HPB256_BR, FC_HPB256_BC>(a.mod, ti.b, hh, q0, k0, key0, t, sq, sk, &mb)
+              : (int)FC_MT_ALL;
       /* Warpgroup 0's Sᵀ or warpgroup 1's dPᵀ (issued by the last trip or the prologue); warpgroup 0 forms Pᵀ and
        * hands it to warpgroup 1 through sP and named barrier P (bar.arrive: warpgroup 0 goes on to its dV), which
        * forms dSᵀ from it. Neither touches the other's product. A wait 0 first: ptxas lets a group cross the back
@@ -357,9 +365,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
            * here for the reason sP is (the header: its last readers retired before barrier B of block it − 1). */
           float pg[XN / 2];
           uint32_t unused[XN / 16][4];
-          fc_hpb_p_from_s_mod<T, XN, FC_HPB_MOD_TWO, FC_HPB256_BC>(st, pg, unused, unused, sLw, sDsum, t, q0, k0, key0,
-                                                                   sq, sk, shift, wl, wr, a.mod,
-                                                                   fc_score_mod_slope(a.mod, ti.b, hh));
+          fc_hpb_p_from_s_mod<T, XN, FC_HPB_MOD_TWO, FC_HPB256_BC, ADD>(
+              st, pg, unused, unused, sLw, sDsum, t, q0, k0, key0, sq, sk, shift, wl, wr, a.mod,
+              fc_score_mod_slope(a.mod, ti.b, hh), ti.b, hh, mcls, mb);
           fc_hpb256_store_ps<T, XN>(st, sP, warp, g, t);
           if (a.mod.k_out > 0.0f) fc_hpb256_store_ps<T, XN>(pg, sdS, warp, g, t);
         } else {

@@ -69,14 +69,14 @@ static __device__ __forceinline__ void fc_hpb_lag_dq_add(const fc_hopper_bwd_arg
 /* One block (one trip of the loop) of fc_hopper_bwd_kernel: block `it` of the tile's n_iter (query head, query
  * block) pairs, in stage it % STAGES of the Q/dO ring, in the header's order. FIRST: block 0 (no dQ of an earlier
  * block to issue). */
-template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false>
+template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false, bool ADD = false>
 static __device__ __forceinline__ void
 fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int h0, int64_t pad0, int k0,
                  int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
                  uint32_t sdO, uint32_t sdS, uint32_t sdQ, uint32_t sLD, uint32_t bars, uint32_t k_rows,
                  uint32_t v_rows, uint32_t k_cols, float (&st)[(D == 64 ? 128 : FC_HPB_BR) / 2],
                  float (&dpt)[(D == 64 ? 128 : FC_HPB_BR) / 2], float (&dk)[D / 2], float (&dv)[D / 2],
-                 const float *alibi_b = nullptr) {
+                 const float *alibi_b = nullptr, int64_t b = 0) {
   constexpr int STAGES = FC_HPB_LAG_STAGES, BR = D == 64 ? 128 : FC_HPB_BR;
   /* SCORE_MOD (hopper/score_mod.cuh): Sᵀ is not biased (the modifiers act on the raw score, before lse2 is
    * subtracted), the P pass packs Pᵀ (for dV) and Pᵀ∘(1 − tanh²) (for dSᵀ) to 16 bits itself, so dV goes early as at
@@ -115,6 +115,10 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
   if constexpr (L2_PRE) fc_hpb_ld_rows<BR>(l2_pre, sL, t);
   /* SCORE_MOD: this block's query head's ALiBi slope (alibi_b: the sequence's slopes), loaded before the wgmmas */
   const float slope = SCORE_MOD && alibi_b ? __ldg(alibi_b + hh) : 0.0f;
+  /* and the block's attn_mask (fc_hpb_mask_block) */
+  [[maybe_unused]] fc_hpb_mblock<BR> mb;
+  [[maybe_unused]] const int mcls =
+      SCORE_MOD ? fc_hpb_mask_block<BR, FC_HPB_BC>(a.mod, b, hh, q0, k0, key0, t, sq, sk, &mb) : (int)FC_MT_ALL;
   fc_fence_regs(dk);
   fc_fence_regs(dv);
   fc_wgmma_fence();
@@ -132,8 +136,9 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
   uint32_t pp[BR / 16][4], dsp[BR / 16][4], pg[SCORE_MOD ? BR / 16 : 1][4];
   if constexpr (SCORE_MOD) {
     /* pp ← Pᵀ, pg ← Pᵀ∘(1 − tanh²), packed */
-    fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_PACK>(st, dpt, pp, pg, sL, sD, t, q0, k0, key0, sq, sk, shift, a.window_left,
-                                                a.window_right, a.mod, slope);
+    fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_PACK, FC_HPB_BC, ADD>(st, dpt, pp, pg, sL, sD, t, q0, k0, key0, sq, sk, shift,
+                                                                a.window_left, a.window_right, a.mod, slope, b, hh,
+                                                                mcls, mb);
   } else {
     const float2 no_l2[BR / 8] = {}; /* BIAS: −0 is subtracted (Sᵀ holds Sᵀ − lse2_i/c already) */
     fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift,
@@ -272,7 +277,7 @@ static __device__ __forceinline__ void fc_hpb_lag_tail(const fc_hopper_bwd_args 
  * wait (EARLY_DV) and starts the Sᵀ/dPᵀ accumulators at −lse2_i/c, −D_i (BIAS); D = 64 issues dV after dSᵀ is formed
  * (its packed Pᵀ beside Sᵀ's and dPᵀ's accumulators would not fit 240 registers) and loads lse2_i at the block's
  * start. Both issue each block's dQ a block later (LAG). */
-template <typename T, int D, bool SCORE_MOD = false>
+template <typename T, int D, bool SCORE_MOD = false, bool ADD = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -294,9 +299,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   const uint32_t sLD = sdQ + 2 * DQ_TILE_BYTES, bars = sLD + STAGES * 2 * ROWS_BYTES;
   const uint32_t kv_full = bars;
 
-  /* Which tile (fc_hpb_tile_of_cta, as the first version). */
+  /* Which tile (fc_hpb_tile_of_cta, as the first version; SCORE_MOD: cut to a boolean attn_mask's query blocks). */
   fc_hpb_tile ti;
-  if (!fc_hpb_tile_of_cta<BR>(a, &ti)) return; /* the whole CTA, before any barrier */
+  if (!fc_hpb_tile_of_cta<BR, FC_HPB_BC, SCORE_MOD>(a, &ti)) return; /* the whole CTA, before any barrier */
   const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
@@ -345,13 +350,13 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* SCORE_MOD: the sequence's ALiBi slopes (NULL: none) */
     const float *alibi_b = SCORE_MOD && a.mod.alibi ? a.mod.alibi + ti.b * a.mod.alibi_sb : nullptr;
     if (n_iter > 0) {
-      fc_hpb_lag_block<T, D, true, SCORE_MOD>(a, 0, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift, c, cw,
-                                              ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows, k_cols, st,
-                                              dpt, dk, dv, alibi_b);
+      fc_hpb_lag_block<T, D, true, SCORE_MOD, ADD>(a, 0, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift, c,
+                                                   cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows,
+                                                   k_cols, st, dpt, dk, dv, alibi_b, ti.b);
       for (int it = 1; it < n_iter; it++)
-        fc_hpb_lag_block<T, D, false, SCORE_MOD>(a, it, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift, c,
-                                                 cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows,
-                                                 k_cols, st, dpt, dk, dv, alibi_b);
+        fc_hpb_lag_block<T, D, false, SCORE_MOD, ADD>(a, it, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift,
+                                                      c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows,
+                                                      v_rows, k_cols, st, dpt, dk, dv, alibi_b, ti.b);
       fc_hpb_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, ti.h0, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */

@@ -332,8 +332,8 @@ template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = fal
 __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a, const fc_score_mod md) {
-  /* md: softcap and ALiBi (hopper/score_mod.cuh), read by the SCORE_MOD kernels only; a parameter of its own after
-   * the others, so that the plain kernels' parameters keep their offsets (and their code its bytes) */
+  /* md: softcap, ALiBi and attn_mask (hopper/score_mod.cuh), read by the SCORE_MOD kernels only; a parameter of its
+   * own after the others, so that the plain kernels' parameters keep their offsets (and their code its bytes) */
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   constexpr int NC = 2, BR = FC_HP_BR, CONSUMER_WARPS = FC_HP_CONSUMER_WARPS, BAR_TURN = FC_HP_BAR_TURN;
@@ -373,8 +373,11 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
   int lo_first, hi_first, lo_last, hi_last;
   fc_hp_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
   fc_hp_row_keys(min(i0 + BR, sq) - 1, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
-  const int j_begin = lo_first / BC;
-  const int n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - j_begin : 0;
+  int j_begin = lo_first / BC;
+  int n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - j_begin : 0;
+  /* SCORE_MOD: only the key blocks that a boolean mask keeps for some row of Q_i, for the producer and the consumers
+   * alike (both read j_begin, n_blocks from here); none left: the consumers write o = 0, lse = −inf */
+  if constexpr (SCORE_MOD) fc_hp_mask_range(md, b, h, i0, BR, sq, &j_begin, &n_blocks);
 
   if (threadIdx.x == 0) {
     fc_mbar_init(q_full, 1);
@@ -436,8 +439,11 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (the rest are dummy trips). */
     const int n_own = fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks);
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
-    /* SCORE_MOD: S becomes the modified score x, so the exponent's factor is log2 e alone (hopper/score_mod.cuh) */
-    const float c = SCORE_MOD ? 1.4426950408889634f : a.scale_log2;
+    /* SCORE_MOD: S becomes the modified score x, so the exponent's factor is log2 e alone (hopper/score_mod.cuh),
+     * except for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
+    [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
+    const float c = SCORE_MOD && mod_x ? 1.4426950408889634f : a.scale_log2;
+    const float m_scale = SCORE_MOD && mod_x ? 1.0f : a.scale;
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)
@@ -449,6 +455,24 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + sk - sq - 2 * t);
     }
+    /* SCORE_MOD: the class of the block in hand and a boolean mask's keep bits of it (hopper/score_mod.cuh). Block j's
+     * class is read one block ahead (its latency under the GEMMs' waits), its bits once block j − 1's S is packed. */
+    [[maybe_unused]] int cls = FC_MT_ALL;
+    [[maybe_unused]] fc_hp_keep<BC> km;
+    auto mask_class = [&](int j) {
+      return SCORE_MOD && j < j_begin + n_own ? fc_hp_mask_class(md, b, h, wg_row0, sq, j) : (int)FC_MT_ALL;
+    };
+    auto mask_next = [&](int next, int j) {
+      if constexpr (SCORE_MOD) {
+        cls = next;
+        fc_hp_mask_bits<BC>(km, md, b, h, next, wg_row0 + 16 * warp + g, sq, sk, j * BC, t);
+      }
+    };
+    /* x, then the mask, of block j's S */
+    auto mod_block = [&](float(&s)[BC / 2], int j) {
+      if constexpr (SCORE_MOD)
+        fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, b, h, cls, km, wg_row0 + 16 * warp + g, sq, sk, j * BC, t);
+    };
     /* Key blocks that need no mask for any row of this warpgroup: [j_full_lo, j_full_hi). Block j is whole
      * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row
      * ((j + 1)·Bc − 1 ≤ wg_row0 + shift + wr) and right of its left edge for the last row
@@ -484,6 +508,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       /* Block 0: S = Q_i·K_0ᵀ, softmax; O is still 0, nothing to rescale. */
       {
         float s[BC / 2];
+        mask_next(mask_class(j_begin), j_begin);
+        [[maybe_unused]] const int cls_next = mask_class(j_begin + 1);
         fc_mbar_wait(FULL_K(0), 0);
         my_turn();
         fc_wgmma_fence();
@@ -493,13 +519,15 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_wgmma_wait<0>();
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
-        if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, j_begin * BC);
+        mod_block(s, j_begin);
         fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
+        mask_next(cls_next, j_begin + 1);
       }
 
       for (int n = 1; n < n_own; n++) {
         const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
         float s[BC / 2];
+        [[maybe_unused]] const int cls_next = mask_class(j_begin + n + 1);
         /* V_{n−2} is read: its P·V was waited for at the end of the last trip. Released here, first thing, and
          * not after the wait below (ptxas then serialises the wgmma pipeline: C7513, docs/hopper.md) nor after
          * the next wait for S (one GEMM group later: with 2 stages the producer then refilled the stage too late
@@ -521,7 +549,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
-        if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, (j_begin + n) * BC);
+        mod_block(s, j_begin + n);
         /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
          * O's rescale wait for it. The block boundary keeps ptxas from hoisting the wait above the softmax
          * (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own before the
@@ -534,6 +562,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_fence_regs(p);
         fc_hp_pack<T, BC>(s, p);
         fc_hp_rescale_if<D>(o, alpha);
+        mask_next(cls_next, j_begin + n + 1);
       }
 
       /* The last O += P·V (of block n_own − 1). */
@@ -586,7 +615,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       if (a.lse && t == 0 && row < sq) {
         const int64_t at = a.cu_q ? (int64_t)h * a.total_q + q_start + row : (b * a.heads_q + h) * a.seqlen_q + row;
         /* __fmul_rn: an overflowed scale·m must give NaN, not fma's −inf (mma/fwd_common.cuh, fc_fwd_row_lse) */
-        a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
+        a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], m_scale) + logf(lr) : -INFINITY;
       }
     }
 
@@ -758,12 +787,15 @@ static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
   pl.order = FC_HP_SCHED_STRIDE;
   if (pl.persistent && (((pl.nc == 3 || pl.d >= 128) && tri) || (pl.d == 128 && !tri && p->seqlen_k <= 1024)))
     pl.order = FC_HP_SCHED_DYNAMIC;
+  /* A boolean attn_mask: dynamic too, its tiles weigh what the mask keeps of them (a padding mask: each sequence's
+   * length), as a triangular mask's do. Not measured against stride yet. */
+  if (pl.persistent && p->attn_mask && p->attn_mask_is_bool) pl.order = FC_HP_SCHED_DYNAMIC;
   /* The split last rounds where every tile weighs the same (no mask, no varlen, the stride order) and two consumers
    * run, except at D = 256 below 4096 keys, where the fix-up (each consumer's 64 × 256 fp32 partial through global
    * memory) costs more than the partial round it saves: against whole tiles −7 % at 512 keys, −3.6 % at 1k, −0.5 % at
    * 2k, +0.7 % at 4k, +1.3 % at 8k (configs/hopper-fwd-d256-persistent-2026-11-29.txt). At D ≤ 128 it measured faster
    * at every seqlen it runs at (configs/hopper-split-2026-11-23.txt, hopper-fwd-d128-tmastore-2026-11-24.txt). */
-  pl.split = pl.persistent && pl.nc == 2 && pl.order == FC_HP_SCHED_STRIDE && unmasked && !varlen &&
+  pl.split = pl.persistent && pl.nc == 2 && pl.order == FC_HP_SCHED_STRIDE && unmasked && !p->attn_mask && !varlen &&
              (pl.d <= 128 || p->seqlen_k >= 4096);
   return pl;
 }
@@ -917,7 +949,8 @@ static flashc_status hopper_forward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", br, "flashc_forward", &maps[0]));     /* the Q box: one query block */
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", pl.bc, "flashc_forward", &maps[1])); /* K, V: one key block */
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", pl.bc, "flashc_forward", &maps[2]));
-  /* The dynamic order's claim counter lives in the workspace, after the varlen offsets, then the split's partials. */
+  /* The dynamic order's claim counter lives in the workspace, after the varlen offsets, then the split's partials,
+   * then a boolean attn_mask's tiles (each part a multiple of 256 bytes: the next one starts aligned). */
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),
                claim_bytes = pl.order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
   size_t split_bytes = 0;
@@ -926,8 +959,10 @@ static flashc_status hopper_forward(const fc_problem *p) {
     FC_CHECK(fc_device_get_props(&props));
     split_bytes = fc_hp_split_part_bytes(props.num_sms, pl.d);
   }
+  /* The tiles at the kernels' blocks: FC_HP_MASK_BM rows (one consumer warpgroup) × Bc keys (hopper/score_mod.cuh). */
+  const size_t tiles_bytes = fc_mask_tiles_bytes(p, FC_HP_MASK_BM, pl.bc);
   void *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes, &ws));
+  FC_CHECK(fc_device_workspace(p, cu_bytes + claim_bytes + split_bytes + tiles_bytes, &ws));
   int32_t *claim = pl.order == FC_HP_SCHED_DYNAMIC ? (int32_t *)((uint8_t *)ws + cu_bytes) : NULL;
   fc_hp_split_mem split_mem = {NULL, NULL}, *split = NULL;
   if (split_bytes) {
@@ -968,9 +1003,15 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.own_blocks = 1;
   a.align_end = fc_hp_triangular(p);
   a.q_slots = 2;
-  /* Softcap or ALiBi: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one variant each. */
+  /* Softcap, ALiBi or attn_mask: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one variant
+   * each; cuda-mma's modifiers (bias_pair: the mask's pairs of keys as one load), with its k_in = |scale| = scale here
+   * (hopper_supports refuses a negative one). A boolean mask's tiles are built on the call's stream first. */
   fc_score_mod md;
-  if (fc_score_mod_of(p, &md)) {
+  const bool mod = fc_mma_score_mod_of(p, &md);
+  if (tiles_bytes)
+    FC_CHECK(
+        fc_mask_tiles_build(p, FC_HP_MASK_BM, pl.bc, (uint8_t *)ws + cu_bytes + claim_bytes + split_bytes, &md.tiles));
+  if (mod) {
     if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, true>(p, maps, &a, &md, &pl, claim, split, grid);
     return fc_hp_forward_kernels<__nv_bfloat16, true>(p, maps, &a, &md, &pl, claim, split, grid);
   }
@@ -994,8 +1035,9 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI |
-        FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh); validate.c refuses the others */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_ATTN_MASK |
+        FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh; dbias: fc_hopper_bwd_supports refuses it);
+                                       * validate.c refuses the others */
     0,                                /* max_head_dim_v */
     fc_cuda_forward_kvcache,          /* forward_kvcache: mma/decode.cu */
 };

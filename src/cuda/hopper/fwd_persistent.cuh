@@ -68,10 +68,11 @@ typedef struct fc_hp_out {
 } fc_hp_out;
 
 /* The tile of this CTA's slot `slot` (query blocks of BR rows); false when the slot has no tile (snake's last round)
- * or its query block lies past its sequence (varlen: shorter sequences). */
-template <int BR = FC_HP_BR, int BC = FC_HP_BC>
+ * or its query block lies past its sequence (varlen: shorter sequences). SCORE_MOD: its key blocks are only those a
+ * boolean attn_mask keeps for some of its rows (fc_hp_mask_range), which the consumers take from the tile ring. */
+template <int BR = FC_HP_BR, int BC = FC_HP_BC, bool SCORE_MOD = false>
 static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args &a, const fc_hp_sched &sc,
-                                                        int64_t slot, fc_hp_tile *x) {
+                                                        int64_t slot, fc_hp_tile *x, const fc_score_mod &md) {
   const int64_t t = fc_hp_slot_tile(sc, slot);
   if (t >= sc.tiles) return false;
   int mb, bh;
@@ -102,6 +103,7 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
   fc_hp_row_keys(min(x->i0 + BR, x->sq) - 1, x->shift, a.window_left, a.window_right, x->sk, &lo_last, &hi_last);
   x->j_begin = lo_first / BC;
   x->n_blocks = lo_first < hi_last ? (hi_last + BC - 1) / BC - x->j_begin : 0;
+  if constexpr (SCORE_MOD) fc_hp_mask_range(md, x->b, x->h, x->i0, BR, x->sq, &x->j_begin, &x->n_blocks);
   x->split = 0;
   return true;
 }
@@ -112,7 +114,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                                     const fc_hopper_fwd_args a, const fc_hp_sched sc, const fc_score_mod md) {
-  /* md: softcap and ALiBi, the SCORE_MOD kernels' only: last, so that the plain kernels' parameters keep offsets */
+  /* md: softcap, ALiBi and attn_mask, the SCORE_MOD kernels' only: last, so that the plain kernels' parameters keep
+   * their offsets */
 #if FC_HOPPER_ARCH
   constexpr int HALVES = D / 64;
   /* NC consumer warpgroups of 64 query rows, as in hopper/fwd.cu (NC = 3: tmastore3, D = 64 only). */
@@ -223,19 +226,20 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       for (int64_t slot = blockIdx.x; slot >= 0 && slot < sc.slots;
            slot = sc.claim ? fc_hp_claim_position(sc) : slot + gridDim.x) {
         fc_hp_tile x;
-        if (!fc_hp_tile_setup<BR, BC>(a, sc, slot, &x)) continue; /* no rows: the consumers never see it */
+        if (!fc_hp_tile_setup<BR, BC, SCORE_MOD>(a, sc, slot, &x, md))
+          continue; /* no rows: the consumers never see it */
         publish(x);
         if (x.n_blocks > 0) load(x); /* none: nothing to load, the consumers store zeros */
       }
       /* The split last rounds (fc_hp_sched_split): this CTA's range of key-block units, in parts of tiles. Every
-       * tile there has n_kb key blocks from 0 (no mask, no varlen: the set-up cannot refuse it). */
+       * tile there has n_kb key blocks from 0 (no mask, no attn_mask, no varlen: the set-up cannot refuse it). */
       if (NC == 2 && sc.split_units > 0) {
         const int64_t u_end = sc.split_u0 + (blockIdx.x + 1) * sc.split_units / gridDim.x;
         for (int64_t u = sc.split_u0 + blockIdx.x * sc.split_units / gridDim.x; u < u_end;) {
           const int64_t t = u / sc.n_kb;
           const int kb0 = (int)(u - t * sc.n_kb), kb1 = (int)min((int64_t)sc.n_kb, kb0 + (u_end - u));
           fc_hp_tile x;
-          fc_hp_tile_setup<BR, BC>(a, sc, t, &x);
+          fc_hp_tile_setup<BR, BC>(a, sc, t, &x, md);
           x.j_begin = kb0;
           x.n_blocks = kb1 - kb0;
           x.split = kb0 > 0 ? -1 : kb1 < sc.n_kb ? 1 : 0;
@@ -255,8 +259,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const uint32_t o_rows = sO + 64 * cw * FC_HP_ROW_BYTES; /* SO only */
-    /* SCORE_MOD: S becomes the modified score x, the exponent's factor log2 e alone (hopper/score_mod.cuh) */
-    const float c = SCORE_MOD ? 1.4426950408889634f : a.scale_log2;
+    /* SCORE_MOD: S becomes the modified score x, the exponent's factor log2 e alone (hopper/score_mod.cuh), except
+     * for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
+    [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
+    const float c = SCORE_MOD && mod_x ? 1.4426950408889634f : a.scale_log2;
+    const float m_scale = SCORE_MOD && mod_x ? 1.0f : a.scale;
     FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
@@ -374,7 +381,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
           /* __fmul_rn: not contracted into an fma (mma/fwd_common.cuh, fc_fwd_row_lse) */
-          a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], SCORE_MOD ? 1.0f : a.scale) + logf(lr) : -INFINITY;
+          a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], m_scale) + logf(lr) : -INFINITY;
         }
       }
     };
@@ -453,6 +460,23 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + x.sk - x.sq - 2 * t);
       }
+      /* SCORE_MOD: the block in hand's class and keep bits, block j's read one block ahead (hopper/fwd.cu) */
+      [[maybe_unused]] int cls = FC_MT_ALL;
+      [[maybe_unused]] fc_hp_keep<BC> km;
+      auto mask_class = [&](int j) {
+        return SCORE_MOD && j < j_begin + n_own ? fc_hp_mask_class(md, x.b, x.h, wg_row0, x.sq, j) : (int)FC_MT_ALL;
+      };
+      auto mask_next = [&](int next, int j) {
+        if constexpr (SCORE_MOD) {
+          cls = next;
+          fc_hp_mask_bits<BC>(km, md, x.b, x.h, next, wg_row0 + 16 * warp + g, x.sq, x.sk, j * BC, t);
+        }
+      };
+      auto mod_block = [&](float(&s)[BC / 2], int j) {
+        if constexpr (SCORE_MOD)
+          fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, x.b, x.h, cls, km, wg_row0 + 16 * warp + g, x.sq, x.sk,
+                                 j * BC, t);
+      };
 
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
       uint32_t p[BC / 16][4];
@@ -464,10 +488,12 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
 #pragma unroll
         for (int e = 0; e < D / 2; e++) o[e] = 0.0f;
         const uint32_t qs = quse % q_slots, q_rows = (qs ? sQ1 : sQ) + 64 * cw * FC_HP_ROW_BYTES;
+        mask_next(mask_class(j_begin), j_begin);
         fc_mbar_wait(q_full + 8u * qs, (quse / q_slots) & 1); /* Q_i has landed */
         FC_HP_MARK(2, 0);
         {
           float s[BC / 2];
+          [[maybe_unused]] const int cls_next = mask_class(j_begin + 1);
           const uint32_t s0 = kuse % STAGES;
           fc_mbar_wait(FULL_K(s0), (kuse / STAGES) & 1);
           FC_HP_MARK(3, 0);
@@ -485,8 +511,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           FC_HP_MARK(5, 0);
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
           kuse++;
-          if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, j_begin * BC);
+          mod_block(s, j_begin);
           fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
+          mask_next(cls_next, j_begin + 1);
           FC_HP_MARK(6, 0);
         }
 
@@ -494,6 +521,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           /* K_n is K use kuse, V_{n−1} is V use vuse, V_{n−2} V use vuse − 1. */
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
           float s[BC / 2];
+          [[maybe_unused]] const int cls_next = mask_class(j_begin + n + 1);
           /* V_{n−2}: its P·V was waited for at the end of the last trip (where and why: hopper/fwd.cu) */
           fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2);
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
@@ -513,7 +541,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_fence_regs(s);
           FC_HP_MARK(9, n);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
-          if constexpr (SCORE_MOD) fc_hp_mod_scores<BC>(s, md, slope, dist0, (j_begin + n) * BC);
+          mod_block(s, j_begin + n);
           /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
            * the block boundary keeping the wait after the softmax (hopper/fwd.cu's loop). */
           fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
@@ -524,6 +552,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           FC_HP_MARK(10, n);
           fc_hp_pack<T, BC>(s, p);
           fc_hp_rescale_if<D>(o, alpha);
+          mask_next(cls_next, j_begin + n + 1);
           FC_HP_MARK(19, n);
           kuse++;
           vuse++;

@@ -1,11 +1,28 @@
-/* hopper/score_mod.cuh — cuda-hopper's score modifiers, softcap and ALiBi, in the wgmma accumulator layout, shared by
- * the forward (hopper/fwd.cu, hopper/fwd_persistent.cuh); the design, the arguments (fc_score_mod) and the
- * layout-free functions (fc_tanh, the backward's fc_mod_score) are common/score_mod.cuh's, shared with cuda-mma. */
+/* hopper/score_mod.cuh — cuda-hopper's score modifiers, softcap, ALiBi and (forward only) attn_mask, in the wgmma
+ * accumulator layout, shared by the forward (hopper/fwd.cu, hopper/fwd_persistent.cuh); the design, the arguments
+ * (fc_score_mod) and the layout-free functions (fc_tanh, the backward's fc_mod_score) are common/score_mod.cuh's,
+ * shared with cuda-mma; the mask's loads read what cuda-mma's do (mma/score_mod.cuh: fc_mma_bias_block, whose layout
+ * for one M-tile is the wgmma accumulator's per 8-column chunk; bias_pair from fc_mma_score_mod_of).
+ *
+ * attn_mask in the forward: a boolean mask's blocks are classified before the kernel (common/mask_tiles.cuh) at
+ * FC_HP_MASK_BM rows × the kernel's Bc keys: one row of blocks per consumer warpgroup, whatever the kernel's Br (128,
+ * or 192 with 3 consumers) and wherever its query blocks start (align_end moves them by whole warpgroups). The producer
+ * and the consumers walk the same key blocks: the CTA's visible blocks [j_begin, j_begin + n_blocks) intersected with
+ * the union of its warpgroups' row ranges (fc_hp_mask_range), worked out in the one-tile kernel by every thread before
+ * the roles split, in the persistent kernel by the producer's tile set-up, which the consumers read from the tile ring.
+ * Inside the range each warpgroup reads its own block's class once (uniform), one block ahead: ALL runs the plain code,
+ * NONE sets the block's scores to −inf, SOME loads the mask's elements into keep bits (fc_hp_mask_bits); every block of
+ * a float bias loads it. */
 #ifndef FLASHC_CUDA_HOPPER_SCORE_MOD_CUH
 #define FLASHC_CUDA_HOPPER_SCORE_MOD_CUH
 
 #include "common/score_mod.cuh"
 #include "hopper/ptx.cuh"
+#include "mma/score_mod.cuh"
+
+#include <limits.h>
+
+enum { FC_HP_MASK_BM = 64 }; /* rows per block of a boolean mask's tiles: one consumer warpgroup's */
 
 #if FC_HOPPER_ARCH
 /* The forward's S (one block of BC keys from k0, the wgmma accumulator layout: s[4x + e] is row rh = e / 2 of this
@@ -31,6 +48,149 @@ static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], cons
 #pragma unroll
       for (int e = 0; e < 4; e++)
         s[4 * x + e] = fmaf(-slope, fabsf(v[e >> 1] - (float)(8 * x + (e & 1))), s[4 * x + e]);
+  }
+}
+
+/* Whether the SCORE_MOD kernel turns S into x = scale·S (+ softcap, ALiBi, a float bias) before the softmax: not for a
+ * boolean mask alone, whose −inf needs no scale, so that such a call runs the plain kernel's exponent (c = scale·log2
+ * e, lse = scale·m + ln l) and only adds the mask's loads. */
+static __device__ __forceinline__ bool fc_hp_mod_x(const fc_score_mod &md) {
+  return md.k_out > 0.0f || md.alibi || (md.bias && !md.bias_bool);
+}
+
+/* The key blocks [*j_begin, *j_begin + *n_blocks) of a tile of br rows from i0 (rows of the sequence: [0, sq)),
+ * intersected with the key blocks that a boolean mask keeps for any of its warpgroups' rows: *n_blocks = 0 where none
+ * is left (the tile's rows then give o = 0, lse = −inf, as where no key is visible). Unchanged without tiles (no mask,
+ * a float bias). */
+static __device__ __forceinline__ void fc_hp_mask_range(const fc_score_mod &md, int64_t b, int h, int i0, int br,
+                                                        int sq, int *j_begin, int *n_blocks) {
+  if (!md.tiles.cls || *n_blocks <= 0) return;
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int r = i0; r < i0 + br; r += FC_HP_MASK_BM) {
+    if (r < 0 || r >= sq) continue; /* rows before the sequence (align_end) see no key; rows past it are not stored */
+    const int2 k = fc_mask_row_range(md.tiles, b, h, r / FC_HP_MASK_BM);
+    if (k.x < k.y) lo = min(lo, k.x), hi = max(hi, k.y);
+  }
+  const int jb = max(*j_begin, lo), je = min(*j_begin + *n_blocks, hi);
+  if (jb < je)
+    *j_begin = jb, *n_blocks = je - jb;
+  else
+    *n_blocks = 0;
+}
+
+/* The class of key block j for the warpgroup whose rows start at wg_row0 (FC_MT_*; uniform across the warpgroup):
+ * ALL without a mask and for a warpgroup outside the sequence's rows (nothing of it is stored, and align_end's rows
+ * before it see no key), SOME for a float bias (every block loads it). */
+static __device__ __forceinline__ int fc_hp_mask_class(const fc_score_mod &md, int64_t b, int h, int wg_row0, int sq,
+                                                       int j) {
+  if (!md.bias || wg_row0 < 0 || wg_row0 >= sq) return FC_MT_ALL;
+  if (!md.tiles.cls) return FC_MT_SOME;
+  return fc_mask_tile(md.tiles, b, h, wg_row0 / FC_HP_MASK_BM, j);
+}
+
+/* Row `row` of (sequence b, query head h)'s plane of the mask, worked out where it is read: b, h and row pass through
+ * an empty asm volatile statement first, so that the compiler cannot hoist the address out of the kernels' loop and
+ * hold it in registers across every block (hoisted, the SCORE_MOD kernels spilled 16–96 bytes more). */
+static __device__ __forceinline__ const uint8_t *fc_hp_mask_row(const fc_score_mod &md, int64_t b, int h, int row) {
+  asm volatile("" : "+l"(b), "+r"(h), "+r"(row));
+  return (const uint8_t *)md.bias +
+         (b * md.bias_st[0] + h * md.bias_st[1] + (int64_t)row * md.bias_st[2]) * (md.bias_bool ? 1 : 2);
+}
+
+/* A boolean mask's keep bits of this thread's elements of one block of BC keys from k0 (fc_hp_mod_scores' layout:
+ * element s[i], i = 4x + e, at bit i % 32 of km[i / 32]), from the block's class cls: ALL every bit set, NONE none,
+ * SOME the mask's elements (rows ≥ sq and keys ≥ sk set: never stored / masked by the softmax after). The kernels
+ * take them for block j + 1 once block j's S is packed into P, where S's registers are free: the loads (BC / 4 words in
+ * flight at BC = 128) made the kernels spill when they sat beside S. row0: this thread's first row (wg_row0 + 16·warp
+ * + g) of (sequence b, query head h). Pairs of keys as one load where bias_pair allows. */
+template <int BC> struct fc_hp_keep { uint32_t w[(BC / 2 + 31) / 32]; };
+template <int BC>
+static __device__ __forceinline__ void fc_hp_mask_bits(fc_hp_keep<BC> &km, const fc_score_mod &md, int64_t b, int h,
+                                                       int cls, int row0, int sq, int sk, int k0, int t) {
+#pragma unroll
+  for (int w = 0; w < (BC / 2 + 31) / 32; w++) km.w[w] = cls == FC_MT_NONE ? 0u : ~0u;
+  if (cls != FC_MT_SOME || !md.bias_bool) return;
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    const int row = row0 + 8 * rh;
+    if (row >= sq) continue;
+    const uint8_t *r = fc_hp_mask_row(md, b, h, row);
+#pragma unroll
+    for (int x = 0; x < BC / 8; x++) {
+      const int key = k0 + 8 * x + 2 * t, i = 4 * x + 2 * rh;
+      bool keep[2] = {true, true};
+      if (md.bias_pair) {
+        if (key < sk) { /* sk is even: key + 1 < sk too */
+          const uint32_t v = __ldg((const unsigned short *)(r + key));
+          keep[0] = (v & 0xffu) != 0, keep[1] = (v >> 8) != 0;
+        }
+      } else {
+#pragma unroll
+        for (int e1 = 0; e1 < 2; e1++)
+          if (key + e1 < sk) keep[e1] = __ldg(r + (int64_t)(key + e1) * md.bias_st[3]) != 0;
+      }
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++)
+        if (!keep[e1]) km.w[(i + e1) / 32] &= ~(1u << ((i + e1) % 32));
+    }
+  }
+  /* The bits are made here, not where the next block uses them: left to the compiler, the loaded bytes stayed in
+   * registers until then, beside the next S, and the kernels spilled. */
+#pragma unroll
+  for (int w = 0; w < (BC / 2 + 31) / 32; w++) asm volatile("" : "+r"(km.w[w]));
+}
+
+/* A float bias added to S (fc_hp_mod_scores' layout) of one block of BC keys from k0: s ← s + bias (−inf hides the
+ * key), rows ≥ sq and keys ≥ sk left as they are. Loaded beside S, so in groups of FC_HP_BIAS_GROUP 8-key chunks of
+ * both rows, a warp barrier (__syncwarp) between groups keeping each group's loads after the last one's adds (all at
+ * once, the BC / 4 words in flight made the D = 128 kernels spill 56–112 bytes; in groups, none). Pairs of keys as one
+ * 4-byte load where bias_pair allows. */
+enum { FC_HP_BIAS_GROUP = 4 };
+template <typename T, int BC>
+static __device__ __forceinline__ void fc_hp_bias_add(float (&s)[BC / 2], const fc_score_mod &md, int64_t b, int h,
+                                                      int row0, int sq, int sk, int k0, int t) {
+  constexpr int G = FC_HP_BIAS_GROUP;
+#pragma unroll
+  for (int x0 = 0; x0 < BC / 8; x0 += G) {
+    if (x0 > 0) __syncwarp();
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+      const int row = row0 + 8 * rh;
+      if (row >= sq) continue;
+      const uint16_t *r = (const uint16_t *)fc_hp_mask_row(md, b, h, row);
+#pragma unroll
+      for (int x = x0; x < x0 + G && x < BC / 8; x++) {
+        const int key = k0 + 8 * x + 2 * t, i = 4 * x + 2 * rh;
+        if (md.bias_pair) {
+          if (key < sk) { /* sk is even: key + 1 < sk too */
+            const uint32_t w = __ldg((const unsigned int *)(r + key));
+            s[i] += fc_to_float<T>((uint16_t)(w & 0xffffu));
+            s[i + 1] += fc_to_float<T>((uint16_t)(w >> 16));
+          }
+        } else {
+#pragma unroll
+          for (int e1 = 0; e1 < 2; e1++)
+            if (key + e1 < sk) s[i + e1] += fc_to_float<T>(__ldg(r + (int64_t)(key + e1) * md.bias_st[3]));
+        }
+      }
+    }
+  }
+}
+
+/* The SCORE_MOD kernels' step between S and the softmax, for block k0 of class cls: x (when mod_x, fc_hp_mod_x), then
+ * attn_mask: a boolean mask's keep bits km (fc_hp_mask_bits) turn the removed keys to −inf, a float bias is loaded and
+ * added here (fc_hp_bias_add). */
+template <typename T, int BC>
+static __device__ __forceinline__ void
+fc_hp_mod_block(float (&s)[BC / 2], const fc_score_mod &md, bool mod_x, float slope, const float (&dist0)[2], int64_t b,
+                int h, int cls, const fc_hp_keep<BC> &km, int row0, int sq, int sk, int k0, int t) {
+  if (mod_x) fc_hp_mod_scores<BC>(s, md, slope, dist0, k0);
+  if (cls == FC_MT_ALL) return;
+  if (md.bias_bool) {
+#pragma unroll
+    for (int i = 0; i < BC / 2; i++) s[i] = (km.w[i / 32] >> (i % 32)) & 1u ? s[i] : -INFINITY;
+  } else {
+    fc_hp_bias_add<T, BC>(s, md, b, h, row0, sq, sk, k0, t);
   }
 }
 
