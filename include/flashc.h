@@ -315,7 +315,9 @@ static inline flashc_status flashc_backend_get(int i, flashc_backend_info *info)
 /* ---- handle --------------------------------------------------------------------------------------- */
 /* A handle carries the backend, the CPU thread count, the CUDA stream and a workspace that grows as
  * needed (so repeated calls of one shape allocate nothing). A handle is not thread-safe: use one per
- * thread. */
+ * thread. CUDA graphs: a call cannot be captured while the workspace must grow (the first call of a shape: run
+ * it once outside the capture, on the same handle), and once a call of the handle was captured, a workspace that
+ * grows later keeps its old memory for the graphs until flashc_destroy, which the graphs must not outlive. */
 typedef struct flashc_handle_s *flashc_handle;
 
 /* backend: a name from flashc_backend_get, or "auto" (or NULL): per call, the best usable backend that

@@ -292,6 +292,10 @@ extern const int fc_backend_total;
 const fc_backend *fc_backend_find(const char *name);
 
 /* ---- the handle ----------------------------------------------------------------------------------- */
+struct fc_retired_mem { /* a device buffer a CUDA graph may still use (flashc_handle_s.retired) */
+  void *mem;
+  int device;
+};
 struct flashc_handle_s {
   char backend[32];         /* as created: "auto" or a backend name */
   const fc_backend *fixed;  /* NULL for auto */
@@ -306,6 +310,12 @@ struct flashc_handle_s {
   void *device_zero;    /* fc_device_zeroed: device memory that every kernel using it leaves zero */
   size_t device_zero_size;
   int device_zero_device;
+  /* A call captured in a CUDA graph holds the addresses of device_ws and device_zero: once one was (captured), a
+   * buffer that grows is not freed but kept here (retired, with its device) until the handle is destroyed, so that
+   * the graph's replays still read and write memory of their own (common/runtime.cu). */
+  int captured;
+  struct fc_retired_mem *retired;
+  int n_retired;
 };
 
 /* ---- validation (validate.c) ---------------------------------------------------------------------- */

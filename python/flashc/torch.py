@@ -30,9 +30,9 @@ Behaviour as torch.nn.functional.scaled_dot_product_attention where the two meet
   (flashc.h, cu_seqlens_device).
 - CUDA graphs (torch.cuda.graph, torch.compile(mode="reduce-overhead")): flashc keeps one handle, with its
   device workspace, per thread, device and stream, allocated by its first call. So run the function once
-  on the capture stream before capturing (a first call inside a capture raises RuntimeError), and capture
-  the largest problem first: a larger one later on that stream grows the workspace, and graphs captured
-  before would read the freed one.
+  on the capture stream before capturing (a first call inside a capture raises RuntimeError); a larger
+  problem later on that stream grows the workspace, while the graphs captured before keep the old one
+  (flashc.h, the handle).
 - softcap= and alibi_slopes= (float32 [heads_q] or [batch, heads_q], moved to q's device) as flash_attn's; a v
   with its own head dim needs nothing (out takes it); attention_varlen takes seqused_q=/seqused_k= (int32
   [num_seqs], read on the host like cu_seqlens). attention takes attn_mask= as scaled_dot_product_attention does

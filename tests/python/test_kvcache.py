@@ -267,8 +267,24 @@ def test_out_is_written_in_place(rng):
         flashc.attention_with_kvcache(T(q), T(kc), T(vc), cache_seqlens=T(lens), out=out)  # numpy out, torch q
     torch.library.opcheck(
         torch.ops.flashc.fwd_kvcache_out.default,
-        (T(q), T(kc.copy()), T(vc.copy()), None, None, T(lens), T(table), torch.empty(q.shape),
-         torch.empty(2, 4, 2), None, False, -1, -1, "cpu", -1, 0),  # fmt: skip
+        (
+            T(q),
+            T(kc.copy()),
+            T(vc.copy()),
+            None,
+            None,
+            T(lens),
+            T(table),
+            torch.empty(q.shape),
+            torch.empty(2, 4, 2),
+            None,
+            False,
+            -1,
+            -1,
+            "cpu",
+            -1,
+            0,
+        ),  # fmt: skip
     )
 
     def step(q_, kc_, vc_, lens_, table_, out_):
@@ -499,3 +515,39 @@ def test_cuda_graph_capture(rng):
         check_cuda(o, lse, ref_o, ref_lse, base_o, "bf16")
         want_k, _ = expected_caches(kc0, vc0, kn, vn, lens_np, table, page)
         assert np.array_equal(tkc.float().cpu().numpy(), want_k), "the replay appends at the new lengths"
+
+
+def test_cuda_graph_survives_a_growing_workspace():
+    """A graph captured on a stream keeps its workspace when a larger call on that stream grows the handle's: the
+    old memory is kept for the graph (flashc.h, the handle), not freed under it. The replay after the growth (and
+    after filling fresh allocations with NaN, which would land in freed memory) gives the eager result."""
+    torch = need_cuda("cuda-mma")
+    gen = torch.Generator(device="cuda").manual_seed(49)
+
+    def case(batch, cap):
+        q = torch.randn(batch, 1, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        kc, vc = (torch.randn(batch, cap, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "kv")
+        return q, kc, vc, torch.full((batch,), cap, dtype=torch.int32, device="cuda")
+
+    small, large = case(1, 4096), case(8, 32768)  # decoding splits the keys: partials in the workspace
+
+    def step(q, kc, vc, lens):
+        return flashc.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, backend="cuda-mma")
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        want = step(*small).clone()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        o = step(*small)
+    with torch.cuda.stream(stream):  # the workspace grows on the same handle
+        step(*large)
+    stream.synchronize()
+    junk = [torch.full((1 << 24,), float("nan"), device="cuda") for _ in range(8)]
+    o.fill_(0)
+    graph.replay()
+    torch.cuda.synchronize()
+    del junk
+    assert torch.equal(o, want)

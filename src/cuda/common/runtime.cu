@@ -3,6 +3,7 @@
 #include "common/common.cuh"
 
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -104,14 +105,40 @@ extern "C" int fc_pointer_is_device(const void *ptr) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
+/* Notes on the handle whether the call's stream is capturing a CUDA graph (the graph then holds the buffers' addresses:
+ * see flashc_handle_s.captured). A stream whose status cannot be read counts as capturing: keeping memory is safe. */
+static void fc_note_capture(const fc_problem *p) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)p->stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    status = cudaStreamCaptureStatusActive;
+  }
+  if (status != cudaStreamCaptureStatusNone) p->handle->captured = 1;
+}
+
+/* The handle's buffer *mem (on device `device`) is being replaced: freed (cudaFree waits for work that may still use
+ * it), or, once a graph captured a call of the handle, retired until the handle is destroyed. */
+static flashc_status fc_device_replace(struct flashc_handle_s *h, void **mem, int device) {
+  if (h->captured) {
+    fc_retired_mem *r = (fc_retired_mem *)realloc(h->retired, (size_t)(h->n_retired + 1) * sizeof *h->retired);
+    if (!r) return fc_error(FLASHC_ERR_OUT_OF_MEMORY, "keeping a CUDA graph's workspace: host allocation failed");
+    h->retired = r;
+    h->retired[h->n_retired].mem = *mem;
+    h->retired[h->n_retired++].device = device;
+  } else {
+    FC_CUDA_CHECK(cudaFree(*mem));
+  }
+  *mem = NULL;
+  return FLASHC_OK;
+}
+
 extern "C" flashc_status fc_device_workspace(const fc_problem *p, size_t bytes, void **ptr) {
   struct flashc_handle_s *h = p->handle;
   int dev = 0;
   FC_CUDA_CHECK(cudaGetDevice(&dev));
+  fc_note_capture(p);
   if (h->device_ws && (bytes > h->device_ws_size || dev != h->device_ws_device)) {
-    /* cudaFree waits for work that may still read the old workspace. */
-    FC_CUDA_CHECK(cudaFree(h->device_ws));
-    h->device_ws = NULL;
+    FC_CHECK(fc_device_replace(h, &h->device_ws, h->device_ws_device));
     h->device_ws_size = 0;
   }
   if (!h->device_ws && bytes > 0) {
@@ -138,9 +165,9 @@ extern "C" flashc_status fc_device_zeroed(const fc_problem *p, size_t bytes, voi
   struct flashc_handle_s *h = p->handle;
   int dev = 0;
   FC_CUDA_CHECK(cudaGetDevice(&dev));
+  fc_note_capture(p);
   if (h->device_zero && (bytes > h->device_zero_size || dev != h->device_zero_device)) {
-    FC_CUDA_CHECK(cudaFree(h->device_zero)); /* waits for work that may still use it */
-    h->device_zero = NULL;
+    FC_CHECK(fc_device_replace(h, &h->device_zero, h->device_zero_device));
     h->device_zero_size = 0;
   }
   if (!h->device_zero && bytes > 0) {
@@ -201,4 +228,8 @@ extern "C" void fc_device_workspace_free(struct flashc_handle_s *h) {
   h->device_ws_size = 0;
   fc_device_free_on(&h->device_zero, h->device_zero_device);
   h->device_zero_size = 0;
+  for (int i = 0; i < h->n_retired; i++) fc_device_free_on(&h->retired[i].mem, h->retired[i].device);
+  free(h->retired);
+  h->retired = NULL;
+  h->n_retired = 0;
 }
