@@ -15,9 +15,11 @@
  *      without a mask, negative strides, a bad attn_mask_is_bool, dbias overlapping itself or another tensor; an
  *      older caller's struct_size gives the new fields their defaults; every other backend (ring attention and
  *      the KV-cache call too) refuses attn_mask with FLASHC_ERR_UNSUPPORTED.
- *   5. cuda-mma (bf16, f16) against cpu-ref in f64 where a GPU runs it (else SKIP "no CUDA device"): every case,
- *      with the mask's views as above (one element at a time), dense (two keys of a row at once), and
- *      deterministic (dbias's sums in a fixed order: the same bits on a second run); dead rows as in 3.
+ *   5. cuda-mma (bf16, f16) against cpu-ref in f64 where a GPU runs it (else SKIP "no CUDA device"): every case
+ *      (structured boolean masks too: padding left and right, per sequence and per head, a removed block inside the
+ *      rows, a sequence whose keys are all removed), with the mask's views as above (one element at a time), dense
+ *      (two keys of a row at once), and deterministic (dbias's sums in a fixed order: the same bits on a second
+ *      run); dead rows as in 3.
  */
 #include "harness.h"
 #include "internal.h"
@@ -46,30 +48,53 @@ typedef struct mcase {
   int64_t wl, wr;
   float softcap;
   int dead_rows; /* 1: some rows have every key removed (bool 0 / bias −inf) */
+  int pattern;   /* a boolean mask's values: MASK_RANDOM, or one of the structured patterns below */
 } mcase;
+
+/* Structured boolean masks, whose blocks cuda-mma's kernels classify (none, all or some of a block's pairs kept) and
+ * whose ranges of kept blocks they walk (src/cuda/common/mask_tiles.cuh); random masks keep some pairs of every
+ * block. RIGHT / LEFT: plane p (its sequence and head, in the mask's own dims) keeps its first / last len keys and
+ * removes the others (right / left padding), len = sk, sk − 1, sk − 65, 1, 128 (block-aligned) or 0 (every key
+ * removed: o = 0, lse = −inf, zero gradients) by p mod 6. HOLE: every row loses keys [128, 256) (whole blocks inside
+ * its range), and the rows from sq / 2 the last 37 keys too. */
+enum { MASK_RANDOM = 0, MASK_RIGHT, MASK_LEFT, MASK_HOLE };
 
 #define BR FLASHC_ALIGN_BOTTOM_RIGHT
 #define TL FLASHC_ALIGN_TOP_LEFT
 static const mcase cases[] = {
-    {"bias full", 2, 37, 53, 2, 2, 40, 0, FULL, FULL, 0, BR, -1, -1, 0.0f, 0},
-    {"bias [1,h,sq,sk] dbias summed over batch", 2, 29, 31, 3, 1, 16, 0, H | Q | K, H | Q | K, 0, BR, -1, -1, 0.0f, 0},
-    {"bias [b,1,sq,sk] gqa causal", 2, 41, 41, 4, 2, 32, 0, B | Q | K, B | Q | K, 1, BR, -1, -1, 0.0f, 0},
-    {"bias 2-d [sq,sk] dbias 2-d", 2, 19, 300, 2, 2, 24, 0, Q | K, Q | K, 0, BR, -1, -1, 0.0f, 0},
-    {"bias [b,1,1,sk] padding, dbias full", 3, 33, 45, 2, 1, 8, 0, B | K, FULL, 0, BR, -1, -1, 0.0f, 0},
-    {"bias full, dbias [1,1,1,sk]", 1, 17, 23, 2, 2, 16, 0, FULL, K, 0, BR, -1, -1, 0.0f, 0},
-    {"bias softcap causal-tl sq>sk", 1, 60, 23, 2, 2, 32, 0, FULL, FULL, 1, TL, -1, -1, 3.0f, 1},
-    {"bias window(20,7) dead rows", 1, 130, 300, 2, 1, 32, 0, B | H | Q | K, H | K, 0, BR, 20, 7, 0.0f, 1},
-    {"bias, dbias [b,h,sq,1] (0 exactly)", 2, 21, 40, 2, 1, 16, 0, FULL, B | H | Q, 0, BR, -1, -1, 0.0f, 0},
-    {"bias no dbias", 2, 65, 270, 2, 2, 64, 0, FULL, -1, 1, BR, -1, -1, 0.0f, 0},
-    {"bool full", 2, 37, 53, 2, 2, 40, 1, FULL, -1, 0, BR, -1, -1, 0.0f, 1},
-    {"bool [b,1,1,sk] padding gqa", 3, 50, 61, 4, 1, 32, 1, B | K, -1, 0, BR, -1, -1, 0.0f, 0},
-    {"bool [1,1,sq,sk] causal", 1, 113, 203, 2, 2, 59, 1, Q | K, -1, 1, BR, -1, -1, 0.0f, 1},
-    {"bool prefix-lm softcap sk>256", 1, 97, 520, 2, 2, 16, 1, FULL, -1, 0, BR, -1, -1, 2.0f, 1},
+    {"bias full", 2, 37, 53, 2, 2, 40, 0, FULL, FULL, 0, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bias [1,h,sq,sk] dbias summed over batch", 2, 29, 31, 3, 1, 16, 0, H | Q | K, H | Q | K, 0, BR, -1, -1, 0.0f, 0,
+     MASK_RANDOM},
+    {"bias [b,1,sq,sk] gqa causal", 2, 41, 41, 4, 2, 32, 0, B | Q | K, B | Q | K, 1, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bias 2-d [sq,sk] dbias 2-d", 2, 19, 300, 2, 2, 24, 0, Q | K, Q | K, 0, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bias [b,1,1,sk] padding, dbias full", 3, 33, 45, 2, 1, 8, 0, B | K, FULL, 0, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bias full, dbias [1,1,1,sk]", 1, 17, 23, 2, 2, 16, 0, FULL, K, 0, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bias softcap causal-tl sq>sk", 1, 60, 23, 2, 2, 32, 0, FULL, FULL, 1, TL, -1, -1, 3.0f, 1, MASK_RANDOM},
+    {"bias window(20,7) dead rows", 1, 130, 300, 2, 1, 32, 0, B | H | Q | K, H | K, 0, BR, 20, 7, 0.0f, 1, MASK_RANDOM},
+    {"bias, dbias [b,h,sq,1] (0 exactly)", 2, 21, 40, 2, 1, 16, 0, FULL, B | H | Q, 0, BR, -1, -1, 0.0f, 0,
+     MASK_RANDOM},
+    {"bias no dbias", 2, 65, 270, 2, 2, 64, 0, FULL, -1, 1, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bool full", 2, 37, 53, 2, 2, 40, 1, FULL, -1, 0, BR, -1, -1, 0.0f, 1, MASK_RANDOM},
+    {"bool [b,1,1,sk] padding gqa", 3, 50, 61, 4, 1, 32, 1, B | K, -1, 0, BR, -1, -1, 0.0f, 0, MASK_RANDOM},
+    {"bool [1,1,sq,sk] causal", 1, 113, 203, 2, 2, 59, 1, Q | K, -1, 1, BR, -1, -1, 0.0f, 1, MASK_RANDOM},
+    {"bool prefix-lm softcap sk>256", 1, 97, 520, 2, 2, 16, 1, FULL, -1, 0, BR, -1, -1, 2.0f, 1, MASK_RANDOM},
     /* several of cuda-mma's key and query blocks (64-128 keys, 64-128 queries) */
-    {"bias [1,1,sq,sk] causal gqa d128 dead rows", 2, 300, 512, 4, 2, 128, 0, Q | K, Q | K, 1, BR, -1, -1, 0.0f, 1},
-    {"bool [b,1,sq,sk] causal-tl d64 dead rows", 2, 257, 384, 2, 1, 64, 1, B | Q | K, -1, 1, TL, -1, -1, 0.0f, 1},
+    {"bias [1,1,sq,sk] causal gqa d128 dead rows", 2, 300, 512, 4, 2, 128, 0, Q | K, Q | K, 1, BR, -1, -1, 0.0f, 1,
+     MASK_RANDOM},
+    {"bool [b,1,sq,sk] causal-tl d64 dead rows", 2, 257, 384, 2, 1, 64, 1, B | Q | K, -1, 1, TL, -1, -1, 0.0f, 1,
+     MASK_RANDOM},
     {"bias [1,h,sq,sk] softcap d96 dbias over batch", 2, 200, 256, 2, 2, 96, 0, H | Q | K, H | Q | K, 0, BR, -1, -1,
-     5.0f, 0},
+     5.0f, 0, MASK_RANDOM},
+    /* structured boolean masks: blocks that keep none, all or some pairs, and key ranges left empty */
+    {"bool [b,1,1,sk] right padding gqa d64", 6, 70, 300, 4, 2, 64, 1, B | K, -1, 0, BR, -1, -1, 0.0f, 1, MASK_RIGHT},
+    {"bool [b,h,1,sk] right padding per head mqa", 2, 64, 200, 4, 1, 32, 1, B | H | K, -1, 0, BR, -1, -1, 0.0f, 1,
+     MASK_RIGHT},
+    {"bool [b,1,sq,sk] left padding causal sq<sk", 3, 150, 260, 2, 1, 32, 1, B | Q | K, -1, 1, BR, -1, -1, 0.0f, 0,
+     MASK_LEFT},
+    {"bool [b,1,sq,sk] right padding causal sq>sk", 6, 200, 140, 2, 2, 64, 1, B | Q | K, -1, 1, BR, -1, -1, 0.0f, 1,
+     MASK_RIGHT},
+    {"bool [b,1,sq,sk] a removed block inside rows", 2, 200, 400, 2, 2, 64, 1, B | Q | K, -1, 0, BR, -1, -1, 0.0f, 0,
+     MASK_HOLE},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -270,7 +295,17 @@ static void inputs_new(inputs *in, const mcase *c, th_rng *r) {
     const double u = th_rng_uniform(r);
     own[x] = c->is_bool ? (u < 0.3 ? 0.0 : 1.0) : (u < 0.05 ? -INFINITY : th_round(FLASHC_BF16, 6.0 * u - 3.0));
   }
-  if (c->dead_rows && m[2] > 1)
+  if (c->pattern != MASK_RANDOM)
+    for (int64_t x = 0; x < own_n; x++) {
+      const int64_t j = x % m[3], i = x / m[3] % m[2], plane = x / (m[3] * m[2]); /* plane: b·m[1] + h */
+      const int64_t lens[6] = {c->sk, c->sk - 1, c->sk - 65, 1, 128, 0}, len = lens[plane % 6];
+      bool keep = true;
+      if (c->pattern == MASK_RIGHT) keep = j < len;
+      if (c->pattern == MASK_LEFT) keep = j >= c->sk - len;
+      if (c->pattern == MASK_HOLE) keep = !(j >= 128 && j < 256) && !(2 * i >= c->sq && j >= c->sk - 37);
+      own[x] = keep ? 1.0 : 0.0;
+    }
+  if (c->dead_rows && m[2] > 1 && c->pattern == MASK_RANDOM)
     for (int64_t x = 0; x < own_n; x++) {
       const int64_t i = x / m[3] % m[2];
       if (i == 1 || i == 5) own[x] = c->is_bool ? 0.0 : -INFINITY;

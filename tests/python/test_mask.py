@@ -5,8 +5,10 @@ cpu-ref (f64) is checked against this file's own numpy fp64 attention (`oracle`)
 the torch entry points against torch.nn.functional.scaled_dot_product_attention on the CPU (fp64 and fp32) for
 bool and float masks, broadcast shapes, a padding mask, rows whose keys are all masked, GQA, causal + mask, and the
 mask's gradient (gradcheck). Outputs given to the library are poisoned (NaN) first. cuda-mma (bf16, f16) is
-checked against cpu-ref on the same rounded inputs (cuda-hopper's forward: test_mask_hopper.py); the other CUDA
-backends must refuse attn_mask; both skip with "no CUDA device" where there is none.
+checked against cpu-ref on the same rounded inputs, with random masks and with structured boolean ones (padding, a
+removed block inside the rows: blocks kept whole, cut, and removed; cuda-hopper: test_mask_hopper.py and
+test_mask_hopper_bwd.py); the other CUDA backends must refuse attn_mask; both skip with "no CUDA device" where there
+is none.
 """
 
 import numpy as np
@@ -16,7 +18,7 @@ from conftest import BACKENDS, need_torch_ops
 import flashc
 
 CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usable]
-# cuda-mma implements attn_mask, cuda-hopper in its forward (tests/python/test_mask_hopper.py)
+# cuda-mma and cuda-hopper implement attn_mask (tests/python/test_mask_hopper*.py)
 REFUSING = [n for n in CUDA_BACKENDS if n not in ("cuda-mma", "cuda-hopper")]
 
 
@@ -294,3 +296,85 @@ def test_cuda_mma_against_cpu_ref(dtype, kind, B, Sq, Sk, H, Hk, D, shape, causa
         assert torch.equal(torch.isfinite(a), fin) and torch.equal(a[~fin], b[~fin]), name  # -inf lse where dead
         err = (a[fin] - b[fin]).abs().max().item() / max(b[fin].abs().max().item(), 1e-30)
         assert err < (1e-4 if name == "lse" else 2e-2), (name, err)
+
+
+# Structured boolean masks, whose blocks cuda-mma classifies (a block keeps none, all or some of its pairs) and whose
+# kept key (query) blocks its forward (backward) walks alone (src/cuda/common/mask_tiles.cuh); a random mask keeps
+# some pairs of every block. Lengths per plane: Sk, Sk - 1, Sk - 65, 1 (none block-aligned), 128 (block-aligned) and
+# 0 (every key removed: o = 0, lse = -inf, zero gradients).
+def _lengths(n, Sk):
+    return [(Sk, Sk - 1, Sk - 65, 1, 128, 0)[p % 6] for p in range(n)]
+
+
+def _right_padding(torch, B, H, Sq, Sk):  # SDPA's padding mask [B, 1, 1, Sk]
+    keep = torch.arange(Sk)[None, :] < torch.tensor(_lengths(B, Sk))[:, None]
+    return keep[:, None, None, :], (B, 1, 1, Sk)
+
+
+def _left_padding(torch, B, H, Sq, Sk):  # [B, 1, Sq, Sk], every row the same
+    keep = torch.arange(Sk)[None, :] >= Sk - torch.tensor(_lengths(B, Sk))[:, None]
+    return keep[:, None, None, :].expand(B, 1, Sq, Sk).contiguous(), (B, 1, Sq, Sk)
+
+
+def _head_padding(torch, B, H, Sq, Sk):  # [B, H, 1, Sk]: each head of a GQA group its own length
+    keep = torch.arange(Sk)[None, :] < torch.tensor(_lengths(B * H, Sk))[:, None]
+    return keep.reshape(B, H, 1, Sk), (B, H, 1, Sk)
+
+
+def _hole(torch, B, H, Sq, Sk):  # [B, 1, Sq, Sk]: keys [128, 256) removed (a block inside each row's range), and
+    keep = torch.ones(B, 1, Sq, Sk, dtype=torch.bool)  # the last 37 keys of the rows from Sq / 2 (a cut block)
+    keep[..., 128:256] = False
+    keep[:, :, Sq // 2 :, Sk - 37 :] = False
+    keep[1, :, 5] = False  # and one row of sequence 1 with every key removed
+    return keep, (B, 1, Sq, Sk)
+
+
+# (B, Sq, Sk, H, Hk, D, mask, causal)
+MMA_STRUCTURED = [
+    pytest.param(6, 130, 300, 4, 2, 64, _right_padding, False, id="right-padding-gqa"),
+    pytest.param(6, 200, 140, 2, 2, 128, _right_padding, True, id="right-padding-causal-sq>sk"),
+    pytest.param(3, 150, 260, 2, 1, 32, _left_padding, True, id="left-padding-causal-mqa"),
+    pytest.param(2, 64, 200, 4, 1, 96, _head_padding, False, id="per-head-padding-mqa"),
+    pytest.param(2, 200, 400, 2, 2, 64, _hole, False, id="hole"),
+    pytest.param(2, 77, 520, 2, 2, 256, _hole, True, id="hole-causal-d256"),
+]
+
+
+@pytest.mark.skipif("cuda-mma" not in CUDA_BACKENDS, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mode", ["atomic", "deterministic", "split"])
+@pytest.mark.parametrize("B,Sq,Sk,H,Hk,D,make,causal", MMA_STRUCTURED)
+def test_cuda_mma_structured_bool_masks(dtype, mode, B, Sq, Sk, H, Hk, D, make, causal):
+    """o, lse, dq, dk, dv of cuda-mma against cpu-ref with masks whose blocks are none, all and some kept; each of
+    the backward's dQ ways (atomic in the dK/dV kernel, or the deterministic dQ pass, whose blocks differ) and the
+    forward's split keys (its parts share the kept range)."""
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(B * 1000 + Sq * 10 + Sk)
+    q, dout = (torch.randn(B, Sq, H, D, generator=g).to(dt) for _ in range(2))
+    k, v = (torch.randn(B, Sk, Hk, D, generator=g).to(dt) for _ in range(2))
+    mask, mshape = make(torch, B, H, Sq, Sk)
+    assert tuple(mask.shape) == mshape
+
+    def run(device, backend, cast, **opts):
+        xs = [x.to(device=device, dtype=cast).requires_grad_() for x in (q, k, v)]
+        m = mask.to(device=device)
+        o, lse = ft.attention(*xs, causal=causal, scale=0.25, backend=backend, attn_mask=m, return_lse=True, **opts)
+        grads = torch.autograd.grad(o, xs, dout.to(device=device, dtype=cast))
+        return [x.detach().double().cpu() for x in (o, lse, *grads)]
+
+    opts = {"deterministic": mode == "deterministic", "num_splits": 3 if mode == "split" else 0}
+    got = run("cuda", "cuda-mma", dt, **opts)
+    want = run("cpu", "cpu-ref", torch.float64)
+    dead = torch.isinf(want[1])  # [B, H, Sq]: rows whose keys are all removed
+    assert dead.any() == (make is not _left_padding), "the case's rows with every key removed"
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, want):
+        assert a.shape == b.shape, name
+        fin = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), fin) and torch.equal(a[~fin], b[~fin]), name  # -inf lse where dead
+        err = (a[fin] - b[fin]).abs().max().item() / max(b[fin].abs().max().item(), 1e-30)
+        assert err < (1e-4 if name == "lse" else 2e-2), (name, err)
+    rows = dead.transpose(1, 2)  # [B, Sq, H], as o and dq
+    assert torch.all(got[0][rows] == 0) and torch.all(got[2][rows] == 0), "o = dq = 0 where every key is removed"

@@ -107,8 +107,10 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   /* dbias's fp32 sums where it sums a dim (mma/bwd_score_mod.cu), after the GQA parts */
   const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + fc_round256(dq_bytes);
   const size_t dbias_at = gqa_at + fc_round256(fc_gqa_workspace_bytes(p, split)), dbias_bytes = fc_mma_dbias_bytes(p);
+  /* a boolean attn_mask's tiles (mma/bwd_score_mod.cu), last */
+  const size_t tiles_at = dbias_at + fc_round256(dbias_bytes), tiles_bytes = fc_mma_bwd_tiles_bytes(p, &pl);
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, dbias_at + dbias_bytes, (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, (void **)&ws));
   fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
   if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
   const cudaStream_t stream = fc_stream(p);
@@ -155,7 +157,8 @@ flashc_status fc_mma_backward(const fc_problem *p) {
                        fc_mma_view_aligned(&dv);
   /* Softcap, ALiBi, dropout or attn_mask: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
   if (fc_mma_score_mod_of(p, &a.mod)) {
-    FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl, dbias_bytes ? ws + dbias_at : NULL));
+    FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl, dbias_bytes ? ws + dbias_at : NULL,
+                                  tiles_bytes ? ws + tiles_at : NULL));
   } else if (p->dtype == FLASHC_F16) {
     FC_CHECK((fc_mma_bwd_dispatch<__half, false>(p, &a, aligned, &pl)));
   } else {

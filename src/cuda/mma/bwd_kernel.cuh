@@ -406,7 +406,36 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   int64_t i_lo = a.window_right < 0 ? 0 : k0 - shift - a.window_right;
   int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
   i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
-  const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
+  int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
+  /* SCORE_MOD with a boolean attn_mask's tiles (built at Br × Bc: mma/bwd_score_mod.cu; the design:
+   * common/mask_tiles.cuh): only the query blocks that keep some pair of this key block. The walk is one block range
+   * for every query head of the part (head-major), so it takes the union of their columns' ranges (one plane where
+   * the mask has no head dim). No range left: no iteration, and dK_j = dV_j = 0 are stored, as for keys that no query
+   * sees. Then whether every (head, block) of the walk keeps all its pairs (a padding mask's key blocks before the
+   * sequence's end): the loop reads no mask element then, else it reads them in every block (NONE and SOME). One flag
+   * per CTA, kept in shared memory and read where it is used: a class read per block, or the flag held in a register
+   * across the loop, made ptxas spill up to 2.9× as much (sm_90a, d64-d256). */
+  [[maybe_unused]] volatile int *mask_whole = nullptr;
+  if constexpr (SCORE_MOD) {
+    __shared__ int s_mask_whole;
+    mask_whole = &s_mask_whole;
+    if (a.mod.tiles.cls && n_i > 0) {
+      int lo = i_begin + n_i, hi = i_begin; /* lo ≥ hi until a range is found: none found leaves no block */
+      for (int x = 0; x < (a.mod.tiles.per_h ? nh : 1); x++) {
+        const int2 kept = fc_mask_col_range(a.mod.tiles, b, h0 + x, jb);
+        if (kept.x < kept.y) lo = min(lo, kept.x), hi = max(hi, kept.y);
+      }
+      const int first = max(i_begin, lo), last = min(i_begin + n_i, hi);
+      n_i = first < last ? last - first : 0;
+      i_begin = first < last ? first : i_begin;
+    }
+    int whole = a.mod.tiles.cls != nullptr;
+    if (whole)
+      for (int x = tid; x < nh * n_i; x += NT)
+        whole &= fc_mask_tile(a.mod.tiles, b, h0 + x / n_i, i_begin + x % n_i, jb) == FC_MT_ALL;
+    whole = __syncthreads_and(whole);
+    if (tid == 0) s_mask_whole = whole; /* read after the loop's first barrier */
+  }
   const int n_iter = nh * n_i; /* (query head, query block) pairs, head-major */
 
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
@@ -536,7 +565,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
         const float w = (float)((int64_t)q0 + qt + s.sk - s.sq - k0 - kt);
         /* Dropout (flash_bwd.c's form): dSᵀ = Pᵀ∘g∘(Z∘dPᵀ − D) and Pᵀ∘Z for dV, Z = keep/(1 − p) */
         if (a.mod.drop_on) fc_mma_drop_apply_t<MT_S, NSX>(dpT, km, a.mod.drop_rp);
-        if (a.mod.bias) { /* attn_mask: the planes of query head hh */
+        /* attn_mask: the planes of query head hh; none read where a boolean mask keeps every pair of the walk
+         * (it adds nothing where it keeps a pair, and has no dbias) */
+        if (a.mod.bias && !*mask_whole) {
           const void *bp = fc_bias_plane(a.mod, b, hh);
           void *dbp = a.mod.dbias ? fc_dbias_plane(a.mod, b, hh) : nullptr;
           if (a.mod.k_out > 0.0f)

@@ -314,8 +314,18 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   int lo_first, hi_first, lo_last, hi_last;
   fc_row_keys(i0, shift, a.window_left, a.window_right, s.sk, &lo_first, &hi_first);
   fc_row_keys(i_last, shift, a.window_left, a.window_right, s.sk, &lo_last, &hi_last);
-  const int j_begin = lo_first / BC;
-  const int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  int j_begin = lo_first / BC;
+  int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  /* SCORE_MOD with a boolean attn_mask's tiles (built at this pass's 128 × Bc: mma/bwd_score_mod.cu; the design:
+   * common/mask_tiles.cuh): only the key blocks that keep some pair of this query block. None left: no block, and
+   * dQ = 0 is stored, as for rows that see no key. */
+  if constexpr (SCORE_MOD) {
+    if (a.mod.tiles.cls) {
+      const int2 kept = fc_mask_row_range(a.mod.tiles, b, h, mb);
+      j_begin = max(j_begin, kept.x);
+      j_end = max(j_begin, min(j_end, kept.y));
+    }
+  }
   int row_lo[2], row_hi[2];
   float l2[2], dr[2];
   for (int rh = 0; rh < 2; rh++) {
@@ -380,6 +390,16 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     }
     const uint32_t Kj = fc_smem_u32(sK + (n % STAGES) * BC * DS), Vj = fc_smem_u32(sV + (n % STAGES) * BC * DS);
 
+    /* SCORE_MOD with a boolean mask's tiles: block j's class, one for the CTA. NONE (a hole inside the range) adds
+     * dS = 0: skipped, its copies already issued; ALL reads no mask element; SOME reads them. */
+    [[maybe_unused]] int mask_cls = FC_MT_SOME;
+    if constexpr (SCORE_MOD) {
+      if (a.mod.tiles.cls) {
+        mask_cls = fc_mask_tile(a.mod.tiles, b, h, mb, j);
+        if (mask_cls == FC_MT_NONE) continue;
+      }
+    }
+
     /* SCORE_MOD with dropout: this block's keep bits, before S and dP exist (fc_mma_drop_bits) */
     [[maybe_unused]] uint32_t km[(NS * 4 + 31) / 32];
     if constexpr (SCORE_MOD) {
@@ -418,7 +438,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
 #define FC_DQ_P_MOD(CAP, BIAS)                                                                                         \
   fc_bwd_dq_p_mod<T, NS, CAP, BIAS>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t, bias_plane, brow,  \
                                     s.sq, s.sk)
-      if (a.mod.bias) {
+      if (a.mod.bias && mask_cls != FC_MT_ALL) {
         if (a.mod.k_out > 0.0f)
           FC_DQ_P_MOD(true, true);
         else
@@ -707,7 +727,7 @@ static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_
  * attn_mask (no base kernel: fc_mma_bwd_plan_of never picks it for them). */
 template <typename T, bool SCORE_MOD>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                         const fc_mma_bwd_plan *pl) {
+                                         const fc_mma_bwd_plan *pl, const fc_mask_tiles *dq_tiles = nullptr) {
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
   switch (pl->kernel) {
   case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false, SCORE_MOD>(p, a, aligned, pl))); break;
@@ -720,13 +740,20 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
       FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl)));
     break;
   }
+  if (dq_tiles) { /* the dQ pass's own blocks (fc_mma_bwd_score_mod) */
+    fc_mma_bwd_args ad = *a;
+    ad.mod.tiles = *dq_tiles;
+    return fc_mma_bwd_finish_at<T, SCORE_MOD>(p, &ad, aligned, pl);
+  }
   return fc_mma_bwd_finish_at<T, SCORE_MOD>(p, a, aligned, pl);
 }
 
 /* The SCORE_MOD half (mma/bwd_score_mod.cu): fc_mma_bwd_dispatch<T, true> for the call's dtype, with dbias's passes
- * around it; dbias_ws: fc_mma_dbias_bytes(p) of device workspace (dbias's fp32 sums), or NULL where that is 0. */
+ * around it; dbias_ws: fc_mma_dbias_bytes(p) of device workspace (dbias's fp32 sums), or NULL where that is 0;
+ * tiles_ws: fc_mma_bwd_tiles_bytes(p, pl) of it (a boolean mask's tiles), or NULL where that is 0. */
 flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                   const fc_mma_bwd_plan *pl, void *dbias_ws);
+                                   const fc_mma_bwd_plan *pl, void *dbias_ws, void *tiles_ws);
 size_t fc_mma_dbias_bytes(const fc_problem *p);
+size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl);
 
 #endif /* FLASHC_CUDA_MMA_BWD_LAUNCH_CUH */

@@ -112,17 +112,43 @@ template <typename T> static flashc_status fc_mma_dbias_end(const fc_problem *p,
   return FLASHC_OK;
 }
 
+/* ---- a boolean attn_mask's tiles (common/mask_tiles.cuh) ----------------------------------------------------
+ * One set at the dK/dV kernel's Br × Bc (its key block's column of query blocks: col_range and the classes), and,
+ * where the plan runs the deterministic dQ pass, a second at that pass's FC_BWD_DQ_BR × Bc (its query block's row
+ * of key blocks: row_range and the classes). The two shapes differ at every head dim (d64: 128 × 128 and 128 × 64,
+ * d256: 64 × 64 and 128 × 32), and a set at a shape that divides both would have each kernel combine several classes
+ * per block. */
+static size_t fc_round256_bwd(size_t n) { return (n + 255) / 256 * 256; }
+
+size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl) {
+  if (!p->attn_mask || !p->attn_mask_is_bool) return 0;
+  const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
+  const size_t dkdv = fc_round256_bwd(fc_mask_tiles_bytes(p, t.br, t.bc));
+  return dkdv + (pl->det_dq ? fc_mask_tiles_bytes(p, FC_BWD_DQ_BR, fc_mma_bwd_dq_bc[pl->dim]) : 0);
+}
+
 template <typename T>
 static flashc_status fc_mma_bwd_score_mod_as(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned,
-                                             const fc_mma_bwd_plan *pl, void *dbias_ws) {
+                                             const fc_mma_bwd_plan *pl, void *dbias_ws, void *tiles_ws) {
   fc_mma_bwd_args a = *a0;
+  fc_mask_tiles dq_tiles;
+  bool dq_own = false;
+  if (tiles_ws) { /* the SCORE_MOD kernels are the fa2 family's (fc_mma_bwd_plan_of never picks base for them) */
+    const fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[pl->dim];
+    FC_CHECK(fc_mask_tiles_build(p, t.br, t.bc, tiles_ws, &a.mod.tiles));
+    if (pl->det_dq) {
+      void *at = (uint8_t *)tiles_ws + fc_round256_bwd(fc_mask_tiles_bytes(p, t.br, t.bc));
+      FC_CHECK(fc_mask_tiles_build(p, FC_BWD_DQ_BR, fc_mma_bwd_dq_bc[pl->dim], at, &dq_tiles));
+      dq_own = true;
+    }
+  }
   FC_CHECK(fc_mma_dbias_begin(p, &a.mod, dbias_ws));
-  FC_CHECK((fc_mma_bwd_dispatch<T, true>(p, &a, aligned, pl)));
+  FC_CHECK((fc_mma_bwd_dispatch<T, true>(p, &a, aligned, pl, dq_own ? &dq_tiles : nullptr)));
   return fc_mma_dbias_end<T>(p, &a.mod);
 }
 
 flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                   const fc_mma_bwd_plan *pl, void *dbias_ws) {
-  if (p->dtype == FLASHC_F16) return fc_mma_bwd_score_mod_as<__half>(p, a, aligned, pl, dbias_ws);
-  return fc_mma_bwd_score_mod_as<__nv_bfloat16>(p, a, aligned, pl, dbias_ws);
+                                   const fc_mma_bwd_plan *pl, void *dbias_ws, void *tiles_ws) {
+  if (p->dtype == FLASHC_F16) return fc_mma_bwd_score_mod_as<__half>(p, a, aligned, pl, dbias_ws, tiles_ws);
+  return fc_mma_bwd_score_mod_as<__nv_bfloat16>(p, a, aligned, pl, dbias_ws, tiles_ws);
 }

@@ -367,8 +367,13 @@ static flashc_status mma_forward(const fc_problem *p) {
   /* The parts' O (D floats a row) and lse, FC_MMA_BR rows per CTA of the split grid, after the varlen offsets. */
   const size_t split_rows = (size_t)splits * grid * FC_MMA_BR, cu_bytes = fc_mma_cu_seqlens_bytes(p);
   const size_t split_bytes = splits > 1 ? split_rows * (d + 1) * sizeof(float) : 0;
+  /* A boolean attn_mask's tiles (common/mask_tiles.cuh) at the kernel's block, FC_MMA_BR rows × Bc keys: the SCORE_MOD
+   * kernel is the lean one only, never SMALL (fc_mma_fwd_plan_of), so the plan's row gives Bc. */
+  const int bc = fc_mma_fwd_shapes[pl.row][pl.dim].bc;
+  const size_t tiles_at = (cu_bytes + split_bytes + 255) / 256 * 256;
+  const size_t tiles_bytes = p->attn_mask && p->attn_mask_is_bool ? fc_mask_tiles_bytes(p, FC_MMA_BR, bc) : 0;
   void *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, cu_bytes + split_bytes, &ws));
+  FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, &ws));
   fc_mma_fwd_args a;
   memset(&a, 0, sizeof a);
   fc_mma_seqs seqs;
@@ -408,6 +413,7 @@ static flashc_status mma_forward(const fc_problem *p) {
   if (fc_mma_score_mod_of(p, &a.mod)) {
     a.scale = 1.0f;
     a.scale_log2 = 1.4426950408889634f;
+    if (tiles_bytes) FC_CHECK(fc_mask_tiles_build(p, FC_MMA_BR, bc, (uint8_t *)ws + tiles_at, &a.mod.tiles));
     if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, true, 0, 0>(p, &a, &pl);
     return fc_mma_fwd_dispatch<__nv_bfloat16, true, 0, 0>(p, &a, &pl);
   }

@@ -138,7 +138,8 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
  * (mma/score_mod.cuh), S turned into the modified score before the mask; the host passes scale 1 and
  * scale_log2 = log2 e, so that the softmax and the end below are the plain kernel's. Dropout is a third run-time
  * branch of the same variant: P∘keep multiplies V, O gains 1/(1 − p) at the end; attn_mask a fourth: the bias added
- * to the modified score (or −inf where a boolean mask removes the key), in every block (no block is plain for it). A
+ * to the modified score (or −inf where a boolean mask removes the key), in every block of a float bias; a boolean
+ * mask's tiles (common/mask_tiles.cuh) narrow the key range and leave the mask unread in the blocks it keeps whole. A
  * row whose keys are all removed keeps m = −inf: O = 0, lse = −inf, as a row that sees no key. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
           bool SPLIT = false, bool SCORE_MOD = false>
@@ -174,6 +175,17 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
   int j_begin = lo_first / BC;
   int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  /* SCORE_MOD with a boolean attn_mask's tiles (built at Br × Bc: mma/fwd.cu; the design: common/mask_tiles.cuh):
+   * only the key blocks that keep some pair of this row block, taken before the split so that its parts divide what
+   * is left. A range left empty runs no block: m stays −inf, so O = 0 and lse = −inf, as for rows that see no key
+   * (a split's parts likewise, and their merge then gives the same). */
+  if constexpr (SCORE_MOD) {
+    if (a.mod.tiles.cls) {
+      const int2 kept = fc_mask_row_range(a.mod.tiles, b, h, mb);
+      j_begin = max(j_begin, kept.x);
+      j_end = max(j_begin, min(j_end, kept.y));
+    }
+  }
   if constexpr (SPLIT) fc_fwd_split_range(a.n_splits, (int)blockIdx.y, &j_begin, &j_end); /* this CTA's part */
   /* Blocks that every row of the block sees whole, which need no mask: key
    * block j is such when (j + 1)·Bc <= min(sk, i0 + shift + window_right + 1)
@@ -273,7 +285,11 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     for (int kk = 0; kk < KD; kk++) fc_lean_qk_step<T, DS, MT, NS, QKD, Q_IN_REGS>(s, qf, kk, qx, kj);
     if constexpr (SCORE_MOD) {
       fc_mma_mod_scores<MT, NS>(s, a.mod, slope, dist0, j * BC);
-      if (a.mod.bias) fc_mma_bias_scores<T, MT, NS>(s, a.mod, bias_plane, i0 + wrow + g, sq, sk, j * BC, t);
+      /* A boolean mask's tiles: block j's class, one for the whole CTA (its rows are one row of blocks). ALL reads no
+       * mask element; SOME and NONE (a hole inside the range) read them. Read here, not held across the MMAs, and
+       * NONE not skipped: a `continue` or a value live across S = Q·Kᵀ made ptxas spill twice as much at d96/d128. */
+      if (a.mod.bias && (!a.mod.tiles.cls || fc_mask_tile(a.mod.tiles, b, h, mb, j) != FC_MT_ALL))
+        fc_mma_bias_scores<T, MT, NS>(s, a.mod, bias_plane, i0 + wrow + g, sq, sk, j * BC, t);
     }
     if (j < j_plain0 || j >= j_plain1)
       fc_lean_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
