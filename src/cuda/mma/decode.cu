@@ -515,8 +515,11 @@ static int fc_dec_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 2
 
 /* The plan: key splits per tile. `tiles` CTAs (sequences × KV heads × row blocks) alone leave SMs idle when there
  * are fewer than the GPU's slots (SMs × CTAs per SM), and an idle SM streams nothing; so the count that makes the
- * grid's last wave fullest, FlashAttention-2's rule (num_splits_heuristic): the fewest splits whose efficiency
- * waves / ⌈waves⌉ is within 85 % of the best, waves = tiles · n / slots. At most DEC_SPLIT_MAX, and at least 2 key
+ * grid's last wave fullest, after FlashAttention-2's rule (num_splits_heuristic): the fewest splits whose efficiency
+ * waves / ⌈waves⌉ is within 95 % of the best, waves = tiles · n / slots (FlashAttention-2 takes 85 %: at batch 1,
+ * heads 32/8, d 128 on an H200 that picked 29 splits, 19.0 / 44.4 / 140.3 µs at 8k / 32k / 128k keys in CUDA graphs,
+ * where 95 % picks 32: 17.6 / 43.0 / 132.5 µs; bench/results/checks/gpu-check-decode-merge-h200-2026-11-30.txt;
+ * batch 8 takes 4 either way). At most DEC_SPLIT_MAX, and at least 2 key
  * blocks (128 keys) per split of the capacity: below that a split's partial (16 · (d + 1) floats) and its share of
  * the merge cost about what it saves. The lengths are on the device, so the capacity stands for the longest; the
  * splits of a shorter sequence are shorter (or empty, and cheap). A caller's count (num_splits > 0) is taken as
@@ -536,7 +539,7 @@ static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t slots, int req
     if (eff[n] > best) best = eff[n];
   }
   for (int64_t n = 1; n <= most; n++)
-    if (eff[n] >= 0.85 * best) return (int)n;
+    if (eff[n] >= 0.95 * best) return (int)n;
   return 1;
 }
 
