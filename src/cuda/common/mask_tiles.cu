@@ -30,8 +30,8 @@ extern "C" size_t fc_mask_tiles_bytes(const fc_problem *p, int bm, int bn) {
 
 /* One CTA per block (a grid-stride loop over them): whether its pairs inside the problem keep any, and all. With a
  * query stride of 0 every row is row 0, so a block reads one row. */
-__global__ void fc_mask_tiles_kernel(uint8_t *cls, const uint8_t *mask, int64_t s0, int64_t s1, int64_t s2,
-                                     int64_t s3, fc_mask_tiles t, int64_t n_tiles, int sq, int sk) {
+__global__ void fc_mask_tiles_kernel(uint8_t *cls, const uint8_t *mask, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
+                                     fc_mask_tiles t, int64_t n_tiles, int sq, int sk) {
   for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
     const int kb = (int)(tile % t.nkb);
     const int64_t row = tile / t.nkb; /* plane · nqi + qi */
@@ -93,8 +93,8 @@ extern "C" flashc_status fc_mask_tiles_build(const fc_problem *p, int bm, int bn
   if (n_tiles == 0) return FLASHC_OK;
   const int64_t *st = p->attn_mask_stride;
   const unsigned blocks = (unsigned)(n_tiles < 65536 ? n_tiles : 65536);
-  fc_mask_tiles_kernel<<<blocks, 256, 0, fc_stream(p)>>>(cls, (const uint8_t *)p->attn_mask, st[0], st[1], st[2],
-                                                        st[3], *t, n_tiles, (int)p->seqlen_q, (int)p->seqlen_k);
+  fc_mask_tiles_kernel<<<blocks, 256, 0, fc_stream(p)>>>(cls, (const uint8_t *)p->attn_mask, st[0], st[1], st[2], st[3],
+                                                         *t, n_tiles, (int)p->seqlen_q, (int)p->seqlen_k);
   FC_LAUNCH_CHECK("fc_mask_tiles_kernel");
   const int64_t n_ranges = planes * (t->nqi + t->nkb);
   fc_mask_ranges_kernel<<<(unsigned)fc_cdiv(n_ranges < 65536 * 256 ? n_ranges : 65536 * 256, 256), 256, 0,

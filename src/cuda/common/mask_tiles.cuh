@@ -37,7 +37,7 @@ typedef struct fc_mask_tiles {
 
 /* Index of plane (b, h)'s row of blocks qb in cls / row_range (× nkb for cls). */
 static __host__ __device__ __forceinline__ int64_t fc_mask_tiles_row(const fc_mask_tiles &t, int64_t b, int64_t h,
-                                                                      int64_t qb) {
+                                                                     int64_t qb) {
   const int64_t plane = (t.per_b ? b : 0) * t.planes_h + (t.per_h ? h : 0);
   return plane * t.nqi + (t.nqi > 1 ? qb : 0);
 }
