@@ -5,7 +5,8 @@
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=name)
 
 register() adds an attention function (transformers.AttentionInterface) and a mask function
-(transformers.AttentionMaskInterface) under one name. The name holds no "flash": transformers takes any
+(transformers.AttentionMaskInterface) under one name; register(padding="mask") registers the variant that runs padded
+batches as attn_mask in eager mode too (below), under its own name. The name holds no "flash": transformers takes any
 attn_implementation containing "flash" for FlashAttention and tries to load flash_attn or a hub kernel for it
 (transformers.utils.generic.is_flash_attention_requested), and one containing "sdpa" or "flex_attention"
 for those implementations.
@@ -15,11 +16,13 @@ attention is plainly causal or full) and remembers, on that mask, the 2-D key pa
 attention function then
 - without a mask: runs flashc on the [batch, seqlen, heads, head_dim] views of q, k, v, causal as the module
   says (FlashAttention's bottom-right diagonal, right for a KV cache), with the module's sliding window;
-- with a mask that carries its padding, in eager mode: removes the padded tokens (the queries are the last q_len
-  positions of the keys, as in self-attention with or without a cache), checks that the mask is exactly the
-  causal / sliding-window pattern over the remaining tokens, and runs flashc's varlen path (no work on padding);
-  padded query rows get output 0. The check costs one comparison of the mask per mask object (layers that share
-  a mask share the check); it and the unpadding read the mask on the host;
+- with a mask that carries its padding, in eager mode (padding="varlen", the default): removes the padded tokens (the
+  queries are the last q_len positions of the keys, as in self-attention with or without a cache), checks that the
+  mask is exactly the causal / sliding-window pattern over the remaining tokens, and runs flashc's varlen path (no
+  work on padding); padded query rows get output 0. The check costs one comparison of the mask per mask object
+  (layers that share a mask share the check); it and the unpadding read the mask on the host. With
+  padding="mask" such a mask runs as attn_mask, as below: no host reads and no copies, but the padded query rows are
+  computed (the kernels skip the key blocks a padding mask removes whole);
 - with any other mask (a 4-D mask of the caller's, boolean or additive; prefix-LM or bidirectional image-token
   overlays; packed sequences; a padding mask that fails the check), and with every mask while torch.compile
   traces: passes it as flashc's attn_mask, as SDPA takes it, so nothing is read on the host and a model with
@@ -37,9 +40,14 @@ from . import torch as ft
 NAME = "fc_attention"
 
 
-def register(name: str = NAME) -> str:
-    """Register flashc with transformers under `name` (default "fc_attention") and return the name, for
-    `attn_implementation=`. Idempotent."""
+def register(name: str | None = None, padding: str = "varlen") -> str:
+    """Register flashc with transformers under `name` and return the name, for `attn_implementation=`. padding:
+    how a padded batch runs in eager mode, "varlen" (unpadded; the default name "fc_attention") or "mask" (as
+    attn_mask; the default name "fc_attention_masked"). Idempotent."""
+    if padding not in ("varlen", "mask"):
+        raise ValueError(f"flashc: padding={padding!r}; use 'varlen' or 'mask'")
+    if name is None:
+        name = NAME if padding == "varlen" else NAME + "_masked"
     if "flash" in name or "sdpa" in name or "flex_attention" in name or "/" in name:
         raise ValueError(
             f"flashc: attention implementation name {name!r} would be taken by transformers for another "
@@ -48,7 +56,7 @@ def register(name: str = NAME) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, attention_forward)
+    AttentionInterface.register(name, attention_forward if padding == "varlen" else attention_forward_masked)
     AttentionMaskInterface.register(name, mask)
     return name
 
@@ -122,10 +130,12 @@ def attention_forward(
     is_causal: bool | None = None,
     position_bias: torch.Tensor | None = None,
     softcap: float | None = None,
+    flashc_padding: str = "varlen",
     **kwargs,
 ):
     """transformers' attention interface: query [b, heads_q, q_len, d], key/value [b, heads_kv, kv_len, d]
-    (GQA through heads_kv); returns (attn_output [b, q_len, heads_q, d], None)."""
+    (GQA through heads_kv); returns (attn_output [b, q_len, heads_q, d], None). flashc_padding: register()'s
+    padding, how a padded batch runs in eager mode."""
     _refuse(kwargs, position_bias)
     feats = _features(dropout, softcap)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
@@ -136,7 +146,7 @@ def attention_forward(
     if getattr(attention_mask, "_flashc_causal", False):
         return ft.attention(q, k, v, causal=True, window=window, scale=scaling, **feats), None
     keys = getattr(attention_mask, "_flashc_keys", None)
-    if keys is None or torch.compiler.is_compiling():
+    if keys is None or torch.compiler.is_compiling() or flashc_padding == "mask":
         return _masked(q, k, v, attention_mask, scaling, feats), None
     b, q_len, kv_len = q.shape[0], q.shape[1], k.shape[1]
     queries = keys[:, -q_len:]
@@ -153,6 +163,11 @@ def attention_forward(
     out = ft.attention_varlen(*packed, cu_q, cu_k, causal=causal, window=window, scale=scaling, **feats)
     full = out.new_zeros(b * q_len, *out.shape[1:]).index_copy(0, idx_q, out)
     return full.view(b, q_len, *out.shape[1:]), None
+
+
+def attention_forward_masked(module, query, key, value, attention_mask, *args, **kwargs):
+    """attention_forward with padding="mask": a padded batch's mask runs as attn_mask in eager mode too."""
+    return attention_forward(module, query, key, value, attention_mask, *args, flashc_padding="mask", **kwargs)
 
 
 def _padding_only(m, keys, queries, causal, sliding_window) -> bool:

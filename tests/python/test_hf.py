@@ -102,6 +102,30 @@ def test_sliding_window_model_matches_sdpa(left_pad):
     assert_logits_close(got, want, mask)
 
 
+@pytest.mark.parametrize("left_pad", [0, 5])
+def test_padding_as_attn_mask_matches_sdpa(left_pad):
+    """register(padding="mask"): a padded batch runs as attn_mask in eager mode (no unpadding), logits and
+    gradients as SDPA's."""
+    name = flashc.hf.register(padding="mask")
+    assert name == "fc_attention_masked" and flashc.hf.register(padding="mask") == name
+    ref, _ = pair(transformers.LlamaConfig)
+    fc = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SMALL), attn_implementation=name)
+    fc.load_state_dict(ref.state_dict())
+    ids, mask = batch(left_pad)
+    mask[0, 10:] = 0 if not left_pad else 1  # right padding in sequence 0 too
+    calls = []
+    real = flashc.hf._masked
+    flashc.hf._masked = lambda *a: calls.append(1) or real(*a)
+    try:
+        got = fc.eval()(ids, attention_mask=mask).logits
+    finally:
+        flashc.hf._masked = real
+    assert calls, "the padded batch did not run as attn_mask"
+    assert_logits_close(got, ref(ids, attention_mask=mask).logits, mask)
+    with pytest.raises(ValueError, match="padding"):
+        flashc.hf.register(padding="pad")
+
+
 def test_caller_masks_run_as_attn_mask():
     """A 4-D mask of the caller's, boolean or additive, that is no padding mask runs as flashc's attn_mask and
     matches SDPA given the same mask."""
