@@ -18,6 +18,11 @@ Workloads.
               same weights in turn (the step's cost does not depend on the values). Before timing, one batch
               goes forward with each on the same weights: max |Δ logits| / max |logit| above 1e-4 (fp32) or
               0.1 (bf16) is a FAIL; it and both losses are in `note`.
+              With --padded the batch is 4 sequences of each --seqlens, sequence b's last b/8 of them padding
+              (attention_mask 0, labels -100: transformers' padded batch), tokens/s counts the real tokens, the
+              check compares the real positions' logits, and flashc runs it both ways flashc.hf offers: unpadded
+              through varlen (register(), the default) and as attn_mask (register(padding="mask")); their rows'
+              config ends in "padded varlen" / "padded attn_mask".
   prefill / decodeN
               model.generate(prompt of --prompt random tokens, batch 1, max_new_tokens=--decode-tokens,
               do_sample=False, no EOS: every run generates N tokens) with transformers' default dynamic cache.
@@ -101,6 +106,11 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, help="timed training steps and generations per implementation, default 20")
     p.add_argument("--warmup", type=int, help="untimed ones before them, per implementation, default 3")
     p.add_argument("--skip", default="", help="workloads to leave out: train, generate (comma-separated)")
+    p.add_argument(
+        "--padded",
+        action="store_true",
+        help="training steps on a padded batch of 4 (see the header), flashc's varlen and attn_mask routes",
+    )
     p.add_argument("--csv", default=None, help="write the rows here (results schema of bench/compare.py)")
     p.add_argument("--append", action="store_true", help="append to --csv instead of replacing it")
     p.add_argument(
@@ -182,26 +192,47 @@ def use(model, name: str) -> None:
 
 
 # ---- workloads ---------------------------------------------------------------------------------------------------
-def train(model, names, seqlen, args, torch, clock, device) -> dict:
-    """{name: {'ms': median step, 'loss': loss of the check batch, 'backend': flashc's last}, 'logits_rel': the
-    check} for one seqlen."""
+PADDED_BATCH = 4  # --padded: sequence b of the batch has its last b/8 tokens padding
+
+
+def train_batch(args, seqlen, torch, device):
+    """(input_ids, attention_mask or None, labels, real tokens) of one seqlen's training step."""
     g = torch.Generator().manual_seed(seqlen)
-    ids = torch.randint(0, args.vocab, (1, seqlen), generator=g).to(device)
+    batch = PADDED_BATCH if args.padded else 1
+    ids = torch.randint(0, args.vocab, (batch, seqlen), generator=g)
+    if not args.padded:
+        return ids.to(device), None, ids.to(device), seqlen
+    mask = torch.ones_like(ids)
+    for b in range(batch):
+        mask[b, seqlen - b * seqlen // 8 :] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids.to(device), mask.to(device), labels.to(device), int(mask.sum())
+
+
+def train(model, names, seqlen, args, torch, clock, device) -> dict:
+    """{name: {'ms': median step, 'loss': loss of the check batch, 'backend': flashc's last}, 'logits_rel': {name:
+    the check against the last name's logits}, 'tokens': real tokens a step} for one seqlen."""
+    ids, mask, labels, tokens = train_batch(args, seqlen, torch, device)
     out = {n: {"samples": []} for n in names}
     model.train()
     with torch.no_grad():  # the check: the logits and loss of the same batch on the same weights
         for n in names:
             use(model, n)
-            o = model(input_ids=ids, labels=ids)
+            o = model(input_ids=ids, attention_mask=mask, labels=labels)
             out[n]["loss"], out[n]["logits"] = o.loss.float().item(), o.logits
             out[n]["backend"] = flashc.last_backend()  # flashc's: what "auto" picked for this forward
-        a, b = (out[n].pop("logits") for n in names)
-        out["logits_rel"] = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-        del a, b, o
+        real = slice(None) if mask is None else mask.bool()
+        want = out[names[-1]]["logits"].float()[real]
+        out["logits_rel"] = {
+            n: ((out[n].pop("logits").float()[real] - want).abs().max() / want.abs().max()).item() for n in names[:-1]
+        }
+        out[names[-1]].pop("logits")
+        out["tokens"] = tokens
+        del want, o
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
 
     def step():
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -291,8 +322,10 @@ def rows_of(base: dict, pass_: str, shape: tuple, tokens: int, fc: tuple, sd_ms:
 
 def print_rows(rows) -> None:
     for r in rows:
+        route = r["config"].rpartition(" padded")[2].strip()  # --padded: varlen / attn_mask (flashc's rows)
+        impl = f"{r['impl']} {route}" if route else r["impl"]
         print(
-            f"{r['pass']:<11} {r['seqlen_q']:>6} {r['seqlen_k']:>6} {r['impl']:<20} {r['ms']:>10.4g} "
+            f"{r['pass']:<11} {r['seqlen_q']:>6} {r['seqlen_k']:>6} {impl:<20} {r['ms']:>10.4g} "
             f"{r['tok_s']:>12.6g} {r['speedup']:>8.3f} {r['status'] or '-':<7} {r['note'].split('; ', 2)[-1]}"
         )
 
@@ -319,7 +352,7 @@ def main(argv=None) -> int:
     dname = args.dtype or ("bf16" if device == "cuda" else "f32")
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dname]
     name = flashc.hf.register()
-    names = [name, SDPA]
+    names = [name, flashc.hf.register(padding="mask"), SDPA] if args.padded else [name, SDPA]
     clock = Clock(torch, device)
     model = build_model(args, torch, transformers, dtype, device)
     params = sum(p.numel() for p in model.parameters())
@@ -356,11 +389,21 @@ def main(argv=None) -> int:
     if "train" not in args.skip:
         for s in args.seqlens:
             t = train(model, names, s, args, torch, clock, device)
-            fc, sd = t[name], t[SDPA]
-            status = "pass" if t["logits_rel"] <= TOLERANCE[dname] else "FAIL"
-            check = f"logits max |Δ| / max |logit| {t['logits_rel']:.3g}, loss {fc['loss']:.6g} vs {sd['loss']:.6g}"
-            impl = impl_name(name, fc["backend"])
-            emit(rows_of(base, "train-step", (s, s), s, (impl, fc["ms"]), sd["ms"], status, check))
+            sd = t[SDPA]
+            for i, n in enumerate(names[:-1]):
+                fc, rel = t[n], t["logits_rel"][n]
+                status = "pass" if rel <= TOLERANCE[dname] else "FAIL"
+                check = f"logits max |Δ| / max |logit| {rel:.3g}, loss {fc['loss']:.6g} vs {sd['loss']:.6g}"
+                route = (
+                    dict(config=f"{config} padded {('varlen', 'attn_mask')[i]}", batch=PADDED_BATCH)
+                    if args.padded
+                    else {}
+                )
+                new = rows_of(dict(base, **route), "train-step", (s, s), t["tokens"], (impl_name(n, fc["backend"]),
+                              fc["ms"]), sd["ms"], status, check)  # fmt: skip
+                if args.padded:
+                    new[1]["config"] = f"{config} padded"
+                emit(new if i == len(names) - 2 else new[:1])  # sdpa's row once, after the last flashc route
             if device == "cuda":
                 torch.cuda.empty_cache()
     if "generate" not in args.skip:

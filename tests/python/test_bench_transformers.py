@@ -62,6 +62,25 @@ def test_quick_run_rows(tmp_path):
     assert "wrote 8 rows" in r.stdout
 
 
+def test_padded_batch_runs_both_routes(tmp_path):
+    """--padded: a padded batch of 4, flashc through varlen and through attn_mask, each checked against sdpa's
+    logits on the real tokens; tokens/s counts the real tokens."""
+    out = tmp_path / "padded.csv"
+    bench = load_script()
+    argv = ["--device", "cpu", "--quick", "--padded", "--skip", "generate", "--seqlens", "64", "--steps", "1"]
+    assert bench.main(argv + ["--csv", str(out)]) == 0
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["config"].rpartition(" padded")[2].strip() for r in rows] == ["varlen", "attn_mask", ""]
+    assert [r["impl"] for r in rows] == ["flashc:cpu", "flashc:cpu", "torch:sdpa"]
+    real = 4 * 64 - (0 + 8 + 16 + 24)  # sequence b's last b/8 of 64 tokens are padding
+    for r in rows:
+        assert r["batch"] == "4" and r["pass"] == "train-step" and float(r["ms"]) > 0
+        tok_s = float(r["note"].split(" tok/s")[0])  # ms is rounded to 4 decimals in the row
+        assert abs(tok_s - real / (float(r["ms"]) / 1e3)) <= 1e-3 * tok_s, r["note"]
+    assert all(r["status"] == "pass" for r in rows[:2])
+
+
 def load_script():
     spec = importlib.util.spec_from_file_location("bench_transformers", SCRIPT)  # not "transformers": the library's
     module = importlib.util.module_from_spec(spec)
