@@ -49,6 +49,15 @@ static __device__ __forceinline__ int fc_mask_tile(const fc_mask_tiles &t, int64
 static __device__ __forceinline__ int2 fc_mask_row_range(const fc_mask_tiles &t, int64_t b, int64_t h, int qb) {
   return t.row_range[fc_mask_tiles_row(t, b, h, qb)];
 }
+/* Key blocks [*lo, *hi) cut to those of plane (b, h)'s row of blocks qb that keep any pair (left as they are without
+ * tiles); none left: *hi = *lo. */
+static __device__ __forceinline__ void fc_mask_cut_row(const fc_mask_tiles &t, int64_t b, int64_t h, int qb, int *lo,
+                                                       int *hi) {
+  if (!t.cls) return;
+  const int2 kept = fc_mask_row_range(t, b, h, qb);
+  *lo = max(*lo, kept.x);
+  *hi = max(*lo, min(*hi, kept.y));
+}
 /* The query blocks of plane (b, h)'s column of blocks kb that keep any pair: [lo, hi). */
 static __device__ __forceinline__ int2 fc_mask_col_range(const fc_mask_tiles &t, int64_t b, int64_t h, int kb) {
   const int64_t plane = (t.per_b ? b : 0) * t.planes_h + (t.per_h ? h : 0);

@@ -319,13 +319,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   /* SCORE_MOD with a boolean attn_mask's tiles (built at this pass's 128 × Bc: mma/bwd_score_mod.cu; the design:
    * common/mask_tiles.cuh): only the key blocks that keep some pair of this query block. None left: no block, and
    * dQ = 0 is stored, as for rows that see no key. */
-  if constexpr (SCORE_MOD) {
-    if (a.mod.tiles.cls) {
-      const int2 kept = fc_mask_row_range(a.mod.tiles, b, h, mb);
-      j_begin = max(j_begin, kept.x);
-      j_end = max(j_begin, min(j_end, kept.y));
-    }
-  }
+  if constexpr (SCORE_MOD) fc_mask_cut_row(a.mod.tiles, b, h, mb, &j_begin, &j_end);
   int row_lo[2], row_hi[2];
   float l2[2], dr[2];
   for (int rh = 0; rh < 2; rh++) {

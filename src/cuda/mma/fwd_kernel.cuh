@@ -179,13 +179,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
    * only the key blocks that keep some pair of this row block, taken before the split so that its parts divide what
    * is left. A range left empty runs no block: m stays −inf, so O = 0 and lse = −inf, as for rows that see no key
    * (a split's parts likewise, and their merge then gives the same). */
-  if constexpr (SCORE_MOD) {
-    if (a.mod.tiles.cls) {
-      const int2 kept = fc_mask_row_range(a.mod.tiles, b, h, mb);
-      j_begin = max(j_begin, kept.x);
-      j_end = max(j_begin, min(j_end, kept.y));
-    }
-  }
+  if constexpr (SCORE_MOD) fc_mask_cut_row(a.mod.tiles, b, h, mb, &j_begin, &j_end);
   if constexpr (SPLIT) fc_fwd_split_range(a.n_splits, (int)blockIdx.y, &j_begin, &j_end); /* this CTA's part */
   /* Blocks that every row of the block sees whole, which need no mask: key
    * block j is such when (j + 1)·Bc <= min(sk, i0 + shift + window_right + 1)
