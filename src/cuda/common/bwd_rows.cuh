@@ -57,6 +57,7 @@ typedef struct fc_bwd_rows_args {
   int seqlen_q;
   int64_t total_q, total_pad, sq_pad;
   int heads_q, head_dim, n_blocks; /* n_blocks: padded row blocks per (head, sequence) in prep's grid */
+  /* (head_dim: dQ's columns; fc_bwd_rows_prep sets it to O's, V's head dim, for its launch) */
   float scale;
 } fc_bwd_rows_args;
 
@@ -266,10 +267,11 @@ template <typename T> static flashc_status fc_bwd_rows_prep(const fc_problem *p,
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "flashc_backward: %lld row blocks x %lld heads x %lld sequences exceed 2^31-1 CTAs",
                     (long long)a.n_blocks, (long long)p->heads_q, (long long)p->batch);
+  a.head_dim = (int)p->head_dim_v; /* D = rowsum(dO∘O) runs over O's columns: V's head dim */
   a.od_lanes = 0;
-  if (p->head_dim % 8 == 0 && p->head_dim <= 256 && (uintptr_t)a.o % 16 == 0 && (uintptr_t)a.dout % 16 == 0 &&
+  if (a.head_dim % 8 == 0 && a.head_dim <= 256 && (uintptr_t)a.o % 16 == 0 && (uintptr_t)a.dout % 16 == 0 &&
       a.o_sb % 8 == 0 && a.o_ss % 8 == 0 && a.o_sh % 8 == 0 && a.do_sb % 8 == 0 && a.do_ss % 8 == 0 && a.do_sh % 8 == 0)
-    for (a.od_lanes = 1; a.od_lanes < p->head_dim / 8;) a.od_lanes *= 2; /* head_dim <= 256: at most 32 */
+    for (a.od_lanes = 1; a.od_lanes < a.head_dim / 8;) a.od_lanes *= 2; /* head_dim_v <= 256: at most 32 */
   fc_bwd_rows_prep_kernel<T><<<(unsigned)grid, FC_BWD_ROWS_THREADS, 0, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_bwd_rows_prep_kernel");
   return FLASHC_OK;

@@ -30,7 +30,10 @@
 
 /* ---- the plan (its tiles: mma/bwd_launch.cuh) ---------------------------------------------------------- */
 static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl) {
-  const int d = fc_mma_compiled_dim(p->head_dim);
+  /* V's head dim different from Q/K's: the kernels of the larger built with DV_COLS, each tensor's other columns zeros
+   * (mma/bwd_common.cuh, head_dim_v); mma/fwd.cu's fc_mma_dv_pair has refused the pairs the forward has no kernel
+   * for, so d is 128 or 192 (fc_mma_bwd_dv_dim). */
+  const int d = fc_mma_compiled_dim(p->head_dim_v > p->head_dim ? p->head_dim_v : p->head_dim);
   pl->dim = -1;
   for (int i = 0; i < FC_MMA_BWD_NDIMS; i++)
     if (fc_mma_bwd_dims[i] == d) pl->dim = i;
@@ -97,13 +100,14 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   /* the padded offsets: copied from the host's, or written on the device (device cu_seqlens) */
   const size_t pad_bytes = p->cu_seqlens_q ? fc_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_round256((size_t)(p->heads_q * a.total_pad) * sizeof(float));
-  a.dq_ld = fc_mma_compiled_dim(p->head_dim);
+  a.dq_ld = fc_mma_compiled_dim(p->head_dim_v > p->head_dim ? p->head_dim_v : p->head_dim); /* the kernels' D */
   a.dq_tile_w = pl.dq_tile_w;
   /* blocked: every padded row, whole 64-row tiles (the bulk adds cover whole query blocks, padding included) */
   const int64_t dq_rows = a.dq_tile_w ? p->heads_q * a.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = pl.det_dq ? 0 : (size_t)(dq_rows * a.dq_ld) * sizeof(float);
-  /* GQA: the group split (common/gqa.cu), sized for 64-key blocks and two CTAs per SM */
-  const int split = fc_gqa_split(p, fc_cdiv(p->seqlen_k, 64), 2, 0);
+  /* GQA: the group split (common/gqa.cu), sized for 64-key blocks and two CTAs per SM; none where V's head dim differs
+   * (the parts' workspace has head_dim columns for dK and dV alike) */
+  const int split = p->head_dim_v != p->head_dim ? 1 : fc_gqa_split(p, fc_cdiv(p->seqlen_k, 64), 2, 0);
   /* dbias's fp32 sums where it sums a dim (mma/bwd_score_mod.cu), after the GQA parts */
   const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + fc_round256(dq_bytes);
   const size_t dbias_at = gqa_at + fc_round256(fc_gqa_workspace_bytes(p, split)), dbias_bytes = fc_mma_dbias_bytes(p);
@@ -147,6 +151,7 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
   a.group = (int)(p->heads_q / p->heads_kv), a.kv_split = split;
   a.head_dim = (int)p->head_dim;
+  a.head_dim_v = (int)p->head_dim_v;
   a.scale = p->scale;
   a.scale_log2 = fabsf(p->scale) * 1.4426950408889634f;
   a.negate_q = p->scale < 0.0f;
@@ -159,6 +164,11 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   if (fc_mma_score_mod_of(p, &a.mod)) {
     FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl, dbias_bytes ? ws + dbias_at : NULL,
                                   tiles_bytes ? ws + tiles_at : NULL));
+  } else if (p->head_dim_v != p->head_dim) { /* V's own head dim: the kernels built with DV_COLS */
+    if (p->dtype == FLASHC_F16)
+      FC_CHECK((fc_mma_bwd_dispatch<__half, false, true>(p, &a, aligned, &pl)));
+    else
+      FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, false, true>(p, &a, aligned, &pl)));
   } else if (p->dtype == FLASHC_F16) {
     FC_CHECK((fc_mma_bwd_dispatch<__half, false>(p, &a, aligned, &pl)));
   } else {

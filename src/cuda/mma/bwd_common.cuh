@@ -60,7 +60,21 @@ typedef struct fc_mma_bwd_args {
   /* Softcap and ALiBi (mma/score_mod.cuh), read by the SCORE_MOD kernels only; last, so that the plain kernels'
    * arguments keep their offsets. */
   fc_score_mod mod;
+  /* V's head dim: the columns of v, dout, o and dv (head_dim: of q, k, dq, dk). The kernels run at the compiled
+   * max(head_dim, head_dim_v) built with DV_COLS (mma/bwd.cu), each tensor's columns past its own head dim read as
+   * zeros: they add nothing to Sᵀ = K·Qᵀ or dPᵀ = V·dOᵀ, and the gradients' columns there are zeros, not stored. */
+  int head_dim_v;
 } fc_mma_bwd_args;
+
+/* Columns of V, dO and dV: head_dim_v in the kernels built for a call whose V's head dim differs (DV_COLS), else
+ * head_dim, so that the other kernels' code is what it was before V's head dim could differ (a second column count
+ * held beside the first made ptxas spill more in a quarter of them). */
+template <bool DV_COLS> static __device__ __forceinline__ int fc_bwd_v_cols(const fc_mma_bwd_args &a) {
+  if constexpr (DV_COLS)
+    return a.head_dim_v;
+  else
+    return a.head_dim;
+}
 
 /* One sequence: where its rows start in q (and the packed dQ buffer), k, and
  * the padded row buffers, and how many it has (varlen: the used rows of its slots). */
@@ -91,16 +105,17 @@ static __device__ __forceinline__ bool fc_bwd_visible(int64_t i, int64_t j, int6
 }
 
 /* One query block of one head for dkdv: Q_i and dO_i tiles (cp.async when
- * ALIGNED) and the 16-byte-aligned padded lse2, D rows (always present: the
- * buffers are padded to whole blocks). */
+ * ALIGNED; d and dv columns: Q's and dO's head dims) and the 16-byte-aligned padded lse2, D rows (always present:
+ * the buffers are padded to whole blocks). */
 template <int BR, int D, int NT, bool ALIGNED>
-static __device__ __forceinline__ void
-fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
-              const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
-              int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int64_t total_pad, int64_t pad0, int tid) {
+static __device__ __forceinline__ void fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD,
+                                                     const uint16_t *q, const uint16_t *dout, const float *lse2,
+                                                     const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss,
+                                                     int64_t do_ss, int64_t q_sh, int64_t do_sh, int hh, int q0, int sq,
+                                                     int d, int dv, int64_t total_pad, int64_t pad0, int tid) {
   const uint16_t *Q = q + q_seq + q0 * q_ss + hh * q_sh, *dO = dout + do_seq + q0 * do_ss + hh * do_sh;
   fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q, q_ss, sq - q0, d, tid, Q);
-  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO, do_ss, sq - q0, d, tid, dO);
+  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO, do_ss, sq - q0, dv, tid, dO);
   const int64_t at = hh * total_pad + pad0 + q0;
   if (tid < BR / 4)
     fc_cp_async16(fc_smem_u32(sL + 4 * tid), lse2 + at + 4 * tid, 16);

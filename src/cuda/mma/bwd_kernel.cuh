@@ -300,26 +300,28 @@ template <int BR, int D, int NT, bool ALIGNED>
 static __device__ __forceinline__ void
 fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
                        const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
-                       int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int64_t total_pad, int64_t pad0,
-                       int tid) {
+                       int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int dv, int64_t total_pad,
+                       int64_t pad0, int tid) {
   constexpr int DS = fc_tile_stride(D), CH = D / 8, RP = NT / CH;
   static_assert(NT % CH == 0 && BR % RP == 0, "whole rows of chunks per pass");
-  const int r0 = tid / CH, c = tid % CH, cols = min(max(d - 8 * c, 0), 8), off = fc_tile_off<DS>(r0, c);
+  const int r0 = tid / CH, c = tid % CH, off = fc_tile_off<DS>(r0, c);
+  const int cols = min(max(d - 8 * c, 0), 8), cols_v = min(max(dv - 8 * c, 0), 8); /* of Q's chunk, of dO's */
   const uint16_t *Qh = q + q_seq + hh * q_sh, *dOh = dout + do_seq + hh * do_sh;
   const uint16_t *Q = Qh + (int64_t)(q0 + r0) * q_ss + 8 * c, *dO = dOh + (int64_t)(q0 + r0) * do_ss + 8 * c;
   const uint16_t *safe = Qh + (int64_t)q0 * q_ss; /* row q0 < sq: readable */
 #pragma unroll
   for (int k = 0; k < BR / RP; k++) {
-    const int n = r0 + k * RP < sq - q0 ? cols : 0; /* valid elements of the chunk */
+    const bool in = r0 + k * RP < sq - q0;
+    const int n = in ? cols : 0, nv = in ? cols_v : 0; /* valid elements of the chunk of Q, of dO */
     const uint16_t *fq = Q + (int64_t)(k * RP) * q_ss, *fo = dO + (int64_t)(k * RP) * do_ss;
     uint16_t *tq = sQ + off + k * RP * DS, *to = sdO + off + k * RP * DS;
     if constexpr (ALIGNED) {
       fc_cp_async16(fc_smem_u32(tq), n > 0 ? fq : safe, 2 * n);
-      fc_cp_async16(fc_smem_u32(to), n > 0 ? fo : safe, 2 * n);
+      fc_cp_async16(fc_smem_u32(to), nv > 0 ? fo : safe, 2 * nv);
     } else {
       uint16_t eq[8], eo[8];
 #pragma unroll
-      for (int x = 0; x < 8; x++) eq[x] = x < n ? fq[x] : (uint16_t)0, eo[x] = x < n ? fo[x] : (uint16_t)0;
+      for (int x = 0; x < 8; x++) eq[x] = x < n ? fq[x] : (uint16_t)0, eo[x] = x < nv ? fo[x] : (uint16_t)0;
       *(uint4 *)tq = make_uint4(eq[0] | (uint32_t)eq[1] << 16, eq[2] | (uint32_t)eq[3] << 16,
                                 eq[4] | (uint32_t)eq[5] << 16, eq[6] | (uint32_t)eq[7] << 16);
       *(uint4 *)to = make_uint4(eo[0] | (uint32_t)eo[1] << 16, eo[2] | (uint32_t)eo[3] << 16,
@@ -358,7 +360,7 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
  * score, so PDP's start at −lse2/c does not apply), with the dQ of the kernel the plan picked (PDP, BULK_DQ); and
  * dropout, a third run-time branch of the same variant (fc_mma_drop_bits_t), attn_mask and dbias a fourth. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
-          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false>
+          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   FC_KERNEL_IN_IMAGE(
       fc_mma_bwd_in_image(FC_CODE_SM, PDP ? (BULK_DQ ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P) : FC_MMA_BWD_FA2))
@@ -441,12 +443,13 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
   const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
   fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
-  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
+  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, fc_bwd_v_cols<DV_COLS>(a), tid, V);
 
   const int64_t q_seq = b * a.q_sb + s.q_start * a.q_ss, do_seq = b * a.do_sb + s.q_start * a.do_ss;
   if (n_iter > 0)
     fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
-                                      a.q_sh, a.do_sh, h0, i_begin * BR, s.sq, a.head_dim, a.total_pad, s.pad0, tid);
+                                      a.q_sh, a.do_sh, h0, i_begin * BR, s.sq, a.head_dim, fc_bwd_v_cols<DV_COLS>(a),
+                                      a.total_pad, s.pad0, tid);
   fc_cp_async_commit();
 
   const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
@@ -485,12 +488,12 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
         fc_bwd_fa2_load_q_rows<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR,
                                                    sD + nst * BR, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss,
                                                    a.do_ss, a.q_sh, a.do_sh, h0 + nx_h, (i_begin + nx_b) * BR, s.sq,
-                                                   a.head_dim, a.total_pad, s.pad0, tid);
+                                                   a.head_dim, fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
       else
         fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
                                           a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
-                                          h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim, a.total_pad,
-                                          s.pad0, tid);
+                                          h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
+                                          fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
     }
     fc_cp_async_commit();
 #if FC_BULK_ARCH
@@ -695,7 +698,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
       const int nx = it + 1;
       fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
                                         a.q_sh, a.do_sh, h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
-                                        a.total_pad, s.pad0, tid);
+                                        fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
       fc_cp_async_commit();
     }
 
@@ -828,6 +831,21 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   uint16_t *dV = a.dv + b * a.dv_sb + (s.k_start + k0) * a.dv_ss + (int64_t)hk * a.dv_sh;
   for (int idx = tid; idx < BC * (D / 8); idx += NT) {
     const int r = idx / (D / 8), c = idx % (D / 8), cols = min(a.head_dim - 8 * c, 8);
+    if constexpr (DV_COLS) { /* dK's chunk and dV's each with its own columns */
+      if (k0 + r >= s.sk) continue;
+      const int cols_v = min(a.head_dim_v - 8 * c, 8);
+      const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
+      uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
+      if (ALIGNED && cols == 8)
+        *(uint4 *)tk = *(const uint4 *)fk;
+      else
+        for (int x = 0; x < cols; x++) tk[x] = fk[x];
+      if (ALIGNED && cols_v == 8)
+        *(uint4 *)tv = *(const uint4 *)fv;
+      else
+        for (int x = 0; x < cols_v; x++) tv[x] = fv[x];
+      continue;
+    }
     if (k0 + r >= s.sk || cols <= 0) continue;
     const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
     uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;

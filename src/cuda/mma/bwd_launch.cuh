@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   fc_bwd_load_q<BR, D, NT, ALIGNED>(                                                                                   \
       sQ + (st)*BR * DS, sdO + (st)*BR * DS, sL + (st)*BR, sD + (st)*BR, a.q, a.dout, a.lse2, a.dsum,                  \
       b * a.q_sb + s.q_start * a.q_ss, b * a.do_sb + s.q_start * a.do_ss, a.q_ss, a.do_ss, a.q_sh, a.do_sh,            \
-      h0 + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim, a.total_pad, s.pad0, tid)
+      h0 + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim, a.head_dim, a.total_pad, s.pad0, tid)
   if (n_iter > 0) FC_BWD_ISSUE(0, 0);
   fc_cp_async_commit();
 
@@ -289,7 +289,7 @@ fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4], const fc_score_mod
 /* The forward's structure with dS in place of P: Br = 128 queries (8 warps × 16
  * rows), K_j/V_j ring. SCORE_MOD: softcap, ALiBi and dropout (mma/score_mod.cuh), P of the modified score and
  * dS = P∘g∘(Z∘dP − D) as the fa2 kernels make them. */
-template <typename T, int D, int BC, int STAGES, bool ALIGNED, bool SCORE_MOD = false>
+template <typename T, int D, int BC, int STAGES, bool ALIGNED, bool SCORE_MOD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(const fc_mma_bwd_args a) {
   constexpr int BR = FC_BWD_DQ_BR, NT = FC_BWD_DQ_THREADS, DS = fc_tile_stride(D), NS = BC / 8, NO = D / 8;
   extern __shared__ __align__(128) uint16_t smem[];
@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   }
 
   fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, s.sq - i0, a.head_dim, tid, Q);
-  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO + (int64_t)i0 * a.do_ss, a.do_ss, s.sq - i0, a.head_dim, tid, dO);
+  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO + (int64_t)i0 * a.do_ss, a.do_ss, s.sq - i0, fc_bwd_v_cols<DV_COLS>(a), tid,
+                                   dO);
   fc_cp_async_commit();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
       fc_load_tile<BC, D, NT, ALIGNED>(sK + st * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, s.sk - j * BC,
                                        a.head_dim, tid, K);
       fc_load_tile<BC, D, NT, ALIGNED>(sV + st * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, s.sk - j * BC,
-                                       a.head_dim, tid, V);
+                                       fc_bwd_v_cols<DV_COLS>(a), tid, V);
     }
     fc_cp_async_commit();
   }
@@ -378,7 +379,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
         fc_load_tile<BC, D, NT, ALIGNED>(sK + sp * BC * DS, K + (int64_t)jp * BC * a.k_ss, a.k_ss, s.sk - jp * BC,
                                          a.head_dim, tid, K);
         fc_load_tile<BC, D, NT, ALIGNED>(sV + sp * BC * DS, V + (int64_t)jp * BC * a.v_ss, a.v_ss, s.sk - jp * BC,
-                                         a.head_dim, tid, V);
+                                         fc_bwd_v_cols<DV_COLS>(a), tid, V);
       }
       fc_cp_async_commit();
     }
@@ -620,7 +621,7 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
  * only, fa2 the deterministic one only (the plan's det_dq). BULK: fa2pb (the blocked dQ sum); LEAN: its register-lean
  * kernel. SCORE_MOD: the kernel built with softcap and ALiBi. */
 template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, bool BULK, bool LEAN,
-          bool SCORE_MOD>
+          bool SCORE_MOD, bool DV_COLS = false>
 static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   constexpr int QSTAGES = fc_mma_bwd_fa2_qstages(D, BR, BC, BULK);
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
@@ -634,7 +635,7 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
 #define FC_FA2_KERNEL(AL, AT)                                                                                          \
-  fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, AL, AT, BULK, LEAN, SCORE_MOD>
+  fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, AL, AT, BULK, LEAN, SCORE_MOD, DV_COLS>
   void (*dkdv)(const fc_mma_bwd_args);
   if constexpr (PDP || BULK)
     dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
@@ -649,7 +650,7 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
 }
 
 /* 3'/4: dQ from the fp32 buffer (atomic mode), or the deterministic dQ pass (SCORE_MOD: softcap and ALiBi). */
-template <typename T, int D, int DQ_BC, bool SCORE_MOD>
+template <typename T, int D, int DQ_BC, bool SCORE_MOD, bool DV_COLS = false>
 static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
@@ -668,25 +669,32 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_DQ_BR);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
   const size_t smem_dq = (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * DQ_BC) * fc_tile_stride(D) * 2;
-  void (*dq)(const fc_mma_bwd_args) = aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true, SCORE_MOD>
-                                              : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false, SCORE_MOD>;
+  void (*dq)(const fc_mma_bwd_args) = aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true, SCORE_MOD, DV_COLS>
+                                              : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false, SCORE_MOD, DV_COLS>;
   FC_CHECK(fc_mma_smem((const void *)dq, smem_dq, "flashc_backward: backend cuda-mma"));
   dq<<<grid, FC_BWD_DQ_THREADS, smem_dq, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dq_kernel");
   return FLASHC_OK;
 }
 
+/* Whether the kernels of compiled head dim d are built with DV_COLS: the larger head dim of each pair of mma/fwd.cu's
+ * fc_mma_fwd_dv_pairs (192/128, 128/64, 64/128), at which the backward runs them. */
+static constexpr bool fc_mma_bwd_dv_dim(int d) { return d == 128 || d == 192; }
+
 /* Head dim index I of the plan, as template arguments: compile-time walks over the tables, so that a head dim or a
- * tile changes in one place; a cell without a kernel (base's br = 0) compiles nothing. */
-template <typename T, bool PDP, bool BULK, bool SCORE_MOD, int I = 0>
+ * tile changes in one place; a cell without a kernel (base's br = 0) compiles nothing, nor DV_COLS at a head dim that
+ * no pair runs at. */
+template <typename T, bool PDP, bool BULK, bool SCORE_MOD, bool DV_COLS = false, int I = 0>
 static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                        const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     constexpr fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[I];
-    if (pl->dim == I)
-      return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
-                            (BULK && t.lean != 0), SCORE_MOD>(p, a, aligned, pl->det_dq);
-    return fc_mma_bwd_fa2_at<T, PDP, BULK, SCORE_MOD, I + 1>(p, a, aligned, pl);
+    if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_bwd_dims[I])) {
+      if (pl->dim == I)
+        return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
+                              (BULK && t.lean != 0), SCORE_MOD, DV_COLS>(p, a, aligned, pl->det_dq);
+    }
+    return fc_mma_bwd_fa2_at<T, PDP, BULK, SCORE_MOD, DV_COLS, I + 1>(p, a, aligned, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no fa2 kernel for head dim index %d", pl->dim);
   }
@@ -705,31 +713,36 @@ static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_ar
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no base kernel for head dim index %d", pl->dim);
   }
 }
-template <typename T, bool SCORE_MOD, int I = 0>
+template <typename T, bool SCORE_MOD, bool DV_COLS = false, int I = 0>
 static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                           const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
-    if (pl->dim == I)
-      return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD>(p, a, aligned, pl->det_dq);
-    return fc_mma_bwd_finish_at<T, SCORE_MOD, I + 1>(p, a, aligned, pl);
+    if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_bwd_dims[I])) {
+      if (pl->dim == I)
+        return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD, DV_COLS>(p, a, aligned,
+                                                                                                 pl->det_dq);
+    }
+    return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS, I + 1>(p, a, aligned, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no dQ pass for head dim index %d", pl->dim);
   }
 }
 
 /* 1, 2 (the plan's kernel), then 3 or 3' and 4. SCORE_MOD: the kernels built with softcap, ALiBi, dropout and
- * attn_mask (no base kernel: fc_mma_bwd_plan_of never picks it for them). */
-template <typename T, bool SCORE_MOD>
+ * attn_mask (no base kernel: fc_mma_bwd_plan_of never picks it for them). DV_COLS: those built for V's own head dim
+ * (fc_bwd_v_cols; no base kernel either: it has no tile at d128 or d192). */
+template <typename T, bool SCORE_MOD, bool DV_COLS = false>
 static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
                                          const fc_mma_bwd_plan *pl, const fc_mask_tiles *dq_tiles = nullptr) {
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
   switch (pl->kernel) {
-  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false, SCORE_MOD>(p, a, aligned, pl))); break;
-  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false, SCORE_MOD>(p, a, aligned, pl))); break;
-  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true, SCORE_MOD>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false, SCORE_MOD, DV_COLS>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false, SCORE_MOD, DV_COLS>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true, SCORE_MOD, DV_COLS>(p, a, aligned, pl))); break;
   default:
-    if constexpr (SCORE_MOD)
-      return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma's base kernel has no softcap or ALiBi");
+    if constexpr (SCORE_MOD || DV_COLS)
+      return fc_error(FLASHC_ERR_INTERNAL,
+                      "flashc_backward: cuda-mma's base kernel has no softcap, ALiBi or head_dim_v");
     else
       FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl)));
     break;
@@ -737,9 +750,9 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
   if (dq_tiles) { /* the dQ pass's own blocks (fc_mma_bwd_score_mod) */
     fc_mma_bwd_args ad = *a;
     ad.mod.tiles = *dq_tiles;
-    return fc_mma_bwd_finish_at<T, SCORE_MOD>(p, &ad, aligned, pl);
+    return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS>(p, &ad, aligned, pl);
   }
-  return fc_mma_bwd_finish_at<T, SCORE_MOD>(p, a, aligned, pl);
+  return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS>(p, a, aligned, pl);
 }
 
 /* The SCORE_MOD half (mma/bwd_score_mod.cu): fc_mma_bwd_dispatch<T, true> for the call's dtype, with dbias's passes

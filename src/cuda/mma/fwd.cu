@@ -13,7 +13,7 @@
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (any strides, in elements);
  * lse [b, hq, sq] or [hq, total_q] (varlen). The head dim d is compiled as D in
  * {32, 64, 96, 128, 160, 192, 256}; any other d runs in the next D with zero
- * columns.
+ * columns. v and o may have a head dim of their own, compiled as DV (the pairs of fc_mma_fwd_dv_pairs).
  *
  * Shared memory (16-bit elements, rows of DS = round_up(D, 64), XOR-swizzled:
  * see mma/tile.cuh): sQ [Br][DS]          Q_i; at the end each warp stages its
@@ -211,8 +211,53 @@ static constexpr fc_mma_fwd_shape fc_mma_fwd_shapes[FC_MMA_FWD_NROWS][FC_MMA_NDI
      {32, 2, 1, 0, 1}},
 };
 
-static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d) {
-  return (size_t)(FC_MMA_BR + 2 * s->stages * s->bc) * fc_tile_stride(d) * sizeof(uint16_t);
+/* V's head dim different from Q/K's (flashc_params.head_dim_v): the lean kernel compiled with DV, for the pairs of
+ * compiled head dims below only (each pair is 6 kernels: 2 dtypes × aligned, unaligned, split), without SCORE_MOD
+ * and without a SMALL shape. Head dims that round up to a pair's (fc_mma_compiled_dim) run there with zero columns.
+ *   192/128 (DeepSeek-V2/V3's MLA): d192's shape; 128 KB of shared memory (Q 48, K 48, V 32): sm_80 and sm_90, not
+ *           sm_86/89 (99 KB), which refuse it.
+ *   128/64, 64/128: d128's masked shape (Bc = 64, 2 stages, MT = 2, Q in shared memory, 2 CTAs/SM): O and S take
+ *           at most d128's registers; 80 KB and 64 KB, every sm_80+ device. Not measured against other shapes. */
+typedef struct fc_mma_fwd_dv_pair {
+  int d, dv; /* compiled head dims of Q/K and of V */
+  fc_mma_fwd_shape s;
+} fc_mma_fwd_dv_pair;
+enum { FC_MMA_DV_NPAIRS = 3 };
+static constexpr fc_mma_fwd_dv_pair fc_mma_fwd_dv_pairs[FC_MMA_DV_NPAIRS] = {
+    {192, 128, {64, 2, 1, 0, 1}},
+    {128, 64, {64, 2, 2, 0, 2}},
+    {64, 128, {64, 2, 2, 0, 2}},
+};
+
+/* Shared memory of a shape: Q_i [Br][DS], K [stages][Bc][DS], V [stages][Bc][DSV]. */
+static size_t fc_mma_fwd_smem(const fc_mma_fwd_shape *s, int d, int dv) {
+  return (size_t)(FC_MMA_BR * fc_tile_stride(d) + s->stages * s->bc * (fc_tile_stride(d) + fc_tile_stride(dv))) *
+         sizeof(uint16_t);
+}
+
+/* The pair (fc_mma_fwd_dv_pairs) of a call whose head_dim_v differs from head_dim; -1 with fc_error's message when
+ * cuda-mma has none, or when the call also asks for softcap, ALiBi, dropout or attn_mask (built for DV = D only). */
+static int fc_mma_dv_pair(const fc_problem *p, const char *op) {
+  const int d = fc_mma_compiled_dim(p->head_dim), dv = fc_mma_compiled_dim(p->head_dim_v);
+  int pair = -1;
+  for (int i = 0; i < FC_MMA_DV_NPAIRS; i++)
+    if (fc_mma_fwd_dv_pairs[i].d == d && fc_mma_fwd_dv_pairs[i].dv == dv) pair = i;
+  if (pair < 0) {
+    fc_error(FLASHC_ERR_UNSUPPORTED,
+             "%s: head_dim_v %lld with head_dim %lld is not supported on backend cuda-mma (its pairs: head_dim "
+             "161..192 with head_dim_v 97..128, head_dim 97..128 with head_dim_v 33..64, head_dim 33..64 with "
+             "head_dim_v 97..128)",
+             op, (long long)p->head_dim_v, (long long)p->head_dim);
+    return -1;
+  }
+  if (p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f || p->attn_mask != NULL) {
+    fc_error(FLASHC_ERR_UNSUPPORTED,
+             "%s: head_dim_v %lld (with head_dim %lld) together with softcap, ALiBi, dropout or attn_mask is not "
+             "supported on backend cuda-mma",
+             op, (long long)p->head_dim_v, (long long)p->head_dim);
+    return -1;
+  }
+  return pair;
 }
 
 static int fc_mma_dim_index(int64_t head_dim) {
@@ -225,6 +270,7 @@ static int fc_mma_dim_index(int64_t head_dim) {
 /* What a forward call runs. */
 typedef struct fc_mma_fwd_plan {
   int dim;      /* index of the compiled head dim in fc_mma_dims */
+  int pair;     /* head_dim_v ≠ head_dim: index in fc_mma_fwd_dv_pairs (row is then unused); else -1 */
   int row;      /* FC_MMA_FWD_*: the kernel and its shape */
   bool aligned; /* every row of q, k, v, o on 16 bytes: cp.async; else the kernels' plain loads */
   int grid;     /* query tiles: CTAs per part */
@@ -237,6 +283,10 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
   FC_CHECK(fc_mma_grid("flashc_forward", fc_cdiv(p->seqlen_q, FC_MMA_BR), p->heads_q, p->batch, &pl->grid));
   const int d = fc_mma_dims[pl->dim];
+  pl->pair = -1;
+  if (p->head_dim_v != p->head_dim && (pl->pair = fc_mma_dv_pair(p, "flashc_forward")) < 0)
+    return FLASHC_ERR_UNSUPPORTED;
+  const int dv = pl->pair >= 0 ? fc_mma_fwd_dv_pairs[pl->pair].dv : d;
   fc_device_props props;
   FC_CHECK(fc_device_get_props(&props));
   /* mma/fwd_kernel.cuh's kernel (fewer instructions per key block), its shapes by the call's mask; this file's kernel
@@ -246,11 +296,16 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
    * none. */
   const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f || p->attn_mask != NULL;
   pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
-  if (fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d) > props.smem_per_block_optin &&
+  if (pl->pair < 0 && fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d, d) > props.smem_per_block_optin &&
       fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0 && fc_mma_fwd_small_in_image(props.code_sm) && !mod)
     pl->row = FC_MMA_FWD_SMALL;
-  const fc_mma_fwd_shape *s = &fc_mma_fwd_shapes[pl->row][pl->dim];
-  const size_t bytes = fc_mma_fwd_smem(s, d);
+  const fc_mma_fwd_shape *s = pl->pair >= 0 ? &fc_mma_fwd_dv_pairs[pl->pair].s : &fc_mma_fwd_shapes[pl->row][pl->dim];
+  const size_t bytes = fc_mma_fwd_smem(s, d, dv);
+  if (bytes > props.smem_per_block_optin && pl->pair >= 0)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_forward: head_dim %d with head_dim_v %d on backend cuda-mma needs %zu bytes of shared "
+                    "memory per block; device %d (sm_%d) allows %zu",
+                    d, dv, bytes, props.device, props.sm, props.smem_per_block_optin);
   if (bytes > props.smem_per_block_optin)
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "flashc_forward: head_dim %d on backend cuda-mma needs %zu bytes of shared memory per block%s; "
@@ -290,10 +345,13 @@ flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits) {
 }
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN, bool SCORE_MOD>
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool LEAN, bool SCORE_MOD,
+          int DV = D>
 static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_args *a0, int grid) {
+  static_assert(DV == D || (LEAN && !SCORE_MOD), "V's own head dim: the lean kernel without SCORE_MOD only");
   fc_mma_fwd_args a_tail = *a0, *const a = &a_tail;
-  const size_t smem = (size_t)(FC_MMA_BR + 2 * STAGES * BC) * fc_tile_stride(D) * sizeof(uint16_t);
+  const size_t smem = (size_t)(FC_MMA_BR * fc_tile_stride(D) + STAGES * BC * (fc_tile_stride(D) + fc_tile_stride(DV))) *
+                      sizeof(uint16_t);
   /* Rows that cp.async cannot copy (not 16-byte aligned) take the slower kernel
    * with plain loads. */
   void (*kernel)(const fc_mma_fwd_args);
@@ -302,9 +360,10 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
              : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, false, true>
                              : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, false, true>;
   else if constexpr (LEAN)
-    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true>
-             : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
-                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+    kernel =
+        a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true, false, DV>
+        : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, false, false, DV>
+                        : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, false, false, DV>;
   else
     kernel = a->aligned ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
                         : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
@@ -315,7 +374,7 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
   kernel<<<dim3(grid, a->n_splits), FC_MMA_BR / MT * 2, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_mma_fwd_kernel");
   if (a->n_splits > 1) { /* the parts of each row merged (mma/fwd_split.cuh) */
-    fc_mma_fwd_combine_kernel<T, D><<<grid, FC_SPLIT_COMBINE_THREADS, 0, fc_stream(p)>>>(*a);
+    fc_mma_fwd_combine_kernel<T, DV><<<grid, FC_SPLIT_COMBINE_THREADS, 0, fc_stream(p)>>>(*a);
     FC_LAUNCH_CHECK("fc_mma_fwd_combine_kernel");
   }
   return FLASHC_OK;
@@ -344,9 +403,27 @@ static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_a
   }
 }
 
+/* The kernel of pair I of fc_mma_fwd_dv_pairs (V's head dim ≠ Q/K's), as the walk above. */
+template <typename T, int I = 0>
+static flashc_status fc_mma_fwd_dv_dispatch(const fc_problem *p, const fc_mma_fwd_args *a, const fc_mma_fwd_plan *pl) {
+  if constexpr (I < FC_MMA_DV_NPAIRS) {
+    constexpr fc_mma_fwd_dv_pair q = fc_mma_fwd_dv_pairs[I];
+    if (pl->pair == I)
+      return fc_mma_fwd_launch<T, q.d, q.s.bc, q.s.stages, q.s.mt, q.s.q_in_regs != 0, q.s.min_blocks, true, false,
+                               q.dv>(p, a, pl->grid);
+    return fc_mma_fwd_dv_dispatch<T, I + 1>(p, a, pl);
+  } else {
+    return fc_error(FLASHC_ERR_INTERNAL, "flashc_forward: cuda-mma has no kernel for head_dim_v pair %d", pl->pair);
+  }
+}
+
 static flashc_status mma_supports(const fc_problem *p) {
   if (fc_mma_dim_index(p->head_dim) < 0)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
+  /* V's own head dim: the forward's pairs for both directions (the backward runs them at max(head_dim, head_dim_v):
+   * mma/bwd.cu), so that the calls a forward takes are those its backward takes */
+  if (p->head_dim_v != p->head_dim && fc_mma_dv_pair(p, p->is_backward ? "flashc_backward" : "flashc_forward") < 0)
+    return FLASHC_ERR_UNSUPPORTED;
   FC_CHECK(fc_score_mod_check(p, "cuda-mma"));
   if (p->heads_q > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "heads_q %lld exceeds 2^31-1 on backend cuda-mma", (long long)p->heads_q);
@@ -363,13 +440,15 @@ static flashc_status mma_supports(const fc_problem *p) {
 static flashc_status mma_forward(const fc_problem *p) {
   fc_mma_fwd_plan pl;
   FC_CHECK(fc_mma_fwd_plan_of(p, &pl));
-  const int splits = pl.splits, grid = pl.grid, d = fc_mma_dims[pl.dim];
-  /* The parts' O (D floats a row) and lse, FC_MMA_BR rows per CTA of the split grid, after the varlen offsets. */
+  const int splits = pl.splits, grid = pl.grid;
+  const int d = pl.pair >= 0 ? fc_mma_fwd_dv_pairs[pl.pair].dv : fc_mma_dims[pl.dim]; /* O's compiled columns */
+  /* The parts' O (d floats a row: V's head dim) and lse, FC_MMA_BR rows per CTA of the split grid, after the varlen
+   * offsets. */
   const size_t split_rows = (size_t)splits * grid * FC_MMA_BR, cu_bytes = fc_mma_cu_seqlens_bytes(p);
   const size_t split_bytes = splits > 1 ? split_rows * (d + 1) * sizeof(float) : 0;
   /* A boolean attn_mask's tiles (common/mask_tiles.cuh) at the kernel's block, FC_MMA_BR rows × Bc keys: the SCORE_MOD
    * kernel is the lean one only, never SMALL (fc_mma_fwd_plan_of), so the plan's row gives Bc. */
-  const int bc = fc_mma_fwd_shapes[pl.row][pl.dim].bc;
+  const int bc = pl.pair >= 0 ? fc_mma_fwd_dv_pairs[pl.pair].s.bc : fc_mma_fwd_shapes[pl.row][pl.dim].bc;
   const size_t tiles_at = (cu_bytes + split_bytes + 255) / 256 * 256;
   const size_t tiles_bytes = p->attn_mask && p->attn_mask_is_bool ? fc_mask_tiles_bytes(p, FC_MMA_BR, bc) : 0;
   void *ws = NULL;
@@ -399,6 +478,7 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.heads_q = (int)p->heads_q;
   a.group = (int)(p->heads_q / p->heads_kv);
   a.head_dim = (int)p->head_dim;
+  a.head_dim_v = (int)p->head_dim_v;
   a.m_blocks = (int)fc_cdiv(p->seqlen_q, FC_MMA_BR);
   a.scale = fabsf(p->scale);
   a.scale_log2 = a.scale * 1.4426950408889634f;
@@ -417,6 +497,9 @@ static flashc_status mma_forward(const fc_problem *p) {
     if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, true, 0, 0>(p, &a, &pl);
     return fc_mma_fwd_dispatch<__nv_bfloat16, true, 0, 0>(p, &a, &pl);
   }
+  if (pl.pair >= 0) /* V's own head dim (fc_mma_dv_pair has refused it with SCORE_MOD) */
+    return p->dtype == FLASHC_F16 ? fc_mma_fwd_dv_dispatch<__half>(p, &a, &pl)
+                                  : fc_mma_fwd_dv_dispatch<__nv_bfloat16>(p, &a, &pl);
   if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, false, 0, 0>(p, &a, &pl);
   return fc_mma_fwd_dispatch<__nv_bfloat16, false, 0, 0>(p, &a, &pl);
 }
@@ -437,8 +520,8 @@ extern "C" const fc_backend fc_backend_cuda_mma = {
     mma_supports,
     mma_forward,
     fc_mma_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_SEQUSED | FC_FEATURE_DROPOUT | FC_FEATURE_ATTN_MASK |
-        FC_FEATURE_CU_SEQLENS_DEVICE, /* features; validate.c refuses the others */
-    0,                                /* max_head_dim_v */
-    fc_cuda_forward_kvcache,          /* forward_kvcache: mma/decode.cu */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_SEQUSED | FC_FEATURE_DROPOUT |
+        FC_FEATURE_ATTN_MASK | FC_FEATURE_CU_SEQLENS_DEVICE, /* features; validate.c refuses the others */
+    0,                       /* max_head_dim_v: max_head_dim; fc_mma_dv_pair refuses the pairs it has no kernel for */
+    fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
 };

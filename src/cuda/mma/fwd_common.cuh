@@ -38,7 +38,19 @@ typedef struct fc_mma_fwd_args {
    * arguments keep their offsets. Their calls run with scale 1 and scale_log2 = log2 e: S becomes the modified score
    * x, and lse = m + ln l. */
   fc_score_mod mod;
+  /* V's head dim (v, o: head_dim_v columns), read by the kernels compiled with DV ≠ D and by the split's combine; the
+   * kernels with DV = D read head_dim for every tensor. After mod, as mod is after the rest. */
+  int head_dim_v;
 } fc_mma_fwd_args;
+
+/* Columns of a row of V and O: head_dim_v where V's compiled head dim DV differs from Q/K's D, else head_dim (the
+ * kernels with DV = D, so that their code is the code they had before V's head dim could differ). */
+template <int D, int DV> static __device__ __forceinline__ int fc_fwd_v_cols(const fc_mma_fwd_args &a) {
+  if constexpr (DV == D)
+    return a.head_dim;
+  else
+    return a.head_dim_v;
+}
 
 /* Which tile a CTA computes: row blocks vary fastest (CTAs running together
  * share K and V in L2), the heaviest causal block of each head first, the last
@@ -86,12 +98,14 @@ static __device__ __forceinline__ float fc_fwd_row_lse(float m, float l, float s
  * has m = −inf and l = 0: O = 0, lse = −inf), then O stored through shared memory, so that
  * global stores are whole 16-byte chunks of a row. Each warp stages its rows in
  * the rows of sO (= sQ) that only it has read (its Q fragments): a warp
- * barrier is enough. */
-template <typename T, int D, int MT, bool ALIGNED>
+ * barrier is enough. With V's head dim DV ≠ D, O's rows (stride fc_tile_stride(DV)) no longer lie on the warp's own
+ * rows of sQ: a block barrier first, after which every warp is done with sQ, sK and sV and O may take any of them
+ * (sO is the start of shared memory; the kernel asserts that Br rows of O fit). */
+template <typename T, int D, int MT, bool ALIGNED, int DV = D>
 static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, const fc_fwd_where &w, int i0, int wrow,
-                                                     float (*o)[D / 8][4], const float (*m)[2], const float (*l)[2],
+                                                     float (*o)[DV / 8][4], const float (*m)[2], const float (*l)[2],
                                                      uint16_t *sO, int lane) {
-  constexpr int NO = D / 8, DS = fc_tile_stride(D);
+  constexpr int NO = DV / 8, DS = fc_tile_stride(DV);
   const int g = lane / 4, t = lane % 4;
   const int64_t b = w.b, q_start = w.q_start;
   const int h = w.h, sq = w.sq;
@@ -115,8 +129,11 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
       }
     }
 
-  __syncwarp(); /* lanes wrote rows other lanes read through ldmatrix at the
-                   start: order them explicitly */
+  if constexpr (DV != D)
+    __syncthreads(); /* O's rows overlap other warps' rows of sQ (and sK, sV): every warp is past its key loop */
+  else
+    __syncwarp(); /* lanes wrote rows other lanes read through ldmatrix at the
+                     start: order them explicitly */
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -129,7 +146,7 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
   __syncwarp();
   for (int idx = lane; idx < 16 * MT * NO; idx += 32) {
     const int r = wrow + idx / NO, c = idx % NO, row = i0 + r;
-    const int cols = min(a.head_dim - 8 * c, 8);
+    const int cols = min(fc_fwd_v_cols<D, DV>(a) - 8 * c, 8);
     if (row >= sq || cols <= 0) continue;
     const uint16_t *from = sO + fc_tile_off<DS>(r, c);
     uint16_t *to = O + (int64_t)row * a.o_ss + 8 * c;
@@ -142,20 +159,20 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
 }
 
 /* K and V of key block j into stage `stage` of the ring (keys past sk as zeros): the copy both forward kernels issue
- * for a block. */
-template <int BC, int D, int NT, bool ALIGNED>
+ * for a block. V's rows are DV columns wide (stride fc_tile_stride(DV)). */
+template <int BC, int D, int NT, bool ALIGNED, int DV = D>
 static __device__ __forceinline__ void fc_fwd_load_kv(uint16_t *sK, uint16_t *sV, const uint16_t *K, const uint16_t *V,
                                                       const fc_mma_fwd_args &a, int sk, int tid, int j, int stage) {
-  constexpr int DS = fc_tile_stride(D);
+  constexpr int DS = fc_tile_stride(D), DSV = fc_tile_stride(DV);
   fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
                                        a.head_dim, tid, K);
-  fc_fwd_load_tile<BC, D, NT, ALIGNED>(sV + stage * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
-                                       a.head_dim, tid, V);
+  fc_fwd_load_tile<BC, DV, NT, ALIGNED>(sV + stage * BC * DSV, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
+                                        fc_fwd_v_cols<D, DV>(a), tid, V);
 }
 
 /* Q_i (rows i0.., those past sq as zeros), then the first STAGES − 1 key blocks from j_begin, one commit group each
  * (empty groups keep the count); on return every thread's part of Q_i has landed (Q's group is the oldest). */
-template <int BR, int BC, int D, int NT, int STAGES, bool ALIGNED>
+template <int BR, int BC, int D, int NT, int STAGES, bool ALIGNED, int DV = D>
 static __device__ __forceinline__ void fc_fwd_prologue(uint16_t *sQ, uint16_t *sK, uint16_t *sV, const uint16_t *Q,
                                                        const uint16_t *K, const uint16_t *V, const fc_mma_fwd_args &a,
                                                        int i0, int sq, int sk, int j_begin, int j_end, int tid) {
@@ -164,7 +181,7 @@ static __device__ __forceinline__ void fc_fwd_prologue(uint16_t *sQ, uint16_t *s
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     const int j = j_begin + s;
-    if (j < j_end) fc_fwd_load_kv<BC, D, NT, ALIGNED>(sK, sV, K, V, a, sk, tid, j, s);
+    if (j < j_end) fc_fwd_load_kv<BC, D, NT, ALIGNED, DV>(sK, sV, K, V, a, sk, tid, j, s);
     fc_cp_async_commit();
   }
   fc_cp_async_wait<STAGES - 1>();

@@ -140,18 +140,25 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
  * branch of the same variant: P∘keep multiplies V, O gains 1/(1 − p) at the end; attn_mask a fourth: the bias added
  * to the modified score (or −inf where a boolean mask removes the key), in every block of a float bias; a boolean
  * mask's tiles (common/mask_tiles.cuh) narrow the key range and leave the mask unread in the blocks it keeps whole. A
- * row whose keys are all removed keeps m = −inf: O = 0, lse = −inf, as a row that sees no key. */
+ * row whose keys are all removed keeps m = −inf: O = 0, lse = −inf, as a row that sees no key.
+ * DV: V's compiled head dim where it differs from Q/K's D (V_j's tile, P·V_j and O are DV columns wide; sV's rows
+ * have stride fc_tile_stride(DV)); DV = D for every call whose V has Q's head dim. */
 template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
-          bool SPLIT = false, bool SCORE_MOD = false>
+          bool SPLIT = false, bool SCORE_MOD = false, int DV = D>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
   constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
   constexpr int NS = BC / 8; /* n-blocks of S */
-  constexpr int NO = D / 8;  /* n-blocks of O */
+  constexpr int NO = DV / 8; /* n-blocks of O */
   constexpr int QKD = Q_IN_REGS ? KD : 1;
-  constexpr int CH = D / 8; /* 16-byte chunks of a row */
+  constexpr int CH = D / 8, CHV = DV / 8; /* 16-byte chunks of a row of K, of V */
   constexpr bool WALK = ALIGNED && NT % CH == 0 && (NT / CH) % 8 == 0;
-  constexpr uint32_t TILE = BC * DS * 2; /* bytes of one stage of K (or V) */
+  constexpr bool WALK_V = ALIGNED && NT % CHV == 0 && (NT / CHV) % 8 == 0;
+  constexpr int DSV = fc_tile_stride(DV);
+  constexpr uint32_t TILE = BC * DS * 2;    /* bytes of one stage of K */
+  constexpr uint32_t TILE_V = BC * DSV * 2; /* of V */
+  static_assert(DV == D || BR * DSV <= BR * DS + STAGES * BC * (DS + DSV),
+                "fc_fwd_finish stages O's Br rows at the start of shared memory");
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t *sQ = smem, *sK = sQ + BR * DS, *sV = sK + STAGES * BC * DS;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -192,7 +199,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   const int64_t plain0 = a.window_left < 0 ? 0 : fc_ceil_div((int64_t)i_last + shift - a.window_left, BC);
   const int j_plain1 = (int)max((int64_t)j_begin, min(plain1, (int64_t)j_end));
   const int j_plain0 = (int)max((int64_t)j_begin, min(plain0, (int64_t)j_end));
-  const bool whole_cols = a.head_dim == D; /* every chunk of a row present */
+  const bool whole_cols = a.head_dim == D;                 /* every chunk of a row of K present */
+  const bool whole_cols_v = fc_fwd_v_cols<D, DV>(a) == DV; /* of V */
   /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
   [[maybe_unused]] float slope = 0.0f, dist0[SCORE_MOD ? MT : 1][2];
   if constexpr (SCORE_MOD) {
@@ -207,8 +215,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   if constexpr (SCORE_MOD) {
     if (a.mod.bias) bias_plane = fc_bias_plane(a.mod, b, h);
   }
-  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT, ALIGNED>(sK, sV, K, V, a, sk, tid, j, stage); };
-  fc_fwd_prologue<BR, BC, D, NT, STAGES, ALIGNED>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
+  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT, ALIGNED, DV>(sK, sV, K, V, a, sk, tid, j, stage); };
+  fc_fwd_prologue<BR, BC, D, NT, STAGES, ALIGNED, DV>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
   if (a.negate_q) {
     /* A negative scale: S = (−Q_i)·K_jᵀ with |scale|, the sign flipped once
      * here. */
@@ -223,7 +231,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   uint32_t qx[4], kx[4], vx[4];
   fc_lean_lane<DS>(qx, fc_smem_u32(sQ) + 2u * (uint32_t)(wrow * DS), FC_FRAG_A, lane);
   fc_lean_lane<DS>(kx, fc_smem_u32(sK), FC_FRAG_B, lane);
-  fc_lean_lane<DS>(vx, fc_smem_u32(sV), FC_FRAG_BT, lane);
+  fc_lean_lane<DSV>(vx, fc_smem_u32(sV), FC_FRAG_BT, lane);
   uint32_t qf[MT][QKD][4];
   if constexpr (Q_IN_REGS) {
 #pragma unroll
@@ -249,11 +257,11 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
       const int jp = j + STAGES - 1, sp = stage == 0 ? STAGES - 1 : stage - 1;
       if (jp < j_end) {
         bool whole = false;
-        if constexpr (WALK) {
-          whole = whole_cols && jp * BC <= sk - BC;
+        if constexpr (WALK && WALK_V) {
+          whole = whole_cols && (DV == D || whole_cols_v) && jp * BC <= sk - BC;
           if (whole) {
             fc_lean_load_whole<BC, D, NT>(fc_smem_u32(sK) + sp * TILE, K + (int64_t)(jp * BC) * a.k_ss, a.k_ss, tid);
-            fc_lean_load_whole<BC, D, NT>(fc_smem_u32(sV) + sp * TILE, V + (int64_t)(jp * BC) * a.v_ss, a.v_ss, tid);
+            fc_lean_load_whole<BC, DV, NT>(fc_smem_u32(sV) + sp * TILE_V, V + (int64_t)(jp * BC) * a.v_ss, a.v_ss, tid);
           }
         }
         if (!whole) load_kv(jp, sp);
@@ -262,7 +270,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     }
     uint32_t kj[4], vj[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) kj[i] = kx[i] + stage * TILE, vj[i] = vx[i] + stage * TILE;
+    for (int i = 0; i < 4; i++) kj[i] = kx[i] + stage * TILE, vj[i] = vx[i] + stage * TILE_V;
 
     /* SCORE_MOD with dropout: this block's keep bits, before S exists (fc_mma_drop_bits) */
     [[maybe_unused]] uint32_t km[(MT * NS * 4 + 31) / 32];
@@ -309,7 +317,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
       for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
-      fc_lean_pv_step<T, DS, D, MT, NO>(o, pk, kb, vj);
+      fc_lean_pv_step<T, DSV, DV, MT, NO>(o, pk, kb, vj);
     }
     stage = stage == STAGES - 1 ? 0 : stage + 1;
   }
@@ -328,9 +336,9 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
 
   /* A compile-time switch: the split's end, beside the other, made ptxas spill more in the d128 Bc = 64 loop. */
   if constexpr (SPLIT)
-    fc_fwd_finish_split<D, MT>(a, sq, i0, wrow, o, m, l, lane);
+    fc_fwd_finish_split<DV, MT>(a, sq, i0, wrow, o, m, l, lane);
   else
-    fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
+    fc_fwd_finish<T, D, MT, ALIGNED, DV>(a, w, i0, wrow, o, m, l, sQ, lane);
 }
 
 #endif /* FLASHC_CUDA_MMA_FWD_LEAN_CUH */

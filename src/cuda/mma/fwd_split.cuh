@@ -10,8 +10,8 @@
  * reaches has lse_y = −inf and weight 0; a row no part reaches gets O = 0 and lse = −inf, as the one-pass kernel
  * gives. The partials live in the handle's device workspace, laid out by CTA so that the combine needs no mapping
  * from rows to tokens: part y of CTA x, row r of its tile (FC_MMA_BR rows) at (y·gridDim.x + x)·FC_MMA_BR + r, with
- * D floats of O each. The number of parts depends on the problem and the SM count only: the same bits run to run on
- * one GPU model. */
+ * D floats of O each (D: V's compiled head dim, the kernels' DV). The number of parts depends on the problem and the SM
+ * count only: the same bits run to run on one GPU model. */
 #ifndef FLASHC_CUDA_MMA_FWD_SPLIT_CUH
 #define FLASHC_CUDA_MMA_FWD_SPLIT_CUH
 
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(FC_SPLIT_COMBINE_THREADS) fc_mma_fwd_combine_k
       for (int y = 0; y < parts; y++) sum += expf(a.split_lse[at + y * ctas * FC_MMA_BR] - mx);
     const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
     const int row = i0 + r;
-    for (int c = lane; c < a.head_dim; c += 32) {
+    for (int c = lane; c < a.head_dim_v; c += 32) { /* O's columns: V's head dim */
       float acc = 0.0f;
       if (mx != -INFINITY)
         for (int y = 0; y < parts; y++) {
