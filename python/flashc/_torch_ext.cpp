@@ -126,10 +126,31 @@ void *current_stream(int32_t device) {
   return stream;
 }
 
-bool capturing(void *stream) {
+// The driver's calls need a current context, which a thread that has made no CUDA runtime call yet lacks: torch's
+// autograd threads select their device without making its context current, so the first backward on such a thread
+// would read "invalid context" (compute-sanitizer reports it). That thread gets the device's primary context, the
+// one torch and libflashc's runtime calls use, as the runtime would make it current on its first call.
+bool context_current(int32_t device) {
+  using GetCurrentFn = int (*)(void **);         // cuCtxGetCurrent(CUcontext*)
+  using SetCurrentFn = int (*)(void *);          // cuCtxSetCurrent(CUcontext)
+  using DeviceGetFn = int (*)(int *, int);       // cuDeviceGet(CUdevice*, int ordinal)
+  using PrimaryRetainFn = int (*)(void **, int); // cuDevicePrimaryCtxRetain(CUcontext*, CUdevice)
+  static const auto get = reinterpret_cast<GetCurrentFn>(symbol("libcuda.so.1", "cuCtxGetCurrent"));
+  static const auto set = reinterpret_cast<SetCurrentFn>(symbol("libcuda.so.1", "cuCtxSetCurrent"));
+  static const auto device_get = reinterpret_cast<DeviceGetFn>(symbol("libcuda.so.1", "cuDeviceGet"));
+  static const auto retain = reinterpret_cast<PrimaryRetainFn>(symbol("libcuda.so.1", "cuDevicePrimaryCtxRetain"));
+  void *ctx = nullptr;
+  if (!get || !set || !device_get || !retain || get(&ctx) != 0) return false;
+  if (ctx) return true;
+  int dev = 0;
+  // The retained reference is kept: the primary context lives as long as the process's runtime holds it anyway.
+  return device_get(&dev, device) == 0 && retain(&ctx, dev) == 0 && set(ctx) == 0;
+}
+
+bool capturing(void *stream, int32_t device) {
   static const auto fn = reinterpret_cast<IsCapturingFn>(symbol("libcuda.so.1", "cuStreamIsCapturing"));
   int status = 0;
-  if (!fn || fn(stream, &status) != 0) return true; // cannot tell: let the Python path decide
+  if (!fn || !context_current(device) || fn(stream, &status) != 0) return true; // cannot tell: the Python path decides
   return status != 0;
 }
 
@@ -159,7 +180,7 @@ Handle &handle(const char *backend, int32_t device, void *stream) {
     if (x.backend == backend && x.device == device && x.stream == stream) return x;
   // A new handle allocates its device workspace on its first call, which a CUDA graph capture forbids; the
   // Python path raises the error that says what to do.
-  if (device >= 0 && capturing(stream)) fail("first call on a capturing stream");
+  if (device >= 0 && capturing(stream, device)) fail("first call on a capturing stream");
   flashc_handle h = nullptr;
   if (api.create(&h, backend) != FLASHC_OK) fail(api.last_error());
   if (device >= 0 && api.set_stream(h, stream) != FLASHC_OK) {

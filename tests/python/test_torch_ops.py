@@ -1,6 +1,7 @@
 """flashc as PyTorch operators (torch.ops.flashc.fwd / bwd): opcheck, torch.compile(fullgraph=True), torch.export,
 fake and meta tensors, lse on the autograd path, the double-backward refusal, autocast, threads, vmap."""
 
+import threading
 import warnings
 
 import numpy as np
@@ -314,3 +315,42 @@ def test_cuda_compile_reduce_overhead(rng):
     for _ in range(3):  # warm-up, record, replay
         got = compiled(q, k, v)
     assert torch.equal(got, fn(q, k, v))
+
+
+def test_cuda_first_call_on_a_new_thread_takes_the_extension(rng, monkeypatch):
+    """A thread that has made no CUDA call has no current context (torch's autograd threads are such threads): its
+    first forward and backward still run through the C++ extension (it makes the device's primary context current
+    before asking the driver whether the stream captures), not through the Python path after a failed driver call."""
+    _cuda_backend()
+    from flashc import _torch_fast
+
+    if not _torch_fast.AVAILABLE:
+        pytest.skip(f"the C++ extension is not loaded: {_torch_fast.WHY}")
+    fell_back = []
+    for name in ("fwd_impl", "bwd_impl"):
+        real = getattr(_ops, name)
+        monkeypatch.setattr(
+            _ops, name, lambda *a, real=real, name=name, **kw: (fell_back.append(name), real(*a, **kw))[1]
+        )
+    q, k, v = (x.to("cuda", torch.bfloat16) for x in qkv(rng, d=64))
+    dout = torch.randn_like(q)
+    torch.cuda.synchronize()
+    got, errors = {}, []
+
+    def work():
+        try:
+            opts = (None, True, -1, -1, False, "auto", -1, False, 0.0)  # flashc.torch's defaults, causal
+            oid = _torch_fast.options_id(opts)
+            o, lse = _torch_fast.forward(q, k, v, None, None, opts, oid)
+            got["o"] = o
+            got["grads"] = _torch_fast.backward(dout, q, k, v, o, lse, None, None, opts, oid)
+            torch.cuda.synchronize()
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    assert fell_back == []
+    assert torch.equal(got["o"], ft.attention(q, k, v, causal=True))
