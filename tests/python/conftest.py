@@ -31,6 +31,27 @@ def need_torch_ops():
     return torch, _ops
 
 
+def need_extension():
+    """flashc._torch_fast with the C++ extension loaded, skipping where it is not."""
+    from flashc import _torch_fast
+
+    if not _torch_fast.AVAILABLE:
+        pytest.skip(f"the C++ extension is not loaded: {_torch_fast.WHY}")
+    return _torch_fast
+
+
+def spy(monkeypatch, module, names, log):
+    """Wrap module's functions `names` so that each call appends (name, args) to log before running the function."""
+    for name in names:
+        real = getattr(module, name)
+
+        def wrapper(*a, real=real, name=name, **kw):
+            log.append((name, a))
+            return real(*a, **kw)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+
 def visible(nq, nk, causal=False, window=None, bottom_right=True):
     """[nq, nk] bool: which keys each query row sees. The diagonal is at the bottom-right (FlashAttention's
     alignment) or the top-left; window (left, right), -1 unbounded, counts keys each side of it; causal caps the

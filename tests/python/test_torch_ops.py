@@ -14,7 +14,7 @@ import flashc.torch as ft  # noqa: E402
 from flashc import _ops  # noqa: E402
 from flashc.testing.reference import numpy_backward, numpy_forward  # noqa: E402
 
-from conftest import need_backend  # noqa: E402
+from conftest import need_backend, need_extension, spy  # noqa: E402
 
 needs_ops = pytest.mark.skipif(not _ops.HAVE_OPS, reason=f"torch {torch.__version__} has no torch.library.custom_op")
 # The operators' option arguments: scale, causal, window_left, window_right, top_left, backend, threads,
@@ -322,16 +322,9 @@ def test_cuda_first_call_on_a_new_thread_takes_the_extension(rng, monkeypatch):
     first forward and backward still run through the C++ extension (it makes the device's primary context current
     before asking the driver whether the stream captures), not through the Python path after a failed driver call."""
     _cuda_backend()
-    from flashc import _torch_fast
-
-    if not _torch_fast.AVAILABLE:
-        pytest.skip(f"the C++ extension is not loaded: {_torch_fast.WHY}")
+    _torch_fast = need_extension()
     fell_back = []
-    for name in ("fwd_impl", "bwd_impl"):
-        real = getattr(_ops, name)
-        monkeypatch.setattr(
-            _ops, name, lambda *a, real=real, name=name, **kw: (fell_back.append(name), real(*a, **kw))[1]
-        )
+    spy(monkeypatch, _ops, ("fwd_impl", "bwd_impl"), fell_back)
     q, k, v = (x.to("cuda", torch.bfloat16) for x in qkv(rng, d=64))
     dout = torch.randn_like(q)
     torch.cuda.synchronize()
@@ -352,5 +345,5 @@ def test_cuda_first_call_on_a_new_thread_takes_the_extension(rng, monkeypatch):
     t.start()
     t.join()
     assert not errors, errors
-    assert fell_back == []
+    assert fell_back == []  # the Python path was not taken
     assert torch.equal(got["o"], ft.attention(q, k, v, causal=True))

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 import flashc  # noqa: E402
 import flashc.torch as ft  # noqa: E402
 from flashc import _ops  # noqa: E402
+from conftest import need_extension, spy  # noqa: E402
 
 needs_ops = pytest.mark.skipif(not _ops.HAVE_OPS, reason=f"torch {torch.__version__} has no torch.library.custom_op")
 OPTS = (None, True, -1, -1, False, "auto", -1, False)  # scale ... deterministic, as the operators take them
@@ -109,21 +110,13 @@ def test_device_offsets_take_the_extension(gen, monkeypatch):
     """With the C++ extension loaded, a varlen call with device offsets runs through flashc_ext::fwd and bwd (no
     Python marshalling of the call), given max_seqlen_q/k; the operators ran (a refusal there would fall back)."""
     _cuda_backends()
-    from flashc import _torch_fast
-
-    if not _torch_fast.AVAILABLE:
-        pytest.skip(f"the C++ extension is not loaded: {_torch_fast.WHY}")
     ran = []
-    for name in ("_fwd", "_bwd"):
-        real = getattr(_torch_fast, name)
-        monkeypatch.setattr(
-            _torch_fast, name, lambda *a, real=real, name=name: (real(*a), ran.append((name, a[-2:])))[0]
-        )
+    spy(monkeypatch, need_extension(), ("_fwd", "_bwd"), ran)
     q, k, v = packed(gen, LENS_Q, LENS_K, dtype=torch.bfloat16, device="cuda", grad=True)
     cq, ck = offsets(LENS_Q, "cuda"), offsets(LENS_K, "cuda")
     o = ft.attention_varlen(q, k, v, cq, ck, causal=True, max_seqlen_q=max(LENS_Q), max_seqlen_k=max(LENS_K))
     o.float().square().sum().backward()
-    assert ran == [("_fwd", (130, 130)), ("_bwd", (130, 130))]
+    assert [(name, a[-2:]) for name, a in ran] == [("_fwd", (130, 130)), ("_bwd", (130, 130))]
 
 
 def test_cuda_graph_captures_varlen_forward_and_backward(gen):
