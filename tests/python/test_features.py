@@ -250,6 +250,11 @@ SCORE_MOD_CASES = [
     ("softcap-causal-d128", (2, 129, 257, 2, 2, 128), dict(softcap=20.0, causal=True)),
     ("alibi-gqa-d64", (1, 100, 300, 4, 2, 64), dict(alibi="head")),
     ("alibi-softcap-window-d256", (2, 77, 200, 2, 1, 256), dict(alibi="batch", softcap=5.0, window=(40, 3))),
+    # ALiBi's causal form on cuda-hopper (every visible key left of ALiBi's diagonal: a column term, the row's in lse)
+    ("alibi-softcap-causal-d128", (2, 129, 300, 4, 2, 128), dict(alibi="batch", softcap=10.0, causal=True)),
+    ("alibi-causal-sq-gt-sk-d64", (1, 200, 150, 2, 1, 64), dict(alibi="head", causal=True)),
+    ("alibi-window-left-d128", (1, 333, 333, 2, 2, 128), dict(alibi="head", window=(50, 0))),
+    ("softcap-causal-d256", (1, 190, 190, 2, 1, 256), dict(softcap=50.0, causal=True)),
 ]
 
 
