@@ -170,8 +170,9 @@ typedef enum flashc_causal_align {
  * V's head dim may differ from Q/K's (v, o, dout, dv: size[3] = head_dim_v; q, k, dq, dk: head_dim); the default
  * scale stays 1/sqrt(head_dim of q). cpu-ref and cpu run any head_dim_v up to 512; cuda-mma head_dim 161..192
  * with head_dim_v 97..128, 97..128 with 33..64 and 33..64 with 97..128 (192/128, 128/64, 64/128 and the head dims that
- * round up to them), without softcap, ALiBi, dropout or attn_mask; every other backend refuses it with
- * FLASHC_ERR_UNSUPPORTED.
+ * round up to them), cuda-hopper head_dim 129..192 with head_dim_v 65..128, 65..128 with 1..64 and 1..64 with
+ * 65..256 (192/128, 128/64, 64/128, 64/256; deterministic backward with 128/64 and 64/128 only), both without softcap,
+ * ALiBi, dropout or attn_mask; every other backend refuses it with FLASHC_ERR_UNSUPPORTED.
  *
  * Dropout (dropout_p > 0, as FlashAttention's): each softmax weight P_ij (query row i, key j of sequence b, query
  * head h) is kept and scaled by 1/(1 − p), or dropped:

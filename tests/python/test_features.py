@@ -233,8 +233,10 @@ def test_auto_picks_a_backend_that_implements_it(rng):
 def test_cuda_backends_refuse(backend):
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
-    # cuda-mma runs V's head dim 128 with Q's 64 (tests/python/test_head_dim_v_cuda.py): a pair it has no kernel for
-    v = torch.randn(1, 16, 2, 32 if backend == "cuda-mma" else 128, device="cuda", dtype=torch.bfloat16)
+    # cuda-mma and cuda-hopper run V's head dim 128 with Q's 64 (tests/python/test_head_dim_v_cuda.py,
+    # test_head_dim_v_hopper.py): a pair they have no kernel for
+    pairs = backend in ("cuda-mma", "cuda-hopper")
+    v = torch.randn(1, 16, 2, 32 if pairs else 128, device="cuda", dtype=torch.bfloat16)
     if backend not in SCORE_MOD_BACKENDS:  # these run softcap and ALiBi: test_cuda_score_mods
         with pytest.raises(NotImplementedError, match=f"softcap is not supported on backend {backend}"):
             flashc.attention(q, q, q, softcap=2.0, backend=backend)

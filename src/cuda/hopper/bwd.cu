@@ -117,6 +117,11 @@ typedef struct fc_hopper_bwd_args {
   /* softcap and ALiBi (hopper/score_mod.cuh): read by the SCORE_MOD kernels only; last, so that the plain kernels'
    * arguments keep their offsets */
   fc_score_mod mod;
+  /* dV's columns, V's head dim (head_dim: Q's, K's, dQ's and dK's), read by the DV_COLS kernels only; after mod, so
+   * that the other arguments keep their offsets. A call whose head dims differ runs at the larger one's tile
+   * (fc_hpb_dim): each tensor's columns past its own come in as TMA's zeros, which add nothing to Sᵀ = K_j·Q_iᵀ,
+   * dPᵀ = V_j·dO_iᵀ or the gradients' other columns */
+  int head_dim_v;
 } fc_hopper_bwd_args;
 
 #if FC_HOPPER_ARCH
@@ -665,8 +670,9 @@ static __device__ __forceinline__ void fc_hpb_store_tile(uint32_t tile, uint16_t
  * sector was wasted (ncu). `stage` is where they are staged: the Q/dO stage ring, 2 × 64 × D × 2 bytes per warpgroup
  * at least: free once both consumer warpgroups are past the barrier below (every fill has been consumed and every
  * wgmma retired; the producer issues nothing more). The smem tile is swizzled by 16-byte chunks (chunk x of row r at
- * x ^ r % 8) so that both the pair writes and the chunk reads are free of bank conflicts. */
-template <typename T, int D>
+ * x ^ r % 8) so that both the pair writes and the chunk reads are free of bank conflicts. DV_COLS: dV has V's head dim
+ * (a.head_dim_v) of columns, not Q/K's (a flag, so that the kernels built without it keep their code). */
+template <typename T, int D, bool DV_COLS = false>
 static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
                                                          uint32_t stage, const fc_hopper_bwd_args &a, uint16_t *dK,
                                                          uint16_t *dV, int k0, int sk, int cw, int ct) {
@@ -687,7 +693,7 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
   }
   fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
   fc_hpb_store_tile<D>(tk, dK, a.dk_ss, k0 + 64 * cw, sk, a.head_dim, a.dk_vec, ct);
-  fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, a.head_dim, a.dv_vec, ct);
+  fc_hpb_store_tile<D>(tv, dV, a.dv_ss, k0 + 64 * cw, sk, DV_COLS ? a.head_dim_v : a.head_dim, a.dv_vec, ct);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -697,7 +703,7 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
  * the split ran 1.20-1.31x each warpgroup adding its own keys' share at D = 128, seqlen ≥ 1k,
  * bench/results/configs/hopper-bwd-dq-split-h100.txt). The price: both warpgroups meet at a barrier before and after
  * writing dSᵀ. The adds are red.global.add in a fixed order (the tickets above), into the [total_q][hq][D] sum. */
-template <typename T, int D, int STAGES, bool SCORE_MOD = false, bool ADD = false>
+template <typename T, int D, int STAGES, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -876,7 +882,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
     uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
-    fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
+    fc_hpb_store_dkdv<T, D, DV_COLS>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }
 #undef FULL
 #undef EMPTY
@@ -927,12 +933,18 @@ typedef struct fc_hpb_plan_t {
   const char *name; /* "launch of <kernel>", for errors */
 } fc_hpb_plan_t;
 
+/* The head dim a call's backward runs at: the larger of Q/K's and V's (hopper_supports' pairs: 192/128 and 64/256 at
+ * D = 256, 128/64 and 64/128 at D = 128), the smaller one's columns zeros; dV is stored for head_dim_v columns only.
+ * 192/128 then does 4/3 of Sᵀ's, dQ's and dK's work and twice dPᵀ's and dV's: a D = 192 tile was not built. */
+static int64_t fc_hpb_dim(const fc_problem *p) { return p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v; }
+
 /* The one choice of kernel and tile per call (measured on the H100, bf16; the losers' code is at d79fa1c,
  * docs/experiments.md has their rows). Grid: one CTA per (key block of Bc = 128 keys; 64 at D = 256, kv head part,
  * sequence), fc_hpb_bc. */
 static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
   fc_hpb_plan_t pl;
-  if (p->head_dim > 128) {
+  const int64_t dim = fc_hpb_dim(p);
+  if (dim > 128) {
     /* EDV: +0.9..2.0 % over WHOLE (dV after barrier B), which ran +0.9..5.9 % over the split products at N = 32
      * (1.0–1.26x cuDNN), those without the next block's Sᵀ issued early 0.88–0.99x
      * (bench/results/configs/hopper-bwd-d256-edv-2026-11-24.txt, hopper-bwd-d256.txt). Not deterministic
@@ -943,10 +955,10 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
     /* The first kernel: dQ split by columns between the warpgroups, added with red.global.add in a fixed order
      * through the tickets (bulk adds have no order to fix; the split ran 1.20–1.31x every warpgroup adding its own
      * keys' share at D = 128, bench/results/configs/hopper-bwd-dq-split-h100.txt). */
-    const int d = p->head_dim > 64 ? 128 : 64;
+    const int d = dim > 64 ? 128 : 64;
     pl.kernel = d == 128 ? FC_HPB_DET_D128 : FC_HPB_DET_D64, pl.br = FC_HPB_BR, pl.dq_tile_w = 0;
     pl.smem = fc_hpb_smem_bytes(d, d == 128 ? 2 : 3), pl.name = "launch of fc_hopper_bwd_det_kernel";
-  } else if (p->head_dim > 64) {
+  } else if (dim > 64) {
     /* The second version, LAG and BIAS: +0.5..1.6 % over LAG + BIAS with the next block's Sᵀ issued behind dK
      * (NEXT; it spills 8 bytes), which ran +2.9..6.6 % over NEXT alone, NEXT +3.7..9.4 % over the first kernel with
      * bulk dQ (bench/results/configs/hopper-bwd-lag-d64-2026-11-24.txt part 6, hopper-bwd-lag-bias-2026-11-24.txt,
@@ -974,15 +986,32 @@ template <typename T, bool SCORE_MOD, bool ADD = false> static fc_hpb_kernel_fn 
   }
 }
 
+/* V's head dim of its own: the plan's kernel built with DV_COLS (dV stored for head_dim_v columns), for the kernels
+ * that the pairs' larger head dims pick (D = 128, deterministic D = 128, D = 256), without SCORE_MOD (hopper_supports
+ * refuses it with such a pair): 6 kernels. */
+template <typename T> static fc_hpb_kernel_fn fc_hpb_dv_kernel(fc_hpb_kernel_id id) {
+  switch (id) {
+  case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, false, false, true>;
+  case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, false, false, true>;
+  case FC_HPB_D256: return fc_hopper_bwd_d256_kernel<T, false, false, true>;
+  default: return NULL; /* D = 64: no pair runs there (fc_hpb_dim > 64) */
+  }
+}
+
 /* prep (D, lse2 rows), the plan's dK/dV kernel, convert (dQ to 16 bits). */
 template <typename T>
 static flashc_status fc_hpb_run(const fc_problem *p, const fc_hpb_plan_t *pl, const CUtensorMap maps[4],
                                 const fc_hopper_bwd_args *a, const fc_bwd_rows_args *rows, int grid) {
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
   const bool mod = a->mod.alibi || a->mod.k_out > 0.0f || a->mod.bias, add = a->mod.bias && !a->mod.bias_bool;
-  const fc_hpb_kernel_fn kernel = add   ? fc_hpb_kernel<T, true, true>(pl->kernel)
-                                  : mod ? fc_hpb_kernel<T, true>(pl->kernel)
-                                        : fc_hpb_kernel<T, false>(pl->kernel);
+  const fc_hpb_kernel_fn kernel = p->head_dim_v != p->head_dim ? fc_hpb_dv_kernel<T>(pl->kernel)
+                                  : add                        ? fc_hpb_kernel<T, true, true>(pl->kernel)
+                                  : mod                        ? fc_hpb_kernel<T, true>(pl->kernel)
+                                                               : fc_hpb_kernel<T, false>(pl->kernel);
+  if (!kernel)
+    return fc_error(FLASHC_ERR_INTERNAL,
+                    "flashc_backward: cuda-hopper has no kernel for head_dim %lld, head_dim_v %lld",
+                    (long long)p->head_dim, (long long)p->head_dim_v);
   FC_CHECK(fc_mma_smem((const void *)kernel, pl->smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, pl->smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   const cudaError_t e = cudaGetLastError(); /* FC_LAUNCH_CHECK with the plan's kernel name */
@@ -1008,12 +1037,17 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "deterministic backward at head_dim %lld (> 128) is not built on backend cuda-hopper",
                     (long long)p->head_dim);
+  if (p->head_dim_v > 128 && p->deterministic) /* 64/256 runs the D = 256 kernel too */
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "deterministic backward at head_dim_v %lld (> 128) is not built on backend cuda-hopper",
+                    (long long)p->head_dim_v);
   if (p->dbias) /* attn_mask's gradient is not built here: `auto` runs such a call on cuda-mma */
     return fc_error(
         FLASHC_ERR_UNSUPPORTED,
         "flashc_backward: dbias (the gradient of a float attn_mask) is not supported on backend cuda-hopper");
   int grid = 0;
-  FC_CHECK(fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim)), p->heads_kv, p->batch, &grid));
+  FC_CHECK(
+      fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(fc_hpb_dim(p))), p->heads_kv, p->batch, &grid));
   FC_CHECK(fc_hp_check_view(p, &p->dout, true, "dout"));
   return FLASHC_OK;
 }
@@ -1024,7 +1058,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   memset(&rows, 0, sizeof rows);
   int64_t *cu_pad_host;
   FC_CHECK(fc_bwd_rows_pad(p, &cu_pad_host, &rows.sq_pad, &rows.total_pad));
-  const int D = fc_hp_d_tile(p->head_dim);
+  const int D = fc_hp_d_tile(fc_hpb_dim(p));
   const int dq_tile_w = plan.dq_tile_w;
   const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
   /* the padded offsets: copied from the host's, or written on the device (device cu_seqlens) */
@@ -1034,12 +1068,14 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   const int64_t dq_rows = dq_tile_w > 0 ? p->heads_q * rows.total_pad : p->total_q * p->heads_q;
   const size_t dq_bytes = fc_hpb_round256((size_t)(dq_rows * D) * sizeof(float));
   const size_t ticket_bytes = p->deterministic ? (size_t)(p->heads_q * rows.total_pad / FC_HPB_BR) * sizeof(int) : 0;
-  const int n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(p->head_dim));
-  const int split = fc_gqa_split(p, n_blocks, 1, 4); /* one dK/dV CTA per SM (its shared memory) */
+  const int n_blocks = (int)fc_cdiv(p->seqlen_k, fc_hpb_bc(fc_hpb_dim(p)));
+  /* one dK/dV CTA per SM (its shared memory); no split with V's head dim of its own (common/gqa.cu's parts have Q/K's
+   * head dim), as on cuda-mma */
+  const int split = p->head_dim_v != p->head_dim ? 1 : fc_gqa_split(p, n_blocks, 1, 4);
   const size_t gqa_at = cu_bytes + pad_bytes + 2 * row_bytes + dq_bytes + fc_hpb_round256(ticket_bytes);
   /* A boolean attn_mask's tiles at the dK/dV kernel's blocks (Br queries × Bc keys), after the GQA parts */
   const size_t tiles_at = gqa_at + fc_hpb_round256(fc_gqa_workspace_bytes(p, split));
-  const size_t tiles_bytes = fc_mask_tiles_bytes(p, plan.br, fc_hpb_bc(p->head_dim));
+  const size_t tiles_bytes = fc_mask_tiles_bytes(p, plan.br, fc_hpb_bc(fc_hpb_dim(p)));
   char *ws = NULL;
   FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, (void **)&ws));
   const cudaStream_t stream = fc_stream(p);
@@ -1088,7 +1124,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.sq_pad = rows.sq_pad, a.total_pad = rows.total_pad;
   a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv * split;
   a.group = (int)(p->heads_q / p->heads_kv), a.kv_split = split;
-  a.head_dim = (int)p->head_dim;
+  a.head_dim = (int)p->head_dim, a.head_dim_v = (int)p->head_dim_v;
   a.n_blocks = n_blocks;
   a.scale = p->scale;
   a.scale_log2 = p->scale * 1.4426950408889634f;
@@ -1096,7 +1132,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.bottom_right = p->bottom_right;
   a.dk_vec = fc_hpb_vec16(&dk), a.dv_vec = fc_hpb_vec16(&dv);
   fc_score_mod_of(p, &a.mod);
-  if (tiles_bytes) FC_CHECK(fc_mask_tiles_build(p, plan.br, fc_hpb_bc(p->head_dim), ws + tiles_at, &a.mod.tiles));
+  if (tiles_bytes) FC_CHECK(fc_mask_tiles_build(p, plan.br, fc_hpb_bc(fc_hpb_dim(p)), ws + tiles_at, &a.mod.tiles));
 
   int grid = 0;
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
@@ -1104,8 +1140,8 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_tail_from(p, a.n_blocks, a.n_pairs, NULL, 0, 0, &a.tail_from)); /* one CTA per SM */
   CUtensorMap maps[4];
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", plan.br, "flashc_backward", &maps[0]));
-  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[1]));
-  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(p->head_dim), "flashc_backward", &maps[2]));
+  FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(fc_hpb_dim(p)), "flashc_backward", &maps[1]));
+  FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(fc_hpb_dim(p)), "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", plan.br, "flashc_backward", &maps[3]));
   if (p->dtype == FLASHC_F16)
     FC_CHECK(fc_hpb_run<__half>(p, &plan, maps, &a, &rows, grid));

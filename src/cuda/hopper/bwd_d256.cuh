@@ -256,7 +256,7 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
 
 /* The D = 256 dK/dV kernel (the header above): each consumer warpgroup one whole product at N = 64 (Sᵀ or dPᵀ),
  * dV issued before barrier B, the next block's product issued behind dQ_1 and dK. */
-template <typename T, bool SCORE_MOD = false, bool ADD = false>
+template <typename T, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti) + 128 * cw; /* this warpgroup's columns */
     uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti) + 128 * cw;
     fc_hpb_store_tile<128>(tk, dK, a.dk_ss, k0, sk, a.head_dim - 128 * cw, a.dk_vec, ct);
-    fc_hpb_store_tile<128>(tv, dV, a.dv_ss, k0, sk, a.head_dim - 128 * cw, a.dv_vec, ct);
+    fc_hpb_store_tile<128>(tv, dV, a.dv_ss, k0, sk, (DV_COLS ? a.head_dim_v : a.head_dim) - 128 * cw, a.dv_vec, ct);
   }
 #undef Q_FULL
 #undef Q_EMPTY

@@ -277,7 +277,7 @@ static __device__ __forceinline__ void fc_hpb_lag_tail(const fc_hopper_bwd_args 
  * wait (EARLY_DV) and starts the Sᵀ/dPᵀ accumulators at −lse2_i/c, −D_i (BIAS); D = 64 issues dV after dSᵀ is formed
  * (its packed Pᵀ beside Sᵀ's and dPᵀ's accumulators would not fit 240 registers) and loads lse2_i at the block's
  * start. Both issue each block's dQ a block later (LAG). */
-template <typename T, int D, bool SCORE_MOD = false, bool ADD = false>
+template <typename T, int D, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
     uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");
-    fc_hpb_store_dkdv<T, D>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
+    fc_hpb_store_dkdv<T, D, DV_COLS>(dk, dv, sQ, a, dK, dV, k0, sk, cw, ct);
   }
 #endif /* FC_HOPPER_ARCH */
 }

@@ -27,7 +27,9 @@
  *
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (strides that TMA accepts: 16-byte aligned base and
  * strides); lse [b, hq, sq] or [hq, total_q] (varlen). d ≤ 64 runs as D = 64, d ≤ 128 as D = 128, d ≤ 256 as
- * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. This one-tile kernel runs at D = 128 with
+ * D = 256 with Bc = 80: the copy engine fills the columns past d with zeros. v and o may have a head dim of their own
+ * (fc_hp_dv_pair): 192/128 runs this kernel with D = 192 and DV = 128 (V_j's tile, P·V_j, O), the other pairs the
+ * kernels of the larger head dim with zero columns. This one-tile kernel runs at D = 128 with
  * a causal-like mask from seqlen_k 8192 and at D = 256 with any mask; everything else runs hopper/fwd_persistent.cuh's
  * kernel (fc_hp_fwd_plan says which, and what lost to each choice). */
 #include "common/common.cuh"
@@ -76,7 +78,8 @@ typedef struct fc_hopper_fwd_args {
   int seqlen_q, seqlen_k;       /* dense sizes */
   int64_t total_q;              /* varlen lse row stride */
   int heads_q, group;           /* group = heads_q / heads_kv */
-  int head_dim, m_blocks;
+  int head_dim;                 /* O's columns: V's head dim (Q's and K's columns past theirs are TMA's zeros) */
+  int m_blocks;
   int n_pairs;      /* the one-tile kernels' grid: (sequence, query head) pairs, batch·heads_q */
   int tail_from;    /* the first pair walked query block by query block (common/tail_order.cuh) */
   float scale;      /* > 0 (supports refuses a negative one) */
@@ -328,21 +331,23 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D>
 __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a, const fc_score_mod md) {
   /* md: softcap, ALiBi and attn_mask (hopper/score_mod.cuh), read by the SCORE_MOD kernels only; a parameter of its
    * own after the others, so that the plain kernels' parameters keep their offsets (and their code its bytes) */
 #if FC_HOPPER_ARCH
-  constexpr int HALVES = D / 64;
+  /* DV: V's and O's columns (V's head dim of its own, fc_hp_fwd_plan_of); D everywhere else */
+  constexpr int HALVES = D / 64, HALVES_V = DV / 64;
   constexpr int NC = 2, BR = FC_HP_BR, CONSUMER_WARPS = FC_HP_CONSUMER_WARPS, BAR_TURN = FC_HP_BAR_TURN;
-  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
+  constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, V_BYTES = BC * DV * 2,
+                     Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* The swizzle pattern repeats every 1024 bytes of address, for TMA and wgmma alike: align by hand (the
    * launch adds 1024 bytes of slack), whatever the toolchain gives the dynamic block. */
   const uint32_t sQ = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
+  const uint32_t sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * V_BYTES;
   const uint32_t q_full = bars;
 #define FULL_K(s)  (bars + 8u * (1 + (s)))
 #define FULL_V(s)  (bars + 8u * (1 + STAGES + (s)))
@@ -418,11 +423,11 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         if (n > 0) {
           const int s = (n - 1) % STAGES, u = (n - 1) / STAGES;
           if (u > 0) fc_mbar_wait(EMPTY_V(s), (u - 1) & 1);
-          fc_mbar_arrive_expect_tx(FULL_V(s), KV_BYTES);
+          fc_mbar_arrive_expect_tx(FULL_V(s), V_BYTES);
           const int row = k_start + (j_begin + n - 1) * BC;
 #pragma unroll
-          for (int hf = 0; hf < HALVES; hf++)
-            fc_tma_load_4d(sV + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
+          for (int hf = 0; hf < HALVES_V; hf++)
+            fc_tma_load_4d(sV + s * V_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
         }
       }
     }
@@ -498,10 +503,10 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     auto my_turn = [&]() { fc_named_barrier(BAR_TURN + cw, 256); };
     auto your_turn = [&](bool last) { fc_named_barrier_arrive_if(BAR_TURN + (cw ^ 1), 256, !(last && cw == NC - 1)); };
 
-    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+    float o[DV / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
     uint32_t p[BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
 #pragma unroll
-    for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
+    for (int x = 0; x < DV / 2; x++) o[x] = 0.0f;
     fc_mbar_wait(q_full, 0); /* Q_i has landed (TMA's writes are visible to these threads' loads from here on) */
     /* S = Q_i·K_jᵀ of the key block in K stage k_tile. */
     auto qk = [&](float(&s)[BC / 2], uint32_t k_tile) { fc_hp_ss_kmajor<T, D, BC>(s, q_rows, k_tile); };
@@ -546,7 +551,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_wgmma_fence();
         qk(s, sK + sn * KV_BYTES);
         fc_wgmma_commit();
-        fc_hp_pv<T, D, BC>(o, p, sV + sp * KV_BYTES);
+        fc_hp_pv<T, DV, BC>(o, p, sV + sp * V_BYTES);
         fc_wgmma_commit();
         your_turn(false);
         fc_wgmma_wait<1>(); /* S is ready; P·V may still run */
@@ -564,7 +569,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_fence_regs(o);
         fc_fence_regs(p);
         fc_hp_pack<T, BC>(s, p);
-        fc_hp_rescale_if<D>(o, alpha);
+        fc_hp_rescale_if<DV>(o, alpha);
         mask_next(cls_next, j_begin + n + 1);
       }
 
@@ -575,7 +580,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       fc_fence_regs(p);
       my_turn();
       fc_wgmma_fence();
-      fc_hp_pv<T, D, BC>(o, p, sV + sl * KV_BYTES);
+      fc_hp_pv<T, DV, BC>(o, p, sV + sl * V_BYTES);
       fc_wgmma_commit();
       your_turn(n_own == n_blocks);
       fc_wgmma_wait<0>();
@@ -610,7 +615,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       lr += __shfl_xor_sync(0xffffffffu, lr, 2);
       const float inv = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
 #pragma unroll
-      for (int x = 0; x < D / 8; x++) {
+      for (int x = 0; x < DV / 8; x++) {
         o[4 * x + 2 * rh] *= inv;
         o[4 * x + 2 * rh + 1] *= inv;
       }
@@ -630,15 +635,15 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* Every warp of the warpgroup is past its last wgmma wait before any overwrites the rows of Q_i. */
     fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128);
     {
-      uint32_t ob[D / 4];
+      uint32_t ob[DV / 4];
 #pragma unroll
-      for (int x = 0; x < D / 8; x++)
+      for (int x = 0; x < DV / 8; x++)
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) ob[2 * x + rh] = fc_pack2<T>(o[4 * x + 2 * rh], o[4 * x + 2 * rh + 1]);
-      fc_hp_stage_o<D>(q_rows, Q_HALF_BYTES, ob, warp, lane);
+      fc_hp_stage_o<DV>(q_rows, Q_HALF_BYTES, ob, warp, lane);
     }
     fc_named_barrier(FC_HP_BAR_EPILOGUE + cw, 128); /* the warpgroup's O rows are all in shared memory */
-    fc_hp_store_o_rows<D>(a, O, q_rows, Q_HALF_BYTES, wg_row0, sq, ct);
+    fc_hp_store_o_rows<DV>(a, O, q_rows, Q_HALF_BYTES, wg_row0, sq, ct);
   }
 #undef FULL_K
 #undef FULL_V
@@ -650,10 +655,10 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
 #include "hopper/fwd_persistent.cuh"
 
 /* ---- host ------------------------------------------------------------------------------------------------ */
-/* Dynamic shared memory of one CTA of br query rows: the tiles, the barriers, and 1024 bytes of slack for the
- * alignment. */
-static size_t fc_hp_smem_bytes(int br, int d, int stages, int bc) {
-  return (size_t)(br + 2 * stages * bc) * d * 2 + 8 * (1 + 4 * stages) + 1024;
+/* Dynamic shared memory of one CTA of br query rows: the tiles (Q and K of d columns, V of dv), the barriers, and
+ * 1024 bytes of slack for the alignment. */
+static size_t fc_hp_smem_bytes(int br, int d, int stages, int bc, int dv) {
+  return ((size_t)br * d + (size_t)stages * bc * (d + dv)) * 2 + 8 * (1 + 4 * stages) + 1024;
 }
 
 /* FLASHC_HOPPER=0 hides the backend (auto then takes cuda-mma): a switch for comparisons and bisection. */
@@ -669,15 +674,15 @@ static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int thr
   return fc_tail_from(p, a->m_blocks, a->n_pairs, kernel, threads, smem, &a->tail_from);
 }
 
-/* The one-tile kernel at its tile shape, <D, K/V stages, Bc>: D = 128: 32 + 2·2·32 = 160 KB; D = 256, Bc = 80: 64 +
- * 2·2·40 = 224 KB of the 227 KB a block may have. */
-template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false>
+/* The one-tile kernel at its tile shape, <D, K/V stages, Bc, V's columns DV>: D = 128: 32 + 2·2·32 = 160 KB; D = 256,
+ * Bc = 80: 64 + 2·2·40 = 224 KB of the 227 KB a block may have; D = 192 with DV = 128: 48 + 2·(48 + 32) = 208 KB. */
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D>
 static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
                                   const fc_score_mod *md, int grid) {
   fc_hopper_fwd_args a = *a0;
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD>;
-  const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC);
+                 const fc_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD, DV>;
+  const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC, DV);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
   kernel<<<grid, FC_HP_THREADS, smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], a, *md);
@@ -691,7 +696,7 @@ static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3]
  * 16) KB + sO 24 KB = 144 KB (+ barriers, ring and slack: 148,632 bytes). */
 static size_t fc_hp_persistent_smem_bytes(int br, int d, int stages, int bc) {
   const size_t so = d <= 128 ? 2 * (size_t)br * d * 2 : 0; /* sO and Q's second slot (none at D = 256) */
-  return fc_hp_smem_bytes(br, d, stages, bc) + so + 3 * 8 + (16 + 64) * FC_HP_TILE_RING;
+  return fc_hp_smem_bytes(br, d, stages, bc, d) + so + 3 * 8 + (16 + 64) * FC_HP_TILE_RING;
 }
 
 /* The dynamic order's claim counter in the device workspace, after the varlen offsets: 256 bytes, so that anything
@@ -740,12 +745,34 @@ typedef struct fc_hp_split_mem {
 } fc_hp_split_mem;
 static size_t fc_hp_split_part_bytes(int sms, int d) { return (size_t)sms * 2 * 128 * (d / 2 + 4) * sizeof(float); }
 
+/* V's head dim of its own (flashc_params.head_dim_v ≠ head_dim): the pairs cuda-hopper runs, by the ranges of head
+ * dims that its tiles round up to (fc_hp_d_tile: 64, 128, 256), in both directions (the backward runs every pair at
+ * the larger head dim's tile with zero columns: hopper/bwd.cu). 192/128 (DeepSeek-V2/V3's MLA) has a forward kernel of
+ * its own (fc_hp_fwd_plan_of); 128/64, 64/128 and 64/256 run the forward's kernels of the larger head dim. */
+typedef enum {
+  FC_HP_DV_NONE = -1, /* head_dim_v = head_dim, or a pair that is not built */
+  FC_HP_DV_192_128,   /* head_dim 129..192, head_dim_v 65..128 */
+  FC_HP_DV_128_64,    /* head_dim 65..128, head_dim_v 1..64 */
+  FC_HP_DV_64_128,    /* head_dim 1..64, head_dim_v 65..128 */
+  FC_HP_DV_64_256,    /* head_dim 1..64, head_dim_v 129..256 */
+} fc_hp_dv_pair_id;
+static fc_hp_dv_pair_id fc_hp_dv_pair(const fc_problem *p) {
+  const int64_t d = p->head_dim, dv = p->head_dim_v;
+  if (d == dv) return FC_HP_DV_NONE;
+  if (d > 128 && d <= 192 && dv > 64 && dv <= 128) return FC_HP_DV_192_128;
+  if (d > 64 && d <= 128 && dv <= 64) return FC_HP_DV_128_64;
+  if (d <= 64 && dv > 64 && dv <= 128) return FC_HP_DV_64_128;
+  if (d <= 64 && dv > 128 && dv <= 256) return FC_HP_DV_64_256;
+  return FC_HP_DV_NONE;
+}
+
 /* The forward's plan for one call: the kernel, its tile, the persistent kernel's order and split. What it picks
  * measured fastest on the H100 (and the H200 at D = 256); each losing alternative is named beside the choice with
  * what it measured against it, and docs/experiments.md keeps the alternatives that were deleted. */
 typedef struct fc_hp_fwd_plan {
   bool persistent; /* hopper/fwd_persistent.cuh's kernel; false: the one-tile ping-pong kernel (fc_hopper_fwd_kernel) */
-  int d;           /* D: 64, 128 or 256 (fc_hp_d_tile) */
+  int d;           /* D: 64, 128 or 256 (fc_hp_d_tile of the larger head dim), or 192 (fc_hp_dv_pair's 192/128) */
+  int dv;          /* V's and O's columns DV: D, or 128 with D = 192 */
   int nc;          /* consumer warpgroups, Br = 64·nc query rows per tile */
   int bc;          /* keys per block */
   bool tma_store;  /* the persistent kernel stores O by TMA (else directly from shared memory or registers) */
@@ -757,7 +784,18 @@ static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
   const bool tri = fc_hp_triangular(p), unmasked = p->window_left < 0 && p->window_right < 0;
   const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
   fc_hp_fwd_plan pl;
-  pl.d = fc_hp_d_tile(p->head_dim);
+  /* V's head dim of its own (fc_hp_dv_pair): 192/128 runs the one-tile kernel at D = 192, DV = 128 (12 k-steps of
+   * S = Q_i·K_jᵀ, O of 128 columns: O 64 + S 64 + P 32 registers as at D = 128, Bc = 128, 2 stages, 208 KB), not the
+   * D = 256 tile, whose zero columns would add a third to S's tensor work and double P·V's, at Bc = 80. The
+   * persistent kernel is not built for it: its second Q slot and sO do not fit beside D = 192's tiles. Not measured
+   * yet. The other pairs run at the larger head dim's tile, the smaller one's columns TMA's zeros. */
+  pl.d = fc_hp_d_tile(p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v);
+  pl.dv = pl.d;
+  if (fc_hp_dv_pair(p) == FC_HP_DV_192_128) {
+    pl.persistent = false, pl.d = 192, pl.dv = 128, pl.nc = 2, pl.bc = FC_HP_BC;
+    pl.tma_store = false, pl.order = FC_HP_SCHED_STRIDE, pl.split = false;
+    return pl;
+  }
   if (pl.d == 64)
     /* tmastore3 (persistent, 3 consumers, Br = 192), any mask: unmasked +2..17 % over 2 consumers (tmastore) and even
      * with the one-tile kernel with 3 consumers (pingpong3) at 4k–16k (configs/hopper-fwd-tmastore3.txt); causal
@@ -925,6 +963,22 @@ static flashc_status hopper_supports(const fc_problem *p) {
                       "%d ways)",
                       grid, splits);
   }
+  /* V's head dim of its own: the pairs of fc_hp_dv_pair, in both directions alike (so that the calls a forward takes
+   * are those its backward takes), without the score modifiers (their kernels are built for head_dim_v = head_dim) */
+  if (p->head_dim_v != p->head_dim) {
+    const char *op = p->is_backward ? "flashc_backward" : "flashc_forward";
+    if (fc_hp_dv_pair(p) == FC_HP_DV_NONE)
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "%s: head_dim_v %lld with head_dim %lld is not supported on backend cuda-hopper (its pairs: "
+                      "head_dim 129..192 with head_dim_v 65..128, head_dim 65..128 with head_dim_v 1..64, head_dim "
+                      "1..64 with head_dim_v 65..256)",
+                      op, (long long)p->head_dim_v, (long long)p->head_dim);
+    if (p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f || p->attn_mask != NULL)
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "%s: head_dim_v %lld (with head_dim %lld) together with softcap, ALiBi, dropout or attn_mask is "
+                      "not supported on backend cuda-hopper",
+                      op, (long long)p->head_dim_v, (long long)p->head_dim);
+  }
   FC_CHECK(fc_score_mod_check(p, "cuda-hopper"));
   FC_CHECK(fc_hp_check_view(p, &p->q, true, "q"));
   FC_CHECK(fc_hp_check_view(p, &p->k, false, "k"));
@@ -938,6 +992,8 @@ static flashc_status fc_hp_forward_kernels(const fc_problem *p, const CUtensorMa
                                            const fc_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
                                            const fc_hp_split_mem *split, int grid) {
   if (pl->persistent) return fc_hp_persistent<T, SCORE_MOD>(p, maps, a, md, pl, claim, split);
+  if constexpr (!SCORE_MOD) /* hopper_supports refuses the score modifiers with V's head dim of its own */
+    if (pl->dv != pl->d) return fc_hp_launch<T, 192, 2, FC_HP_BC, false, 128>(p, maps, a, md, grid);
   return pl->d == 256 ? fc_hp_launch<T, 256, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, grid)
                       : fc_hp_launch<T, 128, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, grid);
 }
@@ -988,7 +1044,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.total_q = p->total_q;
   a.heads_q = (int)p->heads_q;
   a.group = (int)(p->heads_q / p->heads_kv);
-  a.head_dim = (int)p->head_dim;
+  a.head_dim = (int)p->head_dim_v; /* O's columns */
   a.m_blocks = m_blocks;
   a.scale = p->scale;
   a.scale_log2 = p->scale * 1.4426950408889634f;
@@ -1038,9 +1094,9 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_ATTN_MASK |
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_ATTN_MASK |
         FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh; dbias: fc_hopper_bwd_supports refuses it);
                                        * validate.c refuses the others */
-    0,                                /* max_head_dim_v */
-    fc_cuda_forward_kvcache,          /* forward_kvcache: mma/decode.cu */
+    0,                       /* max_head_dim_v: max_head_dim; hopper_supports refuses the pairs fc_hp_dv_pair has not */
+    fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
 };

@@ -24,7 +24,10 @@ static flashc_status fc_hp_encoder(PFN_cuTensorMapEncodeTiled_v12000 *fn) {
 
 fc_hp_map_shape fc_hp_shape(const fc_problem *p, const fc_view *v, bool is_q) {
   fc_hp_map_shape s;
-  s.size[0] = p->head_dim;
+  /* V's head dim for v, o, dout (head_dim_v may differ from q's and k's head_dim): a tile's columns past a tensor's
+   * own come in as zeros */
+  const bool v_cols = v == &p->v || v == &p->o || v == &p->dout || v == &p->dv;
+  s.size[0] = v_cols ? p->head_dim_v : p->head_dim;
   s.size[1] = is_q ? (p->cu_seqlens_q ? p->total_q : p->seqlen_q) : (p->cu_seqlens_k ? p->total_k : p->seqlen_k);
   s.size[2] = is_q ? p->heads_q : p->heads_kv;
   s.size[3] = p->cu_seqlens_q ? 1 : p->batch;

@@ -18,7 +18,7 @@ typedef struct fc_hp_map_shape {
   int64_t stride[4]; /* elements; stride[0] = 1 */
 } fc_hp_map_shape;
 
-/* q, o, dout (is_q: rows of the query side) or k, v. */
+/* q, o, dout (is_q: rows of the query side) or k, v; v, o and dout (p's own views) have head_dim_v columns. */
 fc_hp_map_shape fc_hp_shape(const fc_problem *p, const fc_view *v, bool is_q);
 
 /* Can TMA address this view? 16-byte aligned base, strides of multiples of 16 bytes below 2^40, sizes that fit
