@@ -447,20 +447,18 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* SCORE_MOD: S becomes the modified score x, so the exponent's factor is log2 e alone (hopper/score_mod.cuh),
      * except for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
     [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
-    const float c = SCORE_MOD ? fc_hp_mod_c(md, mod_x, a.scale_log2) : a.scale_log2;
-    const float m_scale = SCORE_MOD ? fc_hp_mod_m_scale(md, mod_x, a.scale) : a.scale;
+    const float c = SCORE_MOD && mod_x ? 1.4426950408889634f : a.scale_log2;
+    const float m_scale = SCORE_MOD && mod_x ? 1.0f : a.scale;
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)
       fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, shift, a.window_left, a.window_right, sk, &lo[rh], &hi[rh]);
-    /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and this thread's ALiBi distances (hopper/score_mod.cuh). ALiBi's
-     * causal form (lin) is the persistent kernel's, which runs the causal calls (fc_hp_fwd_plan_of: triangular masks
-     * at D ≥ 128 and with 3 consumers); here its second path made the D = 128 kernel spill 24 bytes (sm_90a). */
+    /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
     float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
-    constexpr bool lin = false;
     if constexpr (SCORE_MOD) {
       slope = fc_score_mod_slope(md, b, h);
-      fc_hp_alibi_dist(lin, wg_row0, wg_row0 + 16 * warp + g, sq, sk, t, dist0);
+#pragma unroll
+      for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + sk - sq - 2 * t);
     }
     /* SCORE_MOD: the class of the block in hand and a boolean mask's keep bits of it (hopper/score_mod.cuh). Block j's
      * class is read one block ahead (its latency under the GEMMs' waits), its bits once block j − 1's S is packed. */
@@ -478,8 +476,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* x, then the mask, of block j's S */
     auto mod_block = [&](float(&s)[BC / 2], int j) {
       if constexpr (SCORE_MOD)
-        fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, lin, b, h, cls, km, wg_row0 + 16 * warp + g, sq, sk, j * BC,
-                               t);
+        fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, b, h, cls, km, wg_row0 + 16 * warp + g, sq, sk, j * BC, t);
     };
     /* Key blocks that need no mask for any row of this warpgroup: [j_full_lo, j_full_hi). Block j is whole
      * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row

@@ -125,9 +125,6 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
    * one slot (the next tile's Q lands after this one's last S, during its last P·V) and each thread stores its O
    * from registers (fc_hp_store_o_regs) right after the tile's last P·V. */
   constexpr bool SO = D <= 128;
-  /* ALiBi's causal form (lin, hopper/score_mod.cuh) at D ≤ 128; at D = 256 its second path raised the kernel's spills
-   * from 100 to 132 bytes (sm_90a), so ALiBi runs the general form there. */
-  constexpr bool ALIBI_LIN = D <= 128;
   static_assert(SO || (!TMA_STORE && NC == 2), "D = 256: direct stores, 2 consumers");
   constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2, Q_HALF_BYTES = BR * FC_HP_ROW_BYTES;
   constexpr uint32_t KV_HALF_BYTES = BC * FC_HP_ROW_BYTES; /* one 64-column half of a K or V block */
@@ -265,8 +262,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     /* SCORE_MOD: S becomes the modified score x, the exponent's factor log2 e alone (hopper/score_mod.cuh), except
      * for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
     [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
-    const float c = SCORE_MOD ? fc_hp_mod_c(md, mod_x, a.scale_log2) : a.scale_log2;
-    const float m_scale = SCORE_MOD ? fc_hp_mod_m_scale(md, mod_x, a.scale) : a.scale;
+    const float c = SCORE_MOD && mod_x ? 1.4426950408889634f : a.scale_log2;
+    const float m_scale = SCORE_MOD && mod_x ? 1.0f : a.scale;
     FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
@@ -384,11 +381,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
           /* __fmul_rn: not contracted into an fma (mma/fwd_common.cuh, fc_fwd_row_lse) */
-          float lse = m[rh] != -INFINITY ? __fmul_rn(m[rh], m_scale) + logf(lr) : -INFINITY;
-          if constexpr (SCORE_MOD && ALIBI_LIN) /* ALiBi's row term under lin (hopper/score_mod.cuh) */
-            lse += fc_hp_alibi_row(md, x.b, x.h, fc_hp_alibi_lin(md, x.shift, a.window_right, x.sq, x.sk),
-                                   16 * warp + g + 8 * rh);
-          a.lse[at] = lse;
+          a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], m_scale) + logf(lr) : -INFINITY;
         }
       }
     };
@@ -460,13 +453,12 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       const int j_full_hi = (int)max(full_hi, (int64_t)0),
                 j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
       auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
-      /* SCORE_MOD: the tile's ALiBi slope and this thread's ALiBi distances (hopper/fwd.cu's one-tile kernel) */
+      /* SCORE_MOD: the tile's ALiBi slope and each row's ALiBi distance to key 2t (hopper/fwd.cu's one-tile kernel) */
       float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
-      [[maybe_unused]] const bool lin =
-          SCORE_MOD && ALIBI_LIN && fc_hp_alibi_lin(md, x.shift, a.window_right, x.sq, x.sk);
       if constexpr (SCORE_MOD) {
         slope = fc_score_mod_slope(md, x.b, x.h);
-        fc_hp_alibi_dist(lin, wg_row0, wg_row0 + 16 * warp + g, x.sq, x.sk, t, dist0);
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + x.sk - x.sq - 2 * t);
       }
       /* SCORE_MOD: the block in hand's class and keep bits, block j's read one block ahead (hopper/fwd.cu) */
       [[maybe_unused]] int cls = FC_MT_ALL;
@@ -482,8 +474,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       };
       auto mod_block = [&](float(&s)[BC / 2], int j) {
         if constexpr (SCORE_MOD)
-          fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, lin, x.b, x.h, cls, km, wg_row0 + 16 * warp + g, x.sq,
-                                 x.sk, j * BC, t);
+          fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, x.b, x.h, cls, km, wg_row0 + 16 * warp + g, x.sq, x.sk,
+                                 j * BC, t);
       };
 
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];

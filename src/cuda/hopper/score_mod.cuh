@@ -27,41 +27,18 @@ enum { FC_HP_MASK_BM = 64 }; /* rows per block of a boolean mask's tiles: one co
 
 #if FC_HOPPER_ARCH
 /* The forward's S (one block of BC keys from k0, the wgmma accumulator layout: s[4x + e] is row rh = e / 2 of this
- * thread's two, column 8x + 2t + e % 2) → x in place. dist0 (fc_hp_alibi_dist) holds this thread's ALiBi distances.
- * Generally dist0[rh] = i + sk − sq − 2t of the thread's row i (the sequence's lengths), so that key j = k0 + 8x + 2t +
- * e % 2 is at distance |dist0 − k0 − 8x − e % 2|: exact in fp32 for sequences below 2^24 rows. Where every key a row
- * sees lies at or left of ALiBi's diagonal (lin, fc_hp_alibi_lin: causal), −slope·|i + sk − sq − j| = slope·(j − r) −
- * slope·(i − i_w) with r = i_w + sk − sq, i_w the warpgroup's first row: the first term is a column's, shared by the
- * thread's two rows (dist0[0] = 2t − r), the second a row's, which the softmax does not see: x leaves it out and the
- * row's lse adds it (fc_hp_alibi_row). One fma per element then, against a multiply, an add and an fma with |·|:
- * ALiBi cost the causal forward 17-26 % over the plain kernel (bench/results/features.csv, 2026-11-29). Softcap alone
- * (fc_hp_cap_only) leaves x = tanh(S·k_in): its factor cap goes into the exponent's and lse's (fc_hp_mod_c). Masked
- * keys get any value: the mask overwrites them with −inf afterwards. */
+ * thread's two, column 8x + 2t + e % 2) → x in place. dist0[rh] = i + sk − sq − 2t of the thread's row i (the
+ * sequence's lengths), so that key j = k0 + 8x + 2t + e % 2 is at distance |dist0 − k0 − 8x − e % 2|: exact in fp32
+ * for sequences below 2^24 rows. Masked keys get any value: the mask overwrites them with −inf afterwards. */
 template <int BC>
 static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], const fc_score_mod &md, float slope,
-                                                        const float (&dist0)[2], bool lin, int k0) {
-  if (md.alibi && lin) {
-    const float base = slope * ((float)k0 + dist0[0]); /* slope·(k0 + 2t − r): k0 + 2t − r exact (integers < 2^24) */
-#pragma unroll
-    for (int x = 0; x < BC / 8; x++)
-#pragma unroll
-      for (int e1 = 0; e1 < 2; e1++) {
-        const float col = fmaf(slope, (float)(8 * x + e1), base);
-#pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-          float &v = s[4 * x + 2 * rh + e1];
-          v = md.k_out > 0.0f ? fmaf(md.k_out, fc_tanh(v * md.k_in), col) : fmaf(v, md.k_in, col);
-        }
-      }
-    return;
-  }
+                                                        const float (&dist0)[2], int k0) {
   const float v[2] = {dist0[0] - (float)k0, dist0[1] - (float)k0};
   if (md.k_out > 0.0f) {
-    const float k_out = md.alibi || (md.bias && !md.bias_bool) ? md.k_out : 1.0f; /* 1: fc_hp_cap_only */
 #pragma unroll
     for (int x = 0; x < BC / 8; x++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * x + e] = k_out * fc_tanh(s[4 * x + e] * md.k_in);
+      for (int e = 0; e < 4; e++) s[4 * x + e] = md.k_out * fc_tanh(s[4 * x + e] * md.k_in);
   } else {
 #pragma unroll
     for (int e = 0; e < BC / 2; e++) s[e] *= md.k_in;
@@ -75,47 +52,11 @@ static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], cons
   }
 }
 
-/* Whether every key that any row sees lies at or left of ALiBi's diagonal j = i + sk − sq: a right edge (causal, or
- * a window's right side) at shift + window_right from the row, no further right than sk − sq. */
-static __device__ __forceinline__ bool fc_hp_alibi_lin(const fc_score_mod &md, int64_t shift, int64_t window_right,
-                                                       int sq, int sk) {
-  return md.alibi && window_right >= 0 && shift + window_right <= (int64_t)sk - sq;
-}
-
-/* This thread's ALiBi distances for fc_hp_mod_scores: its rows i = row0 + 8·rh (row0 = wg_row0 + 16·warp + g). */
-static __device__ __forceinline__ void fc_hp_alibi_dist(bool lin, int wg_row0, int row0, int sq, int sk, int t,
-                                                        float (&dist0)[2]) {
-#pragma unroll
-  for (int rh = 0; rh < 2; rh++)
-    dist0[rh] = (float)(lin ? 2 * t - (wg_row0 + sk - sq) : row0 + 8 * rh + sk - sq - 2 * t);
-}
-
-/* The row term that fc_hp_mod_scores left out of x under lin, −slope·(i − i_w), for this thread's row i = i_w +
- * row_in_wg: its lse adds it. 0 without ALiBi or lin. */
-static __device__ __forceinline__ float fc_hp_alibi_row(const fc_score_mod &md, int64_t b, int h, bool lin,
-                                                        int row_in_wg) {
-  return lin ? -fc_score_mod_slope(md, b, h) * (float)row_in_wg : 0.0f;
-}
-
-/* Softcap without ALiBi or a float bias: x = tanh(S·k_in), and cap is the exponent's and lse's factor. */
-static __device__ __forceinline__ bool fc_hp_cap_only(const fc_score_mod &md) {
-  return md.k_out > 0.0f && !md.alibi && !(md.bias && !md.bias_bool);
-}
-
 /* Whether the SCORE_MOD kernel turns S into x = scale·S (+ softcap, ALiBi, a float bias) before the softmax: not for a
  * boolean mask alone, whose −inf needs no scale, so that such a call runs the plain kernel's exponent (c = scale·log2
  * e, lse = scale·m + ln l) and only adds the mask's loads. */
 static __device__ __forceinline__ bool fc_hp_mod_x(const fc_score_mod &md) {
   return md.k_out > 0.0f || md.alibi || (md.bias && !md.bias_bool);
-}
-
-/* The exponent's factor (P = 2^(x·c − m·c)) and lse's (lse = m·m_scale + ln l) of the SCORE_MOD kernels: log2 e and 1
- * on x, cap·log2 e and cap on softcap's tanh alone (fc_hp_cap_only), the plain kernel's without x. */
-static __device__ __forceinline__ float fc_hp_mod_c(const fc_score_mod &md, bool mod_x, float scale_log2) {
-  return !mod_x ? scale_log2 : fc_hp_cap_only(md) ? md.k_out * 1.4426950408889634f : 1.4426950408889634f;
-}
-static __device__ __forceinline__ float fc_hp_mod_m_scale(const fc_score_mod &md, bool mod_x, float scale) {
-  return !mod_x ? scale : fc_hp_cap_only(md) ? md.k_out : 1.0f;
 }
 
 /* The key blocks [*j_begin, *j_begin + *n_blocks) of a tile of br rows from i0 (rows of the sequence: [0, sq)),
@@ -242,9 +183,9 @@ static __device__ __forceinline__ void fc_hp_bias_add(float (&s)[BC / 2], const 
  * added here (fc_hp_bias_add). */
 template <typename T, int BC>
 static __device__ __forceinline__ void
-fc_hp_mod_block(float (&s)[BC / 2], const fc_score_mod &md, bool mod_x, float slope, const float (&dist0)[2], bool lin,
-                int64_t b, int h, int cls, const fc_hp_keep<BC> &km, int row0, int sq, int sk, int k0, int t) {
-  if (mod_x) fc_hp_mod_scores<BC>(s, md, slope, dist0, lin, k0);
+fc_hp_mod_block(float (&s)[BC / 2], const fc_score_mod &md, bool mod_x, float slope, const float (&dist0)[2], int64_t b,
+                int h, int cls, const fc_hp_keep<BC> &km, int row0, int sq, int sk, int k0, int t) {
+  if (mod_x) fc_hp_mod_scores<BC>(s, md, slope, dist0, k0);
   if (cls == FC_MT_ALL) return;
   if (md.bias_bool) {
 #pragma unroll
