@@ -501,19 +501,6 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
   }
 }
 
-/* ---- 4. convert: dQ = scale·dQ_accum ------------------------------------------------------------------- */
-template <typename T> __global__ void __launch_bounds__(256) fc_mma_bwd_convert_kernel(const fc_mma_bwd_args a) {
-  const int64_t n = a.total_q * a.heads_q * a.head_dim;
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
-    const int c = (int)(idx % a.head_dim);
-    const int64_t rh = idx / a.head_dim, row = rh / a.heads_q; /* row of [total_q]: (b, i) when dense */
-    const int h = (int)(rh % a.heads_q);
-    const int64_t b = a.cu_q ? 0 : row / a.seqlen_q, i = a.cu_q ? row : row % a.seqlen_q;
-    a.dq[b * a.dq_sb + i * a.dq_ss + (int64_t)h * a.dq_sh + c] =
-        fc_from_float<T>(a.scale * a.dq_accum[rh * a.dq_ld + c]);
-  }
-}
-
 /* ---- the plan ------------------------------------------------------------------------------------------ */
 enum { FC_MMA_BWD_NDIMS = 7 };
 static constexpr int fc_mma_bwd_dims[FC_MMA_BWD_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
@@ -566,7 +553,7 @@ typedef struct fc_mma_bwd_plan {
 } fc_mma_bwd_plan;
 
 /* ---- launch -------------------------------------------------------------------------------------------- */
-/* The arguments of the row passes (common/bwd_rows.cuh: prep, and the convert of fa2pb's blocked dQ sum). */
+/* The arguments of the row passes (common/bwd_rows.cuh: prep, and the convert of the fp32 dQ sum). */
 static inline fc_bwd_rows_args fc_mma_bwd_rows(const fc_mma_bwd_args *a) {
   static_assert((int)FC_BWD_ROWS_PAD == (int)FC_BWD_PADR, "the row passes' blocks are the padded sequences'");
   fc_bwd_rows_args r;
@@ -654,16 +641,9 @@ template <typename T, int D, int DQ_BC, bool SCORE_MOD, bool DV_COLS = false>
 static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
-  if (!det_dq && a.dq_tile_w) { /* fa2pb's blocked sum: cuda-hopper's convert of it */
+  if (!det_dq) { /* 4: the fp32 sum, fa2pb's blocked one or [total_q][hq][D], converted as cuda-hopper's is */
     const fc_bwd_rows_args r = fc_mma_bwd_rows(&a);
     return fc_bwd_rows_convert<T>(p, &r);
-  }
-  if (!det_dq) {
-    const int64_t n = p->total_q * p->heads_q * p->head_dim;
-    const int blocks = (int)(n / 256 < 65536 ? fc_cdiv(n, 256) : 65536);
-    fc_mma_bwd_convert_kernel<T><<<blocks, 256, 0, stream>>>(a);
-    FC_LAUNCH_CHECK("fc_mma_bwd_convert_kernel");
-    return FLASHC_OK;
   }
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_DQ_BR);
