@@ -212,9 +212,9 @@ typedef struct flashc_params {
   const int32_t *cu_seqlens_k; /* NULL, or array of num_seqs + 1 offsets (varlen); host unless cu_seqlens_device */
   int64_t num_seqs;            /* with cu_seqlens */
   int deterministic;           /* backward: bit-identical gradients run to run (may be slower) */
-  /* Score modifiers and varlen extents (cpu-ref and cpu implement them all, cuda-hopper softcap, ALiBi and attn_mask
-   * (not dbias), cuda-mma softcap, ALiBi, seqused and attn_mask; every other backend refuses a call that uses one
-   * with FLASHC_ERR_UNSUPPORTED, and `auto` picks one that accepts it). */
+  /* Score modifiers and varlen extents (cpu-ref and cpu implement them all, cuda-hopper softcap, ALiBi, seqused and
+   * attn_mask (not dbias), cuda-mma softcap, ALiBi, seqused and attn_mask; every other backend refuses a call that
+   * uses one with FLASHC_ERR_UNSUPPORTED, and `auto` picks one that accepts it). */
   float softcap;               /* 0: off; > 0: s ← softcap·tanh(s / softcap) on s = scale·q·k, before the mask */
   const float *alibi_slopes;   /* NULL: off; fp32 slopes, in the memory the tensors live in (see above) */
   int64_t alibi_stride_batch;  /* elements between the slopes of sequence b and b + 1; 0: one slope per head */

@@ -440,8 +440,9 @@ static void test_refusals(void) {
   }
 
   /* Every backend but cpu-ref and cpu lacks every feature but the softcap and ALiBi of cuda-hopper and cuda-mma
-   * (sections 5 and 7) and cuda-mma's seqused (section 6) and the head dim of V of both (their pairs of head dims:
-   * tests/python/test_head_dim_v_cuda.py, test_head_dim_v_hopper.py), and the one check names it and the backend. */
+   * (sections 5 and 7), their seqused (cuda-mma: section 6; cuda-hopper: tests/python/test_seqused_hopper.py) and
+   * their head dim of V (their pairs of head dims: tests/python/test_head_dim_v_cuda.py, test_head_dim_v_hopper.py),
+   * and the one check names it and the backend. */
   fc_problem base;
   memset(&base, 0, sizeof base);
   base.head_dim = base.head_dim_v = 64;
@@ -459,7 +460,7 @@ static void test_refusals(void) {
       snprintf(who, sizeof who, "backend %s", b->name);
       snprintf(what, sizeof what, "%s on %s", feats[f], b->name);
       const bool has = strcmp(b->name, "cpu") == 0 || strcmp(b->name, "cpu-ref") == 0 ||
-                       (strcmp(b->name, "cuda-hopper") == 0 && f <= 2) || strcmp(b->name, "cuda-mma") == 0;
+                       strcmp(b->name, "cuda-hopper") == 0 || strcmp(b->name, "cuda-mma") == 0;
       expect(fc_check_features("flashc_forward", who, b->features, &pf), has ? FLASHC_OK : FLASHC_ERR_UNSUPPORTED, who,
              what);
     }
@@ -472,8 +473,8 @@ static void test_refusals(void) {
 
 /* On a GPU, each usable CUDA backend refuses softcap (but cuda-hopper and cuda-mma, which run it: sections 5 and 7), a
  * head dim of V of its own (cuda-mma, cuda-hopper: a pair of head dims they have no kernel for, 64 with 32) and seqused
- * (but cuda-mma, which runs it: section 6) through the public API (ALiBi's slopes would need device memory: its refusal
- * is the shared check above). */
+ * (but cuda-mma and cuda-hopper, which run it: section 6, tests/python/test_seqused_hopper.py) through the public API
+ * (ALiBi's slopes would need device memory: its refusal is the shared check above). */
 static void test_cuda_refusals(void) {
   static const int32_t cu[2] = {0, 16}, used[1] = {9};
   int tried = 0;
@@ -485,8 +486,8 @@ static void test_cuda_refusals(void) {
     tried++;
     for (int f = 0; f < 3; f++) {
       if (f == 0 && (strcmp(info.name, "cuda-hopper") == 0 || strcmp(info.name, "cuda-mma") == 0)) continue;
-      if (f == 2 && strcmp(info.name, "cuda-mma") == 0) continue; /* it runs seqused: section 6 */
       const bool pairs = strcmp(info.name, "cuda-mma") == 0 || strcmp(info.name, "cuda-hopper") == 0;
+      if (f == 2 && pairs) continue; /* they run seqused */
       const int64_t dv = f != 1 ? 64 : pairs ? 32 : 128;
       flashc_params p = flashc_params_default();
       if (f == 0) p.softcap = 2.0f;

@@ -615,8 +615,9 @@ def attention_varlen(
     The mask (causal, window) applies within each sequence. alibi_slopes [batch, heads_q] has num_seqs rows.
     seqused_q/k (FlashAttention-3's): None, or num_seqs ints: sequence s uses only the first seqused[s] rows of
     its slot; rows past them get out = 0, lse = -inf and zero gradients (and the used lengths are the
-    sequence's lengths for the mask and ALiBi). dropout_p, seed, offset, num_splits as attention(); the dropout mask
-    returned is [num_seqs, heads_q, longest seqlen_q, longest seqlen_k], False past each sequence's lengths.
+    sequence's lengths for the mask and ALiBi); cpu-ref, cpu, cuda-mma and cuda-hopper implement it. dropout_p,
+    seed, offset, num_splits as attention(); the dropout mask returned is [num_seqs, heads_q, longest seqlen_q,
+    longest seqlen_k], False past each sequence's lengths.
     """
     require_cu_seqlens("attention_varlen", cu_seqlens_q, cu_seqlens_k)
     call = prepare_forward(

@@ -114,6 +114,9 @@ typedef struct fc_hopper_bwd_args {
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
   int dk_vec, dv_vec; /* eight neighbouring elements may be stored as one 16-byte chunk */
+  /* seqused: the sequences' own maps (hopper/tma.cuh, fc_hp_seq_maps), [b][q, k, v, dout], at cu_q + seq_maps_at
+   * bytes (the workspace, after the offsets: fc_hpb_maps_of); 0: the kernels' map parameters */
+  int seq_maps_at;
   /* softcap and ALiBi (hopper/score_mod.cuh): read by the SCORE_MOD kernels only; last, so that the plain kernels'
    * arguments keep their offsets */
   fc_score_mod mod;
@@ -226,6 +229,26 @@ static __device__ __forceinline__ bool fc_hpb_tile_of_cta(const fc_hopper_bwd_ar
 static __device__ __forceinline__ uint16_t *fc_hpb_key_rows(uint16_t *g, int64_t sb, int64_t ss, int64_t sh,
                                                             const fc_hpb_tile &ti) {
   return g + ti.b * sb + (int64_t)ti.k_start * ss + (int64_t)ti.hk * sh;
+}
+
+/* The maps the producer loads tile ti through (q, k, v, dout): the kernel's map parameters, or under seqused
+ * (a.seq_maps_at) the sequence's own (hopper/tma.cuh, fc_hp_seq_maps: the same coordinates), whose boxes bring zeros
+ * past its used rows: Q_i, dO_i of its last query block and K_j, V_j of its last key block are then zero there, not the
+ * caller's rows past seqused (possibly NaN, which P = 0 or dSᵀ = 0 would not cancel in dV, dK, dQ: 0·NaN = NaN).
+ * Acquired for the copy engine before their first copy (fc_tma_acquire_map). SEQ false: the parameters alone (ADD,
+ * a float attn_mask, is dense only: without this branch its kernels, spilling already, spilled 8-36 bytes more). */
+struct fc_hpb_maps {
+  const CUtensorMap *q, *k, *v, *x;
+};
+template <bool SEQ = true>
+static __device__ __forceinline__ fc_hpb_maps fc_hpb_maps_of(const fc_hopper_bwd_args &a, const fc_hpb_tile &ti,
+                                                             const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                                             const CUtensorMap *tm_v, const CUtensorMap *tm_do) {
+  if (!SEQ || !a.seq_maps_at) return {tm_q, tm_k, tm_v, tm_do};
+  const CUtensorMap *s = (const CUtensorMap *)((const char *)a.cu_q + a.seq_maps_at) + 4 * ti.b;
+#pragma unroll
+  for (int i = 0; i < 4; i++) fc_tma_acquire_map(s + i);
+  return {s, s + 1, s + 2, s + 3};
 }
 
 /* The barriers every dK/dV kernel has at `bars`: kv_full, full[STAGES] (the producer's arrive.expect_tx, then the
@@ -743,9 +766,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   if (threadIdx.x < 128) {
     /* ---- producer ---------------------------------------------------------------------------------- */
     fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0)
-      fc_hpb_produce<D, BR, STAGES>(&tm_q, &tm_k, &tm_v, &tm_do, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0,
-                                    q_start, pad0, i_begin, n_i, n_iter);
+    if (threadIdx.x == 0 && n_iter > 0) {
+      const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do); /* seqused: the sequence's own */
+      fc_hpb_produce<D, BR, STAGES>(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0, q_start,
+                                    pad0, i_begin, n_i, n_iter);
+    }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
     fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
@@ -1060,7 +1085,10 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_bwd_rows_pad(p, &cu_pad_host, &rows.sq_pad, &rows.total_pad));
   const int D = fc_hp_d_tile(fc_hpb_dim(p));
   const int dq_tile_w = plan.dq_tile_w;
-  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p);
+  /* seqused: the sequences' own tensor maps (fc_hp_seq_maps) right after the offsets, where the kernels' int reaches
+   * them from cu_q (the workspace's start: fc_mma_upload_cu_seqlens) */
+  const size_t offs_bytes = fc_mma_cu_seqlens_bytes(p), maps_bytes = fc_hpb_round256(fc_hp_seq_maps_bytes(p));
+  const size_t cu_bytes = offs_bytes + maps_bytes;
   /* the padded offsets: copied from the host's, or written on the device (device cu_seqlens) */
   const size_t pad_bytes = p->cu_seqlens_q ? fc_hpb_round256((size_t)(p->batch + 1) * sizeof(int64_t)) : 0;
   const size_t row_bytes = fc_hpb_round256((size_t)(p->heads_q * rows.total_pad) * sizeof(float));
@@ -1139,6 +1167,7 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   a.n_pairs = (int)(p->batch * a.heads_kv); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
   FC_CHECK(fc_tail_from(p, a.n_blocks, a.n_pairs, NULL, 0, 0, &a.tail_from)); /* one CTA per SM */
   CUtensorMap maps[4];
+  FC_CHECK(fc_hp_seq_maps(p, plan.br, fc_hpb_bc(p->head_dim), "flashc_backward", ws, offs_bytes, &a.seq_maps_at));
   FC_CHECK(fc_hp_encode_box(p, &p->q, true, "q", plan.br, "flashc_backward", &maps[0]));
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(fc_hpb_dim(p)), "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(fc_hpb_dim(p)), "flashc_backward", &maps[2]));

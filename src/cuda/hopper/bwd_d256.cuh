@@ -297,9 +297,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   if (threadIdx.x < 128) {
     /* ---- producer ---------------------------------------------------------------------------------- */
     fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0)
-      fc_hpb256_produce(&tm_q, &tm_k, &tm_v, &tm_do, a, sK, sV, sQ, sdO, sLse, sDsum, bars, hk, bt, k_start, k0,
-                        q_start, pad0, i_begin, n_i, n_iter);
+    if (threadIdx.x == 0 && n_iter > 0) {
+      const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do); /* seqused: the sequence's own */
+      fc_hpb256_produce(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLse, sDsum, bars, hk, bt, k_start, k0, q_start,
+                        pad0, i_begin, n_i, n_iter);
+    }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
     fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();

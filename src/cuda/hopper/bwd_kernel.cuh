@@ -315,9 +315,11 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   if (threadIdx.x < 128) {
     /* ---- producer: the first version's (fc_hpb_produce) ---------------------------------------------- */
     fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0)
-      fc_hpb_produce<D, BR, STAGES>(&tm_q, &tm_k, &tm_v, &tm_do, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0,
-                                    q_start, pad0, i_begin, n_i, n_iter);
+    if (threadIdx.x == 0 && n_iter > 0) {
+      const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do); /* seqused: the sequence's own */
+      fc_hpb_produce<D, BR, STAGES>(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0, q_start,
+                                    pad0, i_begin, n_i, n_iter);
+    }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
     fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();

@@ -90,6 +90,9 @@ typedef struct fc_hopper_fwd_args {
   int own_blocks; /* 1: each consumer warpgroup stops at its own last visible key block (fc_hp_own_blocks) */
   int align_end;  /* the persistent kernel's query blocks end at the sequence's last row (fc_hp_tile_setup) */
   int q_slots;    /* the persistent kernel's Q buffers in use: always 2 (fc_hp_fwd_plan) */
+  /* seqused: the sequences' own maps (hopper/tma.cuh, fc_hp_seq_maps), [b][q, k, v, -], at cu_q + seq_maps_at bytes
+   * (the workspace, after the offsets: fc_hp_seq_maps_of); 0: the call's maps */
+  int seq_maps_at;
 } fc_hopper_fwd_args;
 
 /* 1 in the sm_90a image of this file, 0 in the others: tells the host whether the kernels it would launch on
@@ -109,6 +112,31 @@ static __device__ __forceinline__ void fc_hp_row_keys(int64_t i, int64_t shift, 
 }
 
 static __device__ __forceinline__ int64_t fc_hp_floor_div(int64_t a, int64_t b) { return a / b - (a % b < 0); }
+
+/* seqused: the sequences' own maps (fc_hp_seq_maps), NULL without. */
+static __device__ __forceinline__ const CUtensorMap *fc_hp_seq_maps_of(const fc_hopper_fwd_args &a) {
+  return a.seq_maps_at ? (const CUtensorMap *)((const char *)a.cu_q + a.seq_maps_at) : nullptr;
+}
+
+/* The map that a copy of operand i (0 q, 1 k, 2 v) goes through: the call's (tm), or under seqused (sb = the
+ * sequence, ≥ 0) the sequence's own (hopper/tma.cuh, fc_hp_seq_maps: the same coordinates, zeros past its used rows).
+ * Worked out where each copy is issued, from the parameters and one 32-bit register, so that the producer's 24
+ * registers hold nothing more between copies (b kept live as 64 bits: the plain persistent kernels spilled). */
+static __device__ __forceinline__ const CUtensorMap *fc_hp_map(const CUtensorMap *seq_maps, int sb, int i,
+                                                               const CUtensorMap *tm) {
+  return sb >= 0 ? seq_maps + 4 * sb + i : tm;
+}
+/* seqused: sequence b's maps acquired for the copy engine and prefetched, before a tile's first copy; the sb of
+ * fc_hp_map (−1 without seqused). */
+static __device__ __forceinline__ int fc_hp_acquire_seq_maps(const CUtensorMap *seq_maps, int64_t b) {
+  if (!seq_maps) return -1;
+#pragma unroll
+  for (int i = 0; i < 3; i++) {
+    fc_tma_acquire_map(seq_maps + 4 * b + i);
+    fc_tma_prefetch_map(seq_maps + 4 * b + i);
+  }
+  return (int)b; /* < batch ≤ 2^31 − 1 (fc_mma_grid) */
+}
 
 /* The key blocks of a tile that one consumer warpgroup needs, counted from the tile's first (j_begin): up to the
  * block holding the last key its last row sees, at least 1 and at most the tile's n_blocks. Past them every key is
@@ -404,10 +432,12 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       fc_tma_prefetch_map(&tm_q);
       fc_tma_prefetch_map(&tm_k);
       fc_tma_prefetch_map(&tm_v);
+      const int sb = fc_hp_acquire_seq_maps(fc_hp_seq_maps_of(a), b);
       fc_mbar_arrive_expect_tx(q_full, Q_BYTES);
 #pragma unroll
       for (int hf = 0; hf < HALVES; hf++)
-        fc_tma_load_4d(sQ + hf * Q_HALF_BYTES, &tm_q, 64 * hf, q_start + i0, h, bt, q_full);
+        fc_tma_load_4d(sQ + hf * Q_HALF_BYTES, fc_hp_map(fc_hp_seq_maps_of(a), sb, 0, &tm_q), 64 * hf, q_start + i0, h,
+                       bt, q_full);
       /* In the order the consumers use them: K_0, K_1, V_0, K_2, V_1, ... A stage is refilled once both
        * consumers released its previous tile (fill u of a stage waits for the end of use u − 1). */
       for (int n = 0; n <= n_blocks; n++) {
@@ -418,7 +448,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           const int row = k_start + (j_begin + n) * BC;
 #pragma unroll
           for (int hf = 0; hf < HALVES; hf++)
-            fc_tma_load_4d(sK + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_k, 64 * hf, row, hk, bt, FULL_K(s));
+            fc_tma_load_4d(sK + s * KV_BYTES + hf * (BC * FC_HP_ROW_BYTES),
+                           fc_hp_map(fc_hp_seq_maps_of(a), sb, 1, &tm_k), 64 * hf, row, hk, bt, FULL_K(s));
         }
         if (n > 0) {
           const int s = (n - 1) % STAGES, u = (n - 1) / STAGES;
@@ -427,7 +458,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
           const int row = k_start + (j_begin + n - 1) * BC;
 #pragma unroll
           for (int hf = 0; hf < HALVES_V; hf++)
-            fc_tma_load_4d(sV + s * V_BYTES + hf * (BC * FC_HP_ROW_BYTES), &tm_v, 64 * hf, row, hk, bt, FULL_V(s));
+            fc_tma_load_4d(sV + s * V_BYTES + hf * (BC * FC_HP_ROW_BYTES),
+                           fc_hp_map(fc_hp_seq_maps_of(a), sb, 2, &tm_v), 64 * hf, row, hk, bt, FULL_V(s));
         }
       }
     }
@@ -1007,7 +1039,10 @@ static flashc_status hopper_forward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", pl.bc, "flashc_forward", &maps[2]));
   /* The dynamic order's claim counter lives in the workspace, after the varlen offsets, then the split's partials,
    * then a boolean attn_mask's tiles (each part a multiple of 256 bytes: the next one starts aligned). */
-  const size_t cu_bytes = fc_mma_cu_seqlens_bytes(p),
+  /* seqused: the sequences' own tensor maps (fc_hp_seq_maps) right after the offsets, where the kernels' int reaches
+   * them from cu_q (the workspace's start: fc_mma_upload_cu_seqlens) */
+  const size_t offs_bytes = fc_mma_cu_seqlens_bytes(p), maps_bytes = (fc_hp_seq_maps_bytes(p) + 255) / 256 * 256;
+  const size_t cu_bytes = offs_bytes + maps_bytes,
                claim_bytes = pl.order == FC_HP_SCHED_DYNAMIC ? FC_HP_CLAIM_BYTES : 0;
   size_t split_bytes = 0;
   fc_device_props props;
@@ -1059,6 +1094,7 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.own_blocks = 1;
   a.align_end = fc_hp_triangular(p);
   a.q_slots = 2;
+  FC_CHECK(fc_hp_seq_maps(p, br, pl.bc, "flashc_forward", ws, offs_bytes, &a.seq_maps_at));
   /* Softcap, ALiBi or attn_mask: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one variant
    * each; cuda-mma's modifiers (bias_pair: the mask's pairs of keys as one load), with its k_in = |scale| = scale here
    * (hopper_supports refuses a negative one). A boolean mask's tiles are built on the call's stream first. */
@@ -1091,9 +1127,9 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_supports,
     hopper_forward,
     fc_hopper_backward,
-    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_ATTN_MASK |
-        FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh; dbias: fc_hopper_bwd_supports refuses it);
-                                       * validate.c refuses the others */
+    FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_ATTN_MASK | FC_FEATURE_SEQUSED |
+        FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh; seqused: hopper/tma.cuh, fc_hp_seq_maps;
+                                       * dbias: fc_hopper_bwd_supports refuses it); validate.c refuses the others */
     0,                       /* max_head_dim_v: max_head_dim; hopper_supports refuses the pairs fc_hp_dv_pair has not */
     fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
 };

@@ -187,6 +187,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       };
       auto load = [&](const fc_hp_tile &x) {
         FC_HP_MARK(20, x.n_blocks);
+        const int sb = fc_hp_acquire_seq_maps(fc_hp_seq_maps_of(a), x.b); /* seqused: the sequence's own maps */
         for (int n = 0; n <= x.n_blocks; n++) {
           if (n < x.n_blocks) {
             const uint32_t s = kfill % STAGES, u = kfill / STAGES;
@@ -196,7 +197,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
             const int row = x.k_start + (x.j_begin + n) * BC;
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d(sK + s * KV_BYTES + hf * KV_HALF_BYTES, &tm_k, 64 * hf, row, x.hk, x.bt, FULL_K(s));
+              fc_tma_load_4d(sK + s * KV_BYTES + hf * KV_HALF_BYTES, fc_hp_map(fc_hp_seq_maps_of(a), sb, 1, &tm_k),
+                             64 * hf, row, x.hk, x.bt, FULL_K(s));
             kfill++;
           }
           if (n == 0) {
@@ -207,8 +209,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
             fc_mbar_arrive_expect_tx(q_full + 8u * qs, Q_BYTES);
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d((qs ? sQ1 : sQ) + hf * Q_HALF_BYTES, &tm_q, 64 * hf, x.q_start + x.i0, x.h, x.bt,
-                             q_full + 8u * qs);
+              fc_tma_load_4d((qs ? sQ1 : sQ) + hf * Q_HALF_BYTES, fc_hp_map(fc_hp_seq_maps_of(a), sb, 0, &tm_q),
+                             64 * hf, x.q_start + x.i0, x.h, x.bt, q_full + 8u * qs);
             qfill++;
           } else {
             const uint32_t s = vfill % STAGES, u = vfill / STAGES;
@@ -218,7 +220,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
             const int row = x.k_start + (x.j_begin + n - 1) * BC;
 #pragma unroll
             for (int hf = 0; hf < HALVES; hf++)
-              fc_tma_load_4d(sV + s * KV_BYTES + hf * KV_HALF_BYTES, &tm_v, 64 * hf, row, x.hk, x.bt, FULL_V(s));
+              fc_tma_load_4d(sV + s * KV_BYTES + hf * KV_HALF_BYTES, fc_hp_map(fc_hp_seq_maps_of(a), sb, 2, &tm_v),
+                             64 * hf, row, x.hk, x.bt, FULL_V(s));
             vfill++;
           }
         }

@@ -59,6 +59,13 @@ static __device__ __forceinline__ void fc_mbar_wait(uint32_t bar, uint32_t parit
 static __device__ __forceinline__ void fc_tma_prefetch_map(const CUtensorMap *map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
+/* Before the first copy through a tensor map in global memory (hopper/tma.cuh, fc_hp_seq_maps): its bytes were
+ * written through the generic proxy (a copy from the host before the launch), the copy engine reads them through the
+ * tensormap proxy, which may still hold the map that an earlier call left at that address; the acquire makes this
+ * call's bytes the ones it reads (CUDA C++ Programming Guide, tensor maps in global memory). */
+static __device__ __forceinline__ void fc_tma_acquire_map(const CUtensorMap *map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)map) : "memory");
+}
 /* Copies the box of the 4-d tensor `map` whose first element has coordinates (c0, c1, c2, c3) (innermost
  * first) into shared memory at dst, laid out as the map says (here: rows of 128 bytes, 128-byte swizzle);
  * elements outside the tensor land as zeros. Completion: the box's bytes count against `bar`'s expected

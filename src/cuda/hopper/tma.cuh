@@ -30,4 +30,22 @@ flashc_status fc_hp_check_view(const fc_problem *p, const fc_view *v, bool is_q,
 flashc_status fc_hp_encode_box(const fc_problem *p, const fc_view *v, bool is_q, const char *name, int box_rows,
                                const char *op, CUtensorMap *map);
 
+/* seqused (flashc.h): the rows past a sequence's used ones are the caller's, possibly NaN or Inf, and a box of the
+ * call's maps that runs past them brings them into a wgmma, where a masked score's P = 0 times NaN is NaN. Under
+ * seqused the kernels load each sequence through maps of its own instead: map 4b + 0 for q's rows of sequence b, 1
+ * k's, 2 v's, 3 dout's (the backward; q's again in the forward, unused), each the packed tensor cut after the
+ * sequence's last used row (at least one row: a sequence with none is never loaded), so that the coordinates stay
+ * the call maps' and the copy engine fills every row past the used ones with zeros, as it does past the end of a
+ * tensor. (Rows before the sequence are the previous one's; the kernels load none that a product needs: only the
+ * forward's query rows before a sequence under align_end, never stored and multiplied into their own rows only.)
+ * Encoded on the host (q, dout with boxes of q_box rows, k, v with k_box) and copied on the call's stream to `ws` +
+ * `at` (fc_hp_seq_maps_bytes of device memory, 64-byte aligned): *at_int = at, the kernels' argument (an int in their
+ * argument structs' padding, which leaves the plain kernels' parameters where they were: a pointer added to them
+ * shifted the offsets of the parameters after it, and ptxas then spilled 4 bytes in the plain persistent forward at
+ * D = 128). The kernels fence each map before their first copy through it (fc_tma_acquire_map). 0 bytes, *at_int =
+ * 0 and nothing to do without seqused. */
+size_t fc_hp_seq_maps_bytes(const fc_problem *p);
+flashc_status fc_hp_seq_maps(const fc_problem *p, int q_box, int k_box, const char *op, void *ws, size_t at,
+                             int *at_int);
+
 #endif /* FLASHC_CUDA_HOPPER_TMA_CUH */
