@@ -225,7 +225,8 @@ typedef struct flashc_params {
   int64_t attn_mask_stride[4]; /* batch, head, query, key; in elements, ≥ 0; 0: broadcast */
   void *dbias;                 /* backward: NULL, or the bias's gradient (an output), as attn_mask lives */
   int64_t dbias_stride[4];     /* batch, head, query, key; in elements, ≥ 0; 0: summed over that dimension */
-  /* Attention dropout (see "Dropout" above; cpu-ref, cpu and cuda-mma implement it). */
+  /* Attention dropout (see "Dropout" above; cpu-ref, cpu, cuda-mma and cuda-hopper implement it, cuda-hopper's
+   * backward at head dims up to 128 and without a float attn_mask). */
   float dropout_p;         /* 0: off; else 2^−17 ≤ p < 1 − 2^−17, the probability that a weight is dropped */
   uint64_t dropout_seed;   /* Philox key */
   uint64_t dropout_offset; /* Philox counter base, in blocks (8 keys of a row each) */

@@ -16,8 +16,8 @@
  *      or seed another mask; p = 0 is bit-identical to no dropout.
  *   5. Refusals: p outside [0, 1) (and NaN), p whose 16-bit threshold would be 0 or 2^16 (the edges run), a mask
  *      over 2^28 elements or overlapping o, an older struct_size gives the defaults (no dropout); every CUDA backend
- *      but cuda-mma lacks FC_FEATURE_DROPOUT and refuses (a call on the GPU where there is one), and so does ring
- *      attention.
+ *      but cuda-mma and cuda-hopper lacks FC_FEATURE_DROPOUT and refuses (a call on the GPU where there is one), and
+ *      so does ring attention.
  *   6. cuda-mma (bf16, f16) against cpu-ref (f64) given the same seed and offset: o, lse, dq, dk, dv, each backward
  *      plan (fa2 family, and the deterministic dQ pass), its device-written mask bit for bit against cpu-ref's;
  *      causal, windows, softcap, GQA, varlen, odd lengths, several key blocks, p = 0.1 and 0.5. Skipped without a GPU
@@ -581,9 +581,9 @@ static void test_refusals(void) {
   free(o1);
   th_backend_close(&be);
 
-  /* Every CUDA backend but cuda-mma refuses dropout (FC_FEATURE_DROPOUT is not in its table entry), naming it; ring
-   * attention too. Checked on the table, so without a GPU as well; with one, a real call is refused. cuda-mma runs it
-   * (section 6). */
+  /* Every CUDA backend but cuda-mma and cuda-hopper refuses dropout (FC_FEATURE_DROPOUT is not in its table entry),
+   * naming it; ring attention too. Checked on the table, so without a GPU as well; with one, a real call is refused.
+   * cuda-mma runs it (section 6), cuda-hopper too (tests/python/test_dropout_hopper.py). */
   fc_problem fp;
   memset(&fp, 0, sizeof fp);
   fp.dropout_p = 0.1f;
@@ -593,7 +593,7 @@ static void test_refusals(void) {
     const fc_backend *b = fc_backends[i];
     if (!b) continue;
     const bool has = (b->features & FC_FEATURE_DROPOUT) != 0;
-    if (b->device == FLASHC_DEVICE_CPU || strcmp(b->name, "cuda-mma") == 0) {
+    if (b->device == FLASHC_DEVICE_CPU || strcmp(b->name, "cuda-mma") == 0 || strcmp(b->name, "cuda-hopper") == 0) {
       th_check(has, "backend %s lacks FC_FEATURE_DROPOUT", b->name);
       continue;
     }

@@ -555,9 +555,10 @@ def attention(
     num_splits: the parts each query tile's keys are split into on the GPU (flash_attn's num_splits; decoding):
       0 the backend chooses, 1 none, n > 1 at most n. Only cuda-mma splits; other backends ignore it.
     (The cpu and cpu-ref backends implement softcap, ALiBi, attn_mask, dropout and a head dim of V of its own,
-    cuda-hopper softcap, ALiBi and attn_mask (not its gradient), and V's head dims 192/128, 128/64, 64/128 and 64/256
-    without them, cuda-mma softcap, ALiBi, attn_mask and dropout, and V's head dims 192/128, 128/64 and 64/128 without
-    them; the others raise NotImplementedError, and "auto" picks one that implements the call.)
+    cuda-hopper softcap, ALiBi, attn_mask (not its gradient) and dropout (its backward up to head dim 128, without a
+    float attn_mask), and V's head dims 192/128, 128/64, 64/128 and 64/256 without them, cuda-mma softcap, ALiBi,
+    attn_mask and dropout, and V's head dims 192/128, 128/64 and 64/128 without them; the others raise
+    NotImplementedError, and "auto" picks one that implements the call.)
 
     Rows that see no key give output 0. Empty inputs (batch 0, seqlen_q 0 or seqlen_k 0) are valid: the
     results have the inputs' shapes (o = 0 and lse = -inf where queries see no key).

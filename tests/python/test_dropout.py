@@ -4,8 +4,9 @@ The returned mask is checked against flashc.h's definition, recomputed here with
 (checked against Random123's known-answer vectors); cpu-ref (f64) against this file's own numpy fp64 attention given
 that mask (`oracle`), forward and backward, and cpu (f32) against cpu-ref; the torch entry point against plain torch
 fp64 autograd given the mask, its determinism under torch.manual_seed, and the operators under opcheck. cuda-mma
-(bf16, f16) against cpu-ref given the same seed and offset, its mask bit for bit; the other CUDA backends must refuse
-dropout. The CUDA tests skip with "no CUDA device" where there is none.
+(bf16, f16) against cpu-ref given the same seed and offset, its mask bit for bit (cuda-hopper:
+test_dropout_hopper.py); the other CUDA backends must refuse dropout. The CUDA tests skip with "no CUDA device" where
+there is none.
 """
 
 import numpy as np
@@ -15,7 +16,7 @@ from conftest import BACKENDS, need_torch_ops
 import flashc
 
 CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usable]
-REFUSING = [n for n in CUDA_BACKENDS if n != "cuda-mma"]  # cuda-mma runs dropout
+REFUSING = [n for n in CUDA_BACKENDS if n not in ("cuda-mma", "cuda-hopper")]  # these two run dropout
 
 
 # ---- an independent Philox4x32-10 and the mask's definition ----------------------------------------------

@@ -26,9 +26,9 @@ typedef struct fc_score_mod {
   int64_t alibi_sb;
   float k_in;  /* softcap: scale / cap (x = cap·tanh(S·k_in)); else scale (x = scale·S) */
   float k_out; /* softcap: cap; 0: no softcap */
-  /* Dropout (flashc.h, "Dropout"; cuda-mma only: the SCORE_MOD kernels carry it as a third run-time branch, so the
-   * name SCORE_MOD now covers more than the score). drop_on: dropout_p > 0; keep iff the 16-bit half ≥ drop_t; a kept
-   * weight is scaled by drop_rp = 1/(1 − p), computed as the CPU backends do. */
+  /* Dropout (flashc.h, "Dropout"; cuda-mma and cuda-hopper: the SCORE_MOD kernels carry it as a run-time branch, so
+   * the name SCORE_MOD now covers more than the score). drop_on: dropout_p > 0; keep iff the 16-bit half ≥ drop_t; a
+   * kept weight is scaled by drop_rp = 1/(1 − p), computed as the CPU backends do. */
   int drop_on;
   uint32_t drop_t;
   float drop_rp;

@@ -554,6 +554,54 @@ static __device__ __forceinline__ void fc_hpb_ds_from_dp(float (&dpt)[BR / 2], c
   }
 }
 
+/* ---- dropout (flashc.h, "Dropout"; the forward's side: hopper/score_mod.cuh) ---------------------------------------
+ * In Sᵀ's layout a thread holds keys key0, key0 + 8 (key0 = the warp's first key + g) of queries q0 + 8x + 2t + e % 2:
+ * a query's 8 consecutive keys (one Philox block) are one element of each of the 8 lanes g of a t. So the 8 lanes of a
+ * t split the blocks of their Br/4 queries × 2 key blocks (cuda-mma's fa2 Sᵀ layout, fc_drop_group_bits with G = 8,
+ * mma/score_mod.cuh): Br/16 Philox calls per lane, then a 3-step transpose across the 8 lanes (one shuffle per word
+ * each). The bits are drawn before the block's wgmmas (where Sᵀ's and dPᵀ's accumulators are not live) and applied as
+ * cpu-ref differentiates o = Σ P∘Z·v (Z = keep/(1 − p)): dV from Pᵀ∘keep (the 1/(1 − p) once, on dV at the end),
+ * dSᵀ = Pᵀ∘g∘(Z∘dPᵀ − D_i). Element 4x + e (query run 2x + e % 2, key block e / 2) is bit
+ * fc_hpb_drop_bit(x, e). */
+template <int BR> struct fc_hpb_drop { uint32_t w[BR / 64]; };
+static __device__ __forceinline__ constexpr int fc_hpb_drop_bit(int x, int e) { return 4 * x + 2 * (e & 1) + (e >> 1); }
+template <int BR>
+static __device__ __forceinline__ void fc_hpb_drop_bits(fc_hpb_drop<BR> &kd, const fc_score_mod &md, uint64_t bh,
+                                                        int q0, int key0, int sk, int g, int t) {
+  static_assert(fc_drop_group<8, BR / 4, 2>::W == BR / 64, "one bit per element");
+  fc_drop_group_bits<8, BR / 4, 2>(kd.w, md, bh, (int64_t)q0 + 2 * t, 8, 1, sk, (key0 - g) / 8, g);
+}
+/* y ← keep ? y·mul : 0 (Sᵀ's layout). BIASED: y holds dPᵀ − D_i (fc_hpb_bias_init), and leaves as Z∘dPᵀ (D_i read
+ * from sD), so that fc_hpb_ds_from_pg<T, BR, false> subtracts D_i after. */
+template <int BR, bool BIASED = false>
+static __device__ __forceinline__ void fc_hpb_drop_apply(float (&y)[BR / 2], const fc_hpb_drop<BR> &kd, float mul,
+                                                         uint32_t sD = 0, int t = 0) {
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++) {
+    const float2 dr = BIASED ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int i = fc_hpb_drop_bit(x, e);
+      const float v = BIASED ? y[4 * x + e] + ((e & 1) ? dr.y : dr.x) : y[4 * x + e];
+      y[4 * x + e] = (kd.w[i / 32] >> (i % 32)) & 1u ? v * mul : 0.0f;
+    }
+  }
+}
+/* Pᵀ packed to 16 bits (pp[kb][r]: elements 8kb + 2r, 8kb + 2r + 1, as fc_hpb_p_pass_mod packs them) ← Pᵀ∘keep: the
+ * dropped halves cleared. */
+template <int BR>
+static __device__ __forceinline__ void fc_hpb_drop_packed(uint32_t (&pp)[BR / 16][4], const fc_hpb_drop<BR> &kd) {
+#pragma unroll
+  for (int kb = 0; kb < BR / 16; kb++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int x = 2 * kb + r / 2, e = 2 * (r % 2), i0 = fc_hpb_drop_bit(x, e), i1 = fc_hpb_drop_bit(x, e + 1);
+      const uint32_t m = ((kd.w[i0 / 32] >> (i0 % 32)) & 1u ? 0x0000ffffu : 0u) |
+                         ((kd.w[i1 / 32] >> (i1 % 32)) & 1u ? 0xffff0000u : 0u);
+      pp[kb][r] &= m;
+    }
+}
+
 /* BIAS (hopper/bwd_kernel.cuh): Sᵀ's and dPᵀ's accumulators start at −lse2_i/c (ST) and −D_i (DP) (the stage's rows at
  * sL, sD, this thread's query columns as fc_hpb_p_pass reads them), so that the wgmmas, accumulating from their first
  * k-step, leave Sᵀ − lse2_i/c and dPᵀ − D_i: the P pass and dSᵀ load nothing from shared memory then. lse2 = +inf
@@ -726,7 +774,8 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
  * the split ran 1.20-1.31x each warpgroup adding its own keys' share at D = 128, seqlen ≥ 1k,
  * bench/results/configs/hopper-bwd-dq-split-h100.txt). The price: both warpgroups meet at a barrier before and after
  * writing dSᵀ. The adds are red.global.add in a fixed order (the tickets above), into the [total_q][hq][D] sum. */
-template <typename T, int D, int STAGES, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false>
+template <typename T, int D, int STAGES, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false,
+          bool DROP = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -801,6 +850,9 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       [[maybe_unused]] fc_hpb_mblock<BR> mb;
       [[maybe_unused]] const int mcls =
           SCORE_MOD ? fc_hpb_mask_block<BR, FC_HPB_BC>(a.mod, ti.b, hh, q0, k0, key0, t, sq, sk, &mb) : (int)FC_MT_ALL;
+      /* DROP: the block's dropout keep bits, before the wgmmas too */
+      [[maybe_unused]] fc_hpb_drop<BR> kd;
+      if constexpr (DROP) fc_hpb_drop_bits<BR>(kd, a.mod, (uint64_t)(ti.b * a.heads_q + hh), q0, key0, sk, g, t);
       /* Sᵀ = K_j·Q_iᵀ, dPᵀ = V_j·dO_iᵀ */
       fc_mbar_wait(FULL(s), u & 1); /* Q_i, dO_i, lse2_i, D_i have landed */
       fc_fence_regs(dk);
@@ -816,9 +868,12 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
        * scores, dSᵀ through tanh). */
       if constexpr (SCORE_MOD) {
         uint32_t unused[BR / 16][4];
+        /* DROP: dSᵀ from Z∘dPᵀ, and dV from Pᵀ∘Z (1/(1 − p) in Z here: this kernel's Pᵀ is still fp32) */
+        if constexpr (DROP) fc_hpb_drop_apply<BR>(dpt, kd, a.mod.drop_rp);
         fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_DS, FC_HPB_BC, ADD>(
             st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right, a.mod,
             fc_score_mod_slope(a.mod, ti.b, hh), ti.b, hh, mcls, mb);
+        if constexpr (DROP) fc_hpb_drop_apply<BR>(st, kd, a.mod.drop_rp);
       } else {
         fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
       }
@@ -1000,14 +1055,23 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
   return pl;
 }
 
-/* SCORE_MOD: the same kernel built with softcap, ALiBi and attn_mask (hopper/score_mod.cuh). */
-template <typename T, bool SCORE_MOD, bool ADD = false> static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
+/* SCORE_MOD: the same kernel built with softcap, ALiBi and attn_mask (hopper/score_mod.cuh). DROP (with SCORE_MOD,
+ * not ADD): and dropout, a variant of its own, so that the keep bits' registers cost only the calls that use them
+ * (in the SCORE_MOD kernels as a run-time branch, they spilled 12–28 more bytes of stores at D = 128); none at D = 256
+ * (fc_hopper_bwd_supports refuses dropout there, and dropout with a float attn_mask: `auto` runs them on cuda-mma). */
+template <typename T, bool SCORE_MOD, bool ADD = false, bool DROP = false>
+static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
+  static_assert(!DROP || (SCORE_MOD && !ADD), "dropout: the SCORE_MOD kernels without a float bias");
   switch (id) {
-  case FC_HPB_D64: return fc_hopper_bwd_kernel<T, 64, SCORE_MOD, ADD>;
-  case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, SCORE_MOD, ADD>;
-  case FC_HPB_DET_D64: return fc_hopper_bwd_det_kernel<T, 64, 3, SCORE_MOD, ADD>;
-  case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, SCORE_MOD, ADD>;
-  default: return fc_hopper_bwd_d256_kernel<T, SCORE_MOD, ADD>;
+  case FC_HPB_D64: return fc_hopper_bwd_kernel<T, 64, SCORE_MOD, ADD, false, DROP>;
+  case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, SCORE_MOD, ADD, false, DROP>;
+  case FC_HPB_DET_D64: return fc_hopper_bwd_det_kernel<T, 64, 3, SCORE_MOD, ADD, false, DROP>;
+  case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, SCORE_MOD, ADD, false, DROP>;
+  default:
+    if constexpr (DROP)
+      return nullptr; /* refused before the plan (fc_hopper_bwd_supports) */
+    else
+      return fc_hopper_bwd_d256_kernel<T, SCORE_MOD, ADD>;
   }
 }
 
@@ -1030,13 +1094,14 @@ static flashc_status fc_hpb_run(const fc_problem *p, const fc_hpb_plan_t *pl, co
   FC_CHECK(fc_bwd_rows_prep<T>(p, *rows));
   const bool mod = a->mod.alibi || a->mod.k_out > 0.0f || a->mod.bias, add = a->mod.bias && !a->mod.bias_bool;
   const fc_hpb_kernel_fn kernel = p->head_dim_v != p->head_dim ? fc_hpb_dv_kernel<T>(pl->kernel)
+                                  : a->mod.drop_on             ? fc_hpb_kernel<T, true, false, true>(pl->kernel)
                                   : add                        ? fc_hpb_kernel<T, true, true>(pl->kernel)
                                   : mod                        ? fc_hpb_kernel<T, true>(pl->kernel)
                                                                : fc_hpb_kernel<T, false>(pl->kernel);
-  if (!kernel)
-    return fc_error(FLASHC_ERR_INTERNAL,
-                    "flashc_backward: cuda-hopper has no kernel for head_dim %lld, head_dim_v %lld",
-                    (long long)p->head_dim, (long long)p->head_dim_v);
+  if (!kernel) /* fc_hopper_bwd_supports refuses what has no kernel; kept as a status, not a crash */
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: cuda-hopper has no kernel for head_dim %lld, head_dim_v %lld%s",
+                    (long long)p->head_dim, (long long)p->head_dim_v, a->mod.drop_on ? " with dropout" : "");
   FC_CHECK(fc_mma_smem((const void *)kernel, pl->smem, "flashc_backward: backend cuda-hopper"));
   kernel<<<grid, FC_HPB_THREADS, pl->smem, fc_stream(p)>>>(maps[0], maps[1], maps[2], maps[3], *a);
   const cudaError_t e = cudaGetLastError(); /* FC_LAUNCH_CHECK with the plan's kernel name */
@@ -1066,6 +1131,15 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "deterministic backward at head_dim_v %lld (> 128) is not built on backend cuda-hopper",
                     (long long)p->head_dim_v);
+  /* Dropout has kernels at D = 64, 128 without a float attn_mask (fc_hpb_kernel): `auto` runs the rest on cuda-mma */
+  if (p->dropout_p > 0.0f && p->head_dim > 128)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: dropout_p %g at head_dim %lld (> 128) is not supported on backend cuda-hopper",
+                    (double)p->dropout_p, (long long)p->head_dim);
+  if (p->dropout_p > 0.0f && p->attn_mask && !p->attn_mask_is_bool)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: dropout_p %g with a float attn_mask is not supported on backend cuda-hopper",
+                    (double)p->dropout_p);
   if (p->dbias) /* attn_mask's gradient is not built here: `auto` runs such a call on cuda-mma */
     return fc_error(
         FLASHC_ERR_UNSUPPORTED,

@@ -69,7 +69,7 @@ static __device__ __forceinline__ void fc_hpb_lag_dq_add(const fc_hopper_bwd_arg
 /* One block (one trip of the loop) of fc_hopper_bwd_kernel: block `it` of the tile's n_iter (query head, query
  * block) pairs, in stage it % STAGES of the Q/dO ring, in the header's order. FIRST: block 0 (no dQ of an earlier
  * block to issue). */
-template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false, bool ADD = false>
+template <typename T, int D, bool FIRST = false, bool SCORE_MOD = false, bool ADD = false, bool DROP = false>
 static __device__ __forceinline__ void
 fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i_begin, int h0, int64_t pad0, int k0,
                  int key0, int sq, int sk, int64_t shift, float c, int cw, int ct, int warp, int g, int t, uint32_t sQ,
@@ -119,6 +119,9 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
   [[maybe_unused]] fc_hpb_mblock<BR> mb;
   [[maybe_unused]] const int mcls =
       SCORE_MOD ? fc_hpb_mask_block<BR, FC_HPB_BC>(a.mod, b, hh, q0, k0, key0, t, sq, sk, &mb) : (int)FC_MT_ALL;
+  /* and, DROP, its dropout keep bits (hopper/bwd.cu, fc_hpb_drop_bits) */
+  [[maybe_unused]] fc_hpb_drop<BR> kd;
+  if constexpr (DROP) fc_hpb_drop_bits<BR>(kd, a.mod, (uint64_t)(b * a.heads_q + hh), q0, key0, sk, g, t);
   fc_fence_regs(dk);
   fc_fence_regs(dv);
   fc_wgmma_fence();
@@ -139,6 +142,7 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
     fc_hpb_p_from_s_mod<T, BR, FC_HPB_MOD_PACK, FC_HPB_BC, ADD>(st, dpt, pp, pg, sL, sD, t, q0, k0, key0, sq, sk, shift,
                                                                 a.window_left, a.window_right, a.mod, slope, b, hh,
                                                                 mcls, mb);
+    if constexpr (DROP) fc_hpb_drop_packed<BR>(pp, kd); /* dV from Pᵀ∘keep (1/(1 − p): on dV at the end) */
   } else {
     const float2 no_l2[BR / 8] = {}; /* BIAS: −0 is subtracted (Sᵀ holds Sᵀ − lse2_i/c already) */
     fc_hpb_p_from_s<BR, false, FC_HPB_BC, D == 128 ? 1 : 0>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift,
@@ -164,7 +168,10 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
   fc_fence_regs(dpt);
   MARK(4);
 
-  if constexpr (SCORE_MOD)
+  if constexpr (DROP) { /* dSᵀ = (Pᵀ∘(1 − tanh²))∘(Z∘dPᵀ − D_i) */
+    fc_hpb_drop_apply<BR, BIAS>(dpt, kd, a.mod.drop_rp, sD, t);
+    fc_hpb_ds_from_pg<T, BR, false>(dpt, pg, sD, t);
+  } else if constexpr (SCORE_MOD)
     fc_hpb_ds_from_pg<T, BR, BIAS>(dpt, pg, sD, t); /* dSᵀ = (Pᵀ∘(1 − tanh²))∘(dPᵀ − D_i) */
   else
     fc_hpb_ds_from_dp<BR, BIAS>(dpt, st, sD, t); /* dSᵀ = Pᵀ∘(dPᵀ − D_i) */
@@ -277,7 +284,7 @@ static __device__ __forceinline__ void fc_hpb_lag_tail(const fc_hopper_bwd_args 
  * wait (EARLY_DV) and starts the Sᵀ/dPᵀ accumulators at −lse2_i/c, −D_i (BIAS); D = 64 issues dV after dSᵀ is formed
  * (its packed Pᵀ beside Sᵀ's and dPᵀ's accumulators would not fit 240 registers) and loads lse2_i at the block's
  * start. Both issue each block's dQ a block later (LAG). */
-template <typename T, int D, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false>
+template <typename T, int D, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false, bool DROP = false>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -352,18 +359,23 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     /* SCORE_MOD: the sequence's ALiBi slopes (NULL: none) */
     const float *alibi_b = SCORE_MOD && a.mod.alibi ? a.mod.alibi + ti.b * a.mod.alibi_sb : nullptr;
     if (n_iter > 0) {
-      fc_hpb_lag_block<T, D, true, SCORE_MOD, ADD>(a, 0, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift, c,
-                                                   cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows, v_rows,
-                                                   k_cols, st, dpt, dk, dv, alibi_b, ti.b);
+      fc_hpb_lag_block<T, D, true, SCORE_MOD, ADD, DROP>(a, 0, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk,
+                                                         shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars,
+                                                         k_rows, v_rows, k_cols, st, dpt, dk, dv, alibi_b, ti.b);
       for (int it = 1; it < n_iter; it++)
-        fc_hpb_lag_block<T, D, false, SCORE_MOD, ADD>(a, it, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk, shift,
-                                                      c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars, k_rows,
-                                                      v_rows, k_cols, st, dpt, dk, dv, alibi_b, ti.b);
+        fc_hpb_lag_block<T, D, false, SCORE_MOD, ADD, DROP>(a, it, n_iter, n_i, i_begin, ti.h0, pad0, k0, key0, sq, sk,
+                                                            shift, c, cw, ct, warp, g, t, sQ, sdO, sdS, sdQ, sLD, bars,
+                                                            k_rows, v_rows, k_cols, st, dpt, dk, dv, alibi_b, ti.b);
       fc_hpb_lag_tail<T, D>(a, n_iter - 1, n_i, i_begin, ti.h0, pad0, cw, ct, warp, g, t, sdS, sdQ, k_cols);
     }
     /* The CTA's shared memory lives until the last bulk add has read it, and the adds are complete. */
     if (ct == 0) fc_bulk_wait<0>();
 
+    /* DROP: dV = Σ (Pᵀ∘keep)·dO / (1 − p), the blocks summed Pᵀ∘keep (fc_hpb_drop_packed) */
+    if constexpr (DROP) {
+#pragma unroll
+      for (int x = 0; x < D / 2; x++) dv[x] *= a.mod.drop_rp;
+    }
     uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti);
     uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti);
     static_assert(2 * STAGES * Q_BYTES >= 2 * 2 * 64 * D * 2, "the stage ring holds both warpgroups' dK, dV tiles");

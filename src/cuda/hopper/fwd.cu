@@ -359,7 +359,7 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D>
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D, bool DROP = false>
 __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     fc_hopper_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                          const __grid_constant__ CUtensorMap tm_v, const fc_hopper_fwd_args a, const fc_score_mod md) {
@@ -510,6 +510,16 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       if constexpr (SCORE_MOD)
         fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, b, h, cls, km, wg_row0 + 16 * warp + g, sq, sk, j * BC, t);
     };
+    /* DROP (dropout): block j's keep bits, drawn at the top of its trip (hopper/score_mod.cuh), and P∘keep after the
+     * softmax */
+    [[maybe_unused]] fc_hp_drop<BC> kd;
+    auto drop_bits = [&](int j) {
+      if constexpr (DROP)
+        fc_hp_drop_bits<BC>(kd, md, (uint64_t)(b * a.heads_q + h), wg_row0 + 16 * warp + g, sk, j * BC, t);
+    };
+    auto drop_apply = [&](float(&s)[BC / 2]) {
+      if constexpr (DROP) fc_hp_drop_apply<BC>(s, kd);
+    };
     /* Key blocks that need no mask for any row of this warpgroup: [j_full_lo, j_full_hi). Block j is whole
      * when it lies before the key tail ((j + 1)·Bc ≤ sk), left of the window's right edge for the first row
      * ((j + 1)·Bc − 1 ≤ wg_row0 + shift + wr) and right of its left edge for the last row
@@ -547,6 +557,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         float s[BC / 2];
         mask_next(mask_class(j_begin), j_begin);
         [[maybe_unused]] const int cls_next = mask_class(j_begin + 1);
+        drop_bits(j_begin);
         fc_mbar_wait(FULL_K(0), 0);
         my_turn();
         fc_wgmma_fence();
@@ -557,7 +568,9 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
         mod_block(s, j_begin);
-        fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
+        fc_hp_softmax_f32<BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha);
+        drop_apply(s);
+        fc_hp_pack<T, BC>(s, p);
         mask_next(cls_next, j_begin + 1);
       }
 
@@ -565,6 +578,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         const int sn = n % STAGES, un = n / STAGES, sp = (n - 1) % STAGES, up = (n - 1) / STAGES;
         float s[BC / 2];
         [[maybe_unused]] const int cls_next = mask_class(j_begin + n + 1);
+        drop_bits(j_begin + n);
         /* V_{n−2} is read: its P·V was waited for at the end of the last trip. Released here, first thing, and
          * not after the wait below (ptxas then serialises the wgmma pipeline: C7513, docs/hopper.md) nor after
          * the next wait for S (one GEMM group later: with 2 stages the producer then refilled the stage too late
@@ -593,6 +607,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
          * wait and copied it after; the branch of the conditional rescale made ptxas serialise that loop (C7513), and
          * this one measured the same without it. */
         fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
+        drop_apply(s);
         fc_block_boundary(a.head_dim > 0);
         fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
         fc_fence_regs(o);
@@ -635,14 +650,16 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       }
     }
 
-    /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf, l = 0: O = 0, lse = −inf. */
+    /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf, l = 0: O = 0, lse = −inf. Dropout:
+     * O = Σ P∘keep·V / (l·(1 − p)), l summed over the whole P. */
     uint16_t *O = a.o + b * a.o_sb + (int64_t)q_start * a.o_ss + (int64_t)h * a.o_sh;
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
       float lr = l[rh];
       lr += __shfl_xor_sync(0xffffffffu, lr, 1);
       lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-      const float inv = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
+      float inv = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
+      if constexpr (DROP) inv *= md.drop_rp;
 #pragma unroll
       for (int x = 0; x < DV / 8; x++) {
         o[4 * x + 2 * rh] *= inv;
@@ -705,12 +722,12 @@ static flashc_status fc_hp_tail(const fc_problem *p, const void *kernel, int thr
 
 /* The one-tile kernel at its tile shape, <D, K/V stages, Bc, V's columns DV>: D = 128: 32 + 2·2·32 = 160 KB; D = 256,
  * Bc = 80: 64 + 2·2·40 = 224 KB of the 227 KB a block may have; D = 192 with DV = 128: 48 + 2·(48 + 32) = 208 KB. */
-template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D>
+template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D, bool DROP = false>
 static flashc_status fc_hp_launch(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a0,
                                   const fc_score_mod *md, int grid) {
   fc_hopper_fwd_args a = *a0;
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD, DV>;
+                 const fc_score_mod) = fc_hopper_fwd_kernel<T, D, STAGES, BC, SCORE_MOD, DV, DROP>;
   const size_t smem = fc_hp_smem_bytes(FC_HP_BR, D, STAGES, BC, DV);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper"));
   FC_CHECK(fc_hp_tail(p, (const void *)kernel, FC_HP_THREADS, smem, &a));
@@ -848,6 +865,10 @@ static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
   /* The TMA store where o allows it (fc_hp_o_tma_ok; the direct stores take any o, varlen's among them), at D ≤ 128:
    * D = 256 has no sO to store from. Direct stores from sO: +0.4..−5 % (configs/hopper-fwd-variants.txt). */
   pl.tma_store = pl.persistent && pl.d <= 128 && fc_hp_o_tma_ok(p);
+  /* Dropout: the persistent kernel at D = 64, and at D = 128 where it stores O by TMA; else the one-tile kernel (with
+   * the keep bits the persistent kernel's other forms spilled 344 bytes, D = 128 without the TMA store, and 132, D =
+   * 256, where the one-tile kernel spills 16 and 84: fc_hp_forward_kernels). */
+  if (p->dropout_p > 0.0f && pl.d > 64 && !pl.tma_store) pl.persistent = false;
   /* Dynamic where the tiles' weights differ (a triangular mask) and at D = 128 up to seqlen_k 1024 unmasked, stride
    * elsewhere. Causal, snake1 (a snake over one L2 group of all pairs) vs stride: tmastore3 +6..18 % at 2k–16k,
    * D = 128 +1..21 % at 4k–16k, −19..−22 % at 1k–2k (configs/hopper-fwd-sched.txt); dynamic balances like snake1 and
@@ -872,15 +893,19 @@ static fc_hp_fwd_plan fc_hp_fwd_plan_of(const fc_problem *p) {
 
 /* claim: the dynamic order's counter in the workspace (NULL: the stride order); split: the split rounds' memory
  * (NULL: whole tiles only). */
-template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false>
+template <typename T, int D, int STAGES, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false, bool DROP = false>
 static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensorMap maps[4],
                                              const fc_hopper_fwd_args *a, const fc_score_mod *md, const fc_hp_sched *sc,
                                              bool tma_store, int32_t *claim, const fc_hp_split_mem *split) {
   void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fc_hopper_fwd_args,
-                 const fc_hp_sched, const fc_score_mod) =
-      fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC, SCORE_MOD>;
+                 const fc_hp_sched, const fc_score_mod) = nullptr;
+  if constexpr (!DROP || D == 64) /* DROP: built at D = 128 with the TMA store only (fc_hp_fwd_plan_of) */
+    kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, false, NC, BC, SCORE_MOD, DROP>;
   if constexpr (D <= 128) /* D = 256 has no sO to store from */
-    if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC, SCORE_MOD>;
+    if (tma_store) kernel = fc_hopper_fwd_persistent_kernel<T, D, STAGES, true, NC, BC, SCORE_MOD, DROP>;
+  if (!kernel) /* the plan never asks for it; a status, not a crash */
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "flashc_forward: no cuda-hopper persistent kernel for dropout at D = %d",
+                    D);
   const size_t smem = fc_hp_persistent_smem_bytes(64 * NC, D, STAGES, BC);
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-hopper (persistent)"));
   fc_device_props props;
@@ -909,7 +934,7 @@ static flashc_status fc_hp_launch_persistent(const fc_problem *p, const CUtensor
 /* The persistent forward: the maps (o's only for the TMA store), the schedule, the launch per head dim. nc = 3
  * (D = 64): the caller made q's map with boxes of 192 rows and a->m_blocks from Br = 192; o's map keeps boxes of 64
  * rows (each consumer warpgroup stores its own 64 rows). */
-template <typename T, bool SCORE_MOD>
+template <typename T, bool SCORE_MOD, bool DROP>
 static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv[3], const fc_hopper_fwd_args *a,
                                       const fc_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
                                       const fc_hp_split_mem *split) {
@@ -922,10 +947,17 @@ static flashc_status fc_hp_persistent(const fc_problem *p, const CUtensorMap qkv
   const fc_hp_sched sc =
       fc_hp_make_sched(a->m_blocks, (int)(p->batch * p->heads_q), kv_bytes_per_bh, a->group, group_bytes);
   if (D == 64)
-    return fc_hp_launch_persistent<T, 64, 3, 3, FC_HP_BC, SCORE_MOD>(p, maps, a, md, &sc, pl->tma_store, claim, split);
-  if (D == 256)
-    return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, &sc, false, claim, split);
-  return fc_hp_launch_persistent<T, 128, 2, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, &sc, pl->tma_store, claim, split);
+    return fc_hp_launch_persistent<T, 64, 3, 3, FC_HP_BC, SCORE_MOD, DROP>(p, maps, a, md, &sc, pl->tma_store, claim,
+                                                                           split);
+  if (D == 256) {
+    if constexpr (DROP) /* the one-tile kernel runs dropout at D = 256 (fc_hp_fwd_plan_of) */
+      return fc_error(FLASHC_ERR_UNSUPPORTED,
+                      "flashc_forward: no cuda-hopper persistent kernel for dropout at D = 256");
+    else
+      return fc_hp_launch_persistent<T, 256, 2, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, &sc, false, claim, split);
+  }
+  return fc_hp_launch_persistent<T, 128, 2, 2, FC_HP_BC, SCORE_MOD, DROP>(p, maps, a, md, &sc, pl->tma_store, claim,
+                                                                          split);
 }
 
 static bool hopper_usable(char *why, size_t len) {
@@ -1015,16 +1047,20 @@ static flashc_status hopper_supports(const fc_problem *p) {
   return FLASHC_OK;
 }
 
-/* The plan's kernel for element type T, plain or with the score modifiers. */
-template <typename T, bool SCORE_MOD>
+/* The plan's kernel for element type T, plain or with the score modifiers; DROP (with SCORE_MOD): and dropout, kernels
+ * of their own, so that the keep bits' registers cost only the calls that use them (as a run-time branch of the
+ * SCORE_MOD kernels they made the persistent D = 128 kernel without the TMA store spill 344 bytes, and every SCORE_MOD
+ * call would have paid for it), built only where the plan runs dropout: the persistent kernel at D = 64 and at D = 128
+ * with the TMA store, the one-tile kernel at D = 128 and 256 (fc_hp_fwd_plan_of). */
+template <typename T, bool SCORE_MOD, bool DROP = false>
 static flashc_status fc_hp_forward_kernels(const fc_problem *p, const CUtensorMap maps[3], const fc_hopper_fwd_args *a,
                                            const fc_score_mod *md, const fc_hp_fwd_plan *pl, int32_t *claim,
                                            const fc_hp_split_mem *split, int grid) {
-  if (pl->persistent) return fc_hp_persistent<T, SCORE_MOD>(p, maps, a, md, pl, claim, split);
+  if (pl->persistent) return fc_hp_persistent<T, SCORE_MOD, DROP>(p, maps, a, md, pl, claim, split);
   if constexpr (!SCORE_MOD) /* hopper_supports refuses the score modifiers with V's head dim of its own */
     if (pl->dv != pl->d) return fc_hp_launch<T, 192, 2, FC_HP_BC, false, 128>(p, maps, a, md, grid);
-  return pl->d == 256 ? fc_hp_launch<T, 256, 2, FC_HP_BC_D256, SCORE_MOD>(p, maps, a, md, grid)
-                      : fc_hp_launch<T, 128, 2, FC_HP_BC, SCORE_MOD>(p, maps, a, md, grid);
+  return pl->d == 256 ? fc_hp_launch<T, 256, 2, FC_HP_BC_D256, SCORE_MOD, 256, DROP>(p, maps, a, md, grid)
+                      : fc_hp_launch<T, 128, 2, FC_HP_BC, SCORE_MOD, 128, DROP>(p, maps, a, md, grid);
 }
 
 static flashc_status hopper_forward(const fc_problem *p) {
@@ -1095,14 +1131,20 @@ static flashc_status hopper_forward(const fc_problem *p) {
   a.align_end = fc_hp_triangular(p);
   a.q_slots = 2;
   FC_CHECK(fc_hp_seq_maps(p, br, pl.bc, "flashc_forward", ws, offs_bytes, &a.seq_maps_at));
-  /* Softcap, ALiBi or attn_mask: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one variant
-   * each; cuda-mma's modifiers (bias_pair: the mask's pairs of keys as one load), with its k_in = |scale| = scale here
-   * (hopper_supports refuses a negative one). A boolean mask's tiles are built on the call's stream first. */
+  /* Softcap, ALiBi, dropout or attn_mask: the same plan's kernels built with SCORE_MOD (hopper/score_mod.cuh), one
+   * variant each; cuda-mma's modifiers (bias_pair: the mask's pairs of keys as one load), with its k_in = |scale| =
+   * scale here (hopper_supports refuses a negative one). A boolean mask's tiles are built on the call's stream
+   * first. */
   fc_score_mod md;
   const bool mod = fc_mma_score_mod_of(p, &md);
   if (tiles_bytes)
     FC_CHECK(
         fc_mask_tiles_build(p, FC_HP_MASK_BM, pl.bc, (uint8_t *)ws + cu_bytes + claim_bytes + split_bytes, &md.tiles));
+  if (md.drop_on) {
+    if (p->dtype == FLASHC_F16)
+      return fc_hp_forward_kernels<__half, true, true>(p, maps, &a, &md, &pl, claim, split, grid);
+    return fc_hp_forward_kernels<__nv_bfloat16, true, true>(p, maps, &a, &md, &pl, claim, split, grid);
+  }
   if (mod) {
     if (p->dtype == FLASHC_F16) return fc_hp_forward_kernels<__half, true>(p, maps, &a, &md, &pl, claim, split, grid);
     return fc_hp_forward_kernels<__nv_bfloat16, true>(p, maps, &a, &md, &pl, claim, split, grid);
@@ -1128,8 +1170,10 @@ extern "C" const fc_backend fc_backend_cuda_hopper = {
     hopper_forward,
     fc_hopper_backward,
     FC_FEATURE_SOFTCAP | FC_FEATURE_ALIBI | FC_FEATURE_HEAD_DIM_V | FC_FEATURE_ATTN_MASK | FC_FEATURE_SEQUSED |
-        FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh; seqused: hopper/tma.cuh, fc_hp_seq_maps;
-                                       * dbias: fc_hopper_bwd_supports refuses it); validate.c refuses the others */
+        FC_FEATURE_DROPOUT | FC_FEATURE_CU_SEQLENS_DEVICE, /* features (common/score_mod.cuh; seqused: hopper/tma.cuh,
+                                                            * fc_hp_seq_maps; dbias, and dropout's backward at D = 256
+                                                            * or with a float attn_mask: fc_hopper_bwd_supports refuses
+                                                            * them); validate.c refuses the others */
     0,                       /* max_head_dim_v: max_head_dim; hopper_supports refuses the pairs fc_hp_dv_pair has not */
     fc_cuda_forward_kvcache, /* forward_kvcache: mma/decode.cu */
 };

@@ -109,7 +109,8 @@ static __device__ __forceinline__ bool fc_hp_tile_setup(const fc_hopper_fwd_args
 }
 #endif /* FC_HOPPER_ARCH */
 
-template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false>
+template <typename T, int D, int STAGES, bool TMA_STORE, int NC = 2, int BC = FC_HP_BC, bool SCORE_MOD = false,
+          bool DROP = false>
 __global__ void __launch_bounds__(128 + 128 * NC, 1)
     fc_hopper_fwd_persistent_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -379,6 +380,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         lr += __shfl_xor_sync(0xffffffffu, lr, 1);
         lr += __shfl_xor_sync(0xffffffffu, lr, 2);
         inv[rh] = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
+        if constexpr (DROP) inv[rh] *= md.drop_rp; /* O = Σ P∘keep·V / (l·(1 − p)) (hopper/fwd.cu) */
         const int row = wg_row0 + 16 * warp + g + 8 * rh;
         if (a.lse && t == 0 && row < x.sq && wg_row0 >= 0) {
           const int64_t at =
@@ -480,6 +482,15 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, x.b, x.h, cls, km, wg_row0 + 16 * warp + g, x.sq, x.sk,
                                  j * BC, t);
       };
+      /* DROP (dropout): block j's keep bits at the top of its trip, P∘keep after the softmax (hopper/fwd.cu) */
+      [[maybe_unused]] fc_hp_drop<BC> kd;
+      auto drop_bits = [&](int j) {
+        if constexpr (DROP)
+          fc_hp_drop_bits<BC>(kd, md, (uint64_t)(x.b * a.heads_q + x.h), wg_row0 + 16 * warp + g, x.sk, j * BC, t);
+      };
+      auto drop_apply = [&](float(&s)[BC / 2]) {
+        if constexpr (DROP) fc_hp_drop_apply<BC>(s, kd);
+      };
 
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
       uint32_t p[BC / 16][4];
@@ -497,6 +508,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         {
           float s[BC / 2];
           [[maybe_unused]] const int cls_next = mask_class(j_begin + 1);
+          drop_bits(j_begin);
           const uint32_t s0 = kuse % STAGES;
           fc_mbar_wait(FULL_K(s0), (kuse / STAGES) & 1);
           FC_HP_MARK(3, 0);
@@ -515,7 +527,9 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
           kuse++;
           mod_block(s, j_begin);
-          fc_hp_softmax<T, BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha, p);
+          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha);
+          drop_apply(s);
+          fc_hp_pack<T, BC>(s, p);
           mask_next(cls_next, j_begin + 1);
           FC_HP_MARK(6, 0);
         }
@@ -525,6 +539,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           const uint32_t sn = kuse % STAGES, sp = vuse % STAGES;
           float s[BC / 2];
           [[maybe_unused]] const int cls_next = mask_class(j_begin + n + 1);
+          drop_bits(j_begin + n);
           /* V_{n−2}: its P·V was waited for at the end of the last trip (where and why: hopper/fwd.cu) */
           fc_mbar_arrive_if(EMPTY_V((vuse + STAGES - 1) % STAGES), lane == 0 && n >= 2);
           fc_mbar_wait(FULL_K(sn), (kuse / STAGES) & 1);
@@ -548,6 +563,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
            * the block boundary keeping the wait after the softmax (hopper/fwd.cu's loop). */
           fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
+          drop_apply(s);
           fc_block_boundary(a.head_dim > 0);
           fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
           fc_fence_regs(o);

@@ -1,6 +1,6 @@
-/* hopper/score_mod.cuh — cuda-hopper's score modifiers, softcap, ALiBi and attn_mask, in the forward's wgmma
- * accumulator layout (the backward's Sᵀ layout has its own: hopper/bwd.cu, fc_hpb_mask_block), shared by the forward
- * (hopper/fwd.cu, hopper/fwd_persistent.cuh); the design, the arguments
+/* hopper/score_mod.cuh — cuda-hopper's score modifiers, softcap, ALiBi and attn_mask, and dropout's keep bits, in the
+ * forward's wgmma accumulator layout (the backward's Sᵀ layout has its own: hopper/bwd.cu, fc_hpb_mask_block and
+ * fc_hpb_drop_bits), shared by the forward (hopper/fwd.cu, hopper/fwd_persistent.cuh); the design, the arguments
  * (fc_score_mod) and the layout-free functions (fc_tanh, the backward's fc_mod_score) are common/score_mod.cuh's,
  * shared with cuda-mma; the mask's loads read what cuda-mma's do (mma/score_mod.cuh: fc_mma_bias_block, whose layout
  * for one M-tile is the wgmma accumulator's per 8-column chunk; bias_pair from fc_mma_score_mod_of).
@@ -193,6 +193,65 @@ fc_hp_mod_block(float (&s)[BC / 2], const fc_score_mod &md, bool mod_x, float sl
   } else {
     fc_hp_bias_add<T, BC>(s, md, b, h, row0, sq, sk, k0, t);
   }
+}
+
+/* ---- dropout (flashc.h, "Dropout"; philox.h's rule, bit for bit) ------------------------------------------------
+ * In the wgmma accumulator layout a warp holds 16 rows (g, g + 8) of a block of BC keys from k0 (a multiple of 8), each
+ * 8-key chunk x of a row held by the 4 lanes t of a quad, keys 8x + 2t, 8x + 2t + 1: halves 2t, 2t + 1 of Philox block
+ * (row, k0/8 + x). That is cuda-mma's forward layout for one M-tile, so the quad splits the calls as there
+ * (fc_drop_group_bits, mma/score_mod.cuh): its 2 rows × BC/8 blocks are computed once each, lane t taking every 4th,
+ * and a 2-step transpose across the quad (two shuffles per word) gives each lane its own halves. Each lane computing
+ * all 2·BC/8 calls of its rows and keeping 2 halves of each would cost 4x the Philox rounds, 10 rounds of 2
+ * mul.wide each, on the integer pipe that the softmax's FMAs share, against 4 shuffles per block. BC/8 = 10 (D = 256,
+ * Bc = 80) is not a multiple of the quad's 4 lanes: its first 8 chunks and its last 2 are two groups (5 calls per
+ * lane, as 20/4). The kernels draw the bits at the top of a block, before S = Q·Kᵀ is issued, where S's registers
+ * are not live. */
+template <int BC> struct fc_hp_drop {
+  static constexpr int NS = BC / 8, NS0 = NS - NS % 4, NS1 = NS % 4; /* the two groups' chunks */
+  static_assert(NS0 > 0 && (NS1 == 0 || NS1 == 2), "chunks in groups of 4 lanes (fc_drop_group)");
+  static constexpr int W0 = fc_drop_group<4, 2, NS0>::W, W = W0 + (NS1 ? 1 : 0);
+  uint32_t w[W];
+};
+/* The bit of element s[4x + e] (row e / 2, key k0 + 8x + 2t + e % 2) in fc_hp_drop::w, as fc_drop_group_bits leaves
+ * them: in group 0, block q = rh·NS0 + x at bits 2q, 2q + 1; group 1 likewise from word W0. */
+template <int BC> static __device__ __forceinline__ constexpr int fc_hp_drop_bit(int x, int e) {
+  using D = fc_hp_drop<BC>;
+  return x < D::NS0 ? 2 * ((e >> 1) * D::NS0 + x) + (e & 1)
+                    : 32 * D::W0 + 2 * ((e >> 1) * D::NS1 + x - D::NS0) + (e & 1);
+}
+/* The call's seed, offset and this thread's (sequence, head), row and key count, passed through an empty asm volatile
+ * statement where a block's bits are drawn, so that the compiler cannot work out what depends on them alone (Philox's
+ * key schedule, 18 words of the seed; the row's counter base) once before the kernels' loop and hold it in registers
+ * across every block, as it did for the mask's addresses (fc_hp_mask_row). */
+static __device__ __forceinline__ void fc_hp_drop_pin(fc_score_mod &md, uint64_t &bh, int64_t &row0, int64_t &sk) {
+  asm volatile("" : "+l"(md.drop_seed), "+l"(md.drop_offset), "+r"(md.drop_t));
+  asm volatile("" : "+l"(bh), "+l"(row0), "+l"(sk));
+}
+/* This thread's keep bits of block k0 (rows row0, row0 + 8 of (sequence, head) bh, whose rows have sk keys). Every
+ * lane of the warp calls it (the shuffles): a uniform branch only. Rows and keys past the sequence get bits too, never
+ * used (their P is 0 or not stored). */
+template <int BC>
+static __device__ __forceinline__ void fc_hp_drop_bits(fc_hp_drop<BC> &kd, const fc_score_mod &md0, uint64_t bh,
+                                                       int64_t row0, int64_t sk, int k0, int t) {
+  using D = fc_hp_drop<BC>;
+  fc_score_mod md = md0;
+  fc_hp_drop_pin(md, bh, row0, sk);
+  fc_drop_group_bits<4, 2, D::NS0>(*reinterpret_cast<uint32_t(*)[D::W0]>(kd.w), md, bh, row0, 16, 8, sk, k0 / 8, t);
+  if constexpr (D::NS1 > 0)
+    fc_drop_group_bits<4, 2, D::NS1>(*reinterpret_cast<uint32_t(*)[1]>(kd.w + D::W0), md, bh, row0, 16, 8, sk,
+                                     k0 / 8 + D::NS0, t);
+}
+/* P ← P∘keep, after the softmax summed the whole P into l (lse does not change): what multiplies V. The 1/(1 − p)
+ * goes into O's final 1/l (one multiply per row, not per element). */
+template <int BC>
+static __device__ __forceinline__ void fc_hp_drop_apply(float (&s)[BC / 2], const fc_hp_drop<BC> &kd) {
+#pragma unroll
+  for (int x = 0; x < BC / 8; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int i = fc_hp_drop_bit<BC>(x, e);
+      s[4 * x + e] = (kd.w[i / 32] >> (i % 32)) & 1u ? s[4 * x + e] : 0.0f;
+    }
 }
 
 #endif /* FC_HOPPER_ARCH */
