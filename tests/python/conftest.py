@@ -31,6 +31,28 @@ def need_torch_ops():
     return torch, _ops
 
 
+def hopper_skip_reason():
+    """Why the cuda-hopper tests cannot run here ("no CUDA device", "no sm_90: ..."), or None when they can."""
+    hopper = BACKENDS.get("cuda-hopper")
+    if not any(b.device == "cuda" and b.usable for b in BACKENDS.values()):
+        return "no CUDA device"
+    if hopper is None:
+        return "no sm_90: this libflashc has no cuda-hopper"
+    if not hopper.usable:
+        return f"no sm_90: cuda-hopper is not usable here ({hopper.why_unusable})"
+    return None
+
+
+def cuda_qkv_dv(torch, shape, dtype):
+    """Random q, k, v, dout on the GPU of shape (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v):
+    v and dout with V's head dim."""
+    b, sq, sk, hq, hkv, d, dv = shape
+    tdt = getattr(torch, dtype)
+    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
+    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, dv), (b, sq, hq, dv)))
+    return q, k, v, dout
+
+
 def need_extension():
     """flashc._torch_fast with the C++ extension loaded, skipping where it is not."""
     from flashc import _torch_fast

@@ -8,7 +8,7 @@ with "no CUDA device" where cuda-mma cannot run.
 
 import numpy as np
 import pytest
-from conftest import BACKENDS
+from conftest import BACKENDS, cuda_qkv_dv
 
 import flashc
 
@@ -70,10 +70,7 @@ def test_dense(name, shape, opts, dtype):
     import flashc.torch as ft
 
     torch.manual_seed(0)
-    b, sq, sk, hq, hkv, d, dv = shape
-    tdt = getattr(torch, dtype)
-    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
-    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, dv), (b, sq, hq, dv)))
+    q, k, v, dout = cuda_qkv_dv(torch, shape, dtype)
     want = reference(q, k, v, dout, **{key: val for key, val in opts.items() if key != "num_splits"})
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     o, lse = ft.attention(q, k, v, backend="cuda-mma", return_lse=True, **opts)

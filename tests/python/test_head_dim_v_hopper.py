@@ -14,24 +14,11 @@ Skips with "no CUDA device" without one, and "no sm_90" where cuda-hopper is not
 
 import numpy as np
 import pytest
-from conftest import BACKENDS, visible
+from conftest import cuda_qkv_dv, hopper_skip_reason, visible
 
 import flashc
 
-HOPPER = BACKENDS.get("cuda-hopper")
-
-
-def _skip_reason():
-    if not any(b.device == "cuda" and b.usable for b in BACKENDS.values()):
-        return "no CUDA device"
-    if HOPPER is None:
-        return "no sm_90: this libflashc has no cuda-hopper"
-    if not HOPPER.usable:
-        return f"no sm_90: cuda-hopper is not usable here ({HOPPER.why_unusable})"
-    return None
-
-
-SKIP = _skip_reason()
+SKIP = hopper_skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 
@@ -149,12 +136,9 @@ CASES = [
 def test_dense(name, shape, opts, dtype):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    b, sq, sk, hq, hkv, d, dv = shape
-    tdt = getattr(torch, dtype)
     causal, window = opts.get("causal", False), opts.get("window")
-    scale = opts.get("scale", d**-0.5)
-    q, k = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sq, hq, d), (b, sk, hkv, d)))
-    v, dout = (torch.randn(s, dtype=tdt, device="cuda") for s in ((b, sk, hkv, dv), (b, sq, hq, dv)))
+    scale = opts.get("scale", shape[5] ** -0.5)
+    q, k, v, dout = cuda_qkv_dv(torch, shape, dtype)
     want = reference(q, k, v, dout, causal, window, scale)
     peer = plain(torch, q, k, v, dout, causal, window, scale)
     got = run_hopper(torch, q, k, v, dout, causal, window, scale)

@@ -14,24 +14,11 @@ cuda-hopper is not usable.
 """
 
 import pytest
-from conftest import BACKENDS
+from conftest import hopper_skip_reason
 
 import flashc
 
-HOPPER = BACKENDS.get("cuda-hopper")
-
-
-def _skip_reason():
-    if not any(b.device == "cuda" and b.usable for b in BACKENDS.values()):
-        return "no CUDA device"
-    if HOPPER is None:
-        return "no sm_90: this libflashc has no cuda-hopper"
-    if not HOPPER.usable:
-        return f"no sm_90: cuda-hopper is not usable here ({HOPPER.why_unusable})"
-    return None
-
-
-SKIP = _skip_reason()
+SKIP = hopper_skip_reason()
 needs_hopper = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 
