@@ -33,8 +33,10 @@
  * SPLIT_KEYS = 1024 keys by default: with d = 128 in bf16 that is 256 KB of K and V per head against a partial of
  * G·(d + 2) floats, so the merge costs well under 1% while an 8k-token cache already gives 8 tasks per head block.
  * Splits double while there would be more than MAX_TASKS tasks (a large batch fills the threads already, and each
- * split's partial takes memory). */
-enum { BC = 64, RB = 128, RG = 24, HB_MAX = 8, SPLIT_KEYS = 1024, MAX_TASKS = 4096, KT_LD = BC + 16 };
+ * split's partial takes memory), and halve down to MIN_SPLIT keys while there would be fewer than MIN_TASKS: one
+ * sequence of 1k keys at heads 32/8 is otherwise one task, one thread of the machine's. */
+enum { BC = 64, RB = 128, RG = 24, HB_MAX = 8, SPLIT_KEYS = 1024, MIN_SPLIT = 256, MIN_TASKS = 16, MAX_TASKS = 4096 };
+enum { KT_LD = BC + 16 };
 
 typedef struct {
   float *Q, *K8, *Kt, *V, *S, *row, *part;
@@ -244,6 +246,8 @@ flashc_status fc_cpu_forward_kvcache(const fc_kv_problem *kp) {
   const int64_t most = kp->num_splits > 0 ? 4 * MAX_TASKS : MAX_TASKS;
   ctx.split = kp->num_splits > 0 ? fc_round_up((keys + kp->num_splits - 1) / kp->num_splits, BC) : SPLIT_KEYS;
   while (units * ((keys + ctx.split - 1) / ctx.split) > most && ctx.split < keys) ctx.split *= 2;
+  while (kp->num_splits <= 0 && units * ((keys + ctx.split - 1) / ctx.split) < MIN_TASKS && ctx.split > MIN_SPLIT)
+    ctx.split /= 2;
   if (ctx.split < BC) ctx.split = BC;
   ctx.nsplit = keys > ctx.split ? (keys + ctx.split - 1) / ctx.split : 1;
 
