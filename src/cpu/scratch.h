@@ -22,11 +22,21 @@ typedef struct fc_scratch {
 
 static inline size_t fc_align_up(size_t n) { return (n + FC_SCRATCH_ALIGN - 1) / FC_SCRATCH_ALIGN * FC_SCRATCH_ALIGN; }
 
-/* The threads worth starting for `tasks` tasks: never more than p->threads, the tasks, or the 256 that
- * fc_parallel_for starts at most. */
+/* The threads worth starting for `tasks` tasks: never more than p->threads, the tasks, the 256 that
+ * fc_parallel_for starts at most, or one per FC_WORK_PER_THREAD multiply-adds of Q·Kᵀ (batch · heads_q · seqlen_q ·
+ * seqlen_k · the larger head dim; seqlens the longest under varlen). A helper thread costs its wake-up and the join,
+ * a few microseconds, and far more where another runtime's threads spin on the same cores: PyTorch's intra-op
+ * threads do after each of its calls, and b1 s16 h8 d64 (131k multiply-adds, 17 µs on one thread) took 52.6 µs per
+ * flashc.torch.attention at 2 threads against 29.7 at 1 (bench/torch_call_cost.py, a 2-core Xeon). 2^18 is about
+ * 10 µs of the cpu backend's work at that size: s32 (4× the work) already ran faster on 2 threads (40.6 against
+ * 49.0 µs, flashc_forward from C). Threads never change the bits (the tasks' arithmetic depends on the shape). */
+enum { FC_WORK_PER_THREAD = 1 << 18 };
 static inline int fc_scratch_threads(const fc_problem *p, int64_t tasks) {
   int64_t t = p->threads;
   if (t > tasks) t = tasks;
+  const double d = (double)(p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v),
+               work = (double)p->batch * (double)p->heads_q * (double)p->seqlen_q * (double)p->seqlen_k * d;
+  if ((double)t * FC_WORK_PER_THREAD > work) t = (int64_t)(work / FC_WORK_PER_THREAD);
   if (t > 256) t = 256;
   return t < 1 ? 1 : (int)t;
 }
