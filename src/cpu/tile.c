@@ -18,6 +18,11 @@ static void load_values(const fc_cpu_kernels *kern, flashc_dtype dtype, const vo
   }
 }
 
+void fc_tile_load_run(const fc_cpu_kernels *kern, flashc_dtype dtype, const void *base, int64_t offset, int64_t n,
+                      float mul, float *dst) {
+  load_values(kern, dtype, base, offset, n, mul, dst);
+}
+
 static int64_t row_offset(const fc_rows *at, int64_t r) {
   return fc_offset(at->v, at->s, at->start, at->row0 + r, at->h);
 }

@@ -36,6 +36,9 @@ static inline int64_t fc_row_dim(const fc_problem *p, const fc_view *v) {
 
 /* Row-major: dst[r·ld + c] for c < d; columns [d, fc_pad8(d)) are set to 0. */
 void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, float mul, float *dst, int64_t ld);
+/* n consecutive elements of the dtype from base + offset (in elements), times mul, into dst as fp32. */
+void fc_tile_load_run(const fc_cpu_kernels *kern, flashc_dtype dtype, const void *base, int64_t offset, int64_t n,
+                      float mul, float *dst);
 
 /* Packed panels (kernels.h) of the rows, for a right operand B = the rows transposed (K = d, N = the rows):
  * element (r, c) at dst[(r / nr)·ps + c·nr + r % nr]; rows [rows, ⌈rows/nr⌉·nr) are set to 0. ps ≥ d·nr.
