@@ -329,7 +329,8 @@ typedef struct flashc_handle_s *flashc_handle;
  * supports the call and the memory its tensors live in. */
 flashc_status flashc_create(flashc_handle *handle, const char *backend);
 flashc_status flashc_destroy(flashc_handle handle); /* NULL is fine */
-/* CPU threads; 0 = the processors this process may run on (its CPU affinity; the default). The `cpu`
+/* CPU threads, at most; 0 = the processors this process may run on (its CPU affinity; the default). A small call
+ * runs on fewer (one per 2^18 multiply-adds of Q·Kᵀ: a thread's wake-up would cost more than its share). The `cpu`
  * backend's results do not depend on the count: they are bit-identical at every thread count. */
 flashc_status flashc_set_threads(flashc_handle handle, int threads);
 /* CUDA stream (a cudaStream_t) for the work of CUDA backends; NULL = the legacy default stream. Calls
