@@ -6,8 +6,8 @@
 #include <string.h>
 
 /* y[c] = mul · x[c] for c < n, x being n values of the caller's dtype at element `offset` of `base`. */
-static void load_values(const fc_cpu_kernels *kern, flashc_dtype dtype, const void *base, int64_t offset, int64_t n,
-                        float mul, float *y) {
+void fc_tile_load_run(const fc_cpu_kernels *kern, flashc_dtype dtype, const void *base, int64_t offset, int64_t n,
+                      float mul, float *y) {
   switch (dtype) {
   case FLASHC_F32: kern->load_f32((const float *)base + offset, y, n, mul); break;
   case FLASHC_F16: kern->load_f16((const uint16_t *)base + offset, y, n, mul); break;
@@ -18,11 +18,6 @@ static void load_values(const fc_cpu_kernels *kern, flashc_dtype dtype, const vo
   }
 }
 
-void fc_tile_load_run(const fc_cpu_kernels *kern, flashc_dtype dtype, const void *base, int64_t offset, int64_t n,
-                      float mul, float *dst) {
-  load_values(kern, dtype, base, offset, n, mul, dst);
-}
-
 static int64_t row_offset(const fc_rows *at, int64_t r) {
   return fc_offset(at->v, at->s, at->start, at->row0 + r, at->h);
 }
@@ -31,7 +26,7 @@ void fc_tile_load(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
   const int64_t d = fc_row_dim(p, at.v), dp = fc_pad8(d);
   for (int64_t r = 0; r < at.rows; r++) {
     float *out = dst + r * ld;
-    load_values(kern, p->dtype, at.v->data, row_offset(&at, r), d, mul, out);
+    fc_tile_load_run(kern, p->dtype, at.v->data, row_offset(&at, r), d, mul, out);
     for (int64_t c = d; c < dp; c++) out[c] = 0.0f;
   }
 }
@@ -53,7 +48,7 @@ void fc_tile_pack_t(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at,
     for (int64_t r0 = 0; r0 < at.rows; r0 += 8) {
       const int64_t n = at.rows - r0 < 8 ? at.rows - r0 : 8;
       for (int64_t i = 0; i < n; i++)
-        load_values(kern, p->dtype, at.v->data, row_offset(&at, r0 + i), d, mul, rows8 + i * LD);
+        fc_tile_load_run(kern, p->dtype, at.v->data, row_offset(&at, r0 + i), d, mul, rows8 + i * LD);
       kern->transpose(rows8, LD, n, d, dst + r0 / nr * ps + r0 % nr, nr);
     }
   }
@@ -70,7 +65,7 @@ void fc_tile_pack(const fc_cpu_kernels *kern, const fc_problem *p, fc_rows at, f
     for (int64_t c0 = 0; c0 < cols; c0 += nr) {
       float *out = dst + c0 / nr * ps + r * nr;
       const int64_t n = d - c0 < nr ? d - c0 : nr;
-      load_values(kern, p->dtype, at.v->data, offset + c0, n, mul, out);
+      fc_tile_load_run(kern, p->dtype, at.v->data, offset + c0, n, mul, out);
       for (int64_t c = n; c < nr; c++) out[c] = 0.0f;
     }
   }
@@ -142,7 +137,7 @@ void fc_tile_attn_mask(const fc_cpu_kernels *kern, const fc_problem *p, int64_t 
     } else if (st[3] == 1) { /* a contiguous row: the SIMD conversion, log2 e applied on the way */
       for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
         const int64_t n = cols - c0 < CHUNK ? cols - c0 : CHUNK;
-        load_values(kern, p->dtype, p->attn_mask, at + c0, n, 1.4426950408889634f, bias);
+        fc_tile_load_run(kern, p->dtype, p->attn_mask, at + c0, n, 1.4426950408889634f, bias);
         for (int64_t c = 0; c < n; c++) S_r[c0 + c] += bias[c];
       }
     } else {
