@@ -1,7 +1,8 @@
 /* common/fill.cu — the results that api.c writes in device memory: those of an empty problem (write_empty_results:
  * zeros in a strided view, −inf in lse; no backend kernel runs for such a problem, so these are the only writes it
  * makes) and those of the rows past seqused (write_unused_rows), and the sequences' ends under seqused or under device
- * offsets that the kernels read (mma/host.cuh), and the debug dropout mask (write_dropout_mask). */
+ * offsets that the kernels read (mma/host.cuh), the debug dropout mask (write_dropout_mask), and cuda-mma's staged
+ * copies of views whose rows are not on 16 bytes (mma/host.cuh, fc_mma_stage). */
 #include "common/bwd_rows.cuh" /* fc_bwd_pad_offset */
 #include "common/common.cuh"
 #include "../../philox.h"
@@ -9,16 +10,27 @@
 #include <math.h>
 #include <string.h>
 
-/* x: [n0, n1, n2, row], row contiguous, strides s0, s1, s2 in elements. Element e of the flattened view → its
- * address; only the view's elements are written (a strided o keeps the memory between its rows). T is an
- * unsigned integer of the element's size: all-zero bits are +0 in every dtype. */
-template <typename T>
-__global__ void fc_zero_rows_kernel(T *x, int64_t n1, int64_t n2, int64_t row, int64_t s0, int64_t s1, int64_t s2,
-                                    int64_t total) {
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t d = e % row, r = e / row;
-    const int64_t i2 = r % n2, i1 = (r / n2) % n1, i0 = r / n2 / n1;
-    x[i0 * s0 + i1 * s1 + i2 * s2 + d] = T(0);
+/* x: [n0, n1, n2, row], row contiguous, strides s0, s1, s2 in elements: x ← from (the same shape, strides f0, f1, f2),
+ * or zeros where from is NULL. One warp per row, its lanes over the row's elements: the row's address is worked out
+ * once (64-bit divisions per element made a staged copy of 15 MB take 4× its memory time), and only the view's
+ * elements are written (a strided o keeps the memory between its rows). T is an unsigned integer of the element's
+ * size: all-zero bits are +0 in every dtype. */
+typedef struct fc_rows_shape {
+  int64_t n1, n2, row, s0, s1, s2, f0, f1, f2;
+} fc_rows_shape;
+
+template <typename T> __global__ void fc_rows_kernel(T *x, const T *from, const fc_rows_shape sh, int64_t rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * blockDim.x / 32;
+  for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const int64_t i2 = r % sh.n2, i1 = (r / sh.n2) % sh.n1, i0 = r / sh.n2 / sh.n1;
+    T *to = x + i0 * sh.s0 + i1 * sh.s1 + i2 * sh.s2;
+    if (from) {
+      const T *src = from + i0 * sh.f0 + i1 * sh.f1 + i2 * sh.f2;
+      for (int64_t d = lane; d < sh.row; d += 32) to[d] = src[d];
+    } else {
+      for (int64_t d = lane; d < sh.row; d += 32) to[d] = T(0);
+    }
   }
 }
 
@@ -34,18 +46,32 @@ static unsigned fc_fill_blocks(int64_t n) {
 }
 
 template <typename T>
-static flashc_status fc_zero_rows_launch(const fc_problem *p, void *data, const int64_t n[3], const int64_t st[3],
-                                         int64_t row, int64_t total) {
-  fc_zero_rows_kernel<T>
-      <<<fc_fill_blocks(total), 256, 0, fc_stream(p)>>>((T *)data, n[1], n[2], row, st[0], st[1], st[2], total);
-  FC_LAUNCH_CHECK("fc_zero_rows_kernel");
+static flashc_status fc_rows_launch(const fc_problem *p, void *x, const void *from, const fc_rows_shape *sh,
+                                    int64_t total) {
+  const int64_t rows = total / sh->row;
+  fc_rows_kernel<T><<<fc_fill_blocks(rows * 32), 256, 0, fc_stream(p)>>>((T *)x, (const T *)from, *sh, rows);
+  FC_LAUNCH_CHECK("fc_rows_kernel");
   return FLASHC_OK;
+}
+
+/* x ← from (NULL: zeros) over the view [n0, n1, n2, row] with strides st of x and fst of from (NULL when from is). */
+static flashc_status fc_device_rows(const fc_problem *p, void *x, const int64_t st[3], const void *from,
+                                    const int64_t fst[3], const int64_t n[3], int64_t row) {
+  const size_t es = flashc_dtype_size(p->dtype);
+  const int64_t total = n[0] * n[1] * n[2] * row; /* ≤ the view's span, checked by validation */
+  if (total == 0) return FLASHC_OK;
+  const fc_rows_shape sh = {n[1], n[2], row, st[0], st[1], st[2], fst ? fst[0] : 0, fst ? fst[1] : 0, fst ? fst[2] : 0};
+  switch (es) {
+  case 2: return fc_rows_launch<uint16_t>(p, x, from, &sh, total);
+  case 4: return fc_rows_launch<uint32_t>(p, x, from, &sh, total);
+  case 8: return fc_rows_launch<uint64_t>(p, x, from, &sh, total);
+  }
+  return fc_error(FLASHC_ERR_INTERNAL, "fc_device_rows: element size %zu", es);
 }
 
 extern "C" flashc_status fc_device_zero_rows(const fc_problem *p, void *data, const int64_t n[3],
                                              const int64_t stride[3], int64_t row) {
-  const size_t es = flashc_dtype_size(p->dtype);
-  const int64_t total = n[0] * n[1] * n[2] * row; /* ≤ the view's span, checked by validation */
+  const int64_t total = n[0] * n[1] * n[2] * row;
   if (total == 0) return FLASHC_OK;
   /* Dense (each stride the size of what it steps over, or a dim of 1): one memset over the elements. */
   bool dense = true;
@@ -55,15 +81,16 @@ extern "C" flashc_status fc_device_zero_rows(const fc_problem *p, void *data, co
     inner *= n[d];
   }
   if (dense) {
-    FC_CUDA_CHECK(cudaMemsetAsync(data, 0, (size_t)total * es, fc_stream(p)));
+    FC_CUDA_CHECK(cudaMemsetAsync(data, 0, (size_t)total * flashc_dtype_size(p->dtype), fc_stream(p)));
     return FLASHC_OK;
   }
-  switch (es) {
-  case 2: return fc_zero_rows_launch<uint16_t>(p, data, n, stride, row, total);
-  case 4: return fc_zero_rows_launch<uint32_t>(p, data, n, stride, row, total);
-  case 8: return fc_zero_rows_launch<uint64_t>(p, data, n, stride, row, total);
-  }
-  return fc_error(FLASHC_ERR_INTERNAL, "fc_device_zero_rows: element size %zu", es);
+  return fc_device_rows(p, data, stride, NULL, NULL, n, row);
+}
+
+extern "C" flashc_status fc_device_copy_rows(const fc_problem *p, void *to, const int64_t to_stride[3],
+                                             const void *from, const int64_t from_stride[3], const int64_t n[3],
+                                             int64_t row) {
+  return fc_device_rows(p, to, to_stride, from, from_stride, n, row);
 }
 
 extern "C" flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, float value) {

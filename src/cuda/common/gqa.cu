@@ -4,7 +4,8 @@
  * heads_q / heads_kv query heads per kv head) that is `group` query heads one after another in one CTA: the grid
  * has batch·heads_kv·key-blocks CTAs and each runs `group` times as long as with MHA, so a small grid (MQA: one kv
  * head) leaves most SMs idle. Splitting each group into `split` parts, one CTA each, restores MHA's grid; every part
- * writes its own dK/dV (16-bit, as the kernel stores them) into a workspace [rows_k, heads_kv·split, head_dim], and
+ * writes its own dK/dV (16-bit, as the kernel stores them) into a workspace [rows_k, heads_kv·split, ld] (ld: head_dim
+ * rounded up to 8 elements, so that every row starts on 16 bytes, as cuda-mma's kernels need), and
  * fc_gqa_reduce sums the parts of each kv head in fp32, in a fixed order (deterministic), into the caller's dK/dV.
  * That is FlashAttention-2's dk_expanded sum; its rounding is that of autograd over K/V expanded to the query heads.
  */
@@ -41,37 +42,39 @@ int fc_gqa_split(const fc_problem *p, int64_t key_blocks, int ctas_per_sm, int m
   return (int)group;
 }
 
+static int64_t fc_gqa_ld(const fc_problem *p) { return (p->head_dim + 7) / 8 * 8; }
+
 size_t fc_gqa_workspace_bytes(const fc_problem *p, int split) {
   if (split <= 1) return 0;
-  const size_t one = (size_t)p->total_k * (size_t)(p->heads_kv * split) * (size_t)p->head_dim * 2;
+  const size_t one = (size_t)p->total_k * (size_t)(p->heads_kv * split) * (size_t)fc_gqa_ld(p) * 2;
   return 2 * ((one + 255) / 256 * 256); /* dK's parts, then dV's, each 256-byte aligned */
 }
 
 void fc_gqa_part_views(const fc_problem *p, int split, void *ws, fc_view *dk, fc_view *dv) {
-  const size_t one = (size_t)p->total_k * (size_t)(p->heads_kv * split) * (size_t)p->head_dim * 2;
+  const size_t one = (size_t)p->total_k * (size_t)(p->heads_kv * split) * (size_t)fc_gqa_ld(p) * 2;
   dk->data = ws;
   dv->data = (char *)ws + (one + 255) / 256 * 256;
-  dk->stride_h = dv->stride_h = p->head_dim;
-  dk->stride_s = dv->stride_s = p->heads_kv * split * p->head_dim;
+  dk->stride_h = dv->stride_h = fc_gqa_ld(p);
+  dk->stride_s = dv->stride_s = p->heads_kv * split * fc_gqa_ld(p);
   /* varlen: stride_b 0, as every varlen view (internal.h): the kernels index sequence s at b = s, row cu_seqlens[s] */
   dk->stride_b = dv->stride_b = p->cu_seqlens_k ? 0 : p->seqlen_k * dk->stride_s;
 }
 
-/* out[b, s, h, c] = Σ_part parts[(b·S + s), h·split + part, c], part 0 first. One thread per element of out:
- * consecutive threads take consecutive columns, so both sides are read and written in whole rows. */
+/* out[b, s, h, c] = Σ_part parts[(b·S + s), h·split + part, c] (rows of ld elements), part 0 first. One thread per
+ * element of out: consecutive threads take consecutive columns, so both sides are read and written in whole rows. */
 template <typename T>
 static __global__ void fc_gqa_reduce_kernel(const uint16_t *__restrict__ parts, uint16_t *__restrict__ out, int64_t sb,
                                             int64_t ss, int64_t sh, int64_t rows_per_b, int64_t n_rows, int heads_kv,
-                                            int split, int head_dim) {
+                                            int split, int head_dim, int ld) {
   const int64_t n = n_rows * heads_kv * head_dim;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int c = (int)(i % head_dim);
     const int64_t rh = i / head_dim;
     const int h = (int)(rh % heads_kv);
     const int64_t r = rh / heads_kv;
-    const uint16_t *src = parts + (r * heads_kv * split + (int64_t)h * split) * head_dim + c;
+    const uint16_t *src = parts + (r * heads_kv * split + (int64_t)h * split) * ld + c;
     float sum = 0.f;
-    for (int part = 0; part < split; part++) sum += fc_to_float<T>(src[(int64_t)part * head_dim]);
+    for (int part = 0; part < split; part++) sum += fc_to_float<T>(src[(int64_t)part * ld]);
     out[(r / rows_per_b) * sb + (r % rows_per_b) * ss + h * sh + c] = fc_from_float<T>(sum);
   }
 }
@@ -90,11 +93,11 @@ flashc_status fc_gqa_reduce(const fc_problem *p, int split, const fc_view *dk_pa
     if (p->dtype == FLASHC_F16)
       fc_gqa_reduce_kernel<__half><<<blocks, threads, 0, stream>>>(
           (const uint16_t *)parts[x]->data, (uint16_t *)o->data, o->stride_b, o->stride_s, o->stride_h, rows_per_b,
-          n_rows, (int)p->heads_kv, split, (int)p->head_dim);
+          n_rows, (int)p->heads_kv, split, (int)p->head_dim, (int)fc_gqa_ld(p));
     else
       fc_gqa_reduce_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
           (const uint16_t *)parts[x]->data, (uint16_t *)o->data, o->stride_b, o->stride_s, o->stride_h, rows_per_b,
-          n_rows, (int)p->heads_kv, split, (int)p->head_dim);
+          n_rows, (int)p->heads_kv, split, (int)p->head_dim, (int)fc_gqa_ld(p));
     FC_LAUNCH_CHECK("fc_gqa_reduce_kernel");
   }
   return FLASHC_OK;

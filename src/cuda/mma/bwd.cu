@@ -113,10 +113,35 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   const size_t dbias_at = gqa_at + fc_round256(fc_gqa_workspace_bytes(p, split)), dbias_bytes = fc_mma_dbias_bytes(p);
   /* a boolean attn_mask's tiles (mma/bwd_score_mod.cu), last */
   const size_t tiles_at = dbias_at + fc_round256(dbias_bytes), tiles_bytes = fc_mma_bwd_tiles_bytes(p, &pl);
+  /* q, k, v, dout, dq, dk, dv whose rows are not on 16 bytes: staged copies (mma/host.cuh), last; dK/dV of split
+   * groups go to the parts (whose rows are) and fc_gqa_reduce writes the caller's. o is read by the row pass alone. */
+  size_t stage_at = tiles_at + fc_round256(tiles_bytes);
+  fc_mma_stage sq, sk, sv, sdo, sdq, sdk = {}, sdv = {};
+  fc_mma_stage_plan(p, &p->q, false, p->head_dim, &stage_at, &sq);
+  fc_mma_stage_plan(p, &p->k, true, p->head_dim, &stage_at, &sk);
+  fc_mma_stage_plan(p, &p->v, true, p->head_dim_v, &stage_at, &sv);
+  fc_mma_stage_plan(p, &p->dout, false, p->head_dim_v, &stage_at, &sdo);
+  fc_mma_stage_plan(p, &p->dq, false, p->head_dim, &stage_at, &sdq);
+  if (split == 1) {
+    fc_mma_stage_plan(p, &p->dk, true, p->head_dim, &stage_at, &sdk);
+    fc_mma_stage_plan(p, &p->dv, true, p->head_dim_v, &stage_at, &sdv);
+  }
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, (void **)&ws));
-  fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV, summed by fc_gqa_reduce */
-  if (split > 1) fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
+  FC_CHECK(fc_device_workspace(p, stage_at, (void **)&ws));
+  fc_view dk = p->dk, dv = p->dv; /* split GQA groups: each part's dK/dV (rows on 16 bytes), summed by fc_gqa_reduce */
+  if (split > 1) {
+    fc_gqa_part_views(p, split, ws + gqa_at, &dk, &dv);
+    sdk.view = dk, sdk.bytes = 0, sdv.view = dv, sdv.bytes = 0;
+  }
+  /* the gradients: every row written (those past seqused by api.c afterwards; past a device offset's cut unspecified)
+   */
+  FC_CHECK(fc_mma_stage_in(p, ws, &sq, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sk, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sv, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sdo, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sdq, false));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sdk, false));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sdv, false));
   const cudaStream_t stream = fc_stream(p);
   fc_mma_seqs seqs;
   int64_t *pad_on_device = p->cu_seqlens_device ? (int64_t *)(ws + cu_bytes) : NULL;
@@ -134,17 +159,19 @@ flashc_status fc_mma_backward(const fc_problem *p) {
     a.dq_accum = (float *)(ws + cu_bytes + pad_bytes + 2 * row_bytes);
     if (!a.dq_tile_w) FC_CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream));
   }
-  a.q = (const uint16_t *)p->q.data, a.k = (const uint16_t *)p->k.data, a.v = (const uint16_t *)p->v.data;
-  a.o = (const uint16_t *)p->o.data, a.dout = (const uint16_t *)p->dout.data;
-  a.dq = (uint16_t *)p->dq.data, a.dk = (uint16_t *)dk.data, a.dv = (uint16_t *)dv.data;
-  a.q_sb = p->q.stride_b, a.q_ss = p->q.stride_s, a.q_sh = p->q.stride_h;
-  a.k_sb = p->k.stride_b, a.k_ss = p->k.stride_s, a.k_sh = p->k.stride_h;
-  a.v_sb = p->v.stride_b, a.v_ss = p->v.stride_s, a.v_sh = p->v.stride_h;
+  const fc_view *q = &sq.view, *k = &sk.view, *v = &sv.view, *dout = &sdo.view, *dq = &sdq.view;
+  const fc_view *dk_k = &sdk.view, *dv_k = &sdv.view; /* what the kernels write: the parts, a copy, or the caller's */
+  a.q = (const uint16_t *)q->data, a.k = (const uint16_t *)k->data, a.v = (const uint16_t *)v->data;
+  a.o = (const uint16_t *)p->o.data, a.dout = (const uint16_t *)dout->data;
+  a.dq = (uint16_t *)dq->data, a.dk = (uint16_t *)dk_k->data, a.dv = (uint16_t *)dv_k->data;
+  a.q_sb = q->stride_b, a.q_ss = q->stride_s, a.q_sh = q->stride_h;
+  a.k_sb = k->stride_b, a.k_ss = k->stride_s, a.k_sh = k->stride_h;
+  a.v_sb = v->stride_b, a.v_ss = v->stride_s, a.v_sh = v->stride_h;
   a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
-  a.do_sb = p->dout.stride_b, a.do_ss = p->dout.stride_s, a.do_sh = p->dout.stride_h;
-  a.dq_sb = p->dq.stride_b, a.dq_ss = p->dq.stride_s, a.dq_sh = p->dq.stride_h;
-  a.dk_sb = dk.stride_b, a.dk_ss = dk.stride_s, a.dk_sh = dk.stride_h;
-  a.dv_sb = dv.stride_b, a.dv_ss = dv.stride_s, a.dv_sh = dv.stride_h;
+  a.do_sb = dout->stride_b, a.do_ss = dout->stride_s, a.do_sh = dout->stride_h;
+  a.dq_sb = dq->stride_b, a.dq_ss = dq->stride_s, a.dq_sh = dq->stride_h;
+  a.dk_sb = dk_k->stride_b, a.dk_ss = dk_k->stride_s, a.dk_sh = dk_k->stride_h;
+  a.dv_sb = dv_k->stride_b, a.dv_ss = dv_k->stride_s, a.dv_sh = dv_k->stride_h;
   a.lse = p->lse;
   a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
   a.total_q = p->total_q;
@@ -157,22 +184,21 @@ flashc_status fc_mma_backward(const fc_problem *p) {
   a.negate_q = p->scale < 0.0f;
   a.window_left = p->window_left, a.window_right = p->window_right, a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  const bool aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
-                       fc_mma_view_aligned(&p->dout) && fc_mma_view_aligned(&p->dq) && fc_mma_view_aligned(&dk) &&
-                       fc_mma_view_aligned(&dv);
   /* Softcap, ALiBi, dropout or attn_mask: the plan's kernels built with SCORE_MOD (mma/score_mod.cuh). */
   if (fc_mma_score_mod_of(p, &a.mod)) {
-    FC_CHECK(fc_mma_bwd_score_mod(p, &a, aligned, &pl, dbias_bytes ? ws + dbias_at : NULL,
-                                  tiles_bytes ? ws + tiles_at : NULL));
+    FC_CHECK(fc_mma_bwd_score_mod(p, &a, &pl, dbias_bytes ? ws + dbias_at : NULL, tiles_bytes ? ws + tiles_at : NULL));
   } else if (p->head_dim_v != p->head_dim) { /* V's own head dim: the kernels built with DV_COLS */
     if (p->dtype == FLASHC_F16)
-      FC_CHECK((fc_mma_bwd_dispatch<__half, false, true>(p, &a, aligned, &pl)));
+      FC_CHECK((fc_mma_bwd_dispatch<__half, false, true>(p, &a, &pl)));
     else
-      FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, false, true>(p, &a, aligned, &pl)));
+      FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, false, true>(p, &a, &pl)));
   } else if (p->dtype == FLASHC_F16) {
-    FC_CHECK((fc_mma_bwd_dispatch<__half, false>(p, &a, aligned, &pl)));
+    FC_CHECK((fc_mma_bwd_dispatch<__half, false>(p, &a, &pl)));
   } else {
-    FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, false>(p, &a, aligned, &pl)));
+    FC_CHECK((fc_mma_bwd_dispatch<__nv_bfloat16, false>(p, &a, &pl)));
   }
-  return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
+  FC_CHECK(fc_mma_stage_out(p, &sdq));
+  if (split > 1) return fc_gqa_reduce(p, split, &dk, &dv);
+  FC_CHECK(fc_mma_stage_out(p, &sdk));
+  return fc_mma_stage_out(p, &sdv);
 }

@@ -104,18 +104,17 @@ static __device__ __forceinline__ bool fc_bwd_visible(int64_t i, int64_t j, int6
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
 }
 
-/* One query block of one head for dkdv: Q_i and dO_i tiles (cp.async when
- * ALIGNED; d and dv columns: Q's and dO's head dims) and the 16-byte-aligned padded lse2, D rows (always present:
- * the buffers are padded to whole blocks). */
-template <int BR, int D, int NT, bool ALIGNED>
+/* One query block of one head for dkdv: Q_i and dO_i tiles (cp.async; d and dv columns: Q's and dO's head dims) and the
+ * 16-byte-aligned padded lse2, D rows (always present: the buffers are padded to whole blocks). */
+template <int BR, int D, int NT>
 static __device__ __forceinline__ void fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD,
                                                      const uint16_t *q, const uint16_t *dout, const float *lse2,
                                                      const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss,
                                                      int64_t do_ss, int64_t q_sh, int64_t do_sh, int hh, int q0, int sq,
                                                      int d, int dv, int64_t total_pad, int64_t pad0, int tid) {
   const uint16_t *Q = q + q_seq + q0 * q_ss + hh * q_sh, *dO = dout + do_seq + q0 * do_ss + hh * do_sh;
-  fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q, q_ss, sq - q0, d, tid, Q);
-  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO, do_ss, sq - q0, dv, tid, dO);
+  fc_load_tile<BR, D, NT>(sQ, Q, q_ss, sq - q0, d, tid, Q);
+  fc_load_tile<BR, D, NT>(sdO, dO, do_ss, sq - q0, dv, tid, dO);
   const int64_t at = hh * total_pad + pad0 + q0;
   if (tid < BR / 4)
     fc_cp_async16(fc_smem_u32(sL + 4 * tid), lse2 + at + 4 * tid, 16);

@@ -296,7 +296,7 @@ static __device__ __forceinline__ void fc_bwd_fa2_sdq_add(const fc_mma_bwd_args 
  * chunks per row, NT a multiple of it): one shared offset plus constants, and the global rows taken from q0 + r0
  * each time, so that no per-thread row offset or column is held in registers across the loop (fc_load_tile's
  * chunk indices, compiled separately per chunk, were 8-12 registers there). */
-template <int BR, int D, int NT, bool ALIGNED>
+template <int BR, int D, int NT>
 static __device__ __forceinline__ void
 fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
                        const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
@@ -315,18 +315,8 @@ fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const 
     const int n = in ? cols : 0, nv = in ? cols_v : 0; /* valid elements of the chunk of Q, of dO */
     const uint16_t *fq = Q + (int64_t)(k * RP) * q_ss, *fo = dO + (int64_t)(k * RP) * do_ss;
     uint16_t *tq = sQ + off + k * RP * DS, *to = sdO + off + k * RP * DS;
-    if constexpr (ALIGNED) {
-      fc_cp_async16(fc_smem_u32(tq), n > 0 ? fq : safe, 2 * n);
-      fc_cp_async16(fc_smem_u32(to), nv > 0 ? fo : safe, 2 * nv);
-    } else {
-      uint16_t eq[8], eo[8];
-#pragma unroll
-      for (int x = 0; x < 8; x++) eq[x] = x < n ? fq[x] : (uint16_t)0, eo[x] = x < nv ? fo[x] : (uint16_t)0;
-      *(uint4 *)tq = make_uint4(eq[0] | (uint32_t)eq[1] << 16, eq[2] | (uint32_t)eq[3] << 16,
-                                eq[4] | (uint32_t)eq[5] << 16, eq[6] | (uint32_t)eq[7] << 16);
-      *(uint4 *)to = make_uint4(eo[0] | (uint32_t)eo[1] << 16, eo[2] | (uint32_t)eo[3] << 16,
-                                eo[4] | (uint32_t)eo[5] << 16, eo[6] | (uint32_t)eo[7] << 16);
-    }
+    fc_cp_async16(fc_smem_u32(tq), n > 0 ? fq : safe, 2 * n);
+    fc_cp_async16(fc_smem_u32(to), nv > 0 ? fo : safe, 2 * nv);
   }
   const int64_t at = hh * total_pad + pad0 + q0;
   if (tid < BR / 4)
@@ -360,7 +350,7 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
  * score, so PDP's start at −lse2/c does not apply), with the dQ of the kernel the plan picked (PDP, BULK_DQ); and
  * dropout, a third run-time branch of the same variant (fc_mma_drop_bits_t), attn_mask and dbias a fourth. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES, int WS, int WD, int WQ, int NQC, bool PDP,
-          bool ALIGNED, bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false, bool DV_COLS = false>
+          bool ATOMIC_DQ, bool BULK_DQ, bool LEAN, bool SCORE_MOD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma_bwd_args a) {
   FC_KERNEL_IN_IMAGE(
       fc_mma_bwd_in_image(FC_CODE_SM, PDP ? (BULK_DQ ? FC_MMA_BWD_FA2PB : FC_MMA_BWD_FA2P) : FC_MMA_BWD_FA2))
@@ -442,14 +432,14 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
 
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
   const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
-  fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
-  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, fc_bwd_v_cols<DV_COLS>(a), tid, V);
+  fc_load_tile<BC, D, NT>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
+  fc_load_tile<BC, D, NT>(sV, V, a.v_ss, s.sk - k0, fc_bwd_v_cols<DV_COLS>(a), tid, V);
 
   const int64_t q_seq = b * a.q_sb + s.q_start * a.q_ss, do_seq = b * a.do_sb + s.q_start * a.do_ss;
   if (n_iter > 0)
-    fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
-                                      a.q_sh, a.do_sh, h0, i_begin * BR, s.sq, a.head_dim, fc_bwd_v_cols<DV_COLS>(a),
-                                      a.total_pad, s.pad0, tid);
+    fc_bwd_load_q<BR, D, NT>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh,
+                             a.do_sh, h0, i_begin * BR, s.sq, a.head_dim, fc_bwd_v_cols<DV_COLS>(a), a.total_pad,
+                             s.pad0, tid);
   fc_cp_async_commit();
 
   const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
@@ -485,15 +475,15 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     if (QSTAGES == 2 && it + 1 < n_iter) {
       const int nx = it + 1, nst = nx % 2;
       if constexpr (LEAN && NT % (D / 8) == 0)
-        fc_bwd_fa2_load_q_rows<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR,
-                                                   sD + nst * BR, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss,
-                                                   a.do_ss, a.q_sh, a.do_sh, h0 + nx_h, (i_begin + nx_b) * BR, s.sq,
-                                                   a.head_dim, fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
-      else
-        fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
+        fc_bwd_fa2_load_q_rows<BR, D, NT>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
                                           a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
-                                          h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
-                                          fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
+                                          h0 + nx_h, (i_begin + nx_b) * BR, s.sq, a.head_dim, fc_bwd_v_cols<DV_COLS>(a),
+                                          a.total_pad, s.pad0, tid);
+      else
+        fc_bwd_load_q<BR, D, NT>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q, a.dout,
+                                 a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh, h0 + nx / n_i,
+                                 (i_begin + nx % n_i) * BR, s.sq, a.head_dim, fc_bwd_v_cols<DV_COLS>(a), a.total_pad,
+                                 s.pad0, tid);
     }
     fc_cp_async_commit();
 #if FC_BULK_ARCH
@@ -696,9 +686,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
        * only dSᵀ and K_j), so the next block's copies run beside this block's dQ. */
       __syncthreads();
       const int nx = it + 1;
-      fc_bwd_load_q<BR, D, NT, ALIGNED>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss,
-                                        a.q_sh, a.do_sh, h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
-                                        fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
+      fc_bwd_load_q<BR, D, NT>(sQ, sdO, sL, sD, a.q, a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh,
+                               a.do_sh, h0 + nx / n_i, (i_begin + nx % n_i) * BR, s.sq, a.head_dim,
+                               fc_bwd_v_cols<DV_COLS>(a), a.total_pad, s.pad0, tid);
       fc_cp_async_commit();
     }
 
@@ -836,11 +826,11 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
       const int cols_v = min(a.head_dim_v - 8 * c, 8);
       const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
       uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
-      if (ALIGNED && cols == 8)
+      if (cols == 8)
         *(uint4 *)tk = *(const uint4 *)fk;
       else
         for (int x = 0; x < cols; x++) tk[x] = fk[x];
-      if (ALIGNED && cols_v == 8)
+      if (cols_v == 8)
         *(uint4 *)tv = *(const uint4 *)fv;
       else
         for (int x = 0; x < cols_v; x++) tv[x] = fv[x];
@@ -849,7 +839,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     if (k0 + r >= s.sk || cols <= 0) continue;
     const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
     uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
-    if (ALIGNED && cols == 8) {
+    if (cols == 8) {
       *(uint4 *)tk = *(const uint4 *)fk;
       *(uint4 *)tv = *(const uint4 *)fv;
     } else {

@@ -21,7 +21,7 @@
  * shared with cuda-hopper ------------------------------------------------------------------------------------ */
 
 /* ---- 2. dkdv ------------------------------------------------------------------------------------------- */
-template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ALIGNED, bool ATOMIC_DQ>
+template <typename T, int D, int BR, int BC, int NW, int QSTAGES, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mma_bwd_args a) {
   FC_KERNEL_IN_IMAGE(fc_mma_bwd_in_image(FC_CODE_SM, FC_MMA_BWD_BASE))
   constexpr int NT = NW * 32, DS = fc_tile_stride(D), PS = fc_tile_stride(BR);
@@ -63,15 +63,15 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
 
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
   const uint16_t *V = a.v + b * a.v_sb + (s.k_start + k0) * a.v_ss + (int64_t)(hk / a.kv_split) * a.v_sh;
-  fc_load_tile<BC, D, NT, ALIGNED>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
-  fc_load_tile<BC, D, NT, ALIGNED>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
+  fc_load_tile<BC, D, NT>(sK, K, a.k_ss, s.sk - k0, a.head_dim, tid, K);
+  fc_load_tile<BC, D, NT>(sV, V, a.v_ss, s.sk - k0, a.head_dim, tid, V);
 
   /* Q_i, dO_i, lse2_i, D_i of iteration `it` into buffer `st`. */
 #define FC_BWD_ISSUE(it, st)                                                                                           \
-  fc_bwd_load_q<BR, D, NT, ALIGNED>(                                                                                   \
-      sQ + (st)*BR * DS, sdO + (st)*BR * DS, sL + (st)*BR, sD + (st)*BR, a.q, a.dout, a.lse2, a.dsum,                  \
-      b * a.q_sb + s.q_start * a.q_ss, b * a.do_sb + s.q_start * a.do_ss, a.q_ss, a.do_ss, a.q_sh, a.do_sh,            \
-      h0 + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim, a.head_dim, a.total_pad, s.pad0, tid)
+  fc_bwd_load_q<BR, D, NT>(sQ + (st)*BR * DS, sdO + (st)*BR * DS, sL + (st)*BR, sD + (st)*BR, a.q, a.dout, a.lse2,     \
+                           a.dsum, b * a.q_sb + s.q_start * a.q_ss, b * a.do_sb + s.q_start * a.do_ss, a.q_ss,         \
+                           a.do_ss, a.q_sh, a.do_sh, h0 + (it) / n_i, (i_begin + (it) % n_i) * BR, s.sq, a.head_dim,   \
+                           a.head_dim, a.total_pad, s.pad0, tid)
   if (n_iter > 0) FC_BWD_ISSUE(0, 0);
   fc_cp_async_commit();
 
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
     if (k0 + r >= s.sk || cols <= 0) continue;
     const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
     uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
-    if (ALIGNED && cols == 8) {
+    if (cols == 8) {
       *(uint4 *)tk = *(const uint4 *)fk;
       *(uint4 *)tv = *(const uint4 *)fv;
     } else {
@@ -289,7 +289,7 @@ fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4], const fc_score_mod
 /* The forward's structure with dS in place of P: Br = 128 queries (8 warps × 16
  * rows), K_j/V_j ring. SCORE_MOD: softcap, ALiBi and dropout (mma/score_mod.cuh), P of the modified score and
  * dS = P∘g∘(Z∘dP − D) as the fa2 kernels make them. */
-template <typename T, int D, int BC, int STAGES, bool ALIGNED, bool SCORE_MOD = false, bool DV_COLS = false>
+template <typename T, int D, int BC, int STAGES, bool SCORE_MOD = false, bool DV_COLS = false>
 __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(const fc_mma_bwd_args a) {
   constexpr int BR = FC_BWD_DQ_BR, NT = FC_BWD_DQ_THREADS, DS = fc_tile_stride(D), NS = BC / 8, NO = D / 8;
   extern __shared__ __align__(128) uint16_t smem[];
@@ -342,18 +342,17 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     if (a.mod.bias) bias_plane = fc_bias_plane(a.mod, b, h);
   }
 
-  fc_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, s.sq - i0, a.head_dim, tid, Q);
-  fc_load_tile<BR, D, NT, ALIGNED>(sdO, dO + (int64_t)i0 * a.do_ss, a.do_ss, s.sq - i0, fc_bwd_v_cols<DV_COLS>(a), tid,
-                                   dO);
+  fc_load_tile<BR, D, NT>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, s.sq - i0, a.head_dim, tid, Q);
+  fc_load_tile<BR, D, NT>(sdO, dO + (int64_t)i0 * a.do_ss, a.do_ss, s.sq - i0, fc_bwd_v_cols<DV_COLS>(a), tid, dO);
   fc_cp_async_commit();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
     const int j = j_begin + st;
     if (j < j_end) {
-      fc_load_tile<BC, D, NT, ALIGNED>(sK + st * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, s.sk - j * BC,
-                                       a.head_dim, tid, K);
-      fc_load_tile<BC, D, NT, ALIGNED>(sV + st * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, s.sk - j * BC,
-                                       fc_bwd_v_cols<DV_COLS>(a), tid, V);
+      fc_load_tile<BC, D, NT>(sK + st * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, s.sk - j * BC, a.head_dim, tid,
+                              K);
+      fc_load_tile<BC, D, NT>(sV + st * BC * DS, V + (int64_t)j * BC * a.v_ss, a.v_ss, s.sk - j * BC,
+                              fc_bwd_v_cols<DV_COLS>(a), tid, V);
     }
     fc_cp_async_commit();
   }
@@ -376,10 +375,10 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     {
       const int jp = j + STAGES - 1, sp = (n + STAGES - 1) % STAGES;
       if (jp < j_end) {
-        fc_load_tile<BC, D, NT, ALIGNED>(sK + sp * BC * DS, K + (int64_t)jp * BC * a.k_ss, a.k_ss, s.sk - jp * BC,
-                                         a.head_dim, tid, K);
-        fc_load_tile<BC, D, NT, ALIGNED>(sV + sp * BC * DS, V + (int64_t)jp * BC * a.v_ss, a.v_ss, s.sk - jp * BC,
-                                         fc_bwd_v_cols<DV_COLS>(a), tid, V);
+        fc_load_tile<BC, D, NT>(sK + sp * BC * DS, K + (int64_t)jp * BC * a.k_ss, a.k_ss, s.sk - jp * BC, a.head_dim,
+                                tid, K);
+        fc_load_tile<BC, D, NT>(sV + sp * BC * DS, V + (int64_t)jp * BC * a.v_ss, a.v_ss, s.sk - jp * BC,
+                                fc_bwd_v_cols<DV_COLS>(a), tid, V);
       }
       fc_cp_async_commit();
     }
@@ -493,7 +492,7 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     if (row >= s.sq || cols <= 0) continue;
     const uint16_t *from = sQ + fc_tile_off<DS>(r, c);
     uint16_t *to = dQ + (int64_t)row * a.dq_ss + 8 * c;
-    if (ALIGNED && cols == 8) {
+    if (cols == 8) {
       *(uint4 *)to = *(const uint4 *)from;
     } else {
       for (int x = 0; x < cols; x++) to[x] = from[x];
@@ -585,18 +584,15 @@ static inline flashc_status fc_mma_bwd_tail(const fc_problem *p, const void *ker
 
 /* 2, base. */
 template <typename T, int D, int BR, int BC, int NW, int QSTAGES>
-static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
+static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args *a0, bool det_dq) {
   fc_mma_bwd_args a = *a0;
   const bool atomic = !det_dq;
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
   const size_t smem = fc_mma_bwd_base_smem(D, fc_mma_bwd_base_tile{BR, BC, NW, QSTAGES});
-  void (*dkdv)(const fc_mma_bwd_args) =
-      aligned ? (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, true>
-                        : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true, false>)
-              : (atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, true>
-                        : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false, false>);
+  void (*dkdv)(const fc_mma_bwd_args) = atomic ? fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, true>
+                                               : fc_mma_bwd_dkdv_kernel<T, D, BR, BC, NW, QSTAGES, false>;
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
   FC_CHECK(fc_mma_bwd_tail(p, (const void *)dkdv, NW * 32, smem, &a));
   dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
@@ -609,7 +605,7 @@ static flashc_status fc_mma_bwd_base(const fc_problem *p, const fc_mma_bwd_args 
  * kernel. SCORE_MOD: the kernel built with softcap and ALiBi. */
 template <typename T, int D, int BR, int BC, int NW, int WS, int WD, int WQ, int NQC, bool PDP, bool BULK, bool LEAN,
           bool SCORE_MOD, bool DV_COLS = false>
-static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
+static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *a0, bool det_dq) {
   constexpr int QSTAGES = fc_mma_bwd_fa2_qstages(D, BR, BC, BULK);
   constexpr size_t smem = fc_bwd_fa2_smem(D, BR, BC, QSTAGES, BULK);
   fc_mma_bwd_args a = *a0;
@@ -621,14 +617,8 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
   int grid = 0;
   a.n_blocks = (int)fc_cdiv(p->seqlen_k, BC);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, a.heads_kv, p->batch, &grid));
-#define FC_FA2_KERNEL(AL, AT)                                                                                          \
-  fc_mma_bwd_fa2_kernel<T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP, AL, AT, BULK, LEAN, SCORE_MOD, DV_COLS>
-  void (*dkdv)(const fc_mma_bwd_args);
-  if constexpr (PDP || BULK)
-    dkdv = aligned ? FC_FA2_KERNEL(true, true) : FC_FA2_KERNEL(false, true);
-  else
-    dkdv = aligned ? FC_FA2_KERNEL(true, false) : FC_FA2_KERNEL(false, false);
-#undef FC_FA2_KERNEL
+  void (*dkdv)(const fc_mma_bwd_args) = fc_mma_bwd_fa2_kernel < T, D, BR, BC, NW, QSTAGES, WS, WD, WQ, NQC, PDP,
+                     PDP || BULK, BULK, LEAN, SCORE_MOD, DV_COLS > ;
   FC_CHECK(fc_mma_smem((const void *)dkdv, smem, "flashc_backward: backend cuda-mma"));
   FC_CHECK(fc_mma_bwd_tail(p, (const void *)dkdv, NW * 32, smem, &a));
   dkdv<<<grid, NW * 32, smem, fc_stream(p)>>>(a);
@@ -638,7 +628,7 @@ static flashc_status fc_mma_bwd_fa2(const fc_problem *p, const fc_mma_bwd_args *
 
 /* 3'/4: dQ from the fp32 buffer (atomic mode), or the deterministic dQ pass (SCORE_MOD: softcap and ALiBi). */
 template <typename T, int D, int DQ_BC, bool SCORE_MOD, bool DV_COLS = false>
-static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned, bool det_dq) {
+static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_args *a0, bool det_dq) {
   fc_mma_bwd_args a = *a0;
   const cudaStream_t stream = fc_stream(p);
   if (!det_dq) { /* 4: the fp32 sum, fa2pb's blocked one or [total_q][hq][D], converted as cuda-hopper's is */
@@ -649,8 +639,7 @@ static flashc_status fc_mma_bwd_finish(const fc_problem *p, const fc_mma_bwd_arg
   a.n_blocks = (int)fc_cdiv(p->seqlen_q, FC_BWD_DQ_BR);
   FC_CHECK(fc_mma_grid("flashc_backward", a.n_blocks, p->heads_q, p->batch, &grid));
   const size_t smem_dq = (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * DQ_BC) * fc_tile_stride(D) * 2;
-  void (*dq)(const fc_mma_bwd_args) = aligned ? fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, true, SCORE_MOD, DV_COLS>
-                                              : fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, false, SCORE_MOD, DV_COLS>;
+  void (*dq)(const fc_mma_bwd_args) = fc_mma_bwd_dq_kernel<T, D, DQ_BC, 2, SCORE_MOD, DV_COLS>;
   FC_CHECK(fc_mma_smem((const void *)dq, smem_dq, "flashc_backward: backend cuda-mma"));
   dq<<<grid, FC_BWD_DQ_THREADS, smem_dq, stream>>>(a);
   FC_LAUNCH_CHECK("fc_mma_bwd_dq_kernel");
@@ -665,44 +654,39 @@ static constexpr bool fc_mma_bwd_dv_dim(int d) { return d == 128 || d == 192; }
  * tile changes in one place; a cell without a kernel (base's br = 0) compiles nothing, nor DV_COLS at a head dim that
  * no pair runs at. */
 template <typename T, bool PDP, bool BULK, bool SCORE_MOD, bool DV_COLS = false, int I = 0>
-static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                       const fc_mma_bwd_plan *pl) {
+static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     constexpr fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[I];
     if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_bwd_dims[I])) {
       if (pl->dim == I)
         return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
-                              (BULK && t.lean != 0), SCORE_MOD, DV_COLS>(p, a, aligned, pl->det_dq);
+                              (BULK && t.lean != 0), SCORE_MOD, DV_COLS>(p, a, pl->det_dq);
     }
-    return fc_mma_bwd_fa2_at<T, PDP, BULK, SCORE_MOD, DV_COLS, I + 1>(p, a, aligned, pl);
+    return fc_mma_bwd_fa2_at<T, PDP, BULK, SCORE_MOD, DV_COLS, I + 1>(p, a, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no fa2 kernel for head dim index %d", pl->dim);
   }
 }
 template <typename T, int I = 0>
-static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                        const fc_mma_bwd_plan *pl) {
+static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     constexpr fc_mma_bwd_base_tile t = fc_mma_bwd_base_tiles[I];
     if constexpr (t.br > 0) {
-      if (pl->dim == I)
-        return fc_mma_bwd_base<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, aligned, pl->det_dq);
+      if (pl->dim == I) return fc_mma_bwd_base<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, pl->det_dq);
     }
-    return fc_mma_bwd_base_at<T, I + 1>(p, a, aligned, pl);
+    return fc_mma_bwd_base_at<T, I + 1>(p, a, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no base kernel for head dim index %d", pl->dim);
   }
 }
 template <typename T, bool SCORE_MOD, bool DV_COLS = false, int I = 0>
-static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                          const fc_mma_bwd_plan *pl) {
+static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl) {
   if constexpr (I < FC_MMA_BWD_NDIMS) {
     if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_bwd_dims[I])) {
       if (pl->dim == I)
-        return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD, DV_COLS>(p, a, aligned,
-                                                                                                 pl->det_dq);
+        return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD, DV_COLS>(p, a, pl->det_dq);
     }
-    return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS, I + 1>(p, a, aligned, pl);
+    return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS, I + 1>(p, a, pl);
   } else {
     return fc_error(FLASHC_ERR_INTERNAL, "flashc_backward: cuda-mma has no dQ pass for head dim index %d", pl->dim);
   }
@@ -712,34 +696,34 @@ static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_
  * attn_mask (no base kernel: fc_mma_bwd_plan_of never picks it for them). DV_COLS: those built for V's own head dim
  * (fc_bwd_v_cols; no base kernel either: it has no tile at d128 or d192). */
 template <typename T, bool SCORE_MOD, bool DV_COLS = false>
-static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                         const fc_mma_bwd_plan *pl, const fc_mask_tiles *dq_tiles = nullptr) {
+static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
+                                         const fc_mask_tiles *dq_tiles = nullptr) {
   FC_CHECK(fc_mma_bwd_prep<T>(p, a));
   switch (pl->kernel) {
-  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false, SCORE_MOD, DV_COLS>(p, a, aligned, pl))); break;
-  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false, SCORE_MOD, DV_COLS>(p, a, aligned, pl))); break;
-  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true, SCORE_MOD, DV_COLS>(p, a, aligned, pl))); break;
+  case FC_MMA_BWD_FA2: FC_CHECK((fc_mma_bwd_fa2_at<T, false, false, SCORE_MOD, DV_COLS>(p, a, pl))); break;
+  case FC_MMA_BWD_FA2P: FC_CHECK((fc_mma_bwd_fa2_at<T, true, false, SCORE_MOD, DV_COLS>(p, a, pl))); break;
+  case FC_MMA_BWD_FA2PB: FC_CHECK((fc_mma_bwd_fa2_at<T, true, true, SCORE_MOD, DV_COLS>(p, a, pl))); break;
   default:
     if constexpr (SCORE_MOD || DV_COLS)
       return fc_error(FLASHC_ERR_INTERNAL,
                       "flashc_backward: cuda-mma's base kernel has no softcap, ALiBi or head_dim_v");
     else
-      FC_CHECK((fc_mma_bwd_base_at<T>(p, a, aligned, pl)));
+      FC_CHECK((fc_mma_bwd_base_at<T>(p, a, pl)));
     break;
   }
   if (dq_tiles) { /* the dQ pass's own blocks (fc_mma_bwd_score_mod) */
     fc_mma_bwd_args ad = *a;
     ad.mod.tiles = *dq_tiles;
-    return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS>(p, &ad, aligned, pl);
+    return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS>(p, &ad, pl);
   }
-  return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS>(p, a, aligned, pl);
+  return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS>(p, a, pl);
 }
 
 /* The SCORE_MOD half (mma/bwd_score_mod.cu): fc_mma_bwd_dispatch<T, true> for the call's dtype, with dbias's passes
  * around it; dbias_ws: fc_mma_dbias_bytes(p) of device workspace (dbias's fp32 sums), or NULL where that is 0;
  * tiles_ws: fc_mma_bwd_tiles_bytes(p, pl) of it (a boolean mask's tiles), or NULL where that is 0. */
-flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                   const fc_mma_bwd_plan *pl, void *dbias_ws, void *tiles_ws);
+flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
+                                   void *dbias_ws, void *tiles_ws);
 size_t fc_mma_dbias_bytes(const fc_problem *p);
 size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl);
 

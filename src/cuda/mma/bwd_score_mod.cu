@@ -128,8 +128,8 @@ size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl) {
 }
 
 template <typename T>
-static flashc_status fc_mma_bwd_score_mod_as(const fc_problem *p, const fc_mma_bwd_args *a0, bool aligned,
-                                             const fc_mma_bwd_plan *pl, void *dbias_ws, void *tiles_ws) {
+static flashc_status fc_mma_bwd_score_mod_as(const fc_problem *p, const fc_mma_bwd_args *a0, const fc_mma_bwd_plan *pl,
+                                             void *dbias_ws, void *tiles_ws) {
   fc_mma_bwd_args a = *a0;
   fc_mask_tiles dq_tiles;
   bool dq_own = false;
@@ -143,12 +143,12 @@ static flashc_status fc_mma_bwd_score_mod_as(const fc_problem *p, const fc_mma_b
     }
   }
   FC_CHECK(fc_mma_dbias_begin(p, &a.mod, dbias_ws));
-  FC_CHECK((fc_mma_bwd_dispatch<T, true>(p, &a, aligned, pl, dq_own ? &dq_tiles : nullptr)));
+  FC_CHECK((fc_mma_bwd_dispatch<T, true>(p, &a, pl, dq_own ? &dq_tiles : nullptr)));
   return fc_mma_dbias_end<T>(p, &a.mod);
 }
 
-flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, bool aligned,
-                                   const fc_mma_bwd_plan *pl, void *dbias_ws, void *tiles_ws) {
-  if (p->dtype == FLASHC_F16) return fc_mma_bwd_score_mod_as<__half>(p, a, aligned, pl, dbias_ws, tiles_ws);
-  return fc_mma_bwd_score_mod_as<__nv_bfloat16>(p, a, aligned, pl, dbias_ws, tiles_ws);
+flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
+                                   void *dbias_ws, void *tiles_ws) {
+  if (p->dtype == FLASHC_F16) return fc_mma_bwd_score_mod_as<__half>(p, a, pl, dbias_ws, tiles_ws);
+  return fc_mma_bwd_score_mod_as<__nv_bfloat16>(p, a, pl, dbias_ws, tiles_ws);
 }

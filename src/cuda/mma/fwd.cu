@@ -42,7 +42,7 @@ static constexpr bool fc_mma_fwd_small_in_image(int code_sm) { return code_sm / 
 
 /* MT M-tiles of 16 rows per warp, FC_MMA_BR / (16·MT) warps. The kernel for the SMALL shapes (fc_mma_fwd_shapes);
  * mma/fwd_kernel.cuh's is the same loop with less overhead per key block. */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED>
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_kernel(const fc_mma_fwd_args a) {
   FC_KERNEL_IN_IMAGE(fc_mma_fwd_small_in_image(FC_CODE_SM))
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
     return !(k0 + BC <= sk && (a.window_right < 0 || k0 + BC - 1 <= i0 + shift + a.window_right) &&
              (a.window_left < 0 || k0 >= i_last + shift - a.window_left));
   };
-  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT, ALIGNED>(sK, sV, K, V, a, sk, tid, j, stage); };
-  fc_fwd_prologue<BR, BC, D, NT, STAGES, ALIGNED>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
+  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT>(sK, sV, K, V, a, sk, tid, j, stage); };
+  fc_fwd_prologue<BR, BC, D, NT, STAGES>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
   const uint32_t neg = a.negate_q ? 0x80008000u : 0u;
   const uint32_t q_lane = fc_fwd_lane<DS>(FC_FRAG_A, lane), k_lane = fc_fwd_lane<DS>(FC_FRAG_B, lane),
                  v_lane = fc_fwd_lane<DS>(FC_FRAG_BT, lane);
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
     }
   }
 
-  fc_fwd_finish<T, D, MT, ALIGNED>(a, w, i0, wrow, o, m, l, sQ, lane);
+  fc_fwd_finish<T, D, MT>(a, w, i0, wrow, o, m, l, sQ, lane);
 }
 
 /* ---- the plan ------------------------------------------------------------------------------------------ */
@@ -212,7 +212,7 @@ static constexpr fc_mma_fwd_shape fc_mma_fwd_shapes[FC_MMA_FWD_NROWS][FC_MMA_NDI
 };
 
 /* V's head dim different from Q/K's (flashc_params.head_dim_v): the lean kernel compiled with DV, for the pairs of
- * compiled head dims below only (each pair is 6 kernels: 2 dtypes × aligned, unaligned, split), without SCORE_MOD
+ * compiled head dims below only (each pair is 4 kernels: 2 dtypes × whole keys, split keys), without SCORE_MOD
  * and without a SMALL shape. Head dims that round up to a pair's (fc_mma_compiled_dim) run there with zero columns.
  *   192/128 (DeepSeek-V2/V3's MLA): d192's shape; 128 KB of shared memory (Q 48, K 48, V 32): sm_80 and sm_90, not
  *           sm_86/89 (99 KB), which refuse it.
@@ -269,12 +269,11 @@ static int fc_mma_dim_index(int64_t head_dim) {
 
 /* What a forward call runs. */
 typedef struct fc_mma_fwd_plan {
-  int dim;      /* index of the compiled head dim in fc_mma_dims */
-  int pair;     /* head_dim_v ≠ head_dim: index in fc_mma_fwd_dv_pairs (row is then unused); else -1 */
-  int row;      /* FC_MMA_FWD_*: the kernel and its shape */
-  bool aligned; /* every row of q, k, v, o on 16 bytes: cp.async; else the kernels' plain loads */
-  int grid;     /* query tiles: CTAs per part */
-  int splits;   /* parts the keys of each tile are split into, one CTA each (mma/fwd_split.cuh); 1: none */
+  int dim;    /* index of the compiled head dim in fc_mma_dims */
+  int pair;   /* head_dim_v ≠ head_dim: index in fc_mma_fwd_dv_pairs (row is then unused); else -1 */
+  int row;    /* FC_MMA_FWD_*: the kernel and its shape */
+  int grid;   /* query tiles: CTAs per part */
+  int splits; /* parts the keys of each tile are split into, one CTA each (mma/fwd_split.cuh); 1: none */
 } fc_mma_fwd_plan;
 
 static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl) {
@@ -312,16 +311,13 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
                     "device %d (sm_%d) allows %zu",
                     d, bytes, mod ? " (with softcap, ALiBi, dropout or attn_mask)" : "", props.device, props.sm,
                     props.smem_per_block_optin);
-  pl->aligned = fc_mma_view_aligned(&p->q) && fc_mma_view_aligned(&p->k) && fc_mma_view_aligned(&p->v) &&
-                fc_mma_view_aligned(&p->o);
-  /* The split keys: the lean kernel on aligned rows only. params.num_splits 1: none; n > 1: n parts, at most one
+  /* The split keys: the lean kernel only. params.num_splits 1: none; n > 1: n parts, at most one
    * per key block and FC_SPLIT_MAX; 0: split only a grid that fills less than half of the GPU's slots for its CTAs
    * (CTAs per SM × SMs), then enough parts to fill them, at least 4 key blocks each, at most FC_SPLIT_MAX
    * (FlashAttention-2's split-KV rule; decoding is the case): on the H100 2–4× the one-pass kernel at 1 query row
    * against 4k–128k keys (bench/results/decode.csv). */
   pl->splits = 1;
-  if (pl->row == FC_MMA_FWD_SMALL || !pl->aligned || p->seqlen_k <= 0 || pl->grid < 1 || p->num_splits == 1)
-    return FLASHC_OK;
+  if (pl->row == FC_MMA_FWD_SMALL || p->seqlen_k <= 0 || pl->grid < 1 || p->num_splits == 1) return FLASHC_OK;
   const int64_t key_blocks = fc_cdiv(p->seqlen_k, s->bc); /* varlen: the longest sequence's */
   int64_t n = p->num_splits;
   if (n <= 0) {
@@ -352,21 +348,15 @@ static flashc_status fc_mma_fwd_launch(const fc_problem *p, const fc_mma_fwd_arg
   fc_mma_fwd_args a_tail = *a0, *const a = &a_tail;
   const size_t smem = (size_t)(FC_MMA_BR * fc_tile_stride(D) + STAGES * BC * (fc_tile_stride(D) + fc_tile_stride(DV))) *
                       sizeof(uint16_t);
-  /* Rows that cp.async cannot copy (not 16-byte aligned) take the slower kernel
-   * with plain loads. */
   void (*kernel)(const fc_mma_fwd_args);
   if constexpr (SCORE_MOD) /* the lean kernel only (fc_mma_fwd_plan_of) */
-    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true, true>
-             : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, false, true>
-                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, false, true>;
+    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true>
+                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, true>;
   else if constexpr (LEAN)
-    kernel =
-        a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, true, false, DV>
-        : a->aligned    ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, false, false, DV>
-                        : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, false, false, DV>;
+    kernel = a->n_splits > 1 ? fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true, false, DV>
+                             : fc_mma_fwd_lean_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false, false, DV>;
   else
-    kernel = a->aligned ? fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, true>
-                        : fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS, false>;
+    kernel = fc_mma_fwd_kernel<T, D, BC, STAGES, MT, Q_IN_REGS, MIN_BLOCKS>;
   FC_CHECK(fc_mma_smem((const void *)kernel, smem, "flashc_forward: backend cuda-mma"));
   a_tail.n_pairs = (int)(p->batch * p->heads_q); /* fits: fc_mma_grid refused a grid past 2^31 − 1 CTAs */
   FC_CHECK(fc_tail_from(p, a->m_blocks, a_tail.n_pairs, (const void *)kernel, FC_MMA_BR / MT * 2, smem,
@@ -451,8 +441,19 @@ static flashc_status mma_forward(const fc_problem *p) {
   const int bc = pl.pair >= 0 ? fc_mma_fwd_dv_pairs[pl.pair].s.bc : fc_mma_fwd_shapes[pl.row][pl.dim].bc;
   const size_t tiles_at = (cu_bytes + split_bytes + 255) / 256 * 256;
   const size_t tiles_bytes = p->attn_mask && p->attn_mask_is_bool ? fc_mask_tiles_bytes(p, FC_MMA_BR, bc) : 0;
-  void *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, &ws));
+  /* q, k, v, o whose rows are not on 16 bytes: staged copies (mma/host.cuh), last */
+  size_t stage_at = tiles_at + (tiles_bytes + 255) / 256 * 256;
+  fc_mma_stage sq, sk, sv, so;
+  fc_mma_stage_plan(p, &p->q, false, p->head_dim, &stage_at, &sq);
+  fc_mma_stage_plan(p, &p->k, true, p->head_dim, &stage_at, &sk);
+  fc_mma_stage_plan(p, &p->v, true, p->head_dim_v, &stage_at, &sv);
+  fc_mma_stage_plan(p, &p->o, false, p->head_dim_v, &stage_at, &so);
+  char *ws = NULL;
+  FC_CHECK(fc_device_workspace(p, stage_at, (void **)&ws));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sq, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sk, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &sv, true));
+  FC_CHECK(fc_mma_stage_in(p, ws, &so, p->cu_seqlens_device)); /* rows past a cut are left as they are */
   fc_mma_fwd_args a;
   memset(&a, 0, sizeof a);
   fc_mma_seqs seqs;
@@ -460,18 +461,19 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.cu_q = seqs.cu_q, a.cu_k = seqs.cu_k, a.end_q = seqs.end_q, a.end_k = seqs.end_k;
   a.n_splits = splits;
   if (splits > 1) {
-    a.split_o = (float *)((uint8_t *)ws + cu_bytes);
+    a.split_o = (float *)(ws + cu_bytes);
     a.split_lse = a.split_o + split_rows * d;
   }
-  a.q = (const uint16_t *)p->q.data;
-  a.k = (const uint16_t *)p->k.data;
-  a.v = (const uint16_t *)p->v.data;
-  a.o = (uint16_t *)p->o.data;
+  const fc_view *q = &sq.view, *k = &sk.view, *v = &sv.view, *o = &so.view;
+  a.q = (const uint16_t *)q->data;
+  a.k = (const uint16_t *)k->data;
+  a.v = (const uint16_t *)v->data;
+  a.o = (uint16_t *)o->data;
   a.lse = p->lse;
-  a.q_sb = p->q.stride_b, a.q_ss = p->q.stride_s, a.q_sh = p->q.stride_h;
-  a.k_sb = p->k.stride_b, a.k_ss = p->k.stride_s, a.k_sh = p->k.stride_h;
-  a.v_sb = p->v.stride_b, a.v_ss = p->v.stride_s, a.v_sh = p->v.stride_h;
-  a.o_sb = p->o.stride_b, a.o_ss = p->o.stride_s, a.o_sh = p->o.stride_h;
+  a.q_sb = q->stride_b, a.q_ss = q->stride_s, a.q_sh = q->stride_h;
+  a.k_sb = k->stride_b, a.k_ss = k->stride_s, a.k_sh = k->stride_h;
+  a.v_sb = v->stride_b, a.v_ss = v->stride_s, a.v_sh = v->stride_h;
+  a.o_sb = o->stride_b, a.o_ss = o->stride_s, a.o_sh = o->stride_h;
   a.seqlen_q = (int)p->seqlen_q;
   a.seqlen_k = (int)p->seqlen_k;
   a.total_q = p->total_q;
@@ -487,21 +489,27 @@ static flashc_status mma_forward(const fc_problem *p) {
   a.window_right = p->window_right;
   a.mask_offset = p->mask_offset;
   a.bottom_right = p->bottom_right;
-  a.aligned = pl.aligned;
   /* Softcap, ALiBi, dropout or attn_mask: the plan's kernel built with SCORE_MOD (mma/score_mod.cuh), which turns S
    * into the modified score x: the exponent's factor is log2 e alone and lse = m + ln l (scale 1). */
   if (fc_mma_score_mod_of(p, &a.mod)) {
     a.scale = 1.0f;
     a.scale_log2 = 1.4426950408889634f;
-    if (tiles_bytes) FC_CHECK(fc_mask_tiles_build(p, FC_MMA_BR, bc, (uint8_t *)ws + tiles_at, &a.mod.tiles));
-    if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, true, 0, 0>(p, &a, &pl);
-    return fc_mma_fwd_dispatch<__nv_bfloat16, true, 0, 0>(p, &a, &pl);
+    if (tiles_bytes) FC_CHECK(fc_mask_tiles_build(p, FC_MMA_BR, bc, ws + tiles_at, &a.mod.tiles));
+    if (p->dtype == FLASHC_F16)
+      FC_CHECK((fc_mma_fwd_dispatch<__half, true, 0, 0>(p, &a, &pl)));
+    else
+      FC_CHECK((fc_mma_fwd_dispatch<__nv_bfloat16, true, 0, 0>(p, &a, &pl)));
+  } else if (pl.pair >= 0) { /* V's own head dim (fc_mma_dv_pair has refused it with SCORE_MOD) */
+    if (p->dtype == FLASHC_F16)
+      FC_CHECK(fc_mma_fwd_dv_dispatch<__half>(p, &a, &pl));
+    else
+      FC_CHECK(fc_mma_fwd_dv_dispatch<__nv_bfloat16>(p, &a, &pl));
+  } else if (p->dtype == FLASHC_F16) {
+    FC_CHECK((fc_mma_fwd_dispatch<__half, false, 0, 0>(p, &a, &pl)));
+  } else {
+    FC_CHECK((fc_mma_fwd_dispatch<__nv_bfloat16, false, 0, 0>(p, &a, &pl)));
   }
-  if (pl.pair >= 0) /* V's own head dim (fc_mma_dv_pair has refused it with SCORE_MOD) */
-    return p->dtype == FLASHC_F16 ? fc_mma_fwd_dv_dispatch<__half>(p, &a, &pl)
-                                  : fc_mma_fwd_dv_dispatch<__nv_bfloat16>(p, &a, &pl);
-  if (p->dtype == FLASHC_F16) return fc_mma_fwd_dispatch<__half, false, 0, 0>(p, &a, &pl);
-  return fc_mma_fwd_dispatch<__nv_bfloat16, false, 0, 0>(p, &a, &pl);
+  return fc_mma_stage_out(p, &so);
 }
 
 flashc_status fc_mma_backward(const fc_problem *p); /* mma/bwd.cu */

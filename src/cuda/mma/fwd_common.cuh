@@ -29,7 +29,7 @@ typedef struct fc_mma_fwd_args {
   float scale;      /* |scale| */
   int negate_q;     /* scale < 0: use −Q and |scale| (the scores are the same) */
   int64_t window_left, window_right, mask_offset;
-  int bottom_right, aligned;
+  int bottom_right;
   /* Split keys (mma/fwd_split.cuh): n_splits > 1 runs each tile as n_splits CTAs (blockIdx.y) over equal parts of
    * its key blocks, each writing O / l and lse of its part to split_o, split_lse; a second kernel combines them. */
   int n_splits;
@@ -101,7 +101,7 @@ static __device__ __forceinline__ float fc_fwd_row_lse(float m, float l, float s
  * barrier is enough. With V's head dim DV ≠ D, O's rows (stride fc_tile_stride(DV)) no longer lie on the warp's own
  * rows of sQ: a block barrier first, after which every warp is done with sQ, sK and sV and O may take any of them
  * (sO is the start of shared memory; the kernel asserts that Br rows of O fit). */
-template <typename T, int D, int MT, bool ALIGNED, int DV = D>
+template <typename T, int D, int MT, int DV = D>
 static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, const fc_fwd_where &w, int i0, int wrow,
                                                      float (*o)[DV / 8][4], const float (*m)[2], const float (*l)[2],
                                                      uint16_t *sO, int lane) {
@@ -150,7 +150,7 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
     if (row >= sq || cols <= 0) continue;
     const uint16_t *from = sO + fc_tile_off<DS>(r, c);
     uint16_t *to = O + (int64_t)row * a.o_ss + 8 * c;
-    if (ALIGNED && cols == 8) {
+    if (cols == 8) {
       *(uint4 *)to = *(const uint4 *)from;
     } else {
       for (int x = 0; x < cols; x++) to[x] = from[x];
@@ -160,28 +160,28 @@ static __device__ __forceinline__ void fc_fwd_finish(const fc_mma_fwd_args &a, c
 
 /* K and V of key block j into stage `stage` of the ring (keys past sk as zeros): the copy both forward kernels issue
  * for a block. V's rows are DV columns wide (stride fc_tile_stride(DV)). */
-template <int BC, int D, int NT, bool ALIGNED, int DV = D>
+template <int BC, int D, int NT, int DV = D>
 static __device__ __forceinline__ void fc_fwd_load_kv(uint16_t *sK, uint16_t *sV, const uint16_t *K, const uint16_t *V,
                                                       const fc_mma_fwd_args &a, int sk, int tid, int j, int stage) {
   constexpr int DS = fc_tile_stride(D), DSV = fc_tile_stride(DV);
-  fc_fwd_load_tile<BC, D, NT, ALIGNED>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC,
-                                       a.head_dim, tid, K);
-  fc_fwd_load_tile<BC, DV, NT, ALIGNED>(sV + stage * BC * DSV, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
-                                        fc_fwd_v_cols<D, DV>(a), tid, V);
+  fc_fwd_load_tile<BC, D, NT>(sK + stage * BC * DS, K + (int64_t)j * BC * a.k_ss, a.k_ss, sk - j * BC, a.head_dim, tid,
+                              K);
+  fc_fwd_load_tile<BC, DV, NT>(sV + stage * BC * DSV, V + (int64_t)j * BC * a.v_ss, a.v_ss, sk - j * BC,
+                               fc_fwd_v_cols<D, DV>(a), tid, V);
 }
 
 /* Q_i (rows i0.., those past sq as zeros), then the first STAGES − 1 key blocks from j_begin, one commit group each
  * (empty groups keep the count); on return every thread's part of Q_i has landed (Q's group is the oldest). */
-template <int BR, int BC, int D, int NT, int STAGES, bool ALIGNED, int DV = D>
+template <int BR, int BC, int D, int NT, int STAGES, int DV = D>
 static __device__ __forceinline__ void fc_fwd_prologue(uint16_t *sQ, uint16_t *sK, uint16_t *sV, const uint16_t *Q,
                                                        const uint16_t *K, const uint16_t *V, const fc_mma_fwd_args &a,
                                                        int i0, int sq, int sk, int j_begin, int j_end, int tid) {
-  fc_fwd_load_tile<BR, D, NT, ALIGNED>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
+  fc_fwd_load_tile<BR, D, NT>(sQ, Q + (int64_t)i0 * a.q_ss, a.q_ss, sq - i0, a.head_dim, tid, Q);
   fc_cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     const int j = j_begin + s;
-    if (j < j_end) fc_fwd_load_kv<BC, D, NT, ALIGNED, DV>(sK, sV, K, V, a, sk, tid, j, s);
+    if (j < j_end) fc_fwd_load_kv<BC, D, NT, DV>(sK, sV, K, V, a, sk, tid, j, s);
     fc_cp_async_commit();
   }
   fc_cp_async_wait<STAGES - 1>();

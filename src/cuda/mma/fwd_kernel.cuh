@@ -143,8 +143,8 @@ static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const u
  * row whose keys are all removed keeps m = −inf: O = 0, lse = −inf, as a row that sees no key.
  * DV: V's compiled head dim where it differs from Q/K's D (V_j's tile, P·V_j and O are DV columns wide; sV's rows
  * have stride fc_tile_stride(DV)); DV = D for every call whose V has Q's head dim. */
-template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool ALIGNED,
-          bool SPLIT = false, bool SCORE_MOD = false, int DV = D>
+template <typename T, int D, int BC, int STAGES, int MT, bool Q_IN_REGS, int MIN_BLOCKS, bool SPLIT = false,
+          bool SCORE_MOD = false, int DV = D>
 __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lean_kernel(const fc_mma_fwd_args a) {
   constexpr int BR = FC_MMA_BR, NW = BR / (16 * MT), NT = NW * 32, DS = fc_tile_stride(D);
   constexpr int KD = D / 16; /* k-steps of Q·Kᵀ over the head dim */
@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   constexpr int NO = DV / 8; /* n-blocks of O */
   constexpr int QKD = Q_IN_REGS ? KD : 1;
   constexpr int CH = D / 8, CHV = DV / 8; /* 16-byte chunks of a row of K, of V */
-  constexpr bool WALK = ALIGNED && NT % CH == 0 && (NT / CH) % 8 == 0;
-  constexpr bool WALK_V = ALIGNED && NT % CHV == 0 && (NT / CHV) % 8 == 0;
+  constexpr bool WALK = NT % CH == 0 && (NT / CH) % 8 == 0;
+  constexpr bool WALK_V = NT % CHV == 0 && (NT / CHV) % 8 == 0;
   constexpr int DSV = fc_tile_stride(DV);
   constexpr uint32_t TILE = BC * DS * 2;    /* bytes of one stage of K */
   constexpr uint32_t TILE_V = BC * DSV * 2; /* of V */
@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   if constexpr (SCORE_MOD) {
     if (a.mod.bias) bias_plane = fc_bias_plane(a.mod, b, h);
   }
-  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT, ALIGNED, DV>(sK, sV, K, V, a, sk, tid, j, stage); };
-  fc_fwd_prologue<BR, BC, D, NT, STAGES, ALIGNED, DV>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
+  auto load_kv = [&](int j, int stage) { fc_fwd_load_kv<BC, D, NT, DV>(sK, sV, K, V, a, sk, tid, j, stage); };
+  fc_fwd_prologue<BR, BC, D, NT, STAGES, DV>(sQ, sK, sV, Q, K, V, a, i0, sq, sk, j_begin, j_end, tid);
   if (a.negate_q) {
     /* A negative scale: S = (−Q_i)·K_jᵀ with |scale|, the sign flipped once
      * here. */
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   if constexpr (SPLIT)
     fc_fwd_finish_split<DV, MT>(a, sq, i0, wrow, o, m, l, lane);
   else
-    fc_fwd_finish<T, D, MT, ALIGNED, DV>(a, w, i0, wrow, o, m, l, sQ, lane);
+    fc_fwd_finish<T, D, MT, DV>(a, w, i0, wrow, o, m, l, sQ, lane);
 }
 
 #endif /* FLASHC_CUDA_MMA_FWD_LEAN_CUH */

@@ -1,8 +1,8 @@
 /* mma/fwd_steps.cuh — the steps of one key block of cuda-mma's forward
  * (mma/fwd.cu), as small inline functions that both of its pipelines call: S =
  * Q_i·K_jᵀ one k-step at a time, the mask, the online softmax's max and
- * rescale, P = 2^(c·S − c·m) for a range of S's n-blocks, O += P·V_j; and a
- * tile loader for rows that cp.async cannot copy.
+ * rescale, P = 2^(c·S − c·m) for a range of S's n-blocks, O += P·V_j; and the
+ * tile loader with few registers across the key loop.
  *
  * Per thread (lane = 4g + t) and M-tile mt of 16 rows: s[mt][x][e] is the score
  * of row g + 8·(e >> 1) and key 8x + 2t + (e & 1) of the block; o[mt][x][e]
@@ -210,31 +210,7 @@ static __device__ __forceinline__ void fc_fwd_pv_step(float (*o)[NO][4], const u
   }
 }
 
-/* fc_load_tile for rows that are not 16-byte aligned (ALIGNED = false), one
- * chunk at a time: the unrolled loader keeps every chunk's 8 loads in flight at
- * once, which with O, S and Q live spilled at D = 192 and 256. A rare, slow
- * path (odd head dims or strides): fewer registers matter more than latency
- * here. */
-template <int ROWS, int D, int NT>
-static __device__ __forceinline__ void fc_fwd_load_tile_plain(uint16_t *tile, const uint16_t *src, int64_t stride,
-                                                              int rows_left, int d, int tid) {
-  constexpr int DS = fc_tile_stride(D), CH = D / 8, TOTAL = ROWS * CH;
-#pragma unroll 1
-  for (int idx = tid; idx < TOTAL; idx += NT) {
-    const int r = idx / CH, c = idx % CH;
-    const int cols = r < rows_left ? min(max(d - 8 * c, 0), 8) : 0; /* valid elements in this chunk */
-    const uint16_t *from = src + (int64_t)r * stride + 8 * c;
-    uint32_t w[4];
-#pragma unroll
-    for (int x = 0; x < 4; x++) {
-      const uint32_t lo = 2 * x < cols ? from[2 * x] : 0u, hi = 2 * x + 1 < cols ? from[2 * x + 1] : 0u;
-      w[x] = lo | hi << 16;
-    }
-    *(uint4 *)(tile + fc_tile_off<DS>(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
-/* fc_load_tile for aligned rows, with the few registers a thread needs across
+/* fc_load_tile with the few registers a thread needs across
  * the key loop: each thread keeps one chunk column c and rows r0, r0 + R, r0 +
  * 2R, … (R = NT / CH rows per pass, a multiple of 8, so that every row of the
  * thread has the same swizzle and its shared addresses differ by constants),
@@ -265,18 +241,15 @@ static __device__ __forceinline__ void fc_fwd_load_tile_walk(uint16_t *tile, con
 }
 
 /* A tile: cp.async through the walking loader where its row pattern fits, else
- * mma/tile.cuh's loader; rows that are not 16-byte aligned through the plain
- * loader above. */
-template <int ROWS, int D, int NT, bool ALIGNED>
+ * mma/tile.cuh's loader. */
+template <int ROWS, int D, int NT>
 static __device__ __forceinline__ void fc_fwd_load_tile(uint16_t *tile, const uint16_t *src, int64_t stride,
                                                         int rows_left, int d, int tid, const uint16_t *safe) {
   constexpr int CH = D / 8;
-  if constexpr (!ALIGNED)
-    fc_fwd_load_tile_plain<ROWS, D, NT>(tile, src, stride, rows_left, d, tid);
-  else if constexpr (NT % CH == 0 && (NT / CH) % 8 == 0)
+  if constexpr (NT % CH == 0 && (NT / CH) % 8 == 0)
     fc_fwd_load_tile_walk<ROWS, D, NT>(tile, src, stride, rows_left, d, tid, safe);
   else
-    fc_load_tile<ROWS, D, NT, true>(tile, src, stride, rows_left, d, tid, safe);
+    fc_load_tile<ROWS, D, NT>(tile, src, stride, rows_left, d, tid, safe);
 }
 
 #endif /* FLASHC_CUDA_MMA_FWD_STEPS_CUH */

@@ -22,6 +22,59 @@ static inline bool fc_mma_view_aligned(const fc_view *v) {
   return ((uintptr_t)v->data % 16) == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 && v->stride_h % 8 == 0;
 }
 
+/* x ← from over the view [n0, n1, n2, row] of 16-bit elements, each side with its strides (common/fill.cu). */
+extern "C" flashc_status fc_device_copy_rows(const fc_problem *p, void *to, const int64_t to_stride[3],
+                                             const void *from, const int64_t from_stride[3], const int64_t n[3],
+                                             int64_t row);
+
+/* A view whose rows do not start on 16 bytes (an odd head dim or stride, an offset pointer) is staged: the kernels,
+ * which copy with cp.async only, read or write a copy in the workspace whose rows are the head dim rounded up to 8
+ * elements, copied from the caller's view before the kernels (inputs) and back after them (outputs). Rare calls pay
+ * the copies; each kernel is built once (the plain-load kernels they replace were a third of cuda-mma's build time). */
+typedef struct fc_mma_stage {
+  const fc_view *user; /* the caller's view */
+  fc_view view;        /* what the kernels take: *user, or the copy (data set by fc_mma_stage_in) */
+  int64_t n[3], cols;  /* batch (1 when varlen), rows, heads; columns */
+  size_t at, bytes;    /* the copy's place in the workspace; bytes 0: not staged */
+} fc_mma_stage;
+
+/* Plans the staging of view v of p (keys: rows and heads of k, else of q; cols: its head dim) at workspace offset *at,
+ * which it advances past the copy (a multiple of 256). */
+static inline void fc_mma_stage_plan(const fc_problem *p, const fc_view *v, bool keys, int64_t cols, size_t *at,
+                                     fc_mma_stage *s) {
+  const bool varlen = p->cu_seqlens_q != NULL;
+  s->user = v, s->view = *v, s->cols = cols, s->at = *at, s->bytes = 0;
+  s->n[0] = varlen ? 1 : p->batch;
+  s->n[1] = keys ? (varlen ? p->total_k : p->seqlen_k) : (varlen ? p->total_q : p->seqlen_q);
+  s->n[2] = keys ? p->heads_kv : p->heads_q;
+  if (fc_mma_view_aligned(v)) return;
+  const int64_t ld = (cols + 7) / 8 * 8;
+  s->view.stride_h = ld;
+  s->view.stride_s = s->n[2] * ld;
+  s->view.stride_b = varlen ? 0 : s->n[1] * s->view.stride_s; /* varlen: stride_b 0, as every varlen view */
+  s->bytes = ((size_t)(s->n[0] * s->n[1] * s->view.stride_s) * sizeof(uint16_t) + 255) / 256 * 256;
+  *at += s->bytes;
+}
+
+/* The copy at ws + s->at, filled from the caller's view where `fill` (inputs; an output whose rows the kernels may
+ * leave unwritten, which keep the caller's values: o past a device offset's cut, flashc.h). */
+static inline flashc_status fc_mma_stage_in(const fc_problem *p, char *ws, fc_mma_stage *s, bool fill) {
+  if (!s->bytes) return FLASHC_OK;
+  s->view.data = ws + s->at;
+  if (!fill) return FLASHC_OK;
+  const int64_t to[3] = {s->view.stride_b, s->view.stride_s, s->view.stride_h};
+  const int64_t from[3] = {s->user->stride_b, s->user->stride_s, s->user->stride_h};
+  return fc_device_copy_rows(p, s->view.data, to, s->user->data, from, s->n, s->cols);
+}
+
+/* An output's copy back into the caller's view. */
+static inline flashc_status fc_mma_stage_out(const fc_problem *p, const fc_mma_stage *s) {
+  if (!s->bytes) return FLASHC_OK;
+  const int64_t to[3] = {s->user->stride_b, s->user->stride_s, s->user->stride_h};
+  const int64_t from[3] = {s->view.stride_b, s->view.stride_s, s->view.stride_h};
+  return fc_device_copy_rows(p, s->user->data, to, s->view.data, from, s->n, s->cols);
+}
+
 /* The varlen sequences on the device: sequence b's rows are [cu_q[b], end_q[b]) of q and [cu_k[b], end_k[b]) of k.
  * The kernels read a sequence's length as end − start, so that seqused (internal.h, fc_seq_q/k) reaches them
  * without a branch: end_q = cu_q + 1 (the slots whole, no copy) or cu_q[b] + seqused_q[b] (likewise k). All NULL for

@@ -30,11 +30,10 @@ template <int DS> static __device__ __forceinline__ int fc_tile_off(int r, int c
  * masked; a zero column of Q and K adds nothing to a dot product). `safe` is
  * any readable address, handed to the copies that read nothing.
  *
- * ALIGNED: rows start on 16-byte boundaries, so cp.async copies 16 bytes at
- * once and returns before they land (the caller commits and waits). Otherwise
- * (an odd head dim or stride) each thread loads its 8 elements one by one and
- * stores them itself: slower, and complete when it returns. */
-template <int ROWS, int D, int NT, bool ALIGNED>
+ * Rows start on 16-byte boundaries (the host stages views whose rows do not:
+ * mma/host.cuh, fc_mma_stage), so cp.async copies 16 bytes at once and returns
+ * before they land (the caller commits and waits). */
+template <int ROWS, int D, int NT>
 static __device__ __forceinline__ void fc_load_tile(uint16_t *tile, const uint16_t *src, int64_t stride, int rows_left,
                                                     int d, int tid, const uint16_t *safe) {
   constexpr int DS = fc_tile_stride(D), CH = D / 8, TOTAL = ROWS * CH;
@@ -46,16 +45,7 @@ static __device__ __forceinline__ void fc_load_tile(uint16_t *tile, const uint16
     const int cols = r < rows_left ? min(max(d - 8 * c, 0), 8) : 0; /* valid elements in this chunk */
     const uint16_t *from = src + (int64_t)r * stride + 8 * c;
     uint16_t *to = tile + fc_tile_off<DS>(r, c);
-    if constexpr (ALIGNED) {
-      fc_cp_async16(fc_smem_u32(to), cols > 0 ? from : safe, 2 * cols);
-    } else {
-      uint16_t e[8];
-#pragma unroll
-      for (int x = 0; x < 8; x++) e[x] = x < cols ? from[x] : (uint16_t)0;
-      uint4 v = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
-                           e[6] | (uint32_t)e[7] << 16);
-      *(uint4 *)to = v;
-    }
+    fc_cp_async16(fc_smem_u32(to), cols > 0 ? from : safe, 2 * cols);
   }
 }
 
