@@ -267,10 +267,11 @@ def test_cuda_backends_refuse_dropout_as_a_skipped_row(name):
     if torch is None or not torch.cuda.is_available():
         pytest.skip("no CUDA device for torch")
     cfg = configs.Config("t", 1, 2, 64, 64)
-    case = impls.Case(cfg=cfg, dtype="bf16", causal=True, dropout=0.1)
-    rows = engine.run_case(
-        case, impls.flashc_impls("cuda", [name]), ["fwd", "bwd"], engine.Options(repeats=3, warmup=1)
-    )
+    # in a dtype the backend has (the fp32 teaching rungs have no bf16 kernel), and the backward only where it has one
+    case = impls.Case(cfg=cfg, dtype="bf16" if "bf16" in b.dtypes else "f32", causal=True, dropout=0.1)
+    passes = ["fwd", "bwd"] if b.has_backward else ["fwd"]
+    rows = engine.run_case(case, impls.flashc_impls("cuda", [name]), passes, engine.Options(repeats=3, warmup=1))
+    assert len(rows) == len(passes)
     for r in rows:
         if r["status"] == "pass":  # a CUDA backend that implements dropout checks against the same reference
             continue
