@@ -486,11 +486,13 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     for (int rh = 0; rh < 2; rh++)
       fc_hp_row_keys(wg_row0 + 16 * warp + g + 8 * rh, shift, a.window_left, a.window_right, sk, &lo[rh], &hi[rh]);
     /* SCORE_MOD: this (sequence, head)'s ALiBi slope, and each row's ALiBi distance to key 2t */
-    float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
+    float slope = 0.0f, dist0[2] = {0.0f, 0.0f}, lin_off = 0.0f;
+    [[maybe_unused]] bool lin = false; /* ALiBi's linear form (fc_hp_alibi_lin) */
     if constexpr (SCORE_MOD) {
       slope = fc_score_mod_slope(md, b, h);
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + sk - sq - 2 * t);
+      lin = fc_hp_alibi_lin(md, shift, a.window_right, sq, sk, slope, &lin_off);
     }
     /* SCORE_MOD: the class of the block in hand and a boolean mask's keep bits of it (hopper/score_mod.cuh). Block j's
      * class is read one block ahead (its latency under the GEMMs' waits), its bits once block j − 1's S is packed. */
@@ -508,7 +510,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* x, then the mask, of block j's S */
     auto mod_block = [&](float(&s)[BC / 2], int j) {
       if constexpr (SCORE_MOD)
-        fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, b, h, cls, km, wg_row0 + 16 * warp + g, sq, sk, j * BC, t);
+        fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, lin, b, h, cls, km, wg_row0 + 16 * warp + g, sq, sk, j * BC,
+                               t);
     };
     /* DROP (dropout): block j's keep bits, drawn at the top of its trip (hopper/score_mod.cuh), and P∘keep after the
      * softmax */
@@ -653,6 +656,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf, l = 0: O = 0, lse = −inf. Dropout:
      * O = Σ P∘keep·V / (l·(1 − p)), l summed over the whole P. */
     uint16_t *O = a.o + b * a.o_sb + (int64_t)q_start * a.o_ss + (int64_t)h * a.o_sh;
+    m[1] -= lin_off; /* ALiBi's linear form: row 1's offset (fc_hp_alibi_lin) */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
       float lr = l[rh];

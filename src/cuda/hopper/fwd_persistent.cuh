@@ -459,11 +459,13 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
                 j_full_lo = (int)min(max(full_lo, (int64_t)0), (int64_t)j_full_hi);
       auto needs_mask = [&](int j) { return j < j_full_lo || j >= j_full_hi; };
       /* SCORE_MOD: the tile's ALiBi slope and each row's ALiBi distance to key 2t (hopper/fwd.cu's one-tile kernel) */
-      float slope = 0.0f, dist0[2] = {0.0f, 0.0f};
+      float slope = 0.0f, dist0[2] = {0.0f, 0.0f}, lin_off = 0.0f;
+      [[maybe_unused]] bool lin = false; /* ALiBi's linear form (fc_hp_alibi_lin) */
       if constexpr (SCORE_MOD) {
         slope = fc_score_mod_slope(md, x.b, x.h);
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) dist0[rh] = (float)(wg_row0 + 16 * warp + g + 8 * rh + x.sk - x.sq - 2 * t);
+        lin = fc_hp_alibi_lin(md, x.shift, a.window_right, x.sq, x.sk, slope, &lin_off);
       }
       /* SCORE_MOD: the block in hand's class and keep bits, block j's read one block ahead (hopper/fwd.cu) */
       [[maybe_unused]] int cls = FC_MT_ALL;
@@ -479,8 +481,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       };
       auto mod_block = [&](float(&s)[BC / 2], int j) {
         if constexpr (SCORE_MOD)
-          fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, x.b, x.h, cls, km, wg_row0 + 16 * warp + g, x.sq, x.sk,
-                                 j * BC, t);
+          fc_hp_mod_block<T, BC>(s, md, mod_x, slope, dist0, lin, x.b, x.h, cls, km, wg_row0 + 16 * warp + g, x.sq,
+                                 x.sk, j * BC, t);
       };
       /* DROP (dropout): block j's keep bits at the top of its trip, P∘keep after the softmax (hopper/fwd.cu) */
       [[maybe_unused]] fc_hp_drop<BC> kd;
@@ -593,6 +595,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         fc_wgmma_commit();
         your_turn();
         /* While it runs: this tile's 1 / l and lse (m, l are final; a part of a split tile's are not). */
+        m[1] -= lin_off; /* ALiBi's linear form: row 1's offset (fc_hp_alibi_lin; 0 in the unmasked split rounds) */
         if (split == 0) fc_hp_finish_rows(x, wg_row0, m, l);
         fc_wgmma_wait<0>();
         fc_fence_regs(o);

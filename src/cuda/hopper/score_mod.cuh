@@ -29,11 +29,35 @@ enum { FC_HP_MASK_BM = 64 }; /* rows per block of a boolean mask's tiles: one co
 /* The forward's S (one block of BC keys from k0, the wgmma accumulator layout: s[4x + e] is row rh = e / 2 of this
  * thread's two, column 8x + 2t + e % 2) → x in place. dist0[rh] = i + sk − sq − 2t of the thread's row i (the
  * sequence's lengths), so that key j = k0 + 8x + 2t + e % 2 is at distance |dist0 − k0 − 8x − e % 2|: exact in fp32
- * for sequences below 2^24 rows. Masked keys get any value: the mask overwrites them with −inf afterwards. */
+ * for sequences below 2^24 rows. Masked keys get any value: the mask overwrites them with −inf afterwards.
+ * lin (fc_hp_alibi_lin): every key the tile's rows see lies at a distance ≥ 0, so ALiBi's −slope·|dist| is the
+ * linear slope·(col − v), and row 1's is row 0's less 8·slope, a constant of the row, which the softmax ignores and
+ * the kernel takes out of m at the end (lse): both rows add the column's slope·(col − v[0]), one FFMA per score where
+ * the general form takes three (scale, distance, |·|·slope). */
 template <int BC>
 static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], const fc_score_mod &md, float slope,
-                                                        const float (&dist0)[2], int k0) {
+                                                        const float (&dist0)[2], int k0, bool lin) {
   const float v[2] = {dist0[0] - (float)k0, dist0[1] - (float)k0};
+  if (md.alibi && lin) {
+    const float nb = -slope * v[0];
+    if (md.k_out > 0.0f) {
+#pragma unroll
+      for (int x = 0; x < BC / 8; x++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          s[4 * x + e] = fmaf(md.k_out, fc_tanh(s[4 * x + e] * md.k_in), fmaf(slope, (float)(8 * x + (e & 1)), nb));
+    } else {
+#pragma unroll
+      for (int x = 0; x < BC / 8; x++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const float bias = fmaf(slope, (float)(8 * x + c), nb); /* of the column, shared by the two rows */
+          s[4 * x + c] = fmaf(s[4 * x + c], md.k_in, bias);
+          s[4 * x + 2 + c] = fmaf(s[4 * x + 2 + c], md.k_in, bias);
+        }
+    }
+    return;
+  }
   if (md.k_out > 0.0f) {
 #pragma unroll
     for (int x = 0; x < BC / 8; x++)
@@ -50,6 +74,17 @@ static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], cons
       for (int e = 0; e < 4; e++)
         s[4 * x + e] = fmaf(-slope, fabsf(v[e >> 1] - (float)(8 * x + (e & 1))), s[4 * x + e]);
   }
+}
+
+/* Whether a tile of sequence (sq, sk) under shift (the mask's diagonal: hopper/fwd.cu) takes ALiBi's linear form
+ * (fc_hp_mod_scores): every visible key j ≤ i + shift + window_right lies at ALiBi's distance i + sk − sq − j ≥ 0, as
+ * under a bottom-right causal mask. The form's row offset, returned in *lin_off (0 where it does not apply), comes off
+ * m[1] before lse. */
+static __device__ __forceinline__ bool fc_hp_alibi_lin(const fc_score_mod &md, int64_t shift, int64_t wr, int sq,
+                                                       int sk, float slope, float *lin_off) {
+  const bool lin = md.alibi && wr >= 0 && shift + wr <= (int64_t)sk - sq;
+  *lin_off = lin ? 8.0f * slope : 0.0f;
+  return lin;
 }
 
 /* Whether the SCORE_MOD kernel turns S into x = scale·S (+ softcap, ALiBi, a float bias) before the softmax: not for a
@@ -183,9 +218,9 @@ static __device__ __forceinline__ void fc_hp_bias_add(float (&s)[BC / 2], const 
  * added here (fc_hp_bias_add). */
 template <typename T, int BC>
 static __device__ __forceinline__ void
-fc_hp_mod_block(float (&s)[BC / 2], const fc_score_mod &md, bool mod_x, float slope, const float (&dist0)[2], int64_t b,
-                int h, int cls, const fc_hp_keep<BC> &km, int row0, int sq, int sk, int k0, int t) {
-  if (mod_x) fc_hp_mod_scores<BC>(s, md, slope, dist0, k0);
+fc_hp_mod_block(float (&s)[BC / 2], const fc_score_mod &md, bool mod_x, float slope, const float (&dist0)[2], bool lin,
+                int64_t b, int h, int cls, const fc_hp_keep<BC> &km, int row0, int sq, int sk, int k0, int t) {
+  if (mod_x) fc_hp_mod_scores<BC>(s, md, slope, dist0, k0, lin);
   if (cls == FC_MT_ALL) return;
   if (md.bias_bool) {
 #pragma unroll
