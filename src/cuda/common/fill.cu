@@ -55,8 +55,8 @@ static flashc_status fc_rows_launch(const fc_problem *p, void *x, const void *fr
 }
 
 /* x ← from (NULL: zeros) over the view [n0, n1, n2, row] with strides st of x and fst of from (NULL when from is). */
-static flashc_status fc_device_rows(const fc_problem *p, void *x, const int64_t st[3], const void *from,
-                                    const int64_t fst[3], const int64_t n[3], int64_t row) {
+extern "C" flashc_status fc_device_copy_rows(const fc_problem *p, void *x, const int64_t st[3], const void *from,
+                                             const int64_t fst[3], const int64_t n[3], int64_t row) {
   const size_t es = flashc_dtype_size(p->dtype);
   const int64_t total = n[0] * n[1] * n[2] * row; /* ≤ the view's span, checked by validation */
   if (total == 0) return FLASHC_OK;
@@ -66,7 +66,7 @@ static flashc_status fc_device_rows(const fc_problem *p, void *x, const int64_t 
   case 4: return fc_rows_launch<uint32_t>(p, x, from, &sh, total);
   case 8: return fc_rows_launch<uint64_t>(p, x, from, &sh, total);
   }
-  return fc_error(FLASHC_ERR_INTERNAL, "fc_device_rows: element size %zu", es);
+  return fc_error(FLASHC_ERR_INTERNAL, "fc_device_copy_rows: element size %zu", es);
 }
 
 extern "C" flashc_status fc_device_zero_rows(const fc_problem *p, void *data, const int64_t n[3],
@@ -84,13 +84,7 @@ extern "C" flashc_status fc_device_zero_rows(const fc_problem *p, void *data, co
     FC_CUDA_CHECK(cudaMemsetAsync(data, 0, (size_t)total * flashc_dtype_size(p->dtype), fc_stream(p)));
     return FLASHC_OK;
   }
-  return fc_device_rows(p, data, stride, NULL, NULL, n, row);
-}
-
-extern "C" flashc_status fc_device_copy_rows(const fc_problem *p, void *to, const int64_t to_stride[3],
-                                             const void *from, const int64_t from_stride[3], const int64_t n[3],
-                                             int64_t row) {
-  return fc_device_rows(p, to, to_stride, from, from_stride, n, row);
+  return fc_device_copy_rows(p, data, stride, NULL, NULL, n, row);
 }
 
 extern "C" flashc_status fc_device_fill_f32(const fc_problem *p, float *data, int64_t n, float value) {

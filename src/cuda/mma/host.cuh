@@ -22,10 +22,9 @@ static inline bool fc_mma_view_aligned(const fc_view *v) {
   return ((uintptr_t)v->data % 16) == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 && v->stride_h % 8 == 0;
 }
 
-/* x ← from over the view [n0, n1, n2, row] of 16-bit elements, each side with its strides (common/fill.cu). */
-extern "C" flashc_status fc_device_copy_rows(const fc_problem *p, void *to, const int64_t to_stride[3],
-                                             const void *from, const int64_t from_stride[3], const int64_t n[3],
-                                             int64_t row);
+/* x ← from over the view [n0, n1, n2, row], each side with its strides (common/fill.cu). */
+extern "C" flashc_status fc_device_copy_rows(const fc_problem *p, void *x, const int64_t st[3], const void *from,
+                                             const int64_t fst[3], const int64_t n[3], int64_t row);
 
 /* A view whose rows do not start on 16 bytes (an odd head dim or stride, an offset pointer) is staged: the kernels,
  * which copy with cp.async only, read or write a copy in the workspace whose rows are the head dim rounded up to 8
