@@ -550,6 +550,22 @@ static const fcase hopper_cases[] = {
      FLASHC_ALIGN_BOTTOM_RIGHT, 64, 64, .deterministic = 1},
     {"hopper alibi deterministic varlen d128", 1, 0, 0, 4, 2, 128, 128, 0.0f, 0.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
      PLAIN, 5, lq, lk, .deterministic = 1},
+    /* ALiBi's linear form (every visible key left of ALiBi's diagonal): long enough for blocks that need no mask in
+     * each backward kernel (D = 64, 128, 256, deterministic) and the forward's tiles */
+    {"hopper alibi-causal linear d128", 1, 700, 700, 2, 2, 128, 128, 0.0f, 0.0f, 1, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"hopper alibi-causal linear gqa sq<sk d64", 2, 300, 901, 4, 2, 64, 64, 0.0f, 0.0f, 2, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"hopper alibi-causal-tl linear sq<sk d128", 1, 300, 700, 2, 2, 128, 128, 0.0f, 0.0f, 1, 1, FLASHC_ALIGN_TOP_LEFT,
+     PLAIN},
+    {"hopper alibi-causal linear d192", 1, 400, 400, 2, 1, 192, 192, 0.0f, 0.0f, 1, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
+     PLAIN},
+    {"hopper alibi window(200,0) linear d128", 1, 600, 650, 2, 2, 128, 128, 0.0f, 0.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
+     200, 0},
+    {"hopper alibi-causal linear deterministic d128", 1, 600, 600, 2, 2, 128, 128, 0.0f, 0.0f, 2, 1,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, .deterministic = 1},
+    {"hopper alibi-causal linear deterministic d64", 1, 600, 600, 2, 1, 64, 64, 0.0f, 0.0f, 1, 1,
+     FLASHC_ALIGN_BOTTOM_RIGHT, PLAIN, .deterministic = 1},
 };
 #pragma GCC diagnostic pop
 #define NHOPPER ((int)(sizeof hopper_cases / sizeof hopper_cases[0]))

@@ -391,24 +391,37 @@ enum { FC_HPB_MOD_DS = 0, FC_HPB_MOD_PACK = 1, FC_HPB_MOD_TWO = 2 };
  * query q0 + 8x + 2t + (e & 1) and key key0 + 8·(e >> 1), the layout of fc_hpb_p_pass_mod; all set without a boolean
  * mask. */
 template <int BR> struct fc_hpb_mblock { uint32_t keep[BR / 64]; };
-template <typename T, int BR, bool MASKED, bool CAP, int MODE>
+template <typename T, int BR, bool MASKED, bool CAP, int MODE, bool LIN = false>
 static __device__ __forceinline__ void
 fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
                   uint32_t sL, uint32_t sD, int t, int q0, int key0, int sq, int sk, int64_t shift, int64_t wl,
                   int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre, const fc_hpb_mblock<BR> &mb,
                   const unsigned short *bias) {
+  static_assert(!LIN || (!MASKED && !CAP), "ALiBi's linear form: whole blocks without softcap");
   /* ALiBi: key key0 + 8·rh and query q0 + 8x + 2t + e % 2 are |w[rh] + 8x + e % 2| apart */
   const float w[2] = {(float)(q0 + 2 * t + sk - sq - key0), (float)(q0 + 2 * t + sk - sq - key0 - 8)};
+  /* LIN (ALiBi's linear form, fc_hpb_p_from_s_mod: every distance ≥ 0): the exponent x·log2 e − lse2 is
+   * Sᵀ·k + a[rh] + c(x, e % 2) with k = scale·log2 e, a[rh] = −slope·log2 e·w[rh] of the key and
+   * c = −slope·log2 e·(8x + e % 2) − lse2 of the query, made once for both keys: two operations per score where the
+   * general form takes four (scale, distance, |·|·slope, exponent). */
+  const float sl2 = slope * 1.4426950408889634f, k2 = md.k_in * 1.4426950408889634f;
+  const float a2[2] = {-sl2 * w[0], -sl2 * w[1]};
 #pragma unroll
   for (int x = 0; x < BR / 8; x++) {
     const float2 l2 = l2_pre ? l2_pre[x] : fc_hpb_ld_shared_f32x2(sL + 4 * (8 * x + 2 * t));
     const float2 dr =
         MODE == FC_HPB_MOD_DS ? fc_hpb_ld_shared_f32x2(sD + 4 * (8 * x + 2 * t)) : make_float2(0.0f, 0.0f);
+    [[maybe_unused]] float c2[2];
+    if constexpr (LIN) {
+      c2[0] = fmaf(-sl2, (float)(8 * x), -l2.x);
+      c2[1] = fmaf(-sl2, (float)(8 * x + 1), -l2.y);
+    }
     float pv[4], gv[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      float g;
-      float xs = fc_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
+      float g = 1.0f, xs = 0.0f;
+      if constexpr (!LIN)
+        xs = fc_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
       [[maybe_unused]] bool keep = true;
       if constexpr (MASKED) {
         const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
@@ -419,7 +432,11 @@ fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 1
         keep =
             in && fc_hpb_visible(q0 + qc, key, shift, wl, wr) && (mb.keep[(4 * x + e) / 32] >> ((4 * x + e) % 32) & 1u);
       }
-      float p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
+      float p;
+      if constexpr (LIN)
+        p = fc_exp2(fmaf(st[4 * x + e], k2, a2[e >> 1] + c2[e & 1]));
+      else
+        p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
       if constexpr (MASKED) {
         if (!keep) p = 0.0f;
       }
@@ -515,7 +532,12 @@ fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR /
       fc_hpb_p_pass_mod<T, BR, true, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
                                                  l2_pre, mb, bias);
   } else {
-    if (whole)
+    /* ALiBi's linear form where every visible key is left of ALiBi's diagonal (fc_hp_alibi_lin's condition, as under
+     * a bottom-right causal mask), in the whole blocks (a float bias's are never whole: fc_hpb_mask_block) */
+    if (whole && !ADD && md.alibi && wr >= 0 && shift + wr <= (int64_t)sk - sq)
+      fc_hpb_p_pass_mod<T, BR, false, false, MODE, true>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md,
+                                                         slope, l2_pre, mb, bias);
+    else if (whole)
       fc_hpb_p_pass_mod<T, BR, false, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
                                                    l2_pre, mb, bias);
     else
