@@ -178,6 +178,32 @@ def test_backward_of_hopper_forward(kind, backend):
 
 
 @needs_hopper
+@pytest.mark.parametrize("kind", ["bool", "padding", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_with_mask(kind, causal):
+    """softcap with attn_mask on cuda-hopper, o, lse and the gradients against cpu-ref: a boolean mask keeps softcap's
+    scores as tanh(S*scale/cap), the cap in the softmax's factors (hopper/score_mod.cuh, fc_hp_cap_t), a float bias
+    is added to cap*tanh; long enough for whole key blocks in the forward and the backward."""
+    torch = pytest.importorskip("torch")
+    dt = torch.bfloat16
+    shape = "B11S" if kind == "padding" else "BHSS"
+    q, k, v, dout, mask = inputs(torch, dt, 5 if kind == "padding" else 2, 400, 600, 2, 1, 128, kind, shape, 11)
+    xs = [x.cuda() for x in (q, k, v)]
+    m = on(torch, mask, "cuda", dt)
+    kw = dict(causal=causal, softcap=5.0)
+    o, lse = flashc.attention(*xs, backend="cuda-hopper", attn_mask=m, return_lse=True, **kw)
+    got = flashc.attention_backward(dout.cuda(), *xs, o, lse, backend="cuda-hopper", attn_mask=m, **kw)
+    rs = [x.double() for x in (q, k, v)]
+    mr = on(torch, mask, "cpu", torch.float64)
+    o_ref, lse_ref = flashc.attention(*rs, backend="cpu-ref", attn_mask=mr, return_lse=True, **kw)
+    want = flashc.attention_backward(dout.double(), *rs, o_ref, lse_ref, backend="cpu-ref", attn_mask=mr, **kw)
+    check(o, o_ref, "o", 2e-2)
+    check(lse, lse_ref, "lse", 1e-4)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        check(a, b, name, 2e-2)
+
+
+@needs_hopper
 def test_torch_autograd_through_auto():
     """flashc.torch with backend auto: forward and backward of a padding mask on the GPU against cpu-ref."""
     torch = pytest.importorskip("torch")

@@ -391,20 +391,28 @@ enum { FC_HPB_MOD_DS = 0, FC_HPB_MOD_PACK = 1, FC_HPB_MOD_TWO = 2 };
  * query q0 + 8x + 2t + (e & 1) and key key0 + 8·(e >> 1), the layout of fc_hpb_p_pass_mod; all set without a boolean
  * mask. */
 template <int BR> struct fc_hpb_mblock { uint32_t keep[BR / 64]; };
-template <typename T, int BR, bool MASKED, bool CAP, int MODE, bool LIN = false>
+/* The exponent's forms of fc_hpb_p_pass_mod: any modifier, or in whole blocks (no mask to apply) two short ones */
+enum { FC_HPB_FORM_ANY = 0, FC_HPB_FORM_ALIBI_LIN = 1, FC_HPB_FORM_CAP = 2 };
+template <typename T, int BR, bool MASKED, bool CAP, int MODE, int FORM = FC_HPB_FORM_ANY>
 static __device__ __forceinline__ void
 fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 16][4], uint32_t (&pg)[BR / 16][4],
                   uint32_t sL, uint32_t sD, int t, int q0, int key0, int sq, int sk, int64_t shift, int64_t wl,
                   int64_t wr, const fc_score_mod &md, float slope, const float2 *l2_pre, const fc_hpb_mblock<BR> &mb,
                   const unsigned short *bias) {
-  static_assert(!LIN || (!MASKED && !CAP), "ALiBi's linear form: whole blocks without softcap");
+  static_assert(FORM == FC_HPB_FORM_ANY || !MASKED, "the short forms: whole blocks");
+  static_assert(FORM != FC_HPB_FORM_ALIBI_LIN || !CAP, "ALiBi's linear form: without softcap");
+  static_assert(FORM != FC_HPB_FORM_CAP || CAP, "softcap's form: softcap");
+  constexpr bool LIN = FORM == FC_HPB_FORM_ALIBI_LIN;
   /* ALiBi: key key0 + 8·rh and query q0 + 8x + 2t + e % 2 are |w[rh] + 8x + e % 2| apart */
   const float w[2] = {(float)(q0 + 2 * t + sk - sq - key0), (float)(q0 + 2 * t + sk - sq - key0 - 8)};
   /* LIN (ALiBi's linear form, fc_hpb_p_from_s_mod: every distance ≥ 0): the exponent x·log2 e − lse2 is
    * Sᵀ·k + a[rh] + c(x, e % 2) with k = scale·log2 e, a[rh] = −slope·log2 e·w[rh] of the key and
    * c = −slope·log2 e·(8x + e % 2) − lse2 of the query, made once for both keys: two operations per score where the
-   * general form takes four (scale, distance, |·|·slope, exponent). */
+   * general form takes four (scale, distance, |·|·slope, exponent). FC_HPB_FORM_CAP (softcap without ALiBi): the
+   * exponent x·log2 e − lse2 = tanh(Sᵀ·k_in)·(cap·log2 e) − lse2, one FMA after the tanh where the general form
+   * takes three (cap·tanh, the ALiBi term, exponent). */
   const float sl2 = slope * 1.4426950408889634f, k2 = md.k_in * 1.4426950408889634f;
+  const float cap2 = md.k_out * 1.4426950408889634f;
   const float a2[2] = {-sl2 * w[0], -sl2 * w[1]};
 #pragma unroll
   for (int x = 0; x < BR / 8; x++) {
@@ -420,8 +428,12 @@ fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 1
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       float g = 1.0f, xs = 0.0f;
-      if constexpr (!LIN)
+      if constexpr (FORM == FC_HPB_FORM_CAP) {
+        xs = fc_tanh(st[4 * x + e] * md.k_in); /* tanh, not x: the exponent's factor takes the cap */
+        g = fmaf(-xs, xs, 1.0f);
+      } else if constexpr (!LIN) {
         xs = fc_mod_score<CAP>(st[4 * x + e], md, slope, fabsf(w[e >> 1] + (float)(8 * x + (e & 1))), &g);
+      }
       [[maybe_unused]] bool keep = true;
       if constexpr (MASKED) {
         const int qc = 8 * x + 2 * t + (e & 1), key = key0 + 8 * (e >> 1);
@@ -435,6 +447,8 @@ fc_hpb_p_pass_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR / 1
       float p;
       if constexpr (LIN)
         p = fc_exp2(fmaf(st[4 * x + e], k2, a2[e >> 1] + c2[e & 1]));
+      else if constexpr (FORM == FC_HPB_FORM_CAP)
+        p = fc_exp2(fmaf(xs, cap2, (e & 1) ? -l2.y : -l2.x));
       else
         p = fc_exp2(fmaf(xs, 1.4426950408889634f, (e & 1) ? -l2.y : -l2.x));
       if constexpr (MASKED) {
@@ -525,7 +539,10 @@ fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR /
                                          (int64_t)(q0 + 2 * t) * ms[2] + (int64_t)key0 * ms[3]
                                    : nullptr;
   if (md.k_out > 0.0f) {
-    if (whole)
+    if (whole && !ADD && !md.alibi)
+      fc_hpb_p_pass_mod<T, BR, false, true, MODE, FC_HPB_FORM_CAP>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift,
+                                                                   wl, wr, md, slope, l2_pre, mb, bias);
+    else if (whole)
       fc_hpb_p_pass_mod<T, BR, false, true, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
                                                   l2_pre, mb, bias);
     else
@@ -535,8 +552,8 @@ fc_hpb_p_from_s_mod(float (&st)[BR / 2], float (&y)[BR / 2], uint32_t (&pp)[BR /
     /* ALiBi's linear form where every visible key is left of ALiBi's diagonal (fc_hp_alibi_lin's condition, as under
      * a bottom-right causal mask), in the whole blocks (a float bias's are never whole: fc_hpb_mask_block) */
     if (whole && !ADD && md.alibi && wr >= 0 && shift + wr <= (int64_t)sk - sq)
-      fc_hpb_p_pass_mod<T, BR, false, false, MODE, true>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md,
-                                                         slope, l2_pre, mb, bias);
+      fc_hpb_p_pass_mod<T, BR, false, false, MODE, FC_HPB_FORM_ALIBI_LIN>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk,
+                                                                          shift, wl, wr, md, slope, l2_pre, mb, bias);
     else if (whole)
       fc_hpb_p_pass_mod<T, BR, false, false, MODE>(st, y, pp, pg, sL, sD, t, q0, key0, sq, sk, shift, wl, wr, md, slope,
                                                    l2_pre, mb, bias);

@@ -476,11 +476,11 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* This warpgroup's blocks [0, n_own) of the CTA's n_blocks (the rest are dummy trips). */
     const int n_own = fc_hp_own_blocks(a, wg_row0, sq, sk, shift, BC, j_begin, n_blocks);
     const uint32_t q_rows = sQ + 64 * cw * FC_HP_ROW_BYTES; /* and its rows of sQ (each half) */
-    /* SCORE_MOD: S becomes the modified score x, so the exponent's factor is log2 e alone (hopper/score_mod.cuh),
-     * except for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
+    /* SCORE_MOD: S becomes the modified score x (or tanh(S·k_in) for softcap alone), whose exponent and lse factors
+     * fc_hp_softmax_factors gives; S itself for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
     [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
-    const float c = SCORE_MOD && mod_x ? 1.4426950408889634f : a.scale_log2;
-    const float m_scale = SCORE_MOD && mod_x ? 1.0f : a.scale;
+    float c = a.scale_log2, m_scale = a.scale;
+    if constexpr (SCORE_MOD) fc_hp_softmax_factors(md, mod_x, &c, &m_scale);
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)

@@ -263,11 +263,11 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const uint32_t o_rows = sO + 64 * cw * FC_HP_ROW_BYTES; /* SO only */
-    /* SCORE_MOD: S becomes the modified score x, the exponent's factor log2 e alone (hopper/score_mod.cuh), except
-     * for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
+    /* SCORE_MOD: S becomes the modified score x (or tanh(S·k_in) for softcap alone), whose exponent and lse factors
+     * fc_hp_softmax_factors gives; S itself for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
     [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
-    const float c = SCORE_MOD && mod_x ? 1.4426950408889634f : a.scale_log2;
-    const float m_scale = SCORE_MOD && mod_x ? 1.0f : a.scale;
+    float c = a.scale_log2, m_scale = a.scale;
+    if constexpr (SCORE_MOD) fc_hp_softmax_factors(md, mod_x, &c, &m_scale);
     FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after

@@ -25,15 +25,21 @@
 
 enum { FC_HP_MASK_BM = 64 }; /* rows per block of a boolean mask's tiles: one consumer warpgroup's */
 
+/* Softcap alone (no ALiBi, no float bias): S becomes t = tanh(S·k_in), not x = cap·t, and the cap goes into the
+ * softmax's factors as the scale does in the plain kernel's (fc_hp_softmax_factors): one multiply per score less. */
+static __device__ __forceinline__ bool fc_hp_cap_t(const fc_score_mod &md) {
+  return md.k_out > 0.0f && !md.alibi && !(md.bias && !md.bias_bool);
+}
+
 #if FC_HOPPER_ARCH
 /* The forward's S (one block of BC keys from k0, the wgmma accumulator layout: s[4x + e] is row rh = e / 2 of this
- * thread's two, column 8x + 2t + e % 2) → x in place. dist0[rh] = i + sk − sq − 2t of the thread's row i (the
- * sequence's lengths), so that key j = k0 + 8x + 2t + e % 2 is at distance |dist0 − k0 − 8x − e % 2|: exact in fp32
- * for sequences below 2^24 rows. Masked keys get any value: the mask overwrites them with −inf afterwards.
- * lin (fc_hp_alibi_lin): every key the tile's rows see lies at a distance ≥ 0, so ALiBi's −slope·|dist| is the
- * linear slope·(col − v), and row 1's is row 0's less 8·slope, a constant of the row, which the softmax ignores and
- * the kernel takes out of m at the end (lse): both rows add the column's slope·(col − v[0]), one FFMA per score where
- * the general form takes three (scale, distance, |·|·slope). */
+ * thread's two, column 8x + 2t + e % 2) → x in place (t = tanh(S·k_in) for softcap alone: fc_hp_cap_t). dist0[rh] = i +
+ * sk − sq − 2t of the thread's row i (the sequence's lengths), so that key j = k0 + 8x + 2t + e % 2 is at distance
+ * |dist0 − k0 − 8x − e % 2|: exact in fp32 for sequences below 2^24 rows. Masked keys get any value: the mask
+ * overwrites them with −inf afterwards. lin (fc_hp_alibi_lin): every key the tile's rows see lies at a distance ≥ 0, so
+ * ALiBi's −slope·|dist| is the linear slope·(col − v), and row 1's is row 0's less 8·slope, a constant of the row,
+ * which the softmax ignores and the kernel takes out of m at the end (lse): both rows add the column's slope·(col −
+ * v[0]), one FFMA per score where the general form takes three (scale, distance, |·|·slope). */
 template <int BC>
 static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], const fc_score_mod &md, float slope,
                                                         const float (&dist0)[2], int k0, bool lin) {
@@ -56,6 +62,11 @@ static __device__ __forceinline__ void fc_hp_mod_scores(float (&s)[BC / 2], cons
           s[4 * x + 2 + c] = fmaf(s[4 * x + 2 + c], md.k_in, bias);
         }
     }
+    return;
+  }
+  if (fc_hp_cap_t(md)) { /* t = tanh(S·k_in): the cap is in the softmax's factors (fc_hp_softmax_factors) */
+#pragma unroll
+    for (int e = 0; e < BC / 2; e++) s[e] = fc_tanh(s[e] * md.k_in);
     return;
   }
   if (md.k_out > 0.0f) {
@@ -92,6 +103,17 @@ static __device__ __forceinline__ bool fc_hp_alibi_lin(const fc_score_mod &md, i
  * e, lse = scale·m + ln l) and only adds the mask's loads. */
 static __device__ __forceinline__ bool fc_hp_mod_x(const fc_score_mod &md) {
   return md.k_out > 0.0f || md.alibi || (md.bias && !md.bias_bool);
+}
+
+/* The SCORE_MOD kernels' exponent factor c (P = 2^(c·(s − m))) and lse's factor of m (lse = m_scale·m + ln l) for
+ * the scores s that fc_hp_mod_block leaves: x (mod_x: c = log2 e), t (fc_hp_cap_t: c = cap·log2 e, m_scale = cap),
+ * or S itself (a boolean mask alone: the plain kernel's scale·log2 e and scale, left in *c and *m_scale). */
+static __device__ __forceinline__ void fc_hp_softmax_factors(const fc_score_mod &md, bool mod_x, float *c,
+                                                             float *m_scale) {
+  if (!mod_x) return;
+  const bool cap_t = fc_hp_cap_t(md);
+  *c = (cap_t ? md.k_out : 1.0f) * 1.4426950408889634f;
+  *m_scale = cap_t ? md.k_out : 1.0f;
 }
 
 /* The key blocks [*j_begin, *j_begin + *n_blocks) of a tile of br rows from i0 (rows of the sequence: [0, sq)),
