@@ -18,6 +18,11 @@ backward rows run o.backward(dout) on leaves that do. On CUDA the loop is synchr
 row is the host's cost whenever the GPU keeps up (it does at this
 shape). flashc runs with torch's thread count, as flashc.torch does.
 
+The ALiBi and mask rows time the same calls with alibi_slopes= (float32 [heads], on the device) or attn_mask= (a bool
+padding mask [b, 1, 1, s] that hides the last quarter of the keys of every sequence but the first, on the device,
+needing no gradient). SDPA has no ALiBi: its row there takes the slopes' bias as a float attn_mask [1, heads, s, s],
+made once, as models that run ALiBi on SDPA do; its mask row takes the same bool mask.
+
 The decode rows time one decoding step as a serving loop makes it, at a fixed shape: flashc.attention_with_kvcache
 with batch 1, one new query row of 8 heads, d 64, appending one key/value row of 2 heads into a dense cache of 256
 rows at cache_seqlens 255 (an int32 tensor where the cache is: the same row each call), causal, out= given;
@@ -103,6 +108,33 @@ def main() -> None:
     def flashc_torch_fwd_bwd():
         ft.attention(lq, lk, lv, causal=True).backward(dout)
 
+    # ALiBi and a padding mask (see the docstring), and SDPA's forms of them.
+    slopes = (2.0 ** -torch.arange(1.0, h + 1)).to(dev)
+    pos = torch.arange(s, device=dev)
+    alibi_bias = (-slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs()).to(dtype)[None]  # [1, h, s, s]
+    alibi_bias = alibi_bias.masked_fill(pos[None, :] > pos[:, None], float("-inf"))  # causal, in the bias
+    pad = (pos < torch.tensor([s] + [s - s // 4] * (b - 1), device=dev)[:, None])[:, None, None, :]  # [b, 1, 1, s]
+    pad_causal = pad & (pos[None, :] <= pos[:, None])  # SDPA takes a mask or is_causal, not both
+
+    def forward(fn, *xs, **kw):
+        """A forward row: fn(*xs, **kw) under torch.no_grad()."""
+
+        def run():
+            with torch.no_grad():
+                fn(*xs, **kw)
+
+        return run
+
+    def forward_backward(fn, grad, *xs, **kw):
+        """A forward + backward row: fn(*xs, **kw).backward(grad)."""
+        return lambda: fn(*xs, **kw).backward(grad)
+
+    sdpa = F.scaled_dot_product_attention
+    alibi_fwd = forward(ft.attention, q, k, v, causal=True, alibi_slopes=slopes)
+    alibi_fwd_bwd = forward_backward(ft.attention, dout, lq, lk, lv, causal=True, alibi_slopes=slopes)
+    mask_fwd = forward(ft.attention, q, k, v, causal=True, attn_mask=pad)
+    mask_fwd_bwd = forward_backward(ft.attention, dout, lq, lk, lv, causal=True, attn_mask=pad)
+
     def flashc_api_fwd():
         flashc.attention(q, k, v, causal=True)
 
@@ -177,6 +209,18 @@ def main() -> None:
         ("forward+backward", "sdpa", sdpa_fwd_bwd),
         ("forward+backward", "flashc.torch.attention", flashc_torch_fwd_bwd),
         *([("forward+backward", "  (Python path)", python_path(flashc_torch_fwd_bwd))] if ext else []),
+        ("forward ALiBi", "sdpa", forward(sdpa, qt, kt, vt, attn_mask=alibi_bias)),
+        ("forward ALiBi", "flashc.torch.attention", alibi_fwd),
+        *([("forward ALiBi", "  (Python path)", python_path(alibi_fwd))] if ext else []),
+        ("fwd+bwd ALiBi", "sdpa", forward_backward(sdpa, dt, lqt, lkt, lvt, attn_mask=alibi_bias)),
+        ("fwd+bwd ALiBi", "flashc.torch.attention", alibi_fwd_bwd),
+        *([("fwd+bwd ALiBi", "  (Python path)", python_path(alibi_fwd_bwd))] if ext else []),
+        ("forward mask", "sdpa", forward(sdpa, qt, kt, vt, attn_mask=pad_causal)),
+        ("forward mask", "flashc.torch.attention", mask_fwd),
+        *([("forward mask", "  (Python path)", python_path(mask_fwd))] if ext else []),
+        ("fwd+bwd mask", "sdpa", forward_backward(sdpa, dt, lqt, lkt, lvt, attn_mask=pad_causal)),
+        ("fwd+bwd mask", "flashc.torch.attention", mask_fwd_bwd),
+        *([("fwd+bwd mask", "  (Python path)", python_path(mask_fwd_bwd))] if ext else []),
         ("decode", "sdpa", sdpa_decode),
         ("decode", "attention_with_kvcache", flashc_decode),
         *([("decode", "  (Python path)", python_path_decode)] if kv_ext else []),

@@ -2,9 +2,10 @@
 // flashc_ext::kvcache, on PyTorch's stable ABI: the C++ half of the eager hot paths of flashc.torch and of
 // flashc.attention_with_kvcache on torch tensors (python/flashc/_torch_fast.py loads it).
 //
-//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, options, max_seqlen_q=0, max_seqlen_k=0) -> (out, lse)
+//   flashc_ext::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, options, max_seqlen_q=0, max_seqlen_k=0,
+//                   alibi_slopes?=None, attn_mask?=None) -> (out, lse)
 //   flashc_ext::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, options, max_seqlen_q=0,
-//                   max_seqlen_k=0) -> (dq, dk, dv)
+//                   max_seqlen_k=0, alibi_slopes?=None, attn_mask?=None) -> (dq, dk, dv)
 //   flashc_ext::kvcache(q, k_cache!, v_cache!, k?, v?, cache_seqlens?, block_table?, out!?, options, num_splits,
 //                       want_lse) -> (out?, lse?)
 //
@@ -14,12 +15,13 @@
 // flashc_torch_options gave for the rest of their arguments (scale, causal, window_left, window_right, top_left,
 // backend, threads, deterministic, softcap), which flashc.torch and attention_with_kvcache check and pack once per
 // distinct set: every argument of a schema costs the Python-to-operator call a conversion, and a string or an
-// optional float costs more than an int. These kernels run the calls that need nothing but them (no ALiBi, seqused,
-// attn_mask, dropout or num_splits for fwd/bwd), the calls of a plain model and of a serving loop. Why C++: in
-// Python the argument checks and the ctypes marshalling around the C call cost ~22 us a call on the CPU
-// (bench/torch_call_cost.py), and a decoding step through the registered operator torch.ops.flashc.fwd_kvcache_out
-// ~300 us; here at::Tensor -> flashc_tensor is a handful of C calls (with the operator's dispatch and output
-// allocation, ~3 us above the C call made through ctypes; attention_with_kvcache ~6 us above its operator).
+// optional float costs more than an int. These kernels run the calls that need nothing but them, ALiBi and an
+// attn_mask without its gradient (no seqused, dbias, dropout or num_splits for fwd/bwd), the calls of a plain model,
+// of an ALiBi or padded one and of a serving loop. Why C++: in Python the argument checks and the ctypes marshalling
+// around the C call cost ~22 us a call on the CPU (bench/torch_call_cost.py), and a decoding step through the
+// registered operator torch.ops.flashc.fwd_kvcache_out ~300 us; here at::Tensor -> flashc_tensor is a handful of C
+// calls (with the operator's dispatch and output allocation, ~3 us above the C call made through ctypes;
+// attention_with_kvcache ~6 us above its operator).
 //
 // Why the stable ABI (torch/csrc/stable, TORCH_TARGET_VERSION 2.10): the library this builds uses only PyTorch's C
 // shim, so one build loads into every torch >= 2.10 (and no Python ABI: it is loaded with torch.ops.load_library).
@@ -82,6 +84,8 @@ constexpr size_t PARAMS_SIZE = offsetof(flashc_params, alibi_slopes);
 // A call with varlen offsets in device memory (flash_attn_varlen_func's form) describes the fields up to
 // max_seqlen_k too: a libflashc older than them refuses the call, which then takes flashc.torch's Python path.
 constexpr size_t PARAMS_SIZE_DEVICE_OFFSETS = offsetof(flashc_params, max_seqlen_k) + sizeof(int64_t);
+// A call with ALiBi or an attn_mask describes the fields up to attn_mask_stride (dbias follows it), likewise.
+constexpr size_t PARAMS_SIZE_MODIFIERS = offsetof(flashc_params, dbias);
 // The same for flashc_kvcache, whose fields this file sets up to num_splits.
 constexpr size_t KVCACHE_SIZE = offsetof(flashc_kvcache, num_splits) + sizeof(int);
 
@@ -339,6 +343,54 @@ flashc_params params_of(const Options &o, const Place &where, const std::optiona
   return p;
 }
 
+// ALiBi slopes and attn_mask into p, as the Python path describes them (flashc/_ops.py's _extras, _api.py's
+// check_alibi_shape and attn_mask_view). q: [b, s_q, h_q, d] (packed: [total_q, h_q, d]); k: [b, s_k, h_k, d];
+// alibi: fp32 [h_q] (alibi_stride_batch 0) or [b, h_q] (b = num_seqs when packed; stride h_q); mask: bool (read as
+// uint8) or of q's dtype, its shape right-aligned against [b, h_q, s_q, s_k], each dimension 1 or the full size, the
+// stride of a dimension of size 1 given as 0. What the Python path would convert (slopes of another dtype, device or
+// layout; a mask of another dtype or device) is refused here, so that it runs there: the copies are its, and so are
+// its errors. The C API reads both through bare pointers, so their shapes are checked here: it cannot see them.
+void set_modifiers(flashc_params &p, const std::optional<Tensor> &alibi, const std::optional<Tensor> &mask,
+                   const Tensor &q, const Tensor &k, bool packed, const Place &where) {
+  if (!alibi && !mask) return;
+  if (p.struct_size < PARAMS_SIZE_MODIFIERS) p.struct_size = PARAMS_SIZE_MODIFIERS;
+  const auto qsize = q.sizes();
+  if (alibi) {
+    const Place at = place_of(*alibi);
+    if (alibi->scalar_type() != ScalarType::Float || at.cuda != where.cuda || at.device != where.device ||
+        !alibi->is_contiguous())
+      fail("alibi_slopes that are not contiguous float32 on q's device");
+    const int64_t heads = qsize[packed ? 1 : 2], batch = packed ? p.num_seqs : qsize[0];
+    const auto size = alibi->sizes();
+    if (size.size() == 1 && size[0] == heads)
+      p.alibi_stride_batch = 0;
+    else if (size.size() == 2 && size[0] == batch && size[1] == heads)
+      p.alibi_stride_batch = heads;
+    else
+      fail("alibi_slopes of the wrong shape");
+    p.alibi_slopes = static_cast<const float *>(alibi->data_ptr());
+  }
+  if (mask) {
+    if (packed) fail("an attn_mask with packed tensors");
+    const Place at = place_of(*mask);
+    if (at.cuda != where.cuda || at.device != where.device) fail("an attn_mask that is not on q's device");
+    const bool is_bool = mask->scalar_type() == ScalarType::Bool;
+    if (!is_bool && mask->scalar_type() != q.scalar_type()) fail("an attn_mask neither bool nor of q's dtype");
+    const int64_t full[4] = {qsize[0], qsize[2], qsize[1], k.sizes()[1]};
+    const auto size = mask->sizes(), stride = mask->strides();
+    const int64_t n = static_cast<int64_t>(size.size());
+    if (n < 2 || n > 4) fail("an attn_mask of the wrong rank");
+    for (int64_t d = 0; d < 4; d++) {
+      const int64_t m = d - (4 - n); // the mask's dimension, < 0 where a 1 is prepended
+      const int64_t s = m >= 0 ? size[m] : 1;
+      if (s != 1 && s != full[d]) fail("an attn_mask that does not broadcast to [batch, heads_q, seqlen_q, seqlen_k]");
+      p.attn_mask_stride[d] = s > 1 ? stride[m] : 0;
+    }
+    p.attn_mask = mask->numel() ? mask->data_ptr() : nullptr; // an empty mask: NULL, as the Python path passes it
+    p.attn_mask_is_bool = is_bool;
+  }
+}
+
 // Runs fn(handle) on the handle for (backend, q's device, the current stream), with the thread count set.
 template <class Fn> void run(const Place &where, const Options &o, Fn fn) {
   if (!api.forward) fail("the extension is not bound to libflashc (flashc_torch_bind)");
@@ -362,8 +414,10 @@ template <class Fn> void run(const Place &where, const Options &o, Fn fn) {
 
 // ---- the operators -----------------------------------------------------------------------------------------
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> cu_q, std::optional<Tensor> cu_k,
-                               int64_t options, int64_t max_q, int64_t max_k) {
-  // q: [b, s_q, h_q, d] (packed: [total_q, h_q, d]); k: [b, s_k, h_k, d]; v: [b, s_k, h_k, d_v]
+                               int64_t options, int64_t max_q, int64_t max_k, std::optional<Tensor> alibi,
+                               std::optional<Tensor> mask) {
+  // q: [b, s_q, h_q, d] (packed: [total_q, h_q, d]); k: [b, s_k, h_k, d]; v: [b, s_k, h_k, d_v];
+  // alibi: [h_q] or [b, h_q]; mask: broadcastable to [b, h_q, s_q, s_k]
   const bool packed = cu_q.has_value();
   const int64_t nd = packed ? 3 : 4;
   q = readable(q, nd);
@@ -372,6 +426,7 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tenso
   const Options &o = options_of(options);
   const Place where = place_of(q);
   flashc_params p = params_of(o, where, cu_q, cu_k, max_q, max_k, q, k);
+  set_modifiers(p, alibi, mask, q, k, packed, where);
   Sizes osize = sizes_of(q);
   osize.v[nd - 1] = v.sizes()[nd - 1]; // o takes V's head dim
   Tensor out = empty(osize, torch_dtype(q), where);
@@ -384,7 +439,8 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tenso
 
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
                                        std::optional<Tensor> cu_q, std::optional<Tensor> cu_k, int64_t options,
-                                       int64_t max_q, int64_t max_k) {
+                                       int64_t max_q, int64_t max_k, std::optional<Tensor> alibi,
+                                       std::optional<Tensor> mask) {
   const bool packed = cu_q.has_value();
   const int64_t nd = packed ? 3 : 4;
   q = readable(q, nd);
@@ -404,6 +460,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
     if (lse_size[d] != want.v[d]) fail("an lse that is not the forward's");
   if (!lse.is_contiguous()) lse = torch::stable::contiguous(lse);
   flashc_params p = params_of(o, where, cu_q, cu_k, max_q, max_k, q, k);
+  set_modifiers(p, alibi, mask, q, k, packed, where);
   const int32_t dtype = torch_dtype(q); // libflashc checks that k, v, out and dout share it
   Tensor dq = empty(sizes_of(q), dtype, where), dk = empty(sizes_of(k), dtype, where),
          dv = empty(sizes_of(v), dtype, where);
@@ -475,10 +532,13 @@ kvcache(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k_new, s
 
 // ---- registration ------------------------------------------------------------------------------------------
 STABLE_TORCH_LIBRARY(flashc_ext, m) {
+  // alibi_slopes and attn_mask come last, with defaults: a caller of the schemas without them keeps working.
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int options, "
-        "int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor, Tensor)");
+        "int max_seqlen_q=0, int max_seqlen_k=0, Tensor? alibi_slopes=None, Tensor? attn_mask=None) "
+        "-> (Tensor, Tensor)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
-        "Tensor? cu_seqlens_k, int options, int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor, Tensor, Tensor)");
+        "Tensor? cu_seqlens_k, int options, int max_seqlen_q=0, int max_seqlen_k=0, Tensor? alibi_slopes=None, "
+        "Tensor? attn_mask=None) -> (Tensor, Tensor, Tensor)");
   m.def("kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
         "Tensor? block_table, Tensor(c!)? out, int options, int num_splits, bool want_lse) -> (Tensor?, Tensor?)");
 }

@@ -2,17 +2,19 @@
 
 fwd_impl and bwd_impl take the arguments of flashc._ops.fwd_impl / bwd_impl and return what they return. A call
 that needs nothing but q, k, v (and cu_seqlens: on the host, or beside CUDA tensors on the device with
-max_seqlen_q/k), the options and softcap runs the operators
+max_seqlen_q/k), the options and softcap, ALiBi slopes and an attn_mask (not its gradient) runs the operators
 flashc_ext::fwd / flashc_ext::bwd of the extension (python/flashc/_torch_ext.cpp): at::Tensor to flashc_tensor
 in C++, one cached flashc handle per thread, backend, device and stream, the current CUDA stream. The options
 (flashc.torch's checked tuple, scale ... softcap) reach the operators as one int, options_id(opts), made once
-per distinct tuple. Any other call (ALiBi, seqused, attn_mask, later features), and any call the extension
-refuses, runs through flashc._ops: so the results, and the exceptions with their types and messages, are those
-of the Python path whether the extension is there or not. The extension is an accelerator, never a second
-implementation of the checks.
+per distinct tuple. Any other call (seqused, dbias, dropout, num_splits, later features), and any call the
+extension refuses (among them slopes or a mask that the Python path would first convert), runs through
+flashc._ops: so the results, and the exceptions with their types and messages, are those of the Python path
+whether the extension is there or not. The extension is an accelerator, never a second implementation of the
+checks.
 
-flashc.torch.attention's common call (plain tensors, nothing but the options) calls forward() or
-Attention.apply() directly, with the options' tuple and id that it caches per set of user arguments.
+flashc.torch.attention's common call (plain tensors, nothing but the options, ALiBi slopes and an attn_mask that
+requires no grad, as tensors) calls forward() or Attention.apply() directly, with the options' tuple and id that
+it caches per set of user arguments.
 
 flashc.attention_with_kvcache on torch tensors calls kvcache() first: a plain eager call (no autograd to record,
 no compile, mode or transform) runs flashc_ext::kvcache, with its options' id cached per set of option
@@ -114,26 +116,29 @@ if AVAILABLE:
         at = cell.value
         _local.last_backend = _names.get(at) or _name(at)
 
-    def forward(q, k, v, cu_q, cu_k, opts: tuple, oid: int, max_q: int = 0, max_k: int = 0):
-        """(out, lse) of a call with nothing but the options (oid = options_id(opts)) and, with device offsets, the
-        longest sequences: through the extension, else (it refused the call, or oid is -1) through _ops, which
-        raises the error flashc.torch raises."""
+    def forward(q, k, v, cu_q, cu_k, opts: tuple, oid: int, max_q: int = 0, max_k: int = 0, alibi=None, mask=None):
+        """(out, lse) of a call with nothing but the options (oid = options_id(opts)), with device offsets the
+        longest sequences, and ALiBi slopes and an attn_mask (None: none): through the extension, else (it refused
+        the call, or oid is -1) through _ops, which raises the error flashc.torch raises."""
         cell = _slot.cell  # before the call: a thread's first access registers its cell
         try:
-            out, lse = _fwd(q, k, v, cu_q, cu_k, oid, max_q, max_k)
+            out, lse = _fwd(q, k, v, cu_q, cu_k, oid, max_q, max_k, alibi, mask)
         except Exception:
-            return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, max_seqlen_q=max_q, max_seqlen_k=max_k)
+            return _ops.fwd_impl(q, k, v, cu_q, cu_k, *opts, None, None, alibi, mask, max_seqlen_q=max_q,
+                                 max_seqlen_k=max_k)  # fmt: skip
         # flashc.last_backend(), as _note_backend sets it, inline: this runs on every call
         _local.last_backend = opts[5] if opts[5] != "auto" else (_names.get(cell.value) or _name(cell.value))
         return out, lse
 
-    def backward(dout, q, k, v, out, lse, cu_q, cu_k, opts: tuple, oid: int, max_q: int = 0, max_k: int = 0):
-        """(dq, dk, dv) of forward()'s call, as forward() runs it."""
+    def backward(dout, q, k, v, out, lse, cu_q, cu_k, opts: tuple, oid: int, max_q: int = 0, max_k: int = 0,
+                 alibi=None, mask=None):  # fmt: skip
+        """(dq, dk, dv) of forward()'s call, as forward() runs it (no gradient of the mask)."""
         cell = _slot.cell
         try:
-            grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid, max_q, max_k)
+            grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid, max_q, max_k, alibi, mask)
         except Exception:
-            return _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *opts, max_seqlen_q=max_q, max_seqlen_k=max_k)
+            return _ops.bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *opts, None, None, alibi, mask,
+                                 max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
         _local.last_backend = opts[5] if opts[5] != "auto" else (_names.get(cell.value) or _name(cell.value))
         return grads
 
@@ -174,15 +179,13 @@ if AVAILABLE:
         if (
             su_q is None
             and su_k is None
-            and alibi is None
-            and mask is None
             and _offsets_fit(q, cu_q, cu_k)
             and (lens := _plain(more, kw, 4)) is not None  # after dropout_p, seed, offset, num_splits
         ):
             cell = _slot.cell  # before the call: a thread's first access registers its cell
             try:
                 oid = options_id((scale, causal, wl, wr, top_left, backend, threads, det, softcap))
-                out, lse = _fwd(q, k, v, cu_q, cu_k, oid, *lens)
+                out, lse = _fwd(q, k, v, cu_q, cu_k, oid, *lens, alibi, mask)
             except Exception:  # the Python path below raises the error flashc.torch raises without the extension
                 pass
             else:
@@ -196,8 +199,6 @@ if AVAILABLE:
         if (
             su_q is None
             and su_k is None
-            and alibi is None
-            and mask is None
             and not want_dbias
             and _offsets_fit(q, cu_q, cu_k)
             and (lens := _plain(more, kw, 3)) is not None  # after dropout_p, seed, offset
@@ -205,7 +206,7 @@ if AVAILABLE:
             cell = _slot.cell
             try:
                 oid = options_id((scale, causal, wl, wr, top_left, backend, threads, det, softcap))
-                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid, *lens)
+                grads = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, oid, *lens, alibi, mask)
             except Exception:
                 pass
             else:
@@ -215,19 +216,20 @@ if AVAILABLE:
                              det, softcap, su_q, su_k, alibi, mask, want_dbias, *more, **kw)  # fmt: skip
 
     class Attention(torch.autograd.Function):
-        """flashc.torch's autograd for a call with nothing but q, k, v, cu_seqlens and the options:
-        apply(q, k, v, cu_q, cu_k, opts, options_id(opts), want_lse, max_q, max_k) -> out, or (out, lse) with
-        want_lse; max_q, max_k: the longest sequences, with cu_seqlens on the device (else 0).
-        flashc.torch's _Function covers every feature; this one does only what such a call needs, which is what
+        """flashc.torch's autograd for a call with nothing but q, k, v, cu_seqlens, the options, ALiBi slopes and
+        an attn_mask that needs no gradient: apply(q, k, v, cu_q, cu_k, opts, options_id(opts), want_lse, max_q,
+        max_k, alibi, mask) -> out, or (out, lse) with want_lse; max_q, max_k: the longest sequences, with
+        cu_seqlens on the device (else 0); alibi, mask: None when not given (the slopes get no gradient, as on every
+        path). flashc.torch's _Function covers every feature; this one does only what such a call needs, which is what
         a forward + backward costs above the kernels: the old-style forward(ctx, ...) (a setup_context would be
         a second Python call), lse an output only when asked for (else a saved intermediate: autograd then
         neither wraps it nor makes a zero gradient for it), no zero-filled gradients (set_materialize_grads:
         dout is None when out is unused). Same formula: lse not differentiable, no double backward."""
 
         @staticmethod
-        def forward(ctx, q, k, v, cu_q, cu_k, opts, oid, want_lse, max_q=0, max_k=0):
-            out, lse = forward(q, k, v, cu_q, cu_k, opts, oid, max_q, max_k)
-            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        def forward(ctx, q, k, v, cu_q, cu_k, opts, oid, want_lse, max_q=0, max_k=0, alibi=None, mask=None):
+            out, lse = forward(q, k, v, cu_q, cu_k, opts, oid, max_q, max_k, alibi, mask)
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, mask)
             ctx.opts = opts
             ctx.oid = oid
             ctx.lens = (max_q, max_k)
@@ -242,10 +244,10 @@ if AVAILABLE:
             if torch.is_grad_enabled():
                 _ops.check_double_backward()
             if dout is None:  # only lse was used: it is not differentiable, so nothing flows
-                return None, None, None, None, None, None, None, None, None, None
-            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, ctx.opts, ctx.oid, *ctx.lens)
-            return dq, dk, dv, None, None, None, None, None, None, None
+                return None, None, None, None, None, None, None, None, None, None, None, None
+            q, k, v, out, lse, cu_q, cu_k, alibi, mask = ctx.saved_tensors
+            dq, dk, dv = backward(dout, q, k, v, out, lse, cu_q, cu_k, ctx.opts, ctx.oid, *ctx.lens, alibi, mask)
+            return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
     def _bwd_kernel(dout, q, k, v, out, lse, cu_q, cu_k, scale, causal, wl, wr, top_left, backend, threads, det,
                     softcap=0.0, su_q=None, su_k=None, alibi=None, mask=None, *more):  # fmt: skip

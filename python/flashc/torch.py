@@ -237,13 +237,13 @@ def _forward(q, k, v, cu_q, cu_k, opts, su_q=None, su_k=None, alibi=None, mask=N
         ):
             if (
                 _kernels.AVAILABLE
-                and mask is None
-                and alibi is None
+                and (mask is None or not mask.requires_grad)  # a mask's gradient (dbias) is _Function's
                 and su_q is None
                 and su_k is None
                 and not (drop[0] or splits)
             ):  # the leaner autograd.Function of the extension's path
-                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts, _kernels.options_id(opts), True, *max_seqlen)
+                oid = _kernels.options_id(opts)
+                return _kernels.Attention.apply(q, k, v, cu_q, cu_k, opts, oid, True, *max_seqlen, alibi, mask)
             return _Function.apply(q, k, v, cu_q, cu_k, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen, *opts)
         return _kernels.fwd_impl(q, k, v, cu_q, cu_k, *opts, su_q, su_k, alibi, mask, *drop, splits, *max_seqlen)
     if not torch.compiler.is_compiling() and _peek_functorch() is not None:  # dynamo cannot trace the peek
@@ -351,7 +351,8 @@ def attention(
     (see the module's docstring); given: the mask of flashc.attention(..., seed=seed, offset=offset). num_splits:
     as flashc.attention's (the forward's key splits on cuda-mma)."""
     # The common call, in as few Python steps as it takes (bench/torch_call_cost.py): plain CPU/CUDA tensors of one
-    # dtype, nothing but the options, the extension loaded, plain eager mode (_plain_eager's conditions), no
+    # dtype, nothing but the options, ALiBi slopes and an attn_mask that needs no gradient (as tensors, which the
+    # general path would take as they are), the extension loaded, plain eager mode (_plain_eager's conditions), no
     # autocast. The options are checked once per set of arguments (_fast_options); anything else, and any call
     # the extension refuses (which then runs through the Python path and raises its error), takes the general
     # path below, which does the same.
@@ -359,8 +360,8 @@ def attention(
     if (
         kernels.AVAILABLE
         and not _is_compiling()
-        and attn_mask is None
-        and alibi_slopes is None
+        and (attn_mask is None or (type(attn_mask) is _Tensor and not attn_mask.requires_grad))
+        and (alibi_slopes is None or type(alibi_slopes) is _Tensor)
         and not dropout_p
         and not num_splits
         and type(q) is _Tensor
@@ -384,8 +385,8 @@ def attention(
         except (KeyError, TypeError):  # TypeError: a window that is not hashable
             opts, oid = _fast_options(key)
         if (q.requires_grad or k.requires_grad or v.requires_grad) and _grad_enabled():
-            return kernels.Attention.apply(q, k, v, None, None, opts, oid, return_lse)
-        out, lse = kernels.forward(q, k, v, None, None, opts, oid)
+            return kernels.Attention.apply(q, k, v, None, None, opts, oid, return_lse, 0, 0, alibi_slopes, attn_mask)
+        out, lse = kernels.forward(q, k, v, None, None, opts, oid, 0, 0, alibi_slopes, attn_mask)
         return (out, lse) if return_lse else out
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         _not_tensor(q, k, v)

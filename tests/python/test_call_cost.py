@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch")
 
 import flashc  # noqa: E402
 import flashc.torch as ft  # noqa: E402
-from flashc import _torch_fast  # noqa: E402
+from flashc import _ops, _torch_fast  # noqa: E402
 from flashc import kvcache as kvc  # noqa: E402
+from conftest import spy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _torch_fast.AVAILABLE, reason=f"no torch extension: {_torch_fast.WHY}")
 
@@ -29,6 +30,19 @@ SLOW_PATH = {PACKAGE / "_ops.py", PACKAGE / "_lib.py", PACKAGE / "_api.py", PACK
 def _inputs(shape=(1, 16, 8, 64), grad=False, seed=0):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(*shape, generator=g).requires_grad_(grad) for _ in range(3))
+
+
+def _modifiers(kind: str, shape=(1, 16, 8, 64)) -> dict:
+    """attention()'s keyword arguments for a call with ALiBi slopes and/or an attn_mask (no gradient) for q, k, v of
+    shape [b, s, h, d]: "plain" none, "alibi" slopes [h], "mask" a bool padding mask [b, 1, 1, s] that hides the last
+    quarter of the keys of every sequence but the first."""
+    b, s, h, _ = shape
+    if kind == "plain":
+        return {}
+    if kind == "alibi":
+        return dict(alibi_slopes=2.0 ** -torch.arange(1.0, h + 1))
+    lens = torch.tensor([s] + [s - s // 4] * (b - 1))
+    return dict(attn_mask=(torch.arange(s) < lens[:, None])[:, None, None, :])
 
 
 def _python_frames(fn) -> list:
@@ -56,12 +70,14 @@ def _ctypes_files(files) -> list:
     )
 
 
-def test_forward_runs_no_python_of_the_ctypes_path():
+@pytest.mark.parametrize("kind", ["plain", "alibi", "mask"])
+def test_forward_runs_no_python_of_the_ctypes_path(kind):
     q, k, v = _inputs()
+    kw = _modifiers(kind)
 
     def call():
         with torch.no_grad():
-            ft.attention(q, k, v, causal=True)
+            ft.attention(q, k, v, causal=True, **kw)
 
     call()  # warm: the options cache, the handle
     files = _python_frames(call)
@@ -72,24 +88,28 @@ def test_forward_runs_no_python_of_the_ctypes_path():
     assert len(ours) <= 3, f"{len(ours)} Python frames of flashc per forward: {ours}"
 
 
-def test_forward_backward_runs_no_python_of_the_ctypes_path():
+@pytest.mark.parametrize("kind", ["plain", "alibi", "mask"])
+def test_forward_backward_runs_no_python_of_the_ctypes_path(kind):
     q, k, v = _inputs(grad=True)
     dout = torch.randn_like(q)
+    kw = _modifiers(kind)
 
     def call():
-        ft.attention(q, k, v, causal=True).backward(dout)
+        ft.attention(q, k, v, causal=True, **kw).backward(dout)
 
     call()
     files = _python_frames(call)
     assert not _ctypes_files(files), f"forward+backward ran {_ctypes_files(files)}"
 
 
-def test_python_path_is_what_the_structural_tests_would_catch(monkeypatch):
+@pytest.mark.parametrize("kind", ["plain", "alibi", "mask"])
+def test_python_path_is_what_the_structural_tests_would_catch(monkeypatch, kind):
     # The check above can fail: through _ops (the path without the extension) the same call runs _ops.py.
     monkeypatch.setattr(ft, "_kernels", _torch_fast.PYTHON_PATH)
     q, k, v = _inputs()
+    kw = _modifiers(kind)
     with torch.no_grad():
-        files = _python_frames(lambda: ft.attention(q, k, v, causal=True))
+        files = _python_frames(lambda: ft.attention(q, k, v, causal=True, **kw))
     assert _ctypes_files(files)
 
 
@@ -137,22 +157,25 @@ def test_errors_are_the_python_paths(monkeypatch):
         assert errors[0] == errors[1]
 
 
-def test_extension_is_cheaper_than_the_python_path(monkeypatch):
+@pytest.mark.parametrize("kind", ["plain", "alibi", "mask"])
+def test_extension_is_cheaper_than_the_python_path(monkeypatch, kind):
     q, k, v = _inputs()
+    kw = _modifiers(kind)
 
     def fast():
         ft._kernels = _torch_fast
         with torch.no_grad():
-            ft.attention(q, k, v, causal=True)
+            ft.attention(q, k, v, causal=True, **kw)
 
     def slow():
         ft._kernels = _torch_fast.PYTHON_PATH
         with torch.no_grad():
-            ft.attention(q, k, v, causal=True)
+            ft.attention(q, k, v, causal=True, **kw)
 
     monkeypatch.setattr(ft, "_kernels", _torch_fast)  # restored after the test
     best = _best_of(fast, slow)
-    # The ctypes path adds ~30 us of Python to a ~30 us call here; the margin leaves room for a noisy machine.
+    # The ctypes path adds ~30 us of Python to a ~30 us call here (ALiBi or a mask: more); the margin leaves room
+    # for a noisy machine.
     assert best[0] < 0.85 * best[1], f"extension {best[0] / 20 * 1e6:.1f} us, Python {best[1] / 20 * 1e6:.1f} us"
 
 
@@ -250,6 +273,176 @@ def test_fast_path_leaves_autocast_and_mixed_dtypes_to_the_general_path():
         assert ft.attention(q, k, v, causal=True).dtype == torch.bfloat16  # cast, as SDPA
     with pytest.raises(TypeError, match="k.dtype is torch.float64"):
         ft.attention(q, k.double(), v, causal=True)
+
+
+# ---- ALiBi and an attn_mask without its gradient: the same short path -----------------------------------------
+def _mixed(seed=8):
+    """q [2, 19, 4, 32] over k, v [2, 23, 2, 32] (GQA; seqlen_q != seqlen_k: the mask's 4 dimensions differ), dout."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((2, 19, 4, 32), (2, 23, 2, 32), (2, 23, 2, 32), (2, 19, 4, 32))
+    return tuple(torch.randn(*shape, generator=g) for shape in shapes)
+
+
+def _modifier_cases(seed=9) -> dict:
+    """name -> attention()'s keyword arguments for _mixed's shapes, one layout the C API's fields describe each."""
+    g = torch.Generator().manual_seed(seed)
+    pad = torch.arange(23) < torch.tensor([23, 11])[:, None]  # [b, s_k]: the second sequence has 11 keys
+    bias = torch.randn(2, 4, 23, 19, generator=g).transpose(-1, -2)  # [b, h, s_q, s_k], not contiguous
+    return {
+        "alibi": dict(alibi_slopes=torch.rand(4, generator=g)),
+        "alibi-batch": dict(alibi_slopes=torch.rand(2, 4, generator=g)),
+        "bool-padding": dict(attn_mask=pad[:, None, None, :]),
+        "bool-expanded": dict(attn_mask=pad[:, None, None, :].expand(2, 4, 19, 23)),  # stride 0 on sizes > 1
+        "float-2d": dict(attn_mask=torch.randn(19, 23, generator=g)),
+        "alibi-float": dict(alibi_slopes=torch.rand(2, 4, generator=g), attn_mask=bias),
+    }
+
+
+@pytest.mark.parametrize("case", list(_modifier_cases()))
+def test_modifiers_take_the_extension_and_match_python_path(monkeypatch, case):
+    q, k, v, dout = _mixed()
+    kw = _modifier_cases()[case]
+    ran, fell_back = [], []
+    spy(monkeypatch, _torch_fast, ("_fwd", "_bwd"), ran)
+    spy(monkeypatch, _ops, ("fwd_impl", "bwd_impl"), fell_back)
+
+    def run(backend, dtype=torch.float32):
+        xs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        args = {n: t.to(dtype) if n == "attn_mask" and t.is_floating_point() else t for n, t in kw.items()}
+        out, lse = ft.attention(*xs, causal=True, backend=backend, return_lse=True, **args)
+        out.backward(dout.to(dtype))
+        with torch.no_grad():  # forward alone: the same out and lse
+            again = ft.attention(*xs, causal=True, backend=backend, return_lse=True, **args)
+        assert torch.equal(again[0], out.detach()) and torch.equal(again[1], lse)
+        return [out.detach(), lse] + [x.grad for x in xs]
+
+    fast = run("auto")
+    assert flashc.last_backend() == "cpu"
+    assert not fell_back, "the extension refused the call: it ran through _ops"
+    # the operators ran with the slopes and the mask as given (their last two arguments)
+    assert [name for name, _ in ran] == ["_fwd", "_bwd", "_fwd"]
+    for _, a in ran:
+        assert a[-2] is kw.get("alibi_slopes") and a[-1] is kw.get("attn_mask")
+    monkeypatch.setattr(ft, "_kernels", _torch_fast.PYTHON_PATH)
+    slow = run("auto")
+    ref = run("cpu-ref", torch.float64)
+    for a, b, r in zip(fast, slow, ref):
+        assert torch.equal(a, b)  # the same C calls on the same data: bit-identical
+        torch.testing.assert_close(a.double(), r.double(), atol=2e-5, rtol=2e-5)
+
+
+def test_mask_that_needs_its_gradient_keeps_the_general_autograd(monkeypatch):
+    # A float mask that requires grad runs flashc.torch's _Function: the forward through the extension, the backward
+    # (with dbias) through _ops; mask.grad is the Python path's to the bit.
+    q, k, v, dout = _mixed()
+    bias = _modifier_cases()["alibi-float"]["attn_mask"]
+    backward_calls = []
+    spy(monkeypatch, _ops, ("bwd_impl",), backward_calls)
+
+    def run():
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        m = bias.detach().clone().requires_grad_()
+        out = ft.attention(*xs, causal=True, attn_mask=m)
+        out.backward(dout)
+        return [out.detach(), m.grad] + [x.grad for x in xs]
+
+    fast = run()
+    assert len(backward_calls) == 1 and backward_calls[0][1][21] is True  # want_dbias
+    monkeypatch.setattr(ft, "_kernels", _torch_fast.PYTHON_PATH)
+    slow = run()
+    assert fast[1] is not None and fast[1].shape == bias.shape
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(alibi_slopes=torch.rand(2, 4).double()),  # converted to float32
+        dict(alibi_slopes=torch.rand(4, 2).t()),  # not contiguous: copied
+        dict(alibi_slopes=[0.5, 0.25, 0.125, 0.0625]),  # a list: flashc.torch's general path makes it a tensor
+        dict(attn_mask=torch.randn(19, 23).double()),  # converted to q's dtype
+        dict(attn_mask=[[True] * 23] * 19),  # a list: made a tensor
+    ],
+    ids=["alibi-float64", "alibi-strided", "alibi-list", "mask-float64", "mask-list"],
+)
+def test_modifiers_the_python_path_converts_give_its_results(monkeypatch, case):
+    q, k, v, dout = _mixed()
+
+    def run():
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out, lse = ft.attention(*xs, causal=True, return_lse=True, **case)
+        out.backward(dout)
+        return [out.detach(), lse] + [x.grad for x in xs]
+
+    fast = run()
+    monkeypatch.setattr(ft, "_kernels", _torch_fast.PYTHON_PATH)
+    for a, b in zip(fast, run()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(alibi_slopes=torch.rand(3)),  # not one slope per query head
+        dict(alibi_slopes=torch.rand(3, 4)),  # not one row per sequence
+        dict(alibi_slopes=torch.rand(1, 2, 4)),  # rank 3
+        dict(attn_mask=torch.ones(19, 22, dtype=torch.bool)),  # does not broadcast to [b, h_q, s_q, s_k]
+        dict(attn_mask=torch.ones(2, 2, 19, 23, dtype=torch.bool)),  # k's heads, not q's
+        dict(attn_mask=torch.ones(23, dtype=torch.bool)),  # rank 1
+        dict(attn_mask=torch.ones(1, 2, 1, 1, 23, dtype=torch.bool)),  # rank 5
+        dict(attn_mask=torch.ones(19, 23, dtype=torch.int32)),  # neither bool nor float
+    ],
+)
+def test_modifier_errors_are_the_python_paths(monkeypatch, case):
+    q, k, v, _ = _mixed()
+    errors = []
+    for kernels in (_torch_fast, _torch_fast.PYTHON_PATH):
+        monkeypatch.setattr(ft, "_kernels", kernels)
+        for grad in (False, True):
+            xs = [x.detach().clone().requires_grad_(grad) for x in (q, k, v)]
+            with pytest.raises(Exception) as e:
+                ft.attention(*xs, causal=True, **case)
+            errors.append((type(e.value), str(e.value)))
+    assert errors[0][1].startswith("flashc: ") and len(set(errors)) == 1, errors
+
+
+def test_packed_tensors_with_a_mask_raise_the_python_paths_error():
+    # flashc::fwd's kernel with cu_seqlens and an attn_mask: the extension refuses it, _ops says why.
+    q, k, v, _ = (x.reshape(-1, *x.shape[2:]) for x in _mixed())
+    cu_q, cu_k = torch.tensor([0, 19, 38], dtype=torch.int32), torch.tensor([0, 23, 46], dtype=torch.int32)
+    opts = (None, True, -1, -1, False, "auto", -1, False, 0.0)
+    errors = []
+    for impl in (_torch_fast.fwd_impl, _ops.fwd_impl):
+        with pytest.raises(ValueError) as e:
+            impl(q, k, v, cu_q, cu_k, *opts, None, None, None, torch.ones(19, 23, dtype=torch.bool))
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "packed (varlen)" in errors[0]
+
+
+def test_operators_run_the_modifiers_through_the_extension(monkeypatch):
+    # torch.ops.flashc.fwd / bwd (what torch.compile and torch.export call) on CPU tensors: the extension's kernels,
+    # the same results as _ops's; flashc_ext's schemas take the slopes and the mask by name, or not at all.
+    q, k, v, dout = _mixed()
+    kw = _modifier_cases()["alibi-float"]
+    slopes, mask = kw["alibi_slopes"], kw["attn_mask"]
+    opts = (None, True, -1, -1, False, "auto", -1, False, 0.0)
+    ran, fell_back = [], []
+    spy(monkeypatch, _torch_fast, ("_fwd", "_bwd"), ran)
+    spy(monkeypatch, _ops, ("fwd_impl", "bwd_impl"), fell_back)
+    out, lse = torch.ops.flashc.fwd(q, k, v, None, None, *opts, None, None, slopes, mask)
+    grads = torch.ops.flashc.bwd(dout, q, k, v, out, lse, None, None, *opts, None, None, slopes, mask)
+    assert [name for name, _ in ran] == ["_fwd", "_bwd"] and not fell_back
+    monkeypatch.undo()
+    want = _ops.fwd_impl(q, k, v, None, None, *opts, None, None, slopes, mask)
+    assert all(torch.equal(a, b) for a, b in zip((out, lse), want))
+    want = _ops.bwd_impl(dout, q, k, v, out, lse, None, None, *opts, None, None, slopes, mask)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want))
+    oid = _torch_fast.options_id(opts)
+    named = torch.ops.flashc_ext.fwd(q, k, v, None, None, oid, alibi_slopes=slopes, attn_mask=mask)
+    assert all(torch.equal(a, b) for a, b in zip(named, (out, lse)))
+    plain = torch.ops.flashc_ext.fwd(q, k, v, None, None, oid)  # the schema's defaults: neither
+    assert torch.equal(plain[0], _ops.fwd_impl(q, k, v, None, None, *opts)[0]) and not torch.equal(plain[0], out)
 
 
 # ---- flashc.attention_with_kvcache: its short path through flashc_ext::kvcache ----------------------------------
