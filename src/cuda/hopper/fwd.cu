@@ -357,6 +357,28 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale(float (&o)
 template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (&o)[D / 2], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) fc_hp_rescale<D>(o, alpha);
 }
+
+/* Block n's softmax beside P_{n−1}·V_{n−1} in flight, the steady state of both forward kernels' consumer loop: the
+ * softmax runs in fp32 in S's registers (DROP: the kernel's P∘keep after it); only the pack into P's registers and O's
+ * rescale wait for the P·V. The block boundary (`boundary`: true, from a kernel argument) keeps ptxas from hoisting the
+ * wait above the softmax (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own
+ * before the wait and copied it after; the branch of the conditional rescale made ptxas serialise that loop (C7513),
+ * and this one measured the same without it. MARK: the kernel's trace mark once the wait is over. */
+template <typename T, int BC, int DV, class Drop, class Mark>
+static __device__ __forceinline__ void
+fc_hp_softmax_beside_pv(float (&s)[BC / 2], float (&o)[DV / 2], uint32_t (&p)[BC / 16][4], bool mask, int k0,
+                        const int (&lo)[2], const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
+                        float (&alpha)[2], bool boundary, Drop drop, Mark mark) {
+  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, m, l, alpha);
+  drop(s);
+  fc_block_boundary(boundary);
+  fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
+  fc_fence_regs(o);
+  fc_fence_regs(p);
+  mark();
+  fc_hp_pack<T, BC>(s, p);
+  fc_hp_rescale_if<DV>(o, alpha);
+}
 #endif /* FC_HOPPER_ARCH */
 
 template <typename T, int D, int STAGES, int BC = FC_HP_BC, bool SCORE_MOD = false, int DV = D, bool DROP = false>
@@ -604,19 +626,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
         mod_block(s, j_begin + n);
-        /* The softmax runs in fp32 in S's registers beside P_{n−1}·V_{n−1}; only the pack into P's registers and
-         * O's rescale wait for it. The block boundary keeps ptxas from hoisting the wait above the softmax
-         * (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own before the
-         * wait and copied it after; the branch of the conditional rescale made ptxas serialise that loop (C7513), and
-         * this one measured the same without it. */
-        fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
-        drop_apply(s);
-        fc_block_boundary(a.head_dim > 0);
-        fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-        fc_fence_regs(o);
-        fc_fence_regs(p);
-        fc_hp_pack<T, BC>(s, p);
-        fc_hp_rescale_if<DV>(o, alpha);
+        fc_hp_softmax_beside_pv<T, BC, DV>(s, o, p, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l,
+                                           alpha, a.head_dim > 0, drop_apply, [] {});
         mask_next(cls_next, j_begin + n + 1);
       }
 

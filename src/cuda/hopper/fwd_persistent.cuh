@@ -562,17 +562,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           FC_HP_MARK(9, n);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           mod_block(s, j_begin + n);
-          /* The softmax in fp32 in S's registers beside P_{n−1}·V_{n−1}, the pack and the rescale after the wait,
-           * the block boundary keeping the wait after the softmax (hopper/fwd.cu's loop). */
-          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l, alpha);
-          drop_apply(s);
-          fc_block_boundary(a.head_dim > 0);
-          fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
-          fc_fence_regs(o);
-          fc_fence_regs(p);
-          FC_HP_MARK(10, n);
-          fc_hp_pack<T, BC>(s, p);
-          fc_hp_rescale_if<D>(o, alpha);
+          fc_hp_softmax_beside_pv<T, BC, D>(s, o, p, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l,
+                                            alpha, a.head_dim > 0, drop_apply, [&] { FC_HP_MARK(10, n); });
           mask_next(cls_next, j_begin + n + 1);
           FC_HP_MARK(19, n);
           kuse++;
