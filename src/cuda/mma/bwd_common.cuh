@@ -6,6 +6,7 @@
 
 #include "common/tail_order.cuh"
 #include "common/common.cuh"
+#include "common/gqa.cuh"
 #include "mma/score_mod.cuh"
 #include "mma/tile.cuh"
 
@@ -102,6 +103,86 @@ static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_of(const int32_t *cu_q, 
 
 static __device__ __forceinline__ bool fc_bwd_visible(int64_t i, int64_t j, int64_t shift, int64_t wl, int64_t wr) {
   return (wl < 0 || j >= i + shift - wl) && (wr < 0 || j <= i + shift + wr);
+}
+
+/* The key block of a dK/dV CTA (the grid's order: common/tail_order.cuh): key block jb of sequence b and kv head part
+ * hk, whose query heads are h0 .. h0 + nh − 1 (common/gqa.cuh). */
+static __device__ __forceinline__ void fc_bwd_kv_of_cta(const fc_mma_bwd_args &a, int *jb, int64_t *b, int *hk, int *h0,
+                                                        int *nh) {
+  int64_t bh;
+  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, jb, &bh);
+  *hk = (int)(bh % a.heads_kv);
+  fc_gqa_part_heads(*hk, a.group, a.kv_split, h0, nh);
+  *b = bh / a.heads_kv;
+}
+
+/* The query blocks of BR rows with some row that sees a key of [k0, k0 + BC) (i − wr ≤ j − shift ≤ i + wl):
+ * [i_begin, i_begin + n_i). */
+template <int BR, int BC>
+static __device__ __forceinline__ void fc_bwd_query_blocks(const fc_mma_bwd_args &a, const fc_bwd_seq &s, int k0,
+                                                           int64_t shift, int *i_begin, int *n_i) {
+  int64_t i_lo = a.window_right < 0 ? 0 : k0 - shift - a.window_right;
+  int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
+  i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
+  *i_begin = (int)(i_lo / BR);
+  *n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - *i_begin : 0;
+}
+
+/* x = y = 0: the two accumulators of a pair of products (fc_bwd_mma2) that start from zero. */
+template <int N> static __device__ __forceinline__ void fc_bwd_zero2(float (&x)[N][4], float (&y)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) x[i][e] = y[i][e] = 0.0f;
+}
+
+/* Two products that share one loop, Sᵀ and dPᵀ (or S and dP, dV and dK): x += A_x·B_x and y += A_y·B_y over KS
+ * k-steps, for MT M-tiles of A (rows a_row0 + 16m of the tiles xa, ya: stride DSA, lane offsets a_lane) and NP pairs of
+ * n-blocks of B (the tiles xb, yb: stride DSB, rows b_row0 + 16p through the lane offsets b_off, or TRANS: ldmatrix
+ * .trans at the columns b_off[p]), each B fragment serving the MT tiles. NEG_A, NEG_B: A_x's or B_x's signs flipped by
+ * `neg` (−Q for a negative scale). The fragments' registers are the caller's (ax, ay: MT each; bx, by), declared where
+ * the loop stood: as the helper's own locals they changed the large kernels' register allocation. */
+template <typename T, int KS, int MT, int NP, int DSA, int DSB, bool TRANS, bool NEG_A, bool NEG_B>
+static __device__ __forceinline__ void fc_bwd_mma2(float (*x)[2 * NP][4], float (*y)[2 * NP][4], uint32_t (*ax)[4],
+                                                   uint32_t (*ay)[4], uint32_t bx[4], uint32_t by[4], uint32_t xa,
+                                                   uint32_t ya, const uint32_t a_lane[4], int a_row0, uint32_t xb,
+                                                   uint32_t yb, const uint32_t *b_off, int b_row0, uint32_t neg) {
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      fc_ldmatrix_x4(ax[m], fc_frag_addr<DSA>(xa, a_lane, a_row0 + 16 * m, kk));
+      fc_ldmatrix_x4(ay[m], fc_frag_addr<DSA>(ya, a_lane, a_row0 + 16 * m, kk));
+    }
+    if constexpr (NEG_A) {
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ax[m][e] ^= neg;
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+      if constexpr (TRANS) {
+        fc_ldmatrix_x4_trans(bx, fc_frag_addr_at<DSB>(xb, b_off[p], 16 * kk));
+        fc_ldmatrix_x4_trans(by, fc_frag_addr_at<DSB>(yb, b_off[p], 16 * kk));
+      } else {
+        fc_ldmatrix_x4(bx, fc_frag_addr<DSB>(xb, b_off, b_row0 + 16 * p, kk));
+        fc_ldmatrix_x4(by, fc_frag_addr<DSB>(yb, b_off, b_row0 + 16 * p, kk));
+      }
+#pragma unroll
+      for (int m = 0; m < MT; m++) {
+        if constexpr (NEG_B) {
+          fc_mma<T>(x[m][2 * p], ax[m], bx[0] ^ neg, bx[1] ^ neg);
+          fc_mma<T>(x[m][2 * p + 1], ax[m], bx[2] ^ neg, bx[3] ^ neg);
+        } else {
+          fc_mma<T>(x[m][2 * p], ax[m], bx[0], bx[1]);
+          fc_mma<T>(x[m][2 * p + 1], ax[m], bx[2], bx[3]);
+        }
+        fc_mma<T>(y[m][2 * p], ay[m], by[0], by[1]);
+        fc_mma<T>(y[m][2 * p + 1], ay[m], by[2], by[3]);
+      }
+    }
+  }
 }
 
 /* One query block of one head for dkdv: Q_i and dO_i tiles (cp.async; d and dv columns: Q's and dO's head dims) and the

@@ -382,23 +382,15 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
   const int kd = warp % WD, nd = warp / WD; /* dK, dV: keys kd·MD.., columns nd·ND.. */
   const int qm = warp % WQ, qn = warp / WQ; /* dQ: queries qm·MQ.., columns qn·NQ.. */
 
-  int jb; /* the grid's order: common/tail_order.cuh */
-  int64_t bh;
-  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
-  const int hk = (int)(bh % a.heads_kv);
-  int h0, nh; /* the part's query heads (common/gqa.cuh) */
-  fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
-  const int64_t b = bh / a.heads_kv;
+  int jb, hk, h0, nh; /* the key block, its kv head part and the part's query heads (fc_bwd_kv_of_cta) */
+  int64_t b;
+  fc_bwd_kv_of_cta(a, &jb, &b, &hk, &h0, &nh);
   const fc_bwd_seq s = LEAN ? fc_bwd_seq_uniform(FC_BWD_SEQ(a, b)) : FC_BWD_SEQ(a, b);
   const int k0 = jb * BC;
   if (k0 >= s.sk) return;
   const int64_t shift = (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
-
-  /* Query rows that see some key of [k0, k0 + Bc): i − wr ≤ j − shift ≤ i + wl. */
-  int64_t i_lo = a.window_right < 0 ? 0 : k0 - shift - a.window_right;
-  int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
-  i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
-  int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
+  int i_begin, n_i; /* the query blocks that see the key block */
+  fc_bwd_query_blocks<BR, BC>(a, s, k0, shift, &i_begin, &n_i);
   /* SCORE_MOD with a boolean attn_mask's tiles (built at Br × Bc: mma/bwd_score_mod.cu; the design:
    * common/mask_tiles.cuh): only the query blocks that keep some pair of this key block. The walk is one block range
    * for every query head of the part (head-major), so it takes the union of their columns' ranges (one plane where
@@ -529,6 +521,8 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
                       (a.window_right < 0 || k0 + BC - 1 <= q0 + shift + a.window_right) &&
                       (a.window_left < 0 || k0 >= q0 + BR - 1 + shift - a.window_left);
     if constexpr (!PDP_S) {
+      /* fc_bwd_mma2's loop written out: through the helper, ptxas scheduled the sm_90a code of the d32 SCORE_MOD LEAN
+       * kernels differently. */
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk++) {
         uint32_t ka[MT_S][4], va[MT_S][4];
@@ -658,28 +652,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     __syncthreads(); /* Pᵀ and dSᵀ of all warps are in shared memory */
 
     /* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i (dK's scale is applied once at the end). */
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; kk++) {
-      uint32_t pa[MT_D][4], da[MT_D][4];
-#pragma unroll
-      for (int m = 0; m < MT_D; m++) {
-        fc_ldmatrix_x4(pa[m], fc_frag_addr<PS>(sP_u, p_lane, kd * MD + 16 * m, kk));
-        fc_ldmatrix_x4(da[m], fc_frag_addr<PS>(sdS_u, p_lane, kd * MD + 16 * m, kk));
-      }
-#pragma unroll
-      for (int i = 0; i < NDV / 2; i++) {
-        uint32_t ob[4], qb[4];
-        fc_ldmatrix_x4_trans(ob, fc_frag_addr_at<DS>(sdO_u, bt_cols[i], 16 * kk));
-        fc_ldmatrix_x4_trans(qb, fc_frag_addr_at<DS>(sQ_u, bt_cols[i], 16 * kk));
-#pragma unroll
-        for (int m = 0; m < MT_D; m++) {
-          fc_mma<T>(dv[m][2 * i], pa[m], ob[0], ob[1]);
-          fc_mma<T>(dv[m][2 * i + 1], pa[m], ob[2], ob[3]);
-          fc_mma<T>(dk[m][2 * i], da[m], qb[0], qb[1]);
-          fc_mma<T>(dk[m][2 * i + 1], da[m], qb[2], qb[3]);
-        }
-      }
-    }
+    uint32_t pa[MT_D][4], da[MT_D][4], ob[4], qb[4];
+    fc_bwd_mma2<T, BR / 16, MT_D, NDV / 2, PS, DS, true, false, false>(dv, dk, pa, da, ob, qb, sP_u, sdS_u, p_lane,
+                                                                       kd * MD, sdO_u, sQ_u, bt_cols, 0, 0u);
 
     if (QSTAGES == 1 && it + 1 < n_iter) {
       /* One Q/dO buffer (fa2pb at d256): every warp is done with Q_i, dO_i, lse2_i and D_i (dQ below reads

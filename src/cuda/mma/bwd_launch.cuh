@@ -41,24 +41,15 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
   const int kg = warp % KG, wn = warp / KG; /* Sᵀ and dK/dV role */
   const int qg = warp % QG, wq = warp / QG; /* dQ role */
 
-  int jb; /* the grid's order: common/tail_order.cuh */
-  int64_t bh;
-  fc_tail_tile_of_cta(a.n_blocks, a.n_pairs, a.tail_from, &jb, &bh);
-  const int hk = (int)(bh % a.heads_kv);
-  int h0, nh; /* the part's query heads (common/gqa.cuh) */
-  fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
-  const int64_t b = bh / a.heads_kv;
+  int jb, hk, h0, nh; /* the key block, its kv head part and the part's query heads (fc_bwd_kv_of_cta) */
+  int64_t b;
+  fc_bwd_kv_of_cta(a, &jb, &b, &hk, &h0, &nh);
   const fc_bwd_seq s = FC_BWD_SEQ(a, b);
   const int k0 = jb * BC;
   if (k0 >= s.sk) return;
   const int64_t shift = (a.bottom_right ? (int64_t)s.sk - s.sq : 0) + a.mask_offset;
-
-  /* Query rows that see some key of [k0, k0 + Bc): i − wr ≤ j − shift ≤ i + wl.
-   */
-  int64_t i_lo = a.window_right < 0 ? 0 : k0 - shift - a.window_right;
-  int64_t i_hi = a.window_left < 0 ? s.sq : (int64_t)min(k0 + BC, s.sk) - 1 - shift + a.window_left + 1;
-  i_lo = max(i_lo, (int64_t)0), i_hi = min(i_hi, (int64_t)s.sq);
-  const int i_begin = (int)(i_lo / BR), n_i = i_lo < i_hi ? (int)((i_hi + BR - 1) / BR) - i_begin : 0;
+  int i_begin, n_i; /* the query blocks that see the key block */
+  fc_bwd_query_blocks<BR, BC>(a, s, k0, shift, &i_begin, &n_i);
   const int n_iter = nh * n_i; /* (query head, query block) pairs, head-major */
 
   const uint16_t *K = a.k + b * a.k_sb + (s.k_start + k0) * a.k_ss + (int64_t)(hk / a.kv_split) * a.k_sh;
@@ -111,26 +102,10 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
     /* Sᵀ = K_j·Q_iᵀ and dPᵀ = V_j·dO_iᵀ for this warp's 16 keys × SQ_N queries.
      */
     float sT[NSX][4], dpT[NSX][4];
-#pragma unroll
-    for (int x = 0; x < NSX; x++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) sT[x][e] = dpT[x][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      uint32_t ka[4], va[4];
-      fc_ldmatrix_x4(ka, fc_frag_addr<DS>(sK_u, kv_lane, 16 * kg, kk));
-      fc_ldmatrix_x4(va, fc_frag_addr<DS>(sV_u, kv_lane, 16 * kg, kk));
-#pragma unroll
-      for (int p = 0; p < NSX / 2; p++) {
-        uint32_t qb[4], ob[4];
-        fc_ldmatrix_x4(qb, fc_frag_addr<DS>(sQ_u, qb_lane, wn * SQ_N + 16 * p, kk));
-        fc_ldmatrix_x4(ob, fc_frag_addr<DS>(sdO_u, qb_lane, wn * SQ_N + 16 * p, kk));
-        fc_mma<T>(sT[2 * p], ka, qb[0] ^ neg, qb[1] ^ neg);
-        fc_mma<T>(sT[2 * p + 1], ka, qb[2] ^ neg, qb[3] ^ neg);
-        fc_mma<T>(dpT[2 * p], va, ob[0], ob[1]);
-        fc_mma<T>(dpT[2 * p + 1], va, ob[2], ob[3]);
-      }
-    }
+    fc_bwd_zero2(sT, dpT);
+    uint32_t ka[4], va[4], qb[4], ob[4];
+    fc_bwd_mma2<T, D / 16, 1, NSX / 2, DS, DS, false, false, true>(&sT, &dpT, &ka, &va, qb, ob, sK_u, sV_u, kv_lane,
+                                                                   16 * kg, sQ_u, sdO_u, qb_lane, wn * SQ_N, neg);
 
     /* Pᵀ = 2^(Sᵀ·c − lse2), dSᵀ = Pᵀ∘(dPᵀ − D); masked pairs only in blocks the
      * mask cuts. */
@@ -161,22 +136,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
 
     /* dV_j += Pᵀ·dO_i and dK_j += dSᵀ·Q_i (dK's scale is applied once at the
      * end). */
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; kk++) {
-      uint32_t pa[4], da[4];
-      fc_ldmatrix_x4(pa, fc_frag_addr<PS>(sP_u, p_lane, 16 * kg, kk));
-      fc_ldmatrix_x4(da, fc_frag_addr<PS>(sdS_u, p_lane, 16 * kg, kk));
-#pragma unroll
-      for (int i = 0; i < NDV / 2; i++) {
-        uint32_t ob[4], qb[4];
-        fc_ldmatrix_x4_trans(ob, fc_frag_addr_at<DS>(sdO_u, bt_cols[i], 16 * kk));
-        fc_ldmatrix_x4_trans(qb, fc_frag_addr_at<DS>(sQ_u, bt_cols[i], 16 * kk));
-        fc_mma<T>(dv[2 * i], pa, ob[0], ob[1]);
-        fc_mma<T>(dv[2 * i + 1], pa, ob[2], ob[3]);
-        fc_mma<T>(dk[2 * i], da, qb[0], qb[1]);
-        fc_mma<T>(dk[2 * i + 1], da, qb[2], qb[3]);
-      }
-    }
+    uint32_t pa[4], da[4], obt[4], qbt[4];
+    fc_bwd_mma2<T, BR / 16, 1, NDV / 2, PS, DS, true, false, false>(&dv, &dk, &pa, &da, obt, qbt, sP_u, sdS_u, p_lane,
+                                                                    16 * kg, sdO_u, sQ_u, bt_cols, 0, 0u);
 
     /* dQ_i += dS·K_j: this warp's 16 queries × DQ_N columns, added to the fp32
      * buffer. */
@@ -403,28 +365,10 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
 
     /* S = Q_i·K_jᵀ, dP = dO_i·V_jᵀ */
     float sc[NS][4], dp[NS][4];
-#pragma unroll
-    for (int x = 0; x < NS; x++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) sc[x][e] = dp[x][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      uint32_t qa[4], oa[4];
-      fc_ldmatrix_x4(qa, fc_frag_addr<DS>(sQ_u, a_lane, warp * 16, kk));
-      fc_ldmatrix_x4(oa, fc_frag_addr<DS>(sdO_u, a_lane, warp * 16, kk));
-#pragma unroll
-      for (int x = 0; x < 4; x++) qa[x] ^= neg;
-#pragma unroll
-      for (int p = 0; p < NS / 2; p++) {
-        uint32_t kb[4], vb[4];
-        fc_ldmatrix_x4(kb, fc_frag_addr<DS>(Kj, b_lane, 16 * p, kk));
-        fc_ldmatrix_x4(vb, fc_frag_addr<DS>(Vj, b_lane, 16 * p, kk));
-        fc_mma<T>(sc[2 * p], qa, kb[0], kb[1]);
-        fc_mma<T>(sc[2 * p + 1], qa, kb[2], kb[3]);
-        fc_mma<T>(dp[2 * p], oa, vb[0], vb[1]);
-        fc_mma<T>(dp[2 * p + 1], oa, vb[2], vb[3]);
-      }
-    }
+    fc_bwd_zero2(sc, dp);
+    uint32_t qa[4], oa[4], kb[4], vb[4];
+    fc_bwd_mma2<T, D / 16, 1, NS / 2, DS, DS, false, true, false>(&sc, &dp, &qa, &oa, kb, vb, sQ_u, sdO_u, a_lane,
+                                                                  warp * 16, Kj, Vj, b_lane, 0, neg);
     /* dS = P∘(dP − D) with P = 2^(S·c − lse2) (SCORE_MOD: dS = P∘g∘(dP − D), P = 2^(x·log2 e − lse2)) */
     if constexpr (SCORE_MOD) {
       /* Dropout: dS = P∘g∘(Z∘dP − D), Z = keep/(1 − p) (flash_bwd.c's form) */

@@ -57,24 +57,12 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
                                       starts at wrow + 16·mt */
 
   const fc_fwd_where w = fc_fwd_locate(a);
-  const int64_t b = w.b, q_start = w.q_start, k_start = w.k_start;
-  const int h = w.h, mb = w.mb, sq = w.sq, sk = w.sk;
-  const int i0 = mb * BR;
+  const int sq = w.sq, sk = w.sk, i0 = w.mb * BR;
   if (i0 >= sq) return;
-  const int hk = h / a.group;
-  const uint16_t *Q = a.q + b * a.q_sb + q_start * a.q_ss + (int64_t)h * a.q_sh; /* row 0 of this sequence */
-  const uint16_t *K = a.k + b * a.k_sb + k_start * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V = a.v + b * a.v_sb + k_start * a.v_ss + (int64_t)hk * a.v_sh;
-
-  /* Key blocks visible to some row of this block: [j_begin, j_end). Rows past
-   * sq are padding. */
-  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
-  const int i_last = min(i0 + BR, sq) - 1;
-  int lo_first, hi_first, lo_last, hi_last;
-  fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
-  fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
-  const int j_begin = lo_first / BC;
-  const int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  const uint16_t *Q, *K, *V; /* row 0 of this sequence */
+  int64_t shift;
+  int i_last, j_begin, j_end; /* the key blocks visible to some row of this block: [j_begin, j_end) */
+  fc_fwd_block<BR, BC>(a, w, i0, &Q, &K, &V, &shift, &i_last, &j_begin, &j_end);
   /* Whether key block j needs the mask: only blocks that cut through the key
    * tail or some row's window. */
   auto needs_mask = [&](int j) {
@@ -136,17 +124,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_ker
     fc_fwd_exp<MT, NS>(s, l, base, a.scale_log2, 0, NS);
 
     /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
-#pragma unroll
-    for (int kb = 0; kb < BC / 16; kb++) {
-      uint32_t pa[MT][NS / 2][4];
-      fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
-      uint32_t pk[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
-      fc_fwd_pv_step<T, DS, D, MT, NO>(o, pk, kb, Vj, v_lane);
-    }
+    uint32_t pa[MT][NS / 2][4], pk[MT][4];
+    fc_fwd_pv<T, MT, NS>(s, pa, pk, [&](int kb) { fc_fwd_pv_step<T, DS, D, MT, NO>(o, pk, kb, Vj, v_lane); });
   }
 
   fc_fwd_finish<T, D, MT>(a, w, i0, wrow, o, m, l, sQ, lane);

@@ -80,6 +80,26 @@ static __device__ __forceinline__ fc_fwd_where fc_fwd_locate(const fc_mma_fwd_ar
   return w;
 }
 
+/* The rest of a forward row block's place, after fc_fwd_locate (w) and its first row i0 (the SMALL and the lean
+ * kernels): row 0 of its sequence in Q (head h) and in K, V (head h / group), the diagonal's shift, its last row (rows
+ * past sq are padding) and the key blocks visible to some of its rows, [j_begin, j_end). */
+template <int BR, int BC>
+static __device__ __forceinline__ void fc_fwd_block(const fc_mma_fwd_args &a, const fc_fwd_where &w, int i0,
+                                                    const uint16_t **Q, const uint16_t **K, const uint16_t **V,
+                                                    int64_t *shift, int *i_last, int *j_begin, int *j_end) {
+  const int hk = w.h / a.group;
+  *Q = a.q + w.b * a.q_sb + w.q_start * a.q_ss + (int64_t)w.h * a.q_sh;
+  *K = a.k + w.b * a.k_sb + w.k_start * a.k_ss + (int64_t)hk * a.k_sh;
+  *V = a.v + w.b * a.v_sb + w.k_start * a.v_ss + (int64_t)hk * a.v_sh;
+  *shift = (a.bottom_right ? (int64_t)w.sk - w.sq : 0) + a.mask_offset;
+  *i_last = min(i0 + BR, w.sq) - 1;
+  int lo_first, hi_first, lo_last, hi_last;
+  fc_row_keys(i0, *shift, a.window_left, a.window_right, w.sk, &lo_first, &hi_first);
+  fc_row_keys(*i_last, *shift, a.window_left, a.window_right, w.sk, &lo_last, &hi_last);
+  *j_begin = lo_first / BC;
+  *j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : *j_begin;
+}
+
 /* A row's l summed over the quad of threads that hold its columns, and its lse = scale·m + ln l (−inf where m = −inf:
  * the row saw no key; NaN where m or l is NaN). Shared by the one-pass end below and the split keys'
  * (mma/fwd_split.cuh). */

@@ -10,7 +10,7 @@
  *   - the blocks that need no mask form one range [j_plain0, j_plain1),
  *     computed once: two compares per block instead of the 64-bit window
  *     tests; the mask itself compares each element's compile-time column
- *     with the row's range shifted once (fc_lean_mask). */
+ *     with the row's range shifted once (fc_fwd_mask, REL). */
 #ifndef FLASHC_CUDA_MMA_FWD_LEAN_CUH
 #define FLASHC_CUDA_MMA_FWD_LEAN_CUH
 
@@ -44,26 +44,9 @@ static __device__ __forceinline__ void fc_lean_lane(uint32_t x[4], uint32_t tile
 template <typename T, int DS, int MT, int NS, int QKD, bool Q_IN_REGS>
 static __device__ __forceinline__ void fc_lean_qk_step(float (*s)[NS][4], const uint32_t (*qf)[QKD][4], int kk,
                                                        const uint32_t qx[4], const uint32_t kj[4]) {
-  uint32_t qa[MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++) {
-    if constexpr (Q_IN_REGS) {
-#pragma unroll
-      for (int x = 0; x < 4; x++) qa[mt][x] = qf[mt][kk][x];
-    } else {
-      fc_ldmatrix_x4(qa[mt], qx[kk & 3] + (uint32_t)(2 * 16 * mt * DS + (kk >> 2) * 128));
-    }
-  }
-#pragma unroll
-  for (int p = 0; p < NS / 2; p++) {
-    uint32_t kb[4];
-    fc_ldmatrix_x4(kb, kj[kk & 3] + (uint32_t)(2 * 16 * p * DS + (kk >> 2) * 128));
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      fc_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-      fc_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-    }
-  }
+  fc_fwd_qk<T, MT, NS, QKD, Q_IN_REGS>(
+      s, qf, kk, 0u, [&](int mt) { return qx[kk & 3] + (uint32_t)(2 * 16 * mt * DS + (kk >> 2) * 128); },
+      [&](int p) { return kj[kk & 3] + (uint32_t)(2 * 16 * p * DS + (kk >> 2) * 128); });
 }
 
 /* O += P·V_j over k-step kb, as fc_fwd_pv_step, from V_j's address variants
@@ -71,41 +54,8 @@ static __device__ __forceinline__ void fc_lean_qk_step(float (*s)[NS][4], const 
 template <typename T, int DS, int D, int MT, int NO>
 static __device__ __forceinline__ void fc_lean_pv_step(float (*o)[NO][4], const uint32_t (*pa)[4], int kb,
                                                        const uint32_t vj[4]) {
-#pragma unroll
-  for (int dp = 0; dp < D / 16; dp++) {
-    uint32_t vb[4];
-    fc_ldmatrix_x4_trans(vb, vj[dp & 3] + (uint32_t)(2 * 16 * kb * DS + (dp >> 2) * 128));
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      fc_mma<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-      fc_mma<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-    }
-  }
-}
-
-/* fc_fwd_mask with the keys relative to this thread's first column: each row's
- * range [lo, hi) becomes [lo − k0 − 2t, hi − k0 − 2t) once, and each element
- * compares it with its compile-time column 8x + (e & 1), so that no key index
- * is kept per element (fc_fwd_mask's, at d 128, pushed the predicates into
- * bit masks: ~200 more instructions per masked block). */
-template <int MT, int NS>
-static __device__ __forceinline__ void fc_lean_mask(float (*s)[NS][4], int row0, int64_t shift, int64_t window_left,
-                                                    int64_t window_right, int sk, int k0, int g, int t) {
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      int lo, hi;
-      fc_row_keys(row0 + 16 * mt + g + 8 * rh, shift, window_left, window_right, sk, &lo, &hi);
-      const int first = k0 + 2 * t, a = lo - first, b = hi - first; /* lo, hi, k0 in [0, sk]: no overflow */
-#pragma unroll
-      for (int x = 0; x < NS; x++)
-#pragma unroll
-        for (int e = 2 * rh; e < 2 * rh + 2; e++) {
-          const int c = 8 * x + (e & 1);
-          if (c < a || c >= b) s[mt][x][e] = -INFINITY;
-        }
-    }
+  fc_fwd_mma_pairs<T, MT, D / 16, true>(
+      o, pa, [&](int dp) { return vj[dp & 3] + (uint32_t)(2 * 16 * kb * DS + (dp >> 2) * 128); });
 }
 
 /* cp.async of 16 bytes that are all present (no zero-fill operand). */
@@ -165,23 +115,13 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   const int wrow = warp * MT * 16; /* the warp's first row in the block */
 
   const fc_fwd_where w = fc_fwd_locate(a);
-  const int64_t b = w.b, q_start = w.q_start, k_start = w.k_start;
-  const int h = w.h, mb = w.mb, sq = w.sq, sk = w.sk;
-  const int i0 = mb * BR;
+  const int64_t b = w.b;
+  const int h = w.h, mb = w.mb, sq = w.sq, sk = w.sk, i0 = mb * BR;
   if (i0 >= sq) return;
-  const int hk = h / a.group;
-  const uint16_t *Q = a.q + b * a.q_sb + q_start * a.q_ss + (int64_t)h * a.q_sh;
-  const uint16_t *K = a.k + b * a.k_sb + k_start * a.k_ss + (int64_t)hk * a.k_sh;
-  const uint16_t *V = a.v + b * a.v_sb + k_start * a.v_ss + (int64_t)hk * a.v_sh;
-
-  /* Key blocks visible to some row of this block: [j_begin, j_end). */
-  const int64_t shift = (a.bottom_right ? (int64_t)sk - sq : 0) + a.mask_offset;
-  const int i_last = min(i0 + BR, sq) - 1;
-  int lo_first, hi_first, lo_last, hi_last;
-  fc_row_keys(i0, shift, a.window_left, a.window_right, sk, &lo_first, &hi_first);
-  fc_row_keys(i_last, shift, a.window_left, a.window_right, sk, &lo_last, &hi_last);
-  int j_begin = lo_first / BC;
-  int j_end = lo_first < hi_last ? (hi_last + BC - 1) / BC : j_begin;
+  const uint16_t *Q, *K, *V;
+  int64_t shift;
+  int i_last, j_begin, j_end; /* the key blocks visible to some row of this block: [j_begin, j_end) */
+  fc_fwd_block<BR, BC>(a, w, i0, &Q, &K, &V, &shift, &i_last, &j_begin, &j_end);
   /* SCORE_MOD with a boolean attn_mask's tiles (built at Br × Bc: mma/fwd.cu; the design: common/mask_tiles.cuh):
    * only the key blocks that keep some pair of this row block, taken before the split so that its parts divide what
    * is left. A range left empty runs no block: m stays −inf, so O = 0 and lse = −inf, as for rows that see no key
@@ -294,7 +234,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
         fc_mma_bias_scores<T, MT, NS>(s, a.mod, bias_plane, i0 + wrow + g, sq, sk, j * BC, t);
     }
     if (j < j_plain0 || j >= j_plain1)
-      fc_lean_mask<MT, NS>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
+      fc_fwd_mask<MT, NS, true>(s, i0 + wrow, shift, a.window_left, a.window_right, sk, j * BC, g, t);
 
     /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum
      * P. */
@@ -308,17 +248,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
     }
 
     /* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time. */
-#pragma unroll
-    for (int kb = 0; kb < BC / 16; kb++) {
-      uint32_t pa[MT][NS / 2][4];
-      fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
-      uint32_t pk[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
-      fc_lean_pv_step<T, DSV, DV, MT, NO>(o, pk, kb, vj);
-    }
+    uint32_t pa[MT][NS / 2][4], pk[MT][4];
+    fc_fwd_pv<T, MT, NS>(s, pa, pk, [&](int kb) { fc_lean_pv_step<T, DSV, DV, MT, NO>(o, pk, kb, vj); });
     stage = stage == STAGES - 1 ? 0 : stage + 1;
   }
 

@@ -28,13 +28,7 @@
  * __align__(128), every tile a multiple). */
 template <int DS> static __device__ __forceinline__ uint32_t fc_fwd_lane(fc_frag_kind kind, int lane) {
   int row, half;
-  if (kind == FC_FRAG_A) {
-    row = lane & 15, half = lane >> 4;
-  } else if (kind == FC_FRAG_B) {
-    row = (lane & 7) + ((lane >> 4) << 3), half = (lane >> 3) & 1;
-  } else {
-    row = (lane & 7) + (((lane >> 3) & 1) << 3), half = lane >> 4;
-  }
+  fc_frag_row_half(kind, lane, &row, &half);
   return 2u * (uint32_t)(row * DS) + ((uint32_t)(half ^ (row & 7)) << 4);
 }
 template <int DS>
@@ -42,14 +36,31 @@ static __device__ __forceinline__ uint32_t fc_fwd_addr(uint32_t tile, uint32_t l
   return (tile + lane_off + (uint32_t)(2 * row0 * DS + (kk >> 2) * 128)) ^ ((uint32_t)(kk & 3) << 5);
 }
 
-/* S += Q_i·K_jᵀ over k-step kk (16 columns of the head dim), for all MT tiles
- * of the warp: each K_j fragment (one ldmatrix.x4: two n-blocks) serves the MT
- * tiles. Q comes from registers (qf, Q_IN_REGS) or from sQ, negated by `neg`
- * when the scale is negative. */
-template <typename T, int DS, int MT, int NS, int QKD, bool Q_IN_REGS>
-static __device__ __forceinline__ void fc_fwd_qk_step(float (*s)[NS][4], const uint32_t (*qf)[QKD][4], int kk,
-                                                      uint32_t sQ, uint32_t q_lane, int wrow, uint32_t neg, uint32_t Kj,
-                                                      uint32_t k_lane) {
+/* acc[mt][2p], acc[mt][2p + 1] += a[mt]·B for the NP pairs p of n-blocks of B over one k-step, B's two n-blocks one
+ * ldmatrix.x4 (TRANS: .trans) at B_AT(p) that serves the MT tiles of A. */
+template <typename T, int MT, int NP, bool TRANS, class BAt>
+static __device__ __forceinline__ void fc_fwd_mma_pairs(float (*acc)[2 * NP][4], const uint32_t (*a)[4], BAt b_at) {
+#pragma unroll
+  for (int p = 0; p < NP; p++) {
+    uint32_t b[4];
+    if constexpr (TRANS)
+      fc_ldmatrix_x4_trans(b, b_at(p));
+    else
+      fc_ldmatrix_x4(b, b_at(p));
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      fc_mma<T>(acc[mt][2 * p], a[mt], b[0], b[1]);
+      fc_mma<T>(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
+/* S += Q_i·K_jᵀ over k-step kk (16 columns of the head dim), for all MT tiles of the warp: each K_j fragment (at
+ * K_AT(p), n-blocks 2p and 2p + 1) serves the MT tiles. Q comes from registers (qf, Q_IN_REGS) or from sQ at Q_AT(mt),
+ * negated by `neg` when the scale is negative (0 where sQ holds −Q_i already). */
+template <typename T, int MT, int NS, int QKD, bool Q_IN_REGS, class QAt, class KAt>
+static __device__ __forceinline__ void fc_fwd_qk(float (*s)[NS][4], const uint32_t (*qf)[QKD][4], int kk, uint32_t neg,
+                                                 QAt q_at, KAt k_at) {
   uint32_t qa[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
@@ -57,21 +68,22 @@ static __device__ __forceinline__ void fc_fwd_qk_step(float (*s)[NS][4], const u
 #pragma unroll
       for (int x = 0; x < 4; x++) qa[mt][x] = qf[mt][kk][x];
     } else {
-      fc_ldmatrix_x4(qa[mt], fc_fwd_addr<DS>(sQ, q_lane, wrow + 16 * mt, kk));
+      fc_ldmatrix_x4(qa[mt], q_at(mt));
 #pragma unroll
       for (int x = 0; x < 4; x++) qa[mt][x] ^= neg;
     }
   }
-#pragma unroll
-  for (int p = 0; p < NS / 2; p++) {
-    uint32_t kb[4];
-    fc_ldmatrix_x4(kb, fc_fwd_addr<DS>(Kj, k_lane, 16 * p, kk));
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      fc_mma<T>(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-      fc_mma<T>(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-    }
-  }
+  fc_fwd_mma_pairs<T, MT, NS / 2, false>(s, qa, k_at);
+}
+
+/* fc_fwd_qk from sQ at the warp's row wrow and K_j's stage Kj, through the lane offsets q_lane and k_lane. */
+template <typename T, int DS, int MT, int NS, int QKD, bool Q_IN_REGS>
+static __device__ __forceinline__ void fc_fwd_qk_step(float (*s)[NS][4], const uint32_t (*qf)[QKD][4], int kk,
+                                                      uint32_t sQ, uint32_t q_lane, int wrow, uint32_t neg, uint32_t Kj,
+                                                      uint32_t k_lane) {
+  fc_fwd_qk<T, MT, NS, QKD, Q_IN_REGS>(
+      s, qf, kk, neg, [&](int mt) { return fc_fwd_addr<DS>(sQ, q_lane, wrow + 16 * mt, kk); },
+      [&](int p) { return fc_fwd_addr<DS>(Kj, k_lane, 16 * p, kk); });
 }
 
 template <int MT, int NS> static __device__ __forceinline__ void fc_fwd_zero(float (*s)[NS][4]) {
@@ -85,8 +97,12 @@ template <int MT, int NS> static __device__ __forceinline__ void fc_fwd_zero(flo
  * first key; this thread's rows are row0 + 16·mt + g + 8·rh (row0: the warp's
  * first row in the sequence). The ranges are recomputed here rather than kept
  * in registers: only the few blocks that cut through the diagonal, a window or
- * the key tail pay. */
-template <int MT, int NS>
+ * the key tail pay. REL (the lean kernel's): the keys relative to this thread's
+ * first column, each row's range becoming [lo − k0 − 2t, hi − k0 − 2t) once and
+ * each element comparing it with its compile-time column 8x + (e & 1), so that no
+ * key index is kept per element (the absolute keys, at d 128, pushed the
+ * predicates into bit masks: ~200 more instructions per masked block). */
+template <int MT, int NS, bool REL = false>
 static __device__ __forceinline__ void fc_fwd_mask(float (*s)[NS][4], int row0, int64_t shift, int64_t window_left,
                                                    int64_t window_right, int sk, int k0, int g, int t) {
 #pragma unroll
@@ -95,11 +111,15 @@ static __device__ __forceinline__ void fc_fwd_mask(float (*s)[NS][4], int row0, 
     for (int rh = 0; rh < 2; rh++) {
       int lo, hi;
       fc_row_keys(row0 + 16 * mt + g + 8 * rh, shift, window_left, window_right, sk, &lo, &hi);
+      if constexpr (REL) {
+        const int first = k0 + 2 * t; /* lo, hi, k0 in [0, sk]: no overflow */
+        lo -= first, hi -= first;
+      }
 #pragma unroll
       for (int x = 0; x < NS; x++)
 #pragma unroll
         for (int e = 2 * rh; e < 2 * rh + 2; e++) {
-          const int key = k0 + 8 * x + 2 * t + (e & 1);
+          const int key = REL ? 8 * x + (e & 1) : k0 + 8 * x + 2 * t + (e & 1);
           if (key < lo || key >= hi) s[mt][x][e] = -INFINITY;
         }
     }
@@ -198,15 +218,23 @@ static __device__ __forceinline__ void fc_fwd_pack(const float (*s)[NS][4], uint
 template <typename T, int DS, int D, int MT, int NO>
 static __device__ __forceinline__ void fc_fwd_pv_step(float (*o)[NO][4], const uint32_t (*pa)[4], int kb, uint32_t Vj,
                                                       uint32_t v_lane) {
+  fc_fwd_mma_pairs<T, MT, D / 16, true>(o, pa, [&](int dp) { return fc_fwd_addr<DS>(Vj, v_lane, 16 * kb, dp); });
+}
+
+/* O += P·V_j: P packed to 16 bits one k-step (16 keys) at a time, each k-step's A fragments (keys 16kb..16kb+15) in pk
+ * before PV(kb), the kernel's O += P·V_j over that k-step. pa and pk are the caller's, declared where this loop
+ * stood in its kernel: as locals of this function they changed the large kernels' register allocation. */
+template <typename T, int MT, int NS, class PV>
+static __device__ __forceinline__ void fc_fwd_pv(const float (*s)[NS][4], uint32_t (*pa)[NS / 2][4], uint32_t (*pk)[4],
+                                                 PV pv) {
 #pragma unroll
-  for (int dp = 0; dp < D / 16; dp++) {
-    uint32_t vb[4];
-    fc_ldmatrix_x4_trans(vb, fc_fwd_addr<DS>(Vj, v_lane, 16 * kb, dp));
+  for (int kb = 0; kb < NS / 2; kb++) {
+    fc_fwd_pack<T, MT, NS>(s, pa, 2 * kb, 2 * kb + 2);
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      fc_mma<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-      fc_mma<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-    }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int x = 0; x < 4; x++) pk[mt][x] = pa[mt][kb][x];
+    pv(kb);
   }
 }
 

@@ -61,15 +61,20 @@ static __device__ __forceinline__ void fc_load_tile(uint16_t *tile, const uint16
  *                columns of n-blocks 2·kk and 2·kk + 1 → {b0, b1} of each */
 enum fc_frag_kind { FC_FRAG_A, FC_FRAG_B, FC_FRAG_BT };
 
+/* The row of the fragment this lane addresses, and which 8-column half of its 16 columns. */
+static __device__ __forceinline__ void fc_frag_row_half(fc_frag_kind kind, int lane, int *row, int *half) {
+  if (kind == FC_FRAG_A) {
+    *row = lane & 15, *half = lane >> 4;
+  } else if (kind == FC_FRAG_B) {
+    *row = (lane & 7) + ((lane >> 4) << 3), *half = (lane >> 3) & 1;
+  } else {
+    *row = (lane & 7) + (((lane >> 3) & 1) << 3), *half = lane >> 4;
+  }
+}
+
 template <int DS> static __device__ __forceinline__ void fc_frag_lane(uint32_t off[4], fc_frag_kind kind, int lane) {
   int row, half;
-  if (kind == FC_FRAG_A) {
-    row = lane & 15, half = lane >> 4;
-  } else if (kind == FC_FRAG_B) {
-    row = (lane & 7) + ((lane >> 4) << 3), half = (lane >> 3) & 1;
-  } else {
-    row = (lane & 7) + (((lane >> 3) & 1) << 3), half = lane >> 4;
-  }
+  fc_frag_row_half(kind, lane, &row, &half);
 #pragma unroll
   for (int i = 0; i < 4; i++) off[i] = 2u * (uint32_t)(row * DS + (((2 * i + half) ^ (row & 7)) << 3));
 }
@@ -87,13 +92,7 @@ static __device__ __forceinline__ uint32_t fc_frag_addr(uint32_t tile, const uin
 template <int DS, int N>
 static __device__ __forceinline__ void fc_frag_cols(uint32_t off[N], fc_frag_kind kind, int lane, int first) {
   int row, half;
-  if (kind == FC_FRAG_A) {
-    row = lane & 15, half = lane >> 4;
-  } else if (kind == FC_FRAG_B) {
-    row = (lane & 7) + ((lane >> 4) << 3), half = (lane >> 3) & 1;
-  } else {
-    row = (lane & 7) + (((lane >> 3) & 1) << 3), half = lane >> 4;
-  }
+  fc_frag_row_half(kind, lane, &row, &half);
 #pragma unroll
   for (int i = 0; i < N; i++) {
     const int c = 2 * (first + i) + half;
