@@ -13,7 +13,10 @@ Checked:
   4. the dQ tiles (fc_hpb_dq_tile_add<64>) at fc_bwd_dq_blocked_index's place with ld = 256, w = 64;
   5. the epilogue's staging of dK/dV (writes vs fc_hpb_store_tile<128>'s reads);
   6. fc_hpb_query_blocks<64, 64> and the kernel's whole-block test (keys k0 .. k0 + 63 × the warpgroup's 32 queries)
-     against brute force over random masks.
+     against brute force over random masks;
+  7. the pair 192/128 (NQ = 3, NV = 2): its shared-memory map (fc_hpb256_smem(3, 2)), the warpgroups' shares of dV
+     (N = 64), dK (2 + 1 halves) and dQ (1 + 2 halves) covering every column once from the right TMA columns, the
+     dQ tiles' places, and its epilogue's staging (128 + 64 and 64 + 64 columns) inside the Q ring.
 The stores of 2. are those of the order that split Sᵀ, dPᵀ by queries (32 per warpgroup, fc_hpb256_store_half;
 its code is at commit d79fa1c); the kernel today (WHOLE) is checked against them: warpgroup 0's store of all 64
 queries (fc_hpb256_store_ps<T, 64>) at the same addresses as the split stores (so the A operands of 2. read
@@ -235,6 +238,87 @@ for _ in range(1500):
 check("fc_hpb_query_blocks<64, 64>: exactly the query blocks that see a key of the block", bad_range == 0,
       f"{bad_range} key blocks wrong")
 check("whole-block test: never true when some pair is masked", bad_whole == 0, f"{bad_whole} blocks wrong")
+
+
+# ---- 7. the pair 192/128 (NQ = 3, NV = 2) -------------------------------------------------------------------------
+NQ, NV = 3, 2
+VH, KH0, KH1, QH0 = NV // 2, (NQ + 1) // 2, NQ // 2, NQ // 2
+TQ, TV = NQ * HALF, NV * HALF
+sK2, sV2 = 0, TQ
+sQ2 = sV2 + TV
+sdO2 = sQ2 + 2 * TQ
+sPS2 = sdO2 + TV
+sdQ2 = sPS2 + 4 * PS
+end2 = sdQ2 + 2 * DQ_TILE_BYTES + 3 * ROWS + 7 * 8
+smem2 = (3 * NQ + 2 * NV) * HALF + 4 * PS + 2 * DQ_TILE_BYTES + 3 * ROWS + 7 * 8 + 1024  # fc_hpb256_smem(3, 2)
+check("192/128 smem: swizzled tiles 1024-byte aligned",
+      all(x % 1024 == 0 for x in [sK2, sV2, sQ2, sQ2 + TQ, sdO2] + [sPS2 + i * PS for i in range(4)]))
+check("192/128 smem: fc_hpb256_smem(3, 2) = the map + 1024 slack = 173880", smem2 == end2 + 1024 == 173880,
+      f"{smem2} vs {end2 + 1024}")
+check("192/128 stage bytes announced = what TMA delivers", (NQ * HALF + ROWS, NV * HALF + ROWS, (NQ + NV) * HALF) ==
+      (NQ * 64 * 64 * 2 + 64 * 4, NV * 64 * 64 * 2 + 64 * 4, (NQ + NV) * 64 * 64 * 2))
+cols = {"dV": [], "dK": [], "dQ": []}
+bad = 0
+for cw in range(2):
+    # dV: fc_hpb256_kv_chain<T, 64·VH>(dv, sP, sdO + dv_cols), dv_cols = c·VH·HALF
+    for kb in range(4):
+        for k in range(16):
+            for n in range(64 * VH):
+                if mn_major_addr(sdO2 + cw * VH * HALF + kb * 16 * ROW, n, k, HALF) != \
+                        tma(sdO2, 16 * kb + k, 64 * VH * cw + n):
+                    bad += 1
+    cols["dV"] += [64 * VH * cw + n for n in range(64 * VH)]
+    # dK: warpgroup 0 N = 64·KH0 from q_tile, warpgroup 1 N = 64·KH1 from q_tile + KH0·HALF (dk_cols)
+    nk, k0c = (64 * KH0, 0) if cw == 0 else (64 * KH1, 64 * KH0)
+    for kb in range(4):
+        for k in range(16):
+            for n in range(nk):
+                if mn_major_addr(sQ2 + cw * KH0 * HALF + kb * 16 * ROW, n, k, HALF) != tma(sQ2, 16 * kb + k, k0c + n):
+                    bad += 1
+    cols["dK"] += [k0c + n for n in range(nk)]
+    # dQ: halves c·QH0 (+ 1 for warpgroup 1: dq_two), each N = 64 from sK + (c·QH0 + h)·HALF
+    for h in range(1 if cw == 0 else 2):
+        hf = cw * QH0 + h
+        for kb in range(4):
+            for k in range(16):
+                for n in range(64):
+                    if mn_major_addr(sK2 + hf * HALF + kb * 16 * ROW, n, k, 128 * 128) != tma(sK2, 16 * kb + k,
+                                                                                         64 * hf + n):
+                        bad += 1
+        cols["dQ"] += [64 * hf + n for n in range(64)]
+check("192/128 operands: dV (N = 64 per warpgroup), dK (2 + 1 halves), dQ (1 + 2 halves) read the right columns",
+      bad == 0, f"{bad} mismatches")
+check("192/128 shares: every column of dV (128), dK (192), dQ (192) once",
+      sorted(cols["dV"]) == list(range(128)) and sorted(cols["dK"]) == list(range(192)) and
+      sorted(cols["dQ"]) == list(range(192)))
+check("192/128 dQ tiles: warpgroup c's first at tile c·QH0 of the row's four (ld 256)",
+      [cw * QH0 for cw in range(2)] == [0, 1] and max(cols["dQ"]) < 256)
+staged, read = {}, {}
+for cw, warp, g, t in threads():
+    tk = sQ2 + cw * (64 * 2) * (64 * KH0 + 64 * VH)
+    wk = 64 * (KH0 if cw == 0 else KH1)
+    tv = tk + (64 * 2) * wk
+    for what, tile, w in (("k", tk, wk), ("v", tv, 64 * VH)):  # fc_hpb256_stage<T, W>
+        for rh in range(2):
+            r = 16 * warp + g + 8 * rh
+            for x in range(w // 8):
+                a = tile + r * 2 * w + ((x ^ (r % 8)) << 4) + 4 * t
+                for e in range(2):
+                    staged[(what, cw, r, 8 * x + 2 * t + e)] = a + 2 * e
+for cw in range(2):
+    tk = sQ2 + cw * (64 * 2) * (64 * KH0 + 64 * VH)
+    wk = 64 * (KH0 if cw == 0 else KH1)
+    for what, tile, w in (("k", tk, wk), ("v", tk + (64 * 2) * wk, 64 * VH)):  # fc_hpb_store_tile<W>
+        ch_n = w // 8
+        for ct in range(128):
+            for i in range(64 * ch_n // 128):
+                idx = i * 128 + ct
+                r, ch = idx // ch_n, idx % ch_n
+                for e in range(8):
+                    read[(what, cw, r, 8 * ch + e)] = tile + r * 2 * w + ((ch ^ (r % 8)) << 4) + 2 * e
+check("192/128 epilogue: staged dK/dV elements are read back from the same place, each once",
+      staged == read and len(set(staged.values())) == len(staged) == 64 * (192 + 128))
+check("192/128 epilogue: inside the Q ring (2 x 24 KB)", all(sQ2 <= a < sQ2 + 2 * TQ for a in staged.values()))
 
 print(f"{len(fails)} failed" if fails else "all passed")
 sys.exit(1 if fails else 0)

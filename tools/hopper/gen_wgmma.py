@@ -126,10 +126,12 @@ for ctype, ptype in TYPES:
     print(ss(80, ctype, ptype, True))
     print(rs(256, ctype, ptype))
 # The backward at head dim 256 (hopper/bwd_d256.cuh): S^T, dP^T of 64 keys x 32 queries per consumer warpgroup,
-# and dV_j, dK_j (64 keys x 128 columns of the head dim per warpgroup) with P^T, dS^T from shared memory.
+# and dV_j, dK_j (64 keys x 128 columns of the head dim per warpgroup; 64 at 192/128) with P^T, dS^T from shared
+# memory.
 for ctype, ptype in TYPES:
     print(ss(32, ctype, ptype, False))
     print(ss(32, ctype, ptype, True))
+    print(ss_tb(64, ctype, ptype))
     print(ss_tb(128, ctype, ptype))
 print('''#endif /* FC_HOPPER_ARCH */
 

@@ -1041,6 +1041,7 @@ typedef enum {
   FC_HPB_DET_D64,  /* fc_hopper_bwd_det_kernel<T, 64, 3>: deterministic, split dQ with tickets */
   FC_HPB_DET_D128, /* fc_hopper_bwd_det_kernel<T, 128, 2>: the same */
   FC_HPB_D256,     /* fc_hopper_bwd_d256_kernel<T>: EDV */
+  FC_HPB_D192_128, /* fc_hopper_bwd_d256_kernel<T, false, false, true, 3, 2>: the pair 192/128's halves only */
 } fc_hpb_kernel_id;
 
 /* The backward's plan for one call. */
@@ -1054,7 +1055,8 @@ typedef struct fc_hpb_plan_t {
 
 /* The head dim a call's backward runs at: the larger of Q/K's and V's (hopper_supports' pairs: 192/128 and 64/256 at
  * D = 256, 128/64 and 64/128 at D = 128), the smaller one's columns zeros; dV is stored for head_dim_v columns only.
- * 192/128 then does 4/3 of Sᵀ's, dQ's and dK's work and twice dPᵀ's and dV's: a D = 192 tile was not built. */
+ * 192/128 (head_dim 129..192, head_dim_v 65..128) runs the D = 256 kernel on the halves it has (FC_HPB_D192_128): in
+ * all of D = 256's it did 4/3 of Sᵀ's, dQ's and dK's work and twice dPᵀ's and dV's. */
 static int64_t fc_hpb_dim(const fc_problem *p) { return p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v; }
 
 /* The one choice of kernel and tile per call (measured on the H100, bf16; the losers' code is at d79fa1c,
@@ -1068,7 +1070,9 @@ static fc_hpb_plan_t fc_hpb_plan(const fc_problem *p) {
      * (1.0–1.26x cuDNN), those without the next block's Sᵀ issued early 0.88–0.99x
      * (bench/results/configs/hopper-bwd-d256-edv-2026-11-24.txt, hopper-bwd-d256.txt). Not deterministic
      * (fc_hopper_bwd_supports refuses it). */
-    pl.kernel = FC_HPB_D256, pl.br = FC_HPB_BR, pl.dq_tile_w = FC_HPB256_DQ_W, pl.smem = FC_HPB256_SMEM;
+    const bool d192 = p->head_dim <= 192 && p->head_dim_v <= 128; /* the pair 192/128 (fc_hpb_dim > 128) */
+    pl.kernel = d192 ? FC_HPB_D192_128 : FC_HPB_D256, pl.br = FC_HPB_BR, pl.dq_tile_w = FC_HPB256_DQ_W;
+    pl.smem = d192 ? fc_hpb256_smem(3, 2) : fc_hpb256_smem(4, 4);
     pl.name = "launch of fc_hopper_bwd_d256_kernel";
   } else if (p->deterministic) {
     /* The first kernel: dQ split by columns between the warpgroups, added with red.global.add in a fixed order
@@ -1106,6 +1110,7 @@ static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
   case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, SCORE_MOD, ADD, false, DROP>;
   case FC_HPB_DET_D64: return fc_hopper_bwd_det_kernel<T, 64, 3, SCORE_MOD, ADD, false, DROP>;
   case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, SCORE_MOD, ADD, false, DROP>;
+  case FC_HPB_D192_128: return nullptr; /* head_dim_v = head_dim here: never planned */
   default:
     if constexpr (DROP)
       return nullptr; /* refused before the plan (fc_hopper_bwd_supports) */
@@ -1115,13 +1120,14 @@ static fc_hpb_kernel_fn fc_hpb_kernel(fc_hpb_kernel_id id) {
 }
 
 /* V's head dim of its own: the plan's kernel built with DV_COLS (dV stored for head_dim_v columns), for the kernels
- * that the pairs' larger head dims pick (D = 128, deterministic D = 128, D = 256), without SCORE_MOD (hopper_supports
- * refuses it with such a pair): 6 kernels. */
+ * that the pairs' larger head dims pick (D = 128, deterministic D = 128, D = 256 and its 192/128 halves), without
+ * SCORE_MOD (hopper_supports refuses it with such a pair): 8 kernels. */
 template <typename T> static fc_hpb_kernel_fn fc_hpb_dv_kernel(fc_hpb_kernel_id id) {
   switch (id) {
   case FC_HPB_D128: return fc_hopper_bwd_kernel<T, 128, false, false, true>;
   case FC_HPB_DET_D128: return fc_hopper_bwd_det_kernel<T, 128, 2, false, false, true>;
   case FC_HPB_D256: return fc_hopper_bwd_d256_kernel<T, false, false, true>;
+  case FC_HPB_D192_128: return fc_hopper_bwd_d256_kernel<T, false, false, true, 3, 2>;
   default: return NULL; /* D = 64: no pair runs there (fc_hpb_dim > 64) */
   }
 }

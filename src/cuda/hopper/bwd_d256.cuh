@@ -53,6 +53,13 @@
  *   and a second barrier before the writes. One dQ tile per warpgroup (not two, not one 64 × 128): two would need
  *   32 KB more. The epilogue stages dK, dV (2 warpgroups × 2 × 64 × 128 × 2 bytes = 64 KB) in the Q ring.
  *
+ * 192/128 (head_dim 129..192 with head_dim_v 65..128: DeepSeek's pair; NQ = 3, NV = 2 halves): the same protocol and
+ * order on the halves the pair has. sK and each Q stage hold 3 halves (24 KB), sV and sdO 2 (16 KB): 173880 bytes.
+ * Warpgroup 0's Sᵀ takes 12 k-steps, warpgroup 1's dPᵀ 8; dV is split 64 + 64 columns (m64n64k16), dK's three halves
+ * 2 + 1 and dQ's 1 + 2 (warpgroup 0 + 1), 28 and 24 m64n64k16 steps per block and warpgroup against 40 at 256/256.
+ * Warpgroup 0's second dQ group is empty (committed all the same, so that every wait retires the groups it does at
+ * 256/256) and so is its second bulk add. The epilogue stages 128 + 64 and 64 + 64 columns of dK, dV (40 KB).
+ *
  * Per block it (query head hh, query block q0) and consumer warpgroup c (groups pending after each wait on the right):
  *   wait 0 → X_c (Sᵀ or dPᵀ, issued by the last trip or before the loop)                           []
  *   c = 0: Pᵀ → sP; fence.proxy.async; bar.arrive P (256); 128-thread barrier of its own (all its threads' stores
@@ -127,35 +134,39 @@ enum {
   FC_HPB256_BC = 64,                                       /* keys per CTA */
   FC_HPB256_BAR_P = 4,                                     /* named barrier P: warpgroup 0's Pᵀ is in sP */
   FC_HPB256_HALF = 64 * FC_HPB_ROW_BYTES,                  /* one 64-column half of a 64-row tile: 8 KB */
-  FC_HPB256_TILE = FC_HPB256_D / 64 * FC_HPB256_HALF,      /* K_j, V_j, Q_i or dO_i: 32 KB */
   FC_HPB256_PS = 64 * FC_HPB_ROW_BYTES,                    /* sP or sdS: 64 keys × 64 queries × 2 bytes */
   FC_HPB256_DQ_W = 64,                                     /* columns of a tile of the blocked dQ sum */
   FC_HPB256_DQ_TILE = FC_BWD_DQ_TILE * FC_HPB256_DQ_W * 4, /* 16 KB */
   FC_HPB256_ROWS = FC_HPB256_BR * 4,                       /* lse2_i or D_i: 256 bytes */
   FC_HPB256_OUT_TILE = 64 * 128 * 2,                       /* epilogue: one warpgroup's dK or dV, 16 bits */
-  /* sK, sV, sQ ×2, sdO, (sP, sdS) ×2, sdQ ×2, lse2 ×2, D, 7 barriers, slack */
-  FC_HPB256_SMEM = 5 * FC_HPB256_TILE + 4 * FC_HPB256_PS + 2 * FC_HPB256_DQ_TILE + 3 * FC_HPB256_ROWS + 7 * 8 + 1024,
 };
+
+/* Shared memory of the kernel with NQ 64-column halves in Q_i, K_j and NV in V_j, dO_i: sK, sV, sQ ×2, sdO,
+ * (sP, sdS) ×2, sdQ ×2, lse2 ×2, D, 7 barriers, slack. 231224 bytes at 256/256, 173880 at 192/128. */
+static constexpr size_t fc_hpb256_smem(int nq, int nv) {
+  return (size_t)(3 * nq + 2 * nv) * FC_HPB256_HALF + 4 * FC_HPB256_PS + 2 * FC_HPB256_DQ_TILE + 3 * FC_HPB256_ROWS +
+         7 * 8 + 1024;
+}
 
 #if FC_HOPPER_ARCH
 /* The producer thread: K_j, V_j once, then per block `it` of the (query head, query block) pairs (head-major) Q_i and
  * lse2_i into stage it % 2 of the Q ring and dO_i, D_i into the single dO buffer (the header's protocol). */
-static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
-                                                         const CUtensorMap *tm_v, const CUtensorMap *tm_do,
-                                                         const fc_hopper_bwd_args &a, uint32_t sK, uint32_t sV,
-                                                         uint32_t sQ, uint32_t sdO, uint32_t sLse, uint32_t sDsum,
-                                                         uint32_t bars, int hk, int bt, int k_start, int k0,
-                                                         int q_start, int64_t pad0, int i_begin, int n_i, int n_iter) {
+template <int NQ, int NV>
+static __device__ __forceinline__ void
+fc_hpb256_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v, const CUtensorMap *tm_do,
+                  const fc_hopper_bwd_args &a, uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO, uint32_t sLse,
+                  uint32_t sDsum, uint32_t bars, int hk, int bt, int k_start, int k0, int q_start, int64_t pad0,
+                  int i_begin, int n_i, int n_iter) {
   const uint32_t kv_full = bars, do_full = bars + 8u * 5, do_empty = bars + 8u * 6;
   fc_tma_prefetch_map(tm_q);
   fc_tma_prefetch_map(tm_k);
   fc_tma_prefetch_map(tm_v);
   fc_tma_prefetch_map(tm_do);
-  fc_mbar_arrive_expect_tx(kv_full, 2 * FC_HPB256_TILE);
+  fc_mbar_arrive_expect_tx(kv_full, (NQ + NV) * FC_HPB256_HALF);
 #pragma unroll
-  for (int hf = 0; hf < FC_HPB256_D / 64; hf++) {
-    fc_tma_load_4d(sK + hf * FC_HPB256_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
-    fc_tma_load_4d(sV + hf * FC_HPB256_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
+  for (int hf = 0; hf < (NQ > NV ? NQ : NV); hf++) {
+    if (hf < NQ) fc_tma_load_4d(sK + hf * FC_HPB256_HALF, tm_k, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
+    if (hf < NV) fc_tma_load_4d(sV + hf * FC_HPB256_HALF, tm_v, 64 * hf, k_start + k0, hk / a.kv_split, bt, kv_full);
   }
   int h0, nh; /* the part's query heads (common/gqa.cuh) */
   fc_gqa_part_heads(hk, a.group, a.kv_split, &h0, &nh);
@@ -168,29 +179,29 @@ static __device__ __forceinline__ void fc_hpb256_produce(const CUtensorMap *tm_q
     FC_HPB_MARK_AT(0, it, 0);
     if (u > 0) fc_mbar_wait(q_empty, (u - 1) & 1); /* block it − 2 is done with this stage */
     FC_HPB_MARK_AT(0, it, 1);
-    fc_mbar_arrive_expect_tx(q_full, FC_HPB256_TILE + FC_HPB256_ROWS);
+    fc_mbar_arrive_expect_tx(q_full, NQ * FC_HPB256_HALF + FC_HPB256_ROWS);
 #pragma unroll
-    for (int hf = 0; hf < FC_HPB256_D / 64; hf++)
-      fc_tma_load_4d(sQ + s * FC_HPB256_TILE + hf * FC_HPB256_HALF, tm_q, 64 * hf, q_start + q0, hh, bt, q_full);
+    for (int hf = 0; hf < NQ; hf++)
+      fc_tma_load_4d(sQ + s * NQ * FC_HPB256_HALF + hf * FC_HPB256_HALF, tm_q, 64 * hf, q_start + q0, hh, bt, q_full);
     fc_hpb_bulk_load(sLse + s * FC_HPB256_ROWS, a.lse2 + at, FC_HPB256_ROWS, q_full);
     FC_HPB_MARK_AT(0, it, 2);
     if (it > 0) fc_mbar_wait(do_empty, (it - 1) & 1); /* block it − 1 is done with dO (after its dV) */
     FC_HPB_MARK_AT(0, it, 3);
-    fc_mbar_arrive_expect_tx(do_full, FC_HPB256_TILE + FC_HPB256_ROWS);
+    fc_mbar_arrive_expect_tx(do_full, NV * FC_HPB256_HALF + FC_HPB256_ROWS);
 #pragma unroll
-    for (int hf = 0; hf < FC_HPB256_D / 64; hf++)
+    for (int hf = 0; hf < NV; hf++)
       fc_tma_load_4d(sdO + hf * FC_HPB256_HALF, tm_do, 64 * hf, q_start + q0, hh, bt, do_full);
     fc_hpb_bulk_load(sDsum, a.dsum + at, FC_HPB256_ROWS, do_full);
   }
 }
 
-/* acc (64 keys × N queries) = A·Bᵀ over the head dim, 16 k-steps: A = K_j or V_j (64 rows, halves 8 KB apart), B =
- * the N = 64 rows of Q_i or dO_i (b_rows). Both K-major; step kk reads columns 16·kk .., 32·(kk % 4) bytes into the
- * rows of half kk / 4. */
-template <typename T, int N>
+/* acc (64 keys × N queries) = A·Bᵀ over the head dim, 4·H k-steps (H halves): A = K_j or V_j (64 rows, halves 8 KB
+ * apart), B = the N = 64 rows of Q_i or dO_i (b_rows). Both K-major; step kk reads columns 16·kk .., 32·(kk % 4)
+ * bytes into the rows of half kk / 4. */
+template <typename T, int N, int H = 4>
 static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[N / 2], uint32_t a_tile, uint32_t b_rows) {
 #pragma unroll
-  for (int kk = 0; kk < FC_HPB256_D / 16; kk++) {
+  for (int kk = 0; kk < 4 * H; kk++) {
     const uint32_t off = (kk / 4) * FC_HPB256_HALF + (kk % 4) * 32;
     const uint64_t da = fc_wgmma_desc_off(a_tile, off, 16, 1024), db = fc_wgmma_desc_off(b_rows, off, 16, 1024);
     if (kk == 0)
@@ -200,16 +211,28 @@ static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[N / 2], ui
   }
 }
 
-/* acc (64 keys × 128 columns) += A·B over the 64 queries of the block, 4 k-steps of 16: A = sP or sdS K-major (a row
- * of 128 bytes per key; step kb 32·kb bytes into it), B = columns 128c .. of dO_i or Q_i (b_cols: half 2c of the
- * tile) MN-major, N = 128 spanning halves 2c and 2c + 1 (leading offset 8 KB), step kb at rows 16·kb (2048·kb bytes),
- * as fc_hpb_dkdv's B. */
-template <typename T>
-static __device__ __forceinline__ void fc_hpb256_kv_chain(float (&acc)[64], uint32_t a_rows, uint32_t b_cols) {
+/* A consumer warpgroup's first product of a block (the header's X_c) where the head dims differ: warpgroup 0's
+ * Sᵀ = K_j·Q_iᵀ (q: Q_i's stage) in 4·NQ k-steps, warpgroup 1's dPᵀ = V_j·dO_iᵀ in 4·NV. (With equal head dims the
+ * kernel issues one chain whose operands the warpgroup picks.) */
+template <typename T, int NQ, int NV>
+static __device__ __forceinline__ void fc_hpb256_x(float (&acc)[FC_HPB256_BR / 2], int cw, uint32_t sK, uint32_t sV,
+                                                   uint32_t q, uint32_t sdO) {
+  if (cw)
+    fc_hpb256_s_chain<T, FC_HPB256_BR, NV>(acc, sV, sdO);
+  else
+    fc_hpb256_s_chain<T, FC_HPB256_BR, NQ>(acc, sK, q);
+}
+
+/* acc (64 keys × N columns) += A·B over the 64 queries of the block, 4 k-steps of 16: A = sP or sdS K-major (a row
+ * of 128 bytes per key; step kb 32·kb bytes into it), B = N columns of dO_i or Q_i from b_cols (a half of the tile)
+ * MN-major, N = 128 spanning two halves (leading offset 8 KB) or N = 64, step kb at rows 16·kb (2048·kb bytes), as
+ * fc_hpb_dkdv's B. */
+template <typename T, int N = 128>
+static __device__ __forceinline__ void fc_hpb256_kv_chain(float (&acc)[N / 2], uint32_t a_rows, uint32_t b_cols) {
 #pragma unroll
   for (int kb = 0; kb < FC_HPB256_BR / 16; kb++)
-    fc_wgmma_ss_tb<T, 128>(acc, fc_wgmma_desc_off(a_rows, kb * 32, 16, 1024),
-                           fc_wgmma_desc_off(b_cols, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB256_HALF, 1024));
+    fc_wgmma_ss_tb<T, N>(acc, fc_wgmma_desc_off(a_rows, kb * 32, 16, 1024),
+                         fc_wgmma_desc_off(b_cols, kb * 16 * FC_HPB_ROW_BYTES, FC_HPB256_HALF, 1024));
 }
 
 /* This thread's 16-bit pairs of a 64 keys × N = 64 queries fragment (queries 8x + 2t, + 1 of keys 16·warp + g +
@@ -252,25 +275,49 @@ static __device__ __forceinline__ void fc_hpb256_ds_whole(float (&dpt)[32], uint
   }
 }
 
+/* m·acc (64 keys × W columns, the wgmma accumulator layout) as 16 bits into `tile` for fc_hpb_store_tile<W>: row r at
+ * r·2W bytes, 16-byte chunk x at (x ^ r % 8)·16. */
+template <typename T, int W>
+static __device__ __forceinline__ void fc_hpb256_stage(uint32_t tile, const float (&acc)[W / 2], float m, int warp,
+                                                       int g, int t) {
+#pragma unroll
+  for (int rh = 0; rh < 2; rh++) {
+    const int r = 16 * warp + g + 8 * rh;
+#pragma unroll
+    for (int x = 0; x < W / 8; x++)
+      fc_st_shared_u32(tile + r * 2 * W + ((x ^ (r % 8)) << 4) + 4 * t,
+                       fc_pack2<T>(m * acc[4 * x + 2 * rh], m * acc[4 * x + 2 * rh + 1]));
+  }
+}
+
 #endif /* FC_HOPPER_ARCH */
 
 /* The D = 256 dK/dV kernel (the header above): each consumer warpgroup one whole product at N = 64 (Sᵀ or dPᵀ),
- * dV issued before barrier B, the next block's product issued behind dQ_1 and dK. */
-template <typename T, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false>
+ * dV issued before barrier B, the next block's product issued behind dQ_1 and dK. NQ, NV: the 64-column halves of
+ * Q/K's and V's head dims, 4 and 4, or 3 and 2 for the pair 192/128 (the header's "192/128"). */
+template <typename T, bool SCORE_MOD = false, bool ADD = false, bool DV_COLS = false, int NQ = 4, int NV = 4>
 __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_hopper_bwd_d256_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                               const fc_hopper_bwd_args a) {
 #if FC_HOPPER_ARCH
   constexpr int XN = FC_HPB256_BR; /* queries of this warpgroup's product (Sᵀ or dPᵀ): all of them */
+  constexpr bool EVEN = NQ == 4 && NV == 4;
+  static_assert(EVEN || (NQ == 3 && NV == 2 && DV_COLS && !SCORE_MOD), "256/256, or 192/128 (no score modifiers)");
+  /* Each consumer warpgroup's share of the head-dim halves: dV VH each; dK KH0 (warpgroup 0, from half 0) and KH1
+   * (warpgroup 1, after it); dQ QH0 (warpgroup 0, from half 0) and NQ − QH0 (warpgroup 1). At 192/128 warpgroup 0
+   * takes dK's first two halves and dQ's first, warpgroup 1 the rest: 12 + 4 + 8 + 4 and 8 + 4 + 4 + 8 of m64n64k16's
+   * k-steps per block (Sᵀ or dPᵀ, dV, dK, dQ). */
+  constexpr int VH = NV / 2, KH0 = (NQ + 1) / 2, KH1 = NQ / 2, QH0 = NQ / 2;
+  constexpr int TQ = NQ * FC_HPB256_HALF, TV = NV * FC_HPB256_HALF; /* K_j or Q_i, V_j or dO_i: 32 KB at 256 */
   static_assert(FC_BWD_ROWS_PAD % FC_HPB256_BR == 0, "a query block stays inside its sequence's padded rows");
-  static_assert(FC_HPB256_SMEM <= 232448, "the H100's shared memory per block");
-  static_assert(2 * FC_HPB256_TILE >= 4 * FC_HPB256_OUT_TILE, "the Q ring holds both warpgroups' dK, dV tiles");
+  static_assert(fc_hpb256_smem(NQ, NV) <= 232448, "the H100's shared memory per block");
+  static_assert(2 * TQ >= 64 * 2 * (64 * NQ + 64 * NV), "the Q ring holds both warpgroups' dK, dV tiles");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* Aligned by hand to 1024 bytes (the swizzle pattern's period); the launch adds the slack. */
   const uint32_t sK = (fc_smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sV = sK + FC_HPB256_TILE, sQ = sV + FC_HPB256_TILE, sdO = sQ + 2 * FC_HPB256_TILE;
-  const uint32_t sPS = sdO + FC_HPB256_TILE, sdQ = sPS + 4 * FC_HPB256_PS; /* sPS: [2] × (sP, sdS) */
+  const uint32_t sV = sK + TQ, sQ = sV + TV, sdO = sQ + 2 * TQ;
+  const uint32_t sPS = sdO + TV, sdQ = sPS + 4 * FC_HPB256_PS; /* sPS: [2] × (sP, sdS) */
   const uint32_t sLse = sdQ + 2 * FC_HPB256_DQ_TILE, sDsum = sLse + 2 * FC_HPB256_ROWS;
   const uint32_t bars = sDsum + FC_HPB256_ROWS;
   const uint32_t kv_full = bars, do_full = bars + 8u * 5, do_empty = bars + 8u * 6;
@@ -299,8 +346,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
     if (threadIdx.x == 0 && n_iter > 0) {
       const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do); /* seqused: the sequence's own */
-      fc_hpb256_produce(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLse, sDsum, bars, hk, bt, k_start, k0, q_start,
-                        pad0, i_begin, n_i, n_iter);
+      fc_hpb256_produce<NQ, NV>(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLse, sDsum, bars, hk, bt, k_start, k0,
+                                q_start, pad0, i_begin, n_i, n_iter);
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
@@ -310,23 +357,35 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const int key0 = k0 + 16 * warp + g; /* this thread's keys: key0, key0 + 8 (every warpgroup: all 64 keys) */
-    const uint32_t d_cols = 2 * cw * FC_HPB256_HALF;       /* its 128 columns of the head dim: halves 2c, 2c + 1 */
+    /* its columns of the head dims, as offsets into a tile: dV's, dK's and dQ's first half (256/256: 2c for all
+     * three, its 128 columns) */
+    const uint32_t dv_cols = cw * VH * FC_HPB256_HALF, dk_cols = cw * KH0 * FC_HPB256_HALF;
+    const uint32_t dq_cols = cw * QH0 * FC_HPB256_HALF;
     const uint32_t dq_tile = sdQ + cw * FC_HPB256_DQ_TILE; /* its dQ tile */
     const float c = a.scale_log2;
     const int64_t wl = a.window_left, wr = a.window_right;
 
-    float dk[64], dv[64]; /* dK_j, dV_j: 64 keys × columns 128c .. 128c + 127 */
+    float dk[32 * KH0], dv[32 * VH]; /* dK_j, dV_j: 64 keys × this warpgroup's columns (256/256: 128c .. 128c + 127) */
+    float dk1[EVEN ? 1 : 32 * KH1];  /* 192/128: warpgroup 1's dK_j (64 keys × columns 128 .. 191); dk unused there */
 #pragma unroll
-    for (int x = 0; x < 64; x++) dk[x] = dv[x] = 0.0f;
+    for (int x = 0; x < 32 * KH0; x++) dk[x] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < 32 * VH; x++) dv[x] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < (EVEN ? 1 : 32 * KH1); x++) dk1[x] = 0.0f;
     fc_fence_regs(dk); /* the zeros are in place before the first wgmma's flight (hopper/bwd_kernel.cuh says why) */
     fc_fence_regs(dv);
+    if constexpr (!EVEN) fc_fence_regs(dk1);
     if (n_iter > 0) fc_mbar_wait(kv_full, 0); /* K_j, V_j have landed */
 
     float st[XN / 2]; /* warpgroup 0's Sᵀ, Pᵀ or warpgroup 1's dPᵀ, dSᵀ */
     if (n_iter > 0) { /* block 0's Sᵀ (warpgroup 0: K_j·Q_0ᵀ) or dPᵀ (warpgroup 1: V_j·dO_0ᵀ), all 64 queries */
       fc_mbar_wait(cw ? do_full : Q_FULL(0), 0);
       fc_wgmma_fence();
-      fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
+      if constexpr (EVEN)
+        fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
+      else
+        fc_hpb256_x<T, NQ, NV>(st, cw, sK, sV, sQ, sdO);
       fc_wgmma_commit();
     }
     /* Every trip commits the same groups in the same order (no test of `it` around an issue or a wait): ptxas must
@@ -334,7 +393,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     for (int it = 0; it < n_iter; it++) {
       const int s = it & 1, u = it >> 1;
       const int hh = ti.h0 + it / n_i, q0 = (i_begin + it % n_i) * FC_HPB256_BR;
-      const uint32_t q_tile = sQ + s * FC_HPB256_TILE;
+      const uint32_t q_tile = sQ + s * TQ;
       const uint32_t sP = sPS + s * 2 * FC_HPB256_PS, sdS = sP + FC_HPB256_PS; /* this block's buffer, it % 2 */
 
 #define MARK(k)                                                                                                        \
@@ -391,7 +450,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
        * warpgroup 1's dSᵀ, and dO_i is released before barrier B rather than after it, so that the single dO
        * buffer's next fill (which warpgroup 1's next dPᵀ waits for) starts a dV and a dQ_0 earlier */
       fc_wgmma_fence();
-      fc_hpb256_kv_chain<T>(dv, sP, sdO + d_cols);
+      fc_hpb256_kv_chain<T, 64 * VH>(dv, sP, sdO + dv_cols);
       fc_wgmma_commit();
       MARK(4);
       if (cw == 1) {
@@ -415,20 +474,26 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       /* dQ_i = dS·K_j (two 64-column halves of this warpgroup's 128), dK_j += dSᵀ·Q_i: three groups, in the order
        * their results are needed */
       float dq0[32], dq1[32];
+      const bool dq_two = EVEN || cw == 1; /* 192/128: warpgroup 0 has one dQ half; its second group is empty */
       fc_wgmma_fence();
-      fc_hpb_dq<T, 64>(dq0, sdS, sK + d_cols);
+      fc_hpb_dq<T, 64>(dq0, sdS, sK + dq_cols);
       fc_wgmma_commit();
-      fc_hpb_dq<T, 64>(dq1, sdS, sK + d_cols + FC_HPB256_HALF);
+      if (dq_two) fc_hpb_dq<T, 64>(dq1, sdS, sK + dq_cols + FC_HPB256_HALF);
       fc_wgmma_commit();
-      fc_hpb256_kv_chain<T>(dk, sdS, q_tile + d_cols);
+      if constexpr (EVEN)
+        fc_hpb256_kv_chain<T, 64 * KH0>(dk, sdS, q_tile + dk_cols);
+      else if (cw == 0)
+        fc_hpb256_kv_chain<T, 64 * KH0>(dk, sdS, q_tile);
+      else
+        fc_hpb256_kv_chain<T, 64 * KH1>(dk1, sdS, q_tile + dk_cols);
       fc_wgmma_commit();
 
       fc_wgmma_wait<2>(); /* dQ_0; dQ_1, dK may still run */
       fc_fence_regs(dq0);
       MARK(8);
       /* the blocked sum's head-rows hh·total_pad + pad0 + q0 (a multiple of 64), tile 2c + h of the row's four */
-      float *dq_dst =
-          a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * FC_HPB256_D + 2 * cw * FC_BWD_DQ_TILE * FC_HPB256_DQ_W;
+      float *dq_dst = a.dq_accum + ((int64_t)hh * a.total_pad + pad0 + q0) * FC_HPB256_D +
+                      QH0 * cw * FC_BWD_DQ_TILE * FC_HPB256_DQ_W;
       fc_hpb_dq_tile_add<64>(dq0, dq_tile, dq_dst, warp, g, t, ct, FC_HPB_BAR_DS + cw);
       MARK(9);
 
@@ -441,21 +506,27 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         const int nx = it + 1 < n_iter ? it + 1 : it;
         fc_mbar_wait(cw ? do_full : Q_FULL(nx & 1), cw ? nx & 1 : (nx >> 1) & 1);
         fc_wgmma_fence();
-        fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ + (nx & 1) * FC_HPB256_TILE);
+        if constexpr (EVEN)
+          fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ + (nx & 1) * TQ);
+        else
+          fc_hpb256_x<T, NQ, NV>(st, cw, sK, sV, sQ + (nx & 1) * TQ, sdO);
         fc_wgmma_commit();
         MARK(10);
         fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
       }
-      fc_fence_regs(dq1);
-      MARK(11);
-      if (ct == 0) fc_bulk_wait_read<0>();       /* dQ_0's bulk add has read the tile ... */
-      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone of the warpgroup writes it again */
-      fc_hpb_dq_tile_add<64>(dq1, dq_tile, dq_dst + FC_BWD_DQ_TILE * FC_HPB256_DQ_W, warp, g, t, ct,
-                             FC_HPB_BAR_DS + cw);
-      MARK(12);
+      if (dq_two) {
+        fc_fence_regs(dq1);
+        MARK(11);
+        if (ct == 0) fc_bulk_wait_read<0>();       /* dQ_0's bulk add has read the tile ... */
+        fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* ... before anyone of the warpgroup writes it again */
+        fc_hpb_dq_tile_add<64>(dq1, dq_tile, dq_dst + FC_BWD_DQ_TILE * FC_HPB256_DQ_W, warp, g, t, ct,
+                               FC_HPB_BAR_DS + cw);
+        MARK(12);
+      }
 
       fc_wgmma_wait<1>(); /* dK; the next Sᵀ may still run */
       fc_fence_regs(dk);
+      if constexpr (!EVEN) fc_fence_regs(dk1);
       /* Q_i, lse2_i of stage s are read: every consumer thread releases them */
       fc_mbar_arrive_if(Q_EMPTY(s), true);
       MARK(13);
@@ -473,22 +544,40 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
      * and the producer issues nothing more. */
     fc_named_barrier(FC_HPB_BAR_DS_ALL, 256);
     fc_fence_proxy_async(); /* after the async proxy's use of this memory, before these writes */
-    const uint32_t tk = sQ + cw * 2 * FC_HPB256_OUT_TILE, tv = tk + FC_HPB256_OUT_TILE;
+    if constexpr (EVEN) {
+      const uint32_t tk = sQ + cw * 2 * FC_HPB256_OUT_TILE, tv = tk + FC_HPB256_OUT_TILE;
 #pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-      const int r = 16 * warp + g + 8 * rh;
+      for (int rh = 0; rh < 2; rh++) {
+        const int r = 16 * warp + g + 8 * rh;
 #pragma unroll
-      for (int x = 0; x < 16; x++) {
-        const uint32_t off = r * 256 + ((x ^ (r % 8)) << 4) + 4 * t;
-        fc_st_shared_u32(tk + off, fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
-        fc_st_shared_u32(tv + off, fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+        for (int x = 0; x < 16; x++) {
+          const uint32_t off = r * 256 + ((x ^ (r % 8)) << 4) + 4 * t;
+          fc_st_shared_u32(tk + off, fc_pack2<T>(a.scale * dk[4 * x + 2 * rh], a.scale * dk[4 * x + 2 * rh + 1]));
+          fc_st_shared_u32(tv + off, fc_pack2<T>(dv[4 * x + 2 * rh], dv[4 * x + 2 * rh + 1]));
+        }
       }
+      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
+      uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti) + 128 * cw; /* this warpgroup's columns */
+      uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti) + 128 * cw;
+      fc_hpb_store_tile<128>(tk, dK, a.dk_ss, k0, sk, a.head_dim - 128 * cw, a.dk_vec, ct);
+      fc_hpb_store_tile<128>(tv, dV, a.dv_ss, k0, sk, (DV_COLS ? a.head_dim_v : a.head_dim) - 128 * cw, a.dv_vec, ct);
+    } else {
+      /* 192/128: warpgroup 0's dK (128 columns) at sQ, its dV (64) after it; warpgroup 1's dK (64), dV (64) next */
+      const uint32_t tk = sQ + cw * (64 * 2) * (64 * KH0 + 64 * VH), tv = tk + (64 * 2) * 64 * (cw ? KH1 : KH0);
+      if (cw == 0)
+        fc_hpb256_stage<T, 64 * KH0>(tk, dk, a.scale, warp, g, t);
+      else
+        fc_hpb256_stage<T, 64 * KH1>(tk, dk1, a.scale, warp, g, t);
+      fc_hpb256_stage<T, 64 * VH>(tv, dv, 1.0f, warp, g, t);
+      fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
+      uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti) + 64 * KH0 * cw; /* its columns */
+      uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti) + 64 * VH * cw;
+      if (cw == 0)
+        fc_hpb_store_tile<64 * KH0>(tk, dK, a.dk_ss, k0, sk, a.head_dim, a.dk_vec, ct);
+      else
+        fc_hpb_store_tile<64 * KH1>(tk, dK, a.dk_ss, k0, sk, a.head_dim - 64 * KH0, a.dk_vec, ct);
+      fc_hpb_store_tile<64 * VH>(tv, dV, a.dv_ss, k0, sk, a.head_dim_v - 64 * VH * cw, a.dv_vec, ct);
     }
-    fc_named_barrier(FC_HPB_BAR_DS + cw, 128); /* the warpgroup's tiles are written */
-    uint16_t *dK = fc_hpb_key_rows(a.dk, a.dk_sb, a.dk_ss, a.dk_sh, ti) + 128 * cw; /* this warpgroup's columns */
-    uint16_t *dV = fc_hpb_key_rows(a.dv, a.dv_sb, a.dv_ss, a.dv_sh, ti) + 128 * cw;
-    fc_hpb_store_tile<128>(tk, dK, a.dk_ss, k0, sk, a.head_dim - 128 * cw, a.dk_vec, ct);
-    fc_hpb_store_tile<128>(tv, dV, a.dv_ss, k0, sk, (DV_COLS ? a.head_dim_v : a.head_dim) - 128 * cw, a.dv_vec, ct);
   }
 #undef Q_FULL
 #undef Q_EMPTY
