@@ -204,6 +204,36 @@ def test_softcap_with_mask(kind, causal):
 
 
 @needs_hopper
+@pytest.mark.parametrize("kind", ["bool", "padding", "float"])
+@pytest.mark.parametrize("causal,sq,sk", [(False, 400, 600), (True, 400, 600), (True, 200, 8192)])
+def test_alibi_with_mask(kind, causal, sq, sk):
+    """ALiBi with attn_mask on cuda-hopper, o, lse and the gradients against cpu-ref (ALiBi's general and linear
+    forms beside the mask's classes of blocks); 8192 keys causal run the one-tile forward, the others the persistent
+    one."""
+    torch = pytest.importorskip("torch")
+    dt = torch.bfloat16
+    shape = "B11S" if kind == "padding" else "BHSS"
+    q, k, v, dout, mask = inputs(torch, dt, 3 if kind == "padding" else 1, sq, sk, 2, 1, 128, kind, shape, 12)
+    xs = [x.cuda() for x in (q, k, v)]
+    m = on(torch, mask, "cuda", dt)
+    slopes = torch.tensor([0.5, 0.0625], dtype=torch.float32)
+    kw = dict(causal=causal)
+    o, lse = flashc.attention(*xs, backend="cuda-hopper", attn_mask=m, alibi_slopes=slopes.cuda(), return_lse=True,
+                              **kw)  # fmt: skip
+    got = flashc.attention_backward(dout.cuda(), *xs, o, lse, backend="cuda-hopper", attn_mask=m,
+                                    alibi_slopes=slopes.cuda(), **kw)  # fmt: skip
+    rs = [x.double() for x in (q, k, v)]
+    mr = on(torch, mask, "cpu", torch.float64)
+    o_ref, lse_ref = flashc.attention(*rs, backend="cpu-ref", attn_mask=mr, alibi_slopes=slopes, return_lse=True, **kw)
+    want = flashc.attention_backward(dout.double(), *rs, o_ref, lse_ref, backend="cpu-ref", attn_mask=mr,
+                                     alibi_slopes=slopes, **kw)  # fmt: skip
+    check(o, o_ref, "o", 2e-2)
+    check(lse, lse_ref, "lse", 1e-4)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        check(a, b, name, 2e-2)
+
+
+@needs_hopper
 def test_torch_autograd_through_auto():
     """flashc.torch with backend auto: forward and backward of a padding mask on the GPU against cpu-ref."""
     torch = pytest.importorskip("torch")
