@@ -7,8 +7,8 @@ of keys removed in the middle of the rows), float biases with some -inf, causal 
 and the mask shapes SDPA broadcasts ((B, H, Sq, Sk), (B, 1, Sq, Sk), (Sq, Sk), (B, 1, 1, Sk), and an expanded view
 with stride 0). Odd seqlen_k and sliced masks take the element-by-element loads, even ones the paired loads.
 
-The backward of a cuda-hopper forward runs on cuda-hopper (a float bias's gradient, dbias, refused there: auto takes
-cuda-mma), through auto and on cuda-mma: each against cpu-ref (tests/python/test_mask_hopper_bwd.py checks
+The backward of a cuda-hopper forward runs on cuda-hopper (with a float bias's gradient, dbias), through auto and on
+cuda-mma: each against cpu-ref (tests/python/test_mask_hopper_bwd.py checks
 cuda-hopper's backward itself on every kernel). Skips with "no CUDA device" without one, and "no sm_90" where
 cuda-hopper is not usable.
 """
@@ -158,14 +158,14 @@ def _small(torch, dt, kind):
 @pytest.mark.parametrize("backend", ["auto", "cuda-hopper", "cuda-mma"])
 def test_backward_of_hopper_forward(kind, backend):
     """o, lse from cuda-hopper's forward, the backward on cuda-hopper, through auto and on cuda-mma, against cpu-ref's
-    gradients; a float bias's gradient too where the backend has it (cuda-hopper does not: auto takes cuda-mma)."""
+    gradients, a float bias's gradient too."""
     torch = pytest.importorskip("torch")
     dt = torch.bfloat16
     q, k, v, dout, mask = _small(torch, dt, kind)
     xs = [x.cuda() for x in (q, k, v)]
     m = on(torch, mask, "cuda", dt)
     o, lse = flashc.attention(*xs, backend="cuda-hopper", attn_mask=m, return_lse=True)
-    want_dbias = kind == "float" and backend != "cuda-hopper"
+    want_dbias = kind == "float"
     got = flashc.attention_backward(dout.cuda(), *xs, o, lse, backend=backend, attn_mask=m, return_dbias=want_dbias)
     rs = [x.double() for x in (q, k, v)]
     mr = on(torch, mask, "cpu", torch.float64)

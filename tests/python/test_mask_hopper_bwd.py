@@ -1,4 +1,5 @@
-"""attn_mask in cuda-hopper's backward (dq, dk, dv; dbias is refused there and runs on cuda-mma under auto).
+"""attn_mask in cuda-hopper's backward (dq, dk, dv, and dbias where it has it: head dims <= 128 outside deterministic
+mode, without softcap; cuda-mma runs the other dbias calls under auto).
 
 The forward runs on cpu-ref in float64 (o, lse); cuda-hopper's backward is given those o and lse, cast to the 16-bit
 dtype, and the 16-bit q, k, v, dout, and is checked against cpu-ref's float64 backward on the same rounded inputs,
@@ -42,8 +43,9 @@ def random_mask(rng, shape, kind):
     return m
 
 
-def check(rng, dtype, B, Sq, Sk, H, Hk, D, mask, causal=False, deterministic=False):
-    """cuda-hopper's backward against cpu-ref's, both from cpu-ref's float64 forward."""
+def check(rng, dtype, B, Sq, Sk, H, Hk, D, mask, causal=False, deterministic=False, dbias=False):
+    """cuda-hopper's backward against cpu-ref's, both from cpu-ref's float64 forward (dbias: the bias's gradient
+    too, every element of it poisoned first by the library's zero pass or written)."""
     dt = getattr(torch, dtype)
     q, dout = (torch.from_numpy(rng.standard_normal((B, Sq, H, D))).to(dt) for _ in range(2))
     k, v = (torch.from_numpy(rng.standard_normal((B, Sk, Hk, D))).to(dt) for _ in range(2))
@@ -56,15 +58,17 @@ def check(rng, dtype, B, Sq, Sk, H, Hk, D, mask, causal=False, deterministic=Fal
         m = gm.double().cpu().numpy()  # the bias as the GPU sees it
     kw = dict(causal=causal, scale=0.25)
     o, lse = flashc.attention(q64, k64, v64, backend="cpu-ref", return_lse=True, attn_mask=m, **kw)
-    want = flashc.attention_backward(do64, q64, k64, v64, o, lse, backend="cpu-ref", attn_mask=m, **kw)
+    want = flashc.attention_backward(do64, q64, k64, v64, o, lse, backend="cpu-ref", attn_mask=m, return_dbias=dbias,
+                                     **kw)  # fmt: skip
     cuda = [x.cuda() for x in (dout, q, k, v)]
     go = torch.from_numpy(o).to("cuda", dt)
     glse = torch.from_numpy(lse).to("cuda", torch.float32)
     got = flashc.attention_backward(*cuda[:4], go, glse, backend="cuda-hopper", attn_mask=gm,
-                                    deterministic=deterministic, **kw)  # fmt: skip
+                                    deterministic=deterministic, return_dbias=dbias, **kw)  # fmt: skip
     torch.cuda.synchronize()
     assert flashc.last_backend() == "cuda-hopper"
-    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+    assert len(got) == len(want) == (4 if dbias else 3)
+    for name, a, b in zip(("dq", "dk", "dv", "dbias"), got, want):
         a = a.double().cpu().numpy()
         assert a.shape == b.shape and np.isfinite(a).all(), name
         err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
@@ -141,11 +145,26 @@ def test_every_key_removed(rng, D):
 
 
 # ---- dbias --------------------------------------------------------------------------------------------------------
-def test_dbias_is_refused():
-    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+# The D = 64 and D = 128 kernels write dS into dbias (fc_hpb_dbias_put): straight in the dtype for (B, H, Sq, Sk), into
+# fp32 sums for the shapes that broadcast a dim (summed over heads, batch or rows), with GQA, causal and Sq > Sk.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B,Sq,Sk,H,Hk,shape,causal", SHAPES)
+def test_dbias(rng, dtype, D, B, Sq, Sk, H, Hk, shape, causal):
+    mask = random_mask(rng, shape(B, H, Sq, Sk), "float")
+    check(rng, dtype, B, Sq, Sk, H, Hk, D, mask, causal, dbias=True)
+
+
+@pytest.mark.parametrize(
+    "D,opts,why",
+    [(64, dict(deterministic=True), "deterministic"), (256, {}, "above 128"), (128, dict(softcap=5.0), "softcap")],
+)
+def test_dbias_refused_where_not_built(D, opts, why):
+    q = torch.randn(1, 64, 2, D, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    o, lse = flashc.attention(q, q, q, backend="cuda-mma", attn_mask=bias, return_lse=True)
-    with pytest.raises(NotImplementedError, match="dbias"):
-        flashc.attention_backward(q, q, q, q, o, lse, backend="cuda-hopper", attn_mask=bias, return_dbias=True)
-    dq, dk, dv, db = flashc.attention_backward(q, q, q, q, o, lse, attn_mask=bias, return_dbias=True)  # auto
+    o, lse = flashc.attention(q, q, q, backend="cuda-mma", attn_mask=bias, return_lse=True,
+                              softcap=opts.get("softcap", 0.0))  # fmt: skip
+    with pytest.raises(NotImplementedError, match=f"dbias.*{why}"):
+        flashc.attention_backward(q, q, q, q, o, lse, backend="cuda-hopper", attn_mask=bias, return_dbias=True, **opts)
+    dq, dk, dv, db = flashc.attention_backward(q, q, q, q, o, lse, attn_mask=bias, return_dbias=True, **opts)  # auto
     assert flashc.last_backend() != "cuda-hopper" and db.shape == bias.shape

@@ -1185,10 +1185,14 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "flashc_backward: dropout_p %g with a float attn_mask is not supported on backend cuda-hopper",
                     (double)p->dropout_p);
-  if (p->dbias) /* attn_mask's gradient is not built here: `auto` runs such a call on cuda-mma */
-    return fc_error(
-        FLASHC_ERR_UNSUPPORTED,
-        "flashc_backward: dbias (the gradient of a float attn_mask) is not supported on backend cuda-hopper");
+  /* attn_mask's gradient: the D = 64, 128 kernel's (fc_hpb_dbias_put); `auto` runs the others on cuda-mma */
+  if (p->dbias && (p->deterministic || fc_hpb_dim(p) > 128 || p->softcap > 0.0f))
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: dbias (the gradient of a float attn_mask) %s is not supported on backend "
+                    "cuda-hopper",
+                    p->deterministic    ? "in the deterministic backward"
+                    : p->softcap > 0.0f ? "with softcap"
+                                        : "at head dims above 128");
   int grid = 0;
   FC_CHECK(
       fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(fc_hpb_dim(p))), p->heads_kv, p->batch, &grid));
@@ -1223,8 +1227,10 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   /* A boolean attn_mask's tiles at the dK/dV kernel's blocks (Br queries × Bc keys), after the GQA parts */
   const size_t tiles_at = gqa_at + fc_hpb_round256(fc_gqa_workspace_bytes(p, split));
   const size_t tiles_bytes = fc_mask_tiles_bytes(p, plan.br, fc_hpb_bc(fc_hpb_dim(p)));
+  /* dbias's fp32 sums (where it sums a dim: mma/bwd_score_mod.cu), after the tiles */
+  const size_t dbias_at = tiles_at + fc_hpb_round256(tiles_bytes), dbias_bytes = fc_mma_dbias_bytes(p);
   char *ws = NULL;
-  FC_CHECK(fc_device_workspace(p, tiles_at + tiles_bytes, (void **)&ws));
+  FC_CHECK(fc_device_workspace(p, dbias_at + dbias_bytes, (void **)&ws));
   const cudaStream_t stream = fc_stream(p);
   fc_mma_seqs seqs;
   int64_t *pad_on_device = p->cu_seqlens_device ? (int64_t *)(ws + cu_bytes) : NULL;
@@ -1291,10 +1297,12 @@ flashc_status fc_hopper_backward(const fc_problem *p) {
   FC_CHECK(fc_hp_encode_box(p, &p->k, false, "k", fc_hpb_bc(fc_hpb_dim(p)), "flashc_backward", &maps[1]));
   FC_CHECK(fc_hp_encode_box(p, &p->v, false, "v", fc_hpb_bc(fc_hpb_dim(p)), "flashc_backward", &maps[2]));
   FC_CHECK(fc_hp_encode_box(p, &p->dout, true, "dout", plan.br, "flashc_backward", &maps[3]));
+  FC_CHECK(fc_mma_dbias_begin(p, &a.mod, dbias_bytes ? ws + dbias_at : NULL));
   if (p->dtype == FLASHC_F16)
     FC_CHECK(fc_hpb_run<__half>(p, &plan, maps, &a, &rows, grid));
   else
     FC_CHECK(fc_hpb_run<__nv_bfloat16>(p, &plan, maps, &a, &rows, grid));
+  FC_CHECK(fc_mma_dbias_finish(p, &a.mod));
   return split > 1 ? fc_gqa_reduce(p, split, &dk, &dv) : FLASHC_OK;
 }
 

@@ -668,7 +668,6 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
  * tiles_ws: fc_mma_bwd_tiles_bytes(p, pl) of it (a boolean mask's tiles), or NULL where that is 0. */
 flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
                                    void *dbias_ws, void *tiles_ws);
-size_t fc_mma_dbias_bytes(const fc_problem *p);
 size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl);
 
 #endif /* FLASHC_CUDA_MMA_BWD_LAUNCH_CUH */

@@ -69,7 +69,7 @@ template <typename T> __global__ void __launch_bounds__(256) fc_mma_dbias_sum_ke
 static unsigned fc_dbias_blocks(int64_t n) { return (unsigned)(n / 256 < 4096 ? fc_cdiv(n, 256) : 4096); }
 
 /* Before the kernels: where they write dS (md->dbias*), zeroed. ws: fc_mma_dbias_bytes of workspace. */
-static flashc_status fc_mma_dbias_begin(const fc_problem *p, fc_score_mod *md, void *ws) {
+flashc_status fc_mma_dbias_begin(const fc_problem *p, fc_score_mod *md, void *ws) {
   const int64_t n[4] = {p->batch, p->heads_q, p->seqlen_q, p->seqlen_k};
   const int64_t total = n[0] * n[1] * n[2] * n[3];
   if (!p->dbias || total == 0) return FLASHC_OK;
@@ -110,6 +110,10 @@ template <typename T> static flashc_status fc_mma_dbias_end(const fc_problem *p,
   fc_mma_dbias_sum_kernel<T><<<fc_dbias_blocks(total), 256, 0, fc_stream(p)>>>(a);
   FC_LAUNCH_CHECK("fc_mma_dbias_sum_kernel");
   return FLASHC_OK;
+}
+
+flashc_status fc_mma_dbias_finish(const fc_problem *p, const fc_score_mod *md) {
+  return p->dtype == FLASHC_F16 ? fc_mma_dbias_end<__half>(p, md) : fc_mma_dbias_end<__nv_bfloat16>(p, md);
 }
 
 /* ---- a boolean attn_mask's tiles (common/mask_tiles.cuh) ----------------------------------------------------

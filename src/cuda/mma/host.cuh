@@ -5,6 +5,7 @@
 #define FLASHC_CUDA_MMA_HOST_CUH
 
 #include "common/common.cuh"
+#include "common/score_mod.cuh"
 
 /* Head dims compiled as template instances; any other d <= 256 runs in the next
  * one up, its columns past d loaded as zeros (they add nothing to Q·Kᵀ and
@@ -167,5 +168,12 @@ flashc_status fc_mma_fwd_splits(const fc_problem *p, int *splits);
 
 /* Whether cuda-mma's backward has a kernel for problem p on this device (mma/bwd.cu's plan: its shared memory). */
 flashc_status fc_mma_bwd_supports(const fc_problem *p);
+
+/* dbias, a float attn_mask's gradient (mma/bwd_score_mod.cu), for the backwards of cuda-mma and cuda-hopper: the
+ * bytes of device workspace its fp32 sums need (0: the kernels write dbias itself), the pass before the kernels (md's
+ * dbias fields set, what they write zeroed) and the one after (the sums into dbias in the call's dtype). */
+size_t fc_mma_dbias_bytes(const fc_problem *p);
+flashc_status fc_mma_dbias_begin(const fc_problem *p, fc_score_mod *md, void *ws);
+flashc_status fc_mma_dbias_finish(const fc_problem *p, const fc_score_mod *md);
 
 #endif /* FLASHC_CUDA_MMA_HOST_CUH */
