@@ -1,5 +1,5 @@
-"""attn_mask in cuda-hopper's backward (dq, dk, dv, and dbias where it has it: head dims <= 128 outside deterministic
-mode, without softcap; cuda-mma runs the other dbias calls under auto).
+"""attn_mask in cuda-hopper's backward (dq, dk, dv, and dbias: every kernel, not with softcap, which cuda-mma runs
+under auto).
 
 The forward runs on cpu-ref in float64 (o, lse); cuda-hopper's backward is given those o and lse, cast to the 16-bit
 dtype, and the 16-bit q, k, v, dout, and is checked against cpu-ref's float64 backward on the same rounded inputs,
@@ -75,7 +75,7 @@ def check(rng, dtype, B, Sq, Sk, H, Hk, D, mask, causal=False, deterministic=Fal
         assert err < 2e-2, (name, err)
     if deterministic:  # bit-identical repeats
         again = flashc.attention_backward(*cuda[:4], go, glse, backend="cuda-hopper", attn_mask=gm,
-                                          deterministic=True, **kw)  # fmt: skip
+                                          deterministic=True, return_dbias=dbias, **kw)  # fmt: skip
         assert all(torch.equal(x, y) for x, y in zip(got, again))
     return got, want
 
@@ -145,20 +145,24 @@ def test_every_key_removed(rng, D):
 
 
 # ---- dbias --------------------------------------------------------------------------------------------------------
-# The D = 64 and D = 128 kernels write dS into dbias (fc_hpb_dbias_put): straight in the dtype for (B, H, Sq, Sk), into
-# fp32 sums for the shapes that broadcast a dim (summed over heads, batch or rows), with GQA, causal and Sq > Sk.
+# Every kernel writes dS into dbias (fc_hpb_dbias_put): straight in the dtype for (B, H, Sq, Sk), into fp32 sums for
+# the shapes that broadcast a dim (summed over heads, batch or rows), with GQA, causal and Sq > Sk; the deterministic
+# kernel into fp32 elements of their own, summed in order (bit-identical repeats).
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("B,Sq,Sk,H,Hk,shape,causal", SHAPES)
 def test_dbias(rng, dtype, D, B, Sq, Sk, H, Hk, shape, causal):
     mask = random_mask(rng, shape(B, H, Sq, Sk), "float")
     check(rng, dtype, B, Sq, Sk, H, Hk, D, mask, causal, dbias=True)
 
 
-@pytest.mark.parametrize(
-    "D,opts,why",
-    [(64, dict(deterministic=True), "deterministic"), (256, {}, "above 128"), (128, dict(softcap=5.0), "softcap")],
-)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("shape", [(2, 1, 200, 300), (200, 300)], ids=["b1ss", "ss"])
+def test_dbias_deterministic(rng, D, shape):
+    check(rng, "bfloat16", 2, 200, 300, 4, 2, D, random_mask(rng, shape, "float"), True, True, dbias=True)
+
+
+@pytest.mark.parametrize("D,opts,why", [(128, dict(softcap=5.0), "softcap"), (256, dict(softcap=2.0), "softcap")])
 def test_dbias_refused_where_not_built(D, opts, why):
     q = torch.randn(1, 64, 2, D, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)

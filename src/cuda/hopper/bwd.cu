@@ -807,6 +807,31 @@ static __device__ __forceinline__ void fc_hpb_store_dkdv(const float (&dk)[D / 2
 }
 #endif /* FC_HOPPER_ARCH */
 
+#if FC_HOPPER_ARCH
+/* dbias (a float attn_mask's gradient): this thread's dSᵀ (keys key0, key0 + 8 × queries q0 + 8x + 2t, + 1: the
+ * accumulator layout) into (sequence b, query head hh)'s plane of md.dbias, in the call's dtype or added to fp32 sums
+ * (mma/bwd_score_mod.cu's passes around the kernel zero it first and sum it after), the pairs inside the sequence
+ * only: each pair of a (query head, key block) is computed by one CTA, so that the deterministic mode's sums (over
+ * every pair's own fp32 element, mma/bwd_score_mod.cu) stay in order. dbias = dS = Pᵀ∘(dPᵀ − D_i) (no softcap:
+ * fc_hopper_bwd_supports). The stores are 16-bit and a row of keys apart (the fragment's pairs are queries): the
+ * price of a gradient few calls ask for, in the ADD kernels only. */
+template <typename T, int BR>
+static __device__ __forceinline__ void fc_hpb_dbias_put(const fc_score_mod &md, int64_t b, int hh,
+                                                        const float (&ds)[BR / 2], int q0, int key0, int sq, int sk,
+                                                        int t) {
+  void *const plane = fc_dbias_plane(md, b, hh);
+#pragma unroll
+  for (int x = 0; x < BR / 8; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int key = key0 + 8 * (e >> 1), query = q0 + 8 * x + 2 * t + (e & 1);
+      if (key < sk && query < sq)
+        fc_dbias_put<T>(md, plane, query * md.dbias_st[2] + key * md.dbias_st[3], ds[4 * x + e]);
+    }
+}
+
+#endif /* FC_HOPPER_ARCH */
+
 /* The deterministic dK/dV kernel. dQ_i is split between the two consumer warpgroups by columns: warpgroup c computes
  * columns N·c .. N·c + N − 1 (N = D / 2) over all 128 keys of K_j (both warpgroups' rows of dSᵀ), so that every
  * element of dQ_i gets one fp32 reduction per CTA instead of two (ncu: the backward is L2-bound on these reductions;
@@ -913,6 +938,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
             st, dpt, unused, unused, sL, sD, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right, a.mod,
             fc_score_mod_slope(a.mod, ti.b, hh), ti.b, hh, mcls, mb);
         if constexpr (DROP) fc_hpb_drop_apply<BR>(st, kd, a.mod.drop_rp);
+        if constexpr (ADD)
+          if (a.mod.dbias) fc_hpb_dbias_put<T, BR>(a.mod, ti.b, hh, dpt, q0, key0, sq, sk, t);
       } else {
         fc_hpb_p_from_s<BR, true>(st, dpt, sL, sD, c, t, q0, k0, key0, sq, sk, shift, a.window_left, a.window_right);
       }
@@ -1185,14 +1212,11 @@ flashc_status fc_hopper_bwd_supports(const fc_problem *p) {
     return fc_error(FLASHC_ERR_UNSUPPORTED,
                     "flashc_backward: dropout_p %g with a float attn_mask is not supported on backend cuda-hopper",
                     (double)p->dropout_p);
-  /* attn_mask's gradient: the D = 64, 128 kernel's (fc_hpb_dbias_put); `auto` runs the others on cuda-mma */
-  if (p->dbias && (p->deterministic || fc_hpb_dim(p) > 128 || p->softcap > 0.0f))
-    return fc_error(FLASHC_ERR_UNSUPPORTED,
-                    "flashc_backward: dbias (the gradient of a float attn_mask) %s is not supported on backend "
-                    "cuda-hopper",
-                    p->deterministic    ? "in the deterministic backward"
-                    : p->softcap > 0.0f ? "with softcap"
-                                        : "at head dims above 128");
+  /* attn_mask's gradient: every kernel's ADD form writes dS (fc_hpb_dbias_put), not through softcap's factor, whose
+   * dS they form (`auto` runs such a call on cuda-mma) */
+  if (p->dbias && p->softcap > 0.0f)
+    return fc_error(FLASHC_ERR_UNSUPPORTED, "flashc_backward: dbias (the gradient of a float attn_mask) with softcap "
+                                            "is not supported on backend cuda-hopper");
   int grid = 0;
   FC_CHECK(
       fc_mma_grid("flashc_backward", fc_cdiv(p->seqlen_k, fc_hpb_bc(fc_hpb_dim(p))), p->heads_kv, p->batch, &grid));

@@ -456,6 +456,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
       if (cw == 1) {
         /* dSᵀ = Pᵀ∘(dPᵀ − D_i); SCORE_MOD with softcap: (Pᵀ∘(1 − tanh²))∘(dPᵀ − D_i), from sdS */
         fc_hpb256_ds_whole<T>(st, SCORE_MOD && a.mod.k_out > 0.0f ? sdS : sP, sDsum, warp, g, t);
+        if constexpr (ADD)
+          if (a.mod.dbias) fc_hpb_dbias_put<T, XN>(a.mod, ti.b, hh, st, q0, key0, sq, sk, t);
         fc_hpb256_store_ps<T, XN>(st, sdS, warp, g, t);
       }
       MARK(5);

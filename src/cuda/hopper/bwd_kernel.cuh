@@ -63,27 +63,6 @@ static __device__ __forceinline__ void fc_hpb_lag_dq_add(const fc_hopper_bwd_arg
     fc_hpb_dq_tile_add<NQ>(dq, tile, rows + NQ * cw * FC_BWD_DQ_TILE, warp, g, t, ct, FC_HPB_BAR_DS + cw);
 }
 
-/* dbias (a float attn_mask's gradient): this thread's dSᵀ (keys key0, key0 + 8 × queries q0 + 8x + 2t, + 1: the
- * accumulator layout) into (sequence b, query head hh)'s plane of md.dbias, in the call's dtype or added to fp32 sums
- * (mma/bwd_score_mod.cu's passes around the kernel zero it first and sum it after), the pairs inside the sequence
- * only: each pair of a (query head, key block) is computed by one CTA. dbias = dS = Pᵀ∘(dPᵀ − D_i) (no softcap:
- * fc_hopper_bwd_supports). The stores are 16-bit and a row of keys apart (the fragment's pairs are queries): the
- * price of a gradient few calls ask for, on the ADD kernels only. */
-template <typename T, int BR>
-static __device__ __forceinline__ void fc_hpb_dbias_put(const fc_score_mod &md, int64_t b, int hh,
-                                                        const float (&ds)[BR / 2], int q0, int key0, int sq, int sk,
-                                                        int t) {
-  void *const plane = fc_dbias_plane(md, b, hh);
-#pragma unroll
-  for (int x = 0; x < BR / 8; x++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int key = key0 + 8 * (e >> 1), query = q0 + 8 * x + 2 * t + (e & 1);
-      if (key < sk && query < sq)
-        fc_dbias_put<T>(md, plane, query * md.dbias_st[2] + key * md.dbias_st[3], ds[4 * x + e]);
-    }
-}
-
 /* The same FULL/EMPTY as the kernel below (identical redefinitions there). */
 #define FULL(s)  (bars + 8u * (1 + (s)))
 #define EMPTY(s) (bars + 8u * (1 + STAGES + (s)))
