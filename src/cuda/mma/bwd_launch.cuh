@@ -1,7 +1,7 @@
 /* mma/bwd_launch.cuh — cuda-mma backward's kernels, tiles and launches (mma/bwd.cu says what they compute), shared
- * by the two files that instantiate them: mma/bwd.cu the plain kernels, mma/bwd_score_mod.cu those with softcap and
- * ALiBi (SCORE_MOD). Two files, so that the halves compile side by side: together they were the longest file of the
- * build. */
+ * by the files that instantiate them: mma/bwd.cu the plain kernels, mma/bwd_score_mod_f16.cu and _bf16.cu those with
+ * softcap, ALiBi, dropout and attn_mask (SCORE_MOD), one dtype each, so that they compile side by side: together they
+ * were the longest file of the build. */
 #ifndef FLASHC_CUDA_MMA_BWD_LAUNCH_CUH
 #define FLASHC_CUDA_MMA_BWD_LAUNCH_CUH
 
@@ -666,6 +666,13 @@ static flashc_status fc_mma_bwd_dispatch(const fc_problem *p, const fc_mma_bwd_a
 /* The SCORE_MOD half (mma/bwd_score_mod.cu): fc_mma_bwd_dispatch<T, true> for the call's dtype, with dbias's passes
  * around it; dbias_ws: fc_mma_dbias_bytes(p) of device workspace (dbias's fp32 sums), or NULL where that is 0;
  * tiles_ws: fc_mma_bwd_tiles_bytes(p, pl) of it (a boolean mask's tiles), or NULL where that is 0. */
+/* fc_mma_bwd_dispatch<T, true> of one dtype, each in a file of its own (mma/bwd_score_mod_f16.cu, _bf16.cu). */
+typedef flashc_status (*fc_mma_bwd_score_mod_fn)(const fc_problem *p, const fc_mma_bwd_args *a,
+                                                 const fc_mma_bwd_plan *pl, const fc_mask_tiles *dq_tiles);
+flashc_status fc_mma_bwd_score_mod_f16(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
+                                       const fc_mask_tiles *dq_tiles);
+flashc_status fc_mma_bwd_score_mod_bf16(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
+                                        const fc_mask_tiles *dq_tiles);
 flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
                                    void *dbias_ws, void *tiles_ws);
 size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl);

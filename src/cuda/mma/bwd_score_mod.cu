@@ -1,6 +1,7 @@
-/* mma/bwd_score_mod.cu — cuda-mma backward's kernels with softcap, ALiBi, dropout and attn_mask (SCORE_MOD,
- * mma/score_mod.cuh): the plan and the launches of mma/bwd.cu, instantiated in a file of their own so that they
- * compile beside the plain ones; and the passes around them that dbias needs. */
+/* mma/bwd_score_mod.cu — cuda-mma backward with softcap, ALiBi, dropout and attn_mask (SCORE_MOD, mma/score_mod.cuh):
+ * the passes around the kernels that dbias needs, and a boolean mask's tiles. The kernels themselves, mma/bwd.cu's plan
+ * and launches built with SCORE_MOD, are instantiated one dtype a file (mma/bwd_score_mod_f16.cu, _bf16.cu), so that
+ * they compile beside the plain ones and beside each other: in one file they were the longest compile of the build. */
 #include "mma/bwd_launch.cuh"
 
 /* ---- dbias (flashc.h): dS of every (b, h, i, j), in the call's dtype, summed over the dims whose stride is 0 ----
@@ -133,7 +134,7 @@ size_t fc_mma_bwd_tiles_bytes(const fc_problem *p, const fc_mma_bwd_plan *pl) {
 
 template <typename T>
 static flashc_status fc_mma_bwd_score_mod_as(const fc_problem *p, const fc_mma_bwd_args *a0, const fc_mma_bwd_plan *pl,
-                                             void *dbias_ws, void *tiles_ws) {
+                                             void *dbias_ws, void *tiles_ws, fc_mma_bwd_score_mod_fn kernels) {
   fc_mma_bwd_args a = *a0;
   fc_mask_tiles dq_tiles;
   bool dq_own = false;
@@ -147,12 +148,13 @@ static flashc_status fc_mma_bwd_score_mod_as(const fc_problem *p, const fc_mma_b
     }
   }
   FC_CHECK(fc_mma_dbias_begin(p, &a.mod, dbias_ws));
-  FC_CHECK((fc_mma_bwd_dispatch<T, true>(p, &a, pl, dq_own ? &dq_tiles : nullptr)));
+  FC_CHECK(kernels(p, &a, pl, dq_own ? &dq_tiles : nullptr));
   return fc_mma_dbias_end<T>(p, &a.mod);
 }
 
 flashc_status fc_mma_bwd_score_mod(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl,
                                    void *dbias_ws, void *tiles_ws) {
-  if (p->dtype == FLASHC_F16) return fc_mma_bwd_score_mod_as<__half>(p, a, pl, dbias_ws, tiles_ws);
-  return fc_mma_bwd_score_mod_as<__nv_bfloat16>(p, a, pl, dbias_ws, tiles_ws);
+  if (p->dtype == FLASHC_F16)
+    return fc_mma_bwd_score_mod_as<__half>(p, a, pl, dbias_ws, tiles_ws, fc_mma_bwd_score_mod_f16);
+  return fc_mma_bwd_score_mod_as<__nv_bfloat16>(p, a, pl, dbias_ws, tiles_ws, fc_mma_bwd_score_mod_bf16);
 }
