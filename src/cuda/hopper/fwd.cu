@@ -319,7 +319,10 @@ static flashc_status hopper_forward(const fc_problem *p) {
 }
 
 #if FC_HP_TRACE
-FC_HP_TRACE_READERS(fc_hopper) /* fc_hopper_trace_reset, fc_hopper_trace_read: tools/hopper/trace.py */
+/* fc_hopper_trace_reset, fc_hopper_trace_read (tools/hopper/trace.py): the buffer of this file's kernels, the plain
+ * ones; the score-modifier and dropout kernels (fwd_score_mod.cu, fwd_dropout.cu) mark their own file's copy of
+ * fc_hp_trace_buf, which nothing reads */
+FC_HP_TRACE_READERS(fc_hopper)
 #endif
 
 extern "C" const fc_backend fc_backend_cuda_hopper = {
