@@ -211,13 +211,15 @@ static __device__ __forceinline__ void fc_hpb256_s_chain(float (&acc)[N / 2], ui
   }
 }
 
-/* A consumer warpgroup's first product of a block (the header's X_c) where the head dims differ: warpgroup 0's
- * Sᵀ = K_j·Q_iᵀ (q: Q_i's stage) in 4·NQ k-steps, warpgroup 1's dPᵀ = V_j·dO_iᵀ in 4·NV. (With equal head dims the
- * kernel issues one chain whose operands the warpgroup picks.) */
+/* A consumer warpgroup's first product of a block (the header's X_c): warpgroup 0's Sᵀ = K_j·Q_iᵀ (q: Q_i's stage)
+ * in 4·NQ k-steps, warpgroup 1's dPᵀ = V_j·dO_iᵀ in 4·NV; with equal head dims one chain whose operands the warpgroup
+ * picks. */
 template <typename T, int NQ, int NV>
 static __device__ __forceinline__ void fc_hpb256_x(float (&acc)[FC_HPB256_BR / 2], int cw, uint32_t sK, uint32_t sV,
                                                    uint32_t q, uint32_t sdO) {
-  if (cw)
+  if constexpr (NQ == NV)
+    fc_hpb256_s_chain<T, FC_HPB256_BR, NQ>(acc, cw ? sV : sK, cw ? sdO : q);
+  else if (cw)
     fc_hpb256_s_chain<T, FC_HPB256_BR, NV>(acc, sV, sdO);
   else
     fc_hpb256_s_chain<T, FC_HPB256_BR, NQ>(acc, sK, q);
@@ -382,10 +384,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     if (n_iter > 0) { /* block 0's Sᵀ (warpgroup 0: K_j·Q_0ᵀ) or dPᵀ (warpgroup 1: V_j·dO_0ᵀ), all 64 queries */
       fc_mbar_wait(cw ? do_full : Q_FULL(0), 0);
       fc_wgmma_fence();
-      if constexpr (EVEN)
-        fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ);
-      else
-        fc_hpb256_x<T, NQ, NV>(st, cw, sK, sV, sQ, sdO);
+      fc_hpb256_x<T, NQ, NV>(st, cw, sK, sV, sQ, sdO);
       fc_wgmma_commit();
     }
     /* Every trip commits the same groups in the same order (no test of `it` around an issue or a wait): ptxas must
@@ -508,10 +507,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
         const int nx = it + 1 < n_iter ? it + 1 : it;
         fc_mbar_wait(cw ? do_full : Q_FULL(nx & 1), cw ? nx & 1 : (nx >> 1) & 1);
         fc_wgmma_fence();
-        if constexpr (EVEN)
-          fc_hpb256_s_chain<T, XN>(st, cw ? sV : sK, cw ? sdO : sQ + (nx & 1) * TQ);
-        else
-          fc_hpb256_x<T, NQ, NV>(st, cw, sK, sV, sQ + (nx & 1) * TQ, sdO);
+        fc_hpb256_x<T, NQ, NV>(st, cw, sK, sV, sQ + (nx & 1) * TQ, sdO);
         fc_wgmma_commit();
         MARK(10);
         fc_wgmma_wait<2>(); /* dQ_1; dK, the next Sᵀ may still run */
