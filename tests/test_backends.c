@@ -116,6 +116,7 @@ static const tcase cases[] = {
     DENSE("gqa4-d128-causal-strided", 2, 300, 300, 8, 2, 128, 1, BR, -1, -1, TH_STRIDED, LOW, QUICK | DETERM),
     DENSE("mqa-d256-causal", 1, 200, 260, 4, 1, 256, 1, BR, -1, -1, TH_BHSD, BF16, 0),
     DENSE("gqa3-d96-win", 1, 150, 170, 6, 2, 96, 0, BR, 40, 10, TH_BSHD, F16, DETERM),
+    DENSE("gqa4-d60-causal", 2, 150, 150, 8, 2, 60, 1, BR, -1, -1, TH_BSHD, LOW, QUICK), /* sums of 2-byte columns */
     /* windows (causal folds in as R = 0) */
     DENSE("win16-0", 1, 200, 200, 2, 2, 64, 0, BR, 16, 0, TH_BSHD, LOW, 0),
     DENSE("win32-8", 1, 150, 180, 2, 2, 64, 0, BR, 32, 8, TH_BSHD, LOW | F64, 0),

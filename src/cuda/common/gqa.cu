@@ -16,6 +16,8 @@
 #include "common/gqa.cuh"
 #include "mma/ptx.cuh" /* fc_to_float, fc_from_float */
 
+#include <type_traits>
+
 /* Parts per kv head: the fewest (a divisor of the group where one serves; else parts of sizes differing by one) that
  * give the grid about two waves of the GPU and each CTA at most max_heads query heads (0: no limit). Each part costs a
  * K/V load per key block and its share of the parts' workspace (written, then read by fc_gqa_reduce), so a grid already
@@ -60,45 +62,88 @@ void fc_gqa_part_views(const fc_problem *p, int split, void *ws, fc_view *dk, fc
   dk->stride_b = dv->stride_b = p->cu_seqlens_k ? 0 : p->seqlen_k * dk->stride_s;
 }
 
-/* out[b, s, h, c] = Σ_part parts[(b·S + s), h·split + part, c] (rows of ld elements), part 0 first. One thread per
- * element of out: consecutive threads take consecutive columns, so both sides are read and written in whole rows. */
-template <typename T>
-static __global__ void fc_gqa_reduce_kernel(const uint16_t *__restrict__ parts, uint16_t *__restrict__ out, int64_t sb,
-                                            int64_t ss, int64_t sh, int64_t rows_per_b, int64_t n_rows, int heads_kv,
-                                            int split, int head_dim, int ld) {
-  const int64_t n = n_rows * heads_kv * head_dim;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int c = (int)(i % head_dim);
-    const int64_t rh = i / head_dim;
-    const int h = (int)(rh % heads_kv);
-    const int64_t r = rh / heads_kv;
-    const uint16_t *src = parts + (r * heads_kv * split + (int64_t)h * split) * ld + c;
-    float sum = 0.f;
-    for (int part = 0; part < split; part++) sum += fc_to_float<T>(src[(int64_t)part * ld]);
-    out[(r / rows_per_b) * sb + (r % rows_per_b) * ss + h * sh + c] = fc_from_float<T>(sum);
+/* One reduction of fc_gqa_reduce_kernel: the parts (of rows of ld elements) and the caller's dK or dV. */
+typedef struct fc_gqa_sum {
+  const uint16_t *parts;
+  uint16_t *out;
+  int64_t sb, ss, sh;
+} fc_gqa_sum;
+
+/* out[b, s, h, c] = Σ_part parts[(b·S + s), h·split + part, c], part 0 first, in fp32; blockIdx.y picks dK or dV.
+ * W elements (16 bytes at W = 8) per thread and row: the threads of the grid are `rows_per_pass` rows of `per_row`
+ * = heads_kv·head_dim / W threads each (the rest idle), and each walks its column down the rows, so its (head,
+ * column) cost no division in the loop, its next row's sequence one only where it crosses into another. An element
+ * per thread with its five 64-bit divisions was bound by their instructions: 0.7 TB/s on the H200. */
+template <typename T, int W>
+static __global__ void fc_gqa_reduce_kernel(fc_gqa_sum dk, fc_gqa_sum dv, int64_t rows_per_b, int64_t n_rows,
+                                            int rows_per_pass, int heads_kv, int split, int head_dim, int ld) {
+  typedef typename std::conditional<W == 8, uint4, uint16_t>::type vec;
+  const fc_gqa_sum x = blockIdx.y == 0 ? dk : dv;
+  const int per_row = heads_kv * (head_dim / W);
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= rows_per_pass * per_row) return;
+  const int col = t % per_row, h = col / (head_dim / W), c = (col - h * (head_dim / W)) * W;
+  int64_t r = t / per_row, b = r / rows_per_b, s = r - b * rows_per_b;
+  const int64_t part_row = (int64_t)heads_kv * split * ld; /* elements of one row of the parts */
+  const uint16_t *src = x.parts + r * part_row + ((int64_t)h * split) * ld + c;
+  for (; r < n_rows; r += rows_per_pass, src += rows_per_pass * part_row) {
+    float sum[W];
+    for (int e = 0; e < W; e++) sum[e] = 0.f;
+    for (int part = 0; part < split; part++) {
+      const vec v = *(const vec *)(src + (int64_t)part * ld);
+      const uint16_t *u = (const uint16_t *)&v;
+      for (int e = 0; e < W; e++) sum[e] += fc_to_float<T>(u[e]);
+    }
+    vec o;
+    uint16_t *u = (uint16_t *)&o;
+    for (int e = 0; e < W; e++) u[e] = fc_from_float<T>(sum[e]);
+    *(vec *)(x.out + b * x.sb + s * x.ss + h * x.sh + c) = o;
+    s += rows_per_pass; /* the next row's sequence */
+    if (s >= rows_per_b) {
+      const int64_t q = s / rows_per_b;
+      b += q, s -= q * rows_per_b;
+    }
   }
 }
 
-flashc_status fc_gqa_reduce(const fc_problem *p, int split, const fc_view *dk_parts, const fc_view *dv_parts) {
-  const int64_t rows_per_b = p->cu_seqlens_k ? p->total_k : p->seqlen_k;
-  const int64_t n_rows = p->total_k, n = n_rows * p->heads_kv * p->head_dim;
-  if (n == 0) return FLASHC_OK;
-  const int threads = 256;
-  const int64_t blocks64 = (n + threads - 1) / threads;
-  const int blocks = blocks64 < 65535 * 16 ? (int)blocks64 : 65535 * 16; /* the loop covers the rest */
-  const cudaStream_t stream = (cudaStream_t)p->stream;
-  const fc_view *parts[2] = {dk_parts, dv_parts}, *outs[2] = {&p->dk, &p->dv};
-  for (int x = 0; x < 2; x++) {
-    const fc_view *o = outs[x];
-    if (p->dtype == FLASHC_F16)
-      fc_gqa_reduce_kernel<__half><<<blocks, threads, 0, stream>>>(
-          (const uint16_t *)parts[x]->data, (uint16_t *)o->data, o->stride_b, o->stride_s, o->stride_h, rows_per_b,
-          n_rows, (int)p->heads_kv, split, (int)p->head_dim, (int)fc_gqa_ld(p));
-    else
-      fc_gqa_reduce_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
-          (const uint16_t *)parts[x]->data, (uint16_t *)o->data, o->stride_b, o->stride_s, o->stride_h, rows_per_b,
-          n_rows, (int)p->heads_kv, split, (int)p->head_dim, (int)fc_gqa_ld(p));
-    FC_LAUNCH_CHECK("fc_gqa_reduce_kernel");
-  }
+/* 16-byte rows: the views' start and strides on 16 bytes and whole 8-element columns. */
+static bool fc_gqa_vec8(const fc_view *v, int64_t head_dim) {
+  return head_dim % 8 == 0 && (uintptr_t)v->data % 16 == 0 && v->stride_b % 8 == 0 && v->stride_s % 8 == 0 &&
+         v->stride_h % 8 == 0;
+}
+
+template <typename T, int W>
+static flashc_status fc_gqa_reduce_launch(const fc_problem *p, int split, fc_gqa_sum dk, fc_gqa_sum dv) {
+  const int64_t rows_per_b = p->cu_seqlens_k ? p->total_k : p->seqlen_k, n_rows = p->total_k;
+  const int threads = 256, per_row = (int)(p->heads_kv * (p->head_dim / W));
+  fc_device_props props;
+  const int sms = fc_device_get_props(&props) == FLASHC_OK ? props.num_sms : 132;
+  /* 8 CTAs of 256 threads per SM (full occupancy), at least one row per pass, at most every row in one */
+  int64_t total = (int64_t)sms * 8 * threads;
+  if (total < per_row) total = per_row;
+  int64_t rows_per_pass = total / per_row;
+  if (rows_per_pass > n_rows) rows_per_pass = n_rows;
+  const int64_t blocks = (rows_per_pass * per_row + threads - 1) / threads;
+  if (blocks > INT32_MAX) return fc_error(FLASHC_ERR_UNSUPPORTED, "flashc_backward: GQA reduction grid too large");
+  fc_gqa_reduce_kernel<T, W><<<dim3((unsigned)blocks, 2), threads, 0, (cudaStream_t)p->stream>>>(
+      dk, dv, rows_per_b, n_rows, (int)rows_per_pass, (int)p->heads_kv, split, (int)p->head_dim, (int)fc_gqa_ld(p));
+  FC_LAUNCH_CHECK("fc_gqa_reduce_kernel");
   return FLASHC_OK;
+}
+
+template <typename T>
+static flashc_status fc_gqa_reduce_as(const fc_problem *p, int split, fc_gqa_sum dk, fc_gqa_sum dv) {
+  if (fc_gqa_vec8(&p->dk, p->head_dim) && fc_gqa_vec8(&p->dv, p->head_dim))
+    return fc_gqa_reduce_launch<T, 8>(p, split, dk, dv);
+  return fc_gqa_reduce_launch<T, 1>(p, split, dk, dv);
+}
+
+flashc_status fc_gqa_reduce(const fc_problem *p, int split, const fc_view *dk_parts, const fc_view *dv_parts) {
+  if (p->total_k * p->heads_kv * p->head_dim == 0) return FLASHC_OK;
+  const fc_gqa_sum dk = {(const uint16_t *)dk_parts->data, (uint16_t *)p->dk.data, p->dk.stride_b, p->dk.stride_s,
+                         p->dk.stride_h};
+  const fc_gqa_sum dv = {(const uint16_t *)dv_parts->data, (uint16_t *)p->dv.data, p->dv.stride_b, p->dv.stride_s,
+                         p->dv.stride_h};
+  return p->dtype == FLASHC_F16 ? fc_gqa_reduce_as<__half>(p, split, dk, dv)
+                                : fc_gqa_reduce_as<__nv_bfloat16>(p, split, dk, dv);
 }
