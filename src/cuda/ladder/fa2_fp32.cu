@@ -63,22 +63,12 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB) fa2_fwd_kernel(fc_cc_args a
   float *Qs = (float *)fc_smem, *Ks = Qs + BR * LD, *Vs = Ks + BC * LD, *Ps = Vs + BC * LD;
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
 
-  /* Block → (sequence, head, query block), the last query block first: under a causal mask it sees the most
-   * keys, and starting the longest CTAs first shortens the tail of the grid. */
-  const int32_t qb = nqb - 1 - (int32_t)(blockIdx.x % nqb);
-  const int64_t sh = blockIdx.x / nqb;
-  const int h = (int)(sh % a.heads_q), s = (int)(sh / a.heads_q), hk = h / a.group;
-  const fc_cc_seq q = fc_cc_seq_get(a, s);
-  const int32_t i0 = qb * BR;
-  if (i0 >= q.sq) return;
-  const int32_t rows = min(BR, q.sq - i0), d = a.head_dim;
-
-  /* Keys that some row of Q_i sees: both bounds of a row's range grow with the row, so the first row has the
-   * lowest start and the last row the highest end. */
-  int32_t klo, khi, unused;
-  fc_cc_key_range(a, q.shift, i0, q.sk, &klo, &unused);
-  fc_cc_key_range(a, q.shift, i0 + rows - 1, q.sk, &unused, &khi);
-  const int32_t kb0 = klo / BC * BC, ntiles = klo < khi ? (khi - kb0 + BC - 1) / BC : 0;
+  /* Block → (sequence, head, query block Q_i, last first) and the key tiles some row of Q_i sees */
+  fa2_qblock blk;
+  if (!fa2_qblock_of<BR, BC>(a, nqb, &blk)) return;
+  const fc_cc_seq q = blk.q;
+  const int s = blk.s, h = blk.h, hk = blk.hk;
+  const int32_t i0 = blk.i0, rows = blk.rows, kb0 = blk.kb0, ntiles = blk.ntiles, d = a.head_dim;
 
   const float *Kg = a.k.data + fc_cc_off(a.k, s, q.k_start, 0, hk),
               *Vg = a.v.data + fc_cc_off(a.v, s, q.k_start, 0, hk);

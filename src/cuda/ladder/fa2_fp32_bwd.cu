@@ -54,6 +54,21 @@ template <int D, int BR, int BC> struct fa2_bwd_cfg {
 
 /* ---- pre- and post-pass ------------------------------------------------------------------------------ */
 
+/* Row r of the one-warp-per-row passes, r = packed query row·heads_q + head: its sequence s, head h, and row i
+ * within the sequence. */
+typedef struct fa2_qrow {
+  fc_cc_seq q;
+  int s, h;
+  int64_t i;
+} fa2_qrow;
+
+static __device__ __forceinline__ fa2_qrow fa2_qrow_of(const fc_cc_args &a, int64_t r) {
+  const int64_t prow = r / a.heads_q;
+  const int h = (int)(r % a.heads_q), s = fc_cc_seq_of_q_row(a, prow);
+  const fc_cc_seq q = fc_cc_seq_get(a, s);
+  return fa2_qrow{q, s, h, prow - q.q_row0};
+}
+
 /* D = rowsum(dO∘O) per (packed row, head), stored like lse. One warp per row. With zero_dq (the direct kernels
  * below, which add dQ straight into dq) the same warp also sets the row of dq to 0: one pass over the rows
  * instead of a memset, and no accumulator. */
@@ -61,10 +76,10 @@ __global__ void __launch_bounds__(256) fa2_bwd_dot_kernel(fc_cc_args a, float *D
   const int lane = (int)threadIdx.x % 32;
   const int64_t rows = a.total_q * a.heads_q, nwarps = (int64_t)gridDim.x * blockDim.x / 32;
   for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += nwarps) {
-    const int64_t prow = r / a.heads_q;
-    const int h = (int)(r % a.heads_q), s = fc_cc_seq_of_q_row(a, prow);
-    const fc_cc_seq q = fc_cc_seq_get(a, s);
-    const int64_t i = prow - q.q_row0;
+    const fa2_qrow w = fa2_qrow_of(a, r);
+    const fc_cc_seq &q = w.q;
+    const int s = w.s, h = w.h;
+    const int64_t i = w.i;
     const float *o = a.o.data + fc_cc_off(a.o, s, q.q_start, i, h);
     const float *dout = a.dout.data + fc_cc_off(a.dout, s, q.q_start, i, h);
     float acc = 0.0f;
@@ -84,10 +99,8 @@ __global__ void __launch_bounds__(256) fa2_bwd_dq_copy_kernel(fc_cc_args a, cons
   const int lane = (int)threadIdx.x % 32;
   const int64_t rows = a.total_q * a.heads_q, nwarps = (int64_t)gridDim.x * blockDim.x / 32;
   for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += nwarps) {
-    const int64_t prow = r / a.heads_q;
-    const int h = (int)(r % a.heads_q), s = fc_cc_seq_of_q_row(a, prow);
-    const fc_cc_seq q = fc_cc_seq_get(a, s);
-    float *dq = a.dq.data + fc_cc_off(a.dq, s, q.q_start, prow - q.q_row0, h);
+    const fa2_qrow w = fa2_qrow_of(a, r);
+    float *dq = a.dq.data + fc_cc_off(a.dq, w.s, w.q.q_start, w.i, w.h);
     const float *acc = dq_acc + r * dpad;
     for (int c = lane; c < a.head_dim; c += 32) dq[c] = a.scale * acc[c];
   }
@@ -186,21 +199,68 @@ static __device__ __forceinline__ void fa2_bwd_load_q(const fc_cc_args &a, const
   fa2_load_rows_async<BR>(Ds, Dbuf + li, rows, Dbuf);
 }
 
-/* ---- main kernel: dK_j, dV_j (and dQ by atomics) ----------------------------------------------------- */
+/* g[0..3] += v, atomically: one 16-byte reduction on sm_90+, four 4-byte ones before. */
+static __device__ __forceinline__ void fa2_atomic_add4(float *g, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd((float4 *)g, v);
+#else
+  atomicAdd(g + 0, v.x);
+  atomicAdd(g + 1, v.y);
+  atomicAdd(g + 2, v.z);
+  atomicAdd(g + 3, v.w);
+#endif
+}
 
-/* MINB: CTAs per SM the register budget must allow (65536 / (128·MINB) registers per thread). */
-template <int D, int BR, int BC, int MINB>
-__global__ void __launch_bounds__(FA2_THREADS, MINB)
-    fa2_bwd_dkdv_kernel(fc_cc_args a, const float *Dbuf, float *dq_acc, int32_t nkb, int vec, int atomic_dq) {
+/* scale·dQ_i, this thread's sub-tile (rows i0 + ty + 8·i, float4 columns tx + 16·c), → dq of query head h: added
+ * when ATOMIC (the fused kernel: one key block's part of the sum), else stored (the deterministic kernel: the
+ * whole sum). */
+template <int D, int BR, bool ATOMIC>
+static __device__ __forceinline__ void fa2_bwd_write_dq(const fc_cc_args &a, int s, const fc_cc_seq &q, int h,
+                                                        int32_t i0, const float4 (&dq)[BR / 8][D / 64], int tx, int ty,
+                                                        int d, int vec) {
+#pragma unroll
+  for (int i = 0; i < BR / 8; i++) {
+    const int32_t row = i0 + ty + 8 * i;
+    if (row >= q.sq) continue;
+    float *g = a.dq.data + fc_cc_off(a.dq, s, q.q_start, row, h);
+#pragma unroll
+    for (int c = 0; c < D / 64; c++) {
+      const int col = (tx + 16 * c) * 4;
+      if (ATOMIC) {
+        const float4 v =
+            make_float4(dq[i][c].x * a.scale, dq[i][c].y * a.scale, dq[i][c].z * a.scale, dq[i][c].w * a.scale);
+        if (vec) {
+          if (col >= d) continue;
+          fa2_atomic_add4(g + col, v);
+        } else {
+#pragma unroll
+          for (int x = 0; x < 4; x++)
+            if (col + x < d) atomicAdd(g + col + x, fa2_at(v, x));
+        }
+      } else {
+        fa2_store4(g + col,
+                   make_float4(dq[i][c].x * a.scale, dq[i][c].y * a.scale, dq[i][c].z * a.scale, dq[i][c].w * a.scale),
+                   col, d, vec);
+      }
+    }
+  }
+}
+
+/* ---- the dK/dV kernels: dK_j, dV_j (and dQ by atomics) ----------------------------------------------------- */
+
+/* One CTA of either dK/dV kernel (the main one, DIRECT = false, and the fused one below): key block kb of
+ * (sequence, kv head) pair sh. The kernels differ only in the order of their blocks, the order of their tiles in
+ * shared memory (the pointers), and where dQ_i += dS·K_j goes: the fused kernel adds scale·dS·K_j into dq itself;
+ * the main kernel adds dS·K_j into the fp32 accumulator dq_acc when atomic_dq, and leaves dQ to its own kernel
+ * otherwise (deterministic mode). Thread (tx, ty) owns rows of S, dS and dQ; (cc, ng) keys and columns of dK, dV. */
+template <int D, int BR, int BC, bool DIRECT>
+static __device__ __forceinline__ void fa2_bwd_dkdv_cta(const fc_cc_args &a, const float *Dbuf, float *dq_acc,
+                                                        int64_t sh, int32_t kb, int vec, int atomic_dq, float *Ks,
+                                                        float *Vs, float *Qs, float *dOs, float *Ps, float *dSs,
+                                                        float *Ls, float *Ds, int tx, int ty, int cc, int ng) {
   typedef fa2_bwd_cfg<D, BR, BC> C;
-  constexpr int TM = C::TM, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
-  extern __shared__ float4 fc_smem[];
-  float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Qs = Vs + BC * LD, *dOs = Qs + BR * LD, *Ps = dOs + BR * LD,
-        *dSs = Ps + BR * LDP, *Ls = dSs + BR * LDP, *Ds = Ls + BR;
-  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, cc = tid % CCH, ng = tid / CCH;
+  constexpr int TM = C::TM, NC = C::NC, NG = C::NG, NCH = C::NCH, LD = C::LD;
 
-  const int32_t kb = (int32_t)(blockIdx.x % nkb);
-  const int64_t sh = blockIdx.x / nkb;
   const int hk = (int)(sh % a.heads_kv), s = (int)(sh / a.heads_kv);
   const fc_cc_seq q = fc_cc_seq_get(a, s);
   const int32_t c0 = kb * BC;
@@ -230,7 +290,7 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
     const int32_t i0 = (qb0 + it % nqb) * BR;
     const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk);
     fc_cp_async_wait<0>();
-    __syncthreads(); /* Q_i, dO_i, lse_i, D_i (and K_j, V_j) visible; the previous dQ product is done with dS */
+    __syncthreads(); /* Q_i, dO_i, lse_i, D_i (and K_j, V_j) visible; every thread is done with the previous P, dS */
 
     fa2_bwd_tile_dkdv<D, BR, BC>(dv, dk, Ps, dSs, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs, tx, ty, cc, ng);
     __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
@@ -241,7 +301,11 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
       fc_cp_async_commit();
     }
 
-    if (atomic_dq) { /* dQ_i += dS·K_j, added into the fp32 accumulator */
+    if (DIRECT) { /* dq_i += scale·dS·K_j, added into dq itself (zeroed by the pre-pass) */
+      float4 dq[TM][NC];
+      fa2_bwd_dq_tile<D, BR, BC>(dq, dSs, Ks, tx, ty);
+      fa2_bwd_write_dq<D, BR, true>(a, s, q, h, i0, dq, tx, ty, d, vec);
+    } else if (atomic_dq) { /* dQ_i += dS·K_j, added into the fp32 accumulator */
       float4 dq[TM][NC];
       fa2_bwd_dq_tile<D, BR, BC>(dq, dSs, Ks, tx, ty);
 #pragma unroll
@@ -250,21 +314,11 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
         if (row >= q.sq) continue;
         float *acc = dq_acc + ((q.q_row0 + row) * a.heads_q + h) * D;
 #pragma unroll
-        for (int c = 0; c < NC; c++) {
-          float *g = acc + (tx + 16 * c) * 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd((float4 *)g, dq[i][c]); /* one 16-byte reduction instead of four */
-#else
-          atomicAdd(g + 0, dq[i][c].x);
-          atomicAdd(g + 1, dq[i][c].y);
-          atomicAdd(g + 2, dq[i][c].z);
-          atomicAdd(g + 3, dq[i][c].w);
-#endif
-        }
+        for (int c = 0; c < NC; c++) fa2_atomic_add4(acc + (tx + 16 * c) * 4, dq[i][c]);
       }
     }
   }
-  fc_cp_async_wait<0>(); /* nothing may be in flight when the CTA exits (no iteration: K_j and V_j still are) */
+  fc_cp_async_wait<0>(); /* nothing may be in flight when the CTA exits (no step: K_j and V_j still are) */
 
   /* dK_j = scale·Σ dSᵀ·Q, dV_j = Σ Pᵀ·dO: rows 4·cc + x, column chunks ng + NG·c. */
 #pragma unroll
@@ -284,6 +338,51 @@ __global__ void __launch_bounds__(FA2_THREADS, MINB)
   }
 }
 
+/* MINB: CTAs per SM the register budget must allow (65536 / (128·MINB) registers per thread). */
+template <int D, int BR, int BC, int MINB>
+__global__ void __launch_bounds__(FA2_THREADS, MINB)
+    fa2_bwd_dkdv_kernel(fc_cc_args a, const float *Dbuf, float *dq_acc, int32_t nkb, int vec, int atomic_dq) {
+  typedef fa2_bwd_cfg<D, BR, BC> C;
+  constexpr int LD = C::LD, LDP = C::LDP;
+  extern __shared__ float4 fc_smem[];
+  float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Qs = Vs + BC * LD, *dOs = Qs + BR * LD, *Ps = dOs + BR * LD,
+        *dSs = Ps + BR * LDP, *Ls = dSs + BR * LDP, *Ds = Ls + BR;
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, cc = tid % C::CCH, ng = tid / C::CCH;
+
+  const int32_t kb = (int32_t)(blockIdx.x % nkb);
+  const int64_t sh = blockIdx.x / nkb;
+  fa2_bwd_dkdv_cta<D, BR, BC, false>(a, Dbuf, dq_acc, sh, kb, vec, atomic_dq, Ks, Vs, Qs, dOs, Ps, dSs, Ls, Ds, tx, ty,
+                                     cc, ng);
+}
+
+/* ---- the fused kernel (D 64, atomic mode): dQ straight into dq, heaviest key blocks first -------------- */
+
+/* The main kernel's maths with two changes, each aimed at a cost the base kernel pays:
+ *   - dQ_i += scale·dS·K_j is added straight into dq, which the pre-pass zeroed: no accumulator memset and no
+ *     copy pass (2 of the 4 launches, and 3 passes over a rows × D fp32 buffer; about 1.5 % at s1024 b4 h8);
+ *   - block → (key block, head) is key-block major within groups of hg (sequence, kv head) pairs: under a causal
+ *     mask K_0 sees the most query blocks, so the longest CTAs start first and the grid ends on short ones
+ *     (the forward's "last query block first"); hg ≈ CTAs in flight / key blocks keeps the heads in flight,
+ *     and so their Q, dO in L2, as few as in the base order.
+ * One Q/dO/lse/D stage: the next block's lands during the dQ product, after a third barrier per tile pair. */
+template <int D, int BR, int BC, int MINB>
+__global__ void __launch_bounds__(FA2_THREADS, MINB)
+    fa2_bwd_dkdv_direct_kernel(fc_cc_args a, const float *Dbuf, int32_t nkb, int32_t hg, int64_t nsh, int vec) {
+  typedef fa2_bwd_cfg<D, BR, BC> C;
+  constexpr int LD = C::LD, LDP = C::LDP;
+  extern __shared__ float4 fc_smem[];
+  float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Ps = Vs + BC * LD, *dSs = Ps + BR * LDP, *Qs = dSs + BR * LDP,
+        *dOs = Qs + BR * LD, *Ls = dOs + BR * LD, *Ds = Ls + BR;
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, cc = tid % C::CCH, ng = tid / C::CCH;
+
+  const int64_t per_group = (int64_t)hg * nkb, grp = blockIdx.x / per_group;
+  const int32_t r = (int32_t)(blockIdx.x % per_group);
+  const int32_t hn = (int32_t)min((int64_t)hg, nsh - grp * hg); /* the last group may hold fewer pairs */
+  const int32_t kb = r / hn;
+  const int64_t sh = grp * hg + r % hn;
+  fa2_bwd_dkdv_cta<D, BR, BC, true>(a, Dbuf, NULL, sh, kb, vec, 1, Ks, Vs, Qs, dOs, Ps, dSs, Ls, Ds, tx, ty, cc, ng);
+}
+
 /* ---- deterministic dQ: one CTA per (sequence, head, query block) ------------------------------------- */
 
 /* Deterministic mode only: budgeted for 2 CTAs per SM whatever the main kernel uses, so that one instantiation
@@ -298,18 +397,11 @@ __global__ void __launch_bounds__(FA2_THREADS, 2)
         *Ls = dSs + BR * LDP, *Ds = Ls + BR;
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
 
-  const int32_t qb = nqb - 1 - (int32_t)(blockIdx.x % nqb);
-  const int64_t sh = blockIdx.x / nqb;
-  const int h = (int)(sh % a.heads_q), s = (int)(sh / a.heads_q), hk = h / a.group;
-  const fc_cc_seq q = fc_cc_seq_get(a, s);
-  const int32_t i0 = qb * BR;
-  if (i0 >= q.sq) return;
-  const int32_t rows = min(BR, q.sq - i0), d = a.head_dim;
-
-  int32_t klo, khi, unused;
-  fc_cc_key_range(a, q.shift, i0, q.sk, &klo, &unused);
-  fc_cc_key_range(a, q.shift, i0 + rows - 1, q.sk, &unused, &khi);
-  const int32_t kb0 = klo / BC * BC, ntiles = klo < khi ? (khi - kb0 + BC - 1) / BC : 0;
+  fa2_qblock blk; /* as the forward's: the last query block first, and the key tiles it sees */
+  if (!fa2_qblock_of<BR, BC>(a, nqb, &blk)) return;
+  const fc_cc_seq q = blk.q;
+  const int s = blk.s, h = blk.h, hk = blk.hk;
+  const int32_t i0 = blk.i0, kb0 = blk.kb0, ntiles = blk.ntiles, d = a.head_dim;
   const float *Kg = a.k.data + fc_cc_off(a.k, s, q.k_start, 0, hk),
               *Vg = a.v.data + fc_cc_off(a.v, s, q.k_start, 0, hk);
 
@@ -356,135 +448,7 @@ __global__ void __launch_bounds__(FA2_THREADS, 2)
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < TM; i++) {
-    const int32_t row = i0 + ty + 8 * i;
-    if (row >= q.sq) continue;
-    float *g = a.dq.data + fc_cc_off(a.dq, s, q.q_start, row, h);
-#pragma unroll
-    for (int c = 0; c < NC; c++) {
-      const int col = (tx + 16 * c) * 4;
-      fa2_store4(g + col,
-                 make_float4(dq[i][c].x * a.scale, dq[i][c].y * a.scale, dq[i][c].z * a.scale, dq[i][c].w * a.scale),
-                 col, d, vec);
-    }
-  }
-}
-
-/* ---- the fused kernel (D 64, atomic mode): dQ straight into dq, heaviest key blocks first -------------- */
-
-/* The main kernel's maths with two changes, each aimed at a cost the base kernel pays:
- *   - dQ_i += scale·dS·K_j is added straight into dq, which the pre-pass zeroed: no accumulator memset and no
- *     copy pass (2 of the 4 launches, and 3 passes over a rows × D fp32 buffer; about 1.5 % at s1024 b4 h8);
- *   - block → (key block, head) is key-block major within groups of hg (sequence, kv head) pairs: under a causal
- *     mask K_0 sees the most query blocks, so the longest CTAs start first and the grid ends on short ones
- *     (the forward's "last query block first"); hg ≈ CTAs in flight / key blocks keeps the heads in flight,
- *     and so their Q, dO in L2, as few as in the base order.
- * One Q/dO/lse/D stage: the next block's lands during the dQ product, after a third barrier per tile pair. */
-template <int D, int BR, int BC, int MINB>
-__global__ void __launch_bounds__(FA2_THREADS, MINB)
-    fa2_bwd_dkdv_direct_kernel(fc_cc_args a, const float *Dbuf, int32_t nkb, int32_t hg, int64_t nsh, int vec) {
-  typedef fa2_bwd_cfg<D, BR, BC> C;
-  constexpr int TM = C::TM, NC = C::NC, CCH = C::CCH, NG = C::NG, NCH = C::NCH, LD = C::LD, LDP = C::LDP;
-  extern __shared__ float4 fc_smem[];
-  float *Ks = (float *)fc_smem, *Vs = Ks + BC * LD, *Ps = Vs + BC * LD, *dSs = Ps + BR * LDP, *Q0 = dSs + BR * LDP;
-  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, cc = tid % CCH, ng = tid / CCH;
-
-  const int64_t per_group = (int64_t)hg * nkb, grp = blockIdx.x / per_group;
-  const int32_t r = (int32_t)(blockIdx.x % per_group);
-  const int32_t hn = (int32_t)min((int64_t)hg, nsh - grp * hg); /* the last group may hold fewer pairs */
-  const int32_t kb = r / hn;
-  const int64_t sh = grp * hg + r % hn;
-  const int hk = (int)(sh % a.heads_kv), s = (int)(sh / a.heads_kv);
-  const fc_cc_seq q = fc_cc_seq_get(a, s);
-  const int32_t c0 = kb * BC;
-  if (c0 >= q.sk) return;
-  const int32_t cols = min(BC, q.sk - c0), d = a.head_dim;
-
-  int32_t qlo, qhi;
-  fc_cc_query_range(a, q.shift, c0, c0 + cols, q.sq, &qlo, &qhi);
-  const int32_t qb0 = qlo / BR, nqb = qlo < qhi ? (qhi - qb0 * BR + BR - 1) / BR : 0;
-  const int32_t n_it = nqb * a.group;
-
-  fa2_load_tile_async<BC, D, LD>(Ks, a.k.data + fc_cc_off(a.k, s, q.k_start, c0, hk), a.k.ss, cols, d, vec, a.k.data);
-  fa2_load_tile_async<BC, D, LD>(Vs, a.v.data + fc_cc_off(a.v, s, q.k_start, c0, hk), a.v.ss, cols, d, vec, a.v.data);
-  if (n_it > 0)
-    fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group, qb0 * BR, vec, Q0, Q0 + BR * LD, Q0 + 2 * BR * LD,
-                          Q0 + 2 * BR * LD + BR);
-  fc_cp_async_commit();
-
-  float4 dv[4][NCH], dk[4][NCH];
-#pragma unroll
-  for (int x = 0; x < 4; x++)
-#pragma unroll
-    for (int c = 0; c < NCH; c++) dv[x][c] = dk[x][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const float cs = a.scale * FA2_LOG2E;
-
-  for (int32_t it = 0; it < n_it; it++) {
-    const int h = hk * a.group + it / nqb;
-    const int32_t i0 = (qb0 + it % nqb) * BR;
-    float *Qs = Q0, *dOs = Qs + BR * LD, *Ls = dOs + BR * LD, *Ds = Ls + BR;
-    const fa2_rows vis = fa2_rows_of(a, q.shift, i0 + ty, q.sq, q.sk);
-    fc_cp_async_wait<0>();
-    __syncthreads(); /* Q_i, dO_i, lse_i, D_i visible; every thread is done with the previous P, dS */
-
-    fa2_bwd_tile_dkdv<D, BR, BC>(dv, dk, Ps, dSs, Qs, dOs, Ks, Vs, Ls, Ds, vis, c0, cs, tx, ty, cc, ng);
-    __syncthreads(); /* every thread is done with Q_i, dO_i, lse_i, D_i: the next ones may land */
-    if (it + 1 < n_it) {
-      const int32_t nit = it + 1;
-      fa2_bwd_load_q<D, BR>(a, Dbuf, s, q, hk * a.group + nit / nqb, (qb0 + nit % nqb) * BR, vec, Qs, dOs, Ls, Ds);
-      fc_cp_async_commit();
-    }
-
-    /* dq_i += scale·dS·K_j, added into dq itself (zeroed by the pre-pass) */
-    float4 dq[TM][NC];
-    fa2_bwd_dq_tile<D, BR, BC>(dq, dSs, Ks, tx, ty);
-#pragma unroll
-    for (int i = 0; i < TM; i++) {
-      const int32_t row = i0 + ty + 8 * i;
-      if (row >= q.sq) continue;
-      float *g = a.dq.data + fc_cc_off(a.dq, s, q.q_start, row, h);
-#pragma unroll
-      for (int c = 0; c < NC; c++) {
-        const int col = (tx + 16 * c) * 4;
-        const float4 v =
-            make_float4(dq[i][c].x * a.scale, dq[i][c].y * a.scale, dq[i][c].z * a.scale, dq[i][c].w * a.scale);
-        if (vec) {
-          if (col >= d) continue;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          atomicAdd((float4 *)(g + col), v); /* one 16-byte reduction instead of four */
-#else
-          atomicAdd(g + col + 0, v.x);
-          atomicAdd(g + col + 1, v.y);
-          atomicAdd(g + col + 2, v.z);
-          atomicAdd(g + col + 3, v.w);
-#endif
-        } else {
-#pragma unroll
-          for (int x = 0; x < 4; x++)
-            if (col + x < d) atomicAdd(g + col + x, fa2_at(v, x));
-        }
-      }
-    }
-  }
-  fc_cp_async_wait<0>(); /* nothing may be in flight when the CTA exits */
-
-  /* dK_j = scale·Σ dSᵀ·Q, dV_j = Σ Pᵀ·dO: rows 4·cc + x, column chunks ng + NG·c. */
-#pragma unroll
-  for (int x = 0; x < 4; x++) {
-    const int32_t key = c0 + 4 * cc + x;
-    if (key >= q.sk) continue;
-    float *gk = a.dk.data + fc_cc_off(a.dk, s, q.k_start, key, hk),
-          *gv = a.dv.data + fc_cc_off(a.dv, s, q.k_start, key, hk);
-#pragma unroll
-    for (int c = 0; c < NCH; c++) {
-      const int col = (ng + NG * c) * 4;
-      fa2_store4(gk + col,
-                 make_float4(dk[x][c].x * a.scale, dk[x][c].y * a.scale, dk[x][c].z * a.scale, dk[x][c].w * a.scale),
-                 col, d, vec);
-      fa2_store4(gv + col, dv[x][c], col, d, vec);
-    }
-  }
+  fa2_bwd_write_dq<D, BR, false>(a, s, q, h, i0, dq, tx, ty, d, vec);
 }
 
 /* ---- host -------------------------------------------------------------------------------------------- */

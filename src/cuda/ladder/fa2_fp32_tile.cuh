@@ -1,6 +1,6 @@
 /* ladder/fa2_fp32_tile.cuh — what the forward (ladder/fa2_fp32.cu) and backward (ladder/fa2_fp32_bwd.cu) kernels of the
- * CUDA-core FlashAttention-2 rung share: the thread layout, tile loaders (global → shared) and register-tiled products
- * of shared-memory tiles.
+ * CUDA-core FlashAttention-2 rung share: the thread layout, tile loaders (global → shared), the visible keys of a
+ * thread's rows and of a query block, and register-tiled products of shared-memory tiles.
  *
  * Thread layout. A CTA is 128 threads. For a Br×Bc tile of scores the threads form 8 row groups × 16 column
  * groups, tid = 16·ty + tx: thread (ty, tx) owns rows ty + 8·a (a < Br/8) and columns tx + 16·b (b < Bc/16).
@@ -103,6 +103,39 @@ static __device__ __forceinline__ fa2_rows fa2_rows_of(const fc_cc_args &a, int6
 static __device__ __forceinline__ int32_t fa2_row_lo(const fa2_rows &r, int i) { return max(r.lo0 + 8 * i, 0); }
 static __device__ __forceinline__ int32_t fa2_row_hi(const fa2_rows &r, int i) {
   return 8 * i < r.left ? min(r.hi0 + 8 * i, r.sk) : 0;
+}
+
+/* ---- a query block's place and the key tiles it sees ---------------------------------------------------- */
+/* The kernels with one CTA per (sequence, query head, query block Q_i of BR rows): the forward and the
+ * deterministic dQ pass. Block → (sequence, head, query block) takes the last query block first: under a causal
+ * mask it sees the most keys, and starting the longest CTAs first shortens the tail of the grid. */
+typedef struct fa2_qblock {
+  fc_cc_seq q;
+  int s, h, hk;        /* sequence, query head, its kv head */
+  int32_t i0, rows;    /* Q_i: rows i0 .. i0 + rows − 1 of the sequence */
+  int32_t kb0, ntiles; /* the key tiles some row of Q_i sees: ntiles tiles of BC keys from key kb0 on */
+} fa2_qblock;
+
+/* This CTA's query block; false when it starts past the end of its sequence (a shorter one of a varlen batch):
+ * the CTA has nothing to do. */
+template <int BR, int BC>
+static __device__ __forceinline__ bool fa2_qblock_of(const fc_cc_args &a, int32_t nqb, fa2_qblock *b) {
+  const int32_t qb = nqb - 1 - (int32_t)(blockIdx.x % nqb);
+  const int64_t sh = blockIdx.x / nqb;
+  const int h = (int)(sh % a.heads_q), s = (int)(sh / a.heads_q), hk = h / a.group;
+  const fc_cc_seq q = fc_cc_seq_get(a, s);
+  const int32_t i0 = qb * BR;
+  if (i0 >= q.sq) return false;
+  const int32_t rows = min(BR, q.sq - i0);
+
+  /* Keys that some row of Q_i sees: both bounds of a row's range grow with the row, so the first row has the
+   * lowest start and the last row the highest end. */
+  int32_t klo, khi, unused;
+  fc_cc_key_range(a, q.shift, i0, q.sk, &klo, &unused);
+  fc_cc_key_range(a, q.shift, i0 + rows - 1, q.sk, &unused, &khi);
+  const int32_t kb0 = klo / BC * BC, ntiles = klo < khi ? (khi - kb0 + BC - 1) / BC : 0;
+  *b = fa2_qblock{q, s, h, hk, i0, rows, kb0, ntiles};
+  return true;
 }
 
 /* ---- products of shared-memory tiles ----------------------------------------------------------------- */

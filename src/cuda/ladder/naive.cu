@@ -51,16 +51,22 @@ static __device__ __forceinline__ float naive_warp_sum(float x) {
   return x;
 }
 
-/* The row of S (sequence s, head h, row i) for packed query row `prow`; one warp per (prow, h). */
-static __device__ __forceinline__ float *naive_row(const fc_cc_args &a, const int64_t *off, float *S, int64_t prow,
-                                                   int h, int *s_out, fc_cc_seq *q_out, int32_t *i_out) {
-  int s = fc_cc_seq_of_q_row(a, prow);
-  fc_cc_seq q = fc_cc_seq_get(a, s);
-  int32_t i = (int32_t)(prow - q.q_row0);
-  *s_out = s;
-  *q_out = q;
-  *i_out = i;
-  return S + off[s] + ((int64_t)h * q.sq + i) * q.sk;
+/* Query row r of the score matrices, r = packed query row·heads_q + head: its sequence s, head h, row i within
+ * the sequence, and S, that row of S. */
+typedef struct naive_qrow {
+  float *S;
+  fc_cc_seq q;
+  int s, h;
+  int32_t i;
+} naive_qrow;
+
+static __device__ __forceinline__ naive_qrow naive_row(const fc_cc_args &a, const int64_t *off, float *S, int64_t r) {
+  const int h = (int)(r % a.heads_q);
+  const int64_t prow = r / a.heads_q;
+  const int s = fc_cc_seq_of_q_row(a, prow);
+  const fc_cc_seq q = fc_cc_seq_get(a, s);
+  const int32_t i = (int32_t)(prow - q.q_row0);
+  return naive_qrow{S + off[s] + ((int64_t)h * q.sq + i) * q.sk, q, s, h, i};
 }
 
 /* P = softmax(S) in place, lse = m + log l. A row that sees no key gets P = 0 and lse = −inf: m = −inf there,
@@ -70,10 +76,9 @@ __global__ void __launch_bounds__(NAIVE_THREADS) naive_softmax_kernel(fc_cc_args
   int lane = threadIdx.x % 32;
   int64_t rows = a.total_q * a.heads_q, nwarps = (int64_t)gridDim.x * blockDim.x / 32;
   for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += nwarps) {
-    int s, h = (int)(r % a.heads_q);
-    fc_cc_seq q;
-    int32_t i;
-    float *row = naive_row(a, off, S, r / a.heads_q, h, &s, &q, &i);
+    const naive_qrow w = naive_row(a, off, S, r); /* one warp per row */
+    const fc_cc_seq &q = w.q;
+    float *row = w.S;
     float m = -INFINITY;
     for (int32_t j = lane; j < q.sk; j += 32) m = fc_fmax_nan(m, row[j]);
     m = naive_warp_max(m);
@@ -83,24 +88,31 @@ __global__ void __launch_bounds__(NAIVE_THREADS) naive_softmax_kernel(fc_cc_args
     l = naive_warp_sum(l);
     float inv = m != -INFINITY ? 1.0f / l : 0.0f;
     for (int32_t j = lane; j < q.sk; j += 32) row[j] = m != -INFINITY ? expf(row[j] - m) * inv : 0.0f;
-    if (a.lse && lane == 0) a.lse[fc_cc_lse_idx(a, s, q, h, i)] = m != -INFINITY ? m + logf(l) : -INFINITY;
+    if (a.lse && lane == 0) a.lse[fc_cc_lse_idx(a, w.s, q, w.h, w.i)] = m != -INFINITY ? m + logf(l) : -INFINITY;
   }
 }
 
-/* O = P·V, one thread per (packed row, head, column). */
-__global__ void __launch_bounds__(NAIVE_THREADS) naive_pv_kernel(fc_cc_args a, const int64_t *off, const float *P) {
+/* out = M·X, times scale when SCALED, for a score-layout matrix M (P or dS) and a key-side view X (v or k), one
+ * thread per (packed row, head, column): out[i, h, c] = Σ_j M[h][i][j]·X[j, h / group, c]. The forward's O = P·V
+ * and the backward's dQ = scale·dS·K. */
+template <bool SCALED>
+static __device__ __forceinline__ void naive_scores_times(const fc_cc_args &a, const int64_t *off, const float *M,
+                                                          const fc_cc_view &X, const fc_cc_view &out) {
   int64_t n = a.total_q * a.heads_q * a.head_dim;
   for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
     int c = (int)(e % a.head_dim);
-    int64_t r = e / a.head_dim;
-    int s, h = (int)(r % a.heads_q), hk = h / a.group;
-    fc_cc_seq q;
-    int32_t i;
-    const float *prow = naive_row(a, off, (float *)P, r / a.heads_q, h, &s, &q, &i);
+    const naive_qrow w = naive_row(a, off, (float *)M, e / a.head_dim);
+    const int s = w.s, h = w.h, hk = h / a.group;
+    const fc_cc_seq &q = w.q;
     float acc = 0.0f;
-    for (int32_t j = 0; j < q.sk; j++) acc = fmaf(prow[j], a.v.data[fc_cc_off(a.v, s, q.k_start, j, hk) + c], acc);
-    a.o.data[fc_cc_off(a.o, s, q.q_start, i, h) + c] = acc;
+    for (int32_t j = 0; j < q.sk; j++) acc = fmaf(w.S[j], X.data[fc_cc_off(X, s, q.k_start, j, hk) + c], acc);
+    out.data[fc_cc_off(out, s, q.q_start, w.i, h) + c] = SCALED ? acc * a.scale : acc;
   }
+}
+
+/* O = P·V. */
+__global__ void __launch_bounds__(NAIVE_THREADS) naive_pv_kernel(fc_cc_args a, const int64_t *off, const float *P) {
+  naive_scores_times<false>(a, off, P, a.v, a.o);
 }
 
 /* Backward, per row: P = exp(S − lse) in place (0 where masked), and D = rowsum(dO∘O) into Dbuf[prow·hq + h]. */
@@ -109,10 +121,11 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
   int lane = threadIdx.x % 32;
   int64_t rows = a.total_q * a.heads_q, nwarps = (int64_t)gridDim.x * blockDim.x / 32;
   for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += nwarps) {
-    int s, h = (int)(r % a.heads_q);
-    fc_cc_seq q;
-    int32_t i;
-    float *row = naive_row(a, off, S, r / a.heads_q, h, &s, &q, &i);
+    const naive_qrow w = naive_row(a, off, S, r); /* one warp per row */
+    const int s = w.s, h = w.h;
+    const int32_t i = w.i;
+    const fc_cc_seq &q = w.q;
+    float *row = w.S;
     float lse = a.lse[fc_cc_lse_idx(a, s, q, h, i)];
     for (int32_t j = lane; j < q.sk; j += 32)
       row[j] = (row[j] == -INFINITY || lse == -INFINITY) ? 0.0f : expf(row[j] - lse);
@@ -147,20 +160,9 @@ __global__ void __launch_bounds__(NAIVE_THREADS)
   }
 }
 
-/* dQ = scale·dS·K, one thread per (packed row, head, column). */
+/* dQ = scale·dS·K. */
 __global__ void __launch_bounds__(NAIVE_THREADS) naive_dq_kernel(fc_cc_args a, const int64_t *off, const float *dS) {
-  int64_t n = a.total_q * a.heads_q * a.head_dim;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-    int c = (int)(e % a.head_dim);
-    int64_t r = e / a.head_dim;
-    int s, h = (int)(r % a.heads_q), hk = h / a.group;
-    fc_cc_seq q;
-    int32_t i;
-    const float *row = naive_row(a, off, (float *)dS, r / a.heads_q, h, &s, &q, &i);
-    float acc = 0.0f;
-    for (int32_t j = 0; j < q.sk; j++) acc = fmaf(row[j], a.k.data[fc_cc_off(a.k, s, q.k_start, j, hk) + c], acc);
-    a.dq.data[fc_cc_off(a.dq, s, q.q_start, i, h) + c] = acc * a.scale;
-  }
+  naive_scores_times<true>(a, off, dS, a.k, a.dq);
 }
 
 /* dV = Pᵀ·dO and dK = scale·dSᵀ·Q summed over the query heads of the GQA group, one thread per

@@ -26,6 +26,7 @@
 #include <math.h>
 #include <mma.h>
 #include <string.h>
+#include <type_traits>
 
 using namespace nvcuda;
 
@@ -43,6 +44,22 @@ typedef struct fc_wmma_args {
   int64_t window_left, window_right, mask_offset;
   int bottom_right;
 } fc_wmma_args;
+
+/* acc += A·B for one warp: A is 16 rows × K of a row-major tile (row stride lda), B is K × 16, read in wmma layout L
+ * with row stride ldb: col_major for a tile stored [n][k] (K_j for S = Q·K_jᵀ), row_major for one stored [k][n]
+ * (V_j for O += P·V_j). Step kk moves 16 along k: 16 elements in a col_major B, 16 rows in a row_major one. */
+template <typename T, typename L, int K>
+static __device__ __forceinline__ void wmma_warp_mma(wmma::fragment<wmma::accumulator, 16, 16, 16, float> &acc,
+                                                     const T *A, int lda, const T *B, int ldb) {
+  constexpr bool b_row_major = std::is_same<L, wmma::row_major>::value;
+  for (int kk = 0; kk < K / 16; kk++) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, L> b;
+    wmma::load_matrix_sync(a, A + kk * 16, lda);
+    wmma::load_matrix_sync(b, B + kk * 16 * (b_row_major ? ldb : 1), ldb);
+    wmma::mma_sync(acc, a, b, acc);
+  }
+}
 
 /* Rows [row0, row0 + rows) of one head of a [seq, d] matrix into a padded tile;
  * rows past `valid` are 0. */
@@ -106,13 +123,7 @@ template <typename T, int D> __global__ void __launch_bounds__(WMMA_THREADS) fc_
     for (int n = 0; n < WMMA_BC / 16; n++) {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
       wmma::fill_fragment(s, 0.0f);
-      for (int kk = 0; kk < D / 16; kk++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> q;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kt;
-        wmma::load_matrix_sync(q, sQ + warp * 16 * LD + kk * 16, LD);
-        wmma::load_matrix_sync(kt, sK + n * 16 * LD + kk * 16, LD);
-        wmma::mma_sync(s, q, kt, s);
-      }
+      wmma_warp_mma<T, wmma::col_major, D>(s, sQ + warp * 16 * LD, LD, sK + n * 16 * LD, LD);
       wmma::store_matrix_sync(sS + warp * 16 * LDS + n * 16, s, LDS, wmma::mem_row_major);
     }
     __syncwarp(); /* the warp's S rows are written */
@@ -153,13 +164,7 @@ template <typename T, int D> __global__ void __launch_bounds__(WMMA_THREADS) fc_
     for (int n = 0; n < D / 16; n++) {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
       wmma::load_matrix_sync(o, sO + warp * 16 * LDO + n * 16, LDO, wmma::mem_row_major);
-      for (int kk = 0; kk < WMMA_BC / 16; kk++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> p;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v;
-        wmma::load_matrix_sync(p, sP + warp * 16 * LDP + kk * 16, LDP);
-        wmma::load_matrix_sync(v, sV + kk * 16 * LD + n * 16, LD);
-        wmma::mma_sync(o, p, v, o);
-      }
+      wmma_warp_mma<T, wmma::row_major, WMMA_BC>(o, sP + warp * 16 * LDP, LDP, sV + n * 16, LD);
       wmma::store_matrix_sync(sO + warp * 16 * LDO + n * 16, o, LDO, wmma::mem_row_major);
     }
   }
