@@ -550,7 +550,7 @@ static const fcase hopper_cases[] = {
      FLASHC_ALIGN_BOTTOM_RIGHT, 64, 64, .deterministic = 1},
     {"hopper alibi deterministic varlen d128", 1, 0, 0, 4, 2, 128, 128, 0.0f, 0.0f, 2, 0, FLASHC_ALIGN_BOTTOM_RIGHT,
      PLAIN, 5, lq, lk, .deterministic = 1},
-    /* softcap alone: its short form in the backward's whole blocks (hopper/bwd.cu, FC_HPB_FORM_CAP) */
+    /* softcap alone: its short form in the backward's whole blocks (hopper/bwd_launch.cuh, FC_HPB_FORM_CAP) */
     {"hopper softcap-causal whole blocks d64", 1, 700, 700, 2, 1, 64, 64, 0.0f, 20.0f, 0, 1, FLASHC_ALIGN_BOTTOM_RIGHT,
      PLAIN},
     {"hopper softcap-causal whole blocks deterministic d128", 1, 600, 640, 2, 2, 128, 128, 0.0f, 10.0f, 0, 1,

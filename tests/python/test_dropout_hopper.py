@@ -1,4 +1,4 @@
-"""Attention dropout on cuda-hopper (flashc.h, "Dropout"; hopper/score_mod.cuh, hopper/bwd.cu), against cpu-ref.
+"""Attention dropout on cuda-hopper (flashc.h, "Dropout"; hopper/score_mod.cuh, hopper/bwd_launch.cuh), against cpu-ref.
 
 Given the same seed and offset cuda-hopper's o, lse (bf16, f16) and dq, dk, dv are checked against cpu-ref (fp64, on
 the same 16-bit inputs), its debug mask bit for bit against cpu-ref's and cuda-mma's, over head dims 64/128/256, causal
@@ -97,7 +97,7 @@ def test_hopper_against_cpu_ref(rng, dtype, B, Sq, Sk, H, Hk, D, causal, p, soft
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_hopper_deterministic_backward(rng, D):
-    """The deterministic dK/dV kernel (hopper/bwd.cu) with dropout: against cpu-ref, and bit-identical twice."""
+    """The deterministic dK/dV kernel (hopper/bwd_launch.cuh) with dropout: against cpu-ref, and bit-identical twice."""
     torch = need_torch()
     t, n = make(rng, torch, "bfloat16", (2, 190, 4, D), (2, 250, 2, D))
     kw = dict(causal=True, dropout_p=0.25, seed=12345, offset=77, deterministic=True)

@@ -38,9 +38,9 @@ def query_blocks(k0, sq, sk, shift, wl, wr, br, bc):  # fc_hpb_query_blocks<BR, 
 
 
 def whole_but_masked(q0, rows, k0, bc, sk, shift, wl, wr):
-    """Whether the kernels' whole-block test (src/cuda/hopper/bwd.cu: no mask needed for queries q0 .. q0 + rows - 1
-    against keys k0 .. k0 + bc - 1) passes although some pair is masked. It may miss a whole block (that costs only
-    time), never this."""
+    """Whether the kernels' whole-block test (src/cuda/hopper/bwd_launch.cuh: no mask needed for queries q0 ..
+    q0 + rows - 1 against keys k0 .. k0 + bc - 1) passes although some pair is masked. It may miss a whole block (that
+    costs only time), never this."""
     whole = k0 + bc <= sk and (wr < 0 or k0 + bc - 1 <= q0 + shift + wr) and \
         (wl < 0 or k0 >= q0 + rows - 1 + shift - wl)
     return whole and not all(visible(i, j, shift, wl, wr) for i in range(q0, q0 + rows) for j in range(k0, k0 + bc))

@@ -1,7 +1,7 @@
 /* hopper/bwd_d256.cuh — cuda-hopper's dK/dV kernel at head dim 256 (d in 129 .. 256; docs/hopper.md,
- * "The D = 256 kernel (WHOLE + EDV)"; verified on the H100: commit 4f55121). Included by hopper/bwd.cu only, after its
- * device helpers (fc_hpb_*), whose Pᵀ pass, dQ wgmma chain, bulk dQ tile add, dK/dV tile store, blocked dQ sum and row
- * passes it shares.
+ * "The D = 256 kernel (WHOLE + EDV)"; verified on the H100: commit 4f55121). Included by hopper/bwd_launch.cuh only,
+ * after its device helpers (fc_hpb_*), whose Pᵀ pass, dQ wgmma chain, bulk dQ tile add, dK/dV tile store, blocked dQ
+ * sum and row passes it shares.
  *
  * Why not fc_hopper_bwd_det_kernel at D = 256: with Bc = 128 keys and each consumer warpgroup owning 64 keys × all D
  * columns, dK and dV alone are 2 × 64 × 256 fp32 per warpgroup = 256 registers per thread; and sK + sV (128 KB) + one

@@ -1,6 +1,6 @@
 /* hopper/bwd_kernel.cuh — cuda-hopper's dK/dV kernel, second version: the backward's default at head dims ≤ 128 outside
  * deterministic mode (docs/hopper.md, "The D = 128 kernel (LAG + BIAS)" and "The D = 64 kernel"). Included by
- * hopper/bwd.cu only, after its device helpers (fc_hpb_*), whose names, tile layouts and dQ sum it shares.
+ * hopper/bwd_launch.cuh only, after its device helpers (fc_hpb_*), whose names, tile layouts and dQ sum it shares.
  *
  * Same maths, masks, tiles and producer as fc_hopper_bwd_det_kernel (D = 128: Br = 64; D = 64: Br = 128, Bc = 128
  * both); dQ goes through a shared-memory tile and one bulk reduce-add per tile into a blocked fp32 sum, and each
@@ -119,7 +119,7 @@ fc_hpb_lag_block(const fc_hopper_bwd_args &a, int it, int n_iter, int n_i, int i
   [[maybe_unused]] fc_hpb_mblock<BR> mb;
   [[maybe_unused]] const int mcls =
       SCORE_MOD ? fc_hpb_mask_block<BR, FC_HPB_BC>(a.mod, b, hh, q0, k0, key0, t, sq, sk, &mb) : (int)FC_MT_ALL;
-  /* and, DROP, its dropout keep bits (hopper/bwd.cu, fc_hpb_drop_bits) */
+  /* and, DROP, its dropout keep bits (hopper/bwd_launch.cuh, fc_hpb_drop_bits) */
   [[maybe_unused]] fc_hpb_drop<BR> kd;
   if constexpr (DROP) fc_hpb_drop_bits<BR>(kd, a.mod, (uint64_t)(b * a.heads_q + hh), q0, key0, sk, g, t);
   fc_fence_regs(dk);

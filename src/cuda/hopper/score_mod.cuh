@@ -1,6 +1,6 @@
 /* hopper/score_mod.cuh — cuda-hopper's score modifiers, softcap, ALiBi and attn_mask, and dropout's keep bits, in the
- * forward's wgmma accumulator layout (the backward's Sᵀ layout has its own: hopper/bwd.cu, fc_hpb_mask_block and
- * fc_hpb_drop_bits), shared by the forward (hopper/fwd.cu, hopper/fwd_persistent.cuh); the design, the arguments
+ * forward's wgmma accumulator layout (the backward's Sᵀ layout has its own: hopper/bwd_launch.cuh, fc_hpb_mask_block
+ * and fc_hpb_drop_bits), shared by the forward (hopper/fwd.cu, hopper/fwd_persistent.cuh); the design, the arguments
  * (fc_score_mod) and the layout-free functions (fc_tanh, the backward's fc_mod_score) are common/score_mod.cuh's,
  * shared with cuda-mma; the mask's loads read what cuda-mma's do (mma/score_mod.cuh: fc_mma_bias_block, whose layout
  * for one M-tile is the wgmma accumulator's per 8-column chunk; bias_pair from fc_mma_score_mod_of).
