@@ -50,6 +50,7 @@ enum {
   DEC_NT = DEC_WARPS * 32,  /* threads per CTA */
   DEC_BC = DEC_WARPS * 16,  /* keys per block */
   DEC_SPLIT_MAX = 128,      /* key splits per tile, at most */
+  DEC_SHARE_KEYS = 2048,    /* keys per split below which a split's CTA has an SM to itself (fc_dec_splits) */
   DEC_APPEND_THREADS = 256, /* the append kernel's CTA */
   DEC_MERGE_THREADS = 128,  /* the merge kernel's CTA: 4 warps, a row each */
 };
@@ -541,12 +542,7 @@ static int fc_dec_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 2
  * splits of a shorter sequence are shorter (or empty, and cheap). A caller's count (num_splits > 0) is taken as
  * it is, up to one split per key block of the capacity and DEC_SPLIT_MAX. Depends on the shape and the device
  * only: the same bits run to run on one GPU model. */
-static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t slots, int requested) {
-  const int64_t key_blocks = fc_cdiv(capacity, DEC_BC);
-  int64_t most = requested > 0 ? (requested < key_blocks ? requested : key_blocks) : key_blocks / 2;
-  if (most > DEC_SPLIT_MAX) most = DEC_SPLIT_MAX;
-  if (most < 1) most = 1;
-  if (requested > 0) return (int)most;
+static int fc_dec_fill(int64_t tiles, int64_t most, int64_t slots) {
   if (tiles >= slots) return 1;
   double eff[DEC_SPLIT_MAX + 1], best = 0.0;
   for (int64_t n = 1; n <= most; n++) {
@@ -557,6 +553,22 @@ static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t slots, int req
   for (int64_t n = 1; n <= most; n++)
     if (eff[n] >= 0.95 * best) return (int)n;
   return 1;
+}
+
+/* The slots count every CTA an SM holds (per_sm, two at d 128), but a second CTA per SM pays only where each split
+ * streams long enough: below DEC_SHARE_KEYS keys per split, the count that fills one CTA per SM. H200, batch 1,
+ * heads 32/8, d 128, the public call timed with events: 16 splits (one CTA per SM) against 32 (two) took 22.9 /
+ * 49.7 µs against 25.1 / 52.1 at 8k / 32k keys, and 145.5 against 141.7 µs at 128k (4k keys per split); 24 splits
+ * (192 CTAs, SMs unevenly shared) were slower than either at 32k and 128k. */
+static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t sms, int per_sm, int requested) {
+  const int64_t key_blocks = fc_cdiv(capacity, DEC_BC);
+  int64_t most = requested > 0 ? (requested < key_blocks ? requested : key_blocks) : key_blocks / 2;
+  if (most > DEC_SPLIT_MAX) most = DEC_SPLIT_MAX;
+  if (most < 1) most = 1;
+  if (requested > 0) return (int)most;
+  int n = fc_dec_fill(tiles, most, sms * per_sm);
+  if (per_sm > 1 && n > 1 && capacity < (int64_t)n * DEC_SHARE_KEYS) n = fc_dec_fill(tiles, most, sms);
+  return n;
 }
 
 template <typename T, int D, int STAGES>
@@ -573,7 +585,7 @@ static flashc_status fc_dec_launch(const fc_kv_problem *kp, fc_dec_args *a, bool
   int per_sm = 0;
   FC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)kernel, DEC_NT, smem));
   const int64_t tiles = p->batch * p->heads_kv * a->row_blocks;
-  a->n_splits = fc_dec_splits(tiles, kp->capacity, (int64_t)props.num_sms * (per_sm > 0 ? per_sm : 1), kp->num_splits);
+  a->n_splits = fc_dec_splits(tiles, kp->capacity, props.num_sms, per_sm > 0 ? per_sm : 1, kp->num_splits);
   int64_t ctas;
   if (!fc_mul_ok(tiles, a->n_splits, &ctas) || ctas > INT32_MAX)
     return fc_error(FLASHC_ERR_UNSUPPORTED,
