@@ -115,7 +115,12 @@ static bool fc_gqa_vec8(const fc_view *v, int64_t head_dim) {
 template <typename T, int W>
 static flashc_status fc_gqa_reduce_launch(const fc_problem *p, int split, fc_gqa_sum dk, fc_gqa_sum dv) {
   const int64_t rows_per_b = p->cu_seqlens_k ? p->total_k : p->seqlen_k, n_rows = p->total_k;
-  const int threads = 256, per_row = (int)(p->heads_kv * (p->head_dim / W));
+  const int threads = 256;
+  const int64_t per_row = p->heads_kv * (p->head_dim / W); /* threads per row: an int in the kernel */
+  if (per_row > INT32_MAX)
+    return fc_error(FLASHC_ERR_UNSUPPORTED,
+                    "flashc_backward: %lld KV heads x head_dim %lld exceed the GQA sum's 2^31-1",
+                    (long long)p->heads_kv, (long long)p->head_dim);
   fc_device_props props;
   const int sms = fc_device_get_props(&props) == FLASHC_OK ? props.num_sms : 132;
   /* 8 CTAs of 256 threads per SM (full occupancy), at least one row per pass, at most every row in one */
@@ -123,9 +128,9 @@ static flashc_status fc_gqa_reduce_launch(const fc_problem *p, int split, fc_gqa
   if (total < per_row) total = per_row;
   int64_t rows_per_pass = total / per_row;
   if (rows_per_pass > n_rows) rows_per_pass = n_rows;
-  const int64_t blocks = (rows_per_pass * per_row + threads - 1) / threads;
-  if (blocks > INT32_MAX) return fc_error(FLASHC_ERR_UNSUPPORTED, "flashc_backward: GQA reduction grid too large");
-  fc_gqa_reduce_kernel<T, W><<<dim3((unsigned)blocks, 2), threads, 0, (cudaStream_t)p->stream>>>(
+  /* rows_per_pass · per_row ≤ total: at most sms · 8 CTAs, or one row's */
+  const unsigned blocks = (unsigned)((rows_per_pass * per_row + threads - 1) / threads);
+  fc_gqa_reduce_kernel<T, W><<<dim3(blocks, 2), threads, 0, (cudaStream_t)p->stream>>>(
       dk, dv, rows_per_b, n_rows, (int)rows_per_pass, (int)p->heads_kv, split, (int)p->head_dim, (int)fc_gqa_ld(p));
   FC_LAUNCH_CHECK("fc_gqa_reduce_kernel");
   return FLASHC_OK;
