@@ -58,31 +58,6 @@ static __device__ __forceinline__ void fc_lean_pv_step(float (*o)[NO][4], const 
       o, pa, [&](int dp) { return vj[dp & 3] + (uint32_t)(2 * 16 * kb * DS + (dp >> 2) * 128); });
 }
 
-/* cp.async of 16 bytes that are all present (no zero-fill operand). */
-static __device__ __forceinline__ void fc_cp_async16_whole(uint32_t dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-/* A whole tile (ROWS rows present, every chunk full: head_dim = D) into the
- * swizzled tile at shared address `tile`, in fc_fwd_load_tile_walk's pattern
- * (thread: chunk column tid % CH, rows tid / CH + k·R) without its predicates.
- */
-template <int ROWS, int D, int NT>
-static __device__ __forceinline__ void fc_lean_load_whole(uint32_t tile, const uint16_t *src, int64_t stride, int tid) {
-  constexpr int DS = fc_tile_stride(D), CH = D / 8, R = NT / CH;
-  static_assert(NT % CH == 0 && R % 8 == 0, "a thread's rows must share their swizzle");
-  const int c = tid % CH, r0 = tid / CH;
-  const uint16_t *from = src + (int64_t)r0 * stride + 8 * c;
-  const uint32_t to = tile + 2u * (uint32_t)fc_tile_off<DS>(r0, c);
-#pragma unroll
-  for (int k = 0; k * R < ROWS; k++) {
-    if (ROWS % R != 0 && r0 + k * R >= ROWS) break;
-    fc_cp_async16_whole(to + (uint32_t)(k * R * DS * 2), from);
-    from += R * stride;
-    asm("" : "+l"(from)); /* one 64-bit add a row, not a register pair per row (see fc_fwd_load_tile_walk) */
-  }
-}
-
 /* The kernel: mma/fwd.cu's fc_mma_fwd_kernel (same template arguments, same
  * shared-memory layout and launch) with the changes listed at the top. SCORE_MOD: softcap and ALiBi
  * (mma/score_mod.cuh), S turned into the modified score before the mask; the host passes scale 1 and
@@ -101,9 +76,8 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   constexpr int NS = BC / 8; /* n-blocks of S */
   constexpr int NO = DV / 8; /* n-blocks of O */
   constexpr int QKD = Q_IN_REGS ? KD : 1;
-  constexpr int CH = D / 8, CHV = DV / 8; /* 16-byte chunks of a row of K, of V */
-  constexpr bool WALK = NT % CH == 0 && (NT / CH) % 8 == 0;
-  constexpr bool WALK_V = NT % CHV == 0 && (NT / CHV) % 8 == 0;
+  constexpr int CH = D / 8; /* 16-byte chunks of a row of Q */
+  constexpr bool WALK = fc_walk_threads<D, NT>() > 0, WALK_V = fc_walk_threads<DV, NT>() > 0;
   constexpr int DSV = fc_tile_stride(DV);
   constexpr uint32_t TILE = BC * DS * 2;    /* bytes of one stage of K */
   constexpr uint32_t TILE_V = BC * DSV * 2; /* of V */
