@@ -307,7 +307,21 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
   const bool ok = length_ok && pages_ok;
   if (!ok) j_end = j_begin; /* read nothing: the rows come out NaN */
 
+  /* A dense block whose keys are all < len, of rows that are whole (head_dim = D), comes in by the walking loader
+   * (fc_lean_load_whole: a pointer per thread stepped down its rows, no per-chunk index arithmetic or predicate);
+   * the rest (the last block, paged caches, unaligned rows, d 256) chunk by chunk. */
+  constexpr bool WHOLE = ALIGNED && !PAGED && fc_walk_threads<D, DEC_NT>() > 0;
+  const bool whole_cols = a.head_dim == D;
+  const uint16_t *Kb = a.kc + (int64_t)hk * a.k_sh + b * a.k_sb, *Vb = a.vc + (int64_t)hk * a.v_sh + b * a.v_sb;
   auto load_kv = [&](int j, int stage) {
+    if constexpr (WHOLE)
+      if (whole_cols && (j + 1) * DEC_BC <= len) {
+        fc_lean_load_whole<DEC_BC, D, DEC_NT>(fc_smem_u32(sK + stage * DEC_BC * DS), Kb + (int64_t)j * DEC_BC * a.k_ss,
+                                              a.k_ss, tid);
+        fc_lean_load_whole<DEC_BC, D, DEC_NT>(fc_smem_u32(sV + stage * DEC_BC * DS), Vb + (int64_t)j * DEC_BC * a.v_ss,
+                                              a.v_ss, tid);
+        return;
+      }
     fc_dec_load_kv<D, ALIGNED, PAGED>(sK + stage * DEC_BC * DS, sV + stage * DEC_BC * DS, a, b, hk, j, len,
                                       sRows + stage * DEC_BC * 2);
   };
@@ -363,14 +377,17 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
 #pragma unroll
     for (int kk = 0; kk < KD; kk++)
       fc_fwd_qk_step<T, DS, 1, 2, QKD, Q_IN_REGS>(s, qf, kk, sQ_u, q_lane, 0, a.neg, Kw, k_lane);
-      /* Keys a row does not see score −inf (the keys past len among them, loaded as zeros). */
+    /* Keys a row does not see score −inf (the keys past len among them, loaded as zeros); where both of this
+     * thread's rows see all 16 of the warp's keys (every block but the last, in plain decoding) nothing is masked. */
+    if (k0 < max(lo[0], lo[1]) || k0 + 16 > min(hi[0], hi[1])) {
 #pragma unroll
-    for (int nb = 0; nb < 2; nb++)
+      for (int nb = 0; nb < 2; nb++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = k0 + 8 * nb + 2 * t + (e & 1), rh = e >> 1;
-        if (key < lo[rh] || key >= hi[rh]) s[0][nb][e] = -INFINITY;
-      }
+        for (int e = 0; e < 4; e++) {
+          const int key = k0 + 8 * nb + 2 * t + (e & 1), rh = e >> 1;
+          if (key < lo[rh] || key >= hi[rh]) s[0][nb][e] = -INFINITY;
+        }
+    }
     /* m' = max(m, rowmax S); O, l rescaled; P = 2^(c·S − c·m'); l += rowsum P; O += P·V_w. */
     fc_fwd_max_rescale<1, 2, NO>(s, m, l, o, a.scale_log2);
     float base[1][2];
