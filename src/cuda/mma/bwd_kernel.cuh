@@ -292,18 +292,18 @@ static __device__ __forceinline__ void fc_bwd_fa2_sdq_add(const fc_mma_bwd_args 
 }
 #endif
 
-/* LEAN: fc_bwd_load_q with a thread's chunks of a tile found as rows r0 + k·NT/CH of one column c (CH = D/8
- * chunks per row, NT a multiple of it): one shared offset plus constants, and the global rows taken from q0 + r0
- * each time, so that no per-thread row offset or column is held in registers across the loop (fc_load_tile's
- * chunk indices, compiled separately per chunk, were 8-12 registers there). */
+/* LEAN: fc_bwd_load_q with a thread's chunks of a tile found as rows r0 + k·RP of one column c (CH = D/8 chunks per
+ * row; the first fc_walk_threads of the NT threads copy, RP = that / CH rows a pass): one shared offset plus constants,
+ * and the global rows taken from q0 + r0 each time, so that no per-thread row offset or column is held in registers
+ * across the loop (fc_load_tile's chunk indices, compiled separately per chunk, were 8-12 registers there). */
 template <int BR, int D, int NT>
 static __device__ __forceinline__ void
 fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const uint16_t *q, const uint16_t *dout,
                        const float *lse2, const float *dsum, int64_t q_seq, int64_t do_seq, int64_t q_ss, int64_t do_ss,
                        int64_t q_sh, int64_t do_sh, int hh, int q0, int sq, int d, int dv, int64_t total_pad,
                        int64_t pad0, int tid) {
-  constexpr int DS = fc_tile_stride(D), CH = D / 8, RP = NT / CH;
-  static_assert(NT % CH == 0 && BR % RP == 0, "whole rows of chunks per pass");
+  constexpr int DS = fc_tile_stride(D), CH = D / 8, NTL = fc_walk_threads<D, NT>(), RP = NTL / CH;
+  static_assert(NTL > 0 && BR % RP == 0, "whole rows of chunks per pass");
   const int r0 = tid / CH, c = tid % CH, off = fc_tile_off<DS>(r0, c);
   const int cols = min(max(d - 8 * c, 0), 8), cols_v = min(max(dv - 8 * c, 0), 8); /* of Q's chunk, of dO's */
   const uint16_t *Qh = q + q_seq + hh * q_sh, *dOh = dout + do_seq + hh * do_sh;
@@ -311,6 +311,7 @@ fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const 
   const uint16_t *safe = Qh + (int64_t)q0 * q_ss; /* row q0 < sq: readable */
 #pragma unroll
   for (int k = 0; k < BR / RP; k++) {
+    if (NTL < NT && tid >= NTL) break; /* d 96: 192 of 256 threads copy */
     const bool in = r0 + k * RP < sq - q0;
     const int n = in ? cols : 0, nv = in ? cols_v : 0; /* valid elements of the chunk of Q, of dO */
     const uint16_t *fq = Q + (int64_t)(k * RP) * q_ss, *fo = dO + (int64_t)(k * RP) * do_ss;
@@ -466,7 +467,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
     __syncthreads();
     if (QSTAGES == 2 && it + 1 < n_iter) {
       const int nx = it + 1, nst = nx % 2;
-      if constexpr (LEAN && NT % (D / 8) == 0)
+      if constexpr (LEAN && fc_walk_threads<D, NT>() > 0)
         fc_bwd_fa2_load_q_rows<BR, D, NT>(sQ + nst * BR * DS, sdO + nst * BR * DS, sL + nst * BR, sD + nst * BR, a.q,
                                           a.dout, a.lse2, a.dsum, q_seq, do_seq, a.q_ss, a.do_ss, a.q_sh, a.do_sh,
                                           h0 + nx_h, (i_begin + nx_b) * BR, s.sq, a.head_dim, fc_bwd_v_cols<DV_COLS>(a),

@@ -253,8 +253,6 @@ static __device__ __forceinline__ void fc_fwd_pv(const float (*s)[NS][4], uint32
  * spilled 92 bytes at d 96) than the idle threads cost. cuda-mma's causal forward, bf16, 32 heads, H200: d 96
  * 18–21 % faster (b16 s1k 467 → 382 µs, b1 s32k 21.1 → 17.4 ms), d 160 7–9 %, d 192 5–7 %.
  */
-template <int D, int NT> static constexpr int fc_walk_threads() { return NT / (8 * (D / 8)) * (8 * (D / 8)); }
-
 template <int ROWS, int D, int NT>
 static __device__ __forceinline__ void fc_fwd_load_tile_walk(uint16_t *tile, const uint16_t *src, int64_t stride,
                                                              int rows_left, int d, int tid, const uint16_t *safe) {
