@@ -18,7 +18,8 @@
  *     m16n8k16 steps;
  *   - K/V tiles come in by cp.async, STAGES blocks in a ring (3 where shared memory allows: two blocks in flight
  *     while one is computed; fc_dec_smem), each 16-byte chunk from wherever its row lives (dense slot or page; a
- *     paged block's rows are looked up once, a block ahead, by one thread per row: fc_dec_page_of).
+ *     paged block's rows are looked up once, a block ahead, by one thread per row: fc_dec_page_of); a dense block
+ *     whose keys are all present by the forward's walking loader (fc_lean_load_whole), without per-chunk tests.
  * Per warp and key block j (the steps of mma/fwd_steps.cuh, with one M-tile):
  *     S = Q·K_wᵀ (16 × 16);  m' = max(m, rowmax S);  P = 2^(c·S − c·m');  l = 2^(c·(m − m'))·l + rowsum P;
  *     O = 2^(c·(m − m'))·O + P·V_w                                                        (c = |scale|·log2 e)
