@@ -288,7 +288,11 @@ static int value(reader *r, int depth, json_value *out) {
         if (!(r->i < r->n && r->s[r->i] == ':')) return bad(r, "expected ':'");
         r->i++;
       }
-      if (value(r, depth + 1, NULL)) return -1;
+      json_value item; /* an array's element, for the numbers it returns */
+      const bool keep = c == '[' && out && v->count < JSON_MAX_NUMBERS;
+      if (value(r, depth + 1, keep ? &item : NULL)) return -1;
+      if (keep) v->numbers[v->count] = item.type == JSON_NUMBER ? item.number : NAN;
+      if (c == '[') v->count++;
       ws(r);
       if (r->i < r->n && r->s[r->i] == ',') {
         r->i++;

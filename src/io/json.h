@@ -14,7 +14,8 @@
 extern "C" {
 #endif
 
-#define JSON_MAX_DEPTH 32
+#define JSON_MAX_DEPTH   32
+#define JSON_MAX_NUMBERS 64 /* elements of an array that json_get returns */
 
 /* Objects are written one member per line, arrays on one line. A misuse (a value where a key is due,
  * nesting deeper than JSON_MAX_DEPTH) or a write error sets `failed`; check it (or json_finish) at the end. */
@@ -47,7 +48,9 @@ typedef struct json_value {
   json_type type;
   bool boolean;
   double number;
-  char string[256]; /* JSON_STRING, unescaped (\u escapes above ASCII become '?'); truncated to fit */
+  char string[256];                 /* JSON_STRING, unescaped (\u escapes above ASCII become '?'); truncated to fit */
+  int64_t count;                    /* JSON_ARRAY: its elements */
+  double numbers[JSON_MAX_NUMBERS]; /* JSON_ARRAY: its first elements (NaN where one is no number) */
 } json_value;
 
 /* Validates text[len] as one JSON object and finds its top-level member `key`. Returns 1 found (into
