@@ -40,6 +40,22 @@ int cli_error(const char *fmt, ...)
 typedef enum { CLI_MODE_FWD = 1, CLI_MODE_BWD = 2, CLI_MODE_BOTH = 3 } cli_mode;
 enum { CLI_MAX_LIST = 32 };
 
+/* The values of a list option (OPT_LIST: --seqlens N,N,...). */
+typedef struct cli_list {
+  int64_t v[CLI_MAX_LIST];
+  int n; /* 0: not given */
+} cli_list;
+
+/* A packed variable-length batch (flashc_params.cu_seqlens_q/k, seqused_q/k): sequence s owns rows
+ * [cu_q[s], cu_q[s+1]) of q (and o, do, dq) and [cu_k[s], cu_k[s+1]) of k (v, dk, dv); the tensors have batch 1
+ * and seqlen cu_q[num_seqs] / cu_k[num_seqs]. */
+typedef struct cli_varlen {
+  int64_t num_seqs; /* 0: a dense batch */
+  int32_t cu_q[CLI_MAX_LIST + 1], cu_k[CLI_MAX_LIST + 1];
+  int32_t used_q[CLI_MAX_LIST], used_k[CLI_MAX_LIST]; /* rows of each slot used, where has_used_q/k */
+  int has_used_q, has_used_k;
+} cli_varlen;
+
 /* Every option of every subcommand; options.c knows which subcommand accepts which. */
 typedef struct cli_options {
   const char *data;    /* --data DIR */
@@ -58,8 +74,10 @@ typedef struct cli_options {
   int64_t batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
   int64_t head_dim_v; /* V's head dim (the generated v, o, do); --head-dim-v, else head_dim */
   uint64_t seed;
-  int64_t seqlens[CLI_MAX_LIST];
-  int n_seqlens;
+  cli_list seqlens;
+  /* --varlen-q/k, --seqused-q/k (n 0: not given), and the packed batch they make (varlen.num_seqs 0: dense) */
+  cli_list varlen_q, varlen_k, seqused_q, seqused_k;
+  cli_varlen varlen;
   int repeats, warmup;
   const char *csv;
   int check; /* bench: 1 yes, 0 no, -1 auto; ring: 1 when --check was given */
@@ -70,7 +88,7 @@ typedef struct cli_options {
   int64_t timeout_ms; /* −1: the library's default */
   /* which of the generation flags were given (check, ring: they exclude --data) */
   int gen_flags_given;
-  int seqlen_k_given, heads_kv_given;
+  int batch_given, seqlen_q_given, seqlen_k_given, heads_kv_given;
 } cli_options;
 
 typedef enum {
@@ -136,12 +154,21 @@ typedef struct cli_inputs {
   uint64_t seed;           /* 0 when unknown (loaded data without meta.json) */
   float *q, *k, *v, *dout; /* dout NULL when the data has none (forward only) */
   cli_mask mask;           /* --attn-mask (count 0: none); cli_attach_mask sets it */
+  cli_varlen varlen;       /* a packed batch (num_seqs 0: dense); shape.batch is 1 then */
 } cli_inputs;
 
 /* The state of random stream `stream` of a seed, and its next 64 bits (splitmix64): each generated tensor draws
  * from a stream of its own (q 0, k 1, v 2, do 3, the attention mask 4). */
 uint64_t cli_random_state(uint64_t seed, int stream);
 uint64_t cli_splitmix64(uint64_t *state);
+/* A packed batch from its lists: lengths of q, of k (n 0: the same as q's), rows used of each q and k slot (n 0: all).
+ * names[4] name the lists in messages ("--varlen-q", or meta.json's keys). CLI_OK, or CLI_ERROR with a message (a
+ * list without lengths of q, counts that differ, a used count past its sequence, totals past 2^31 - 1). */
+int cli_varlen_build(const cli_list lists[4], const char *const names[4], cli_varlen *v);
+/* The shape of the generation flags: --batch, --seqlen-q, --seqlen-k; or, with --varlen-q, batch 1 and the totals. */
+cli_shape cli_options_shape(const cli_options *o);
+/* " (varlen q 1,7,33, k 1,7,33, seqused_q 1,5,20)" for messages (out[len]); "" for a dense batch. */
+void cli_varlen_describe(const cli_varlen *v, char *out, size_t len);
 /* Checks the shape flags (ranges, heads_q % heads_kv); CLI_OK or CLI_ERROR with a message. */
 int cli_check_shape(const cli_shape *s);
 /* Random N(0, 1) inputs from a seed, rounded to dtype. */
@@ -191,6 +218,7 @@ typedef struct cli_runner {
   int n_sets;
   int backward; /* buffers for backward were allocated */
   cli_shape shape;
+  cli_varlen varlen; /* the inputs' packed batch, which params.cu_seqlens_q/k and seqused_q/k point into */
   flashc_params params;
   cli_set set[CLI_MAX_SETS];
 } cli_runner;
@@ -266,6 +294,9 @@ void cli_compare(const double *x, const double *ref, int64_t n, double floor_rms
 /* The tolerance of an output ("o", "lse", "dq", ...) computed in `dtype`. */
 cli_tolerance cli_tolerance_for(flashc_dtype dtype, const char *output);
 bool cli_within(const cli_error_stats *st, cli_tolerance tol);
+/* Elements of the backend's outputs past a packed batch's seqused rows that are not what the library defines there
+ * (o, dq, dk, dv exactly 0; lse −inf); 0 for a dense batch or without seqused. */
+int64_t cli_unused_rows_wrong(const cli_outputs *out, const cli_shape *s, const cli_varlen *v);
 /* The help text paragraph that states the tolerances. */
 void cli_print_tolerances(void);
 

@@ -221,6 +221,10 @@ static int measure(const cli_options *o, flashc_dtype dtype, const cli_inputs *i
 int cmd_bench(int argc, char **argv) {
   for (int i = 0; i < argc; i++) /* attention over a KV cache has options of its own (cmd_decode.c) */
     if (strcmp(argv[i], "--decode") == 0) return cmd_bench_decode(argc, argv);
+  for (int i = 0; i < argc; i++) /* a packed batch is checked, not timed, here */
+    if (strncmp(argv[i], "--varlen-", 9) == 0 || strncmp(argv[i], "--seqused-", 10) == 0)
+      return cli_error("%.*s: bench times dense batches only; check a packed batch with flashc check --varlen-q ...",
+                       (int)strcspn(argv[i], "="), argv[i]);
   cli_options o;
   int rc = cli_parse_options(CLI_BENCH, argc, argv, &o);
   if (rc != CLI_OK) return rc == CLI_HELP ? CLI_OK : rc;
@@ -252,7 +256,7 @@ int cmd_bench(int argc, char **argv) {
   flashc_params params = cli_params(&o);
   bool passes[2] = {o.mode != CLI_MODE_BWD, o.mode != CLI_MODE_FWD};
   int total = 0, done = 0;
-  for (int b = 0; b < n_backends; b++) total += o.n_seqlens * (passes[0] + (passes[1] && backends[b].has_backward));
+  for (int b = 0; b < n_backends; b++) total += o.seqlens.n * (passes[0] + (passes[1] && backends[b].has_backward));
 
   char mask[16];
   snprintf(mask, sizeof mask, "%s%s", o.causal ? "causal" : "full", o.attn_mask ? "+mask" : "");
@@ -262,8 +266,8 @@ int cmd_bench(int argc, char **argv) {
   bool refused[MAX_BACKENDS] = {false}; /* under --backend all: refuses the call's features, skipped from then on */
   const bool all = strcmp(o.backend, "all") == 0;
   rc = CLI_OK;
-  for (int si = 0; si < o.n_seqlens && !rc; si++) {
-    cli_shape s = {o.batch, o.seqlens[si], o.seqlens[si], o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
+  for (int si = 0; si < o.seqlens.n && !rc; si++) {
+    cli_shape s = {o.batch, o.seqlens.v[si], o.seqlens.v[si], o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
     cli_inputs in;
     if (cli_generate(&s, dtype, o.seed, &in) || cli_attach_mask(o.attn_mask, o.seed, &in)) {
       cli_inputs_free(&in);

@@ -5,7 +5,7 @@
 #include <string.h>
 
 /* "b2 sq256 sk256 hq8 hkv8 d64" */
-static void describe(const cli_shape *s, char *out, size_t len) {
+static void describe(const cli_shape *s, const cli_varlen *v, char *out, size_t len) {
   snprintf(out, len, "batch %lld, seqlen_q %lld, seqlen_k %lld, heads %lld/%lld, head_dim %lld", (long long)s->batch,
            (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->heads_q, (long long)s->heads_kv,
            (long long)s->head_dim);
@@ -13,6 +13,7 @@ static void describe(const cli_shape *s, char *out, size_t len) {
     const size_t used = strlen(out);
     snprintf(out + used, len - used, ", head_dim_v %lld", (long long)s->head_dim_v);
   }
+  cli_varlen_describe(v, out + strlen(out), len - strlen(out));
 }
 
 int cmd_check(int argc, char **argv) {
@@ -30,16 +31,17 @@ int cmd_check(int argc, char **argv) {
   if (o.data) {
     if (cli_load(o.data, o.dtype, backward, &in)) return CLI_ERROR;
   } else {
-    cli_shape s = {o.batch, o.seqlen_q, o.seqlen_k, o.heads, o.heads_kv, o.head_dim, o.head_dim_v};
+    cli_shape s = cli_options_shape(&o);
     if (cli_generate(&s, o.dtype >= 0 ? (flashc_dtype)o.dtype : FLASHC_F32, o.seed, &in)) return CLI_ERROR;
+    in.varlen = o.varlen;
   }
   if (cli_attach_mask(o.attn_mask, o.seed, &in)) {
     cli_inputs_free(&in);
     return CLI_ERROR;
   }
   flashc_params params = cli_params(&o);
-  char shape[200];
-  describe(&in.shape, shape, sizeof shape);
+  char shape[1400];
+  describe(&in.shape, &in.varlen, shape, sizeof shape);
   printf("check %s (%s) against cpu-ref (f64): %s%s%s", o.backend, flashc_dtype_name(in.dtype), shape,
          o.causal ? ", causal" : "", o.causal && o.align == FLASHC_ALIGN_TOP_LEFT ? " (top-left)" : "");
   if (o.window_left >= 0 || o.window_right >= 0)
@@ -66,6 +68,11 @@ int cmd_check(int argc, char **argv) {
       if (backward) printf(", backward %.3f ms\n", ms_bwd);
       printf("cpu-ref: %.3f ms\n", cli_now_ms() - t0);
       rc = cli_report(&out, &ref, &in.shape, in.dtype, false, NULL, NULL);
+      const int64_t wrong = cli_unused_rows_wrong(&out, &in.shape, &in.varlen);
+      if (in.varlen.has_used_q || in.varlen.has_used_k)
+        printf("rows past seqused: %lld elements not 0 (lse: not -inf)  %s\n", (long long)wrong,
+               wrong ? "FAIL" : "PASS");
+      if (wrong) rc = CLI_CHECK_FAILED;
       printf("%s\n", rc == CLI_OK ? "PASS" : "FAIL");
       cli_outputs_free(&ref);
     }

@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 
 static const char *const input_names[4] = {"q", "k", "v", "do"};
+/* meta.json's keys of a packed batch: lengths of q and k, rows used of each (see cli_varlen_build) */
+static const char *const varlen_keys[4] = {"varlen_q", "varlen_k", "seqused_q", "seqused_k"};
 
 int cli_check_shape(const cli_shape *s) {
   if (s->heads_q % s->heads_kv != 0)
@@ -34,6 +36,74 @@ int cli_check_shape(const cli_shape *s) {
                      (long long)s->batch, (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->heads_q,
                      (long long)s->head_dim);
   return CLI_OK;
+}
+
+/* ---- packed variable-length batches ------------------------------------------------------------------- */
+int cli_varlen_build(const cli_list lists[4], const char *const names[4], cli_varlen *v) {
+  memset(v, 0, sizeof *v);
+  const int n = lists[0].n;
+  for (int l = 1; l < 4; l++) {
+    if (!lists[l].n) continue;
+    if (!n) return cli_error("%s needs %s (the sequences of a packed batch)", names[l], names[0]);
+    if (lists[l].n != n)
+      return cli_error("%s has %d values and %s %d: one per sequence", names[l], lists[l].n, names[0], n);
+  }
+  if (n > CLI_MAX_LIST) return cli_error("%s: more than %d sequences", names[0], CLI_MAX_LIST);
+  const cli_list *len_k = lists[1].n ? &lists[1] : &lists[0];
+  int64_t total_q = 0, total_k = 0;
+  for (int i = 0; i < n; i++) {
+    const int64_t lq = lists[0].v[i], lk = len_k->v[i];
+    if (lq < 0 || lk < 0) return cli_error("%s: sequence %d has a negative length", lq < 0 ? names[0] : names[1], i);
+    for (int side = 0; side < 2; side++) {
+      const cli_list *used = &lists[2 + side];
+      const int64_t length = side ? lk : lq;
+      if (used->n && (used->v[i] < 0 || used->v[i] > length))
+        return cli_error("%s: sequence %d uses %lld rows but has %lld (each must be 0 to its sequence's length)",
+                         names[2 + side], i, (long long)used->v[i], (long long)length);
+    }
+    if ((total_q += lq) > INT32_MAX || (total_k += lk) > INT32_MAX)
+      return cli_error("%s: the packed batch has more than 2^31 - 1 rows", names[total_q > INT32_MAX ? 0 : 1]);
+    v->cu_q[i + 1] = (int32_t)total_q;
+    v->cu_k[i + 1] = (int32_t)total_k;
+    v->used_q[i] = (int32_t)(lists[2].n ? lists[2].v[i] : lq);
+    v->used_k[i] = (int32_t)(lists[3].n ? lists[3].v[i] : lk);
+  }
+  v->num_seqs = n;
+  v->has_used_q = lists[2].n > 0;
+  v->has_used_k = lists[3].n > 0;
+  return CLI_OK;
+}
+
+cli_shape cli_options_shape(const cli_options *o) {
+  const cli_varlen *v = &o->varlen;
+  const bool packed = v->num_seqs > 0;
+  return (cli_shape){.batch = packed ? 1 : o->batch,
+                     .seqlen_q = packed ? v->cu_q[v->num_seqs] : o->seqlen_q,
+                     .seqlen_k = packed ? v->cu_k[v->num_seqs] : o->seqlen_k,
+                     .heads_q = o->heads,
+                     .heads_kv = o->heads_kv,
+                     .head_dim = o->head_dim,
+                     .head_dim_v = o->head_dim_v};
+}
+
+/* ", name a,b,c" of one list of a packed batch: its lengths (cu: offsets) or its used rows. */
+static size_t describe_list(char *out, size_t len, size_t used, const char *name, const int32_t *x, bool cu,
+                            int64_t n) {
+  for (int64_t i = 0; i < n && used < len; i++)
+    used +=
+        (size_t)snprintf(out + used, len - used, "%s%lld", i ? "," : name, (long long)(cu ? x[i + 1] - x[i] : x[i]));
+  return used < len ? used : len;
+}
+
+void cli_varlen_describe(const cli_varlen *v, char *out, size_t len) {
+  if (!len) return;
+  out[0] = '\0';
+  if (!v->num_seqs) return;
+  size_t used = describe_list(out, len, 0, " (varlen q ", v->cu_q, true, v->num_seqs);
+  used = describe_list(out, len, used, ", k ", v->cu_k, true, v->num_seqs);
+  if (v->has_used_q) used = describe_list(out, len, used, ", seqused_q ", v->used_q, false, v->num_seqs);
+  if (v->has_used_k) used = describe_list(out, len, used, ", seqused_k ", v->used_k, false, v->num_seqs);
+  if (used < len) snprintf(out + used, len - used, ")");
 }
 
 void cli_inputs_free(cli_inputs *in) {
@@ -195,6 +265,17 @@ static int write_meta(const char *dir, const cli_inputs *in) {
     json_key(&w, keys[i]);
     json_int(&w, vals[i]);
   }
+  const cli_varlen *v = &in->varlen;
+  if (v->num_seqs) { /* the packed batch's lengths (and used rows), as the flags --varlen-q ... take them */
+    const int32_t *lists[4] = {v->cu_q, v->cu_k, v->has_used_q ? v->used_q : NULL, v->has_used_k ? v->used_k : NULL};
+    for (int l = 0; l < 4; l++) {
+      if (!lists[l]) continue;
+      json_key(&w, varlen_keys[l]);
+      json_array_begin(&w);
+      for (int64_t i = 0; i < v->num_seqs; i++) json_int(&w, l < 2 ? lists[l][i + 1] - lists[l][i] : lists[l][i]);
+      json_array_end(&w);
+    }
+  }
   json_key(&w, "shapes");
   json_object_begin(&w);
   for (int t = 0; t < 4; t++) {
@@ -223,12 +304,13 @@ int cli_save(const char *dir, const cli_inputs *in) {
   return write_meta(dir, in);
 }
 
-/* meta.json's "dtype" and "seed", when the file exists. */
-static int read_meta(const char *dir, int *dtype, uint64_t *seed) {
+/* meta.json's "dtype", "seed" and packed batch ("varlen_q" ...), when the file exists. */
+static int read_meta(const char *dir, int *dtype, uint64_t *seed, cli_varlen *varlen) {
   char path[4200];
   join(path, sizeof path, dir, "meta.json");
   *dtype = -1;
   *seed = 0;
+  memset(varlen, 0, sizeof *varlen);
   char why[300];
   FILE *f = io_open_regular(path, why, sizeof why); /* a FIFO is refused, not waited on */
   if (!f && errno == ENOENT) return CLI_OK;         /* optional */
@@ -251,7 +333,25 @@ static int read_meta(const char *dir, int *dtype, uint64_t *seed) {
   if (json_get(text, n, "seed", &v, err, sizeof err) == 1 && v.type == JSON_NUMBER && v.number >= 0 &&
       v.number < 0x1p64)
     *seed = (uint64_t)v.number;
-  return CLI_OK;
+  cli_list lists[4];
+  char names[4][4300];
+  const char *name_ptrs[4];
+  for (int l = 0; l < 4; l++) {
+    memset(&lists[l], 0, sizeof lists[l]);
+    snprintf(names[l], sizeof names[l], "%s: \"%s\"", path, varlen_keys[l]);
+    name_ptrs[l] = names[l];
+    if (json_get(text, n, varlen_keys[l], &v, err, sizeof err) != 1) continue;
+    if (v.type != JSON_ARRAY || v.count < 1 || v.count > CLI_MAX_LIST)
+      return cli_error("%s is not a list of 1 to %d integers", names[l], CLI_MAX_LIST);
+    for (int i = 0; i < (int)v.count; i++) {
+      const double x = v.numbers[i];
+      if (!(x >= 0 && x <= INT32_MAX && x == floor(x)))
+        return cli_error("%s: element %d is not an integer in [0, 2^31 - 1]", names[l], i);
+      lists[l].v[i] = (int64_t)x;
+    }
+    lists[l].n = (int)v.count;
+  }
+  return cli_varlen_build(lists, name_ptrs, varlen);
 }
 
 static bool shape_is(const npy_array *a, const int64_t *dims) {
@@ -263,7 +363,8 @@ int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in) {
   memset(in, 0, sizeof *in);
   int meta_dtype;
   uint64_t seed;
-  if (read_meta(dir, &meta_dtype, &seed)) return CLI_ERROR;
+  cli_varlen varlen;
+  if (read_meta(dir, &meta_dtype, &seed, &varlen)) return CLI_ERROR;
   npy_array a[4];
   memset(a, 0, sizeof a);
   int n_files = 3;
@@ -327,7 +428,16 @@ int cli_load(const char *dir, int dtype, bool need_dout, cli_inputs *in) {
               (long long)s.heads_kv);
     goto done;
   }
+  if (varlen.num_seqs &&
+      (s.batch != 1 || s.seqlen_q != varlen.cu_q[varlen.num_seqs] || s.seqlen_k != varlen.cu_k[varlen.num_seqs])) {
+    cli_error("%s: q.npy and k.npy of batch %lld, seqlen %lld and %lld do not hold meta.json's packed batch (batch 1, "
+              "%lld and %lld rows)",
+              dir, (long long)s.batch, (long long)s.seqlen_q, (long long)s.seqlen_k,
+              (long long)varlen.cu_q[varlen.num_seqs], (long long)varlen.cu_k[varlen.num_seqs]);
+    goto done;
+  }
   in->shape = s;
+  in->varlen = varlen;
   in->file_dtype = a[0].dtype;
   in->seed = seed;
   in->dtype = dtype >= 0             ? (flashc_dtype)dtype

@@ -83,10 +83,13 @@ static const cli_subcommand subcommands[] = {
      "flashc list", "Lists the backends best first, as `auto` tries them.", NULL},
     {"gen", CLI_GEN, cmd_gen, "write random inputs q, k, v, do as .npy files and meta.json",
      "flashc gen --data DIR [--batch B --seqlen-q SQ --seqlen-k SK --heads H --heads-kv HKV --head-dim D\n"
-     "                  --seed N --dtype f32|f16|bf16]",
+     "                  --seed N --dtype f32|f16|bf16] [--varlen-q N,... --varlen-k N,... --seqused-q N,...\n"
+     "                  --seqused-k N,...]",
      "Writes q.npy, k.npy, v.npy, do.npy ([batch, seqlen, heads, head_dim], N(0,1) values) and meta.json to\n"
      "DIR (created). f16 data is stored as '<f2'; bf16 has no numpy dtype, so it is stored as '<f4' files of\n"
-     "bf16-rounded values with \"dtype\": \"bf16\" in meta.json.",
+     "bf16-rounded values with \"dtype\": \"bf16\" in meta.json. With --varlen-q the batch is packed\n"
+     "(FlashAttention's varlen): the tensors are [1, total, heads, head_dim] and meta.json records the lengths\n"
+     "(\"varlen_q\", \"varlen_k\", \"seqused_q\", \"seqused_k\"), which run and check read back.",
      NULL},
     {"run", CLI_RUN, cmd_run, "run a backend on a data directory; write o, lse (and dq, dk, dv) as .npy",
      "flashc run --data DIR --backend NAME --mode fwd|bwd|both [--dtype f32|f16|bf16] [--causal]\n"

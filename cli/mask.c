@@ -141,6 +141,7 @@ int cli_attach_mask(const char *spec, uint64_t seed, cli_inputs *in) {
   cli_mask *m = &in->mask;
   cli_mask_free(m);
   if (!spec) return CLI_OK;
+  if (in->varlen.num_seqs) return cli_error("--attn-mask: a packed batch (--varlen-q) takes no mask");
   snprintf(m->source, sizeof m->source, "%s", spec);
   int rc = strcmp(spec, "random-bool") == 0 ? generate_random_bool(&in->shape, seed, m)
            : strcmp(spec, "padding") == 0   ? generate_padding(&in->shape, m)

@@ -65,6 +65,30 @@ bool cli_within(const cli_error_stats *st, cli_tolerance tol) {
          st->max_abs <= tol.max_abs * (st->ref_max_abs > 0 ? st->ref_max_abs : 1);
 }
 
+/* Elements of rows [used, end) of each sequence of a packed tensor x ([rows, heads, dim]: `width` = heads·dim values a
+ * row) that are not `want`. */
+static int64_t unused_wrong(const double *x, const int32_t *cu, const int32_t *used, int64_t n, int64_t width,
+                            double want) {
+  int64_t wrong = 0;
+  for (int64_t s = 0; x && s < n; s++)
+    for (int64_t i = (int64_t)(cu[s] + used[s]) * width; i < (int64_t)cu[s + 1] * width; i++) wrong += !(x[i] == want);
+  return wrong;
+}
+
+int64_t cli_unused_rows_wrong(const cli_outputs *out, const cli_shape *s, const cli_varlen *v) {
+  int64_t wrong = 0;
+  if (v->has_used_q) {
+    wrong += unused_wrong(out->o, v->cu_q, v->used_q, v->num_seqs, s->heads_q * s->head_dim_v, 0.0) +
+             unused_wrong(out->dq, v->cu_q, v->used_q, v->num_seqs, s->heads_q * s->head_dim, 0.0);
+    for (int64_t h = 0; out->lse && h < s->heads_q; h++) /* lse is [heads_q, total_q] */
+      wrong += unused_wrong(out->lse + h * s->seqlen_q, v->cu_q, v->used_q, v->num_seqs, 1, -INFINITY);
+  }
+  if (v->has_used_k)
+    wrong += unused_wrong(out->dk, v->cu_k, v->used_k, v->num_seqs, s->heads_kv * s->head_dim, 0.0) +
+             unused_wrong(out->dv, v->cu_k, v->used_k, v->num_seqs, s->heads_kv * s->head_dim_v, 0.0);
+  return wrong;
+}
+
 void cli_print_tolerances(void) {
   printf("Tolerances (an output passes when it has no NaN, infinities only where the reference has them, and\n"
          "both bounds hold; rel_l2 = |x - ref|_2 / |ref|_2, max_abs is relative to max|ref|):\n"

@@ -92,6 +92,14 @@ static const cli_option options[] = {
      "random seed of the data, of --dropout's mask and --attn-mask random-bool (ring: the same on every rank)"},
     {"seed", "N", OPT_SEED, CLI_RUN | CLI_BENCH, OFF(seed), 0, 0, 0,
      "seed of --dropout's mask and of --attn-mask random-bool"},
+    {"varlen-q", "N,...", OPT_LIST, SHAPE, OFF(varlen_q), 1, 1 << 24, 1,
+     "a packed variable-length batch of these query lengths, one per sequence (instead of --batch, --seqlen-q/k)"},
+    {"varlen-k", "N,...", OPT_LIST, SHAPE, OFF(varlen_k), 1, 1 << 24, 1,
+     "the packed batch's key lengths (default: --varlen-q's)"},
+    {"seqused-q", "N,...", OPT_LIST, SHAPE, OFF(seqused_q), 0, 1 << 24, 1,
+     "with --varlen-q: query rows used of each sequence (rows past them get o = 0, dq = 0)"},
+    {"seqused-k", "N,...", OPT_LIST, SHAPE, OFF(seqused_k), 0, 1 << 24, 1,
+     "with --varlen-q: key rows used of each sequence (rows past them are not read; dk = dv = 0)"},
     {"seqlens", "N,...", OPT_LIST, CLI_BENCH, OFF(seqlens), 1, 1 << 24, 0, "sequence lengths (seqlen_q = seqlen_k)"},
     {"repeats", "N", OPT_INT, CLI_BENCH | CLI_RING, OFF(repeats), 1, 100000, 0, "timed calls per measurement (median)"},
     {"warmup", "N", OPT_INT, CLI_BENCH | CLI_RING, OFF(warmup), 0, 100000, 0, "untimed calls first"},
@@ -134,8 +142,7 @@ static void set_defaults(unsigned bit, cli_options *o) {
     o->dtype = FLASHC_F32;
     o->repeats = 10;
     o->warmup = 3;
-    o->seqlens[0] = 512, o->seqlens[1] = 1024, o->seqlens[2] = 2048;
-    o->n_seqlens = 3;
+    o->seqlens = (cli_list){.v = {512, 1024, 2048}, .n = 3};
   }
 }
 
@@ -237,6 +244,7 @@ static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
     return parse_int(opt->name, comma + 1, -1, INT64_MAX, &o->window_right);
   }
   case OPT_LIST: {
+    cli_list *list = field;
     int n = 0;
     const char *p = s;
     for (;;) {
@@ -248,11 +256,11 @@ static int parse_value(const cli_option *opt, const char *s, cli_options *o) {
       if (n == CLI_MAX_LIST) return cli_error("--%s: more than %d values", opt->name, CLI_MAX_LIST);
       memcpy(item, p, len);
       item[len] = '\0';
-      if (parse_int(opt->name, item, opt->min, opt->max, &o->seqlens[n++])) return CLI_ERROR;
+      if (parse_int(opt->name, item, opt->min, opt->max, &list->v[n++])) return CLI_ERROR;
       if (!comma) break;
       p = comma + 1;
     }
-    o->n_seqlens = n;
+    list->n = n;
     return CLI_OK;
   }
   case OPT_CHECK: {
@@ -304,13 +312,20 @@ int cli_parse_options(unsigned bit, int argc, char **argv, cli_options *o) {
     }
     if (parse_value(opt, value, o)) return CLI_ERROR;
     if (opt->generation) o->gen_flags_given = 1;
+    if (opt->offset == OFF(batch)) o->batch_given = 1;
+    if (opt->offset == OFF(seqlen_q)) o->seqlen_q_given = 1;
     if (opt->offset == OFF(seqlen_k)) o->seqlen_k_given = 1;
     if (opt->offset == OFF(heads_kv)) o->heads_kv_given = 1;
   }
   if (!o->seqlen_k_given) o->seqlen_k = o->seqlen_q;
   if (!o->heads_kv_given) o->heads_kv = o->heads;
   if (o->head_dim_v == 0) o->head_dim_v = o->head_dim;
-  return CLI_OK;
+  const cli_list lists[4] = {o->varlen_q, o->varlen_k, o->seqused_q, o->seqused_k};
+  static const char *const names[4] = {"--varlen-q", "--varlen-k", "--seqused-q", "--seqused-k"};
+  if (o->varlen_q.n && (o->batch_given || o->seqlen_q_given || o->seqlen_k_given))
+    return cli_error("--varlen-q and --batch, --seqlen-q, --seqlen-k exclude each other: a packed batch has one "
+                     "sequence per length");
+  return cli_varlen_build(lists, names, &o->varlen);
 }
 
 /* The default of an option for subcommand `bit`, as text ("" when there is none worth printing). */
@@ -343,9 +358,10 @@ static void default_text(const cli_option *opt, const cli_options *d, char *out,
   case OPT_ALIGN: snprintf(out, len, "bottom-right"); break;
   case OPT_WINDOW: snprintf(out, len, "-1,-1"); break;
   case OPT_LIST: {
+    const cli_list *list = field;
     size_t used = 0;
-    for (int i = 0; i < d->n_seqlens && used < len; i++)
-      used += (size_t)snprintf(out + used, len - used, "%s%lld", i ? "," : "", (long long)d->seqlens[i]);
+    for (int i = 0; i < list->n && used < len; i++)
+      used += (size_t)snprintf(out + used, len - used, "%s%lld", i ? "," : "", (long long)list->v[i]);
     break;
   }
   case OPT_CHECK: snprintf(out, len, "auto"); break;

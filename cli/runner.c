@@ -120,6 +120,14 @@ int cli_runner_open(cli_runner *r, const char *backend, flashc_dtype dtype, int 
   r->backward = backward;
   r->shape = in->shape;
   r->params = *params;
+  r->varlen = in->varlen;
+  if (r->varlen.num_seqs) { /* a packed batch: the offsets and used rows from the runner's own copy */
+    r->params.cu_seqlens_q = r->varlen.cu_q;
+    r->params.cu_seqlens_k = r->varlen.cu_k;
+    r->params.num_seqs = r->varlen.num_seqs;
+    r->params.seqused_q = r->varlen.has_used_q ? r->varlen.used_q : NULL;
+    r->params.seqused_k = r->varlen.has_used_k ? r->varlen.used_k : NULL;
+  }
   if (params->alibi_slopes) { /* the slopes for the data's heads, where the backend reads them */
     const float *slopes = cli_alibi_slopes(r->shape.heads_q);
     const size_t bytes = (size_t)r->shape.heads_q * sizeof(float);
