@@ -8,6 +8,7 @@
     python bench/compare.py --grid features --csv bench/results/features.csv
     python bench/compare.py --grid decode --csv bench/results/decode.csv
     python bench/compare.py --grid decode --device cpu --quick      (host-sized shapes, as the tests run it)
+    python bench/compare.py --grid models --only gpt2,falcon --causal causal --csv part.csv   (some of a grid)
 
 Grids (--grid):
   fp32-ladder  the ten configurations of the CUDA-core FA2 project, the seqlen sweep 128…8192 at batch 4,
@@ -127,6 +128,12 @@ def parse_args(argv=None):
         help="custom configurations instead of a grid (repeatable; H may be HQ:HKV, S may be SQ:SK)",
     )
     p.add_argument(
+        "--only",
+        default=None,
+        metavar="TEXT,...",
+        help="only the grid's configurations whose name contains one of these (e.g. gpt2,falcon,phi3-mini-s32768)",
+    )
+    p.add_argument(
         "--backends", default=None, help="flashc backends, comma-separated (default: every usable backend of --device)"
     )
     p.add_argument(
@@ -187,6 +194,16 @@ def _input_sets(cfg, dtype: str, device: str, passes) -> int:
     return max(3, min(16, math.ceil(2 * l2 / max(per_set, 1))))
 
 
+def only(cfgs: list, texts: str) -> list:
+    """The configurations of a grid whose name contains one of the comma-separated texts (a grid row may be
+    (Config, features)); none left is an error, not an empty run."""
+    wanted = [t.strip() for t in texts.split(",") if t.strip()]
+    kept = [c for c in cfgs if any(t in (c[0] if isinstance(c, tuple) else c).name for t in wanted)]
+    if not kept:
+        raise SystemExit(f"--only {texts}: no configuration of the grid matches")
+    return kept
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch = impls.torch_or_none()
@@ -196,6 +213,8 @@ def main(argv=None) -> int:
         raise SystemExit("--device cuda needs torch with a CUDA device")
     grid_name = args.grid or ("fp32-ladder" if device == "cuda" else "cpu")
     cfgs, dtypes, masks, peer_names = grid(grid_name, args.quick, device)
+    if args.only:
+        cfgs = only(cfgs, args.only)
     if args.config:
         cfgs = [configs.parse(c) for c in args.config]
     if args.dtype:

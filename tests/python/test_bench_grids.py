@@ -384,3 +384,19 @@ def test_testing_cli_takes_the_features(capsys, cpu_ref):
     assert code == 0 and "softcap 20 alibi dropout 0.2" in out and out.count(" pass") >= 2 * len(CPU_BACKENDS), out
     with pytest.raises(SystemExit):
         cli.parse_args(["--dropout", "1.0"])
+
+
+def test_compare_only_selects_by_name():
+    """--only keeps a grid's configurations by name (features rows are (Config, features) pairs); no match exits."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare", ROOT / "bench" / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    models = compare.grid("models")[0]
+    picked = [c.name for c in compare.only(models, "gpt2, falcon-7b-mqa-s1024")]
+    assert picked == [f"gpt2-small-s{s}" for s in (1024, 4096, 8192, 32768)] + ["falcon-7b-mqa-s1024"]
+    features = compare.grid("features", True, "cpu")[0]
+    assert {c.name.split("-")[0] for c, _ in compare.only(features, "alibi")} == {"alibi"}
+    with pytest.raises(SystemExit, match="no configuration"):
+        compare.only(models, "no-such-model")
