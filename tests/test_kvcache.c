@@ -706,6 +706,9 @@ static const kcase gpu_cases[] = {
     {"gpu splits many", FLASHC_BF16, 1, 4, 4, 16, 2, 128, 256, 4096, 1, -1, -1, {4000}, 64, 0},
     {"gpu long default splits", FLASHC_BF16, 1, 1, 1, 32, 8, 128, 256, 8192, 1, -1, -1, {8100}, 0, 0},
     {"gpu window", FLASHC_BF16, 2, 3, 1, 8, 2, 64, 16, 1024, 1, 100, -1, {R, 900}, 0, 0},
+    /* dense whole blocks (the walking loader) next to a window (the per-warp mask skip), lengths on 64-key edges */
+    {"gpu dense window whole blocks", FLASHC_BF16, 2, 1, 1, 8, 2, 128, 0, 1024, 1, 100, -1, {1023, 511}, 0, 0},
+    {"gpu dense d64 64-key edges", FLASHC_F16, 1, 2, 2, 8, 8, 64, 0, 640, 1, -1, -1, {638}, 3, 0},
     {"gpu window both sides", FLASHC_F16, 2, 4, 0, 4, 2, 96, 0, 80, 0, 7, 2, {R, 60}, 0, 0},
     {"gpu empty caches", FLASHC_BF16, 2, 1, 0, 4, 1, 64, 0, 10, 1, -1, -1, {0, 0}, 0, 0},
     {"gpu paged empty + full", FLASHC_F16, 2, 2, 0, 4, 2, 64, 16, 48, 1, -1, -1, {0, 48}, 3, 0},
