@@ -33,10 +33,6 @@ template <int DS> static __device__ __forceinline__ int fc_tile_off(int r, int c
  * Rows start on 16-byte boundaries (the host stages views whose rows do not:
  * mma/host.cuh, fc_mma_stage), so cp.async copies 16 bytes at once and returns
  * before they land (the caller commits and waits). */
-/* Threads of NT that copy a tile of head dim D walking rows (mma/fwd_steps.cuh, fc_fwd_load_tile_walk): a multiple
- * of 8 chunk rows, so that each thread's rows share their swizzle; 0: none (the loader above serves). */
-template <int D, int NT> static constexpr int fc_walk_threads() { return NT / (8 * (D / 8)) * (8 * (D / 8)); }
-
 template <int ROWS, int D, int NT>
 static __device__ __forceinline__ void fc_load_tile(uint16_t *tile, const uint16_t *src, int64_t stride, int rows_left,
                                                     int d, int tid, const uint16_t *safe) {
@@ -52,6 +48,10 @@ static __device__ __forceinline__ void fc_load_tile(uint16_t *tile, const uint16
     fc_cp_async16(fc_smem_u32(to), cols > 0 ? from : safe, 2 * cols);
   }
 }
+
+/* Threads of NT that copy a tile of head dim D walking rows (mma/fwd_steps.cuh, fc_fwd_load_tile_walk): a multiple
+ * of 8 chunk rows, so that each thread's rows share their swizzle; 0: none (fc_load_tile above serves). */
+template <int D, int NT> static constexpr int fc_walk_threads() { return NT / (8 * (D / 8)) * (8 * (D / 8)); }
 
 /* ldmatrix.x4 addresses into a tile (see mma/ptx.cuh for which lane gets what). Each lane reads one row and
  * one chunk column of every group of 8 chunks: with the swizzle, chunk c of that row sits at
