@@ -326,16 +326,7 @@ fc_bwd_fa2_load_q_rows(uint16_t *sQ, uint16_t *sdO, float *sL, float *sD, const 
     fc_cp_async16(fc_smem_u32(sD + 4 * (tid - BR / 4)), dsum + at + 4 * (tid - BR / 4), 16);
 }
 
-/* LEAN: the sequence's numbers, the same in every lane, through redux.sync, whose result the compiler holds in a
- * uniform register: with them, the loop's bookkeeping (block and head counters, row offsets, pointers) lives in
- * the uniform datapath instead of taking vector registers beside the MMAs' accumulators (a value loaded from
- * cu_seqlens is not known to be uniform otherwise). */
-static __device__ __forceinline__ int fc_warp_same(int v) { return (int)__reduce_or_sync(0xffffffffu, (unsigned)v); }
-static __device__ __forceinline__ int64_t fc_warp_same64(int64_t v) {
-  const uint64_t u = (uint64_t)v;
-  return (int64_t)((uint64_t)(uint32_t)fc_warp_same((int)(uint32_t)u) |
-                   (uint64_t)(uint32_t)fc_warp_same((int)(uint32_t)(u >> 32)) << 32);
-}
+/* LEAN: the sequence's numbers in uniform registers (fc_warp_same, mma/ptx.cuh). */
 static __device__ __forceinline__ fc_bwd_seq fc_bwd_seq_uniform(fc_bwd_seq s) {
   s.q_start = fc_warp_same64(s.q_start), s.k_start = fc_warp_same64(s.k_start), s.q_row0 = fc_warp_same64(s.q_row0);
   s.pad0 = fc_warp_same64(s.pad0), s.sq = fc_warp_same(s.sq), s.sk = fc_warp_same(s.sk);

@@ -140,4 +140,16 @@ static __device__ __forceinline__ float fc_exp2_poly(float x) {
   return p * __int_as_float((__float_as_int(t) << 23) + 0x3F800000);
 }
 
+/* A value the same in every lane of a (whole, converged) warp, through redux.sync, whose result the compiler holds in
+ * a uniform register: a sequence's numbers loaded from cu_seqlens are not known to be uniform otherwise, and the
+ * kernels' loop bookkeeping (block and head counters, row offsets, pointers) then takes vector registers beside the
+ * MMAs' accumulators instead of living in the uniform datapath (the backward's LEAN kernels, the forward's lean
+ * kernel). */
+static __device__ __forceinline__ int fc_warp_same(int v) { return (int)__reduce_or_sync(0xffffffffu, (unsigned)v); }
+static __device__ __forceinline__ int64_t fc_warp_same64(int64_t v) {
+  const uint64_t u = (uint64_t)v;
+  return (int64_t)((uint64_t)(uint32_t)fc_warp_same((int)(uint32_t)u) |
+                   (uint64_t)(uint32_t)fc_warp_same((int)(uint32_t)(u >> 32)) << 32);
+}
+
 #endif /* FLASHC_CUDA_MMA_PTX_CUH */
