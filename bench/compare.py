@@ -28,12 +28,15 @@ Grids (--grid):
                no SDPA softcap, and SDPA's dropout draws another mask: skipped). A backend that refuses a feature
                gives a skipped row saying so. The CSV adds head_dim_v, softcap, alibi and dropout columns.
   decode       issue #49: flashc.attention_with_kvcache over a dense and a paged (16, 256) cache, seqlen_new 1 and
-               4, batch 1/8/64, cache length 1k…128k, heads 32/8, 64/8, 32/32, d 128, bf16, causal; peers
-               torch:flash and cudnn on the same cache as dense tensors; a `copy` row with the copy bandwidth of
-               the same run. gbps = bytes of K and V read ÷ time. Shapes whose cache exceeds --max-cache-gib are
-               rows marked skipped. Method in python/flashc/testing/decode.py. The CSV adds page_size.
+               4, batch 1/8/64, cache length 1k…128k, heads 32/8, 64/8, 32/32, d 128, bf16, causal, then ragged
+               batches (8 and 64 sequences of L = 16k and 64k down to L/2 keys, one new row, heads 32/8); peers
+               torch:flash and cudnn on the same cache as dense tensors (ragged: with a mask of each sequence's
+               keys, and torch:efficient beside them); a `copy` row with the copy bandwidth of the same run.
+               gbps = bytes of K and V read ÷ time. Shapes whose cache exceeds --max-cache-gib are rows marked
+               skipped. Method in python/flashc/testing/decode.py. The CSV adds page_size.
 --quick runs features and decode at host sizes (seqlen 128/256, head dims 32 and 48:32; caches of 40 and 300
-keys, batch 1 and 3, heads 4/2 and 4/4, d 32) with the same variants: a CPU check of the full grids' code.
+keys, batch 1 and 3 (and 3 ragged sequences of 300 down to 200 keys), heads 4/2 and 4/4, d 32) with the same
+variants: a CPU check of the full grids' code.
 
 Method. Each case builds --input-sets sets of random inputs (default: enough to pass twice the GPU's L2,
 3 to 16) and every implementation prepares one call per set up front (conversion and output allocation

@@ -10,6 +10,13 @@ pass, one group of bars per configuration, one bar per flashc backend: its time 
 in the same run (>1: faster than every peer), with lines at 1.0 and at --bar.
 
     python3 bench/plot.py bench/results/models.csv --speedup --out bench/results/models.png
+
+With --decode (--grid decode's CSV, issue #49): per configuration, one bar per flashc backend and cache layout (dense,
+pages of 16 and 256 rows): above, its achieved bandwidth (gbps: bytes of K and V read) over the copy bandwidth of
+the run its rows come from (the `copy` row of the same commit), with a line at --bar (0.8 there); below, the fastest
+PyTorch peer's time over its own, on a log scale, with a line at 1.0.
+
+    python3 bench/plot.py bench/results/decode.csv --decode --bar 0.8 --out bench/results/decode.png
 """
 
 import argparse
@@ -91,14 +98,75 @@ def plot_speedup(args):
     print(f"plot.py: wrote {args.out}")
 
 
+def load_decode(paths, dtype):
+    """{config: {label: (gbps / the copy gbps of its commit, fastest peer ms / its ms or None)}} in file order, the
+    device named. label: the backend, and the page size where the cache is paged."""
+    copy, table, device = {}, collections.defaultdict(dict), ""
+    for path in paths:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["impl"] == "copy" and row["gbps"]:
+                    copy[row["commit"]] = float(row["gbps"])
+    peers = collections.defaultdict(list)
+    for row in rows(paths, dtype):
+        if row["ms"] and row["status"] == "peer":
+            peers[row["config"]].append(float(row["ms"]))
+    for row in rows(paths, dtype):
+        if row["impl"].startswith("flashc:") and row["status"] == "pass" and row["gbps"] and row["commit"] in copy:
+            page = row.get("page_size") or "0"
+            label = row["impl"].split(":", 1)[1] + ("" if page == "0" else f" p{page}")
+            best = min(peers[row["config"]]) if peers[row["config"]] else None
+            table[row["config"]][label] = (
+                float(row["gbps"]) / copy[row["commit"]],
+                best / float(row["ms"]) if best else None,
+            )
+            device = row["device"]
+    return table, device
+
+
+def plot_decode(args):
+    table, device = load_decode(args.csv, args.dtype)
+    if not table:
+        raise SystemExit(f"plot.py: no passing {args.dtype} flashc rows with a copy row in {', '.join(args.csv)}")
+    configs = list(table)
+    labels = sorted({lab for c in table.values() for lab in c})
+    width = 0.8 / len(labels)
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.09 * len(configs) * len(labels)), 7.5))
+    for k, lab in enumerate(labels):
+        xs = [c + (k - (len(labels) - 1) / 2) * width for c in range(len(configs))]
+        frac = [table[c].get(lab, (0.0, None))[0] for c in configs]
+        speed = [table[c].get(lab, (0.0, None))[1] or 0.0 for c in configs]
+        axes[0].bar(xs, frac, width, label=lab, color=f"C{k}")
+        axes[1].bar(xs, speed, width, label=lab, color=f"C{k}")
+    axes[0].axhline(args.bar, color="grey", lw=0.8, ls="--")
+    axes[0].set_ylabel("bandwidth ÷ copy's", fontsize=8)
+    axes[1].axhline(1.0, color="black", lw=0.8)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("× fastest peer", fontsize=8)
+    for ax in axes:
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels(configs, rotation=75, fontsize=5)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left", ncol=len(labels))
+    fig.suptitle(f"{device}, {args.dtype}: decoding over a KV cache (dense and paged)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(args.out, dpi=100)
+    print(f"plot.py: wrote {args.out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--out", required=True)
     ap.add_argument("--speedup", action="store_true", help="bars of flashc vs the fastest peer per configuration")
-    ap.add_argument("--bar", type=float, default=1.05, help="with --speedup: the dashed line (the issue's bar)")
+    ap.add_argument("--decode", action="store_true", help="bandwidth over the copy's and speedup per decode config")
+    ap.add_argument("--bar", type=float, default=1.05, help="--speedup, --decode: the dashed line (the issue's bar)")
     args = ap.parse_args()
+    if args.decode:
+        plot_decode(args)
+        return
     if args.speedup:
         plot_speedup(args)
         return

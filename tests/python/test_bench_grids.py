@@ -305,6 +305,26 @@ def test_decode_refusal_is_a_skipped_row(monkeypatch):
         assert r["status"] == "skipped" and r["note"].startswith("unsupported: flashc_forward_kvcache"), r
 
 
+def test_decode_ragged_lengths_reach_the_call_and_the_reference(monkeypatch):
+    """A ragged shape's sequences hold L - b*L/2B keys; flashc is called with them and the reference reads them: the
+    same call over every sequence's first L rows (lengths not passed on) fails the check."""
+    cfg = decode.DecodeConfig(3, 2, 40, 2, 1, 8, ragged=True)
+    assert cfg.lengths() == [40, 34, 27] and cfg.name.endswith("-ragged")
+    assert cfg.kv_bytes("f32") == (40 + 34 + 27) * 1 * 2 * 8 * 4 and cfg.kv_bytes("f32", cfg.capacity) > 0
+    opts = engine.Options(repeats=3, warmup=1)
+    rows = decode.run([cfg], "f32", "cpu", ["cpu-ref"], [], opts, 1.0, None)
+    assert [r["status"] for r in rows[1:]] == ["pass"] * 3, rows
+    assert all(r["note"] == "ragged: cache_seqlens 40 down to 27" for r in rows[1:])
+    real = flashc.attention_with_kvcache
+
+    def full_lengths(q, k, v, cache_seqlens=None, **kw):
+        return real(q, k, v, cache_seqlens=np.full_like(cache_seqlens, cfg.cache_len), **kw)
+
+    monkeypatch.setattr(flashc, "attention_with_kvcache", full_lengths)
+    rows = decode.run([cfg], "f32", "cpu", ["cpu-ref"], [], opts, 1.0, None)
+    assert [r["status"] for r in rows[1:]] == ["FAIL"] * 3, rows
+
+
 # ---- bench/compare.py --quick ------------------------------------------------------------------------------------
 def run_compare(tmp_path, grid):
     out_csv = tmp_path / f"{grid}.csv"
@@ -355,12 +375,15 @@ def test_compare_decode_grid_quick(tmp_path):
     copy = [r for r in rows if r["impl"] == "copy"]
     assert len(copy) == 1 and float(copy[0]["gbps"]) > 0
     cfgs = decode.decode_grid(**decode.QUICK_GRID)
+    by_name = {c.name: c for c in cfgs}
+    assert sum(c.ragged for c in cfgs) == 1
     ours = [r for r in rows if r["impl"].startswith("flashc:")]
     assert len(ours) == len(cfgs) * 3 * len(CPU_BACKENDS)  # dense, paged 16, paged 256
     assert {r["page_size"] for r in ours} == {"0", "16", "256"}
     for r in ours:
         assert r["status"] == "pass" and float(r["max_abs_err"]) < 0.05, r
-        kv_bytes = int(r["batch"]) * int(r["seqlen_k"]) * int(r["heads_kv"]) * 2 * int(r["head_dim"]) * 2
+        keys = sum(by_name[r["config"]].lengths())  # the ragged shape's lengths sum to less than batch x L
+        kv_bytes = keys * int(r["heads_kv"]) * 2 * int(r["head_dim"]) * 2
         assert float(r["gbps"]) == pytest.approx(kv_bytes / (float(r["ms"]) * 1e-3) / 1e9, rel=1e-9)
     assert {(r["seqlen_q"], r["seqlen_k"]) for r in ours} == {(n, L) for n in ("1", "4") for L in ("40", "300")}
     peers = [r for r in rows if r["impl"] == "torch:cpu"]
@@ -400,3 +423,34 @@ def test_compare_only_selects_by_name():
     assert {c.name.split("-")[0] for c, _ in compare.only(features, "alibi")} == {"alibi"}
     with pytest.raises(SystemExit, match="no configuration"):
         compare.only(models, "no-such-model")
+
+
+def test_plot_decode_takes_each_runs_copy_bandwidth(tmp_path):
+    """bench/plot.py --decode: a row's bandwidth over the copy row of its own commit (decode.csv keeps configurations
+    of two runs), its speedup over the fastest peer of its configuration."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "bench" / "plot.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    cols = ["date", "device", "commit", "impl", "dtype", "config", "pass", "ms", "gbps", "status", "page_size"]
+    data = [
+        ["d", "GPU", "a", "copy", "", "copy-1MiB", "copy", "0.1", "4000", "timed", ""],
+        ["d", "GPU", "b", "copy", "", "copy-1MiB", "copy", "0.1", "2000", "timed", ""],
+        ["d", "GPU", "a", "flashc:cuda-mma", "bf16", "A", "fwd", "1.0", "3200", "pass", "0"],
+        ["d", "GPU", "a", "torch:flash", "bf16", "A", "fwd", "3.0", "1000", "peer", "0"],
+        ["d", "GPU", "a", "torch:cudnn", "bf16", "A", "fwd", "2.0", "1500", "peer", "0"],
+        ["d", "GPU", "b", "flashc:cuda-mma", "bf16", "B", "fwd", "4.0", "1000", "pass", "16"],
+        ["d", "GPU", "b", "flashc:cuda-mma", "bf16", "B", "fwd", "1.0", "9999", "FAIL", "0"],
+        ["d", "GPU", "b", "torch:cudnn", "bf16", "B", "fwd", "2.0", "1500", "peer", "0"],
+    ]
+    path = tmp_path / "decode.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([cols, *data])
+    table, device = plot.load_decode([str(path)], "bf16")
+    assert device == "GPU" and list(table) == ["A", "B"]
+    assert table["A"] == {"cuda-mma": (0.8, 2.0)} and table["B"] == {"cuda-mma p16": (0.5, 0.5)}
+    out = tmp_path / "decode.png"
+    plot.plot_decode(type("Args", (), dict(csv=[str(path)], dtype="bf16", bar=0.8, out=str(out)))())
+    assert out.stat().st_size > 0

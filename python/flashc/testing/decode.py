@@ -1,21 +1,26 @@
 """Decoding over a KV cache (issue #49): flashc.attention_with_kvcache beside SDPA given the same cache as dense
 tensors, and the machine's copy bandwidth measured in the same run. Used by `bench/compare.py --grid decode`.
 
-One shape is (batch, seqlen_new query rows, cache length L per sequence, heads_q/heads_kv, head_dim). Its cache
-is allocated once, dense [batch, capacity, heads_kv, d] (capacity: L rounded up to the largest page size), and
-read three ways over the same memory:
+One shape is (batch, seqlen_new query rows, cache length L per sequence, heads_q/heads_kv, head_dim); a ragged
+shape's sequences hold different lengths, sequence b of B the first L − ⌊b·L / 2B⌋ rows (L down to just over L/2, as
+a serving batch's requests differ), and its rows' seqlen_k is L, the longest. Its cache is allocated once, dense
+[batch, capacity, heads_kv, d] (capacity: L rounded up to the largest page size), and read three ways over the same
+memory:
   dense       flashc with the dense cache (page_size 0);
   paged P     flashc with that memory seen as [batch·capacity / P, P, heads_kv, d] pages and a shuffled block
               table (each sequence's pages scattered over the pool, as a serving engine's allocator leaves them);
   SDPA        torch's scaled_dot_product_attention on the dense cache's first L rows, [b, h, L, d] views
               (enable_gqa for heads_q ≠ heads_kv; causal bottom-right through causal_lower_right for
-              seqlen_new > 1), pinned to one backend.
+              seqlen_new > 1), pinned to one backend; a ragged shape gives it a boolean attn_mask [b, 1, n, L] of
+              each sequence's keys (bottom-right causal within its length), as a padded dense batch is run, and
+              the efficient backend beside the given ones (flash takes no mask).
 Each row is checked first against the fp64 reference on (batch, kv-head) slices of what it reads (the paged
-rows gather their pages), then timed (L2 flushed between GPU calls). The calls attend over cache_seqlens = L
-keys and append nothing (SDPA has no append: the rows time the same work). flashc writes into an output allocated
-once (out=, poisoned with NaN before the check), as a decoding loop does; SDPA allocates its own in each call.
+rows gather their pages), then timed (L2 flushed between GPU calls). The calls attend over cache_seqlens (L, or
+the ragged lengths) and append nothing (SDPA has no append: the rows time the same work). flashc writes into an
+output allocated once (out=, poisoned with NaN before the check), as a decoding loop does; SDPA allocates its own
+in each call.
 
-gbps = bytes of K and V read (batch · L · heads_kv · 2·d · element size) ÷ time; the `copy` row's gbps is a
+gbps = bytes of K and V read (Σ cache_seqlens · heads_kv · 2·d · element size) ÷ time; the `copy` row's gbps is a
 plain copy's read + write bandwidth (device to device on a GPU, memory to memory on the host), the ceiling
 issue #49 measures against. speedup = the fastest SDPA row's time ÷ the row's, within one shape.
 """
@@ -47,10 +52,18 @@ class DecodeConfig:
     heads: int
     heads_kv: int
     head_dim: int
+    ragged: bool = False  # sequence b holds L − ⌊b·L / 2B⌋ keys, not L
 
     @property
     def name(self) -> str:
-        return f"decode-b{self.batch}-n{self.seqlen_new}-L{self.cache_len}-h{self.heads}:{self.heads_kv}"
+        name = f"decode-b{self.batch}-n{self.seqlen_new}-L{self.cache_len}-h{self.heads}:{self.heads_kv}"
+        return name + "-ragged" if self.ragged else name
+
+    def lengths(self) -> list:
+        """Each sequence's keys (cache_seqlens): L, or ragged L − ⌊b·L / 2B⌋ for sequence b."""
+        if not self.ragged:
+            return [self.cache_len] * self.batch
+        return [self.cache_len - b * self.cache_len // (2 * self.batch) for b in range(self.batch)]
 
     @property
     def capacity(self) -> int:
@@ -58,9 +71,9 @@ class DecodeConfig:
         return math.ceil(self.cache_len / max(PAGE_SIZES)) * max(PAGE_SIZES)
 
     def kv_bytes(self, dtype: str, rows: int = 0) -> int:
-        """Bytes of K and V in `rows` rows per sequence (default L: what a call reads)."""
-        e = metrics.DTYPE_BYTES[dtype]
-        return self.batch * (rows or self.cache_len) * self.heads_kv * 2 * self.head_dim * e
+        """Bytes of K and V in `rows` rows per sequence (default: each sequence's length, what a call reads)."""
+        keys = self.batch * rows if rows else sum(self.lengths())
+        return keys * self.heads_kv * 2 * self.head_dim * metrics.DTYPE_BYTES[dtype]
 
 
 def decode_grid(
@@ -69,18 +82,22 @@ def decode_grid(
     cache_lens=(1024, 8192, 32768, 131072),
     heads=((32, 8), (64, 8), (32, 32)),
     head_dim=128,
+    ragged=((8, 16384), (64, 16384), (8, 65536), (64, 65536)),
 ) -> list:
-    """Issue #49's grid; the defaults are the GPU's, QUICK_GRID a host-sized one."""
+    """Issue #49's grid; the defaults are the GPU's, QUICK_GRID a host-sized one. ragged: (batch, L) shapes of
+    different lengths per sequence (the first heads, one new row), after the rest; every sequence of the GPU's holds
+    at least 8k keys."""
     return [
         DecodeConfig(b, n, L, hq, hkv, head_dim)
         for hq, hkv in heads
         for n in seqlens_new
         for b in batches
         for L in cache_lens
-    ]
+    ] + [DecodeConfig(b, 1, L, *heads[0], head_dim, ragged=True) for b, L in ragged]
 
 
-QUICK_GRID = dict(seqlens_new=(1, 4), batches=(1, 3), cache_lens=(40, 300), heads=((4, 2), (4, 4)), head_dim=32)
+QUICK_GRID = dict(seqlens_new=(1, 4), batches=(1, 3), cache_lens=(40, 300), heads=((4, 2), (4, 4)), head_dim=32,
+                  ragged=((3, 300),))  # fmt: skip
 
 
 # ---- one shape ---------------------------------------------------------------------------------------------------
@@ -98,7 +115,7 @@ class _Shape:
             self.q = self.rng.standard_normal(shape_q, dtype=np.float32).astype(dt)
             self.k = self.rng.standard_normal(shape_c, dtype=np.float32).astype(dt)
             self.v = self.rng.standard_normal(shape_c, dtype=np.float32).astype(dt)
-            self.lens = np.full(cfg.batch, cfg.cache_len, dtype=np.int32)
+            self.lens = np.array(cfg.lengths(), dtype=np.int32)
         else:  # generated on the device: a host copy of a large cache would take longer than the whole row
             import torch
 
@@ -107,7 +124,7 @@ class _Shape:
             self.q = torch.randn(shape_q, generator=g, device="cuda", dtype=torch.float32).to(tdt)
             self.k = torch.randn(shape_c, generator=g, device="cuda", dtype=tdt)
             self.v = torch.randn(shape_c, generator=g, device="cuda", dtype=tdt)
-            self.lens = torch.full((cfg.batch,), cfg.cache_len, dtype=torch.int32, device="cuda")
+            self.lens = torch.tensor(cfg.lengths(), dtype=torch.int32, device="cuda")
 
     def paged(self, page: int):
         """(k_pool, v_pool, block_table): the same memory as pages of `page` rows, a shuffled table."""
@@ -121,13 +138,14 @@ class _Shape:
         return self.k.reshape(pool_shape), self.v.reshape(pool_shape), table
 
     def logical(self, x, b: int, g: int, page: int, table) -> np.ndarray:
-        """Sequence b's first L rows of kv head g, float64 [L, d], read the way a layout reads them."""
+        """Sequence b's keys (its first cache_seqlens rows) of kv head g, float64 [len, d], read the way a layout
+        reads them."""
         if page:  # x: the pool [blocks, page, hkv, d]; gathered where it lives, then one copy of [L, d]
             idx = table[b].astype(np.int64) if isinstance(table, np.ndarray) else table[b].long()
             seq = x[idx][:, :, g].reshape(-1, self.cfg.head_dim)
         else:
             seq = x[b, :, g]
-        return to_numpy64(seq[: self.cfg.cache_len])
+        return to_numpy64(seq[: self.cfg.lengths()[b]])
 
 
 def _reference_errors(shape: _Shape, out, page: int, k, v, table, samples) -> dict:
@@ -164,7 +182,12 @@ def _sdpa_call(shape: _Shape, backend: str):
     q = t(shape.q).transpose(1, 2)
     k, v = (t(x)[:, : cfg.cache_len].transpose(1, 2) for x in (shape.k, shape.v))
     kwargs = dict(enable_gqa=cfg.heads != cfg.heads_kv)
-    if cfg.seqlen_new > 1:  # one row sees every key; more rows need the bottom-right causal mask
+    if cfg.ragged:  # row i of sequence b sees its keys j <= len_b - n + i (built once, outside the timed call)
+        lens = torch.tensor(cfg.lengths(), device=q.device)[:, None, None]
+        i = torch.arange(cfg.seqlen_new, device=q.device)[None, :, None]
+        j = torch.arange(cfg.cache_len, device=q.device)[None, None, :]
+        kwargs["attn_mask"] = (j <= lens - cfg.seqlen_new + i)[:, None]
+    elif cfg.seqlen_new > 1:  # one row sees every key; more rows need the bottom-right causal mask
         from torch.nn.attention.bias import causal_lower_right
 
         kwargs["attn_mask"] = causal_lower_right(cfg.seqlen_new, cfg.cache_len)
@@ -238,8 +261,13 @@ def run(
             dtype=dtype, batch=cfg.batch, heads_q=cfg.heads, heads_kv=cfg.heads_kv, seqlen_q=cfg.seqlen_new,
             seqlen_k=cfg.cache_len, head_dim=cfg.head_dim, causal=1, config=cfg.name, **{"pass": "fwd"},
         )  # fmt: skip
+        if cfg.ragged:
+            base["note"] = f"ragged: cache_seqlens {cfg.cache_len} down to {min(cfg.lengths())}"
         layouts = [0, *PAGE_SIZES]
-        impl_rows = [(f"flashc:{n}", p) for n in flashc_names for p in layouts] + [(f"torch:{p}", 0) for p in peers]
+        here = peers
+        if cfg.ragged and peers and "cpu" not in peers and "efficient" not in peers:
+            here = [*peers, "efficient"]  # flash takes no attn_mask
+        impl_rows = [(f"flashc:{n}", p) for n in flashc_names for p in layouts] + [(f"torch:{p}", 0) for p in here]
         gib = cfg.kv_bytes(dtype, cfg.capacity) / (1 << 30)
         if gib > max_cache_gib:
             for name, page in impl_rows:
@@ -248,7 +276,7 @@ def run(
             continue
         shape = _Shape(cfg, dtype, device, opts.seed)
         nbytes = cfg.kv_bytes(dtype)
-        flop = 4.0 * cfg.batch * cfg.heads * cfg.seqlen_new * cfg.cache_len * cfg.head_dim
+        flop = 4.0 * sum(cfg.lengths()) * cfg.heads * cfg.seqlen_new * cfg.head_dim
         n_slices = len(choose_slices(cfg.batch, cfg.heads, cfg.heads_kv, samples))
         described = f"numpy f64, {n_slices}/{cfg.batch * cfg.heads_kv} (batch, kv-head) slices"
         host_threads = (threads or os.cpu_count() or 1) if device == "cpu" else 0
