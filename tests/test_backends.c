@@ -535,6 +535,44 @@ static void race_test(runner *r, const th_backend *b) {
   free(lse0), free(lse);
 }
 
+/* One case in each of its dtypes: inputs, the oracle, the baseline, then every backend under test. */
+static void run_case(runner *r, const tcase *c) {
+  if (!case_selected(c)) return;
+  double tc = th_now();
+  for (int dt = 0; dt <= FLASHC_F64; dt++) {
+    if (!(c->dtypes & (1u << dt))) continue;
+    problem p;
+    setup(&p, c, (flashc_dtype)dt, &r->rng);
+    if (reference(&p, r->ref)) {
+      baseline(&p);
+      for (int i = 0; i < r->nb; i++) run_backend(r, &r->backends[i], &p);
+    }
+    teardown(&p);
+  }
+  printf("---- %s: %.2f s\n", c->name, th_now() - tc);
+}
+
+/* GQA/MQA group sizes 1 .. GROUP_MAX (query heads per KV head), one case each, deterministic backward checked
+ * bit-identical in every one: odd lengths; 1 or 2 KV heads; a head dim, a dtype and a layout in turn; every
+ * other one causal, every fourth a window, every fifth varlen (vq2/vk2: three sequences). The GPU backends split a
+ * group between CTAs and sum the parts' dK/dV (src/cuda/common/gqa.cu): every way a group divides is here. */
+#define GROUP_MAX 32
+static tcase group_case(int g, char *name, size_t cap) {
+  static const int64_t dims[] = {64, 32, 128, 40};
+  static const unsigned dtypes[] = {BF16, F16, F32};
+  static const th_layout layouts[] = {TH_BSHD, TH_BHSD, TH_STRIDED};
+  const int64_t hkv = g % 3 == 0 ? 2 : 1;
+  tcase c = DENSE("", 1 + g % 2, 31 + (7 * g) % 40, 45 + (11 * g) % 50, g * hkv, hkv, dims[g % 4], g % 2, BR, -1, -1,
+                  layouts[g % 3], dtypes[g % 3], DETERM);
+  if (g % 4 == 2) c.wl = 17, c.wr = 5;
+  if (g % 5 == 0) c.lens_q = vq2, c.lens_k = vk2, c.num_seqs = 3, c.batch = 1;
+  if (g == 5 || g == 7 || g == 16 || g == 32) c.flags |= QUICK;
+  snprintf(name, cap, "group%d%s%s%s", g, c.causal ? "-causal" : "", c.wl >= 0 ? "-win17-5" : "",
+           c.lens_q ? "-varlen" : "");
+  c.name = name;
+  return c;
+}
+
 /* A name in FLASHC_TEST_BACKENDS that no compiled backend has (a typo, or a CUDA rung in a CPU build). */
 static void warn_unknown_backends(void) {
   const char *list = getenv("FLASHC_TEST_BACKENDS");
@@ -594,21 +632,11 @@ int main(void) {
   if (nb == 0) printf("note: no backend selected\n");
   r.ref = &ref;
 
-  for (int ci = 0; ci < NCASES; ci++) {
-    const tcase *c = &cases[ci];
-    if (!case_selected(c)) continue;
-    double tc = th_now();
-    for (int dt = 0; dt <= FLASHC_F64; dt++) {
-      if (!(c->dtypes & (1u << dt))) continue;
-      problem p;
-      setup(&p, c, (flashc_dtype)dt, &r.rng);
-      if (reference(&p, &ref)) {
-        baseline(&p);
-        for (int i = 0; i < nb; i++) run_backend(&r, &backends[i], &p);
-      }
-      teardown(&p);
-    }
-    printf("---- %s: %.2f s\n", c->name, th_now() - tc);
+  for (int ci = 0; ci < NCASES; ci++) run_case(&r, &cases[ci]);
+  for (int g = 1; g <= GROUP_MAX; g++) {
+    char name[64];
+    const tcase c = group_case(g, name, sizeof name);
+    run_case(&r, &c);
   }
   for (int i = 0; i < nb; i++) race_test(&r, &backends[i]);
 
