@@ -203,4 +203,42 @@ static __device__ __forceinline__ void fc_bwd_load_q(uint16_t *sQ, uint16_t *sdO
     fc_cp_async16(fc_smem_u32(sD + 4 * (tid - BR / 4)), dsum + at + 4 * (tid - BR / 4), 16);
 }
 
+/* dK_j, dV_j of key block k0 of sequence s (batch entry b, kv head hk) from their staged tiles sdK, sdV (BC rows of
+ * stride DS) to a.dk, a.dv, as whole 16-byte chunks of rows where the head dim has them (a head dim's last part chunk
+ * element by element), rows past the sequence left: every dK/dV kernel's last step. DV_COLS: dV's chunks with V's own
+ * head dim. */
+template <int BC, int D, int DS, int NT, bool DV_COLS = false>
+static __device__ __forceinline__ void fc_bwd_store_dkdv(const fc_mma_bwd_args &a, const fc_bwd_seq &s, int64_t b,
+                                                         int hk, int k0, uint16_t *sdK, uint16_t *sdV, int tid) {
+  uint16_t *dK = a.dk + b * a.dk_sb + (s.k_start + k0) * a.dk_ss + (int64_t)hk * a.dk_sh;
+  uint16_t *dV = a.dv + b * a.dv_sb + (s.k_start + k0) * a.dv_ss + (int64_t)hk * a.dv_sh;
+  for (int idx = tid; idx < BC * (D / 8); idx += NT) {
+    const int r = idx / (D / 8), c = idx % (D / 8), cols = min(a.head_dim - 8 * c, 8);
+    if constexpr (DV_COLS) { /* dK's chunk and dV's each with its own columns */
+      if (k0 + r >= s.sk) continue;
+      const int cols_v = min(a.head_dim_v - 8 * c, 8);
+      const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
+      uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
+      if (cols == 8)
+        *(uint4 *)tk = *(const uint4 *)fk;
+      else
+        for (int x = 0; x < cols; x++) tk[x] = fk[x];
+      if (cols_v == 8)
+        *(uint4 *)tv = *(const uint4 *)fv;
+      else
+        for (int x = 0; x < cols_v; x++) tv[x] = fv[x];
+      continue;
+    }
+    if (k0 + r >= s.sk || cols <= 0) continue;
+    const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
+    uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
+    if (cols == 8) {
+      *(uint4 *)tk = *(const uint4 *)fk;
+      *(uint4 *)tv = *(const uint4 *)fv;
+    } else {
+      for (int x = 0; x < cols; x++) tk[x] = fk[x], tv[x] = fv[x];
+    }
+  }
+}
+
 #endif /* FLASHC_CUDA_MMA_BWD_COMMON_CUH */

@@ -201,20 +201,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
       *(uint32_t *)(sdV + fc_tile_off<DS>(r, c / 8) + 2 * t) = fc_pack2<T>(dv[x][2 * rh], dv[x][2 * rh + 1]);
     }
   __syncthreads();
-  uint16_t *dK = a.dk + b * a.dk_sb + (s.k_start + k0) * a.dk_ss + (int64_t)hk * a.dk_sh;
-  uint16_t *dV = a.dv + b * a.dv_sb + (s.k_start + k0) * a.dv_ss + (int64_t)hk * a.dv_sh;
-  for (int idx = tid; idx < BC * (D / 8); idx += NT) {
-    const int r = idx / (D / 8), c = idx % (D / 8), cols = min(a.head_dim - 8 * c, 8);
-    if (k0 + r >= s.sk || cols <= 0) continue;
-    const uint16_t *fk = sdK + fc_tile_off<DS>(r, c), *fv = sdV + fc_tile_off<DS>(r, c);
-    uint16_t *tk = dK + (int64_t)r * a.dk_ss + 8 * c, *tv = dV + (int64_t)r * a.dv_ss + 8 * c;
-    if (cols == 8) {
-      *(uint4 *)tk = *(const uint4 *)fk;
-      *(uint4 *)tv = *(const uint4 *)fv;
-    } else {
-      for (int x = 0; x < cols; x++) tk[x] = fk[x], tv[x] = fv[x];
-    }
-  }
+  fc_bwd_store_dkdv<BC, D, DS, NT>(a, s, b, hk, k0, sdK, sdV, tid);
 }
 
 /* ---- 3. dq (deterministic mode) ------------------------------------------------------------------------ */
