@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(FC_MMA_BR / MT * 2, MIN_BLOCKS) fc_mma_fwd_lea
   fc_fwd_where w = fc_fwd_locate(a);
   /* The varlen numbers, loaded from cu_seqlens, made uniform (fc_warp_same) where that frees vector registers: the
    * plain d128 key loop then spills 11 values, not 19, and runs 4 % faster (H200, b16 s1k to b1 s32k). Elsewhere it
-   * cost: d96's loop gained spills (2-3 % slower), the score-mod kernels spill stores, the 64/128 pair's loop 93
+   * cost: d96's loop gained spills (2-4 % slower), the score-mod kernels spill stores, the 64/128 pair's loop 93
    * instructions; the other dims' loops do not change. */
   constexpr bool UNIFORM_SEQ = D == 128 && DV == D && !SCORE_MOD;
   if (UNIFORM_SEQ && a.cu_q) {
