@@ -311,29 +311,16 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Which tile (fc_hpb_tile_of_cta, as the first version; SCORE_MOD: cut to a boolean attn_mask's query blocks). */
   fc_hpb_tile ti;
   if (!fc_hpb_tile_of_cta<BR, FC_HPB_BC, SCORE_MOD>(a, &ti)) return; /* the whole CTA, before any barrier */
-  const int hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0, bt = ti.bt;
+  const int sq = ti.sq, sk = ti.sk, k0 = ti.k0;
   const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
 
-  if (threadIdx.x == 0) {
-    fc_hpb_init_barriers<STAGES>(bars);
-    fc_mbar_fence_init();
-  }
-  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
-
+  fc_hpb_start<STAGES>(bars);
   if (threadIdx.x < 128) {
-    /* ---- producer: the first version's (fc_hpb_produce) ---------------------------------------------- */
-    fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0) {
-      const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do); /* seqused: the sequence's own */
-      fc_hpb_produce<D, BR, STAGES>(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0, q_start,
-                                    pad0, i_begin, n_i, n_iter);
-    }
+    fc_hpb_producer<D, BR, STAGES, ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do, sK, sV, sQ, sdO, sLD, bars);
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
-    /* The warpgroup index through a shuffle: provably warp-uniform (descriptors in uniform registers). */
-    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int cw = fc_hpb_consumer();
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */

@@ -272,6 +272,39 @@ fc_hpb_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorM
   }
 }
 
+/* How both D = 64/128 dK/dV kernels start: thread 0 initialises the barriers and every thread waits for that. */
+template <int STAGES> static __device__ __forceinline__ void fc_hpb_start(uint32_t bars) {
+  if (threadIdx.x == 0) {
+    fc_hpb_init_barriers<STAGES>(bars);
+    fc_mbar_fence_init();
+  }
+  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
+}
+
+/* Their producer warpgroup (threads 0 .. 127): fewer registers; thread 0 loads the CTA's tiles (fc_hpb_produce) with
+ * the TMA maps of the tile's sequence. The consumers' side stays in the kernels: ptxas gives a region the registers
+ * of the setmaxnreg that dominates it, so the consumers' code must be reached from theirs alone. */
+template <int D, int BR, int STAGES, bool ADD>
+static __device__ __forceinline__ void
+fc_hpb_producer(const fc_hopper_bwd_args &a, const fc_hpb_tile &ti, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                const CUtensorMap *tm_v, const CUtensorMap *tm_do, uint32_t sK, uint32_t sV, uint32_t sQ, uint32_t sdO,
+                uint32_t sLD, uint32_t bars) {
+  fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
+  if (threadIdx.x == 0 && ti.n_iter > 0) {
+    const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, tm_q, tm_k, tm_v, tm_do); /* seqused: the sequence's own */
+    fc_hpb_produce<D, BR, STAGES>(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLD, bars, ti.hk, ti.bt, ti.k_start,
+                                  ti.k0, ti.q_start, ti.pad0, ti.i_begin, ti.n_i, ti.n_iter);
+  }
+}
+
+/* A consumer warpgroup's index, 0 or 1, after it takes the registers the producer gave up: through a shuffle,
+ * provably warp-uniform, so that the descriptors derived from it live in uniform registers (hopper/fwd.cu explains
+ * why that matters). */
+static __device__ __forceinline__ int fc_hpb_consumer() {
+  fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
+  return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+}
+
 /* Deterministic dQ: the adders of one (query head, query block) take turns through a ticket in global memory.
  * The key blocks that see a query block are consecutive (both ends of the range above grow with k0), so the
  * turns go key block by key block, warpgroup 0 then 1: warpgroup c of key block j adds once the ticket reads
@@ -825,34 +858,20 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   /* Which tile (fc_hpb_tile_of_cta). */
   fc_hpb_tile ti;
   if (!fc_hpb_tile_of_cta<BR>(a, &ti)) return; /* the whole CTA, before any barrier */
-  const int jb = ti.jb, hk = ti.hk, q_start = ti.q_start, k_start = ti.k_start, sq = ti.sq, sk = ti.sk, k0 = ti.k0;
-  const int bt = ti.bt, i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
+  const int jb = ti.jb, sq = ti.sq, sk = ti.sk, k0 = ti.k0;
+  const int i_begin = ti.i_begin, n_i = ti.n_i, n_iter = ti.n_iter;
   const int64_t pad0 = ti.pad0, shift = ti.shift;
-  const int64_t q_row0 = a.cu_q ? q_start : ti.b * a.seqlen_q; /* the sequence's first row of the dQ sum */
-  int prev_begin = 0, prev_n = 0;                              /* the previous key block's query blocks */
+  const int64_t q_row0 = a.cu_q ? ti.q_start : ti.b * a.seqlen_q; /* the sequence's first row of the dQ sum */
+  int prev_begin = 0, prev_n = 0;                                 /* the previous key block's query blocks */
   if (jb > 0)
     fc_hpb_query_blocks<BR>(k0 - FC_HPB_BC, sq, sk, shift, a.window_left, a.window_right, &prev_begin, &prev_n);
 
-  if (threadIdx.x == 0) {
-    fc_hpb_init_barriers<STAGES>(bars);
-    fc_mbar_fence_init();
-  }
-  __syncthreads(); /* the barriers are initialised before anyone waits on them or TMA signals them */
-
+  fc_hpb_start<STAGES>(bars);
   if (threadIdx.x < 128) {
-    /* ---- producer ---------------------------------------------------------------------------------- */
-    fc_setmaxnreg_dec<FC_HPB_REGS_PRODUCER>();
-    if (threadIdx.x == 0 && n_iter > 0) {
-      const fc_hpb_maps mp = fc_hpb_maps_of<!ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do); /* seqused: the sequence's own */
-      fc_hpb_produce<D, BR, STAGES>(mp.q, mp.k, mp.v, mp.x, a, sK, sV, sQ, sdO, sLD, bars, hk, bt, k_start, k0, q_start,
-                                    pad0, i_begin, n_i, n_iter);
-    }
+    fc_hpb_producer<D, BR, STAGES, ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do, sK, sV, sQ, sdO, sLD, bars);
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
-    /* The warpgroup index through a shuffle: provably warp-uniform, so that the descriptors derived from it
-     * live in uniform registers (hopper/fwd.cu explains why that matters). */
-    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int cw = fc_hpb_consumer();
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
