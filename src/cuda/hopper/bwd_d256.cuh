@@ -353,9 +353,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
-    /* The warpgroup index through a shuffle: provably warp-uniform (descriptors in uniform registers). */
-    const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int cw = fc_hpb_consumer();
     const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
     const int g = lane / 4, t = lane % 4;
     const int key0 = k0 + 16 * warp + g; /* this thread's keys: key0, key0 + 8 (every warpgroup: all 64 keys) */
