@@ -144,6 +144,9 @@ def inputs(dtype, b, sq, sk, hq, hkv, d, layout, varlen=None):
 
 
 # ---- reference ---------------------------------------------------------------------------------------------
+REF_DEVICE = "cuda"  # where check_forward computes its references (run() sets it from --cpu-reference)
+
+
 def visible(sq, sk, causal, align, wl, wr, device="cuda"):
     """[sq, sk] bool: key j visible to query i (flashc.h's mask; align 0 = bottom-right)."""
     i = torch.arange(sq, device=device)[:, None]
@@ -225,9 +228,10 @@ def check_forward(record, tag, dtype, q, k, v, o, lse, seqs, mask, varlen):
             if lx is not None and not bool((torch.isinf(lx) & (lx < 0)).all()):
                 bad.append("rows with no key: lse is not -inf")
             continue
-        one = (q[bb, qs:qs + ql], k[bb, ks:ks + kl], v[bb, ks:ks + kl], scale, visible(ql, kl, *mask))
-        o_ref, lse_ref = (x[None].double() for x in reference(*one))  # [1, sq, hq, d], [1, hq, sq]
-        o_plain = reference(*one, low=dtype)[0][None].double()
+        one = (q[bb, qs:qs + ql].to(REF_DEVICE), k[bb, ks:ks + kl].to(REF_DEVICE), v[bb, ks:ks + kl].to(REF_DEVICE),
+               scale, visible(ql, kl, *mask, device=REF_DEVICE))
+        o_ref, lse_ref = (x[None].double().to(q.device) for x in reference(*one))  # [1, sq, hq, d], [1, hq, sq]
+        o_plain = reference(*one, low=dtype)[0][None].double().to(q.device)
         if torch.isnan(ox).any():
             bad.append("NaN in o")
         err = max(err, (ox - o_ref).abs().max().item())
@@ -290,12 +294,16 @@ def arg_parser(lib, quick_help):
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--no-check", action="store_true", help="skip the correctness cases")
     ap.add_argument("--no-bench", action="store_true", help="skip the timings")
+    ap.add_argument("--cpu-reference", action="store_true", help="compute the forward references on the CPU "
+                    "(under compute-sanitizer: torch's cuBLAS kernels are not flashc's to check)")
     return ap
 
 
 def run(args, res, correctness, bench, groups=(), shown=30):
     """correctness() unless --no-check, then bench() unless --no-bench, then res's summary and the exit (1 if
     anything failed)."""
+    global REF_DEVICE
+    REF_DEVICE = "cpu" if args.cpu_reference else "cuda"
     t0 = time.time()
     if not args.no_check:
         correctness()
