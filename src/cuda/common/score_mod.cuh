@@ -116,5 +116,14 @@ static __device__ __forceinline__ float fc_mod_score(float s, const fc_score_mod
   }
   return fmaf(-slope, dist, x);
 }
+/* The same with softcap decided at run time (md.k_out > 0): tanh.approx is one MUFU op, so one body serves calls with
+ * and without softcap. */
+static __device__ __forceinline__ float fc_mod_score_any(float s, const fc_score_mod &md, float slope, float dist,
+                                                         float *g) {
+  const bool cap = md.k_out > 0.0f;
+  const float th = fc_tanh(s * md.k_in);
+  *g = cap ? fmaf(-th, th, 1.0f) : 1.0f;
+  return fmaf(-slope, dist, cap ? md.k_out * th : s * md.k_in);
+}
 
 #endif /* FLASHC_CUDA_COMMON_SCORE_MOD_CUH */

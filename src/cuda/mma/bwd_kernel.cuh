@@ -151,7 +151,7 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_dp(float (&sT)[MT_S][NSX][4]
  * dbias_plane (the only CTA that computes the pair writes it). kt, qt: the thread's first key and query in the block
  * (ks·MS + g, ns·NS + 2t); w = i + sk − sq − j of that pair, so that key kt + kc and query qt + qc are |w + qc − kc|
  * apart (ALiBi; exact in fp32 below 2^24). L, Dr: lse2 and D of the block's queries. */
-template <typename T, int MT_S, int NSX, bool CAP, bool BIAS>
+template <typename T, int MT_S, int NSX, bool BIAS>
 static __device__ __forceinline__ void fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4], float (&dpT)[MT_S][NSX][4],
                                                         const float *L, const float *Dr, const fc_score_mod &md,
                                                         float slope, float w, const fc_bwd_pmask &mk, bool full, int kt,
@@ -167,7 +167,7 @@ static __device__ __forceinline__ void fc_bwd_fa2_p_mod(float (&sT)[MT_S][NSX][4
         const int qi = qc + (e & 1), kj = kt + 16 * m + 8 * (e >> 1);
         float g;
         float xs =
-            fc_mod_score<CAP>(sT[m][x][e], md, slope, fabsf(w + (float)(8 * x + (e & 1) - 16 * m - 8 * (e >> 1))), &g);
+            fc_mod_score_any(sT[m][x][e], md, slope, fabsf(w + (float)(8 * x + (e & 1) - 16 * m - 8 * (e >> 1))), &g);
         /* BIAS: the pair's element of attn_mask (its offset in the plane: in = inside the sequence) */
         [[maybe_unused]] bool keep = true, in = true;
         [[maybe_unused]] int64_t at_i = 0, at_j = 0;
@@ -549,16 +549,9 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_fa2_kernel(const fc_mma
         if (a.mod.bias && !*mask_whole) {
           const void *bp = fc_bias_plane(a.mod, b, hh);
           void *dbp = a.mod.dbias ? fc_dbias_plane(a.mod, b, hh) : nullptr;
-          if (a.mod.k_out > 0.0f)
-            fc_bwd_fa2_p_mod<T, MT_S, NSX, true, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, bp, dbp);
-          else
-            fc_bwd_fa2_p_mod<T, MT_S, NSX, false, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, bp, dbp);
-        } else if (a.mod.k_out > 0.0f) {
-          fc_bwd_fa2_p_mod<T, MT_S, NSX, true, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, nullptr,
-                                                      nullptr);
+          fc_bwd_fa2_p_mod<T, MT_S, NSX, true>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, bp, dbp);
         } else {
-          fc_bwd_fa2_p_mod<T, MT_S, NSX, false, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, nullptr,
-                                                       nullptr);
+          fc_bwd_fa2_p_mod<T, MT_S, NSX, false>(sT, dpT, L, Dr, a.mod, slope, w, mk, full, kt, qt, nullptr, nullptr);
         }
         if (a.mod.drop_on) fc_mma_drop_apply_t<MT_S, NSX>(sT, km, a.mod.drop_rp);
       }

@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(NW * 32, 1) fc_mma_bwd_dkdv_kernel(const fc_mm
  * modified score x (fc_bwd_fa2_p_mod's maths in the forward's layout: row g + 8·(e >> 1), key k0 + 8x + 2t + (e & 1)),
  * keys outside the row's [lo, hi) P = 0. dist0[rh]: i + sk − sq − 2t of the row (ALiBi). BIAS: x gains attn_mask's
  * element (row[rh], key) of bias_plane (P = 0 where a boolean mask removes it); dbias is the dK/dV kernel's. */
-template <typename T, int NS, bool CAP, bool BIAS>
+template <typename T, int NS, bool BIAS>
 static __device__ __forceinline__ void
 fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4], const fc_score_mod &md, float slope,
                 const float (&dist0)[2], int k0, const int (&lo)[2], const int (&hi)[2], const float (&l2)[2],
@@ -221,7 +221,7 @@ fc_bwd_dq_p_mod(float (&sc)[NS][4], const float (&dp)[NS][4], const fc_score_mod
     for (int e = 0; e < 4; e++) {
       const int key = k0 + 8 * x + 2 * t + (e & 1), rh = e >> 1;
       float g;
-      float xs = fc_mod_score<CAP>(sc[x][e], md, slope, fabsf(v[rh] - (float)(8 * x + (e & 1))), &g);
+      float xs = fc_mod_score_any(sc[x][e], md, slope, fabsf(v[rh] - (float)(8 * x + (e & 1))), &g);
       [[maybe_unused]] bool keep = true;
       if constexpr (BIAS) { /* attn_mask (fc_bwd_fa2_p_mod's): elements inside the sequence only */
         float add = 0.0f;
@@ -360,20 +360,12 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
     if constexpr (SCORE_MOD) {
       /* Dropout: dS = P∘g∘(Z∘dP − D), Z = keep/(1 − p) (flash_bwd.c's form) */
       if (a.mod.drop_on) fc_mma_drop_apply<1, NS>(&dp, km, a.mod.drop_rp);
-#define FC_DQ_P_MOD(CAP, BIAS)                                                                                         \
-  fc_bwd_dq_p_mod<T, NS, CAP, BIAS>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t, bias_plane, brow,  \
-                                    s.sq, s.sk)
-      if (a.mod.bias && mask_cls != FC_MT_ALL) {
-        if (a.mod.k_out > 0.0f)
-          FC_DQ_P_MOD(true, true);
-        else
-          FC_DQ_P_MOD(false, true);
-      } else if (a.mod.k_out > 0.0f) {
-        FC_DQ_P_MOD(true, false);
-      } else {
-        FC_DQ_P_MOD(false, false);
-      }
-#undef FC_DQ_P_MOD
+      if (a.mod.bias && mask_cls != FC_MT_ALL)
+        fc_bwd_dq_p_mod<T, NS, true>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t, bias_plane, brow,
+                                     s.sq, s.sk);
+      else
+        fc_bwd_dq_p_mod<T, NS, false>(sc, dp, a.mod, slope, dist0, j * BC, row_lo, row_hi, l2, dr, t, bias_plane, brow,
+                                      s.sq, s.sk);
     }
 #pragma unroll
     for (int x = 0; x < NS && !SCORE_MOD; x++)

@@ -273,7 +273,9 @@ static flashc_status fc_mma_fwd_plan_of(const fc_problem *p, fc_mma_fwd_plan *pl
   /* Softcap, ALiBi, dropout and attn_mask: the lean kernel only (SCORE_MOD, mma/score_mod.cuh); the SMALL kernel has
    * none. */
   const bool mod = p->softcap > 0.0f || p->alibi_slopes != NULL || p->dropout_p > 0.0f || p->attn_mask != NULL;
-  pl->row = p->window_left >= 0 || p->window_right >= 0 ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
+  /* The SCORE_MOD kernels run the masked row's shapes with or without a mask (its own unmasked shapes at d96/d128
+   * would be 16 more kernels per image) */
+  pl->row = p->window_left >= 0 || p->window_right >= 0 || mod ? FC_MMA_FWD_MASKED : FC_MMA_FWD_UNMASKED;
   if (pl->pair < 0 && fc_mma_fwd_smem(&fc_mma_fwd_shapes[pl->row][pl->dim], d, d) > props.smem_per_block_optin &&
       fc_mma_fwd_shapes[FC_MMA_FWD_SMALL][pl->dim].bc > 0 && fc_mma_fwd_small_in_image(props.code_sm) && !mod)
     pl->row = FC_MMA_FWD_SMALL;
@@ -357,7 +359,7 @@ static flashc_status fc_mma_fwd_dispatch(const fc_problem *p, const fc_mma_fwd_a
   if constexpr (R < FC_MMA_FWD_NROWS) {
     if constexpr (I < FC_MMA_NDIMS) {
       constexpr fc_mma_fwd_shape s = fc_mma_fwd_shapes[R][I];
-      if constexpr (s.bc > 0 && !(SCORE_MOD && R == FC_MMA_FWD_SMALL)) {
+      if constexpr (s.bc > 0 && !(SCORE_MOD && R != FC_MMA_FWD_MASKED)) {
         if (pl->row == R && pl->dim == I)
           return fc_mma_fwd_launch<T, fc_mma_dims[I], s.bc, s.stages, s.mt, s.q_in_regs != 0, s.min_blocks,
                                    R != FC_MMA_FWD_SMALL, SCORE_MOD>(p, a, pl->grid);
