@@ -24,7 +24,8 @@ from ._lib import InvalidArgumentError, UnsupportedError
 _ALIGNS = {"bottom-right": _lib.ALIGN_BOTTOM_RIGHT, "top-left": _lib.ALIGN_TOP_LEFT}
 
 
-# ---- handles: one per thread and backend, so the workspace is reused between calls ---------------------
+# ---- handles: on the CPU one per thread and backend, so the workspace is reused between calls ----------
+# (CUDA calls take flashc.torch's: one per thread, device and stream, _ops._handle)
 class _Handle:
     def __init__(self, backend: str):
         h = _lib.Handle()
@@ -380,25 +381,35 @@ class Call:
         if device.startswith("cuda"):
             import torch
 
+            from . import _ops
+
             self._cuda = torch.cuda
             self._device = torch.device(device)
+            self._stream_handle = _ops._handle
 
     def __call__(self):
-        h = _handle(self.backend)
         lib = _lib.lib
-        _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
         t = self._tensors
         ref = ctypes.byref
         if self._cuda is None:
+            h = _handle(self.backend)
+            _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
             _lib.check(lib.flashc_set_stream(h.ptr, None))
             status = self._run(lib, h, t, ref)
-        elif self._cuda.current_device() == self._device.index:
-            _lib.check(lib.flashc_set_stream(h.ptr, self._cuda.current_stream(self._device).cuda_stream))
-            status = self._run(lib, h, t, ref)
         else:
-            with self._cuda.device(self._device):  # the C library works on the current device: the tensors'
-                _lib.check(lib.flashc_set_stream(h.ptr, self._cuda.current_stream(self._device).cuda_stream))
+            # flashc.torch's handle of this thread, device and current stream: a CUDA graph captured on a stream
+            # flashc has not run on gets its clear error, not an invalidated capture (a handle of another stream
+            # would order the call after that stream's work, which a capture cannot wait for).
+            index = self._device.index
+            if self._cuda.current_device() == index:
+                h = self._stream_handle(self.backend, index)
+                _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
                 status = self._run(lib, h, t, ref)
+            else:
+                with self._cuda.device(self._device):  # the C library works on the current device: the tensors'
+                    h = self._stream_handle(self.backend, index)
+                    _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
+                    status = self._run(lib, h, t, ref)
         _lib.check(status)
         _local.last_backend = lib.flashc_handle_last_backend(h.ptr).decode()
         return self.outputs

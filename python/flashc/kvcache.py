@@ -151,19 +151,26 @@ def _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, params, backend,
     lse_ptr = None
     if lse is not None and _arrays.numel(lse):
         lse_ptr = ctypes.cast(_arrays.data_ptr(lse), ctypes.POINTER(ctypes.c_float))
-    h = _api._handle(backend)
     lib = _lib.lib
-    _lib.check(lib.flashc_set_threads(h.ptr, threads))
-    args = (h.ptr, ctypes.byref(tensors[0]), ctypes.byref(c), ctypes.byref(o_t), lse_ptr, ctypes.byref(params))
     if device.startswith("cuda"):
         import torch
 
-        with torch.cuda.device(torch.device(device)):  # the C library works on the current device: the tensors'
-            _lib.check(lib.flashc_set_stream(h.ptr, torch.cuda.current_stream().cuda_stream))
-            status = _fn(*args)
+        from . import _ops
+
+        index = torch.device(device).index
+        with torch.cuda.device(index):  # the C library works on the current device: the tensors'
+            # flashc.torch's handle of this thread, device and current stream: a capture on a stream flashc has not
+            # run on gets its clear error instead of an invalidated capture (another stream's handle would order it
+            # after that stream's work, which a capture cannot wait for).
+            h = _ops._handle(backend, index)
+            _lib.check(lib.flashc_set_threads(h.ptr, threads))
+            status = _fn(h.ptr, ctypes.byref(tensors[0]), ctypes.byref(c), ctypes.byref(o_t), lse_ptr,
+                         ctypes.byref(params))  # fmt: skip
     else:
+        h = _api._handle(backend)
+        _lib.check(lib.flashc_set_threads(h.ptr, threads))
         _lib.check(lib.flashc_set_stream(h.ptr, None))
-        status = _fn(*args)
+        status = _fn(h.ptr, ctypes.byref(tensors[0]), ctypes.byref(c), ctypes.byref(o_t), lse_ptr, ctypes.byref(params))
     _lib.check(status)
     _api._local.last_backend = lib.flashc_handle_last_backend(h.ptr).decode()
 
