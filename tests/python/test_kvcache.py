@@ -517,12 +517,38 @@ def test_cuda_graph_capture(rng):
         assert np.array_equal(tkc.float().cpu().numpy(), want_k), "the replay appends at the new lengths"
 
 
+def fresh_stream_then_warm_capture(torch, call, out):
+    """PyTorch's usual capture (a warm-up under torch.cuda.stream(s), then torch.cuda.graph(g), which captures on a
+    stream of its own): flashc's first call on that stream raises the clear RuntimeError and leaves nothing broken;
+    a capture on the warmed-up stream s then replays the eager result into out."""
+    from flashc import _ops
+
+    graph = torch.cuda.CUDAGraph()
+    usual = torch.cuda.graph(graph)  # its capture stream: PyTorch's default one
+    side = torch.cuda.Stream()
+    while side.cuda_stream == usual.capture_stream.cuda_stream:  # streams come from a pool: another one
+        side = torch.cuda.Stream()
+    _ops._tls.handles.clear()  # this thread's handles: every stream is new to flashc
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    side.synchronize()
+    want = out.clone()
+    with pytest.raises(RuntimeError, match="first flashc call on a CUDA stream cannot be captured"), usual:
+        call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("path", ["extension", "python"])
 def test_cuda_graph_on_a_fresh_stream(monkeypatch, path):
-    """PyTorch's usual capture (warm-up under torch.cuda.stream(s), then torch.cuda.graph(g), which captures on a
-    stream of its own): flashc's first call on that stream raises the clear RuntimeError, through the C++
-    extension's path and the Python path alike, and leaves nothing broken: a capture on the warmed-up stream then
-    works and replays the eager result."""
+    """attention_with_kvcache through the C++ extension's path and the Python path alike (8k keys at batch 1: split
+    keys, partials in the stream's workspace)."""
     torch = need_cuda("auto")
     if path == "python":
         monkeypatch.setattr(kvc, "_fast", False)
@@ -530,58 +556,16 @@ def test_cuda_graph_on_a_fresh_stream(monkeypatch, path):
     q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     kc, vc = (torch.randn(1, 8192, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "kv")
     out = torch.full_like(q, float("nan"))
-
-    def step():  # 8k keys at batch 1: split keys, partials in the stream's workspace
-        return flashc.attention_with_kvcache(q, kc, vc, causal=True, out=out)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with (
-        pytest.raises(RuntimeError, match="first flashc call on a CUDA stream cannot be captured"),
-        torch.cuda.graph(graph),
-    ):
-        step()
-    want = step().clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        step()
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    fresh_stream_then_warm_capture(torch, lambda: flashc.attention_with_kvcache(q, kc, vc, causal=True, out=out), out)
 
 
 def test_cuda_graph_numpy_style_call_on_a_fresh_stream():
-    """flashc.attention on CUDA tensors (the prepared-call API) uses the same per-stream handles: a capture on a
-    stream flashc has not run on raises the clear error, one on a warmed-up stream replays the eager result."""
+    """flashc.attention on CUDA tensors (the prepared-call API) takes the same per-stream handles."""
     torch = need_cuda("auto")
     gen = torch.Generator(device="cuda").manual_seed(8)
     q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "qkv")
     out = torch.empty_like(q)
-    call = flashc.prepare_forward(q, k, v, causal=True, out=out)
-    graph = torch.cuda.CUDAGraph()
-    with (
-        pytest.raises(RuntimeError, match="first flashc call on a CUDA stream cannot be captured"),
-        torch.cuda.graph(graph),
-    ):
-        call()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    side.synchronize()
-    want = out.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        call()
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    fresh_stream_then_warm_capture(torch, flashc.prepare_forward(q, k, v, causal=True, out=out), out)
 
 
 def test_cuda_graph_survives_a_growing_workspace():
