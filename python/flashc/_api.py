@@ -2,10 +2,11 @@
 
 A call is built in two steps. prepare_forward/prepare_backward check in Python only what ctypes or the C
 library cannot check (types, ranks, the sizes of lse and cu_seqlens, devices), allocate the outputs that were
-not given, fill the ctypes structs and return a Call; `Call.__call__` then runs the C function on the thread's
-cached handle. The public functions do both at once; a loop or a benchmark keeps the Call and repeats only
-the C call. Every other check (shapes against each other, the mask, what a backend
-supports) is the C library's, and its message comes back in the exception.
+not given, fill the ctypes structs and return a Call; `Call.__call__` then runs the C function on a cached
+handle: the thread's for the CPU, the thread's for the current CUDA stream on a GPU (flashc.torch's, so that a
+CUDA graph capture on a stream flashc has not run on gets a clear error). The public functions do both at once; a
+loop or a benchmark keeps the Call and repeats only the C call. Every other check (shapes against each other,
+the mask, what a backend supports) is the C library's, and its message comes back in the exception.
 """
 
 from __future__ import annotations
