@@ -394,7 +394,6 @@ class Call:
         ref = ctypes.byref
         if self._cuda is None:
             h = _handle(self.backend)
-            _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
             _lib.check(lib.flashc_set_stream(h.ptr, None))
             status = self._run(lib, h, t, ref)
         else:
@@ -404,18 +403,17 @@ class Call:
             index = self._device.index
             if self._cuda.current_device() == index:
                 h = self._stream_handle(self.backend, index)
-                _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
                 status = self._run(lib, h, t, ref)
             else:
                 with self._cuda.device(self._device):  # the C library works on the current device: the tensors'
                     h = self._stream_handle(self.backend, index)
-                    _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
                     status = self._run(lib, h, t, ref)
         _lib.check(status)
         _local.last_backend = lib.flashc_handle_last_backend(h.ptr).decode()
         return self.outputs
 
     def _run(self, lib, h, t, ref):
+        _lib.check(lib.flashc_set_threads(h.ptr, self._threads))
         if self._backward:
             q, k, v, o, dout, dq, dk, dv = t
             return lib.flashc_backward(

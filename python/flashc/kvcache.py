@@ -152,6 +152,11 @@ def _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, params, backend,
     if lse is not None and _arrays.numel(lse):
         lse_ptr = ctypes.cast(_arrays.data_ptr(lse), ctypes.POINTER(ctypes.c_float))
     lib = _lib.lib
+
+    def call(h):
+        _lib.check(lib.flashc_set_threads(h.ptr, threads))
+        return _fn(h.ptr, ctypes.byref(tensors[0]), ctypes.byref(c), ctypes.byref(o_t), lse_ptr, ctypes.byref(params))
+
     if device.startswith("cuda"):
         import torch
 
@@ -163,14 +168,11 @@ def _run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, params, backend,
             # run on gets its clear error instead of an invalidated capture (another stream's handle would order it
             # after that stream's work, which a capture cannot wait for).
             h = _ops._handle(backend, index)
-            _lib.check(lib.flashc_set_threads(h.ptr, threads))
-            status = _fn(h.ptr, ctypes.byref(tensors[0]), ctypes.byref(c), ctypes.byref(o_t), lse_ptr,
-                         ctypes.byref(params))  # fmt: skip
+            status = call(h)
     else:
         h = _api._handle(backend)
-        _lib.check(lib.flashc_set_threads(h.ptr, threads))
         _lib.check(lib.flashc_set_stream(h.ptr, None))
-        status = _fn(h.ptr, ctypes.byref(tensors[0]), ctypes.byref(c), ctypes.byref(o_t), lse_ptr, ctypes.byref(params))
+        status = call(h)
     _lib.check(status)
     _api._local.last_backend = lib.flashc_handle_last_backend(h.ptr).decode()
 
