@@ -477,6 +477,126 @@ def test_cuda_bad_tables(rng, backend, breakage):
         assert np.array_equal(pool[1:-1].float().cpu().numpy(), want), "only sequence 0's rows are appended"
 
 
+# The key splits of a tile merged by its last CTA (mma/decode.cu): explicit split counts up to DEC_SPLIT_MAX, odd ones,
+# rows per tile from 1 to 24 (two row blocks), head dims whose float4s per row are not a power of two.
+SPLIT_SHAPES = [
+    # page, seqlen_q, hq, hkv, d, num_splits
+    *(pytest.param(None, 1, 24, 4, 128, n, id=f"dense-sq1-gqa24/4-splits{n}") for n in (2, 7, 32, 128)),
+    *(pytest.param(64, 4, 24, 4, 128, n, id=f"page64-sq4-gqa24/4-splits{n}") for n in (2, 7, 32, 128)),
+    *(pytest.param(None, 4, 24, 4, 128, n, id=f"dense-sq4-gqa24/4-splits{n}") for n in (7, 128)),
+    *(pytest.param(64, 1, 24, 4, 128, n, id=f"page64-sq1-gqa24/4-splits{n}") for n in (7, 128)),
+    pytest.param(None, 1, 8, 8, 128, 32, id="dense-sq1-mha-splits32"),  # one row per tile, as batch-1 32:32
+    pytest.param(16, 4, 8, 8, 128, 7, id="page16-sq4-mha-splits7"),
+    pytest.param(None, 1, 4, 4, 59, 32, id="dense-sq1-mha-d59-splits32"),
+    pytest.param(16, 4, 8, 2, 256, 32, id="page16-sq4-gqa8/2-d256-splits32"),
+    pytest.param(None, 1, 8, 1, 64, 128, id="dense-sq1-mqa-d64-splits128"),
+]
+
+
+def split_case(torch, rng, page, hkv, d, dtype):
+    """Three sequences of 8192 keys (room for 128 splits of one 64-key block): full, empty (every row sees no key:
+    o 0, lse -inf) and 3001 keys (splits past its keys are empty). The caches on the device, their rounded values."""
+    kc, vc, _, _, lens, table = make_cache(rng, batch=3, capacity=8192, hkv=hkv, d=d, page=page, cached=[8192, 0, 3001],
+                                           sn=0)  # fmt: skip
+    (tkc, kc), (tvc, vc) = (to_device(torch, x, dtype) for x in (kc, vc))
+    tlens = torch.from_numpy(lens).cuda()
+    ttable = None if table is None else torch.from_numpy(np.ascontiguousarray(table)).cuda()
+    return kc, vc, lens, table, tkc, tvc, tlens, ttable
+
+
+def check_cuda_nan_row(o, lse, ref_o, ref_lse, base_o, nan_at, dtype_name):
+    """check_cuda, where query row (b, i, h) = nan_at had a NaN in q (the references computed without it): that row's o
+    and lse are NaN, every other row as check_cuda says."""
+    b, i, h = nan_at
+    assert bool(o[b, i, h].isnan().all() and lse[b, h, i].isnan()), "the NaN query row's o and lse are NaN"
+    o, lse = o.clone(), lse.clone()
+    o[b, i, h] = o.new_tensor(ref_o[b, i, h])
+    lse[b, h, i] = float(ref_lse[b, h, i])
+    check_cuda(o, lse, ref_o, ref_lse, base_o, dtype_name)
+
+
+def same_bits(torch, a, b):
+    """a and b hold the same bits (NaN included)."""
+    ints = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return a.shape == b.shape and torch.equal(a.view(ints), b.view(ints))
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("page,sq,hq,hkv,d,splits", SPLIT_SHAPES)
+def test_cuda_split_merge(rng, backend, page, sq, hq, hkv, d, splits):
+    """num_splits splits per tile, the tile's last CTA merging them, three calls on one handle (one stream): the tiles'
+    counters are left zero, so each call merges again. Call 1 and 3 take the same q (with a NaN in one query row:
+    that row NaN, the others right), call 2 another; outputs poisoned before each. Call 3 repeats call 1's bits
+    (the merge's order does not depend on which CTA is last)."""
+    torch = need_cuda(backend)
+    dtype = torch.bfloat16
+    kc, vc, lens, table, tkc, tvc, tlens, ttable = split_case(torch, rng, page, hkv, d, dtype)
+    nan_at = (0, sq - 1, hq - 1)  # the last head: the last row of the last tile of sequence 0
+    outs = []
+    for q_seed in (1, 2, 1):
+        q = np.random.default_rng(q_seed).standard_normal((3, sq, hq, d)).astype(np.float32)
+        tq, q = to_device(torch, q, dtype)
+        if q_seed == 1:
+            tq[nan_at] = float("nan")
+        out = torch.full_like(tq, float("nan"))
+        o, lse = flashc.attention_with_kvcache(
+            tq, tkc, tvc, cache_seqlens=tlens, block_table=ttable, causal=True, return_lse=True, backend=backend,
+            num_splits=splits, out=out,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        assert flashc.last_backend() == backend
+        ref_o, ref_lse = reference(q, kc, vc, None, None, lens, table, page, causal=True)
+        base_o = plain_lowp(torch, q, kc, vc, None, None, lens, table, page, True, None, dtype)
+        if q_seed == 1:
+            check_cuda_nan_row(o, lse, ref_o, ref_lse, base_o, nan_at, "bf16")
+        else:
+            check_cuda(o, lse, ref_o, ref_lse, base_o, "bf16")
+        outs.append((o.clone(), lse.clone()))
+    assert same_bits(torch, outs[0][0], outs[2][0]) and same_bits(torch, outs[0][1], outs[2][1]), "the same bits again"
+
+
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_cuda_graph_replays_split_merge(rng, backend):
+    """A call of 32 splits per tile captured in a CUDA graph and replayed five times, with new lengths and q each time
+    and an eager call of another split count on the same stream (the same handle and counters) between replays:
+    the last CTAs leave the counters zero for the next launch, whichever it is."""
+    torch = need_cuda(backend)
+    dtype, page, sq, hq, hkv, d = torch.bfloat16, 64, 1, 32, 8, 128
+    kc, vc, lens, table, tkc, tvc, tlens, ttable = split_case(torch, rng, page, hkv, d, dtype)
+    tq, _ = to_device(torch, rng.standard_normal((3, sq, hq, d)).astype(np.float32), dtype)
+
+    def step(n):
+        return flashc.attention_with_kvcache(tq, tkc, tvc, cache_seqlens=tlens, block_table=ttable, causal=True,
+                                             return_lse=True, backend=backend, num_splits=n)  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # the warm-up grows the handle's workspace and zeroed memory outside the capture
+        step(32)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        o, lse = step(32)
+    for replay, new_lens in enumerate(([8192, 0, 3001], [17, 8000, 0], [4096, 4097, 1], [0, 0, 8192], [64, 65, 63])):
+        tlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        tq.copy_(torch.randn_like(tq))
+        torch.cuda.synchronize()
+        q = tq.float().cpu().numpy()
+        lens_np = np.array(new_lens, dtype=np.int32)
+        ref_o, ref_lse = reference(q, kc, vc, None, None, lens_np, table, page, causal=True)
+        base_o = plain_lowp(torch, q, kc, vc, None, None, lens_np, table, page, True, None, dtype)
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        with torch.cuda.stream(stream):
+            graph.replay()
+            if replay % 2:
+                eager_o, eager_lse = step(7)
+        torch.cuda.synchronize()
+        check_cuda(o, lse, ref_o, ref_lse, base_o, "bf16")
+        if replay % 2:
+            check_cuda(eager_o, eager_lse, ref_o, ref_lse, base_o, "bf16")
+
+
 def test_cuda_graph_capture(rng):
     """attention_with_kvcache captured in a CUDA graph (lengths and block table on the device, no host sync), replayed
     after changing cache_seqlens, q and the new k/v in place: each replay appends and attends at the new lengths."""

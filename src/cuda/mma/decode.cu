@@ -9,10 +9,17 @@
  *     DEC_BR = 16 rows (more rows: more row blocks, adjacent in the grid so that they meet K/V in L2);
  *   - split keys ("flash-decoding"): the key blocks a tile sees are cut into n_splits ranges, one CTA each, so that
  *     batch × heads_kv × row blocks × n_splits CTAs fill the GPU (fc_dec_splits); each writes its rows' O and lse
- *     and a second kernel merges them through the lse (as mma/fwd_split.cuh):
+ *     to the workspace and counts itself done on the tile's counter, and the tile's last CTA merges them through
+ *     the lse (fc_dec_merge; the same sums as mma/fwd_split.cuh's combine):
  *         lse = ln Σ_s e^(lse_s),   O = Σ_s e^(lse_s − lse) · O_s
- *     A separate merge kernel rather than "the last CTA merges": no counters to keep zero between calls, no
- *     fence protocol, and its cost is n_splits · 16 · (d + 1) floats per tile against the tile's K and V;
+ *     The counters live in the handle's zeroed memory (fc_device_zeroed), which the last CTA leaves zero again,
+ *     so no call clears them first and a CUDA graph's replays find them zero. The merge cost is n_splits · 16 ·
+ *     (d + 1) floats per tile, read from L2, against the tile's K and V. It was a second kernel (a programmatic
+ *     dependent on sm_90; no counters, no fences), which took 5.4-6.6 µs at batch 1 on an H200 where cuDNN's
+ *     reduction takes 1.9-2.8 µs (bench/results/checks/decode-host-vs-gpu-h200-2026-12-01.txt); with the last CTA's
+ *     merge the kernel takes 37.1 / 12.2 / 37.3 µs at heads 32:32 8k / 32:8 8k / 32:8 32k where the two kernels
+ *     took 39.9 / 15.7 / 41.9 (cuDNN 35.5 / 11.0 / 36.5; torch.profiler, L2 warm;
+ *     bench/results/checks/decode-last-cta-merge-h200-2026-12-01.txt);
  *   - inside a CTA the 4 warps split each block of DEC_BC = 64 keys (16 keys each) over the same 16 rows, and merge
  *     their (m, l, O) through shared memory at the end: few rows need no row split, and each warp still does whole
  *     m16n8k16 steps;
@@ -53,7 +60,6 @@ enum {
   DEC_SPLIT_MAX = 128,      /* key splits per tile, at most */
   DEC_SHARE_KEYS = 2048,    /* keys per split below which a split's CTA has an SM to itself (fc_dec_splits) */
   DEC_APPEND_THREADS = 256, /* the append kernel's CTA */
-  DEC_MERGE_THREADS = 128,  /* the merge kernel's CTA: 4 warps, a row each */
 };
 
 /* Shared memory of a CTA: Q's 16 rows and a ring of STAGES blocks of K and V, rows of fc_tile_stride(D) elements,
@@ -87,6 +93,7 @@ typedef struct fc_dec_args {
   int64_t window_left, window_right;
   int bottom_right;
   float *part_o, *part_lse; /* n_splits > 1: [tile][split][DEC_BR] rows of D floats, and their lse */
+  int *counts;              /* n_splits > 1: [tile] CTAs of the tile done (fc_device_zeroed: zero between launches) */
 } fc_dec_args;
 
 /* ---- device helpers ---------------------------------------------------------------------------------------- */
@@ -245,9 +252,127 @@ __global__ void __launch_bounds__(DEC_APPEND_THREADS) fc_dec_append_kernel(const
   }
 }
 
+/* The merge of one tile's splits, by the tile's last CTA (n_splits > 1: fc_dec_kernel): per row,
+ *     lse = ln Σ_y e^(lse_y),   O = Σ_y e^(lse_y − lse) · O_y
+ * over the S = n_splits partials [y][DEC_BR][D] of the tile, whose first R rows hold query rows. At batch 1 a tile
+ * holds few rows (R = 1 at heads 32/32, 4 at 32/8) and up to DEC_SPLIT_MAX splits, so the threads are spread over
+ * the splits as well as the columns. First the weights: a warp per row, its lanes over the splits (lane x: splits x,
+ * x + 32, ...), the row's lse by shuffles, the weights e^(lse_y − lse) into sW. Then O: a split's rows hold F = R·C
+ * float4s of columns < d (C = ⌈d / 4⌉ per row); thread t sums float4 f = t (t + 128, ... while F ≥ 128) over every
+ * split, or where F < 128 float4 t % F over the splits of group p = t / F (p, p + P, ..., P = ⌊128 / F⌋ groups),
+ * the groups' sums meeting in sAcc. Each thread loads U splits' float4s before it weights any (loads independent of
+ * the weights: 128·U 16-byte loads in flight in the CTA), and its first U are issued before the weights are
+ * computed. (The separate kernel this replaced measured the layouts: one CTA per row with its threads over the
+ * splits and then the columns, three barriers and each column's loads behind a test of the weight, took 6.3 µs at
+ * batch 1, heads 32/8, 128k keys, 32 splits on an H200; a warp per row that read every split's lse again for each
+ * column took longer than the attention.) A split that no key of the row reached (lse −inf) has weight 0 and adds
+ * nothing (its product is not taken); a row that no split reached gets o = 0 and lse −inf; a NaN lse (a NaN score,
+ * or an unusable sequence) makes the row NaN. The sums run in a fixed order whichever CTA is last: the same bits
+ * run to run. smem: DEC_SPLIT_MAX·DEC_BR + 4·DEC_NT floats. */
+template <typename T, int D>
+static __device__ __forceinline__ void fc_dec_merge(const fc_dec_args &a, int64_t tile, int64_t b, int hk, int r0,
+                                                    float *smem) {
+  constexpr int U = D <= 128 ? 16 : 8; /* float4 loads in flight per thread: 64 (32) registers */
+  constexpr int YPL = DEC_SPLIT_MAX / 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, S = a.n_splits;
+  const int R = min((int)DEC_BR, a.rows - r0), C = (a.head_dim + 3) / 4, F = R * C;
+  const int P = F >= DEC_NT ? 1 : DEC_NT / F, p = F >= DEC_NT ? 0 : tid / F;
+  const float *part_lse = a.part_lse + tile * S * DEC_BR, *part_o = a.part_o + tile * S * DEC_BR * D;
+  float *sW = smem;                                       /* [split][DEC_BR]: e^(lse_y − lse) */
+  float4 *sAcc = (float4 *)(sW + DEC_SPLIT_MAX * DEC_BR); /* [group][F]: the groups' sums (P > 1) */
+
+  /* This thread's float4 f, and the first split y0 of its next U: y0, y0 + P, ..., y0 + (U − 1)·P. */
+  int f = F >= DEC_NT ? tid : tid % F, y0 = p;
+  bool more = p < P; /* threads past P groups of F have nothing to sum */
+  float4 v[U];
+  auto load = [&]() {
+    const float *at = part_o + (f / C) * D + 4 * (f % C);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int y = y0 + u * P;
+      v[u] = y < S ? __ldcg((const float4 *)(at + (int64_t)y * DEC_BR * D)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  if (more) load(); /* in flight while the weights are computed */
+
+  /* lse = ln Σ_y e^(lse_y) per row, and the weights. */
+  for (int r = warp; r < R; r += DEC_WARPS) {
+    float ly[YPL], mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < YPL; k++) {
+      const int y = lane + 32 * k;
+      ly[k] = y < S ? __ldcg(part_lse + y * DEC_BR + r) : -INFINITY;
+      mx = fc_fmax_nan(mx, ly[k]); /* NaN stays */
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < YPL; k++) sum += mx == -INFINITY ? 0.0f : expf(ly[k] - mx); /* e^−inf = 0 */
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+#pragma unroll
+    for (int k = 0; k < YPL; k++) {
+      const int y = lane + 32 * k;
+      if (y < S) sW[y * DEC_BR + r] = mx == -INFINITY || ly[k] == -INFINITY ? 0.0f : expf(ly[k] - lse);
+    }
+    if (a.lse && lane == 0) {
+      const int rr = r0 + r, i = rr / a.group, h = hk * a.group + rr % a.group;
+      a.lse[(b * a.heads_q + h) * a.seqlen_q + i] = lse;
+    }
+  }
+  __syncthreads(); /* the weights are visible to every thread */
+
+  /* O = Σ_y w_y · O_y, U splits at a time; a float4 summed over its splits goes out (or to its group's sum). */
+  auto out = [&](int f_, float4 x) {
+    const int rr = r0 + f_ / C, c = 4 * (f_ % C), i = rr / a.group, h = hk * a.group + rr % a.group;
+    uint16_t *O = a.o + b * a.o_sb + (int64_t)i * a.o_ss + (int64_t)h * a.o_sh + c;
+    const float e[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      if (c + k < a.head_dim) O[k] = fc_from_float<T>(e[k]);
+  };
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  while (more) {
+    const int r = f / C;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int y = y0 + u * P;
+      const float w = y < S ? sW[y * DEC_BR + r] : 0.0f;
+      if (w != 0.0f) { /* a weight of 0 adds nothing, whatever the partial holds; a NaN one makes the row NaN */
+        acc.x = fmaf(w, v[u].x, acc.x), acc.y = fmaf(w, v[u].y, acc.y);
+        acc.z = fmaf(w, v[u].z, acc.z), acc.w = fmaf(w, v[u].w, acc.w);
+      }
+    }
+    y0 += U * P;
+    if (y0 >= S) { /* float4 f is summed over this thread's splits */
+      if (P > 1)
+        sAcc[p * F + f] = acc;
+      else
+        out(f, acc);
+      acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      f += DEC_NT, y0 = p, more = f < F; /* P > 1: F < DEC_NT, one float4 per thread */
+    }
+    if (more) load();
+  }
+  if (P > 1) { /* P is the CTA's: every thread is at this barrier */
+    __syncthreads();
+    if (tid < F) {
+      float4 x = sAcc[tid];
+      for (int q = 1; q < P; q++) {
+        const float4 y = sAcc[q * F + tid];
+        x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+      }
+      out(tid, x);
+    }
+  }
+}
+
 /* The attention: CTA x = ((b·heads_kv + hk)·n_splits + split)·row_blocks + rb computes rows 16·rb.. of KV head hk
  * of sequence b against its split of the key blocks (the row blocks of one split are neighbours: they read the
- * same K/V at about the same time, from L2 after the first). PAGED: a block table (a.page_size > 0). */
+ * same K/V at about the same time, from L2 after the first). PAGED: a block table (a.page_size > 0). One split: it
+ * writes o and lse; more: its partials, and the last of the tile's CTAs to finish merges them (fc_dec_merge). */
 template <typename T, int D, int STAGES, bool ALIGNED, bool PAGED>
 __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) {
   constexpr int DS = fc_tile_stride(D), KD = D / 16, NO = D / 8;
@@ -401,11 +526,6 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
     if constexpr (PAGED) fc_dec_page_put(sRows + stage * DEC_BC * 2, next, page_sb, page_ss, page_head);
   }
 
-#if __CUDA_ARCH__ >= 900
-  /* The merge (a programmatic dependent on sm_90) may be scheduled once every CTA is here: its griddepcontrol.wait
-   * still waits for this grid to complete */
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
   /* The warps' partials merged through shared memory (the ring is free once every copy has landed and every warp
    * has left the loop): per row, M = max_w m_w, L = Σ_w 2^(c·(m_w − M))·l_w, O = Σ_w 2^(c·(m_w − M))·O_w / L. */
   static_assert((DEC_WARPS * DEC_BR * (D + 3) + DEC_BR) * sizeof(float) <= 2 * STAGES * DEC_BC * DS * sizeof(uint16_t),
@@ -444,7 +564,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
   __syncthreads();
 
   /* Out: o and lse (one split), or this split's rows of the partials. */
-  const int64_t part_row = (((b * a.heads_kv + hk) * a.row_blocks + rb) * a.n_splits + split) * DEC_BR;
+  const int64_t tile = (b * a.heads_kv + hk) * a.row_blocks + rb, part_row = (tile * a.n_splits + split) * DEC_BR;
   for (int idx = tid; idx < DEC_BR * D; idx += DEC_NT) {
     const int r = idx / D, c = idx % D, rr = r0 + r;
     if (rr >= a.rows || c >= a.head_dim) continue;
@@ -467,81 +587,29 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
     else if (a.lse)
       a.lse[(b * a.heads_q + h) * a.seqlen_q + i] = sLse[tid];
   }
-}
+  if (a.n_splits == 1) return;
 
-/* The merge of the splits (n_splits > 1): one warp per row of a tile (sequence, KV head, row block; a grid-stride
- * loop over them), so that the rows of few tiles (batch-1 decoding: one tile per KV head) still spread over the SMs.
- * The lanes read the splits' lse once (lane y: splits y, y + 32, ...), reduce them to the row's lse by shuffles and
- * leave the weights e^(lse_s − lse) in shared memory; then each lane sums its columns (float2 pairs, the warp's
- * loads 256 contiguous bytes) over the splits, its loads independent of the weights so that 8 splits' loads are in
- * flight at once. (One CTA per row, its threads over the splits and then the columns, with three barriers and each
- * column's loads behind a test of the weight, took 6.3 µs at batch 1, heads 32/8, 128k keys, 32 splits on an H200,
- * where cuDNN's reduction takes 2.9; a warp per row that read every split's lse again for each column took longer
- * than the attention.) A split that no key of the row reached (lse −inf) has weight 0 and adds nothing (its partial
- * is 0, and its product is not taken); a row that no split reached gets o = 0 and lse −inf; a NaN lse (a NaN score,
- * or an unusable sequence) makes the row NaN. On sm_90 it is launched as a programmatic dependent of the attention
- * (fc_dec_launch), which lets its CTAs start while the attention's last CTAs finish: griddepcontrol.wait holds each
- * until the attention grid has completed and its writes are visible. */
-template <typename T, int D>
-__global__ void __launch_bounds__(DEC_MERGE_THREADS) fc_dec_merge_kernel(const fc_dec_args a, int64_t n_rows) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-  constexpr int WARPS = DEC_MERGE_THREADS / 32, YPL = DEC_SPLIT_MAX / 32, CPL = D / 64; /* float2 pairs per lane */
-  __shared__ float w[WARPS][DEC_SPLIT_MAX];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int64_t x = (int64_t)blockIdx.x * WARPS + warp; x < n_rows; x += (int64_t)gridDim.x * WARPS) {
-    const int64_t tile = x / DEC_BR; /* x is uniform over the warp: so are the branches below */
-    const int r = (int)(x % DEC_BR), rb = (int)(tile % a.row_blocks), hk = (int)(tile / a.row_blocks % a.heads_kv);
-    const int64_t b = tile / a.row_blocks / a.heads_kv;
-    const int r0 = rb * DEC_BR;
-    if (r >= a.rows - r0) continue;                       /* past the last row of the last row block */
-    const int64_t first = tile * a.n_splits * DEC_BR + r; /* the row in split y: first + y·DEC_BR */
-    float ly[YPL], mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < YPL; k++) {
-      const int y = lane + 32 * k;
-      ly[k] = y < a.n_splits ? a.part_lse[first + y * DEC_BR] : -INFINITY;
-      mx = fc_fmax_nan(mx, ly[k]); /* NaN stays */
+  /* The tile's count: the CTA that brings it to n_splits is the last of the tile's CTAs to finish, and merges. Release
+   * (CUTLASS's barrier does the same): every thread's partials precede thread 0's fence through the barrier, and the
+   * fence precedes its atomic. Acquire: the atomic that makes it last precedes its second fence, which precedes every
+   * thread's loads of the other CTAs' partials through __syncthreads_or; the merge loads them from L2 (ld.cg), where
+   * the other CTAs' fences put them. No other CTA touches the count again in this launch, so the last resets it:
+   * the next launch on the stream (a call, a graph's replay) finds it zero, as fc_device_zeroed's users leave it.
+   * The merge reuses the ring (every thread has read its part of sO and sC before the barrier). */
+  __syncthreads();
+  int last = 0;
+  if (tid == 0) {
+    __threadfence();
+    last = atomicAdd(a.counts + tile, 1) == a.n_splits - 1;
+    if (last) {
+      __threadfence();
+      a.counts[tile] = 0;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < YPL; k++) sum += mx == -INFINITY ? 0.0f : expf(ly[k] - mx); /* e^−inf = 0 */
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
-#pragma unroll
-    for (int k = 0; k < YPL; k++) {
-      const int y = lane + 32 * k;
-      if (y < a.n_splits) w[warp][y] = mx == -INFINITY || ly[k] == -INFINITY ? 0.0f : expf(ly[k] - lse);
-    }
-    __syncwarp();
-    float2 acc[CPL];
-#pragma unroll
-    for (int j = 0; j < CPL; j++) acc[j] = make_float2(0.0f, 0.0f);
-    const float *part = a.part_o + first * D + 2 * lane;
-#pragma unroll 8
-    for (int y = 0; y < a.n_splits; y++) {
-      const float wy = w[warp][y];
-#pragma unroll
-      for (int j = 0; j < CPL; j++) {
-        const float2 v = *(const float2 *)(part + (int64_t)y * DEC_BR * D + 64 * j);
-        if (wy != 0.0f) acc[j].x = fmaf(wy, v.x, acc[j].x), acc[j].y = fmaf(wy, v.y, acc[j].y);
-      }
-    }
-    const int rr = r0 + r, i = rr / a.group, h = hk * a.group + rr % a.group;
-    uint16_t *O = a.o + b * a.o_sb + (int64_t)i * a.o_ss + (int64_t)h * a.o_sh;
-#pragma unroll
-    for (int j = 0; j < CPL; j++) {
-      const int c = 64 * j + 2 * lane;
-      if (c < a.head_dim) O[c] = fc_from_float<T>(acc[j].x);
-      if (c + 1 < a.head_dim) O[c + 1] = fc_from_float<T>(acc[j].y);
-    }
-    if (a.lse && lane == 0) a.lse[(b * a.heads_q + h) * a.seqlen_q + i] = lse;
-    __syncwarp(); /* w is read before the warp's next row writes it */
   }
+  if (!__syncthreads_or(last)) return;
+  static_assert((DEC_SPLIT_MAX * DEC_BR + 4 * DEC_NT) * sizeof(float) <= 2 * STAGES * DEC_BC * DS * sizeof(uint16_t),
+                "the merge's weights and sums fit in the K/V ring");
+  fc_dec_merge<T, D>(a, tile, b, hk, r0, (float *)sK);
 }
 
 /* ---- host ---------------------------------------------------------------------------------------------------- */
@@ -554,12 +622,13 @@ static int fc_dec_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 2
  * waves / ⌈waves⌉ is within 95 % of the best, waves = tiles · n / slots (FlashAttention-2 takes 85 %: at batch 1,
  * heads 32/8, d 128 on an H200 that picked 29 splits, 19.0 / 44.4 / 140.3 µs at 8k / 32k / 128k keys in CUDA graphs,
  * where 95 % picks 32: 17.6 / 43.0 / 132.5 µs; bench/results/checks/gpu-check-decode-merge-h200-2026-11-30.txt;
- * batch 8 takes 4 either way). At most DEC_SPLIT_MAX, and at least 2 key
- * blocks (128 keys) per split of the capacity: below that a split's partial (16 · (d + 1) floats) and its share of
- * the merge cost about what it saves. The lengths are on the device, so the capacity stands for the longest; the
- * splits of a shorter sequence are shorter (or empty, and cheap). A caller's count (num_splits > 0) is taken as
- * it is, up to one split per key block of the capacity and DEC_SPLIT_MAX. Depends on the shape and the device
- * only: the same bits run to run on one GPU model. */
+ * batch 8 takes 4 either way; these and fc_dec_splits' figures were measured with the separate merge kernel, before
+ * the last CTA merged; not re-measured since). At most DEC_SPLIT_MAX, and at least 2 key blocks (128 keys) per split of
+ * the capacity: below that a split's partial (16 · (d + 1) floats) and its share of the merge (which the tile's last
+ * CTA reads from L2 after the split's end) cost about what it saves. The lengths are on the device, so the capacity
+ * stands for the longest; the splits of a shorter sequence are shorter (or empty, and cheap). A caller's count
+ * (num_splits > 0) is taken as it is, up to one split per key block of the capacity and DEC_SPLIT_MAX. Depends on the
+ * shape and the device only: the same bits run to run on one GPU model. */
 static int fc_dec_fill(int64_t tiles, int64_t most, int64_t slots) {
   if (tiles >= slots) return 1;
   double eff[DEC_SPLIT_MAX + 1], best = 0.0;
@@ -589,6 +658,10 @@ static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t sms, int per_s
   return n;
 }
 
+/* One attention launch of D and STAGES: the kernel for the layout (paged or dense, 16-byte aligned rows or not), its
+ * split count (fc_dec_splits, from the CTAs per SM the occupancy calculator gives), and with more than one split the
+ * partials in the handle's workspace and a counter per tile in its zeroed memory; the tiles' last CTAs merge, so the
+ * launch is the whole call (after the append). */
 template <typename T, int D, int STAGES>
 static flashc_status fc_dec_launch(const fc_kv_problem *kp, fc_dec_args *a, bool aligned) {
   const fc_problem *p = &kp->base;
@@ -610,28 +683,19 @@ static flashc_status fc_dec_launch(const fc_kv_problem *kp, fc_dec_args *a, bool
                     "%s: %lld sequences x %lld KV heads x %d row blocks x %d splits exceed 2^31-1 CTAs on the CUDA "
                     "backends",
                     OP, (long long)p->batch, (long long)p->heads_kv, a->row_blocks, a->n_splits);
-  if (a->n_splits > 1) { /* the partials: D floats of O and one lse per row of each split of each tile */
+  if (a->n_splits > 1) { /* the partials (D floats of O and one lse per row of each split of each tile), the counts */
     const size_t rows = (size_t)ctas * DEC_BR;
-    void *ws = NULL;
+    void *ws = NULL, *counts = NULL;
     FC_CHECK(fc_device_workspace(p, rows * (D + 1) * sizeof(float), &ws));
     a->part_o = (float *)ws;
     a->part_lse = a->part_o + rows * D;
+    /* From offset 0: no other kernel of this call uses the zeroed memory, and the other calls on the handle (the
+     * hopper forward's flags) are ordered with this one on its stream. */
+    FC_CHECK(fc_device_zeroed(p, (size_t)tiles * sizeof(int), &counts));
+    a->counts = (int *)counts;
   }
   kernel<<<(unsigned)ctas, DEC_NT, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_dec_kernel");
-  if (a->n_splits > 1) {
-    const int64_t n_rows = tiles * DEC_BR; /* < 2^31 · 16: tiles · n_splits ≤ 2^31 − 1 above */
-    const int64_t warps = DEC_MERGE_THREADS / 32, blocks = (n_rows + warps - 1) / warps;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(blocks < (1 << 20) ? blocks : (1 << 20))), cfg.blockDim = dim3(DEC_MERGE_THREADS);
-    cfg.stream = fc_stream(p);
-    /* sm_90: a programmatic dependent of the attention (the merge kernel's griddepcontrol.wait orders the two) */
-    cudaLaunchAttribute dep;
-    dep.id = cudaLaunchAttributeProgrammaticStreamSerialization, dep.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &dep, cfg.numAttrs = props.code_sm >= 90 ? 1 : 0; /* the image whose merge waits */
-    FC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fc_dec_merge_kernel<T, D>, *a, n_rows));
-    FC_LAUNCH_CHECK("fc_dec_merge_kernel");
-  }
   return FLASHC_OK;
 }
 
