@@ -17,10 +17,11 @@ CUDA_BACKENDS = [n for n, b in BACKENDS.items() if b.device == "cuda" and b.usab
 
 # ---- the independent oracle ------------------------------------------------------------------------------
 def oracle(q, k, v, dout, *, causal=False, window=None, scale=None, softcap=0.0, slopes=None,
-           align="bottom-right", cu_q=None, cu_k=None, used_q=None, used_k=None):  # fmt: skip
+           align="bottom-right", cu_q=None, cu_k=None, used_q=None, used_k=None, keep=None):  # fmt: skip
     """(o, lse, dq, dk, dv) in fp64. q [B, Sq, H, D] (or packed [T, H, D] with cu_q/cu_k), v of its own head dim.
     Scores: s = scale·q·k; s <- cap·tanh(s/cap); s <- s - slope·|i + sk - sq - j| (sq, sk the used lengths);
-    then the mask and the softmax. Rows of no key and unused rows give o = 0, lse = -inf and zero gradients."""
+    then the mask (and keep, a boolean attn_mask broadcast to [B, H, Sq, Sk]: False removes the key; dense only) and
+    the softmax. Rows of no key and unused rows give o = 0, lse = -inf and zero gradients."""
     packed = cu_q is not None
     q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
     if packed:
@@ -33,6 +34,9 @@ def oracle(q, k, v, dout, *, causal=False, window=None, scale=None, softcap=0.0,
     o = np.zeros((B, Sq, H, DV))
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     lse = np.full((H, Sq) if packed else (B, H, Sq), -np.inf)
+    if keep is not None:
+        assert not packed, "keep: dense only"
+        keep = np.broadcast_to(np.asarray(keep, bool), (B, H, Sq, k.shape[1]))
     seqs = len(cu_q) - 1 if packed else B
     for s in range(seqs):
         b = 0 if packed else s
@@ -41,8 +45,9 @@ def oracle(q, k, v, dout, *, causal=False, window=None, scale=None, softcap=0.0,
         nq = (used_q[s] if used_q is not None else cu_q[s + 1] - cu_q[s]) if packed else Sq
         nk = (used_k[s] if used_k is not None else cu_k[s + 1] - cu_k[s]) if packed else k.shape[1]
         i, j = np.arange(nq)[:, None], np.arange(nk)[None, :]  # for ALiBi's distances
-        vis = visible(nq, nk, causal, window, align == "bottom-right")
+        vis_all = visible(nq, nk, causal, window, align == "bottom-right")
         for h in range(H):
+            vis = vis_all if keep is None else vis_all & keep[b, h]
             hk = h // (H // Hk)
             Q, K, V = q[b, q0 : q0 + nq, h], k[b, k0 : k0 + nk, hk], v[b, k0 : k0 + nk, hk]
             dO = dout[b, q0 : q0 + nq, h]
@@ -346,6 +351,127 @@ def test_cuda_score_mods_rule(name, shape, opts, dtype, backend, rng):
         assert err <= times * err_plain + 1e-5, (
             f"{name} {backend} {dtype}: {name_} error {err:.3g} > {times} x {err_plain:.3g}"
         )
+
+
+# ---- cuda-hopper's softcap at the edges of the softmax's range ------------------------------------------------------
+# Softcap bounds every score to [−cap, cap]: rows whose scores all lie far below the cap (x ≈ −cap on every key) or far
+# above it, at caps from 30 to 100, on each kernel the plan runs (hopper/fwd.cu, fc_hp_fwd_plan_of): the persistent one
+# at D = 128 (and its split last rounds, which merge two parts' m and l), at D = 64 with 3 consumers, the one-tile one
+# at D = 256 causal and D = 128 causal from 8k. (A fixed softmax base for such calls, no row max, was tried on these
+# rows and dropped: docs/experiments.md.)
+HOPPER_SOFTCAP_EDGE_CASES = [
+    ("cap30-causal-d128-persistent", (2, 300, 300, 2, 2, 128), 30.0, dict(causal=True)),
+    ("cap50-d64-persistent3", (1, 250, 400, 4, 2, 64), 50.0, {}),
+    ("cap50-causal-d256-onetile", (1, 200, 200, 2, 1, 256), 50.0, dict(causal=True)),
+    ("cap50-causal-d128-onetile-8k", (1, 130, 8192, 1, 1, 128), 50.0, dict(causal=True)),
+    ("cap50-d128-split", (1, 2304, 1280, 8, 8, 128), 50.0, {}),
+    ("cap70-causal-d128", (2, 300, 300, 2, 2, 128), 70.0, dict(causal=True)),
+    ("cap100-causal-d128", (2, 300, 300, 2, 2, 128), 100.0, dict(causal=True)),
+]
+
+
+def extreme_rows_inputs(torch, shape, rng):
+    """bf16 q, k, v, dout on the device. k = 3 + noise in every column, so rows i % 3 == 0 (q = −3 + noise) score
+    scale·q·k ≈ −9·sqrt(d) on every key, far below any cap here, rows i % 3 == 1 (q = 3 + noise) ≈ +9·sqrt(d), and the
+    rest (q random) a few units either side of 0."""
+    b, sq, sk, hq, hkv, d = shape
+    k = 3.0 + 0.5 * rng.standard_normal((b, sk, hkv, d))
+    q = rng.standard_normal((b, sq, hq, d))
+    q[:, 0::3] = -3.0 + 0.5 * rng.standard_normal(q[:, 0::3].shape)
+    q[:, 1::3] = 3.0 + 0.5 * rng.standard_normal(q[:, 1::3].shape)
+    v, dout = (rng.standard_normal(s) for s in ((b, sk, hkv, d), (b, sq, hq, d)))
+    return tuple(torch.tensor(x, dtype=torch.bfloat16, device="cuda") for x in (q, k, v, dout))
+
+
+@pytest.mark.parametrize(
+    "name,shape,cap,opts", HOPPER_SOFTCAP_EDGE_CASES, ids=[c[0] for c in HOPPER_SOFTCAP_EDGE_CASES]
+)
+def test_cuda_hopper_softcap_extreme_rows(name, shape, cap, opts, rng):
+    """bf16 softcap with rows far below and far above the cap against the fp64 oracle: o, lse and the gradients within
+    test_cuda_score_mods' tolerance, and on the extreme rows o within 2^-5 of their largest |o| (a flushed or
+    overflowed P is off by all of it) and lse within cap·2^-10 (tanh.approx's ~2^-11 on t, doubled)."""
+    if "cuda-hopper" not in CUDA_BACKENDS:
+        pytest.skip("no CUDA device (or cuda-hopper is not usable on it)")
+    torch = pytest.importorskip("torch")
+    import flashc.torch as ft
+
+    q, k, v, dout = extreme_rows_inputs(torch, shape, rng)
+    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v, dout)), softcap=cap, **opts)
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    o, lse = ft.attention(qg, kg, vg, softcap=cap, backend="cuda-hopper", return_lse=True, **opts)
+    o.backward(dout)
+    got = tuple(x.detach().double().cpu().numpy() for x in (o, lse, qg.grad, kg.grad, vg.grad))
+    check_against(got, want, 4e-2, name)
+    for rows in (slice(0, None, 3), slice(1, None, 3)):  # every key far below the cap; far above
+        o_got, o_want = got[0][:, rows], want[0][:, rows]
+        err = np.abs(o_got - o_want).max()
+        assert err <= 2**-5 * np.abs(o_want).max(), f"{name}: o of rows {rows} error {err:.3g}"
+        err = np.abs(got[1][:, :, rows] - want[1][:, :, rows]).max()
+        assert err <= cap * 2**-10 + 1e-3, f"{name}: lse of rows {rows} error {err:.3g}"
+
+
+# Softcap with rows that see no key or hold a NaN, on each kernel of the plan: (b, sq, sk, hq, hkv, d), options
+HOPPER_SOFTCAP_CASES = [
+    ("d128-persistent", (2, 300, 300, 2, 2, 128), {}),
+    ("d64-persistent3", (2, 250, 300, 2, 1, 64), {}),
+    ("causal-d256-onetile", (2, 200, 200, 2, 1, 256), dict(causal=True)),
+]
+
+
+def hopper_softcap_forward(torch, q, k, v, opts, **kw):
+    """cuda-hopper's forward (o, lse) with softcap 30 of the 16-bit tensors q, k, v, as fp64 numpy arrays."""
+    o, lse = flashc.attention(q, k, v, backend="cuda-hopper", return_lse=True, softcap=30.0, **opts, **kw)
+    return o.double().cpu().numpy(), lse.double().cpu().numpy()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name,shape,opts", HOPPER_SOFTCAP_CASES, ids=[c[0] for c in HOPPER_SOFTCAP_CASES])
+def test_cuda_hopper_softcap_rows_without_keys(name, shape, opts, dtype, rng):
+    """Softcap 30 with a boolean attn_mask that removes every key of some rows: row 5 of every sequence (inside a tile
+    with other rows) and rows 0..191 of sequence 1 (whole tiles of 128 and 192 rows: no key block is loaded). Those
+    rows give o = 0 and lse = -inf exactly, the rest the fp64 oracle's."""
+    if "cuda-hopper" not in CUDA_BACKENDS:
+        pytest.skip("no CUDA device (or cuda-hopper is not usable on it)")
+    torch = pytest.importorskip("torch")
+    b, sq, sk, hq, hkv, d = shape
+    keep = rng.random((b, 1, sq, sk)) > 0.3
+    keep[:, :, 5] = False
+    keep[1, :, :192] = False
+    tdt = getattr(torch, dtype)
+    q, k, v = (torch.tensor(rng.standard_normal(s), dtype=tdt, device="cuda") for s in
+               ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)))  # fmt: skip
+    want = oracle(*(x.double().cpu().numpy() for x in (q, k, v)), np.zeros((b, sq, hq, d)), softcap=30.0, keep=keep,
+                  **opts)  # fmt: skip
+    got = hopper_softcap_forward(torch, q, k, v, opts, attn_mask=torch.tensor(keep, device="cuda"))
+    check_against(got, want[:2], 4e-2, f"{name} {dtype}")
+    none = np.isneginf(want[1])  # [b, hq, sq]: the rows that see no key
+    assert none[:, :, 5].all() and none[1, :, :192].all()
+    assert np.all(got[0].transpose(0, 2, 1, 3)[none] == 0), f"{name} {dtype}: o of a row without keys is not 0"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name,shape,opts", HOPPER_SOFTCAP_CASES, ids=[c[0] for c in HOPPER_SOFTCAP_CASES])
+def test_cuda_hopper_softcap_nan_row(name, shape, opts, dtype, rng):
+    """A NaN in one element of q (row 7 of sequence 0, head 0; the last row of the last sequence and head) makes that
+    row's o and lse NaN; every other row as the fp64 oracle's."""
+    if "cuda-hopper" not in CUDA_BACKENDS:
+        pytest.skip("no CUDA device (or cuda-hopper is not usable on it)")
+    torch = pytest.importorskip("torch")
+    b, sq, sk, hq, hkv, d = shape
+    tdt = getattr(torch, dtype)
+    q, k, v = (torch.tensor(rng.standard_normal(s), dtype=tdt, device="cuda") for s in
+               ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)))  # fmt: skip
+    q[0, 7, 0, 3] = float("nan")
+    q[b - 1, sq - 1, hq - 1, 0] = float("nan")
+    with np.errstate(invalid="ignore"):
+        want = oracle(*(x.double().cpu().numpy() for x in (q, k, v)), np.zeros((b, sq, hq, d)), softcap=30.0, **opts)
+    got = hopper_softcap_forward(torch, q, k, v, opts)
+    for what, g, w in zip(("o", "lse"), got, want):
+        nan = np.isnan(w)
+        assert nan.sum() == 2 * (d if what == "o" else 1), (name, what)
+        assert np.array_equal(np.isnan(g), nan), f"{name} {dtype}: {what}'s NaNs are not the NaN rows'"
+        err = np.abs(g[~nan] - w[~nan]).max()
+        assert err <= 4e-2 * max(1.0, np.abs(w[~nan]).max()), f"{name} {dtype}: {what} error {err:.3g}"
 
 
 MMA_SEQUSED_CASES = [

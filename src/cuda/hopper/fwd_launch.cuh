@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <type_traits>
 
 enum {
   FC_HP_BR = 128,               /* query rows per CTA: 2 consumer warpgroups × 64 */
@@ -235,10 +234,7 @@ static __device__ __forceinline__ void fc_hp_pv(float (&o)[D / 2], const uint32_
  * the rescale of O is skipped (fc_hp_rescale_if) where no row of the warp moved its base, which after the first
  * block is nearly always (FlashAttention-4's conditional rescale). Exact: O, l and lse share the base, whatever it
  * is, and 2^8 is far inside fp16's range. A row that has seen only masked keys keeps m = −inf and uses 0 as its
- * base, so every exponent is −inf and P = 0. fixed (softcap alone in bf16: fc_hp_softmax_factors): m holds a base
- * fixed for the whole call, m0, that no P can overflow or underflow from, so no row max is taken at all: alpha = 1 and
- * O is never rescaled; a masked key's P is 0 as before, a NaN score's P is NaN and carries into l and O, and a row
- * that saw no key ends with l = 0 (fc_hp_row_m). This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows
+ * base, so every exponent is −inf and P = 0. This thread holds columns 8x + 2t, 8x + 2t + 1 of its two rows
  * (rh = 0, 1); the 4 threads t of a row share its max, and each sums only its own columns of l (summed over the 4 at
  * the end). */
 /* The max of v[0 .. N) into v[0], as a tree of depth ceil(log2 N) (N need not be a power of 2: D = 256 has 10). A
@@ -253,7 +249,7 @@ template <int N> static __device__ __forceinline__ void fc_hp_tree_max(float (&v
 
 template <int BC = FC_HP_BC>
 static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
-                                                         const int (&hi)[2], int t, float c, bool fixed, float (&m)[2],
+                                                         const int (&hi)[2], int t, float c, float (&m)[2],
                                                          float (&l)[2], float (&alpha)[2]) {
   if (mask) {
 #pragma unroll
@@ -264,33 +260,24 @@ static __device__ __forceinline__ void fc_hp_softmax_f32(float (&s)[BC / 2], boo
         if (key < lo[rh] || key >= hi[rh]) s[4 * x + e] = -INFINITY;
       }
   }
-  /* The fixed base skips each row's max by a branch per row around it. Both rows' maxes under one branch, or both
-   * rows' exponentials duplicated under one, made the persistent D = 128 kernel with the TMA store spill 4–16 bytes
-   * (ptxas, nvcc 13.0); this form spills none there. */
 #pragma unroll
   for (int rh = 0; rh < 2; rh++) {
-    float base;
-    if (fixed) {
-      base = m[rh] * c;
-      alpha[rh] = 1.0f;
-    } else {
-      /* The row's max as a tree (depth log2(BC/4), not a chain of BC/4 dependent FMNMX: the exponentials wait for
-       * it, and the consumer's chain of S, softmax and P·V sets the loop's pace; tools/hopper/trace.py). */
-      float v[BC / 8];
+    /* The row's max as a tree (depth log2(BC/4), not a chain of BC/4 dependent FMNMX: the exponentials wait for it,
+     * and the consumer's chain of S, softmax and P·V sets the loop's pace; tools/hopper/trace.py). */
+    float v[BC / 8];
 #pragma unroll
-      for (int x = 0; x < BC / 8; x++) v[x] = fc_fmax_nan(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]);
-      fc_hp_tree_max<BC / 8>(v);
-      float mx = fc_fmax_nan(m[rh], v[0]);
-      mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      /* m = −inf: any key seen moves it. A NaN max (fc_fmax_nan: a NaN score) moves it too, so that the row ends
-       * NaN, not with the m = −inf of a row that saw no key. */
-      const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK || mx != mx;
-      const float mb = move ? mx : m[rh];
-      base = mb == -INFINITY ? 0.0f : mb * c;
-      alpha[rh] = move ? fc_exp2(m[rh] * c - base) : 1.0f; /* m = −inf: 0, and O, l are still 0 */
-      m[rh] = mb;
-    }
+    for (int x = 0; x < BC / 8; x++) v[x] = fc_fmax_nan(s[4 * x + 2 * rh], s[4 * x + 2 * rh + 1]);
+    fc_hp_tree_max<BC / 8>(v);
+    float mx = fc_fmax_nan(m[rh], v[0]);
+    mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    /* m = −inf: any key seen moves it. A NaN max (fc_fmax_nan: a NaN score) moves it too, so that the row ends
+     * NaN, not with the m = −inf of a row that saw no key. */
+    const bool move = mx * c > m[rh] * c + FC_HP_BASE_SLACK || mx != mx;
+    const float mb = move ? mx : m[rh];
+    const float base = mb == -INFINITY ? 0.0f : mb * c;
+    alpha[rh] = move ? fc_exp2(m[rh] * c - base) : 1.0f; /* m = −inf: 0, and O, l are still 0 */
+    m[rh] = mb;
     float sum = 0.0f;
 #pragma unroll
     for (int x = 0; x < BC / 8; x++) {
@@ -318,9 +305,9 @@ static __device__ __forceinline__ void fc_hp_pack(const float (&s)[BC / 2], uint
 /* The whole softmax of one block: P in fp32, then packed. */
 template <typename T, int BC = FC_HP_BC>
 static __device__ __forceinline__ void fc_hp_softmax(float (&s)[BC / 2], bool mask, int k0, const int (&lo)[2],
-                                                     const int (&hi)[2], int t, float c, bool fixed, float (&m)[2],
-                                                     float (&l)[2], float (&alpha)[2], uint32_t (&p)[BC / 16][4]) {
-  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, fixed, m, l, alpha);
+                                                     const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
+                                                     float (&alpha)[2], uint32_t (&p)[BC / 16][4]) {
+  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, m, l, alpha);
   fc_hp_pack<T, BC>(s, p);
 }
 
@@ -340,26 +327,18 @@ template <int D> static __device__ __forceinline__ void fc_hp_rescale_if(float (
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) fc_hp_rescale<D>(o, alpha);
 }
 
-/* The m that 1 / l and lse read of a row whose l is summed over its quad: under the fixed base (fc_hp_softmax_f32) a
- * row that saw no key still holds m0, with l = 0; −inf there, as the running max leaves such a row, so that O = 0 and
- * lse = −inf. A NaN l (a NaN score) is not 0: the row stays NaN. */
-static __device__ __forceinline__ float fc_hp_row_m(float m, float l, bool fixed) {
-  return fixed && l == 0.0f ? -INFINITY : m;
-}
-
 /* Block n's softmax beside P_{n−1}·V_{n−1} in flight, the steady state of both forward kernels' consumer loop: the
  * softmax runs in fp32 in S's registers (DROP: the kernel's P∘keep after it); only the pack into P's registers and O's
- * rescale wait for the P·V (none under the fixed base: alpha = 1). The block boundary (`boundary`: true, from a kernel
- * argument) keeps ptxas from hoisting the wait above the softmax (docs/hopper.md). Before 3b1e0c5 the 2 consumers
- * packed the next P into registers of their own before the wait and copied it after; the branch of the conditional
- * rescale made ptxas serialise that loop (C7513), and this one measured the same without it. MARK: the kernel's trace
- * mark once the wait is over. */
+ * rescale wait for the P·V. The block boundary (`boundary`: true, from a kernel argument) keeps ptxas from hoisting the
+ * wait above the softmax (docs/hopper.md). Before 3b1e0c5 the 2 consumers packed the next P into registers of their own
+ * before the wait and copied it after; the branch of the conditional rescale made ptxas serialise that loop (C7513),
+ * and this one measured the same without it. MARK: the kernel's trace mark once the wait is over. */
 template <typename T, int BC, int DV, class Drop, class Mark>
 static __device__ __forceinline__ void
 fc_hp_softmax_beside_pv(float (&s)[BC / 2], float (&o)[DV / 2], uint32_t (&p)[BC / 16][4], bool mask, int k0,
-                        const int (&lo)[2], const int (&hi)[2], int t, float c, bool fixed, float (&m)[2],
-                        float (&l)[2], float (&alpha)[2], bool boundary, Drop drop, Mark mark) {
-  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, fixed, m, l, alpha);
+                        const int (&lo)[2], const int (&hi)[2], int t, float c, float (&m)[2], float (&l)[2],
+                        float (&alpha)[2], bool boundary, Drop drop, Mark mark) {
+  fc_hp_softmax_f32<BC>(s, mask, k0, lo, hi, t, c, m, l, alpha);
   drop(s);
   fc_block_boundary(boundary);
   fc_wgmma_wait<0>(); /* P_{n−1}·V_{n−1} is done: O may be rescaled, P replaced */
@@ -367,7 +346,7 @@ fc_hp_softmax_beside_pv(float (&s)[BC / 2], float (&o)[DV / 2], uint32_t (&p)[BC
   fc_fence_regs(p);
   mark();
   fc_hp_pack<T, BC>(s, p);
-  if (!fixed) fc_hp_rescale_if<DV>(o, alpha);
+  fc_hp_rescale_if<DV>(o, alpha);
 }
 #endif /* FC_HOPPER_ARCH */
 
@@ -491,9 +470,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     /* SCORE_MOD: S becomes the modified score x (or tanh(S·k_in) for softcap alone), whose exponent and lse factors
      * fc_hp_softmax_factors gives; S itself for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
     [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
-    float c = a.scale_log2, m_scale = a.scale, m0 = -INFINITY; /* m0: the fixed base, or −inf (the running max) */
-    if constexpr (SCORE_MOD) fc_hp_softmax_factors(md, mod_x, std::is_same<T, __nv_bfloat16>::value, &c, &m_scale, &m0);
-    const bool fixed = SCORE_MOD && m0 != -INFINITY;
+    float c = a.scale_log2, m_scale = a.scale;
+    if constexpr (SCORE_MOD) fc_hp_softmax_factors(md, mod_x, &c, &m_scale);
     int lo[2], hi[2]; /* the keys each of this thread's two rows sees */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++)
@@ -558,7 +536,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
     auto my_turn = [&]() { fc_named_barrier(BAR_TURN + cw, 256); };
     auto your_turn = [&](bool last) { fc_named_barrier_arrive_if(BAR_TURN + (cw ^ 1), 256, !(last && cw == NC - 1)); };
 
-    float o[DV / 2], m[2] = {m0, m0}, l[2] = {0.0f, 0.0f}, alpha[2];
+    float o[DV / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
     uint32_t p[BC / 16][4]; /* P of the last block, packed: the A operand of O += P·V */
 #pragma unroll
     for (int x = 0; x < DV / 2; x++) o[x] = 0.0f;
@@ -584,7 +562,7 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(0), lane == 0); /* K_0 is read: its stage may be refilled */
         mod_block(s, j_begin);
-        fc_hp_softmax_f32<BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, fixed, m, l, alpha);
+        fc_hp_softmax_f32<BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha);
         drop_apply(s);
         fc_hp_pack<T, BC>(s, p);
         mask_next(cls_next, j_begin + 1);
@@ -617,8 +595,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
         fc_fence_regs(s);
         fc_mbar_arrive_if(EMPTY_K(sn), lane == 0); /* K_n is read */
         mod_block(s, j_begin + n);
-        fc_hp_softmax_beside_pv<T, BC, DV>(s, o, p, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, fixed, m,
-                                           l, alpha, a.head_dim > 0, drop_apply, [] {});
+        fc_hp_softmax_beside_pv<T, BC, DV>(s, o, p, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l,
+                                           alpha, a.head_dim > 0, drop_apply, [] {});
         mask_next(cls_next, j_begin + n + 1);
       }
 
@@ -655,8 +633,8 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       }
     }
 
-    /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf (fc_hp_row_m), l = 0: O = 0, lse = −inf.
-     * Dropout: O = Σ P∘keep·V / (l·(1 − p)), l summed over the whole P. */
+    /* O = O / l and lse = scale·m + ln l; a row that saw no key has m = −inf, l = 0: O = 0, lse = −inf. Dropout:
+     * O = Σ P∘keep·V / (l·(1 − p)), l summed over the whole P. */
     uint16_t *O = a.o + b * a.o_sb + (int64_t)q_start * a.o_ss + (int64_t)h * a.o_sh;
     m[1] -= lin_off; /* ALiBi's linear form: row 1's offset (fc_hp_alibi_lin) */
 #pragma unroll
@@ -664,7 +642,6 @@ __global__ void __launch_bounds__(FC_HP_THREADS, 1)
       float lr = l[rh];
       lr += __shfl_xor_sync(0xffffffffu, lr, 1);
       lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-      m[rh] = fc_hp_row_m(m[rh], lr, fixed);
       float inv = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
       if constexpr (DROP) inv *= md.drop_rp;
 #pragma unroll

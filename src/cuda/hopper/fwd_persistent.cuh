@@ -266,9 +266,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
     /* SCORE_MOD: S becomes the modified score x (or tanh(S·k_in) for softcap alone), whose exponent and lse factors
      * fc_hp_softmax_factors gives; S itself for a boolean mask alone (fc_hp_mod_x); lse = m_scale·m + ln l */
     [[maybe_unused]] const bool mod_x = SCORE_MOD && fc_hp_mod_x(md);
-    float c = a.scale_log2, m_scale = a.scale, m0 = -INFINITY; /* m0: the fixed base, or −inf (the running max) */
-    if constexpr (SCORE_MOD) fc_hp_softmax_factors(md, mod_x, std::is_same<T, __nv_bfloat16>::value, &c, &m_scale, &m0);
-    const bool fixed = SCORE_MOD && m0 != -INFINITY;
+    float c = a.scale_log2, m_scale = a.scale;
+    if constexpr (SCORE_MOD) fc_hp_softmax_factors(md, mod_x, &c, &m_scale);
     FC_HP_TRACE_BEGIN(1 + cw, ct == 0);
     /* The turns (barrier BAR_TURN + c: consumer c's bar.sync and the previous consumer's bar.arrive, 256 threads)
      * go round robin, 0 → 1 (→ 2) → 0, as one chain over the CTA's whole life: the last consumer hands over after
@@ -372,23 +371,22 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
       FC_HP_MARK(18, 0);
     };
 
-    /* 1 / l and lse = scale·m + ln l of this warpgroup's rows (m = −inf, the row saw no key: inv 0 and lse −inf,
-     * fc_hp_row_m; a NaN m or l: NaN), lse stored at once. */
-    auto fc_hp_finish_rows = [&](const fc_hp_tile &x, int wg_row0, const float(&m_in)[2], const float(&l)[2]) {
+    /* 1 / l and lse = scale·m + ln l of this warpgroup's rows (m = −inf, the row saw no key: inv 0 and lse −inf;
+     * a NaN m or l: NaN), lse stored at once. */
+    auto fc_hp_finish_rows = [&](const fc_hp_tile &x, int wg_row0, const float(&m)[2], const float(&l)[2]) {
 #pragma unroll
       for (int rh = 0; rh < 2; rh++) {
         float lr = l[rh];
         lr += __shfl_xor_sync(0xffffffffu, lr, 1);
         lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-        const float m = fc_hp_row_m(m_in[rh], lr, fixed);
-        inv[rh] = m != -INFINITY ? 1.0f / lr : 0.0f;
+        inv[rh] = m[rh] != -INFINITY ? 1.0f / lr : 0.0f;
         if constexpr (DROP) inv[rh] *= md.drop_rp; /* O = Σ P∘keep·V / (l·(1 − p)) (hopper/fwd.cu) */
         const int row = wg_row0 + 16 * warp + g + 8 * rh;
         if (a.lse && t == 0 && row < x.sq && wg_row0 >= 0) {
           const int64_t at =
               a.cu_q ? (int64_t)x.h * a.total_q + x.q_start + row : (x.b * a.heads_q + x.h) * a.seqlen_q + row;
           /* __fmul_rn: not contracted into an fma (mma/fwd_common.cuh, fc_fwd_row_lse) */
-          a.lse[at] = m != -INFINITY ? __fmul_rn(m, m_scale) + logf(lr) : -INFINITY;
+          a.lse[at] = m[rh] != -INFINITY ? __fmul_rn(m[rh], m_scale) + logf(lr) : -INFINITY;
         }
       }
     };
@@ -496,7 +494,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
         if constexpr (DROP) fc_hp_drop_apply<BC>(s, kd);
       };
 
-      float m[2] = {m0, m0}, l[2] = {0.0f, 0.0f}, alpha[2]; /* m0: the fixed base, or −inf */
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
       uint32_t p[BC / 16][4];
       fc_hp_tile xn;
       bool okn;
@@ -531,7 +529,7 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           fc_mbar_arrive_if(EMPTY_K(s0), lane == 0);
           kuse++;
           mod_block(s, j_begin);
-          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, fixed, m, l, alpha);
+          fc_hp_softmax_f32<BC>(s, needs_mask(j_begin), j_begin * BC, lo, hi, t, c, m, l, alpha);
           drop_apply(s);
           fc_hp_pack<T, BC>(s, p);
           mask_next(cls_next, j_begin + 1);
@@ -564,8 +562,8 @@ __global__ void __launch_bounds__(128 + 128 * NC, 1)
           FC_HP_MARK(9, n);
           fc_mbar_arrive_if(EMPTY_K(sn), lane == 0);
           mod_block(s, j_begin + n);
-          fc_hp_softmax_beside_pv<T, BC, D>(s, o, p, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, fixed,
-                                            m, l, alpha, a.head_dim > 0, drop_apply, [&] { FC_HP_MARK(10, n); });
+          fc_hp_softmax_beside_pv<T, BC, D>(s, o, p, needs_mask(j_begin + n), (j_begin + n) * BC, lo, hi, t, c, m, l,
+                                            alpha, a.head_dim > 0, drop_apply, [&] { FC_HP_MARK(10, n); });
           mask_next(cls_next, j_begin + n + 1);
           FC_HP_MARK(19, n);
           kuse++;

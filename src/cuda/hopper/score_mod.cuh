@@ -105,33 +105,15 @@ static __device__ __forceinline__ bool fc_hp_mod_x(const fc_score_mod &md) {
   return md.k_out > 0.0f || md.alibi || (md.bias && !md.bias_bool);
 }
 
-/* The fixed base of softcap alone in bf16 (fc_hp_softmax_factors): every P lies in [2^−FC_HP_FIXED_LO,
- * 2^FC_HP_FIXED_HI]. Below, 26 binades above fp32's (and bf16's) least normal 2^−126: a row's P, l and P·V stay normal
- * for |V| ≥ 2^−26 (ex2.approx.ftz flushes subnormals, and the tensor cores' fp32 sums need not keep them), and where
- * they do not, what is lost weighs at most 2^(FC_HP_FIXED_LO − 126) = 2^−26 of O's scale. Above, l ≤ sk·2^64 and O ≤
- * sk·2^64·max|V| stay far inside fp32. The span of 164 binades holds the exponent's 2·cap·log2 e up to cap ≈ 56.8
- * (Gemma-2's 50, Grok's 30). */
-enum { FC_HP_FIXED_LO = 100, FC_HP_FIXED_HI = 64 };
-
 /* The SCORE_MOD kernels' exponent factor c (P = 2^(c·(s − m))) and lse's factor of m (lse = m_scale·m + ln l) for
  * the scores s that fc_hp_mod_block leaves: x (mod_x: c = log2 e), t (fc_hp_cap_t: c = cap·log2 e, m_scale = cap),
- * or S itself (a boolean mask alone: the plain kernel's scale·log2 e and scale, left in *c and *m_scale).
- * *m0: the softmax's fixed base in units of s, or −inf (left as it is) for the running max (fc_hp_softmax_f32). Softcap
- * alone bounds t = tanh(·) to [−1, 1], so the exponent c·(t − m0) lies in [−c·(1 + m0), c·(1 − m0)] whatever the row:
- * with m0 = min(1, FC_HP_FIXED_LO / c − 1) that is [−2c, 0] (P ≤ 1, as the plain kernel's P ≤ 2^8) or, once 2c passes
- * FC_HP_FIXED_LO, [−FC_HP_FIXED_LO, 2c − FC_HP_FIXED_LO], valid while 2c − FC_HP_FIXED_LO ≤ FC_HP_FIXED_HI. A base
- * that never moves needs no row max (a max tree, two shuffles, a compare per row and block) and never rescales O;
- * P's relative rounding to bf16 is the plain kernel's, whatever P's binade. Only where P is packed to bf16 (fixed_ok:
- * T = bf16), whose exponent is fp32's: f16's P must stay ≤ 65504 and above 2^−14 (its subnormals lose P's bits), a
- * span of 30 binades, and keeps the running max. */
-static __device__ __forceinline__ void fc_hp_softmax_factors(const fc_score_mod &md, bool mod_x, bool fixed_ok,
-                                                             float *c, float *m_scale, float *m0) {
+ * or S itself (a boolean mask alone: the plain kernel's scale·log2 e and scale, left in *c and *m_scale). */
+static __device__ __forceinline__ void fc_hp_softmax_factors(const fc_score_mod &md, bool mod_x, float *c,
+                                                             float *m_scale) {
   if (!mod_x) return;
   const bool cap_t = fc_hp_cap_t(md);
   *c = (cap_t ? md.k_out : 1.0f) * 1.4426950408889634f;
   *m_scale = cap_t ? md.k_out : 1.0f;
-  if (fixed_ok && cap_t && 2.0f * *c <= (float)(FC_HP_FIXED_LO + FC_HP_FIXED_HI))
-    *m0 = fminf(1.0f, (float)FC_HP_FIXED_LO / *c - 1.0f);
 }
 
 /* The key blocks [*j_begin, *j_begin + *n_blocks) of a tile of br rows from i0 (rows of the sequence: [0, sq)),
