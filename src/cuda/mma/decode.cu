@@ -19,7 +19,9 @@
  *     reduction takes 1.9-2.8 µs (bench/results/checks/decode-host-vs-gpu-h200-2026-12-01.txt); with the last CTA's
  *     merge the kernel takes 37.1 / 12.2 / 37.3 µs at heads 32:32 8k / 32:8 8k / 32:8 32k where the two kernels
  *     took 39.9 / 15.7 / 41.9 (cuDNN 35.5 / 11.0 / 36.5; torch.profiler, L2 warm;
- *     bench/results/checks/decode-last-cta-merge-h200-2026-12-01.txt);
+ *     bench/results/checks/decode-last-cta-merge-h200-2026-12-01.txt), but where a tile holds 16 rows (4 new rows
+ *     at a group of 4 or 8) it takes 2.6-3.3 µs more than the two kernels at batch 1, 8k keys: that one CTA reads
+ *     all the tile's partials after its own keys;
  *   - inside a CTA the 4 warps split each block of DEC_BC = 64 keys (16 keys each) over the same 16 rows, and merge
  *     their (m, l, O) through shared memory at the end: few rows need no row split, and each warp still does whole
  *     m16n8k16 steps;
