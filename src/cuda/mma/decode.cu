@@ -20,8 +20,9 @@
  *     merge the kernel takes 37.1 / 12.2 / 37.3 µs at heads 32:32 8k / 32:8 8k / 32:8 32k where the two kernels
  *     took 39.9 / 15.7 / 41.9 (cuDNN 35.5 / 11.0 / 36.5; torch.profiler, L2 warm;
  *     bench/results/checks/decode-last-cta-merge-h200-2026-12-01.txt), but where a tile holds 16 rows (4 new rows
- *     at a group of 4 or 8) it takes 2.6-3.3 µs more than the two kernels at batch 1, 8k keys: that one CTA reads
- *     all the tile's partials after its own keys;
+ *     at a group of 4 or 8) it took 2.6-3.3 µs more than the two kernels at batch 1, 8k keys: that one CTA reads
+ *     all the tile's partials after its own keys. So a KV head of more than DEC_CTA_MERGE_ROWS query rows keeps the
+ *     second kernel (fc_dec_merge_kernel: a warp per row over the whole GPU) and no counters;
  *   - inside a CTA the 4 warps split each block of DEC_BC = 64 keys (16 keys each) over the same 16 rows, and merge
  *     their (m, l, O) through shared memory at the end: few rows need no row split, and each warp still does whole
  *     m16n8k16 steps;
@@ -60,6 +61,8 @@ enum {
   DEC_NT = DEC_WARPS * 32,  /* threads per CTA */
   DEC_BC = DEC_WARPS * 16,  /* keys per block */
   DEC_SPLIT_MAX = 128,      /* key splits per tile, at most */
+  DEC_CTA_MERGE_ROWS = 8,   /* query rows per KV head up to which a tile's last CTA merges its splits (fc_dec_launch) */
+  DEC_MERGE_THREADS = 128,  /* the merge kernel's CTA: 4 warps, a row each */
   DEC_SHARE_KEYS = 2048,    /* keys per split below which a split's CTA has an SM to itself (fc_dec_splits) */
   DEC_APPEND_THREADS = 256, /* the append kernel's CTA */
 };
@@ -374,7 +377,8 @@ static __device__ __forceinline__ void fc_dec_merge(const fc_dec_args &a, int64_
 /* The attention: CTA x = ((b·heads_kv + hk)·n_splits + split)·row_blocks + rb computes rows 16·rb.. of KV head hk
  * of sequence b against its split of the key blocks (the row blocks of one split are neighbours: they read the
  * same K/V at about the same time, from L2 after the first). PAGED: a block table (a.page_size > 0). One split: it
- * writes o and lse; more: its partials, and the last of the tile's CTAs to finish merges them (fc_dec_merge). */
+ * writes o and lse; more: its partials, and the last of the tile's CTAs to finish merges them (fc_dec_merge), or,
+ * without counts (a.counts NULL: more than DEC_CTA_MERGE_ROWS rows per KV head), fc_dec_merge_kernel after it. */
 template <typename T, int D, int STAGES, bool ALIGNED, bool PAGED>
 __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) {
   constexpr int DS = fc_tile_stride(D), KD = D / 16, NO = D / 8;
@@ -528,6 +532,11 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
     if constexpr (PAGED) fc_dec_page_put(sRows + stage * DEC_BC * 2, next, page_sb, page_ss, page_head);
   }
 
+#if __CUDA_ARCH__ >= 900
+  /* The merge kernel (a programmatic dependent on sm_90, where it runs) may be scheduled once every CTA is here: its
+   * griddepcontrol.wait still waits for this grid to complete */
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   /* The warps' partials merged through shared memory (the ring is free once every copy has landed and every warp
    * has left the loop): per row, M = max_w m_w, L = Σ_w 2^(c·(m_w − M))·l_w, O = Σ_w 2^(c·(m_w − M))·O_w / L. */
   static_assert((DEC_WARPS * DEC_BR * (D + 3) + DEC_BR) * sizeof(float) <= 2 * STAGES * DEC_BC * DS * sizeof(uint16_t),
@@ -589,7 +598,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
     else if (a.lse)
       a.lse[(b * a.heads_q + h) * a.seqlen_q + i] = sLse[tid];
   }
-  if (a.n_splits == 1) return;
+  if (a.n_splits == 1 || !a.counts) return; /* no counts: the merge kernel merges (fc_dec_launch) */
 
   /* The tile's count: the CTA that brings it to n_splits is the last of the tile's CTAs to finish, and merges. Release
    * (CUTLASS's barrier does the same): every thread's partials precede thread 0's fence through the barrier, and the
@@ -613,6 +622,84 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
                 "the merge's weights and sums fit in the K/V ring");
   fc_dec_merge<T, D>(a, tile, b, hk, r0, (float *)sK);
 }
+
+/* The merge of the splits where a KV head has more than DEC_CTA_MERGE_ROWS query rows (fc_dec_launch): one warp per
+ * row of a tile (sequence, KV head, row block; a grid-stride loop over them), so that the rows of few tiles (batch-1
+ * decoding: one tile per KV head) spread over the SMs instead of all falling to each tile's last CTA.
+ * The lanes read the splits' lse once (lane y: splits y, y + 32, ...), reduce them to the row's lse by shuffles and
+ * leave the weights e^(lse_s − lse) in shared memory; then each lane sums its columns (float2 pairs, the warp's
+ * loads 256 contiguous bytes) over the splits, its loads independent of the weights so that 8 splits' loads are in
+ * flight at once. (One CTA per row, its threads over the splits and then the columns, with three barriers and each
+ * column's loads behind a test of the weight, took 6.3 µs at batch 1, heads 32/8, 128k keys, 32 splits on an H200,
+ * where cuDNN's reduction takes 2.9; a warp per row that read every split's lse again for each column took longer
+ * than the attention.) A split that no key of the row reached (lse −inf) has weight 0 and adds nothing (its partial
+ * is 0, and its product is not taken); a row that no split reached gets o = 0 and lse −inf; a NaN lse (a NaN score,
+ * or an unusable sequence) makes the row NaN. On sm_90 it is launched as a programmatic dependent of the attention
+ * (fc_dec_launch), which lets its CTAs start while the attention's last CTAs finish: griddepcontrol.wait holds each
+ * until the attention grid has completed and its writes are visible. */
+template <typename T, int D>
+__global__ void __launch_bounds__(DEC_MERGE_THREADS) fc_dec_merge_kernel(const fc_dec_args a, int64_t n_rows) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  constexpr int WARPS = DEC_MERGE_THREADS / 32, YPL = DEC_SPLIT_MAX / 32, CPL = D / 64; /* float2 pairs per lane */
+  __shared__ float w[WARPS][DEC_SPLIT_MAX];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t x = (int64_t)blockIdx.x * WARPS + warp; x < n_rows; x += (int64_t)gridDim.x * WARPS) {
+    const int64_t tile = x / DEC_BR; /* x is uniform over the warp: so are the branches below */
+    const int r = (int)(x % DEC_BR), rb = (int)(tile % a.row_blocks), hk = (int)(tile / a.row_blocks % a.heads_kv);
+    const int64_t b = tile / a.row_blocks / a.heads_kv;
+    const int r0 = rb * DEC_BR;
+    if (r >= a.rows - r0) continue;                       /* past the last row of the last row block */
+    const int64_t first = tile * a.n_splits * DEC_BR + r; /* the row in split y: first + y·DEC_BR */
+    float ly[YPL], mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < YPL; k++) {
+      const int y = lane + 32 * k;
+      ly[k] = y < a.n_splits ? a.part_lse[first + y * DEC_BR] : -INFINITY;
+      mx = fc_fmax_nan(mx, ly[k]); /* NaN stays */
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < YPL; k++) sum += mx == -INFINITY ? 0.0f : expf(ly[k] - mx); /* e^−inf = 0 */
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+#pragma unroll
+    for (int k = 0; k < YPL; k++) {
+      const int y = lane + 32 * k;
+      if (y < a.n_splits) w[warp][y] = mx == -INFINITY || ly[k] == -INFINITY ? 0.0f : expf(ly[k] - lse);
+    }
+    __syncwarp();
+    float2 acc[CPL];
+#pragma unroll
+    for (int j = 0; j < CPL; j++) acc[j] = make_float2(0.0f, 0.0f);
+    const float *part = a.part_o + first * D + 2 * lane;
+#pragma unroll 8
+    for (int y = 0; y < a.n_splits; y++) {
+      const float wy = w[warp][y];
+#pragma unroll
+      for (int j = 0; j < CPL; j++) {
+        const float2 v = *(const float2 *)(part + (int64_t)y * DEC_BR * D + 64 * j);
+        if (wy != 0.0f) acc[j].x = fmaf(wy, v.x, acc[j].x), acc[j].y = fmaf(wy, v.y, acc[j].y);
+      }
+    }
+    const int rr = r0 + r, i = rr / a.group, h = hk * a.group + rr % a.group;
+    uint16_t *O = a.o + b * a.o_sb + (int64_t)i * a.o_ss + (int64_t)h * a.o_sh;
+#pragma unroll
+    for (int j = 0; j < CPL; j++) {
+      const int c = 64 * j + 2 * lane;
+      if (c < a.head_dim) O[c] = fc_from_float<T>(acc[j].x);
+      if (c + 1 < a.head_dim) O[c + 1] = fc_from_float<T>(acc[j].y);
+    }
+    if (a.lse && lane == 0) a.lse[(b * a.heads_q + h) * a.seqlen_q + i] = lse;
+    __syncwarp(); /* w is read before the warp's next row writes it */
+  }
+}
+
+/* ---- host ---------------------------------------------------------------------------------------------------- */
 
 /* ---- host ---------------------------------------------------------------------------------------------------- */
 /* The compiled head dim that runs d (0: none). */
@@ -663,7 +750,8 @@ static int fc_dec_splits(int64_t tiles, int64_t capacity, int64_t sms, int per_s
 /* One attention launch of D and STAGES: the kernel for the layout (paged or dense, 16-byte aligned rows or not), its
  * split count (fc_dec_splits, from the CTAs per SM the occupancy calculator gives), and with more than one split the
  * partials in the handle's workspace and a counter per tile in its zeroed memory; the tiles' last CTAs merge, so the
- * launch is the whole call (after the append). */
+ * launch is the whole call (after the append), up to DEC_CTA_MERGE_ROWS query rows per KV head; above, the merge kernel
+ * (a programmatic dependent on sm_90) merges instead. */
 template <typename T, int D, int STAGES>
 static flashc_status fc_dec_launch(const fc_kv_problem *kp, fc_dec_args *a, bool aligned) {
   const fc_problem *p = &kp->base;
@@ -693,11 +781,28 @@ static flashc_status fc_dec_launch(const fc_kv_problem *kp, fc_dec_args *a, bool
     a->part_lse = a->part_o + rows * D;
     /* From offset 0: no other kernel of this call uses the zeroed memory, and the other calls on the handle (the
      * hopper forward's flags) are ordered with this one on its stream. */
-    FC_CHECK(fc_device_zeroed(p, (size_t)tiles * sizeof(int), &counts));
-    a->counts = (int *)counts;
+    if (a->rows <= DEC_CTA_MERGE_ROWS) {
+      FC_CHECK(fc_device_zeroed(p, (size_t)tiles * sizeof(int), &counts));
+      a->counts = (int *)counts;
+    } else {
+      a->counts = NULL; /* the merge kernel's */
+    }
   }
   kernel<<<(unsigned)ctas, DEC_NT, smem, fc_stream(p)>>>(*a);
   FC_LAUNCH_CHECK("fc_dec_kernel");
+  if (a->n_splits > 1 && !a->counts) {
+    const int64_t n_rows = tiles * DEC_BR; /* < 2^31 · 16: tiles · n_splits ≤ 2^31 − 1 above */
+    const int64_t warps = DEC_MERGE_THREADS / 32, blocks = (n_rows + warps - 1) / warps;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(blocks < (1 << 20) ? blocks : (1 << 20))), cfg.blockDim = dim3(DEC_MERGE_THREADS);
+    cfg.stream = fc_stream(p);
+    /* sm_90: a programmatic dependent of the attention (the merge kernel's griddepcontrol.wait orders the two) */
+    cudaLaunchAttribute dep;
+    dep.id = cudaLaunchAttributeProgrammaticStreamSerialization, dep.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &dep, cfg.numAttrs = props.code_sm >= 90 ? 1 : 0; /* the image whose merge waits */
+    FC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, fc_dec_merge_kernel<T, D>, *a, n_rows));
+    FC_LAUNCH_CHECK("fc_dec_merge_kernel");
+  }
   return FLASHC_OK;
 }
 
