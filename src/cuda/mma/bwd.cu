@@ -35,8 +35,8 @@ static flashc_status fc_mma_bwd_plan_of(const fc_problem *p, fc_mma_bwd_plan *pl
    * for, so d is 128 or 192 (fc_mma_bwd_dv_dim). */
   const int d = fc_mma_compiled_dim(p->head_dim_v > p->head_dim ? p->head_dim_v : p->head_dim);
   pl->dim = -1;
-  for (int i = 0; i < FC_MMA_BWD_NDIMS; i++)
-    if (fc_mma_bwd_dims[i] == d) pl->dim = i;
+  for (int i = 0; i < FC_MMA_NDIMS; i++)
+    if (fc_mma_dims[i] == d) pl->dim = i;
   if (pl->dim < 0)
     return fc_error(FLASHC_ERR_UNSUPPORTED, "head_dim %lld exceeds 256 on backend cuda-mma", (long long)p->head_dim);
   fc_device_props props;

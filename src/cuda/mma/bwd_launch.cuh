@@ -424,9 +424,6 @@ __global__ void __launch_bounds__(FC_BWD_DQ_THREADS, 1) fc_mma_bwd_dq_kernel(con
 }
 
 /* ---- the plan ------------------------------------------------------------------------------------------ */
-enum { FC_MMA_BWD_NDIMS = 7 };
-static constexpr int fc_mma_bwd_dims[FC_MMA_BWD_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
-
 /* The fa2 family's tiles by head dim: Br × Bc, NW warps, of which WS along Sᵀ's keys, WD along dK/dV's keys and WQ
  * along dQ's queries, NQC columns of dQ at once (mma/bwd_kernel.cuh); lean: fa2pb's kernel is the register-lean one
  * (LEAN) at Bc = 128, +5..28 % over the first at d64 and d128 where that spilled 64–76 bytes
@@ -435,10 +432,9 @@ static constexpr int fc_mma_bwd_dims[FC_MMA_BWD_NDIMS] = {32, 64, 96, 128, 160, 
 typedef struct fc_mma_bwd_fa2_tile {
   int br, bc, nw, ws, wd, wq, nqc, lean;
 } fc_mma_bwd_fa2_tile;
-static constexpr fc_mma_bwd_fa2_tile fc_mma_bwd_fa2_tiles[FC_MMA_BWD_NDIMS] = {
-    {128, 128, 8, 4, 4, 4, 16, 1}, {128, 128, 8, 4, 4, 4, 32, 1}, {64, 128, 8, 4, 4, 4, 48, 1},
-    {64, 128, 8, 4, 4, 2, 32, 1},  {64, 64, 8, 4, 4, 4, 80, 0},   {64, 64, 8, 4, 2, 2, 48, 0},
-    {64, 64, 8, 4, 2, 2, 32, 0}};
+static constexpr fc_mma_bwd_fa2_tile fc_mma_bwd_fa2_tiles[FC_MMA_NDIMS] = {
+    {128, 128, 8, 4, 4, 4, 32, 1}, {64, 128, 8, 4, 4, 4, 48, 1}, {64, 128, 8, 4, 4, 2, 32, 1},
+    {64, 64, 8, 4, 2, 2, 48, 0},   {64, 64, 8, 4, 2, 2, 32, 0}};
 /* Q_i, dO_i double-buffered, except where that and fa2pb's dQ tile pass sm_90's 227 KB (d256: 217 KB + 64 KB): one
  * buffer (214 KB), refilled while the block's dQ is computed (mma/bwd_kernel.cuh). */
 static constexpr int fc_mma_bwd_fa2_qstages(int d, int br, int bc, bool bulk) {
@@ -452,22 +448,22 @@ static constexpr int fc_mma_bwd_fa2_qstages(int d, int br, int bc, bool bulk) {
 typedef struct fc_mma_bwd_base_tile {
   int br, bc, nw, qstages;
 } fc_mma_bwd_base_tile;
-static constexpr fc_mma_bwd_base_tile fc_mma_bwd_base_tiles[FC_MMA_BWD_NDIMS] = {
-    {64, 128, 8, 2}, {64, 128, 8, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {64, 64, 8, 1}};
+static constexpr fc_mma_bwd_base_tile fc_mma_bwd_base_tiles[FC_MMA_NDIMS] = {
+    {64, 128, 8, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {64, 64, 8, 1}};
 static constexpr size_t fc_mma_bwd_base_smem(int d, fc_mma_bwd_base_tile t) {
   return (size_t)(2 * t.bc + 2 * t.qstages * t.br) * fc_tile_stride(d) * 2 +
          (size_t)2 * t.bc * fc_tile_stride(t.br) * 2 + (size_t)2 * t.qstages * t.br * sizeof(float);
 }
 
 /* The deterministic dQ pass (3'): Bc by head dim, two K/V stages. */
-static constexpr int fc_mma_bwd_dq_bc[FC_MMA_BWD_NDIMS] = {64, 64, 64, 64, 32, 32, 32};
+static constexpr int fc_mma_bwd_dq_bc[FC_MMA_NDIMS] = {64, 64, 64, 32, 32};
 static constexpr size_t fc_mma_bwd_dq_smem(int d, int bc) {
   return (size_t)(2 * FC_BWD_DQ_BR + 2 * 2 * bc) * fc_tile_stride(d) * 2;
 }
 
 /* What a backward call runs. */
 typedef struct fc_mma_bwd_plan {
-  int dim;       /* index of the compiled head dim in fc_mma_bwd_dims */
+  int dim;       /* index of the compiled head dim in fc_mma_dims */
   int kernel;    /* fc_mma_bwd_kernel */
   int dq_tile_w; /* FA2PB: the blocked fp32 dQ sum's tile width (fc_bwd_dq_blocked_index); 0: [total_q][hq][D] */
   bool det_dq; /* dQ by its own pass (3'), in a fixed order: deterministic calls, and those that fa2p/fa2pb cannot take
@@ -578,11 +574,11 @@ static constexpr bool fc_mma_bwd_dv_dim(int d) { return d == 128 || d == 192; }
  * no pair runs at. */
 template <typename T, bool PDP, bool BULK, bool SCORE_MOD, bool DV_COLS = false, int I = 0>
 static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl) {
-  if constexpr (I < FC_MMA_BWD_NDIMS) {
+  if constexpr (I < FC_MMA_NDIMS) {
     constexpr fc_mma_bwd_fa2_tile t = fc_mma_bwd_fa2_tiles[I];
-    if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_bwd_dims[I])) {
+    if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_dims[I])) {
       if (pl->dim == I)
-        return fc_mma_bwd_fa2<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
+        return fc_mma_bwd_fa2<T, fc_mma_dims[I], t.br, t.bc, t.nw, t.ws, t.wd, t.wq, t.nqc, PDP, BULK,
                               (BULK && t.lean != 0), SCORE_MOD, DV_COLS>(p, a, pl->det_dq);
     }
     return fc_mma_bwd_fa2_at<T, PDP, BULK, SCORE_MOD, DV_COLS, I + 1>(p, a, pl);
@@ -592,10 +588,10 @@ static flashc_status fc_mma_bwd_fa2_at(const fc_problem *p, const fc_mma_bwd_arg
 }
 template <typename T, int I = 0>
 static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl) {
-  if constexpr (I < FC_MMA_BWD_NDIMS) {
+  if constexpr (I < FC_MMA_NDIMS) {
     constexpr fc_mma_bwd_base_tile t = fc_mma_bwd_base_tiles[I];
     if constexpr (t.br > 0) {
-      if (pl->dim == I) return fc_mma_bwd_base<T, fc_mma_bwd_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, pl->det_dq);
+      if (pl->dim == I) return fc_mma_bwd_base<T, fc_mma_dims[I], t.br, t.bc, t.nw, t.qstages>(p, a, pl->det_dq);
     }
     return fc_mma_bwd_base_at<T, I + 1>(p, a, pl);
   } else {
@@ -604,10 +600,10 @@ static flashc_status fc_mma_bwd_base_at(const fc_problem *p, const fc_mma_bwd_ar
 }
 template <typename T, bool SCORE_MOD, bool DV_COLS = false, int I = 0>
 static flashc_status fc_mma_bwd_finish_at(const fc_problem *p, const fc_mma_bwd_args *a, const fc_mma_bwd_plan *pl) {
-  if constexpr (I < FC_MMA_BWD_NDIMS) {
-    if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_bwd_dims[I])) {
+  if constexpr (I < FC_MMA_NDIMS) {
+    if constexpr (!DV_COLS || fc_mma_bwd_dv_dim(fc_mma_dims[I])) {
       if (pl->dim == I)
-        return fc_mma_bwd_finish<T, fc_mma_bwd_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD, DV_COLS>(p, a, pl->det_dq);
+        return fc_mma_bwd_finish<T, fc_mma_dims[I], fc_mma_bwd_dq_bc[I], SCORE_MOD, DV_COLS>(p, a, pl->det_dq);
     }
     return fc_mma_bwd_finish_at<T, SCORE_MOD, DV_COLS, I + 1>(p, a, pl);
   } else {

@@ -12,7 +12,7 @@
  *
  * Shapes: q, o [b, sq, hq, d]; k, v [b, sk, hkv, d] (any strides, in elements);
  * lse [b, hq, sq] or [hq, total_q] (varlen). The head dim d is compiled as D in
- * {32, 64, 96, 128, 160, 192, 256}; any other d runs in the next D with zero
+ * {64, 96, 128, 192, 256}; any other d runs in the next D with zero
  * columns. v and o may have a head dim of their own, compiled as DV (the pairs of fc_mma_fwd_dv_pairs).
  *
  * Shared memory (16-bit elements, rows of DS = round_up(D, 64), XOR-swizzled:
@@ -24,7 +24,7 @@
  *
  * Two kernels, one loop: mma/fwd_kernel.cuh's (every call whose shape fits the device's shared memory, the keys
  * split between CTAs where the grid is small: mma/fwd_split.cuh) and this file's, with smaller tiles for devices
- * that give a block less shared memory (sm_80 at d256, sm_86/89 at d160/192). fc_mma_fwd_plan_of picks the
+ * that give a block less shared memory (sm_80 at d256, sm_86/89 at d192). fc_mma_fwd_plan_of picks the
  * kernel, its tile shape (one table, fc_mma_fwd_shapes) and the split; tools/mma/bench-fwd.sh checks and times
  * it. */
 #include "common/common.cuh"
@@ -139,14 +139,11 @@ typedef struct fc_mma_fwd_shape {
   int bc, stages, mt, q_in_regs, min_blocks;
 } fc_mma_fwd_shape;
 
-enum { FC_MMA_NDIMS = 7 };
-static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {32, 64, 96, 128, 160, 192, 256};
-
 /* The kernels: mma/fwd_kernel.cuh's, with the shapes of the call's mask, or this file's with the smaller shapes
  * where the device gives a block too little shared memory for the lean ones (fc_mma_fwd_plan_of). */
 enum fc_mma_fwd_row { FC_MMA_FWD_MASKED, FC_MMA_FWD_UNMASKED, FC_MMA_FWD_SMALL, FC_MMA_FWD_NROWS };
 
-/* Shapes by head dim 32 … 256. Measured on the H100 against SDPA flash (tools/mma/bench-fwd.sh; bench/results/
+/* Shapes by head dim 64 … 256. Measured on the H100 against SDPA flash (tools/mma/bench-fwd.sh; bench/results/
  * configs/), the losers' code in docs/experiments.md:
  *   d ≤ 128: 4 warps × 32 rows (MT = 2: each K_j/V_j fragment feeds two M-tiles, half the ldmatrix per MMA) at 2
  *            CTAs/SM, whose barriers are independent (one CTA's softmax runs beside the other's MMAs); 8 warps ×
@@ -158,34 +155,28 @@ enum fc_mma_fwd_row { FC_MMA_FWD_MASKED, FC_MMA_FWD_UNMASKED, FC_MMA_FWD_SMALL, 
  *   d 96/128 unmasked: Bc = 32 (S in half the registers: the key loop reloads no spilled values, where Bc = 64
  *            reloads 11–16 per block; 2 stages, so that 2 CTAs of 70 KB fit an A100's SM); Bc = 64: −1..−8 %
  *            unmasked, but +1..3 % causal at 2k–8k, hence the row by mask (mma-fwd-limits-2026-11-24.txt, H, H').
- *   d ≥ 160: Bc = 64, 8 warps × 16 rows (half the barriers and softmax passes per key; 192 KB at d 256): d256
+ *   d ≥ 192: Bc = 64, 8 warps × 16 rows (half the barriers and softmax passes per key; 192 KB at d 256): d256
  *            0.92× flash where Bc = 32 read 0.82× (mma-fwd-configs.csv).
- *   SMALL:   8 warps × 16 rows, Bc = 32, where the lean shape's shared memory (144 KB at d160/192, 192 KB at
- *            d256) exceeds what the device gives a block: sm_86/89 (99 KB) at d160/192, sm_80 (163 KB) at d256.
+ *   SMALL:   8 warps × 16 rows, Bc = 32, where the lean shape's shared memory (144 KB at d192, 192 KB at
+ *            d256) exceeds what the device gives a block: sm_86/89 (99 KB) at d192, sm_80 (163 KB) at d256.
  *            At d ≤ 128 the lean shapes fit every sm_80+ device (96 KB at most): no kernel there. */
 static constexpr fc_mma_fwd_shape fc_mma_fwd_shapes[FC_MMA_FWD_NROWS][FC_MMA_NDIMS] = {
     /* MASKED: a causal mask or a window */
     {{64, 3, 2, 1, 2},
-     {64, 3, 2, 1, 2},
      {64, 2, 2, 0, 2},
      {64, 2, 2, 0, 2},
-     {64, 2, 1, 0, 1},
      {64, 2, 1, 0, 1},
      {64, 2, 1, 0, 1}},
     /* UNMASKED */
     {{64, 3, 2, 1, 2},
-     {64, 3, 2, 1, 2},
      {32, 2, 2, 0, 2},
      {32, 2, 2, 0, 2},
-     {64, 2, 1, 0, 1},
      {64, 2, 1, 0, 1},
      {64, 2, 1, 0, 1}},
     /* SMALL */
     {{0, 0, 0, 0, 0},
      {0, 0, 0, 0, 0},
      {0, 0, 0, 0, 0},
-     {0, 0, 0, 0, 0},
-     {32, 2, 1, 1, 1},
      {32, 2, 1, 1, 1},
      {32, 2, 1, 0, 1}},
 };
@@ -224,7 +215,7 @@ static int fc_mma_dv_pair(const fc_problem *p, const char *op) {
   if (pair < 0) {
     fc_error(FLASHC_ERR_UNSUPPORTED,
              "%s: head_dim_v %lld with head_dim %lld is not supported on backend cuda-mma (its pairs: head_dim "
-             "161..192 with head_dim_v 97..128, head_dim 97..128 with head_dim_v 33..64, head_dim 33..64 with "
+             "129..192 with head_dim_v 97..128, head_dim 97..128 with head_dim_v 1..64, head_dim 1..64 with "
              "head_dim_v 97..128)",
              op, (long long)p->head_dim_v, (long long)p->head_dim);
     return -1;

@@ -7,13 +7,15 @@
 #include "common/common.cuh"
 #include "common/score_mod.cuh"
 
-/* Head dims compiled as template instances; any other d <= 256 runs in the next
- * one up, its columns past d loaded as zeros (they add nothing to Q·Kᵀ and
- * produce columns of O that are never stored). */
+/* Head dims compiled as template instances, forward and backward; any other d <= 256 runs in the next one up, its
+ * columns past d loaded as zeros (they add nothing to Q·Kᵀ and produce columns of O that are never stored).
+ * FlashAttention-3's set: d <= 32 runs D = 64 and 129..160 runs D = 192. Kernels of their own (D = 32, 160) cost a
+ * fifth of cuda-mma's build for calls no measured model makes; what those calls lose: docs/experiments.md. */
+enum { FC_MMA_NDIMS = 5 };
+static constexpr int fc_mma_dims[FC_MMA_NDIMS] = {64, 96, 128, 192, 256};
 static inline int fc_mma_compiled_dim(int64_t d) {
-  static const int dims[] = {32, 64, 96, 128, 160, 192, 256};
-  for (int i = 0; i < (int)(sizeof dims / sizeof dims[0]); i++)
-    if (d <= dims[i]) return dims[i];
+  for (int i = 0; i < FC_MMA_NDIMS; i++)
+    if (d <= fc_mma_dims[i]) return fc_mma_dims[i];
   return 0;
 }
 
