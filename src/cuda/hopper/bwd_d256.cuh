@@ -353,9 +353,7 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
     }
   } else {
     /* ---- consumers --------------------------------------------------------------------------------- */
-    const int cw = fc_hpb_consumer();
-    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
-    const int g = lane / 4, t = lane % 4;
+    const auto [cw, ct, warp, lane, g, t] = fc_hpb_consumer();
     const int key0 = k0 + 16 * warp + g; /* this thread's keys: key0, key0 + 8 (every warpgroup: all 64 keys) */
     /* its columns of the head dims, as offsets into a tile: dV's, dK's and dQ's first half (256/256: 2c for all
      * three, its 128 columns) */

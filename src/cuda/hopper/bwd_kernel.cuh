@@ -318,11 +318,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   fc_hpb_start<STAGES>(bars);
   if (threadIdx.x < 128) {
     fc_hpb_producer<D, BR, STAGES, ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do, sK, sV, sQ, sdO, sLD, bars);
-  } else {
-    /* ---- consumers --------------------------------------------------------------------------------- */
-    const int cw = fc_hpb_consumer();
-    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
-    const int g = lane / 4, t = lane % 4;
+  } else { /* the consumers */
+    const auto [cw, ct, warp, lane, g, t] = fc_hpb_consumer();
     const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
     const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
     /* dQ's B: columns 64·cw .. of K_j (D = 64: all of them), all 128 keys */

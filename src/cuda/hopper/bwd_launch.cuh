@@ -297,12 +297,21 @@ fc_hpb_producer(const fc_hopper_bwd_args &a, const fc_hpb_tile &ti, const CUtens
   }
 }
 
-/* A consumer warpgroup's index, 0 or 1, after it takes the registers the producer gave up: through a shuffle,
+/* A consumer thread's place: its warpgroup cw (0 or 1), its thread ct, warp and lane in it, and the row g and column
+ * pair t of an mma fragment that the lane holds. */
+typedef struct fc_hpb_place {
+  int cw, ct, warp, lane, g, t;
+} fc_hpb_place;
+
+/* A consumer thread's place, after its warpgroup takes the registers the producer gave up. cw through a shuffle:
  * provably warp-uniform, so that the descriptors derived from it live in uniform registers (hopper/fwd.cu explains
  * why that matters). */
-static __device__ __forceinline__ int fc_hpb_consumer() {
+static __device__ __forceinline__ fc_hpb_place fc_hpb_consumer() {
   fc_setmaxnreg_inc<FC_HPB_REGS_CONSUMER>();
-  return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+  const int cw = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+  const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+  const int g = lane / 4, t = lane % 4;
+  return {cw, ct, warp, lane, g, t};
 }
 
 /* Deterministic dQ: the adders of one (query head, query block) take turns through a ticket in global memory.
@@ -869,11 +878,8 @@ __global__ void __launch_bounds__(FC_HPB_THREADS, 1)
   fc_hpb_start<STAGES>(bars);
   if (threadIdx.x < 128) {
     fc_hpb_producer<D, BR, STAGES, ADD>(a, ti, &tm_q, &tm_k, &tm_v, &tm_do, sK, sV, sQ, sdO, sLD, bars);
-  } else {
-    /* ---- consumers --------------------------------------------------------------------------------- */
-    const int cw = fc_hpb_consumer();
-    const int ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
-    const int g = lane / 4, t = lane % 4;
+  } else { /* the consumers */
+    const auto [cw, ct, warp, lane, g, t] = fc_hpb_consumer();
     const uint32_t k_rows = sK + 64 * cw * FC_HPB_ROW_BYTES; /* this warpgroup's 64 keys (in each half) */
     const uint32_t v_rows = sV + 64 * cw * FC_HPB_ROW_BYTES;
     const uint32_t ds_rows = sdS + 64 * cw * FC_HPB_ROW_BYTES; /* and its 64 rows of dSᵀ */

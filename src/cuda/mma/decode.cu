@@ -257,6 +257,37 @@ __global__ void __launch_bounds__(DEC_APPEND_THREADS) fc_dec_append_kernel(const
   }
 }
 
+/* One row's weights in the merge of its key splits, by one warp (this thread: lane): lse = ln Σ_y e^(lse_y) over the
+ * S splits (split y's lse at lse_y[y·DEC_BR]; CG: read past L1, for the last CTA, which reads what other CTAs of its
+ * grid wrote) and each split's weight e^(lse_y − lse) into w[y·w_stride] (0 where lse_y or lse is −inf; a NaN lse_y
+ * makes them NaN). Returns lse. */
+template <bool CG>
+static __device__ __forceinline__ float fc_dec_row_weights(const float *lse_y, int S, float *w, int w_stride,
+                                                            int lane) {
+  constexpr int YPL = DEC_SPLIT_MAX / 32;
+  float ly[YPL], mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < YPL; k++) {
+    const int y = lane + 32 * k;
+    ly[k] = y >= S ? -INFINITY : CG ? __ldcg(lse_y + y * DEC_BR) : lse_y[y * DEC_BR];
+    mx = fc_fmax_nan(mx, ly[k]); /* NaN stays */
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < YPL; k++) sum += mx == -INFINITY ? 0.0f : expf(ly[k] - mx); /* e^−inf = 0 */
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+#pragma unroll
+  for (int k = 0; k < YPL; k++) {
+    const int y = lane + 32 * k;
+    if (y < S) w[y * w_stride] = mx == -INFINITY || ly[k] == -INFINITY ? 0.0f : expf(ly[k] - lse);
+  }
+  return lse;
+}
+
 /* The merge of one tile's splits, by the tile's last CTA (n_splits > 1: fc_dec_kernel): per row,
  *     lse = ln Σ_y e^(lse_y),   O = Σ_y e^(lse_y − lse) · O_y
  * over the S = n_splits partials [y][DEC_BR][D] of the tile, whose first R rows hold query rows. At batch 1 a tile
@@ -278,7 +309,6 @@ template <typename T, int D>
 static __device__ __forceinline__ void fc_dec_merge(const fc_dec_args &a, int64_t tile, int64_t b, int hk, int r0,
                                                     float *smem) {
   constexpr int U = D <= 128 ? 16 : 8; /* float4 loads in flight per thread: 64 (32) registers */
-  constexpr int YPL = DEC_SPLIT_MAX / 32;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, S = a.n_splits;
   const int R = min((int)DEC_BR, a.rows - r0), C = (a.head_dim + 3) / 4, F = R * C;
   const int P = F >= DEC_NT ? 1 : DEC_NT / F, p = F >= DEC_NT ? 0 : tid / F;
@@ -302,26 +332,7 @@ static __device__ __forceinline__ void fc_dec_merge(const fc_dec_args &a, int64_
 
   /* lse = ln Σ_y e^(lse_y) per row, and the weights. */
   for (int r = warp; r < R; r += DEC_WARPS) {
-    float ly[YPL], mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < YPL; k++) {
-      const int y = lane + 32 * k;
-      ly[k] = y < S ? __ldcg(part_lse + y * DEC_BR + r) : -INFINITY;
-      mx = fc_fmax_nan(mx, ly[k]); /* NaN stays */
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < YPL; k++) sum += mx == -INFINITY ? 0.0f : expf(ly[k] - mx); /* e^−inf = 0 */
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
-#pragma unroll
-    for (int k = 0; k < YPL; k++) {
-      const int y = lane + 32 * k;
-      if (y < S) sW[y * DEC_BR + r] = mx == -INFINITY || ly[k] == -INFINITY ? 0.0f : expf(ly[k] - lse);
-    }
+    const float lse = fc_dec_row_weights<true>(part_lse + r, S, sW + r, DEC_BR, lane);
     if (a.lse && lane == 0) {
       const int rr = r0 + r, i = rr / a.group, h = hk * a.group + rr % a.group;
       a.lse[(b * a.heads_q + h) * a.seqlen_q + i] = lse;
@@ -374,6 +385,13 @@ static __device__ __forceinline__ void fc_dec_merge(const fc_dec_args &a, int64_
   }
 }
 
+/* Whether the image built for code_sm holds the kernel of head dim D with STAGES K/V stages: the two-stage d128
+ * kernel is for blocks with less shared memory than three stages take (sm_86/89: 99 KB), so sm_90's image (227 KB)
+ * has none (common/common.cuh, FC_KERNEL_IN_IMAGE; fc_dec_dispatch asks the same). */
+static constexpr bool fc_dec_in_image(int code_sm, int D, int STAGES) {
+  return !(code_sm / 10 == 9 && D == 128 && STAGES == 2);
+}
+
 /* The attention: CTA x = ((b·heads_kv + hk)·n_splits + split)·row_blocks + rb computes rows 16·rb.. of KV head hk
  * of sequence b against its split of the key blocks (the row blocks of one split are neighbours: they read the
  * same K/V at about the same time, from L2 after the first). PAGED: a block table (a.page_size > 0). One split: it
@@ -381,6 +399,7 @@ static __device__ __forceinline__ void fc_dec_merge(const fc_dec_args &a, int64_
  * without counts (a.counts NULL: more than DEC_CTA_MERGE_ROWS rows per KV head), fc_dec_merge_kernel after it. */
 template <typename T, int D, int STAGES, bool ALIGNED, bool PAGED>
 __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) {
+  FC_KERNEL_IN_IMAGE(fc_dec_in_image(FC_CODE_SM, D, STAGES))
   constexpr int DS = fc_tile_stride(D), KD = D / 16, NO = D / 8;
   constexpr bool Q_IN_REGS = D <= 128; /* at d 256, Q's 64 registers beside O's 128 would spill */
   constexpr int QKD = Q_IN_REGS ? KD : 1;
@@ -627,7 +646,7 @@ __global__ void __launch_bounds__(DEC_NT, 2) fc_dec_kernel(const fc_dec_args a) 
  * row of a tile (sequence, KV head, row block; a grid-stride loop over them), so that the rows of few tiles (batch-1
  * decoding: one tile per KV head) spread over the SMs instead of all falling to each tile's last CTA.
  * The lanes read the splits' lse once (lane y: splits y, y + 32, ...), reduce them to the row's lse by shuffles and
- * leave the weights e^(lse_s − lse) in shared memory; then each lane sums its columns (float2 pairs, the warp's
+ * leave the weights (fc_dec_row_weights, as the last CTA's merge) e^(lse_s − lse) in shared memory; then each lane sums its columns (float2 pairs, the warp's
  * loads 256 contiguous bytes) over the splits, its loads independent of the weights so that 8 splits' loads are in
  * flight at once. (One CTA per row, its threads over the splits and then the columns, with three barriers and each
  * column's loads behind a test of the weight, took 6.3 µs at batch 1, heads 32/8, 128k keys, 32 splits on an H200,
@@ -642,7 +661,7 @@ __global__ void __launch_bounds__(DEC_MERGE_THREADS) fc_dec_merge_kernel(const f
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  constexpr int WARPS = DEC_MERGE_THREADS / 32, YPL = DEC_SPLIT_MAX / 32, CPL = D / 64; /* float2 pairs per lane */
+  constexpr int WARPS = DEC_MERGE_THREADS / 32, CPL = D / 64; /* float2 pairs per lane */
   __shared__ float w[WARPS][DEC_SPLIT_MAX];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t x = (int64_t)blockIdx.x * WARPS + warp; x < n_rows; x += (int64_t)gridDim.x * WARPS) {
@@ -652,26 +671,7 @@ __global__ void __launch_bounds__(DEC_MERGE_THREADS) fc_dec_merge_kernel(const f
     const int r0 = rb * DEC_BR;
     if (r >= a.rows - r0) continue;                       /* past the last row of the last row block */
     const int64_t first = tile * a.n_splits * DEC_BR + r; /* the row in split y: first + y·DEC_BR */
-    float ly[YPL], mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < YPL; k++) {
-      const int y = lane + 32 * k;
-      ly[k] = y < a.n_splits ? a.part_lse[first + y * DEC_BR] : -INFINITY;
-      mx = fc_fmax_nan(mx, ly[k]); /* NaN stays */
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < YPL; k++) sum += mx == -INFINITY ? 0.0f : expf(ly[k] - mx); /* e^−inf = 0 */
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = mx == -INFINITY ? -INFINITY : mx + logf(sum);
-#pragma unroll
-    for (int k = 0; k < YPL; k++) {
-      const int y = lane + 32 * k;
-      if (y < a.n_splits) w[warp][y] = mx == -INFINITY || ly[k] == -INFINITY ? 0.0f : expf(ly[k] - lse);
-    }
+    const float lse = fc_dec_row_weights<false>(a.part_lse + first, a.n_splits, w[warp], 1, lane);
     __syncwarp();
     float2 acc[CPL];
 #pragma unroll
@@ -812,7 +812,8 @@ template <typename T> static flashc_status fc_dec_dispatch(const fc_kv_problem *
   switch (fc_dec_dim(kp->base.head_dim)) {
   case 64: return fc_dec_launch<T, 64, 3>(kp, a, aligned);
   case 128:
-    return fc_dec_smem(128, 3, a->page_size > 0) <= props.smem_per_block_optin
+    return fc_dec_smem(128, 3, a->page_size > 0) <= props.smem_per_block_optin ||
+                   !fc_dec_in_image(props.code_sm, 128, 2)
                ? fc_dec_launch<T, 128, 3>(kp, a, aligned)
                : fc_dec_launch<T, 128, 2>(kp, a, aligned);
   default: return fc_dec_launch<T, 256, 2>(kp, a, aligned);
